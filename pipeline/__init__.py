@@ -1,0 +1,1 @@
+"""Text-to-speech training pipeline: caches, data loading, model, training, synthesis and diagnosis."""

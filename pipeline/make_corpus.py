@@ -1,0 +1,232 @@
+"""Make an LJSpeech-layout corpus by speaking LJSpeech transcripts with espeak-ng.
+
+Reads:  a transcripts file in LJSpeech metadata.csv layout (id|text|normalized_text, UTF-8).
+Writes: OUT/metadata.csv (the chosen input lines unchanged, UTF-8, LF) and
+        OUT/wavs/{id}.flac or .wav (16-bit PCM, mono, at --sample-rate).
+It is how the shipped demo corpus data/demo was made, and it makes bigger synthetic corpora for
+benchmarks without downloading LJSpeech (13,100 lines in data/ljspeech_transcripts.csv).
+
+Each clip speaks the normalized_text column (the one the text front end reads; text when it is
+empty). espeak-ng speaks at 22050 Hz; other rates are resampled with soxr. Every clip carries a
+digest of its request (text, voice, speed, rate) in its comment tag, so a rerun skips the clips
+already made with the same request: an interrupted run continues, a changed one redoes them.
+
+Run:  python -m pipeline.make_corpus --transcripts data/ljspeech_transcripts.csv \
+          --out data/demo --count 100 --sample-rate 16000 --jobs 2
+"""
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+ESPEAK = "espeak-ng"
+ESPEAK_RATE = 22050  # espeak-ng's own output rate
+FORMATS = {"flac": "FLAC", "wav": "WAV"}
+_TAG_PREFIX = "make_corpus "
+
+
+def _check_espeak():
+    if shutil.which(ESPEAK) is None:
+        raise RuntimeError(f"{ESPEAK} is not installed or not on PATH; install it with "
+                           f"`apt-get install espeak-ng` (or `conda install -c conda-forge espeak-ng`)")
+
+
+def _parse_wav(data: bytes) -> tuple[np.ndarray, int]:
+    """int16 samples and rate of espeak-ng's streamed WAV (its size fields are placeholders)."""
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        raise RuntimeError(f"{ESPEAK} did not write a WAV stream")
+    pos, rate = 12, None
+    while pos + 8 <= len(data):
+        chunk, size = data[pos:pos + 4], struct.unpack("<I", data[pos + 4:pos + 8])[0]
+        if chunk == b"fmt ":
+            codec, channels, rate, _, _, bits = struct.unpack("<HHIIHH", data[pos + 8:pos + 24])
+            if (codec, channels, bits) != (1, 1, 16):
+                raise RuntimeError(f"{ESPEAK} wrote codec {codec}, {channels} channels, {bits} bit; "
+                                   "expected 16-bit PCM mono")
+        elif chunk == b"data":
+            body = data[pos + 8:]  # the stream's size field is unknown when writing to a pipe
+            return np.frombuffer(body[:len(body) // 2 * 2], "<i2"), rate
+        pos += 8 + size + (size & 1)
+    raise RuntimeError(f"{ESPEAK} wrote a WAV stream without audio")
+
+
+def _speak_pcm(text: str, voice: str, speed: int) -> tuple[np.ndarray, int]:
+    # --stdin: the text never meets argv, so quotes and leading dashes are safe.
+    cmd = [ESPEAK, "-v", voice, "-s", str(speed), "--stdin", "--stdout"]
+    try:
+        proc = subprocess.run(cmd, input=text.encode("utf-8"), capture_output=True)
+    except FileNotFoundError:
+        _check_espeak()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): "
+                           f"{proc.stderr.decode(errors='replace').strip()}")
+    pcm, rate = _parse_wav(proc.stdout)
+    if pcm.size == 0:
+        raise ValueError(f"{ESPEAK} produced no audio for {text!r}")
+    return pcm, rate
+
+
+def speak(text: str, *, voice: str = "en-us", speed: int = 175) -> tuple[np.ndarray, int]:
+    """Speak text with espeak-ng: float32 samples in [-1, 1) and their sample rate (22050)."""
+    pcm, rate = _speak_pcm(text, voice, speed)
+    return pcm.astype(np.float32) / 32768.0, rate
+
+
+def read_transcripts(path, *, start: int = 0, count: int | None = None) -> list[tuple[str, str, str]]:
+    """(id, text to speak, original line) for lines start .. start+count of an LJSpeech csv."""
+    rows = []
+    with open(path, encoding="utf-8", newline="") as f:
+        # only "\n" ends a line (str.splitlines would also split on \x85, \u2028, ...)
+        lines = [line.removesuffix("\r") for line in f.read().removesuffix("\n").split("\n")]
+    for lineno, line in enumerate(lines[start:] if count is None else lines[start:start + count],
+                                  start + 1):
+        cols = line.split("|")
+        if len(cols) not in (2, 3) or not cols[0].strip():
+            raise ValueError(f"{path}:{lineno}: expected id|text|normalized_text, got {line!r}")
+        spoken = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
+        if not spoken:
+            raise ValueError(f"{path}:{lineno}: empty text for id {cols[0]!r}")
+        rows.append((cols[0].strip(), spoken, line))
+    return rows
+
+
+def _request_tag(text: str, voice: str, speed: int, sample_rate: int) -> str:
+    request = json.dumps([text, voice, speed, sample_rate], ensure_ascii=False)
+    return _TAG_PREFIX + hashlib.sha256(request.encode("utf-8")).hexdigest()[:16]
+
+
+def _existing_frames(path: Path, tag: str, sample_rate: int) -> int | None:
+    """Frames of a clip made by the same request, or None when it must be (re)made."""
+    try:
+        with sf.SoundFile(path) as f:
+            same = f.comment == tag and f.samplerate == sample_rate and f.channels == 1
+            return f.frames if same else None
+    except (OSError, RuntimeError, sf.LibsndfileError):
+        return None  # missing or unreadable (e.g. a torn copy): make it again
+
+
+def write_atomic(path: Path, pcm: np.ndarray, sample_rate: int, *, comment: str = "",
+                 compression_level: float | None = None):
+    """Write int16 mono audio to path via a temporary file in the same folder + os.replace."""
+    fmt = FORMATS[path.suffix[1:]]
+    extra = {"compression_level": compression_level} if compression_level is not None else {}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        with sf.SoundFile(tmp, "w", sample_rate, 1, "PCM_16", format=fmt, **extra) as f:
+            if comment:
+                f.comment = comment
+            f.write(pcm)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _make_clip(path: Path, text: str, voice: str, speed: int, sample_rate: int,
+               compression_level: float | None) -> tuple[int, bool]:
+    """(frames, made) for one clip; made is False when an identical clip was already there."""
+    tag = _request_tag(text, voice, speed, sample_rate)
+    frames = _existing_frames(path, tag, sample_rate)
+    if frames is not None:
+        return frames, False
+    pcm, rate = _speak_pcm(text, voice, speed)
+    if rate != sample_rate:
+        pcm = soxr.resample(pcm, rate, sample_rate)  # int16 in, int16 out
+    write_atomic(path, pcm, sample_rate, comment=tag, compression_level=compression_level)
+    return len(pcm), True
+
+
+def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "flac",
+                sample_rate: int = ESPEAK_RATE, jobs: int = 1, voice: str = "en-us",
+                speed: int = 175, compression_level: float | None = None, log=sys.stderr) -> dict:
+    """Speak `count` transcript lines from `start` into an LJSpeech-layout corpus at `out`.
+
+    Returns {"clips", "made", "skipped", "seconds"}; metadata.csv is written last, so it only
+    exists once every listed clip does. compression_level (FLAC, 0..1) trades encoding time for
+    size and does not change the samples, so it is not part of a clip's request.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
+    if count < 1 or start < 0 or jobs < 1 or sample_rate < 1:
+        raise ValueError(f"need count >= 1, start >= 0, jobs >= 1, sample_rate >= 1; got "
+                         f"count={count}, start={start}, jobs={jobs}, sample_rate={sample_rate}")
+    _check_espeak()
+    rows = read_transcripts(transcripts, start=start, count=count)
+    if len(rows) < count:
+        raise ValueError(f"{transcripts} has {len(rows)} lines from line {start}, not {count}")
+    out = Path(out)
+    wavs = out / "wavs"
+    wavs.mkdir(parents=True, exist_ok=True)
+    for stale in wavs.glob(".*.tmp"):  # left by a killed run
+        stale.unlink(missing_ok=True)
+
+    t0, total, made = time.perf_counter(), 0, 0
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:  # each thread waits on one espeak
+        futures = {pool.submit(_make_clip, wavs / f"{clip_id}.{fmt}", text, voice, speed,
+                               sample_rate, compression_level): clip_id
+                   for clip_id, text, _ in rows}
+        try:
+            for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+                try:
+                    frames, new = future.result()
+                except Exception as err:
+                    raise RuntimeError(f"clip {futures[future]}: {err}") from err
+                total, made = total + frames, made + new
+                if done % 1000 == 0:
+                    print(f"make_corpus: {done}/{len(rows)} clips", file=log)
+        except BaseException:  # first failure or Ctrl-C: start no more espeak processes
+            pool.shutdown(cancel_futures=True)
+            raise
+
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".metadata.csv.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(line + "\n" for _, _, line in rows)
+    os.replace(tmp, out / "metadata.csv")
+
+    stats = {"clips": len(rows), "made": made, "skipped": len(rows) - made,
+             "seconds": round(total / sample_rate, 2)}
+    print(f"make_corpus: {stats['clips']} clips ({made} made, {stats['skipped']} already there), "
+          f"{stats['seconds']} s of audio at {sample_rate} Hz in {out} "
+          f"({time.perf_counter() - t0:.1f} s)", file=log)
+    return stats
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--transcripts", required=True, help="id|text|normalized_text file")
+    p.add_argument("--out", required=True, help="corpus folder (metadata.csv + wavs/)")
+    p.add_argument("--count", type=int, required=True, help="number of lines to speak")
+    p.add_argument("--start", type=int, default=0, help="first line (0-based)")
+    p.add_argument("--format", choices=sorted(FORMATS), default="flac")
+    p.add_argument("--sample-rate", type=int, default=ESPEAK_RATE, help="Hz; soxr resamples")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="espeak-ng processes")
+    p.add_argument("--voice", default="en-us")
+    p.add_argument("--speed", type=int, default=175, help="words per minute")
+    p.add_argument("--compression-level", type=float, default=None,
+                   help="FLAC effort from 0 (fastest) to 1 (smallest); default libsndfile's")
+    args = p.parse_args(argv)
+    try:
+        make_corpus(args.transcripts, args.out, count=args.count, start=args.start,
+                    fmt=args.format, sample_rate=args.sample_rate, jobs=args.jobs,
+                    voice=args.voice, speed=args.speed,
+                    compression_level=args.compression_level)
+    except (RuntimeError, ValueError, OSError) as err:
+        sys.exit(f"make_corpus: {err}")
+
+
+if __name__ == "__main__":
+    main()

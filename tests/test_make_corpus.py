@@ -1,0 +1,74 @@
+"""Tests for pipeline/make_corpus.py: speak 3 LJSpeech lines with espeak-ng into tmp_path."""
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from pipeline import make_corpus as mc
+
+TRANSCRIPTS = Path(__file__).resolve().parent.parent / "data" / "ljspeech_transcripts.csv"
+
+pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
+                                reason="espeak-ng is not installed (apt-get install espeak-ng)")
+
+
+def _lines(n):
+    return TRANSCRIPTS.read_text(encoding="utf-8").splitlines()[:n]
+
+
+def test_corpus_of_three_clips(tmp_path):
+    stats = mc.make_corpus(TRANSCRIPTS, tmp_path, count=3, jobs=2, sample_rate=16000)
+    assert stats["clips"] == stats["made"] == 3 and stats["skipped"] == 0
+
+    raw = (tmp_path / "metadata.csv").read_bytes()
+    assert b"\r" not in raw
+    assert raw.decode("utf-8").splitlines() == _lines(3)
+    total = 0.0
+    for line in _lines(3):
+        path = tmp_path / "wavs" / f"{line.split('|')[0]}.flac"
+        info = sf.info(path)
+        assert (info.format, info.subtype, info.channels, info.samplerate) == \
+            ("FLAC", "PCM_16", 1, 16000)
+        audio, sr = sf.read(path, dtype="float32")
+        assert audio.shape == (info.frames,) and np.abs(audio).max() > 0.05
+        assert len(audio) / sr > 0.5
+        total += len(audio) / sr
+    assert stats["seconds"] == pytest.approx(total, abs=0.05)
+    assert not list((tmp_path / "wavs").glob(".*"))  # no temporary files left
+
+    # a rerun makes nothing, a changed request remakes only what changed
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "wavs").iterdir()}
+    assert mc.make_corpus(TRANSCRIPTS, tmp_path, count=3, jobs=2, sample_rate=16000)["made"] == 0
+    assert before == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "wavs").iterdir()}
+    (tmp_path / "wavs" / "LJ001-0002.flac").write_bytes(b"torn copy")
+    assert mc.make_corpus(TRANSCRIPTS, tmp_path, count=3, sample_rate=16000)["made"] == 1
+    assert mc.make_corpus(TRANSCRIPTS, tmp_path, count=3, sample_rate=16000, speed=200)["made"] == 3
+
+
+def test_wav_at_espeak_rate_via_cli(tmp_path):
+    mc.main(["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path), "--count", "1",
+             "--start", "1", "--format", "wav", "--jobs", "1"])
+    assert (tmp_path / "metadata.csv").read_text(encoding="utf-8") == _lines(2)[1] + "\n"
+    info = sf.info(tmp_path / "wavs" / "LJ001-0002.wav")
+    assert (info.format, info.subtype, info.samplerate) == ("WAV", "PCM_16", 22050)
+
+
+def test_speak_is_safe_with_quotes_and_dashes():
+    audio, sr = mc.speak('-- "Yes," he said; it\'s -v done.', voice="en-us", speed=175)
+    assert sr == mc.ESPEAK_RATE and audio.dtype == np.float32
+    assert len(audio) / sr > 1.0 and 0.05 < np.abs(audio).max() <= 1.0
+
+
+def test_errors(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="lines from line 13099, not 3"):
+        mc.make_corpus(TRANSCRIPTS, tmp_path, count=3, start=13099)
+    with pytest.raises(RuntimeError, match="voice"):
+        mc.make_corpus(TRANSCRIPTS, tmp_path, count=1, voice="notavoice")
+    assert not (tmp_path / "metadata.csv").exists()
+    monkeypatch.setattr(mc, "ESPEAK", "espeak-ng-not-installed")
+    with pytest.raises(RuntimeError, match="apt-get install espeak-ng"):
+        mc.make_corpus(TRANSCRIPTS, tmp_path, count=1)
+    with pytest.raises(RuntimeError, match="apt-get install espeak-ng"):
+        mc.speak("hello")
