@@ -1,0 +1,23 @@
+# Two-stage TTS pipeline: sharded token/mel caches, then training from them, then diagnosis.
+#   snakemake --cores all train        # the main job on the shipped demo corpus
+#   snakemake -n caches                # shows only the stale shards after a dataset edit
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "configs/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/cache.smk"
+include: "rules/train.smk"
+include: "rules/diagnose.smk"
+
+
+rule all:
+    input:
+        rules.train.output,
+        rules.synthesize.output,
+        rules.diagnose.output,
+    default_target: True

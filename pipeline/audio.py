@@ -1,0 +1,68 @@
+"""The one mel definition, and the audio reading that feeds it.
+
+HiFi-GAN compatible: magnitude (power 1) STFT with a Hann window, librosa's slaney mel filterbank,
+natural log clamped at 1e-5, at the config's `audio:` rate, n_fft, hop, window, n_mels, fmin, fmax.
+Preprocessing, the loss targets, Griffin-Lim and evaluation all use this module, so a public
+HiFi-GAN vocoder trained on the same settings can voice our mels.
+
+Any edit here changes the mel code digest, so every mel shard rebuilds (and no token shard).
+"""
+import functools
+
+import librosa
+import numpy as np
+import soundfile as sf
+import soxr
+
+LOG_CLAMP = 1e-5  # HiFi-GAN's dynamic-range floor: log(1e-5) ~ -11.5 is "silence"
+SILENCE_PEAK = 1e-4  # a clip whose peak stays below this (-80 dBFS) holds no speech
+
+
+class BadAudio(ValueError):
+    """A clip that cannot become a mel; the message says why (reported, or fatal with bad_audio: fail)."""
+
+
+@functools.lru_cache(maxsize=8)
+def mel_basis(*, sample_rate, n_fft, n_mels, fmin, fmax):
+    """(n_mels, n_fft // 2 + 1) float32 slaney filterbank, built once per setting."""
+    return librosa.filters.mel(sr=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax,
+                               htk=False, norm="slaney").astype(np.float32)
+
+
+def mel_spectrogram(y, *, sample_rate, n_fft, hop_length, win_length, n_mels, fmin, fmax):
+    """(frames, n_mels) float32 log-mel of mono float32 audio `y` at `sample_rate`."""
+    spec = np.abs(librosa.stft(y, n_fft=n_fft, hop_length=hop_length, win_length=win_length,
+                               window="hann", center=True, pad_mode="reflect"))  # (n_fft/2+1, frames)
+    basis = mel_basis(sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
+    mel = basis @ spec  # (n_mels, frames)
+    return np.log(np.maximum(mel, LOG_CLAMP)).T.astype(np.float32)
+
+
+def load_audio(path, *, sample_rate, max_seconds):
+    """Mono float32 audio at `sample_rate`, or BadAudio saying what is wrong with the file."""
+    try:
+        y, sr = sf.read(str(path), dtype="float32", always_2d=True)  # (samples, channels)
+    except FileNotFoundError:
+        raise BadAudio("missing file") from None
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise BadAudio(f"not readable as audio ({reason})") from None
+    if y.shape[0] == 0:
+        raise BadAudio("empty (no samples)")
+    y = y.mean(axis=1)  # downmix
+    if not np.all(np.isfinite(y)):
+        raise BadAudio("holds NaN or infinite samples")
+    seconds = y.shape[0] / sr
+    if seconds > max_seconds:
+        raise BadAudio(f"too long ({seconds:.1f} s > dataset.max_seconds {max_seconds})")
+    if np.max(np.abs(y)) < SILENCE_PEAK:
+        raise BadAudio("silent (peak below -80 dBFS)")
+    if sr != sample_rate:
+        y = soxr.resample(y, sr, sample_rate, quality="HQ")
+    return np.ascontiguousarray(y, dtype=np.float32)
+
+
+def mel_from_file(path, audio_cfg, max_seconds):
+    """(frames, n_mels) log-mel of an audio file, under the config's `audio:` section."""
+    y = load_audio(path, sample_rate=audio_cfg["sample_rate"], max_seconds=max_seconds)
+    return mel_spectrogram(y, **audio_cfg)

@@ -1,0 +1,181 @@
+"""Configuration: the shipped defaults, a user's overrides, one JSON schema.
+
+Reads configs/config.yaml (defaults) and configs/schema.yaml. `load_config(path)` merges a user's
+YAML/JSON file (or an inline JSON object, which is how Snakemake rules pass the sections a job
+needs) over the defaults and validates the result, so the Python side, the Snakefile and the tests
+report the same one-line errors naming the key.
+
+    python -m pipeline.config --config my.yaml      # prints the merged, validated config
+"""
+import argparse
+import copy
+import json
+import os
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULTS = ROOT / "configs" / "config.yaml"
+SCHEMA = ROOT / "configs" / "schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A config problem, with the key (or file) it concerns in the message."""
+
+
+def _read_yaml(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def load_schema():
+    return _read_yaml(SCHEMA)
+
+
+def merge(base, override):
+    """Deep-merge override into a copy of base (mappings merge, everything else replaces)."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _normalise(cfg):
+    # YAML 1.1 reads a bare `off` as False; the schema accepts both spellings, code sees one.
+    train = cfg.get("train", {})
+    if train.get("mixed_precision") is False:
+        train["mixed_precision"] = "off"
+    return cfg
+
+
+def validate(cfg, source="config"):
+    """Raise ConfigError naming the first offending key, e.g. `cache.shards: 0 is less than ...`."""
+    errors = sorted(jsonschema.Draft202012Validator(load_schema()).iter_errors(cfg),
+                    key=lambda e: list(map(str, e.absolute_path)))
+    if not errors:
+        return cfg
+    e = errors[0]
+    key = ".".join(str(p) for p in e.absolute_path) or "(top level)"
+    message = e.message
+    if e.validator == "additionalProperties":
+        extra = sorted(set(e.instance) - set(e.schema.get("properties", {})))
+        key = ".".join([*map(str, e.absolute_path), extra[0]]) if extra else key
+        message = f"unknown key (valid keys here: {', '.join(sorted(e.schema.get('properties', {})))})"
+    raise ConfigError(f"{source}: {key}: {message}")
+
+
+def load_config(path=None, overrides=None, check_paths=True):
+    """The validated config dict: defaults <- file or inline JSON at `path` <- `overrides` dict."""
+    cfg = _read_yaml(DEFAULTS)
+    source = str(DEFAULTS)
+    if path is not None:
+        text = str(path).strip()
+        user = json.loads(text) if text.startswith("{") else _read_yaml(path)
+        cfg = merge(cfg, user)
+        source = "inline config" if text.startswith("{") else str(path)
+    if overrides:
+        cfg = merge(cfg, overrides)
+    cfg = validate(_normalise(cfg), source)
+    if check_paths:
+        check_dataset_paths(cfg)
+    return cfg
+
+
+def check_dataset_paths(cfg):
+    root = Path(cfg["dataset"]["root"])
+    if not root.is_dir():
+        raise ConfigError(f"dataset.root: folder not found: {root}")
+    meta = root / cfg["dataset"]["metadata"]
+    if not meta.is_file():
+        raise ConfigError(f"dataset.metadata: file not found: {meta}")
+    audio = root / cfg["dataset"]["audio_dir"]
+    if not audio.is_dir():
+        raise ConfigError(f"dataset.audio_dir: folder not found: {audio}")
+    a = cfg["audio"]
+    if a["fmax"] > a["sample_rate"] / 2:
+        raise ConfigError(f"audio.fmax: {a['fmax']} is above the Nyquist frequency {a['sample_rate'] / 2}")
+    if a["fmin"] >= a["fmax"]:
+        raise ConfigError(f"audio.fmin: {a['fmin']} must be below audio.fmax {a['fmax']}")
+    if a["win_length"] > a["n_fft"]:
+        raise ConfigError(f"audio.win_length: {a['win_length']} is longer than audio.n_fft {a['n_fft']}")
+
+
+def parse_set(items):
+    """`--set train.steps=10` style overrides into a nested dict (values parsed as YAML)."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = yaml.safe_load(value)
+    return out
+
+
+def add_arguments(parser):
+    parser.add_argument("--config", default=None, help="YAML/JSON file or inline JSON merged over configs/config.yaml")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides, e.g. train.steps=10")
+
+
+def from_args(args, check_paths=True):
+    return load_config(args.config, parse_set(args.set), check_paths=check_paths)
+
+
+def cache_dir(cfg):
+    return Path(cfg["cache"]["dir"]) / cfg["name"]
+
+
+def run_dir(cfg):
+    return Path(cfg["runs_dir"]) / cfg["name"]
+
+
+def report_dir(cfg):
+    return Path(cfg["reports_dir"]) / cfg["name"]
+
+
+def atomic_write_bytes(path, data):
+    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path, text):
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        print(yaml.safe_dump(from_args(args), sort_keys=False))
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

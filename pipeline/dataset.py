@@ -1,0 +1,128 @@
+"""The dataset manifest: LJSpeech-layout metadata, stable shard and split assignment.
+
+Reads `{dataset.root}/{dataset.metadata}` (`id|text|normalized_text`, the third column optional;
+UTF-8 with or without BOM; LF or CRLF) and finds each clip's audio at
+`{root}/{audio_dir}/{id}.{wav,flac,ogg}`. A malformed line is a DatasetError naming file and line.
+
+Shard = sha256(id) mod cache.shards, and split = a second sha256 of the id: never Python's hash()
+(salted per process), never row position, so adding rows moves nothing else.
+"""
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+AUDIO_EXTENSIONS = ("wav", "flac", "ogg")
+FORMAT = 1  # cache file layout version: bump when pipeline/cache.py writes differently
+HERE = Path(__file__).resolve().parent
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # ids become file names: no separators, no ".."
+
+
+class DatasetError(ValueError):
+    """A problem in the dataset's files; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Clip:
+    id: str
+    text: str        # the column the text front end reads (normalized_text when present)
+    line: str        # the raw metadata line, for digests
+    lineno: int
+
+
+def _stable_int(*parts):
+    return int.from_bytes(hashlib.sha256("\x1f".join(parts).encode("utf-8")).digest()[:8], "big")
+
+
+def shard_of(clip_id, shards):
+    return _stable_int("shard", clip_id) % shards
+
+
+def is_validation(clip_id, val_fraction):
+    return _stable_int("split", clip_id) / 2**64 < val_fraction
+
+
+def read_metadata(path):
+    """The clips of a metadata.csv, in file order; DatasetError on the first malformed line."""
+    path = Path(path)
+    raw = path.read_bytes()
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    clips, seen = [], {}
+    for lineno, line_bytes in enumerate(raw.split(b"\n"), start=1):
+        line_bytes = line_bytes.rstrip(b"\r")
+        if not line_bytes.strip():
+            continue
+        try:
+            line = line_bytes.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DatasetError(f"{path}:{lineno}: not UTF-8 (byte {e.start + 1} of the line)") from None
+        cols = line.split("|")
+        if len(cols) not in (2, 3):
+            raise DatasetError(f"{path}:{lineno}: expected 2 or 3 columns separated by '|' "
+                               f"(id|text|normalized_text), found {len(cols)}")
+        clip_id = cols[0].strip()
+        if not _ID.match(clip_id):
+            raise DatasetError(f"{path}:{lineno}: id {clip_id!r} is not a plain file name "
+                               "(letters, digits, '_', '-', '.'; no path separators)")
+        text = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
+        if not text:
+            raise DatasetError(f"{path}:{lineno}: empty text for id {clip_id!r}")
+        if clip_id in seen:
+            raise DatasetError(f"{path}:{lineno}: duplicate id {clip_id!r} (first on line {seen[clip_id]})")
+        seen[clip_id] = lineno
+        clips.append(Clip(clip_id, text, line, lineno))
+    if not clips:
+        raise DatasetError(f"{path}: no clips (the file is empty)")
+    return clips
+
+
+def audio_path(root, audio_dir, clip_id):
+    """The clip's audio file, or None when no {id}.wav/.flac/.ogg exists."""
+    folder = Path(root) / audio_dir
+    for ext in AUDIO_EXTENSIONS:
+        p = folder / f"{clip_id}.{ext}"
+        if p.is_file():
+            return p
+    return None
+
+
+def shard_clips(clips, shards):
+    """{shard: [clips sorted by id]} for every shard, empty ones included."""
+    out = {k: [] for k in range(shards)}
+    for c in clips:
+        out[shard_of(c.id, shards)].append(c)
+    for k in out:
+        out[k].sort(key=lambda c: c.id)
+    return out
+
+
+def load_manifest(dataset_cfg, shards):
+    """Read metadata once: {shard: sorted clips}."""
+    meta = Path(dataset_cfg["root"]) / dataset_cfg["metadata"]
+    return shard_clips(read_metadata(meta), shards)
+
+
+def digest(*parts):
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(str(p).encode("utf-8"))
+        h.update(b"\x1e")
+    return h.hexdigest()[:16]
+
+
+def file_digest(*paths):
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(Path(p).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def provenance(kind, cfg):
+    """What a shard's content depends on besides its clips: its config section and feature code.
+
+    Kept here, not in cache.py, so the Snakefile can compute it without importing librosa.
+    """
+    section, code = {"tokens": ("text", "text.py"), "mels": ("audio", "audio.py")}[kind]
+    return digest(FORMAT, json.dumps(cfg[section], sort_keys=True), file_digest(HERE / code))

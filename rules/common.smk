@@ -1,0 +1,87 @@
+# Config validation, the dataset manifest and the per-shard inputs and params.
+# The manifest is read once per Snakemake invocation. No shard job lists metadata.csv or the whole
+# config as an input: each gets a digest of just its own rows and settings as params, so an edit
+# reruns only the shards it touches (Snakemake's params trigger), and `touch metadata.csv` reruns nothing.
+import json
+import sys
+from pathlib import Path
+
+from snakemake.utils import validate
+
+sys.path.insert(0, workflow.basedir)
+from pipeline import config as pconfig, dataset as pdataset
+
+try:
+    pconfig.validate(pconfig._normalise(config))
+    validate(config, "../configs/schema.yaml")
+    pconfig.check_dataset_paths(config)
+    MANIFEST = pdataset.load_manifest(config["dataset"], config["cache"]["shards"])
+except (pconfig.ConfigError, pdataset.DatasetError) as e:
+    raise WorkflowError(str(e))
+
+NAME = config["name"]
+CACHE = Path(config["cache"]["dir"]) / NAME
+RUN = Path(config["runs_dir"]) / NAME
+REPORT = Path(config["reports_dir"]) / NAME
+LOGS = REPORT / "logs"
+SHARDS = [f"{k:03d}" for k in range(config["cache"]["shards"])]
+DS = config["dataset"]
+
+
+wildcard_constraints:
+    shard=r"\d{3}",
+
+
+def _inline(**sections):
+    """The config sections a job needs, as the inline JSON that `--config` accepts."""
+    return json.dumps(sections, sort_keys=True)
+
+
+def token_settings(wildcards):
+    return _inline(dataset=DS, cache={"shards": config["cache"]["shards"]}, text=config["text"])
+
+
+def token_rows(wildcards):
+    clips = MANIFEST[int(wildcards.shard)]
+    return pdataset.digest(pdataset.provenance("tokens", config), *(c.line for c in clips))
+
+
+def mel_settings(wildcards):
+    # val_fraction only changes cache_index (the statistics), never a mel
+    ds = {k: v for k, v in DS.items() if k != "val_fraction"}
+    return _inline(dataset=ds, cache={"shards": config["cache"]["shards"]}, audio=config["audio"])
+
+
+def _mel_files(shard):
+    return [(c.id, pdataset.audio_path(DS["root"], DS["audio_dir"], c.id)) for c in MANIFEST[int(shard)]]
+
+
+def mel_audio(wildcards):
+    return [str(p) for _, p in _mel_files(wildcards.shard) if p is not None]
+
+
+def mel_clips(wildcards):
+    # ids and which file each resolves to: adding, removing or renaming a clip changes this
+    return pdataset.digest(pdataset.provenance("mels", config), *(f"{i}={p}" for i, p in _mel_files(wildcards.shard)))
+
+
+def full_config(wildcards):
+    return json.dumps(config, sort_keys=True)
+
+
+def gpus_wanted():
+    """GPUs the train rule declares, so `--resources gpu=N` can cap concurrent GPU jobs."""
+    placement = config["train"]["placement"]
+    if placement == "cpu":
+        return 0
+    if placement == "single":
+        return 1
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+    except Exception:  # no driver: TensorFlow will run on the CPU
+        return 0
+    return {"split": 2, "mirrored": count}.get(placement, min(count, 2))

@@ -1,0 +1,20 @@
+# Diagnosis: loader alone, step alone, both together; NVML sampling; a plain-words report.
+# Depends on the caches only, not on a finished training run.
+
+
+rule diagnose:
+    input:
+        rules.cache_index.output.index,
+    output:
+        json=REPORT / "diagnose.json",
+        md=REPORT / "diagnose.md",
+        png=REPORT / "diagnose.png",
+    params:
+        config=full_config,
+    threads: 32
+    resources:
+        gpu=gpus_wanted(),
+    log:
+        LOGS / "diagnose.log",
+    shell:
+        "python -m pipeline.diagnose --config {params.config:q} --out {REPORT} > {log} 2>&1"

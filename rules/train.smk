@@ -1,0 +1,38 @@
+# Training from the caches, and synthesis from the latest checkpoint.
+# The checkpoint folder is deliberately not an output: Snakemake deletes outputs before a job
+# runs, and a rerun after an interruption must resume from it.
+
+
+rule train:
+    input:
+        rules.cache_index.output.index,
+    output:
+        summary=RUN / "train.json",
+    params:
+        config=full_config,
+    threads: 32
+    resources:
+        gpu=gpus_wanted(),
+    log:
+        LOGS / "train.log",
+    benchmark:
+        str(REPORT / "benchmarks/train.tsv")
+    shell:
+        "python -m pipeline.train --config {params.config:q} --index {input} --out {output.summary} > {log} 2>&1"
+
+
+rule synthesize:
+    input:
+        rules.train.output.summary,
+    output:
+        wavs=expand(RUN / "samples/{i:02d}.wav", i=range(len(config["synthesize"]["sentences"]))),
+    params:
+        config=full_config,
+        out=RUN / "samples",
+    threads: 8
+    resources:
+        gpu=min(gpus_wanted(), 1),
+    log:
+        LOGS / "synthesize.log",
+    shell:
+        "python -m pipeline.synthesize --config {params.config:q} --out {params.out} > {log} 2>&1"
