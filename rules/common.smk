@@ -38,7 +38,7 @@ def _inline(**sections):
 
 
 def token_settings(wildcards):
-    return _inline(dataset=DS, cache={"shards": config["cache"]["shards"]}, text=config["text"])
+    return _inline(dataset={k: DS[k] for k in ("root", "metadata", "audio_dir")}, cache={"shards": config["cache"]["shards"]}, text=config["text"])
 
 
 def token_rows(wildcards):
@@ -61,8 +61,9 @@ def mel_audio(wildcards):
 
 
 def mel_clips(wildcards):
-    # ids and which file each resolves to: adding, removing or renaming a clip changes this
-    return pdataset.digest(pdataset.provenance("mels", config), *(f"{i}={p}" for i, p in _mel_files(wildcards.shard)))
+    # ids, which file each resolves to and its size + mtime: adding, removing, renaming or replacing a
+    # clip changes this, even a replacement moved in with an older mtime (mv, cp -p, rsync -a)
+    return pdataset.digest(pdataset.provenance("mels", config), *(f"{i}={p}" + (f":{p.stat().st_size}:{p.stat().st_mtime_ns}" if p else "") for i, p in _mel_files(wildcards.shard)))
 
 
 def full_config(wildcards):

@@ -1,0 +1,326 @@
+"""Train the Transformer TTS model from the caches, resuming from the last checkpoint.
+
+    python -m pipeline.train --config configs/config.yaml --out runs/demo/train.json
+    snakemake --cores all train                     # the same, after rebuilding stale caches
+
+Reads the cache index and shards (pipeline.data), config keys `model:` and `train:`. Writes
+runs/{name}/checkpoints/ (tf.train.CheckpointManager: model, optimizer state, step), config.json
+(the config that made them), TensorBoard events in runs/{name}/ (losses, lr, steps/s, input-wait
+fraction, mel and alignment images, Griffin-Lim audio), alignment.png, and finally the summary
+--out. A rerun after an interruption (kill -9 included) continues at the saved step with the saved
+optimizer state until train.steps.
+"""
+import argparse
+import functools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+import keras
+
+from pipeline import config, data, placement as placement_mod
+from pipeline.model import LOSS_KEYS, build_model, tts_loss
+
+
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up to `peak`, then inverse square-root decay (Transformer schedule)."""
+
+    def __init__(self, peak, warmup_steps):
+        self.peak, self.warmup_steps = peak, warmup_steps
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32) + 1.0
+        warmup = tf.cast(max(self.warmup_steps, 1), tf.float32)
+        return self.peak * tf.minimum(step / warmup, tf.sqrt(warmup / step))
+
+    def get_config(self):
+        return {"peak": self.peak, "warmup_steps": self.warmup_steps}
+
+
+def _to_device(batch, device):
+    with tf.device(device):
+        return {k: tf.identity(v) for k, v in batch.items()}
+
+
+class Trainer:
+    """The model, optimizer, input pipeline and compiled step for one config and placement."""
+
+    def __init__(self, cfg, placement=None, log=print):
+        self.cfg, self.log = cfg, log
+        self.index = data.read_index(cfg)
+        self.p = placement_mod.resolve(cfg["train"], placement)
+        placement_mod.set_precision_policy(self.p.mixed_precision)
+        keras.utils.set_random_seed(cfg["train"]["seed"])
+        self.edges, self.shapes = data.bucket_shapes(cfg, self.index)
+        self.n_buckets = len(self.shapes)
+        self.placement, self.model_device = self.p.name, self.p.model_device
+        self.copy_ms = None
+        n_mels, mcfg = self.index["n_mels"], cfg["model"]
+        self.loss_args = {k: mcfg[k] for k in LOSS_KEYS} | {"reduction": mcfg["reduction"]}
+        with self._scope():
+            mean, std = data.mel_stats(cfg, self.index)
+            self.mel_mean, self.mel_std = tf.constant(mean), tf.constant(std)
+            self.model = build_model(mcfg, n_symbols=len(self.index["vocab"]["symbols"]), n_mels=n_mels)
+            self.model(self._dummy_batch(), training=False)  # create the variables now, in this scope
+            tcfg = cfg["train"]
+            opt = keras.optimizers.AdamW(learning_rate=WarmupSchedule(tcfg["learning_rate"], tcfg["warmup_steps"]),
+                                         weight_decay=1e-6, beta_2=0.98, global_clipnorm=tcfg["grad_clip"])
+            if self.p.mixed_precision == "float16":
+                opt = keras.optimizers.LossScaleOptimizer(opt)  # float16 gradients underflow without it
+            opt.build(self.model.trainable_variables)  # slots exist before a restore fills them
+            self.optimizer = opt
+        self.dataset = self._distribute(data.build_dataset(cfg, "train"))
+        self.step = self._make_step()
+        self._eval = tf.function(self._forward, reduce_retracing=True)
+        self.log(self.p.describe())
+
+    # --- construction -------------------------------------------------------------------------
+    def _scope(self):
+        return self.p.strategy.scope() if self.p.strategy else tf.device(self.p.model_device)
+
+    def _dummy_batch(self):
+        t, f = self.shapes[0]
+        return {"tokens": tf.ones([1, t], tf.int32), "token_lengths": tf.constant([t], tf.int32),
+                "mel": tf.zeros([1, f, self.index["n_mels"]]), "mel_lengths": tf.constant([f], tf.int32)}
+
+    def _distribute(self, ds):
+        if self.p.strategy is not None:
+            return self.p.strategy.experimental_distribute_dataset(ds)
+        if self.p.name == "split":
+            # must be the last transformation: batches land on data_device ahead of the step
+            return ds.apply(tf.data.experimental.prefetch_to_device(self.p.data_device, buffer_size=2))
+        return ds
+
+    def _normalise(self, batch):
+        mel = (tf.cast(batch["mel"], tf.float32) - self.mel_mean) / self.mel_std  # on the model device
+        return dict(batch, mel=mel)
+
+    def _forward(self, batch):
+        batch = self._normalise(batch)
+        out = self.model(batch, training=False)
+        return tts_loss(out, batch, **self.loss_args)[1], out
+
+    def _grads(self, batch):
+        batch = self._normalise(batch)
+        with tf.GradientTape() as tape:
+            out = self.model(batch, training=True)
+            loss, terms = tts_loss(out, batch, **self.loss_args)
+            scaled = loss / tf.distribute.get_strategy().num_replicas_in_sync
+            if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+                scaled = self.optimizer.scale_loss(scaled)
+        return tape.gradient(scaled, self.model.trainable_variables), terms
+
+    def _make_step(self):
+        variables = self.model.trainable_variables
+        if self.p.strategy is None:
+            def step(batch):
+                grads, terms = self._grads(batch)
+                self.optimizer.apply(grads, variables)
+                return terms
+            with tf.device(self.p.model_device):
+                return tf.function(step, jit_compile=self.p.jit_compile)
+        # mirrored: XLA compiles each replica's forward/backward; the all-reduce and update run outside it
+        grads_fn = tf.function(self._grads, jit_compile=self.p.jit_compile)
+        strategy = self.p.strategy
+
+        def replica_step(batch):
+            grads, terms = grads_fn(batch)
+            self.optimizer.apply(grads, variables)
+            return terms
+
+        @tf.function
+        def step(batch):
+            terms = strategy.run(replica_step, args=(batch,))
+            return {k: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in terms.items()}
+        return step
+
+    # --- the loop pieces ----------------------------------------------------------------------
+    @property
+    def traces(self):
+        return self.step.experimental_get_tracing_count()
+
+    def context(self):
+        return {"placement": self.p.name, "jit_compile": self.p.jit_compile,
+                "mixed_precision": self.p.mixed_precision, "copy_ms": self.copy_ms,
+                "buckets": self.n_buckets, "devices": self.p.devices}
+
+    def batches(self):
+        """Training batches ready for the step. With split, each batch is copied to the model
+        device one step ahead, so the copy runs while the previous step computes."""
+        it = iter(self.dataset)
+        if self.p.name != "split" or self.p.data_device == self.p.model_device:
+            yield from it
+            return
+        ahead = _to_device(next(it), self.p.model_device)
+        for batch in it:
+            current, ahead = ahead, _to_device(batch, self.p.model_device)  # async copy of the next one
+            yield current
+
+    def measure_copy(self, repeats=5):
+        """Milliseconds to copy one batch from data_device to model_device (split only)."""
+        if self.p.name != "split":
+            return None
+        batch = next(iter(self.dataset))
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            copied = _to_device(batch, self.p.model_device)
+            copied["mel_lengths"].numpy()  # waits for the copy
+            times.append(time.perf_counter() - t)
+        self.copy_ms = 1000 * float(np.median(times))
+        mb = sum(v.numpy().nbytes for v in batch.values()) / 1e6
+        self.log(f"split: copying a {mb:.1f} MB batch {self.p.data_device} -> {self.p.model_device} "
+                 f"takes {self.copy_ms:.2f} ms; it overlaps the previous step")
+        return self.copy_ms
+
+    def validate(self, max_batches=8):
+        """Mean validation loss terms and the first batch's outputs (for images), or None without val clips."""
+        try:
+            ds = data.build_dataset(self.cfg, "val")
+        except data.CacheError:
+            return None, None, None
+        sums, n, first = {}, 0, None
+        with tf.device(self.p.model_device):
+            for batch in ds.take(max_batches):
+                terms, out = self._eval(batch)
+                for k, v in terms.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                n += 1
+                first = first or (batch, out)
+        return ({k: v / n for k, v in sums.items()}, *first) if n else (None, None, None)
+
+
+def build_trainer(cfg, placement=None, log=print):
+    """The interface diagnose uses: .dataset, .step, .n_buckets, .model_device, .placement, .context()."""
+    return Trainer(cfg, placement=placement, log=log)
+
+
+# --- training loop -----------------------------------------------------------------------------
+def _image(x):
+    """(H, W) array -> (1, H, W, 1) image in [0, 1], low rows at the bottom."""
+    x = np.asarray(x, np.float32)
+    x = (x - x.min()) / max(float(x.max() - x.min()), 1e-6)
+    return x[::-1][None, :, :, None]
+
+
+def _write_summaries(trainer, step, val, batch, out):
+    from pipeline.vocoder import griffin_lim
+    mean, std = trainer.mel_mean.numpy(), trainer.mel_std.numpy()
+    n = int(batch["mel_lengths"][0]); t = int(batch["token_lengths"][0])
+    r = trainer.cfg["model"]["reduction"]
+    target = (batch["mel"][0, :n].numpy().astype(np.float32))
+    pred = out["mel_after"][0, :n].numpy() * std + mean
+    align = out["alignment"][0, : -(-n // r), :t].numpy()
+    for k, v in val.items():
+        tf.summary.scalar(f"val/{k}", v, step=step)
+    tf.summary.image("mel/target_vs_prediction", _image(np.concatenate([target, pred], 1).T), step=step)
+    tf.summary.image("alignment", _image(align.T), step=step)
+    audio = griffin_lim(pred, iters=trainer.cfg["synthesize"]["griffin_lim_iters"], **trainer.cfg["audio"])
+    tf.summary.audio("griffin_lim", audio[None, :, None], trainer.cfg["audio"]["sample_rate"], step=step)
+    return align
+
+
+def save_alignment_png(align, path, step):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.imshow(np.asarray(align).T, origin="lower", aspect="auto", interpolation="none")
+    ax.set(xlabel="decoder step", ylabel="text position", title=f"alignment (validation clip, step {step})")
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    fig.savefig(tmp, dpi=100); plt.close(fig)
+    tmp.replace(path)
+
+
+def train(cfg, out, log=functools.partial(print, flush=True)):
+    run = config.run_dir(cfg)
+    run.mkdir(parents=True, exist_ok=True)
+    config.atomic_write_text(run / "config.json", json.dumps(cfg, indent=1))
+    trainer = build_trainer(cfg, log=log)
+    ckpt = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer)
+    manager = tf.train.CheckpointManager(ckpt, run / "checkpoints", max_to_keep=3)
+    if manager.latest_checkpoint:
+        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        log(f"resumed from {manager.latest_checkpoint} at step {int(trainer.optimizer.iterations)}")
+    tcfg = cfg["train"]
+    total = tcfg["steps"]
+    step = int(trainer.optimizer.iterations)
+    trainer.measure_copy()
+    writer = tf.summary.create_file_writer(str(run))
+    history, val_history, align = [], [], None
+    batches = trainer.batches()
+    waited = stepped = 0.0
+    t_log, start_step, t_start = time.perf_counter(), step, time.perf_counter()
+    with writer.as_default():
+        while step < total:
+            t0 = time.perf_counter()
+            batch = next(batches)
+            t1 = time.perf_counter()
+            waited += t1 - t0
+            terms = trainer.step(batch)
+            step += 1
+            if step % tcfg["log_every"] == 0 or step == total:
+                values = {k: float(v) for k, v in terms.items()}  # syncs with the device
+                t2 = time.perf_counter()
+                interval = t2 - t_log
+                rate = tcfg["log_every"] / interval if interval > 0 else 0.0
+                wait_frac = waited / interval if interval > 0 else 0.0
+                lr = float(trainer.optimizer.learning_rate)
+                for k, v in values.items():
+                    tf.summary.scalar(f"train/{k}", v, step=step)
+                tf.summary.scalar("train/lr", lr, step=step)
+                tf.summary.scalar("perf/steps_per_s", rate, step=step)
+                tf.summary.scalar("perf/input_wait_fraction", wait_frac, step=step)
+                done = step / total
+                bar = "=" * int(30 * done) + ">" + " " * (30 - int(30 * done))
+                eta = (total - step) / rate if rate else float("nan")
+                log(f"step {step}/{total} [{bar}] loss {values['total']:.4f} (mel {values['mel_after']:.4f} "
+                    f"stop {values['stop']:.4f} attn {values['guided_attention']:.4f}) lr {lr:.2e} "
+                    f"{rate:.2f} steps/s wait {100 * wait_frac:.1f}% eta {eta:.0f}s")
+                if not math.isfinite(values["total"]):
+                    raise FloatingPointError(f"loss became {values['total']} at step {step}; lower train.learning_rate")
+                history.append({"step": step, **values})
+                waited, t_log = 0.0, time.perf_counter()
+            if step % tcfg["summary_every"] == 0 or step == total:
+                val, vbatch, vout = trainer.validate()
+                if val is not None:
+                    align = _write_summaries(trainer, step, val, vbatch, vout)
+                    val_history.append({"step": step, **val})
+                    log(f"step {step}: validation loss {val['total']:.4f} (mel {val['mel_after']:.4f})")
+                t_log = time.perf_counter()  # validation time is not input wait
+            if step % tcfg["checkpoint_every"] == 0 or step == total:
+                manager.save(checkpoint_number=step)
+    if align is not None:
+        save_alignment_png(align, run / "alignment.png", step)
+    summary = {"name": cfg["name"], "steps": step, "resumed_from": start_step, "placement": trainer.placement,
+               "context": trainer.context(), "traces": trainer.traces, "buckets": trainer.shapes,
+               "seconds": round(time.perf_counter() - t_start, 1), "checkpoint": manager.latest_checkpoint,
+               "train_loss": history[-1] if history else None, "val_loss": val_history, "history": history}
+    config.atomic_write_text(out, json.dumps(summary, indent=1))
+    log(f"done: {step} steps, checkpoint {manager.latest_checkpoint}, summary {out}")
+    return summary
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Train from the caches (resumes from the last checkpoint).")
+    config.add_arguments(parser)
+    parser.add_argument("--index", help="the cache index (only so Snakemake can pass its input)")
+    parser.add_argument("--out", help="summary JSON (default runs/{name}/train.json)")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads for TensorFlow (0: all)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = config.from_args(args)
+        if args.threads:
+            tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        train(cfg, args.out or config.run_dir(cfg) / "train.json")
+    except (config.ConfigError, data.CacheError, placement_mod.PlacementError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Shared fixtures: a small espeak-ng corpus, configs pointing into tmp folders, Snakemake runs.
+
+The corpus is spoken from the first lines of data/ljspeech_transcripts.csv (what the demo uses),
+so tests run on real speech through the real cache code.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from pipeline import make_corpus  # noqa: E402
+
+TRANSCRIPTS = ROOT / "data" / "ljspeech_transcripts.csv"
+
+
+@pytest.fixture(scope="session")
+def corpus_template(tmp_path_factory):
+    """24 clips at 22050 Hz wav, made once per session; copy it before changing anything."""
+    out = tmp_path_factory.mktemp("corpus_template")
+    make_corpus.make_corpus(TRANSCRIPTS, out, count=24, fmt="wav", sample_rate=22050, jobs=2)
+    return out
+
+
+def write_config(tmp, dataset_root, **overrides):
+    """A config file in `tmp` whose caches, runs and reports stay in `tmp`."""
+    cfg = {"name": "t", "dataset": {"root": str(dataset_root)},
+           "cache": {"dir": str(tmp / "cache"), "shards": 4},
+           "runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports")}
+    for key, value in overrides.items():
+        section, _, leaf = key.partition("__")
+        if leaf:
+            cfg.setdefault(section, {})[leaf] = value
+        else:
+            cfg[section] = value
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture
+def corpus(tmp_path, corpus_template):
+    """A private copy of the template corpus and a config for it: (root, config path)."""
+    root = tmp_path / "data"
+    shutil.copytree(corpus_template, root)
+    return root, write_config(tmp_path, root)
+
+
+def snakemake(*args, config=None, check=True, cwd=ROOT):
+    """Run the real snakemake CLI on this project's Snakefile; returns the CompletedProcess."""
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--cores", "2",
+           "--directory", str(cwd)]
+    cmd += list(args)
+    if config:  # last: --configfile takes several values and would swallow a target after it
+        cmd += ["--configfile", str(config)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def planned_jobs(config, target="caches", *extra):
+    """{rule: count} of the jobs `snakemake -n` would run, from its job-stats table."""
+    proc = snakemake(target, *extra, "-n", "--quiet", "rules", config=config)
+    counts = {}
+    for line in (proc.stdout + proc.stderr).splitlines():
+        m = re.match(r"^\s*(\w+)\s+(\d+)\s*$", line)
+        if m and m.group(1) not in ("total", "job", "count"):
+            counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+@pytest.fixture(scope="session")
+def built_cache(tmp_path_factory, corpus_template):
+    """A corpus with its caches built by `snakemake caches`, shared read-only by loader/train tests."""
+    tmp = tmp_path_factory.mktemp("built")
+    root = tmp / "data"
+    shutil.copytree(corpus_template, root)
+    cfg_path = write_config(tmp, root, train={"batch_size": 4, "buckets": 2})
+    snakemake("caches", config=cfg_path)
+    return cfg_path
+
+
+def load_json(path):
+    return json.loads(Path(path).read_text())

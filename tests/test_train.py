@@ -1,0 +1,141 @@
+"""Training: trace counts, every placement on CPU stand-ins, resume after kill -9, synthesis."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from conftest import ROOT, load_json, snakemake, write_config
+from pipeline import config
+
+TINY_MODEL = {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64,
+              "encoder_conv_layers": 1, "prenet_dim": 32, "postnet_channels": 32, "postnet_layers": 2}
+
+
+def tiny_config(built_cache, tmp_path, **train):
+    """The built cache, a tiny model, and a run folder of this test's own."""
+    cfg = config.load_config(built_cache)
+    path = write_config(tmp_path, cfg["dataset"]["root"], model=TINY_MODEL,
+                        train={"batch_size": 4, "buckets": 2, "learning_rate": 0.003, "warmup_steps": 5,
+                               "log_every": 5, "summary_every": 1000, **train},
+                        synthesize={"max_seconds": 1.0, "griffin_lim_iters": 4})
+    text = path.read_text().replace(str(tmp_path / "cache"), cfg["cache"]["dir"])  # share the built cache
+    path.write_text(text)
+    return path
+
+
+def run_python(code, timeout=600):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+PLACEMENT_RUN = """
+    import json, tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from pipeline import config
+    from pipeline.train import build_trainer
+    cfg = config.load_config({path!r}, {{"train": {{"data_device": "/CPU:0", "model_device": "/CPU:1"}}}})
+    trainer = build_trainer(cfg, placement={placement!r}, log=lambda *a: None)
+    trainer.measure_copy(repeats=1)
+    losses, batches = [], trainer.batches()
+    for i in range({steps}):
+        losses.append(float(trainer.step(next(batches))["total"]))
+    print(json.dumps({{"losses": losses, "traces": trainer.traces, "buckets": trainer.n_buckets,
+                      "placement": trainer.placement, "devices": trainer.p.devices,
+                      "variable_device": trainer.model.trainable_variables[0].value.device,
+                      "copy_ms": trainer.copy_ms}}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", ["cpu", "split", "mirrored", "auto"])
+def test_every_placement_trains_and_traces_once_per_bucket(built_cache, tmp_path, placement):
+    path = tiny_config(built_cache, tmp_path)
+    out = run_python(PLACEMENT_RUN.format(path=str(path), placement=placement, steps=40))
+    first, last = np.mean(out["losses"][:5]), np.mean(out["losses"][-5:])
+    assert last < 0.7 * first, out["losses"]
+    assert out["traces"] <= out["buckets"] + 1
+    if placement == "split":
+        assert out["variable_device"].endswith("CPU:1") and out["copy_ms"] is not None
+    if placement == "mirrored":
+        assert len(out["devices"]) == 2
+    if placement == "auto":
+        assert out["placement"] == "cpu"  # no GPU here
+
+
+def _train(path, *extra, check=True):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    cmd = [sys.executable, "-m", "pipeline.train", "--config", str(path), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=check)
+
+
+def _optimizer_state(path):
+    code = f"""
+        import json, tensorflow as tf
+        from pipeline import config
+        from pipeline.train import build_trainer
+        cfg = config.load_config({str(path)!r})
+        t = build_trainer(cfg, log=lambda *a: None)
+        ckpt = tf.train.Checkpoint(model=t.model, optimizer=t.optimizer)
+        ckpt.restore(tf.train.latest_checkpoint(str(config.run_dir(cfg) / "checkpoints"))).assert_existing_objects_matched()
+        print(json.dumps({{"step": int(t.optimizer.iterations),
+                          "slots": [float(tf.reduce_sum(tf.abs(v))) for v in t.optimizer.variables[1:6]]}}))
+    """
+    return run_python(code)
+
+
+@pytest.mark.slow
+def test_rerun_after_kill_resumes_at_the_saved_step_with_optimizer_state(built_cache, tmp_path):
+    path = tiny_config(built_cache, tmp_path, steps=400, checkpoint_every=4)
+    cfg = config.load_config(path)
+    ckpt_dir = config.run_dir(cfg) / "checkpoints"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.train", "--config", str(path)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(ckpt_dir.glob("ckpt-8.index")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    saved = _optimizer_state(path)
+    assert saved["step"] >= 8 and saved["step"] % 4 == 0 and any(saved["slots"])
+    # resume: the summary says where it continued from, and it ends at train.steps
+    target = saved["step"] + 6
+    _train(path, "--set", f"train.steps={target}", "train.checkpoint_every=100")
+    summary = load_json(config.run_dir(cfg) / "train.json")
+    assert summary["resumed_from"] == saved["step"] and summary["steps"] == target
+    assert summary["history"][-1]["step"] == target
+    after = _optimizer_state(path)
+    assert after["step"] == target and after["slots"] != saved["slots"]
+    # already at train.steps: a rerun does no step
+    _train(path, "--set", f"train.steps={target}")
+    assert load_json(config.run_dir(cfg) / "train.json")["resumed_from"] == target
+
+
+@pytest.mark.slow
+def test_snakemake_train_then_synthesize_writes_wavs(built_cache, tmp_path):
+    path = tiny_config(built_cache, tmp_path, steps=20, checkpoint_every=10, summary_every=10)
+    snakemake("synthesize", config=path)
+    cfg = config.load_config(path)
+    run = config.run_dir(cfg)
+    summary = load_json(run / "train.json")
+    assert summary["steps"] == 20 and summary["val_loss"]
+    assert (run / "alignment.png").stat().st_size > 1000
+    assert list(run.glob("events.out.tfevents.*"))
+    for i, sentence in enumerate(cfg["synthesize"]["sentences"]):
+        audio, sr = sf.read(run / "samples" / f"{i:02d}.wav")
+        assert sr == cfg["audio"]["sample_rate"] and len(audio) > 0.1 * sr
+        assert np.isfinite(audio).all() and np.abs(audio).max() > 0
+    assert load_json(run / "samples" / "sentences.json")["checkpoint"].endswith("ckpt-20")
+    # the checkpoints survive a forced rerun of train (they are not a rule output)
+    assert list((run / "checkpoints").glob("ckpt-20.index"))
