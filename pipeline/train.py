@@ -179,10 +179,9 @@ class Trainer:
 
     def validate(self, max_batches=8):
         """Mean validation loss terms and the first batch's outputs (for images), or None without val clips."""
-        try:
-            ds = data.build_dataset(self.cfg, "val")
-        except data.CacheError:
-            return None, None, None
+        if not data.load_clips(self.cfg, "val", self.index)[0].ids:
+            return None, None, None  # val_fraction 0, or a corpus too small to hold a validation clip
+        ds = data.build_dataset(self.cfg, "val")
         sums, n, first = {}, 0, None
         with tf.device(self.p.model_device):
             for batch in ds.take(max_batches):

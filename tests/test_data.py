@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from conftest import write_config
 from pipeline import audio, config, data, dataset, text
-from pipeline.diagnose import find_pyfunc_ops
+from pipeline.graphscan import find_pyfunc_ops
 
 
 def _cfg(path, **overrides):

@@ -1,0 +1,319 @@
+"""Diagnose a training loop: is it input-bound, compute-bound or retracing?
+
+Runs any tf.data.Dataset of batches and any step function three ways (loader alone, step alone on
+one batch already on the device, the real loop with the wait for each batch timed apart from the
+step), samples GPU utilisation with NVML, scans the input graph for Python ops, counts step traces
+and looks for cycles in the step times. `diagnose()` returns the report dict whose fields
+DESIGN.md fixes; pipeline/diagnose_report.py turns it into sentences and files.
+
+Reads the config (`diagnose.steps`, `diagnose.warmup`, `reports_dir`, `name`, and through
+pipeline.train the whole `train:` section); writes {reports_dir}/{name}/diagnose.{json,md,png}.
+
+    python -m pipeline.diagnose --config configs/config.yaml [--out DIR] [--set diagnose.steps=20]
+"""
+import argparse
+import collections
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+# compare_placements and write_report are public here too: `from pipeline.diagnose import ...`
+from pipeline.diagnose_report import (OSC_MIN_UTIL_SPREAD, compare_placements, cv, detect_oscillation,
+                                      phase_medians, recommend, write_report)
+from pipeline.gpumon import GpuSampler
+from pipeline.graphscan import find_pyfunc_ops, pyfunc_line, scan_pyfunc_ops  # noqa: F401 (public here too)
+
+# --- verdict ------------------------------------------------------------------------------
+INPUT_BOUND_WAIT = 0.05         # the TF profiler's input-pipeline analyzer: >= 5 % wait is "moderately" input-bound
+HIGHLY_INPUT_BOUND_WAIT = 0.20  # ... and >= 20 % "highly" input-bound
+RETRACE_SLACK = 1               # one trace beyond the shapes is normal: a first call that creates variables traces twice
+# --- batches ------------------------------------------------------------------------------
+def _walk(x, path=()):
+    """(path, tensor) leaves of a batch; dict keys sorted, PerReplica values as 'replicaN'."""
+    if isinstance(x, dict):
+        for k in sorted(x, key=str):
+            yield from _walk(x[k], path + (str(k),))
+    elif isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            yield from _walk(v, path + (str(i),))
+    elif type(x).__name__ == "PerReplica":
+        for i, v in enumerate(x.values):
+            yield from _walk(v, path + (f"replica{i}",))
+    else:
+        yield path, x
+
+
+def _dims(t):
+    return [d if d is not None else -1 for d in getattr(t, "shape", ())]
+
+
+def shape_key(batch):
+    """A batch's shapes as one string, e.g. 'mel[16,400,80] mel_lengths[16] tokens[16,64] ...'."""
+    parts = []
+    for path, t in _walk(batch):
+        dims = ",".join("?" if d < 0 else str(d) for d in _dims(t))
+        parts.append(f"{'/'.join(path)}[{dims}]")
+    return " ".join(parts)
+
+
+def _batch_stats(batch):
+    """(examples, bytes): the first tensor's leading dimension (summed over replicas), total nbytes."""
+    leaves = list(_walk(batch))
+    if not leaves:
+        return 0, 0
+    strip = lambda p: tuple(x for x in p if not x.startswith("replica"))  # noqa: E731
+    first = strip(leaves[0][0])
+    examples = sum((_dims(t) or [1])[0] for p, t in leaves if strip(p) == first)
+    nbytes = 0
+    for _, t in leaves:
+        for part in tf.nest.flatten(t, expand_composites=True):  # ragged/sparse: their dense parts
+            try:
+                nbytes += int(np.prod(part.shape)) * part.dtype.size
+            except (AttributeError, TypeError, ValueError):  # strings have no fixed size
+                pass
+    return max(examples, 0), nbytes
+
+
+def _block(out):
+    # GPU dispatch is asynchronous: a step has finished only once its outputs can be read
+    for leaf in tf.nest.flatten(out, expand_composites=True):
+        if hasattr(leaf, "numpy"):
+            leaf.numpy()
+
+
+class _Batches:
+    """next() over fresh iterators from `make`, restarting at the end (an epoch boundary, so it stays timed)."""
+
+    def __init__(self, make):
+        self.make, self.restarts = make, 0
+        self._it = make()
+
+    def next(self):
+        try:
+            return next(self._it)
+        except StopIteration:
+            self._it, self.restarts = self.make(), self.restarts + 1
+            try:
+                return next(self._it)
+            except StopIteration:
+                raise ValueError("the dataset yields no batches") from None
+
+
+# --- shapes -------------------------------------------------------------------------------
+def _shape_bound(expected_shapes, shapes):
+    """How many distinct batch shapes the step may legitimately see."""
+    counts = collections.Counter(shapes)
+    if expected_shapes is not None:
+        return int(expected_shapes)
+    # No bucket count given: if no new shape turned up in the second half, the set has saturated
+    # (fixed buckets); otherwise only shapes that recur count, so a new shape per batch stays unexplained.
+    half = len(shapes) // 2
+    if set(shapes[half:]) <= set(shapes[:half]):
+        return len(counts)
+    return max(1, sum(c >= 2 for c in counts.values()))
+
+
+# --- measurement --------------------------------------------------------------------------
+def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=None,
+             gpu_sampler=None, placement=None, context=None, batches=None):
+    """Measure loader, step and the real loop; return the DESIGN.md report dict (plus extras).
+
+    device: where the step-alone batch is copied first; expected_shapes: bucket shapes (traces
+    beyond them + RETRACE_SLACK are retracing); gpu_sampler: a started-on-demand GpuSampler
+    (default: NVML); context: placement facts for the advice (jit_compile, mixed_precision,
+    copy_ms); batches: a callable returning the training loop's own batch iterator for the real
+    loop (e.g. one that copies each batch to the model device a step ahead); default iter(dataset).
+    """
+    assert steps >= 1 and warmup >= 0, f"steps={steps} must be >= 1 and warmup={warmup} >= 0"
+    perf = time.perf_counter
+    tracing = getattr(step_fn, "experimental_get_tracing_count", None)
+    traces_before = tracing() if tracing else None
+    notes = []
+
+    raw = lambda: iter(dataset)  # noqa: E731
+    # 1. loader alone
+    src = _Batches(raw)
+    for _ in range(warmup):
+        src.next()
+    examples = nbytes = 0
+    t0 = perf()
+    for _ in range(steps):
+        e, b = _batch_stats(src.next())
+        examples, nbytes = examples + e, nbytes + b
+    loader_s = perf() - t0
+    del src  # its prefetch threads must not compete with the step below
+
+    # 2. step alone, on one batch already on the device
+    batch = _Batches(raw).next()
+    if device:
+        with tf.device(device):
+            batch = tf.nest.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, batch)
+    step_shapes = [shape_key(batch)]
+    for _ in range(warmup or 1):  # at least one untimed call: the first one traces
+        _block(step_fn(batch))
+    alone = []
+    for _ in range(steps):
+        t = perf()
+        _block(step_fn(batch))
+        alone.append(perf() - t)
+
+    # 3. the real loop: wait for the batch, then the step
+    src = _Batches(batches or raw)
+    for _ in range(warmup):
+        b = src.next()
+        step_shapes.append(shape_key(b))
+        _block(step_fn(b))
+    sampler = gpu_sampler if gpu_sampler is not None else GpuSampler()
+    sampler.start()
+    waits, computes, loop_examples = [], [], 0
+    loop_t0 = perf()
+    try:
+        for _ in range(steps):
+            t = perf()
+            b = src.next()
+            t1 = perf()
+            _block(step_fn(b))
+            t2 = perf()
+            waits.append(t1 - t)
+            computes.append(t2 - t1)
+            step_shapes.append(shape_key(b))
+            loop_examples += _batch_stats(b)[0]
+    finally:
+        loop_s = perf() - loop_t0
+        sampler.stop()
+    if src.restarts:
+        notes.append(f"The dataset ended {src.restarts} time(s) during the real loop; restarts were timed as waits.")
+
+    waits_ms, computes_ms = 1e3 * np.asarray(waits), 1e3 * np.asarray(computes)
+    walls_ms = waits_ms + computes_ms
+    wait_fraction = float(waits_ms.sum() / 1e3 / loop_s) if loop_s > 0 else 0.0
+    loader = {"examples_per_s": examples / loader_s, "batches_per_s": steps / loader_s,
+              "mb_per_s": nbytes / 1e6 / loader_s, "batches": steps, "seconds": loader_s}
+    alone_ms = 1e3 * np.asarray(alone)
+    step = {"steps_per_s": steps / float(np.sum(alone)), "step_ms_mean": float(alone_ms.mean()),
+            "step_ms_median": float(np.median(alone_ms)), "step_ms_p90": float(np.percentile(alone_ms, 90)),
+            "device": device, "batch_shape": step_shapes[0]}
+    combined = {"steps_per_s": steps / loop_s, "examples_per_s": loop_examples / loop_s, "seconds": loop_s,
+                "wait_ms_mean": float(waits_ms.mean()), "compute_ms_mean": float(computes_ms.mean()),
+                "step_times_ms": walls_ms.tolist(), "wait_times_ms": waits_ms.tolist(),
+                "compute_times_ms": computes_ms.tolist()}
+
+    # GPUs, and cycles in step times or GPU utilisation
+    gpus = sampler.summary(t0=loop_t0)
+    period = detect_oscillation(walls_ms)
+    osc_sources = [f"step times (period {period} steps)"] if period else []
+    for g in gpus:
+        p = detect_oscillation(g["util_series"], min_rel=0.0, min_abs=OSC_MIN_UTIL_SPREAD)
+        g["oscillation_period_s"] = p * sampler.interval_s if p else None
+        if p:
+            osc_sources.append(f"GPU {g['index']} utilisation (period {p * sampler.interval_s:.1f} s)")
+
+    # traces against the shapes the step saw
+    traces = tracing() if tracing else None
+    counts = collections.Counter(step_shapes)
+    bound_shapes = _shape_bound(expected_shapes, step_shapes)
+    retracing = traces is not None and traces > bound_shapes + RETRACE_SLACK
+    extra = sorted(counts, key=lambda s: (counts[s], step_shapes.index(s)))[:max(0, len(counts) - bound_shapes)]
+
+    pyfuncs = scan_pyfunc_ops(dataset)
+    if retracing:
+        verdict = "retracing"
+    elif wait_fraction >= INPUT_BOUND_WAIT or loader["batches_per_s"] < step["steps_per_s"]:
+        verdict = "input_bound"
+    else:
+        verdict = "compute_bound"
+
+    report = {
+        "verdict": verdict,
+        "input_wait_fraction": wait_fraction,
+        "loader": loader,
+        "step": step,
+        "combined": combined,
+        "pyfunc_ops": [pyfunc_line(e) for e in pyfuncs],
+        "pyfunc_locations": pyfuncs,
+        "step_time_cv": cv(walls_ms),
+        "oscillation": bool(osc_sources),
+        "oscillation_period": period,
+        "oscillation_phase_ms": phase_medians(walls_ms, period) if period else None,
+        "oscillation_sources": osc_sources,
+        "traces": traces,
+        "traces_during_diagnose": traces - traces_before if traces is not None else None,
+        "expected_shapes": expected_shapes,
+        "trace_bound": bound_shapes + RETRACE_SLACK,
+        "trace_shapes": dict(counts),
+        "retrace_shapes": extra[:10],
+        "gpus": gpus,
+        "gpu_sampling": (f"{len(gpus)} GPU(s) sampled every {sampler.interval_s:g} s" if gpus
+                         else getattr(sampler, "reason", None) or "NVML found no GPU"),
+        "placement": placement,
+        "device": device,
+        "context": dict(context or {}),
+        "steps": steps,
+        "warmup": warmup,
+        "thresholds": {"input_bound_wait": INPUT_BOUND_WAIT, "highly_input_bound_wait": HIGHLY_INPUT_BOUND_WAIT,
+                       "retrace_slack": RETRACE_SLACK},
+        "notes": notes,
+    }
+    report["recommendations"] = recommend(report)
+    return report
+
+
+# --- command line -------------------------------------------------------------------------
+def _diagnose_trainer(cfg, placement):
+    from pipeline.train import build_trainer  # heavy: the model; only the CLI needs it
+    trainer = build_trainer(cfg, placement=placement)
+    if hasattr(trainer, "measure_copy"):  # split: fills context()["copy_ms"]
+        trainer.measure_copy()
+    d = cfg["diagnose"]
+    return diagnose(trainer.dataset, trainer.step, steps=d["steps"], warmup=d["warmup"],
+                    device=trainer.model_device, expected_shapes=trainer.n_buckets,
+                    placement=trainer.placement, context=trainer.context(),
+                    batches=getattr(trainer, "batches", None))
+
+
+def main(argv=None):
+    from pipeline import config
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    config.add_arguments(parser)
+    parser.add_argument("--out", default=None, help="report folder (default: {reports_dir}/{name})")
+    args = parser.parse_args(argv)
+    try:
+        cfg = config.from_args(args)
+    except config.ConfigError as e:
+        raise SystemExit(f"error: {e}")
+
+    report = _diagnose_trainer(cfg, None)
+    n_gpus = len(tf.config.list_logical_devices("GPU"))  # what pipeline.placement counts
+    if n_gpus >= 2:
+        results = {report["placement"]: report}
+        for name in ("mirrored", "split"):
+            if name not in results:
+                results[name] = _diagnose_trainer(cfg, name)
+        sentences = compare_placements(results)
+        report["placements"] = {name: {"verdict": r["verdict"], "steps_per_s": r["combined"]["steps_per_s"],
+                                       "input_wait_fraction": r["input_wait_fraction"]}
+                                for name, r in results.items()}
+        best = max(results, key=lambda name: results[name]["combined"]["steps_per_s"])
+        # a better placement than the one in use is worth more than tuning the current one
+        if best != report["placement"]:
+            report["recommendations"] = sentences + report["recommendations"]
+        else:
+            report["recommendations"] = report["recommendations"] + sentences
+    else:
+        sentences = [f"Placements were not compared: TensorFlow sees {'one GPU' if n_gpus == 1 else 'no GPU'}, "
+                     f"and 'split' and 'mirrored' need two or more."]
+    report["placement_comparison"] = sentences
+    report["config_name"] = cfg["name"]
+
+    paths = write_report(report, args.out or config.report_dir(cfg))
+    print(f"verdict: {report['verdict']} (input wait {report['input_wait_fraction']:.1%}, "
+          f"{report['combined']['steps_per_s']:.2f} steps/s)")
+    for line in report["recommendations"]:
+        print(f"- {line}")
+    print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
