@@ -13,6 +13,8 @@ rule token_shard:
         LOGS / "token_shard/{shard}.log",
     benchmark:
         str(REPORT / "benchmarks/token_shard/{shard}.tsv")
+    conda:
+        "../environment.yml"
     shell:
         "python -m pipeline.cache tokens --config {params.config:q} --shard {wildcards.shard} --out {params.out} > {log} 2>&1"
 
@@ -32,6 +34,8 @@ rule mel_shard:
         LOGS / "mel_shard/{shard}.log",
     benchmark:
         str(REPORT / "benchmarks/mel_shard/{shard}.tsv")
+    conda:
+        "../environment.yml"
     shell:
         "python -m pipeline.cache mels --config {params.config:q} --shard {wildcards.shard} --out {params.out} > {log} 2>&1"
 
@@ -49,6 +53,8 @@ rule cache_index:
         config=lambda wildcards: _inline(name=NAME, dataset=DS, cache=config["cache"], audio=config["audio"], text=config["text"]),
     log:
         LOGS / "cache_index.log",
+    conda:
+        "../environment.yml"
     shell:
         "python -m pipeline.cache index --config {params.config:q} --tokens {input.tokens} --mels {input.mels} --out {output.index} > {log} 2>&1"
 

@@ -66,8 +66,11 @@ def mel_clips(wildcards):
     return pdataset.digest(pdataset.provenance("mels", config), *(f"{i}={p}" + (f":{p.stat().st_size}:{p.stat().st_mtime_ns}" if p else "") for i, p in _mel_files(wildcards.shard)))
 
 
-def full_config(wildcards):
-    return json.dumps(config, sort_keys=True)
+def config_without(*sections):
+    """The config minus sections a job ignores, so editing those does not rerun it."""
+    def params(wildcards):
+        return json.dumps({k: v for k, v in config.items() if k not in sections}, sort_keys=True)
+    return params
 
 
 def gpus_wanted():

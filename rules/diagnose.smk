@@ -10,11 +10,14 @@ rule diagnose:
         md=REPORT / "diagnose.md",
         png=REPORT / "diagnose.png",
     params:
-        config=full_config,
+        config=config_without("synthesize"),
+        out=REPORT,
     threads: 32
     resources:
         gpu=gpus_wanted(),
     log:
         LOGS / "diagnose.log",
+    conda:
+        "../environment.yml"
     shell:
-        "python -m pipeline.diagnose --config {params.config:q} --out {REPORT} > {log} 2>&1"
+        "python -m pipeline.diagnose --config {params.config:q} --out {params.out} > {log} 2>&1"

@@ -9,7 +9,7 @@ rule train:
     output:
         summary=RUN / "train.json",
     params:
-        config=full_config,
+        config=config_without("synthesize", "diagnose", "reports_dir"),
     threads: 32
     resources:
         gpu=gpus_wanted(),
@@ -17,8 +17,10 @@ rule train:
         LOGS / "train.log",
     benchmark:
         str(REPORT / "benchmarks/train.tsv")
+    conda:
+        "../environment.yml"
     shell:
-        "python -m pipeline.train --config {params.config:q} --index {input} --out {output.summary} > {log} 2>&1"
+        "python -m pipeline.train --config {params.config:q} --index {input} --out {output.summary} --threads {threads} > {log} 2>&1"
 
 
 rule synthesize:
@@ -27,12 +29,14 @@ rule synthesize:
     output:
         wavs=expand(RUN / "samples/{i:02d}.wav", i=range(len(config["synthesize"]["sentences"]))),
     params:
-        config=full_config,
+        config=config_without("diagnose", "reports_dir"),
         out=RUN / "samples",
     threads: 8
     resources:
         gpu=min(gpus_wanted(), 1),
     log:
         LOGS / "synthesize.log",
+    conda:
+        "../environment.yml"
     shell:
         "python -m pipeline.synthesize --config {params.config:q} --out {params.out} > {log} 2>&1"
