@@ -8,8 +8,9 @@
     cpu       the CPU
     auto      split with two or more GPUs, single with one, cpu with none
 
-With no GPU, split and mirrored run on logical CPU devices when the process has configured
-them (tests do this with tf.config.set_logical_device_configuration), so every mode runs anywhere.
+With no GPU, split, mirrored and single run on logical CPU devices when the process has
+configured them (tests do this with tf.config.set_logical_device_configuration), so every mode
+runs anywhere; the log line says when a CPU stands in for a GPU.
 """
 from dataclasses import dataclass
 
@@ -74,9 +75,11 @@ def resolve(train_cfg, override=None):
             reason += f" (only {len(devices)} device: mirrored runs one replica)"
         data_dev, model_dev = "/CPU:0", devices[0]
     elif name == "single":
+        # one accelerator; without a GPU the last CPU device stands in (a second logical CPU in tests)
+        model_dev = gpus[0] if gpus else cpus[-1]
         if not gpus:
-            raise PlacementError("train.placement: single needs a GPU and TensorFlow sees none (use cpu or auto)")
-        data_dev, model_dev, devices = "/CPU:0", gpus[0], [gpus[0]]
+            reason += f" (no GPU visible: {model_dev} stands in)"
+        data_dev, devices = "/CPU:0", [model_dev]
     elif name == "cpu":
         data_dev, model_dev, devices = "/CPU:0", "/CPU:0", ["/CPU:0"]
     else:

@@ -44,7 +44,7 @@ PLACEMENT_RUN = """
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     from pipeline import config
     from pipeline.train import build_trainer
-    cfg = config.load_config({path!r}, {{"train": {{"data_device": "/CPU:0", "model_device": "/CPU:1"}}}})
+    cfg = config.load_config({path!r}, {{"train": {{"data_device": "/CPU:0", "model_device": "/CPU:1", **{extra!r}}}}})
     trainer = build_trainer(cfg, placement={placement!r}, log=lambda *a: None)
     trainer.measure_copy(repeats=1)
     losses, batches = [], trainer.batches()
@@ -53,15 +53,20 @@ PLACEMENT_RUN = """
     print(json.dumps({{"losses": losses, "traces": trainer.traces, "buckets": trainer.n_buckets,
                       "placement": trainer.placement, "devices": trainer.p.devices,
                       "variable_device": trainer.model.trainable_variables[0].value.device,
-                      "copy_ms": trainer.copy_ms}}))
+                      "copy_ms": trainer.copy_ms, "context": trainer.context(),
+                      "optimizer": type(trainer.optimizer).__name__}}))
 """
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("placement", ["cpu", "split", "mirrored", "auto"])
-def test_every_placement_trains_and_traces_once_per_bucket(built_cache, tmp_path, placement):
+@pytest.mark.parametrize("placement, extra", [
+    ("cpu", {}), ("split", {}), ("mirrored", {}), ("single", {}), ("auto", {}),
+    ("cpu", {"jit_compile": True, "mixed_precision": "bfloat16"}),  # the GPU defaults, on the CPU
+    ("cpu", {"mixed_precision": "float16"}),                        # pre-Ampere GPUs: loss scaling
+])
+def test_every_placement_trains_and_traces_once_per_bucket(built_cache, tmp_path, placement, extra):
     path = tiny_config(built_cache, tmp_path)
-    out = run_python(PLACEMENT_RUN.format(path=str(path), placement=placement, steps=40))
+    out = run_python(PLACEMENT_RUN.format(path=str(path), placement=placement, steps=40, extra=extra))
     first, last = np.mean(out["losses"][:5]), np.mean(out["losses"][-5:])
     assert last < 0.7 * first, out["losses"]
     assert out["traces"] <= out["buckets"] + 1
@@ -69,8 +74,14 @@ def test_every_placement_trains_and_traces_once_per_bucket(built_cache, tmp_path
         assert out["variable_device"].endswith("CPU:1") and out["copy_ms"] is not None
     if placement == "mirrored":
         assert len(out["devices"]) == 2
+    if placement == "single":
+        assert out["variable_device"].endswith("CPU:1")  # the CPU stand-in for the GPU
     if placement == "auto":
         assert out["placement"] == "cpu"  # no GPU here
+    if extra.get("jit_compile"):
+        assert out["context"]["jit_compile"] and out["context"]["mixed_precision"] == "bfloat16"
+    if extra.get("mixed_precision") == "float16":
+        assert out["optimizer"] == "LossScaleOptimizer"
 
 
 def _train(path, *extra, check=True):
