@@ -8,6 +8,8 @@ HiFi-GAN vocoder trained on the same settings can voice our mels.
 Any edit here changes the mel code digest, so every mel shard rebuilds (and no token shard).
 """
 import functools
+import os
+import struct
 
 import librosa
 import numpy as np
@@ -38,17 +40,40 @@ def mel_spectrogram(y, *, sample_rate, n_fft, hop_length, win_length, n_mels, fm
     return np.log(np.maximum(mel, LOG_CLAMP)).T.astype(np.float32)
 
 
+def wav_shortfall(path):
+    """Bytes a RIFF/WAVE file's data chunk declares beyond the end of the file (0 when whole).
+
+    libsndfile reads a truncated WAV (a torn copy, a killed writer) as a shorter clip, silently;
+    streamed WAVs, whose size field is a 0 or 0xFFFFFFFF placeholder, are left to libsndfile.
+    """
+    with open(path, "rb") as f:
+        head = f.read(12)
+        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return 0
+        size, pos = f.seek(0, 2), 12
+        while pos + 8 <= size:
+            f.seek(pos)
+            chunk, n = struct.unpack("<4sI", f.read(8))
+            if chunk == b"data":
+                return 0 if n in (0, 0xFFFFFFFF) else max(0, pos + 8 + n - size)
+            pos += 8 + n + (n & 1)
+    return 0
+
+
 def load_audio(path, *, sample_rate, max_seconds):
     """Mono float32 audio at `sample_rate`, or BadAudio saying what is wrong with the file."""
+    if not os.path.isfile(path):  # libsndfile reports a missing file as "System error."
+        raise BadAudio("missing file")
     try:
         y, sr = sf.read(str(path), dtype="float32", always_2d=True)  # (samples, channels)
-    except FileNotFoundError:
-        raise BadAudio("missing file") from None
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise BadAudio(f"not readable as audio ({reason})") from None
     if y.shape[0] == 0:
         raise BadAudio("empty (no samples)")
+    missing = wav_shortfall(path)
+    if missing:
+        raise BadAudio(f"truncated (the WAV header declares {missing} more bytes of audio than the file holds)")
     y = y.mean(axis=1)  # downmix
     if not np.all(np.isfinite(y)):
         raise BadAudio("holds NaN or infinite samples")

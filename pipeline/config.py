@@ -55,7 +55,25 @@ def merge(base, override):
     return out
 
 
-def _normalise(cfg):
+def _coerce_strings(cfg, defaults):
+    # Snakemake's `--config 'audio={n_mels: 64}'` delivers nested values as strings: read those
+    # as YAML where the default is a number or a boolean, or where they spell a boolean
+    for key, value in cfg.items():
+        default = defaults.get(key) if isinstance(defaults, dict) else None
+        if isinstance(value, dict):
+            _coerce_strings(value, default)
+        elif isinstance(value, str) and default is not None and not isinstance(default, (list, dict)):
+            try:
+                parsed = yaml.safe_load(value)
+            except yaml.YAMLError:
+                continue
+            if isinstance(parsed, bool) or (isinstance(parsed, (int, float)) and not isinstance(default, str)):
+                cfg[key] = parsed
+
+
+def normalise(cfg):
+    """Types as the schema wants them, whichever way the values arrived (in place; returns cfg)."""
+    _coerce_strings(cfg, _read_yaml(DEFAULTS))
     # YAML 1.1 reads a bare `off` as False; the schema accepts both spellings, code sees one.
     train = cfg.get("train", {})
     if train.get("mixed_precision") is False:
@@ -90,7 +108,7 @@ def load_config(path=None, overrides=None, check_paths=True):
         source = "inline config" if text.startswith("{") else str(path)
     if overrides:
         cfg = merge(cfg, overrides)
-    cfg = validate(_normalise(cfg), source)
+    cfg = validate(normalise(cfg), source)
     if check_paths:
         check_dataset_paths(cfg)
     return cfg

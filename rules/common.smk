@@ -12,7 +12,7 @@ sys.path.insert(0, workflow.basedir)
 from pipeline import config as pconfig, dataset as pdataset
 
 try:
-    pconfig.validate(pconfig._normalise(config))
+    pconfig.validate(pconfig.normalise(config))
     validate(config, "../configs/schema.yaml")
     pconfig.check_dataset_paths(config)
     MANIFEST = pdataset.load_manifest(config["dataset"], config["cache"]["shards"])

@@ -150,3 +150,27 @@ def test_snakemake_train_then_synthesize_writes_wavs(built_cache, tmp_path):
     assert load_json(run / "samples" / "sentences.json")["checkpoint"].endswith("ckpt-20")
     # the checkpoints survive a forced rerun of train (they are not a rule output)
     assert list((run / "checkpoints").glob("ckpt-20.index"))
+
+
+DESIGN_FIELDS = {"verdict", "input_wait_fraction", "loader", "step", "combined", "pyfunc_ops", "step_time_cv",
+                 "oscillation", "traces", "gpus", "recommendations"}
+
+
+@pytest.mark.slow
+def test_snakemake_diagnose_writes_the_report_from_the_caches_alone(built_cache, tmp_path):
+    path = tiny_config(built_cache, tmp_path)
+    with open(path, "a") as f:
+        f.write("diagnose: {steps: 12, warmup: 3}\n")
+    snakemake("diagnose", config=path)
+    cfg = config.load_config(path)
+    report = config.report_dir(cfg)
+    assert not (config.run_dir(cfg) / "train.json").exists()  # no training run was needed
+    result = load_json(report / "diagnose.json")
+    assert DESIGN_FIELDS <= set(result)
+    assert result["verdict"] in ("compute_bound", "input_bound", "retracing")
+    assert result["pyfunc_ops"] == [] and result["gpus"] == []
+    assert result["traces"] <= 2 + 1  # two buckets
+    assert result["loader"]["examples_per_s"] > 0 and result["combined"]["steps_per_s"] > 0
+    assert result["recommendations"] and "GPU" in " ".join(result["recommendations"])
+    assert (report / "diagnose.md").read_text().startswith("# Diagnose")
+    assert (report / "diagnose.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

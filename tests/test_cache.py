@@ -1,0 +1,320 @@
+"""The shard caches after a real `snakemake caches`: what each file holds, atomic writes, bad audio,
+and audio in other rates, bit depths, channel counts and containers.
+
+    python -m pytest -q tests/test_cache.py
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import soxr
+import yaml
+
+from conftest import ROOT, TRANSCRIPTS, planned_jobs, snakemake, write_config
+from pipeline import audio, cache, config, dataset, text
+
+HOP, N_MELS, SR = 256, 80, 22050
+
+
+def _rows(meta_path):
+    """{id: text the front end reads}, parsed here from the LJSpeech layout."""
+    rows = {}
+    for line in Path(meta_path).read_text(encoding="utf-8-sig").splitlines():
+        cols = line.split("|")
+        rows[cols[0]] = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
+    return rows
+
+
+def _read_bin(prefix, meta, per_item):
+    """The shard's .bin as a numpy array, from the dtype its JSON records (little-endian)."""
+    dtype = np.dtype(meta["dtype"]).newbyteorder("<")
+    flat = np.fromfile(Path(f"{prefix}.bin"), dtype=dtype)
+    return flat.reshape(-1, per_item) if per_item > 1 else flat
+
+
+def _load(cache_dir, kind, shard):
+    prefix = cache_dir / kind / f"shard-{shard:03d}"
+    return prefix, json.loads(Path(f"{prefix}.json").read_text())
+
+
+# --- what a built cache holds -------------------------------------------------------------------
+@pytest.mark.slow
+def test_built_cache_contents(built_cache):
+    cfg = config.load_config(built_cache)
+    cache_dir = config.cache_dir(cfg)
+    rows = _rows(Path(cfg["dataset"]["root"]) / cfg["dataset"]["metadata"])
+    index = json.loads((cache_dir / "index.json").read_text())
+    shards = cfg["cache"]["shards"]
+    assert len(index["shards"]) == shards
+
+    seen, train_frames, clips, val = set(), [], 0, 0
+    for k in range(shards):
+        prefix, tmeta = _load(cache_dir, "tokens", k)
+        assert Path(f"{prefix}.bin").stat().st_size == tmeta["bytes"] == 4 * sum(tmeta["lengths"])
+        tokens = _read_bin(prefix, tmeta, 1)
+        for cid, off, n in zip(tmeta["ids"], tmeta["offsets"], tmeta["lengths"]):
+            assert dataset.shard_of(cid, shards) == k
+            assert tokens[off:off + n].tolist() == text.text_to_ids(rows[cid], cfg["text"]["cleaners"])[0]
+
+        prefix, mmeta = _load(cache_dir, "mels", k)
+        assert Path(f"{prefix}.bin").stat().st_size == mmeta["bytes"] == 2 * N_MELS * sum(mmeta["frames"])
+        mels = _read_bin(prefix, mmeta, N_MELS)
+        assert sorted(mmeta["ids"]) == sorted(tmeta["ids"])
+        for cid, off, n in zip(mmeta["ids"], mmeta["offsets"], mmeta["frames"]):
+            path = dataset.audio_path(cfg["dataset"]["root"], cfg["dataset"]["audio_dir"], cid)
+            ref = audio.mel_from_file(path, cfg["audio"], cfg["dataset"]["max_seconds"])
+            assert n == len(ref) == 1 + sf.info(str(path)).frames // HOP
+            got = mels[off:off + n].astype(np.float32)
+            # float16 keeps 11 significant bits: half a unit in the last place is 2**-11 relative
+            np.testing.assert_allclose(got, ref, rtol=2 ** -11, atol=1e-6)
+            if dataset.is_validation(cid, cfg["dataset"]["val_fraction"]):
+                val += 1
+            else:
+                train_frames.append(got.astype(np.float64))
+        seen |= set(mmeta["ids"])
+        clips += len(mmeta["ids"])
+
+    assert seen == set(rows) and clips == len(rows)
+    assert 0 < val < clips  # both splits are present, so the statistics below test the split
+    counts = index["counts"]
+    assert counts["clips"] == clips and counts["val"] == val and counts["train"] == clips - val
+    assert counts["rejected"] == 0
+    assert sum(s["clips"] for s in index["shards"]) == clips
+    assert sum(s["val"] for s in index["shards"]) == val
+    frames = np.concatenate(train_frames)
+    np.testing.assert_allclose(index["mel_mean"], frames.mean(0), rtol=0, atol=2e-3)
+    np.testing.assert_allclose(index["mel_std"], frames.std(0), rtol=0, atol=2e-3)
+    assert index["n_mels"] == N_MELS
+    vocab = json.loads((cache_dir / "vocab.json").read_text())
+    assert vocab == text.vocabulary(cfg["text"]["cleaners"])
+    assert vocab["symbols"][vocab["pad_id"]] == "_" and vocab["symbols"][vocab["eos_id"]] == "~"
+    assert (cache_dir / "rejected.tsv").read_text().splitlines() == ["id\tpath\treason"]
+
+
+# --- atomic writes ------------------------------------------------------------------------------
+@pytest.fixture
+def big_shard(tmp_path, corpus_template):
+    """A one-shard corpus of 96 clips (the template's 24, each also under 3 more ids)."""
+    root = tmp_path / "data"
+    shutil.copytree(corpus_template, root)
+    lines = (root / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    extra = []
+    for copy in range(1, 4):
+        for line in lines:
+            cid, rest = line.split("|", 1)
+            shutil.copy(root / "wavs" / f"{cid}.wav", root / "wavs" / f"{cid}-x{copy}.wav")
+            extra.append(f"{cid}-x{copy}|{rest}")
+    (root / "metadata.csv").write_text("\n".join(lines + extra) + "\n", encoding="utf-8")
+    return root, write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": 1})
+
+
+@pytest.mark.slow
+def test_killed_mel_job_leaves_no_shard_and_snakemake_rebuilds_it(big_shard, tmp_path):
+    root, cfg_path = big_shard
+    out = tmp_path / "cache" / "t" / "mels" / "shard-000"
+    inline = json.dumps({"dataset": {"root": str(root)}, "cache": {"shards": 1}})
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cache", "mels", "--config", inline, "--shard", "0",
+                             "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        seen = []
+        for line in proc.stdout:  # the first progress line comes after 50 of the 96 clips
+            seen.append(line)
+            if "50/96 clips" in line:
+                break
+        assert "50/96 clips" in seen[-1], "".join(seen)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    for suffix in (".json", ".bin", ".stats.npy"):
+        assert not Path(f"{out}{suffix}").exists(), f"{out}{suffix} written by a killed job"
+    with pytest.raises(FileNotFoundError):
+        cache.read_shard_meta(out)
+
+    assert planned_jobs(cfg_path)["mel_shard"] == 1
+    snakemake("caches", config=cfg_path)
+    meta = cache.read_shard_meta(out)
+    assert len(meta["ids"]) == 96
+    assert Path(f"{out}.bin").stat().st_size == meta["bytes"]
+    assert planned_jobs(cfg_path) == {}
+
+
+# --- bad audio ----------------------------------------------------------------------------------
+def _ids_in_shard(prefix, shard, shards, n):
+    out, i = [], 0
+    while len(out) < n:
+        cid = f"{prefix}{i}"
+        if dataset.shard_of(cid, shards) == shard:
+            out.append(cid)
+        i += 1
+    return out
+
+
+def _write_bad(wavs, kind, cid, good):
+    """One bad file of `kind` for clip `cid`; `good` is a real 22050 Hz clip to start from."""
+    path = wavs / f"{cid}.wav"
+    if kind == "missing":
+        return path
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated":  # cut in the middle of its data: the header still claims it all
+        data = good.read_bytes()
+        path.write_bytes(data[:len(data) // 2])
+    elif kind == "not_audio":
+        path.write_text("id|text\nthis is a text file, not a wav\n")
+    elif kind == "nan":
+        y = sf.read(str(good), dtype="float32")[0]
+        y[len(y) // 3] = np.nan
+        y[len(y) // 2] = np.inf
+        sf.write(str(path), y, SR, subtype="FLOAT")
+    elif kind == "silent":
+        sf.write(str(path), np.zeros(SR * 2, np.float32), SR, subtype="PCM_16")
+    elif kind == "too_long":  # dataset.max_seconds is 20
+        y = sf.read(str(good), dtype="float32")[0]
+        sf.write(str(path), np.tile(y, int(np.ceil(21 * SR / len(y)))), SR, subtype="PCM_16")
+    return path
+
+
+BAD_KINDS = {  # kind: words the rejected reason must contain (any of)
+    "missing": ("missing",),
+    "empty": ("empty", "not readable"),
+    "truncated": ("truncated",),
+    "not_audio": ("not readable", "not audio"),
+    "nan": ("nan",),
+    "silent": ("silent", "silence"),
+    "too_long": ("too long", "max_seconds"),
+}
+
+
+@pytest.mark.slow
+def test_bad_audio_skip_then_fail(tmp_path, corpus_template):
+    root = tmp_path / "data"
+    shutil.copytree(corpus_template, root)
+    shards, bad_shard = 2, 1
+    lines = (root / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    good = root / "wavs" / f"{lines[2].split('|')[0]}.wav"
+    bad_ids = dict(zip(BAD_KINDS, _ids_in_shard("bad-", bad_shard, shards, len(BAD_KINDS))))
+    bad_paths = {kind: _write_bad(root / "wavs", kind, cid, good) for kind, cid in bad_ids.items()}
+    rows = [f"{cid}|A bad clip of kind {kind}.|A bad clip of kind {kind}." for kind, cid in bad_ids.items()]
+    (root / "metadata.csv").write_text("\n".join(lines + rows) + "\n", encoding="utf-8")
+    good_in_bad_shard = sorted(line.split("|")[0] for line in lines
+                               if dataset.shard_of(line.split("|")[0], shards) == bad_shard)
+    assert good_in_bad_shard, "the bad clips' shard should also hold good clips"
+
+    # with bad_audio: skip the bad clips are left out and listed with their reasons
+    cache_cfg = {"dir": str(tmp_path / "cache"), "shards": shards}
+    cfg_path = write_config(tmp_path, root, dataset={"root": str(root), "bad_audio": "skip"}, cache=cache_cfg)
+    snakemake("caches", config=cfg_path)
+    cache_dir = tmp_path / "cache" / "t"
+    meta = json.loads((cache_dir / "mels" / f"shard-{bad_shard:03d}.json").read_text())
+    assert sorted(meta["ids"]) == good_in_bad_shard
+    index = json.loads((cache_dir / "index.json").read_text())
+    assert index["counts"]["clips"] == len(lines)
+    assert index["counts"]["rejected"] == len(BAD_KINDS)
+    table = (cache_dir / "rejected.tsv").read_text().splitlines()
+    assert table[0].split("\t") == ["id", "path", "reason"]
+    reasons = {r.split("\t")[0]: r.split("\t") for r in table[1:]}
+    assert set(reasons) == set(bad_ids.values())
+    for kind, cid in bad_ids.items():
+        _, path, reason = reasons[cid]
+        assert Path(path).name.startswith(cid)
+        assert any(w in reason.lower() for w in BAD_KINDS[kind]), (kind, reason)
+    assert planned_jobs(cfg_path) == {}
+
+    # with bad_audio: fail the shard holding them fails, naming the files; the others are kept
+    fail_path = write_config(tmp_path, root, dataset={"root": str(root), "bad_audio": "fail"}, cache=cache_cfg)
+    proc = snakemake("caches", "--keep-going", config=fail_path, check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    log = cache_dir.parent.parent / "reports" / "t" / "logs" / "mel_shard" / f"{bad_shard:03d}.log"
+    assert str(log) in output  # Snakemake points the user at the failed job's log
+    log_text = log.read_text()
+    for kind, path in bad_paths.items():
+        assert (bad_ids[kind] if kind == "missing" else str(path)) in log_text, kind
+    assert not (cache_dir / "mels" / f"shard-{bad_shard:03d}.json").exists()
+    for k in set(range(shards)) - {bad_shard}:
+        prefix, meta = _load(cache_dir, "mels", k)
+        assert Path(f"{prefix}.bin").stat().st_size == meta["bytes"] > 0
+    assert planned_jobs(fail_path) == {"mel_shard": 1, "cache_index": 1, "caches": 1}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_KINDS))
+def test_each_bad_audio_kind_is_rejected_by_load_audio(tmp_path, corpus_template, kind):
+    good = sorted((corpus_template / "wavs").glob("*.wav"))[2]
+    path = _write_bad(tmp_path, kind, "clip", good)
+    with pytest.raises(audio.BadAudio) as e:
+        audio.load_audio(path, sample_rate=SR, max_seconds=20.0)
+    assert any(w in str(e.value).lower() for w in BAD_KINDS[kind]), str(e.value)
+
+
+def test_truncated_flac_is_rejected(tmp_path, corpus_template):
+    good = sorted((corpus_template / "wavs").glob("*.wav"))[2]
+    y = sf.read(str(good), dtype="float32")[0]
+    sf.write(str(tmp_path / "whole.flac"), y, SR, subtype="PCM_16")
+    data = (tmp_path / "whole.flac").read_bytes()
+    (tmp_path / "cut.flac").write_bytes(data[:len(data) // 2])
+    with pytest.raises(audio.BadAudio):
+        audio.load_audio(tmp_path / "cut.flac", sample_rate=SR, max_seconds=20.0)
+    assert len(audio.load_audio(tmp_path / "whole.flac", sample_rate=SR, max_seconds=20.0)) == len(y)
+
+
+def test_streamed_wav_with_placeholder_sizes_is_read(tmp_path, corpus_template):
+    # a WAV written to a pipe (espeak-ng --stdout, sox -) has 0xFFFFFFFF size fields: not truncated
+    good = sorted((corpus_template / "wavs").glob("*.wav"))[2]
+    y = sf.read(str(good), dtype="int16")[0]
+    header = (b"RIFF" + (0xFFFFFFFF).to_bytes(4, "little") + b"WAVEfmt " + (16).to_bytes(4, "little")
+              + (1).to_bytes(2, "little") + (1).to_bytes(2, "little") + SR.to_bytes(4, "little")
+              + (2 * SR).to_bytes(4, "little") + (2).to_bytes(2, "little") + (16).to_bytes(2, "little")
+              + b"data" + (0xFFFFFFFF).to_bytes(4, "little"))
+    (tmp_path / "streamed.wav").write_bytes(header + y.astype("<i2").tobytes())
+    got = audio.load_audio(tmp_path / "streamed.wav", sample_rate=SR, max_seconds=20.0)
+    np.testing.assert_allclose(got, y / 32768.0, atol=1e-6)
+
+
+# --- other rates, depths, channels, containers -----------------------------------------------
+def _close(mel, ref):
+    """Frames within 1, and the same picture where there is speech (log-mel above 1e-2)."""
+    assert abs(len(mel) - len(ref)) <= 1
+    n = min(len(mel), len(ref))
+    loud = ref[:n] > np.log(1e-2)
+    return float(np.abs(mel[:n] - ref[:n])[loud].mean())
+
+
+def test_other_formats_give_the_same_mel(tmp_path, corpus_template):
+    wavs = sorted((corpus_template / "wavs").glob("*.wav"))
+    y, sr = sf.read(str(wavs[2]), dtype="float32")
+    assert sr == SR
+    a = config.load_config(None, check_paths=False)["audio"]
+    ref = audio.mel_spectrogram(y, **a)
+
+    y44 = soxr.resample(y, SR, 44100)
+    sf.write(str(tmp_path / "a.flac"), np.stack([y44, y44], axis=1), 44100, subtype="PCM_24")
+    sf.write(str(tmp_path / "b.ogg"), soxr.resample(y, SR, 16000), 16000, format="OGG", subtype="VORBIS")
+    sf.write(str(tmp_path / "c.wav"), y, SR, subtype="PCM_U8")
+    sf.write(str(tmp_path / "d.wav"), np.stack([y, y], axis=1), SR, subtype="PCM_32")
+    expected = {"a.flac": (2, 44100, "PCM_24"), "b.ogg": (1, 16000, "VORBIS"), "c.wav": (1, SR, "PCM_U8"),
+                "d.wav": (2, SR, "PCM_32")}
+    errors = {}
+    for name, (channels, rate, subtype) in expected.items():
+        info = sf.info(str(tmp_path / name))
+        assert (info.channels, info.samplerate, info.subtype) == (channels, rate, subtype)
+        mel = audio.mel_from_file(tmp_path / name, a, max_seconds=20.0)
+        assert mel.shape[1] == N_MELS
+        errors[name] = _close(mel, ref)
+    # a different sentence is far away by the same measure, so the bound below means something
+    other = audio.mel_from_file(wavs[5], a, max_seconds=20.0)
+    m = min(len(other), len(ref))
+    far = float(np.abs(other[:m] - ref[:m])[ref[:m] > np.log(1e-2)].mean())
+    assert far > 1.0
+    assert max(errors.values()) < 0.2, errors
+    assert errors["a.flac"] < 0.05 and errors["d.wav"] < 0.01, errors  # lossless: resampling only

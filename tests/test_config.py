@@ -1,0 +1,141 @@
+"""pipeline.config: errors that name the key (from load_config and through `snakemake -n caches`),
+user configs merged over the defaults, `--config name=...`.
+
+    python -m pytest -q tests/test_config.py
+"""
+import json
+import re
+import shlex
+
+import pytest
+import yaml
+
+from conftest import snakemake, write_config
+from pipeline import config
+from pipeline.config import ConfigError
+
+DEFAULTS = yaml.safe_load((config.DEFAULTS).read_text())
+
+BAD = {  # name: (overrides merged into the test config, the key the message must name)
+    "unknown top-level key": ({"bogus": 1}, "bogus"),
+    "unknown nested key": ({"audio": {"n_mel": 80}}, "audio.n_mel"),
+    "wrong type": ({"cache": {"shards": "four"}}, "cache.shards"),
+    "zero shards": ({"cache": {"shards": 0}}, "cache.shards"),
+    "bad enum": ({"dataset": {"bad_audio": "ignore"}}, "dataset.bad_audio"),
+    "fmax above nyquist": ({"audio": {"fmax": 12000}}, "audio.fmax"),
+    "missing dataset folder": ({"dataset": {"root": "/nonexistent/corpus"}}, "dataset.root"),
+}
+
+
+def _config_with(tmp_path, root, overrides):
+    base = yaml.safe_load(write_config(tmp_path, root).read_text())
+    cfg = config.merge(base, overrides)
+    path = tmp_path / "user.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _names_key(message, key):
+    return re.search(rf"(^|[\s:'\"(]){re.escape(key)}($|[\s:'\")])", message, re.M) is not None
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_load_config_error_names_the_key(tmp_path, corpus_template, name):
+    overrides, key = BAD[name]
+    path = _config_with(tmp_path, corpus_template, overrides)
+    with pytest.raises(ConfigError) as e:
+        config.load_config(path)
+    assert _names_key(str(e.value), key), str(e.value)
+
+
+def test_nested_error_names_the_full_key_not_a_namesake(tmp_path, corpus_template):
+    # `dataset.root` exists, so an unknown `audio.root` must be named with its section
+    path = _config_with(tmp_path, corpus_template, {"audio": {"root": "x"}})
+    with pytest.raises(ConfigError, match=r"audio\.root"):
+        config.load_config(path)
+
+
+@pytest.mark.slow
+def test_config_errors_reach_the_user_through_snakemake(tmp_path, corpus_template):
+    for name in ("unknown nested key", "wrong type", "zero shards", "fmax above nyquist",
+                 "missing dataset folder"):
+        overrides, key = BAD[name]
+        path = _config_with(tmp_path, corpus_template, overrides)
+        proc = snakemake("caches", "-n", config=path, check=False)
+        output = proc.stdout + proc.stderr
+        assert proc.returncode != 0, name
+        assert _names_key(output, key), (name, output[-2000:])
+        assert "Traceback" not in output
+
+
+def test_partial_config_merges_over_the_defaults(tmp_path, corpus_template):
+    path = tmp_path / "partial.yaml"
+    path.write_text(yaml.safe_dump({"dataset": {"root": str(corpus_template)}, "audio": {"n_mels": 64},
+                                    "train": {"steps": 5}}))
+    cfg = config.load_config(path)
+    assert cfg["audio"] == {**DEFAULTS["audio"], "n_mels": 64}
+    assert cfg["train"] == {**DEFAULTS["train"], "steps": 5}
+    assert cfg["dataset"] == {**DEFAULTS["dataset"], "root": str(corpus_template)}
+    for section in set(DEFAULTS) - {"audio", "train", "dataset"}:
+        assert cfg[section] == DEFAULTS[section], section
+    # the same from inline JSON, as the rules pass it
+    assert config.load_config(json.dumps({"dataset": {"root": str(corpus_template)}, "audio": {"n_mels": 64},
+                                          "train": {"steps": 5}})) == cfg
+
+
+def _printed_job_configs(output, rule_module_arg):
+    """The inline --config JSON of every printed `python -m pipeline.cache <arg>` command."""
+    found = []
+    for line in output.splitlines():
+        if f"pipeline.cache {rule_module_arg} " in line:
+            argv = shlex.split(line.strip())
+            found.append(json.loads(argv[argv.index("--config") + 1]))
+    return found
+
+
+@pytest.mark.slow
+def test_partial_configfile_merges_over_the_defaults_in_snakemake(tmp_path, corpus_template):
+    path = tmp_path / "partial.yaml"
+    path.write_text(yaml.safe_dump({"dataset": {"root": str(corpus_template)}, "audio": {"n_mels": 64},
+                                    "cache": {"dir": str(tmp_path / "cache"), "shards": 3},
+                                    "reports_dir": str(tmp_path / "reports")}))
+    proc = snakemake("caches", "-n", "-p", config=path)
+    output = proc.stdout + proc.stderr
+    mel_jobs = _printed_job_configs(output, "mels")
+    assert len(mel_jobs) == 3
+    for job in mel_jobs:
+        assert job["audio"] == {**DEFAULTS["audio"], "n_mels": 64}
+        assert job["dataset"]["root"] == str(corpus_template)
+        assert job["dataset"]["max_seconds"] == DEFAULTS["dataset"]["max_seconds"]
+        assert job["cache"]["shards"] == 3
+    assert len(_printed_job_configs(output, "tokens")) == 3
+    assert f"{tmp_path / 'cache'}/demo/index.json" in output  # the default name
+
+
+@pytest.mark.slow
+def test_command_line_name_changes_the_cache_folder(tmp_path, corpus_template):
+    cfg = write_config(tmp_path, corpus_template)
+    proc = snakemake("caches", "-n", "--config", "name=other", config=cfg)
+    output = proc.stdout + proc.stderr
+    outputs = re.findall(r"output: (.+)", output)
+    assert outputs
+    files = [f.strip() for line in outputs for f in line.split(",")]
+    assert all(f.startswith(f"{tmp_path / 'cache' / 'other'}/") for f in files), files
+    assert f"{tmp_path / 'cache' / 'other' / 'index.json'}" in files
+
+
+def test_fmax_at_nyquist_and_other_rates(tmp_path, corpus_template):
+    ok = _config_with(tmp_path, corpus_template, {"audio": {"sample_rate": 16000, "fmax": 8000}})
+    assert config.load_config(ok)["audio"]["fmax"] == 8000
+    bad = _config_with(tmp_path, corpus_template, {"audio": {"sample_rate": 16000, "fmax": 8001}})
+    with pytest.raises(ConfigError, match=r"audio\.fmax"):
+        config.load_config(bad)
+
+
+def test_missing_config_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match=re.escape(str(tmp_path / "nope.yaml"))):
+        config.load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("audio: {n_mels: 80\n")
+    with pytest.raises(ConfigError, match=re.escape(str(bad))):
+        config.load_config(bad)

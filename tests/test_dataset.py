@@ -1,0 +1,163 @@
+"""pipeline.dataset: metadata parsing (BOM, CRLF, 2 or 3 columns), each malformed kind as a
+DatasetError naming file and line (also through `snakemake -n caches`), stable shards and split.
+
+    python -m pytest -q tests/test_dataset.py
+"""
+import random
+import re
+
+import pytest
+
+from conftest import snakemake
+from pipeline import dataset
+from pipeline.dataset import DatasetError
+
+
+def _write(path, lines, newline="\n", bom=False, encoding="utf-8"):
+    data = "".join(line + newline for line in lines).encode(encoding)
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + data)
+    return path
+
+
+def test_bom_crlf_and_two_or_three_columns(tmp_path):
+    lines = ["a1|Plain text|plain text normalized",
+             "a2|Two columns only",
+             "a3|Text kept when the third column is empty|",
+             "a4|Dr. Who|Doctor Who"]
+    expected = [("a1", "plain text normalized"), ("a2", "Two columns only"),
+                ("a3", "Text kept when the third column is empty"), ("a4", "Doctor Who")]
+    for newline in ("\n", "\r\n"):
+        for bom in (False, True):
+            clips = dataset.read_metadata(_write(tmp_path / "m.csv", lines, newline, bom))
+            assert [(c.id, c.text) for c in clips] == expected
+            assert [c.lineno for c in clips] == [1, 2, 3, 4]
+            assert [c.line for c in clips] == lines  # no "\r", no BOM in what is digested
+
+
+def test_blank_lines_and_a_missing_final_newline(tmp_path):
+    path = tmp_path / "m.csv"
+    path.write_bytes(b"a1|one\n\n  \na2|two")
+    clips = dataset.read_metadata(path)
+    assert [(c.id, c.text, c.lineno) for c in clips] == [("a1", "one", 1), ("a2", "two", 4)]
+
+
+def test_non_ascii_text_is_kept(tmp_path):
+    clips = dataset.read_metadata(_write(tmp_path / "m.csv", ["a1|Café — naïve|Café — naïve"]))
+    assert clips[0].text == "Café — naïve"
+
+
+GOOD = ["LJ001-0001|First line.|First line.", "LJ001-0002|Second line.|Second line."]
+MALFORMED = {  # kind: (the bad third line as bytes, words the message must hold)
+    "one column": (b"LJ001-0003", ["column"]),
+    "four columns": (b"LJ001-0003|a|b|c", ["column"]),
+    "not utf-8": (b"LJ001-0003|caf\xe9 latin-1|caf\xe9 latin-1", ["utf-8"]),
+    "duplicate id": (b"LJ001-0001|Again.|Again.", ["duplicate", "LJ001-0001"]),
+    "parent path id": (b"../x|Escapes the audio folder.|Escapes the audio folder.", ["../x"]),
+    "path id": (b"a/b|A sub folder.|A sub folder.", ["a/b"]),
+    "empty text": (b"LJ001-0003| | ", ["empty"]),
+    "empty id": (b"|Some text.|Some text.", ["id"]),
+}
+
+
+def _malformed(tmp_path, kind, newline=b"\n"):
+    bad, words = MALFORMED[kind]
+    path = tmp_path / "metadata.csv"
+    path.write_bytes(newline.join([g.encode() for g in GOOD] + [bad, b"LJ001-0004|Fine.|Fine."]) + newline)
+    return path, words
+
+
+def _names_file_and_line(message, path, lineno):
+    return str(path) in message and re.search(rf"(line |:){lineno}\b", message) is not None
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED))
+def test_malformed_line_names_file_and_line(tmp_path, kind):
+    for newline in (b"\n", b"\r\n"):
+        path, words = _malformed(tmp_path, kind, newline)
+        with pytest.raises(DatasetError) as e:
+            dataset.read_metadata(path)
+        message = str(e.value)
+        assert _names_file_and_line(message, path, 3), message
+        assert all(w.lower() in message.lower() for w in words), message
+
+
+def test_empty_metadata_is_an_error(tmp_path):
+    path = tmp_path / "metadata.csv"
+    path.write_bytes(b"\xef\xbb\xbf\r\n")
+    with pytest.raises(DatasetError, match=re.escape(str(path))):
+        dataset.read_metadata(path)
+
+
+@pytest.mark.slow
+def test_malformed_metadata_reaches_the_user_through_snakemake(tmp_path, corpus):
+    root, cfg = corpus
+    good = (root / "metadata.csv").read_bytes()
+    for kind in ("four columns", "not utf-8", "duplicate id", "parent path id"):
+        bad, words = MALFORMED[kind]
+        if kind == "duplicate id":
+            bad = good.split(b"|", 1)[0] + b"|Again.|Again."
+            words = ["duplicate"]
+        lines = good.rstrip(b"\n").split(b"\n")
+        (root / "metadata.csv").write_bytes(b"\n".join(lines[:5] + [bad] + lines[5:]) + b"\n")
+        proc = snakemake("caches", "-n", config=cfg, check=False)
+        output = proc.stdout + proc.stderr
+        assert proc.returncode != 0, kind
+        assert _names_file_and_line(output, root / "metadata.csv", 6), (kind, output[-2000:])
+        assert all(w.lower() in output.lower() for w in words), (kind, output[-2000:])
+        assert "Traceback" not in output  # one clear message, not a Python stack
+
+
+# --- shards and split ---------------------------------------------------------------------------
+IDS = [f"LJ{i:03d}-{j:04d}" for i in range(1, 21) for j in range(1, 101)]  # 2000 ids
+
+
+def test_shards_are_balanced_and_independent_of_row_order():
+    shards = 8
+    counts = [0] * shards
+    for cid in IDS:
+        counts[dataset.shard_of(cid, shards)] += 1
+    assert sum(counts) == 2000
+    assert all(200 <= c <= 300 for c in counts), counts  # 250 +- 3 standard deviations
+
+    clips = [dataset.Clip(cid, "text", f"{cid}|text", n) for n, cid in enumerate(IDS, 1)]
+    shuffled = clips[:]
+    random.Random(1).shuffle(shuffled)
+    a, b = dataset.shard_clips(clips, shards), dataset.shard_clips(shuffled, shards)
+    assert {k: [c.id for c in v] for k, v in a.items()} == {k: [c.id for c in v] for k, v in b.items()}
+    assert sorted(a) == list(range(shards))
+
+
+def test_empty_shards_are_listed():
+    out = dataset.shard_clips([dataset.Clip("a1", "t", "a1|t", 1)], 16)
+    assert sorted(out) == list(range(16)) and sum(len(v) for v in out.values()) == 1
+
+
+@pytest.mark.parametrize("fraction, low, high", [(0.05, 70, 130), (0.2, 346, 454), (0.5, 933, 1067)])
+def test_val_fraction_is_roughly_respected(fraction, low, high):
+    val = [cid for cid in IDS if dataset.is_validation(cid, fraction)]
+    assert low <= len(val) <= high  # 3 standard deviations of a binomial over 2000 ids
+    assert not any(dataset.is_validation(cid, 0.0) for cid in IDS)
+
+
+def test_split_grows_without_moving_validation_clips_back_to_train():
+    small = {cid for cid in IDS if dataset.is_validation(cid, 0.05)}
+    large = {cid for cid in IDS if dataset.is_validation(cid, 0.2)}
+    assert small < large
+
+
+def test_split_does_not_follow_the_shard():
+    # validation clips spread over every shard, so no shard is all validation
+    shards = {dataset.shard_of(cid, 8) for cid in IDS if dataset.is_validation(cid, 0.05)}
+    assert shards == set(range(8))
+
+
+def test_manifest_finds_audio_in_each_container(tmp_path):
+    (tmp_path / "wavs").mkdir()
+    _write(tmp_path / "metadata.csv", ["c1|one", "c2|two", "c3|three", "c4|four"])
+    for cid, ext in (("c1", "wav"), ("c2", "flac"), ("c3", "ogg")):
+        (tmp_path / "wavs" / f"{cid}.{ext}").write_bytes(b"x")
+    found = {cid: dataset.audio_path(tmp_path, "wavs", cid) for cid in ("c1", "c2", "c3", "c4")}
+    assert {k: (v.name if v else None) for k, v in found.items()} == {
+        "c1": "c1.wav", "c2": "c2.flac", "c3": "c3.ogg", "c4": None}
+    manifest = dataset.load_manifest({"root": str(tmp_path), "metadata": "metadata.csv"}, 3)
+    assert sorted(c.id for v in manifest.values() for c in v) == ["c1", "c2", "c3", "c4"]

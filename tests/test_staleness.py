@@ -1,0 +1,416 @@
+"""The staleness contract (DESIGN.md): after a real `snakemake caches`, an edit makes
+`snakemake -n caches` plan exactly the stale shard jobs, and a real rebuild then leaves nothing to do.
+
+One corpus is built once for the module; each test edits it, checks the plan, rebuilds and checks
+that nothing is left to do, so the next test starts from a clean state (a failed test's leftovers
+are rebuilt first). Shard files are stamped (mtime, size) around each real rebuild to check that
+only the planned shards were rewritten.
+
+    python -m pytest -q tests/test_staleness.py
+"""
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import soundfile as sf
+import yaml
+
+from conftest import ROOT, TRANSCRIPTS, snakemake, write_config
+from pipeline import dataset, make_corpus
+
+SHARDS = 4
+_COUNT = re.compile(r"^\s*(\w+)\s+(\d+)\s*$")
+
+
+# --- helpers ---------------------------------------------------------------------------------
+def parse_plan(output):
+    """({rule: jobs}, {rule: sorted shard wildcards}) from a non-quiet `snakemake -n` output."""
+    counts, shards, rule = {}, {}, None
+    for line in output.splitlines():
+        m = _COUNT.match(line)
+        if m and m.group(1) not in ("total", "job", "count"):
+            counts[m.group(1)] = int(m.group(2))
+        m = re.match(r"^(?:local)?rule (\w+):", line.strip())
+        if m:
+            rule = m.group(1)
+        m = re.match(r"^wildcards: shard=(\d+)", line.strip())
+        if m and rule:
+            shards.setdefault(rule, []).append(int(m.group(1)))
+    return counts, {k: sorted(v) for k, v in shards.items()}
+
+
+def plan(config, *extra, project=None):
+    """Dry run of `caches`: ({rule: count}, {rule: [shards]}). project: a copied project folder."""
+    if project is None:
+        proc = snakemake("caches", "-n", *extra, config=config)
+    else:
+        proc = run_copy(project, "caches", "-n", *extra, config=config)
+    return parse_plan(proc.stdout + proc.stderr)
+
+
+def run_copy(project, *args, config):
+    """The real snakemake CLI on a copied project, run inside it (its own .snakemake/)."""
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(project / "Snakefile"), "--cores", "2",
+           "--directory", str(project), *args, "--configfile", str(config)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=project)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def stamps(cache):
+    """{relative path: (mtime_ns, size)} of every shard file."""
+    return {str(p.relative_to(cache)): (p.stat().st_mtime_ns, p.stat().st_size)
+            for p in sorted(cache.glob("*/shard-*"))}
+
+
+def rewritten(before, after):
+    return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+
+
+def shard_files(kind, shard):
+    suffixes = (".bin", ".json") + ((".stats.npy",) if kind == "mels" else ())
+    return [f"{kind}/shard-{shard:03d}{s}" for s in suffixes]
+
+
+def read_lines(path):
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def write_lines(path, lines, newline="\n"):
+    path.write_bytes("".join(line + newline for line in lines).encode("utf-8"))
+
+
+def speak_to(path, text, speed):
+    y, sr = make_corpus.speak(text, speed=speed)
+    sf.write(str(path), y, sr, subtype="PCM_16")
+
+
+def transcript(n):
+    """Line n (0-based) of the LJSpeech transcripts: lines >= 24 are not in the test corpus."""
+    return TRANSCRIPTS.read_text(encoding="utf-8").splitlines()[n]
+
+
+NOTHING = ({}, {})
+
+
+# --- the built project shared by this module ---------------------------------------------------
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, corpus_template):
+    tmp = tmp_path_factory.mktemp("staleness")
+    root = tmp / "data"
+    shutil.copytree(corpus_template, root)
+    config = write_config(tmp, root)
+    snakemake("caches", config=config)
+    return SimpleNamespace(tmp=tmp, root=root, config=config, cache=tmp / "cache" / "t",
+                           meta=root / "metadata.csv", clean=True)
+
+
+@pytest.fixture
+def built(project):
+    """The module's project, built and up to date (rebuilt if the previous test left it dirty)."""
+    if not project.clean:
+        snakemake("caches", config=project.config)
+    project.clean = False
+    yield project
+
+
+def rebuild_then_nothing_to_do(p, *extra):
+    """The real build after an edit; returns the shard files it rewrote."""
+    before = stamps(p.cache)
+    snakemake("caches", *extra, config=p.config)
+    changed = rewritten(before, stamps(p.cache))
+    assert plan(p.config, *extra) == NOTHING, "a rebuild must leave nothing to do"
+    p.clean = True
+    return changed
+
+
+def clip_of_shard(p, shard):
+    """The first metadata line (index, id) whose clip lives in `shard`."""
+    for i, line in enumerate(read_lines(p.meta)):
+        cid = line.split("|")[0]
+        if dataset.shard_of(cid, SHARDS) == shard:
+            return i, cid
+    raise AssertionError(f"no clip in shard {shard}")
+
+
+# --- nothing changed --------------------------------------------------------------------------
+@pytest.mark.slow
+def test_nothing_changed_means_nothing_to_do(built):
+    assert plan(built.config) == NOTHING
+    future = time.time() + 60
+    os.utime(built.meta, (future, future))  # `touch metadata.csv`, surely newer than every output
+    os.utime(built.config, (future, future))  # and the config file
+    assert plan(built.config) == NOTHING
+    built.clean = True  # an empty plan is what a real build runs
+
+
+@pytest.mark.slow
+def test_crlf_and_bom_rewrite_of_metadata_is_nothing_to_do(built):
+    # The rows' digests use each decoded line without its "\r" and without the BOM, so re-saving
+    # the file in a Windows editor changes no row.
+    lines = read_lines(built.meta)
+    built.meta.write_bytes(b"\xef\xbb\xbf" + "".join(line + "\r\n" for line in lines).encode("utf-8"))
+    assert plan(built.config) == NOTHING
+    write_lines(built.meta, lines)
+    built.clean = True
+
+
+@pytest.mark.slow
+def test_row_order_does_not_matter(built):
+    lines = read_lines(built.meta)
+    shuffled = lines[:]
+    random.Random(7).shuffle(shuffled)
+    assert shuffled != lines
+    write_lines(built.meta, shuffled)
+    assert plan(built.config) == NOTHING
+    built.clean = True
+
+
+# --- dataset edits ----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_edit_one_line_text_rebuilds_one_token_shard(built):
+    lines = read_lines(built.meta)
+    i, cid = clip_of_shard(built, 2)
+    cols = lines[i].split("|")
+    lines[i] = "|".join([cid] + [c + " Indeed, quite so." for c in cols[1:]])
+    write_lines(built.meta, lines)
+    counts, shards = plan(built.config)
+    assert counts == {"token_shard": 1, "cache_index": 1, "caches": 1}
+    assert shards == {"token_shard": [2]}
+    assert rebuild_then_nothing_to_do(built) == shard_files("tokens", 2)
+
+
+def _replace_audio(p, shard, older_mtime=False):
+    lines = read_lines(p.meta)
+    i, cid = clip_of_shard(p, shard)
+    wav = p.root / "wavs" / f"{cid}.wav"
+    new = p.tmp / f"{cid}.new.wav"
+    speak_to(new, lines[i].split("|")[-1], speed=120)  # the same words, spoken slower
+    assert new.read_bytes() != wav.read_bytes()
+    if older_mtime:  # as `mv`, `cp -p` or `rsync -a` of a file made before the caches were built
+        old = min(s[0] for s in stamps(p.cache).values()) / 1e9 - 3600
+        os.utime(new, (old, old))
+    os.replace(new, wav)
+    return cid
+
+
+@pytest.mark.slow
+def test_replace_one_audio_file_rebuilds_one_mel_shard(built):
+    cid = _replace_audio(built, 3)
+    counts, shards = plan(built.config)
+    assert counts == {"mel_shard": 1, "cache_index": 1, "caches": 1}
+    assert shards == {"mel_shard": [3]}
+    assert rebuild_then_nothing_to_do(built) == shard_files("mels", 3)
+    meta = json.loads((built.cache / "mels/shard-003.json").read_text())
+    frames = meta["frames"][meta["ids"].index(cid)]
+    n = sf.info(str(built.root / "wavs" / f"{cid}.wav")).frames
+    assert frames == 1 + n // 256  # the slower speech is what the shard now holds
+
+
+@pytest.mark.slow
+def test_replace_audio_with_a_file_older_than_the_cache_still_rebuilds(built):
+    # Replacing a clip by moving in a file written earlier (mv, cp -p, rsync -a) keeps its old
+    # mtime, so Snakemake's mtime trigger alone would miss it: the file's identity must count.
+    _replace_audio(built, 0, older_mtime=True)
+    counts, shards = plan(built.config)
+    assert counts == {"mel_shard": 1, "cache_index": 1, "caches": 1}
+    assert shards == {"mel_shard": [0]}
+    assert rebuild_then_nothing_to_do(built) == shard_files("mels", 0)
+
+
+@pytest.mark.slow
+def test_add_one_clip_rebuilds_only_its_shard(built):
+    line = transcript(30)
+    cid = line.split("|")[0]
+    ids_before = {i: json.loads((built.cache / f"tokens/shard-{i:03d}.json").read_text())["ids"]
+                  for i in range(SHARDS)}
+    assert all(cid not in ids for ids in ids_before.values())
+    speak_to(built.root / "wavs" / f"{cid}.wav", line.split("|")[-1], speed=175)
+    write_lines(built.meta, read_lines(built.meta) + [line])
+    k = dataset.shard_of(cid, SHARDS)
+    counts, shards = plan(built.config)
+    assert counts == {"token_shard": 1, "mel_shard": 1, "cache_index": 1, "caches": 1}
+    assert shards == {"token_shard": [k], "mel_shard": [k]}
+    assert rebuild_then_nothing_to_do(built) == sorted(shard_files("tokens", k) + shard_files("mels", k))
+    for kind in ("tokens", "mels"):
+        ids = json.loads((built.cache / f"{kind}/shard-{k:03d}.json").read_text())["ids"]
+        assert sorted(ids) == sorted(ids_before[k] + [cid])
+
+
+@pytest.mark.slow
+def test_remove_one_clip_rebuilds_only_its_shard(built):
+    lines = read_lines(built.meta)
+    i, cid = clip_of_shard(built, 1)
+    write_lines(built.meta, lines[:i] + lines[i + 1:])
+    (built.root / "wavs" / f"{cid}.wav").unlink()
+    counts, shards = plan(built.config)
+    assert counts == {"token_shard": 1, "mel_shard": 1, "cache_index": 1, "caches": 1}
+    assert shards == {"token_shard": [1], "mel_shard": [1]}
+    assert rebuild_then_nothing_to_do(built) == sorted(shard_files("tokens", 1) + shard_files("mels", 1))
+    for kind in ("tokens", "mels"):
+        assert cid not in json.loads((built.cache / f"{kind}/shard-001.json").read_text())["ids"]
+    index = json.loads((built.cache / "index.json").read_text())
+    assert cid not in (built.cache / "rejected.tsv").read_text()  # removed, not rejected
+    assert index["counts"]["clips"] == len(read_lines(built.meta))
+
+
+# --- settings ---------------------------------------------------------------------------------
+def _edited_config(p, path, **sections):
+    cfg = yaml.safe_load(p.config.read_text())
+    for section, values in sections.items():
+        cfg.setdefault(section, {}).update(values)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("section, values, stale", [
+    ("audio", {"fmax": 7600}, {"mel_shard": SHARDS}),
+    ("dataset", {"max_seconds": 15.0}, {"mel_shard": SHARDS}),    # changes which clips are rejected
+    ("dataset", {"val_fraction": 0.25}, {}),                       # only the statistics change
+    ("train", {"steps": 7}, None),                                 # caches do not depend on training
+])
+def test_setting_changes_rebuild_only_what_they_change(built, section, values, stale):
+    other = _edited_config(built, built.tmp / "other.yaml", **{section: values})
+    counts, _ = plan(other)
+    expected = {} if stale is None else {**stale, "cache_index": 1, "caches": 1}
+    assert counts == expected
+    built.clean = True  # a dry run under other settings changes nothing
+
+
+@pytest.mark.slow
+def test_audio_setting_in_configfile_rebuilds_every_mel_shard(built):
+    _edited_config(built, built.config, audio={"n_mels": 64})
+    counts, shards = plan(built.config)
+    assert counts == {"mel_shard": SHARDS, "cache_index": 1, "caches": 1}
+    assert shards == {"mel_shard": list(range(SHARDS))}
+    changed = rebuild_then_nothing_to_do(built)
+    assert changed == sorted(f for k in range(SHARDS) for f in shard_files("mels", k))
+    assert json.loads((built.cache / "mels/shard-000.json").read_text())["n_mels"] == 64
+    assert json.loads((built.cache / "index.json").read_text())["n_mels"] == 64
+
+
+@pytest.mark.slow
+def test_audio_setting_on_the_command_line_rebuilds_every_mel_shard(built):
+    # `--config` is the other documented way to override a key; Snakemake parses nested values
+    # with YAML's BaseLoader, so 48 arrives as the string '48'.
+    n_mels = 48 if json.loads((built.cache / "mels/shard-000.json").read_text())["n_mels"] != 48 else 40
+    counts, shards = plan(built.config, "--config", f"audio={{n_mels: {n_mels}}}")
+    assert counts == {"mel_shard": SHARDS, "cache_index": 1, "caches": 1}
+    assert shards == {"mel_shard": list(range(SHARDS))}
+    built.clean = True
+
+
+@pytest.mark.slow
+def test_text_setting_rebuilds_every_token_shard(built):
+    _edited_config(built, built.config, text={"cleaners": "basic"})
+    counts, shards = plan(built.config)
+    assert counts == {"token_shard": SHARDS, "cache_index": 1, "caches": 1}
+    assert shards == {"token_shard": list(range(SHARDS))}
+    changed = rebuild_then_nothing_to_do(built)
+    assert changed == sorted(f for k in range(SHARDS) for f in shard_files("tokens", k))
+    assert json.loads((built.cache / "vocab.json").read_text())["cleaners"] == "basic"
+
+
+# --- feature code -----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_template):
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("Snakefile", "rules", "pipeline", "configs", "environment.yml"):  # the rules' conda env too
+        src = ROOT / name
+        if not src.exists():
+            continue
+        if src.is_dir():
+            shutil.copytree(src, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, project / name)
+    root = tmp_path / "data"
+    shutil.copytree(corpus_template, root)
+    meta = root / "metadata.csv"
+    write_lines(meta, read_lines(meta)[:10])  # the code trigger does not need many clips
+    shards = 2
+    config = write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": shards})
+    cache = tmp_path / "cache" / "t"
+    run_copy(project, "caches", config=config)
+    assert plan(config, project=project) == NOTHING
+
+    with open(project / "pipeline" / "audio.py", "a") as f:
+        f.write("\n# a comment is a code change too\n")
+    counts, _ = plan(config, project=project)
+    assert counts == {"mel_shard": shards, "cache_index": 1, "caches": 1}
+    before = stamps(cache)
+    run_copy(project, "caches", config=config)
+    assert rewritten(before, stamps(cache)) == sorted(f for k in range(shards) for f in shard_files("mels", k))
+    assert plan(config, project=project) == NOTHING
+
+    with open(project / "pipeline" / "text.py", "a") as f:
+        f.write("\n# a comment is a code change too\n")
+    counts, _ = plan(config, project=project)
+    assert counts == {"token_shard": shards, "cache_index": 1, "caches": 1}
+    before = stamps(cache)
+    run_copy(project, "caches", config=config)
+    assert rewritten(before, stamps(cache)) == sorted(f for k in range(shards) for f in shard_files("tokens", k))
+    assert plan(config, project=project) == NOTHING
+
+    # code that makes no shard (the model) leaves the caches alone
+    with open(project / "pipeline" / "model.py", "a") as f:
+        f.write("\n# a comment\n")
+    assert plan(config, project=project) == NOTHING
+
+
+# --- shard assignment -------------------------------------------------------------------------
+_SHARD_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from pipeline import dataset
+ids = [f"LJ{i:03d}-{j:04d}" for i in range(1, 5) for j in range(1, 51)]
+print(json.dumps({"shards": [dataset.shard_of(i, 8) for i in ids],
+                  "val": [dataset.is_validation(i, 0.3) for i in ids],
+                  "hash": [hash(i) for i in ids]}))
+"""
+
+
+def test_shard_assignment_does_not_depend_on_pythonhashseed():
+    results = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        proc = subprocess.run([sys.executable, "-c", _SHARD_SCRIPT, str(ROOT)], capture_output=True,
+                              text=True, env=env, check=True)
+        results.append(json.loads(proc.stdout))
+    assert results[0]["hash"] != results[1]["hash"]  # the seeds really differ
+    assert results[0]["shards"] == results[1]["shards"]
+    assert results[0]["val"] == results[1]["val"]
+    assert len(results[0]["shards"]) == 200 and len(set(results[0]["shards"])) == 8
+
+
+def test_shard_assignment_does_not_depend_on_row_order_or_count(tmp_path):
+    lines = TRANSCRIPTS.read_text(encoding="utf-8").splitlines()
+    small, big = lines[:24], lines[:600]
+
+    def assignment(rows, name):
+        path = tmp_path / name
+        write_lines(path, rows)
+        return {c.id: shard for shard, clips in dataset.shard_clips(dataset.read_metadata(path), 8).items()
+                for c in clips}
+
+    a = assignment(small, "small.csv")
+    b = assignment(big, "big.csv")
+    shuffled = big[:]
+    random.Random(3).shuffle(shuffled)
+    c = assignment(shuffled, "shuffled.csv")
+    assert len(a) == 24 and len(b) == len(c) == 600
+    assert all(b[i] == s for i, s in a.items())  # 576 more rows move none of the first 24
+    assert b == c
+    # the shard follows from the id alone
+    ids = sorted(b)
+    assert [dataset.shard_of(i, 8) for i in ids] == [b[i] for i in ids]
