@@ -344,23 +344,15 @@ def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_templ
     run_copy(project, "caches", config=config)
     assert plan(config, project=project) == NOTHING
 
-    with open(project / "pipeline" / "audio.py", "a") as f:
-        f.write("\n# a comment is a code change too\n")
-    counts, _ = plan(config, project=project)
-    assert counts == {"mel_shard": shards, "cache_index": 1, "caches": 1}
-    before = stamps(cache)
-    run_copy(project, "caches", config=config)
-    assert rewritten(before, stamps(cache)) == sorted(f for k in range(shards) for f in shard_files("mels", k))
-    assert plan(config, project=project) == NOTHING
-
-    with open(project / "pipeline" / "text.py", "a") as f:
-        f.write("\n# a comment is a code change too\n")
-    counts, _ = plan(config, project=project)
-    assert counts == {"token_shard": shards, "cache_index": 1, "caches": 1}
-    before = stamps(cache)
-    run_copy(project, "caches", config=config)
-    assert rewritten(before, stamps(cache)) == sorted(f for k in range(shards) for f in shard_files("tokens", k))
-    assert plan(config, project=project) == NOTHING
+    for module, kind, rule in (("audio.py", "mels", "mel_shard"), ("text.py", "tokens", "token_shard")):
+        with open(project / "pipeline" / module, "a") as f:
+            f.write("\n# a comment is a code change too\n")
+        counts, _ = plan(config, project=project)
+        assert counts == {rule: shards, "cache_index": 1, "caches": 1}, module
+        before = stamps(cache)
+        run_copy(project, "caches", config=config)
+        assert rewritten(before, stamps(cache)) == sorted(f for k in range(shards) for f in shard_files(kind, k))
+        assert plan(config, project=project) == NOTHING
 
     # code that makes no shard (the model) leaves the caches alone
     with open(project / "pipeline" / "model.py", "a") as f:
