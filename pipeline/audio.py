@@ -8,10 +8,13 @@ HiFi-GAN vocoder trained on the same settings can voice our mels.
 Any edit here changes the mel code digest, so every mel shard rebuilds (and no token shard).
 """
 import functools
+import hashlib
+import json
 import os
 import struct
+from importlib.metadata import version
+from pathlib import Path
 
-import librosa
 import numpy as np
 import soundfile as sf
 import soxr
@@ -27,15 +30,44 @@ class BadAudio(ValueError):
 @functools.lru_cache(maxsize=8)
 def mel_basis(*, sample_rate, n_fft, n_mels, fmin, fmax):
     """(n_mels, n_fft // 2 + 1) float32 slaney filterbank, built once per setting."""
+    import librosa  # here, not at the top: importing it costs a shard job ~1 CPU-second
+
     return librosa.filters.mel(sr=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax,
                                htk=False, norm="slaney").astype(np.float32)
 
 
-def mel_spectrogram(y, *, sample_rate, n_fft, hop_length, win_length, n_mels, fmin, fmax):
+def mel_basis_memo(folder, *, sample_rate, n_fft, n_mels, fmin, fmax):
+    """mel_basis through a .npy memo in `folder`, keyed by the settings and librosa's version,
+    so that only the first of a build's shard jobs imports librosa."""
+    params = dict(sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
+    key = hashlib.sha256(json.dumps({**params, "librosa": version("librosa")}, sort_keys=True).encode()).hexdigest()
+    path = Path(folder) / f".mel_basis-{key[:16]}.npy"
+    try:
+        return np.load(path)
+    except (OSError, ValueError):
+        basis = mel_basis(**params)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npy")
+        np.save(tmp, basis)
+        os.replace(tmp, path)
+        return basis
+
+
+def stft_magnitude(y, *, n_fft, hop_length, win_length):
+    """(n_fft/2+1, frames) |STFT| as librosa.stft computes it: periodic Hann window centred in
+    n_fft, signal reflect-padded by n_fft/2 on both sides, frames = 1 + len(y) // hop_length."""
+    window = np.zeros(n_fft, np.float32)
+    start = (n_fft - win_length) // 2
+    window[start:start + win_length] = np.hanning(win_length + 1)[:-1]  # periodic Hann
+    padded = np.pad(y, n_fft // 2, mode="reflect")
+    frames = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[::hop_length]  # (frames, n_fft)
+    return np.abs(np.fft.rfft(frames * window, axis=1)).T.astype(np.float32)
+
+
+def mel_spectrogram(y, *, sample_rate, n_fft, hop_length, win_length, n_mels, fmin, fmax, basis=None):
     """(frames, n_mels) float32 log-mel of mono float32 audio `y` at `sample_rate`."""
-    spec = np.abs(librosa.stft(y, n_fft=n_fft, hop_length=hop_length, win_length=win_length,
-                               window="hann", center=True, pad_mode="reflect"))  # (n_fft/2+1, frames)
-    basis = mel_basis(sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
+    spec = stft_magnitude(y, n_fft=n_fft, hop_length=hop_length, win_length=win_length)  # (n_fft/2+1, F)
+    if basis is None:
+        basis = mel_basis(sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
     mel = basis @ spec  # (n_mels, frames)
     return np.log(np.maximum(mel, LOG_CLAMP)).T.astype(np.float32)
 
@@ -87,7 +119,7 @@ def load_audio(path, *, sample_rate, max_seconds):
     return np.ascontiguousarray(y, dtype=np.float32)
 
 
-def mel_from_file(path, audio_cfg, max_seconds):
+def mel_from_file(path, audio_cfg, max_seconds, basis=None):
     """(frames, n_mels) log-mel of an audio file, under the config's `audio:` section."""
     y = load_audio(path, sample_rate=audio_cfg["sample_rate"], max_seconds=max_seconds)
-    return mel_spectrogram(y, **audio_cfg)
+    return mel_spectrogram(y, **audio_cfg, basis=basis)

@@ -62,12 +62,15 @@ def build_mel_shard(cfg, shard, out, log=functools.partial(print, flush=True)):
     clips = dataset.load_manifest(ds, cfg["cache"]["shards"])[shard]
     ids, frames, mels, sums, rejected = [], [], [], [], []
     seconds, start = 0.0, time.time()
+    a = cfg["audio"]
+    basis = audio.mel_basis_memo(Path(out).parent, sample_rate=a["sample_rate"], n_fft=a["n_fft"],
+                                 n_mels=a["n_mels"], fmin=a["fmin"], fmax=a["fmax"])
     for i, c in enumerate(clips, start=1):
         path = dataset.audio_path(ds["root"], ds["audio_dir"], c.id)
         try:
             if path is None:
                 raise audio.BadAudio(f"missing file (no {c.id}.wav, .flac or .ogg)")
-            mel = audio.mel_from_file(path, cfg["audio"], ds["max_seconds"])  # (F, n_mels)
+            mel = audio.mel_from_file(path, cfg["audio"], ds["max_seconds"], basis)  # (F, n_mels)
         except audio.BadAudio as e:
             where = path or Path(ds["root"]) / ds["audio_dir"] / f"{c.id}.*"
             rejected.append(dict(id=c.id, path=str(where), reason=str(e)))
