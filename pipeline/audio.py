@@ -46,6 +46,7 @@ def mel_basis_memo(folder, *, sample_rate, n_fft, n_mels, fmin, fmax):
         return np.load(path)
     except (OSError, ValueError):
         basis = mel_basis(**params)
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npy")
         np.save(tmp, basis)
         os.replace(tmp, path)
