@@ -23,11 +23,12 @@ def test_loader_graph_holds_no_python_ops(built_cache):
     assert any("PyFunc" in op for op in find_pyfunc_ops(planted))
 
 
-def test_loader_returns_the_cached_arrays(built_cache):
+@pytest.mark.parametrize("group_bytes", [data.GROUP_BYTES, 1])  # all shards in one group; a group per shard
+def test_loader_returns_the_cached_arrays(built_cache, group_bytes):
     cfg = _cfg(built_cache)
     ids = data.clip_ids(cfg, "all")
     rows = {c.id: c for c in dataset.read_metadata(built_cache.parent / "data" / "metadata.csv")}
-    ds = data.build_dataset(cfg, "all", with_clip_index=True)
+    ds = data.build_dataset(cfg, "all", with_clip_index=True, group_bytes=group_bytes)
     seen = []
     r = cfg["model"]["reduction"]
     _, shapes = data.bucket_shapes(cfg)
@@ -50,16 +51,24 @@ def test_loader_returns_the_cached_arrays(built_cache):
     assert sorted(seen) == sorted(ids)  # every clip exactly once
 
 
-def test_training_batches_mix_shards_and_have_fixed_shapes(built_cache):
+@pytest.mark.parametrize("group_bytes", [data.GROUP_BYTES, 1])
+def test_training_batches_mix_shards_and_have_fixed_shapes(built_cache, group_bytes):
     cfg = _cfg(built_cache)
     ids = data.clip_ids(cfg, "train")
     _, shapes = data.bucket_shapes(cfg)
-    shards = set()
-    for batch in data.build_dataset(cfg, "train", with_clip_index=True).take(12):
+    shards, per_batch, seen = set(), [], set()
+    ds = data.build_dataset(cfg, "train", with_clip_index=True, group_bytes=group_bytes)
+    for batch in ds.take(40):
         assert batch["tokens"].shape[0] == cfg["train"]["batch_size"]
         assert (batch["tokens"].shape[1], batch["mel"].shape[1]) in shapes
-        shards |= {dataset.shard_of(ids[c], cfg["cache"]["shards"]) for c in batch["clip"].numpy()}
-    assert len(shards) > 1
+        batch_shards = {dataset.shard_of(ids[c], cfg["cache"]["shards"]) for c in batch["clip"].numpy()}
+        per_batch.append(len(batch_shards))
+        shards |= batch_shards
+        seen |= set(batch["clip"].numpy().tolist())
+    assert len(shards) == cfg["cache"]["shards"]  # every shard is visited
+    assert len(seen) > 0.8 * len(ids)              # and (nearly) every clip within a few epochs
+    if group_bytes == data.GROUP_BYTES:
+        assert max(per_batch) > 1                  # one group: batches mix clips of several shards
 
 
 @pytest.fixture
