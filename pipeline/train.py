@@ -255,6 +255,11 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
     waited = stepped = 0.0
     t_log, start_step, t_start = time.perf_counter(), step, time.perf_counter()
     with writer.as_default():
+        if step == 0:  # the untrained model's validation loss: the baseline the curve falls from
+            val, _, _ = trainer.validate()
+            if val is not None:
+                val_history.append({"step": 0, **val})
+                log(f"step 0: validation loss {val['total']:.4f} (mel {val['mel_after']:.4f})")
         while step < total:
             t0 = time.perf_counter()
             batch = next(batches)
