@@ -87,7 +87,8 @@ def resolve(train_cfg, override=None):
     on_gpu = any("GPU" in d for d in devices)
 
     jit = train_cfg["jit_compile"]
-    # XLA pays 4-8 s per bucket shape up front; on GPUs fused kernels repay that, on CPUs rarely
+    # XLA compiles each bucket shape up front (~15 s each on a 2-core CPU, benchmarks/step.py); fused
+    # GPU kernels repay that at once, while on a CPU the ~1.3x it gives takes most of a short run to pay back
     jit = on_gpu if jit == "auto" else bool(jit)
     mp = train_cfg["mixed_precision"]
     if mp == "auto":
