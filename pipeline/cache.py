@@ -79,8 +79,7 @@ def build_mel_shard(cfg, shard, out, log=functools.partial(print, flush=True)):
         ids.append(c.id)
         frames.append(int(mel.shape[0]))
         mels.append(mel.astype(MEL_DTYPE))
-        m64 = mel.astype(np.float64)
-        sums.append([m64.sum(0), (m64 ** 2).sum(0)])  # per-clip partial sums for mean/std
+        sums.append([mel.sum(0, dtype=np.float64), np.square(mel).sum(0, dtype=np.float64)])  # for mean/std
         seconds += mel.shape[0] * cfg["audio"]["hop_length"] / cfg["audio"]["sample_rate"]
         if i % 50 == 0 or i == len(clips):
             rate = i / max(time.time() - start, 1e-9)

@@ -2,6 +2,8 @@
 # The manifest is read once per Snakemake invocation. No shard job lists metadata.csv or the whole
 # config as an input: each gets a digest of just its own rows and settings as params, so an edit
 # reruns only the shards it touches (Snakemake's params trigger), and `touch metadata.csv` reruns nothing.
+# Those params are compared with what .snakemake/ recorded: a checkout without that folder (or a run
+# from another --directory) cannot see edits; `snakemake --forcerun caches` rebuilds then.
 import json
 import sys
 from pathlib import Path
@@ -54,10 +56,6 @@ def mel_settings(wildcards):
 
 def _mel_files(shard):
     return [(c.id, pdataset.audio_path(DS["root"], DS["audio_dir"], c.id)) for c in MANIFEST[int(shard)]]
-
-
-def mel_audio(wildcards):
-    return [str(p) for _, p in _mel_files(wildcards.shard) if p is not None]
 
 
 def mel_clips(wildcards):
