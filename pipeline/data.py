@@ -34,13 +34,20 @@ class CacheError(ValueError):
 
 @dataclass
 class Clips:
-    """Every usable clip of a split, as flat columns (one row per clip)."""
+    """Usable clips as flat columns (one row per clip)."""
     ids: list
     shard: np.ndarray       # which shard holds it
     tok_off: np.ndarray     # offset (in tokens) inside the shard's token file
     tok_len: np.ndarray
     mel_off: np.ndarray     # offset (in frames) inside the shard's mel file
     frames: np.ndarray
+    val: np.ndarray         # in the validation split
+
+    def split(self, name):
+        """The rows of split `name`: "train", "val" or "all"."""
+        keep = np.ones(len(self.ids), bool) if name == "all" else self.val == (name == "val")
+        return Clips(ids=[i for i, k in zip(self.ids, keep) if k],
+                     **{f: getattr(self, f)[keep] for f in ("shard", "tok_off", "tok_len", "mel_off", "frames", "val")})
 
 
 def read_index(cfg):
@@ -78,12 +85,11 @@ def _check_shard(meta, path, want, itemsize, per_item):
                          "delete it and rerun `snakemake --cores all caches`")
 
 
-def load_clips(cfg, split, index=None):
+def load_clips(cfg, split="all", index=None):
     """(Clips of `split`, token paths, mel paths), every shard checked against the index."""
     index = index or read_index(cfg)
     root = config.cache_dir(cfg)
-    n_mels = index["n_mels"]
-    cols = {k: [] for k in ("ids", "shard", "tok_off", "tok_len", "mel_off", "frames")}
+    cols = {k: [] for k in ("ids", "shard", "tok_off", "tok_len", "mel_off", "frames", "val")}
     tok_paths, mel_paths = [], []
     for k, entry in enumerate(index["shards"]):
         tpath, mpath = root / f"{entry['tokens']}.bin", root / f"{entry['mels']}.bin"
@@ -92,41 +98,41 @@ def load_clips(cfg, split, index=None):
         if tok is None or mel is None:
             raise CacheError(f"{tpath if tok is None else mpath}: shard index missing; rerun `snakemake caches`")
         _check_shard(tok, tpath, index["provenance"]["tokens"], 4, 1)
-        _check_shard(mel, mpath, index["provenance"]["mels"], 2, n_mels)
+        _check_shard(mel, mpath, index["provenance"]["mels"], 2, index["n_mels"])
         tok_at = {cid: i for i, cid in enumerate(tok["ids"])}
         for j, cid in enumerate(mel["ids"]):
             i = tok_at.get(cid)
             if i is None:
                 continue
-            is_val = dataset.is_validation(cid, index["val_fraction"])
-            if split != "all" and is_val != (split == "val"):
-                continue
             for name, value in (("ids", cid), ("shard", k), ("tok_off", tok["offsets"][i]),
                                 ("tok_len", tok["lengths"][i]), ("mel_off", mel["offsets"][j]),
-                                ("frames", mel["frames"][j])):
+                                ("frames", mel["frames"][j]),
+                                ("val", dataset.is_validation(cid, index["val_fraction"]))):
                 cols[name].append(value)
         tok_paths.append(str(tpath)); mel_paths.append(str(mpath))
-    clips = Clips(ids=cols.pop("ids"), **{k: np.asarray(v, np.int64) for k, v in cols.items()})
-    return clips, tok_paths, mel_paths
+    clips = Clips(ids=cols.pop("ids"), val=np.asarray(cols.pop("val"), bool),
+                  **{k: np.asarray(v, np.int64) for k, v in cols.items()})
+    return clips.split(split), tok_paths, mel_paths
 
 
-def bucket_shapes(cfg, index=None):
-    """[(max tokens, max frames)] per bucket, from every clip of both splits, frames rounded up to r.
+def bucket_shapes(cfg, index=None, clips=None):
+    """(frame edges, [(max tokens, max frames)] per bucket), from every clip of both splits
+    (`clips`, or the cache's), frames rounded up to r.
 
     Boundaries are frame-count quantiles, so buckets hold similar numbers of clips; each bucket's
     token length is the longest text among its clips, because text and audio lengths differ.
     """
-    all_clips, _, _ = load_clips(cfg, "all", index)
-    if not all_clips.ids:
+    clips = clips or load_clips(cfg, "all", index)[0]
+    if not clips.ids:
         raise CacheError(f"{config.cache_dir(cfg)}: the cache holds no clips")
     r = cfg["model"]["reduction"]
-    n = min(cfg["train"]["buckets"], len(all_clips.ids))
-    edges = np.unique(np.quantile(all_clips.frames, np.linspace(0, 1, n + 1)[1:]).astype(np.int64))
-    bucket = np.searchsorted(edges, all_clips.frames)  # clip -> bucket index
+    n = min(cfg["train"]["buckets"], len(clips.ids))
+    edges = np.unique(np.quantile(clips.frames, np.linspace(0, 1, n + 1)[1:]).astype(np.int64))
+    bucket = np.searchsorted(edges, clips.frames)  # clip -> bucket index
     shapes = []
     for b, edge in enumerate(edges):
         in_b = bucket == b
-        tokens = int(all_clips.tok_len[in_b].max()) if in_b.any() else 1
+        tokens = int(clips.tok_len[in_b].max()) if in_b.any() else 1
         shapes.append((tokens, int(-(-edge // r) * r)))
     return edges, shapes
 
@@ -154,12 +160,12 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     repeat = train if repeat is None else repeat
     shuffle = train if shuffle is None else shuffle
     drop_remainder = train if drop_remainder is None else drop_remainder
-    index = read_index(cfg)
-    clips, tok_paths, mel_paths = load_clips(cfg, split, index)
+    everything, tok_paths, mel_paths = load_clips(cfg, "all")
+    clips = everything.split(split)
     if not clips.ids:
         raise CacheError(f"{config.cache_dir(cfg)}: no clips in the {split!r} split")
-    edges, shapes = bucket_shapes(cfg, index)
-    n_mels, batch = index["n_mels"], cfg["train"]["batch_size"]
+    edges, shapes = bucket_shapes(cfg, clips=everything)
+    n_mels, batch = cfg["audio"]["n_mels"], cfg["train"]["batch_size"]
     seed = cfg["train"]["seed"]
     if drop_remainder and len(clips.ids) < batch:
         raise CacheError(f"the {split!r} split has {len(clips.ids)} clips, fewer than train.batch_size {batch}")
