@@ -9,6 +9,7 @@ Shard = sha256(id) mod cache.shards, and split = a second sha256 of the id: neve
 """
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,26 @@ def audio_path(root, audio_dir, clip_id):
         if p.is_file():
             return p
     return None
+
+
+def audio_files(root, audio_dir):
+    """{clip id: "name:size:mtime_ns"} for every audio file of the folder, from one directory scan.
+
+    What the Snakefile digests per mel shard: an added, removed, renamed or replaced file (even one
+    moved in with an older mtime) changes its entry. The preference order is audio_path's.
+    """
+    found = {}
+    with os.scandir(Path(root) / audio_dir) as entries:
+        for e in entries:
+            stem, _, ext = e.name.rpartition(".")
+            if ext in AUDIO_EXTENSIONS and e.is_file():
+                found.setdefault(stem, []).append((AUDIO_EXTENSIONS.index(ext), e))
+    out = {}
+    for stem, candidates in found.items():
+        e = min(candidates, key=lambda c: c[0])[1]
+        st = e.stat()
+        out[stem] = f"{e.name}:{st.st_size}:{st.st_mtime_ns}"
+    return out
 
 
 def shard_clips(clips, shards):

@@ -45,7 +45,7 @@ def token_settings(wildcards):
 
 def token_rows(wildcards):
     clips = MANIFEST[int(wildcards.shard)]
-    return pdataset.digest(pdataset.provenance("tokens", config), *(c.line for c in clips))
+    return pdataset.digest(PROVENANCE["tokens"], *(c.line for c in clips))
 
 
 def mel_settings(wildcards):
@@ -54,14 +54,14 @@ def mel_settings(wildcards):
     return _inline(dataset=ds, cache={"shards": config["cache"]["shards"]}, audio=config["audio"])
 
 
-def _mel_files(shard):
-    return [(c.id, pdataset.audio_path(DS["root"], DS["audio_dir"], c.id)) for c in MANIFEST[int(shard)]]
+AUDIO = pdataset.audio_files(DS["root"], DS["audio_dir"])  # one directory scan, not 3 stats a clip
+PROVENANCE = {kind: pdataset.provenance(kind, config) for kind in ("tokens", "mels")}
 
 
 def mel_clips(wildcards):
-    # ids, which file each resolves to and its size + mtime: adding, removing, renaming or replacing a
-    # clip changes this, even a replacement moved in with an older mtime (mv, cp -p, rsync -a)
-    return pdataset.digest(pdataset.provenance("mels", config), *(f"{i}={p}" + (f":{p.stat().st_size}:{p.stat().st_mtime_ns}" if p else "") for i, p in _mel_files(wildcards.shard)))
+    # each clip's id, the file it resolves to, its size and mtime: adding, removing, renaming or
+    # replacing a clip changes this, even a replacement moved in with an older mtime (mv, cp -p)
+    return pdataset.digest(PROVENANCE["mels"], *(f"{c.id}={AUDIO.get(c.id)}" for c in MANIFEST[int(wildcards.shard)]))
 
 
 def config_without(*sections):
