@@ -16,6 +16,7 @@ that loads.
 """
 import argparse
 import functools
+import io
 import json
 import sys
 import time
@@ -100,7 +101,6 @@ def build_mel_shard(cfg, shard, out, log=functools.partial(print, flush=True)):
 
 
 def _npy_bytes(array):
-    import io
     buf = io.BytesIO()
     np.save(buf, array)
     return buf.getvalue()

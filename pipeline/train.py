@@ -55,7 +55,9 @@ class Trainer:
         self.p = placement_mod.resolve(cfg["train"], placement)
         placement_mod.set_precision_policy(self.p.mixed_precision)
         keras.utils.set_random_seed(cfg["train"]["seed"])
-        self.edges, self.shapes = data.bucket_shapes(cfg, self.index)
+        clips = data.load_clips(cfg, "all", self.index)[0]  # every shard's JSON read and checked once here
+        self.edges, self.shapes = data.bucket_shapes(cfg, clips=clips)
+        self.has_val = bool(clips.val.any())
         self.n_buckets = len(self.shapes)
         self.placement, self.model_device = self.p.name, self.p.model_device
         self.copy_ms = None
@@ -179,7 +181,7 @@ class Trainer:
 
     def validate(self, max_batches=8):
         """Mean validation loss terms and the first batch's outputs (for images), or None without val clips."""
-        if not data.load_clips(self.cfg, "val", self.index)[0].ids:
+        if not self.has_val:
             return None, None, None  # val_fraction 0, or a corpus too small to hold a validation clip
         ds = data.build_dataset(self.cfg, "val")
         sums, n, first = {}, 0, None
