@@ -19,11 +19,13 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from pipeline.errors import PipelineError
+
 LOG_CLAMP = 1e-5  # HiFi-GAN's dynamic-range floor: log(1e-5) ~ -11.5 is "silence"
 SILENCE_PEAK = 1e-4  # a clip whose peak stays below this (-80 dBFS) holds no speech
 
 
-class BadAudio(ValueError):
+class BadAudio(PipelineError):
     """A clip that cannot become a mel; the message says why (reported, or fatal with bad_audio: fail)."""
 
 

@@ -18,13 +18,13 @@ import argparse
 import functools
 import io
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from pipeline import audio, config, dataset, text
+from pipeline.errors import PipelineError, cli
 
 TOKEN_DTYPE, MEL_DTYPE = "int32", "float16"  # mels stay float16 until they are on the device
 
@@ -111,7 +111,7 @@ def read_shard_meta(path):
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: shard index missing (run `snakemake caches`)") from None
+        raise PipelineError(f"{path}: shard index missing (run `snakemake --cores all caches`)") from None
 
 
 def build_index(cfg, token_paths, mel_paths, out, log=functools.partial(print, flush=True)):
@@ -126,7 +126,7 @@ def build_index(cfg, token_paths, mel_paths, out, log=functools.partial(print, f
         tok, mel = read_shard_meta(tp), read_shard_meta(mp)
         for kind, meta, p in (("tokens", tok, tp), ("mels", mel, mp)):
             if meta["provenance"] != want[kind]:
-                raise ValueError(f"{p}: built with other {kind} settings or code "
+                raise PipelineError(f"{p}: built with other {kind} settings or code "
                                  f"(provenance {meta['provenance']}, expected {want[kind]}); rerun `snakemake caches`")
         stats = np.load(Path(mp).with_suffix(".stats.npy"))
         usable = set(tok["ids"])
@@ -146,7 +146,7 @@ def build_index(cfg, token_paths, mel_paths, out, log=functools.partial(print, f
         shards.append(dict(tokens=str(Path(tp).with_suffix("").relative_to(out.parent)),
                            mels=str(Path(mp).with_suffix("").relative_to(out.parent)), clips=n, val=val))
     if frames_train == 0:
-        raise ValueError(f"no training clips in {cfg['dataset']['root']}: every clip was rejected or in validation "
+        raise PipelineError(f"no training clips in {cfg['dataset']['root']}: every clip was rejected or in validation "
                          f"(see {out.parent / 'rejected.tsv'})")
     mean = total[0] / frames_train
     std = np.sqrt(np.maximum(total[1] / frames_train - mean ** 2, 1e-6))
@@ -163,6 +163,7 @@ def build_index(cfg, token_paths, mel_paths, out, log=functools.partial(print, f
         f"{counts['seconds'] / 3600:.2f} h of audio, {counts['rejected']} rejected (listed in {out.parent / 'rejected.tsv'})")
 
 
+@cli
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Build token shards, mel shards and the cache index.")
     parser.add_argument("what", choices=["tokens", "mels", "index"])
@@ -172,18 +173,14 @@ def main(argv=None):
     parser.add_argument("--tokens", nargs="*", default=[])
     parser.add_argument("--mels", nargs="*", default=[])
     args = parser.parse_args(argv)
-    try:
-        cfg = config.from_args(args)
-        if args.what == "index":
-            build_index(cfg, args.tokens, args.mels, args.out)
-            return
-        if args.shard is None or not 0 <= args.shard < cfg["cache"]["shards"]:
-            raise config.ConfigError(f"--shard must be in 0..{cfg['cache']['shards'] - 1}")
-        build = build_token_shard if args.what == "tokens" else build_mel_shard
-        build(cfg, args.shard, args.out)
-    except (config.ConfigError, dataset.DatasetError, audio.BadAudio, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1)
+    cfg = config.from_args(args)
+    if args.what == "index":
+        build_index(cfg, args.tokens, args.mels, args.out)
+        return
+    if args.shard is None or not 0 <= args.shard < cfg["cache"]["shards"]:
+        raise config.ConfigError(f"--shard must be in 0..{cfg['cache']['shards'] - 1}")
+    build = build_token_shard if args.what == "tokens" else build_mel_shard
+    build(cfg, args.shard, args.out)
 
 
 if __name__ == "__main__":

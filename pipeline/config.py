@@ -16,12 +16,14 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from pipeline.errors import PipelineError, cli
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS = ROOT / "configs" / "config.yaml"
 SCHEMA = ROOT / "configs" / "schema.yaml"
 
 
-class ConfigError(ValueError):
+class ConfigError(PipelineError):
     """A config problem, with the key (or file) it concerns in the message."""
 
 
@@ -185,14 +187,12 @@ def atomic_write_text(path, text):
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+@cli
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        print(yaml.safe_dump(from_args(args), sort_keys=False))
-    except ConfigError as e:
-        raise SystemExit(f"error: {e}")
+    print(yaml.safe_dump(from_args(args), sort_keys=False))
 
 
 if __name__ == "__main__":

@@ -23,12 +23,13 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline import config, dataset
+from pipeline.errors import PipelineError
 
 PAD_LOG_MEL = float(np.log(1e-5))  # padded frames look like silence to the model
 GROUP_BYTES = 1 << 30  # shards are read in groups of about this size; a batch mixes clips of one group
 
 
-class CacheError(ValueError):
+class CacheError(PipelineError):
     """A cache that must not be trained on; the message names the shard or file and what to run."""
 
 

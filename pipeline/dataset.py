@@ -14,13 +14,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.errors import PipelineError
+
 AUDIO_EXTENSIONS = ("wav", "flac", "ogg")
 FORMAT = 1  # cache file layout version: bump when pipeline/cache.py writes differently
 HERE = Path(__file__).resolve().parent
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # ids become file names: no separators, no ".."
 
 
-class DatasetError(ValueError):
+class DatasetError(PipelineError):
     """A problem in the dataset's files; the message names the file and line."""
 
 

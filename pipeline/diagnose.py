@@ -22,6 +22,7 @@ import tensorflow as tf
 # compare_placements and write_report are public here too: `from pipeline.diagnose import ...`
 from pipeline.diagnose_report import (OSC_MIN_UTIL_SPREAD, compare_placements, cv, detect_oscillation,
                                       phase_medians, recommend, write_report)
+from pipeline.errors import cli
 from pipeline.gpumon import GpuSampler
 from pipeline.graphscan import find_pyfunc_ops, pyfunc_line, scan_pyfunc_ops  # noqa: F401 (public here too)
 
@@ -273,16 +274,14 @@ def _diagnose_trainer(cfg, placement):
                     batches=getattr(trainer, "batches", None))
 
 
+@cli
 def main(argv=None):
     from pipeline import config
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     config.add_arguments(parser)
     parser.add_argument("--out", default=None, help="report folder (default: {reports_dir}/{name})")
     args = parser.parse_args(argv)
-    try:
-        cfg = config.from_args(args)
-    except config.ConfigError as e:
-        raise SystemExit(f"error: {e}")
+    cfg = config.from_args(args)
 
     report = _diagnose_trainer(cfg, None)
     n_gpus = len(tf.config.list_logical_devices("GPU"))  # what pipeline.placement counts

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
+from pipeline.errors import PipelineError
 
-class PlacementError(ValueError):
+
+class PlacementError(PipelineError):
     """A placement the machine cannot honour; the message names the config key."""
 
 

@@ -11,13 +11,13 @@ synthesize.max_seconds (with a warning); Griffin-Lim (TensorFlow STFT ops) turns
 import argparse
 import functools
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from pipeline import config, data, text
+from pipeline.errors import MissingCheckpoint, cli
 from pipeline.model import build_model
 from pipeline.vocoder import griffin_lim, save_wav
 
@@ -27,7 +27,7 @@ def load_model(cfg, index):
     ckpt_dir = config.run_dir(cfg) / "checkpoints"
     latest = tf.train.latest_checkpoint(str(ckpt_dir))
     if latest is None:
-        raise FileNotFoundError(f"{ckpt_dir}: no checkpoint; train first (`snakemake --cores all train`)")
+        raise MissingCheckpoint(f"{ckpt_dir}: no checkpoint; train first (`snakemake --cores all train`)")
     t, f = 8, 4 * cfg["model"]["reduction"]
     model({"tokens": tf.ones([1, t], tf.int32), "token_lengths": tf.constant([t]),
            "mel": tf.zeros([1, f, index["n_mels"]]), "mel_lengths": tf.constant([f])})
@@ -69,17 +69,14 @@ def synthesize(cfg, out, log=functools.partial(print, flush=True)):
     return paths
 
 
+@cli
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Synthesize the config's sentences from the latest checkpoint.")
     config.add_arguments(parser)
     parser.add_argument("--out", help="folder for the wavs (default runs/{name}/samples)")
     args = parser.parse_args(argv)
-    try:
-        cfg = config.from_args(args)
-        synthesize(cfg, args.out or config.run_dir(cfg) / "samples")
-    except (config.ConfigError, data.CacheError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1)
+    cfg = config.from_args(args)
+    synthesize(cfg, args.out or config.run_dir(cfg) / "samples")
 
 
 if __name__ == "__main__":

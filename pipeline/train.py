@@ -14,7 +14,6 @@ import argparse
 import functools
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import tensorflow as tf
 import keras
 
 from pipeline import config, data, placement as placement_mod
+from pipeline.errors import cli
 from pipeline.model import LOSS_KEYS, build_model, tts_loss
 
 
@@ -311,6 +311,7 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
     return summary
 
 
+@cli
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Train from the caches (resumes from the last checkpoint).")
     config.add_arguments(parser)
@@ -318,14 +319,10 @@ def main(argv=None):
     parser.add_argument("--out", help="summary JSON (default runs/{name}/train.json)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for TensorFlow (0: all)")
     args = parser.parse_args(argv)
-    try:
-        cfg = config.from_args(args)
-        if args.threads:
-            tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        train(cfg, args.out or config.run_dir(cfg) / "train.json")
-    except (config.ConfigError, data.CacheError, placement_mod.PlacementError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1)
+    cfg = config.from_args(args)
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    train(cfg, args.out or config.run_dir(cfg) / "train.json")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,54 @@
+"""One error path: an expected failure is one line naming the file or key and what to run, exit 2;
+a bug keeps its traceback."""
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.errors import PipelineError, cli
+from tests.conftest import ROOT
+
+
+def run_module(module, *args):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def assert_one_line(proc, *needles):
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("module", ["pipeline.train", "pipeline.diagnose"])
+def test_no_cache_is_one_line_naming_the_index_and_the_command(corpus, module):
+    _, cfg = corpus
+    assert_one_line(run_module(module, "--config", str(cfg)), "index.json", "snakemake --cores all caches")
+
+
+def test_synthesize_without_checkpoint_is_one_line(built_cache):
+    assert_one_line(run_module("pipeline.synthesize", "--config", str(built_cache)), "no checkpoint", "train")
+
+
+def test_config_error_names_the_key(corpus):
+    _, cfg = corpus
+    assert_one_line(run_module("pipeline.train", "--config", str(cfg), "--set", "train.bogus=1"), "train.bogus")
+
+
+def test_a_bug_keeps_its_traceback():
+    @cli
+    def broken(argv=None):
+        return {}["missing"]
+
+    with pytest.raises(KeyError):
+        broken([])
+
+    @cli
+    def expected(argv=None):
+        raise PipelineError("cache/x.bin: missing; run `snakemake caches`")
+
+    with pytest.raises(SystemExit) as e:
+        expected([])
+    assert e.value.code == 2
