@@ -20,6 +20,7 @@ import yaml
 
 from conftest import ROOT, TRANSCRIPTS, planned_jobs, snakemake, write_config
 from pipeline import audio, cache, config, dataset, text
+from pipeline.errors import PipelineError
 
 HOP, N_MELS, SR = 256, 80, 22050
 
@@ -120,8 +121,7 @@ def big_shard(tmp_path, corpus_template):
 def test_killed_mel_job_leaves_no_shard_and_snakemake_rebuilds_it(big_shard, tmp_path):
     root, cfg_path = big_shard
     out = tmp_path / "cache" / "t" / "mels" / "shard-000"
-    inline = json.dumps({"dataset": {"root": str(root)}, "cache": {"shards": 1}})
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cache", "mels", "--config", inline, "--shard", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cache", "mels", "--config", str(cfg_path), "--shard", "0",
                              "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
@@ -138,7 +138,7 @@ def test_killed_mel_job_leaves_no_shard_and_snakemake_rebuilds_it(big_shard, tmp
     assert proc.returncode == -signal.SIGKILL
     for suffix in (".json", ".bin", ".stats.npy"):
         assert not Path(f"{out}{suffix}").exists(), f"{out}{suffix} written by a killed job"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(PipelineError):
         cache.read_shard_meta(out)
 
     assert planned_jobs(cfg_path)["mel_shard"] == 1
