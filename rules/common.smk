@@ -79,18 +79,26 @@ def config_without(*sections, keep=None):
 
 
 def gpus_wanted():
-    """GPUs the train rule declares, so `--resources gpu=N` can cap concurrent GPU jobs."""
+    """GPUs a GPU rule declares, so `--resources gpu=N` can cap concurrent GPU jobs.
+
+    At most N: profiles/default sets gpu=1 (GPU jobs take turns, each using every visible GPU),
+    and a job asking more than the budget would be an error rather than a wait.
+    """
     placement = config["train"]["placement"]
     if placement == "cpu":
         return 0
     if placement == "single":
-        return 1
-    try:
-        import pynvml
+        wanted = 1
+    else:
+        try:
+            import pynvml
 
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-    except Exception:  # no driver: TensorFlow will run on the CPU
-        return 0
-    return {"split": 2, "mirrored": count}.get(placement, min(count, 2))
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            pynvml.nvmlShutdown()
+        except Exception:  # no driver: TensorFlow will run on the CPU
+            return 0
+        wanted = {"split": 2, "mirrored": count}.get(placement, min(count, 2))
+    budget = workflow.global_resources.get("gpu")  # a snakemake.resources.Resource, or None
+    budget = None if budget is None else budget.value  # None: no --resources gpu=N given
+    return wanted if budget is None else min(wanted, budget)
