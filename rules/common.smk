@@ -64,10 +64,17 @@ def mel_clips(wildcards):
     return pdataset.digest(PROVENANCE["mels"], *(f"{c.id}={AUDIO.get(c.id)}" for c in MANIFEST[int(wildcards.shard)]))
 
 
-def config_without(*sections):
-    """The config minus sections a job ignores, so editing those does not rerun it."""
+def config_without(*sections, keep=None):
+    """The config minus sections a job ignores, so editing those does not rerun it; `keep` names
+    the few keys of a dropped section the job still reads, e.g. keep={"synthesize": ["griffin_lim_iters"]}.
+    The job sees only what this passes: reading a dropped key is a KeyError naming it."""
+    keep = keep or {}
+
     def params(wildcards):
-        return json.dumps({k: v for k, v in config.items() if k not in sections}, sort_keys=True)
+        cfg = {k: v for k, v in config.items() if k not in sections}
+        cfg.update({s: {k: config[s][k] for k in keys} for s, keys in keep.items()})
+        return json.dumps(cfg, sort_keys=True)
+
     return params
 
 
