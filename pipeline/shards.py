@@ -180,13 +180,12 @@ def file_digest(*paths):
 
 def settings(kind, cfg):
     """The config values a cache kind's content depends on (and all its job reads besides paths)."""
-    a = cfg["audio"]
     if kind == "tokens":
-        return {"text": cfg["text"]}
+        return {"text": dict(cfg["text"])}
     if kind in ("mels", "energy"):
-        return {"audio": a}
+        return {"audio": dict(cfg["audio"])}
     if kind == "pitch":
-        return {"audio": {k: a[k] for k in ("sample_rate", "hop_length")}, "pitch": cfg["pitch"]}
+        return {"audio": {k: cfg["audio"][k] for k in ("sample_rate", "hop_length")}, "pitch": dict(cfg["pitch"])}
     raise KeyError(kind)
 
 

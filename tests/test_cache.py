@@ -143,9 +143,9 @@ def test_killed_mel_job_leaves_no_shard_and_snakemake_rebuilds_it(big_shard, tmp
     root, cfg_path = big_shard
     out = tmp_path / "cache" / "t" / "mels" / "shard-000"
     energy = tmp_path / "cache" / "t" / "energy" / "shard-000"
-    inline = json.dumps({"dataset": {"root": str(root)}, "cache": {"shards": 1}})
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cache", "mels", "--config", inline, "--shard", "0",
-                             "--out", str(out), "--energy", str(energy)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cache", "mels", "--config", str(cfg_path), "--shard", "0",
+                             "--out", str(out), "--energy", str(energy)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
                             text=True)
     try:
         seen = []
