@@ -132,6 +132,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 SchedulerType=sched/backfill
 ReturnToService=2
+KillWait=5
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=$((PORT + 2))
@@ -209,28 +210,39 @@ cmd_start() {
   echo "local-slurm: running under $DIR ($(grep ^ProctrackType "$CONF"))"
 }
 
-# Sends SIGTERM to the daemon in pid file $1 and waits up to $2 seconds for it to exit.
-stop_pid() {
-  local file=$1 limit=$2 pid
-  [ -f "$file" ] || return 0
-  pid=$(cat "$file")
-  kill "$pid" 2>/dev/null || return 0
-  wait_for "$limit" sh -c "! kill -0 $pid" || { kill -9 "$pid" 2>/dev/null || true; }
+# True once none of the given pids is alive.
+all_gone() {
+  local pid
+  for pid in "$@"; do
+    if kill -0 "$pid" 2>/dev/null; then return 1; fi
+  done
+}
+
+# Sends SIGTERM to the daemons named (pid files under run/), then waits up to $1 seconds for all
+# of them to exit before a SIGKILL.
+stop_daemons() {
+  local limit=$1 name pid pids=()
+  shift
+  for name in "$@"; do
+    [ -f "$DIR/run/$name.pid" ] || continue
+    pid=$(cat "$DIR/run/$name.pid")
+    if kill "$pid" 2>/dev/null; then pids+=("$pid"); fi
+  done
+  [ ${#pids[@]} = 0 ] && return 0
+  wait_for "$limit" all_gone "${pids[@]}" || kill -9 "${pids[@]}" 2>/dev/null || true
 }
 
 cmd_stop() {
   need_root
   [ -d "$DIR" ] || { echo "local-slurm: nothing under $DIR"; return; }
-  if [ -f "$DIR/run/slurmctld.pid" ]; then
-    local jobs
-    jobs=$(squeue -h -o %i 2>/dev/null | tr '\n' ' ') || true
-    [ -n "${jobs// /}" ] && { scancel $jobs 2>/dev/null || true; sleep 1; }
+  # cancel every job and wait until they are gone: a job step left running keeps its
+  # slurmstepd alive after slurmd stops (KillWait=5: SIGKILL 5 s after the SIGTERM)
+  if [ -f "$DIR/run/slurmctld.pid" ] && scontrol ping >/dev/null 2>&1; then
+    scancel --full --partition local 2>/dev/null || true
+    wait_for 30 sh -c '[ -z "$(squeue -h -o %i)" ]' || echo "local-slurm: jobs still running; stopping anyway" >&2
   fi
-  stop_pid "$DIR/run/slurmd.pid" 15
-  stop_pid "$DIR/run/slurmctld.pid" 15
-  stop_pid "$DIR/run/slurmdbd.pid" 15
-  stop_pid "$DIR/run/mariadbd.pid" 30
-  stop_pid "$DIR/run/munged.pid" 10
+  stop_daemons 20 slurmd slurmctld slurmdbd  # together: the folder goes anyway
+  stop_daemons 30 mariadbd munged             # after them: they talk to both while stopping
   [ "$(readlink $LINK)" = "$DIR/etc" ] && rm -f $LINK && rmdir "$(dirname $LINK)" 2>/dev/null || true
   find /sys/fs/cgroup/*/slurm_localhost -depth -type d -exec rmdir {} + 2>/dev/null || true
   rm -rf "$DIR"
