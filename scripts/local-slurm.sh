@@ -13,8 +13,8 @@
 # munge key and socket, the database, spool, logs, pid files) lives under LOCAL_SLURM_DIR
 # (default /tmp/local-slurm), except one link, /run/slurm/conf -> $LOCAL_SLURM_DIR/etc, through
 # which sinfo, sbatch, sacct and the jobs' srun find the configuration. `stop` removes the folder,
-# the link and the empty slurm_localhost cgroup folders that slurmd leaves. Ports: LOCAL_SLURM_PORT (default 6817) for slurmctld, +1 slurmd,
-# +2 slurmdbd, +3 MariaDB.
+# the link and the empty slurm_localhost cgroup folders that slurmd leaves.
+# Ports: LOCAL_SLURM_PORT (default 6817) for slurmctld, +1 slurmd, +2 slurmdbd, +3 MariaDB.
 #
 # Process tracking: where the cgroup v1 hierarchies (freezer, cpuset, memory) are mounted and
 # writable, the node uses proctrack/cgroup, task/cgroup (cores and memory enforced) and
@@ -56,13 +56,13 @@ cmd_install() {
   [ -z "${missing// /}" ] && { echo "local-slurm: packages present"; return; }
   # Debian's postinst scripts start each service; without systemd that fails, so a policy-rc.d
   # denies service starts for the duration of the install (Docker images ship the same file).
-  local policy=/usr/sbin/policy-rc.d own_policy=
+  local policy=/usr/sbin/policy-rc.d
   if [ ! -e $policy ]; then
-    printf '#!/bin/sh\nexit 101\n' > $policy && chmod +x $policy && own_policy=1
+    trap "rm -f $policy" EXIT
+    printf '#!/bin/sh\nexit 101\n' > $policy && chmod +x $policy
   fi
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
-  [ -n "$own_policy" ] && rm -f $policy
   echo "local-slurm: installed $missing"
 }
 
@@ -173,11 +173,12 @@ start_munge() {
 start_mariadb() {
   mariadb-install-db --no-defaults --user=root --datadir="$DIR/mysql" --auth-root-authentication-method=socket \
     --skip-test-db > "$DIR/log/mariadb-install.log" 2>&1 || die "mariadb-install-db failed; see $DIR/log/mariadb-install.log"
-  # innodb_lock_wait_timeout=900 is what slurmdbd asks for; the small buffer pool keeps it light
-  mariadbd --no-defaults --user=root --datadir="$DIR/mysql" --socket="$DIR/run/mysqld.sock" \
+  # innodb_lock_wait_timeout=900 is what slurmdbd asks for; the small buffer pool keeps it light.
+  # mariadbd does not daemonise itself: setsid detaches it from this shell's terminal and session.
+  setsid mariadbd --no-defaults --user=root --datadir="$DIR/mysql" --socket="$DIR/run/mysqld.sock" \
     --pid-file="$DIR/run/mariadbd.pid" --bind-address=127.0.0.1 --port=$((PORT + 3)) \
     --log-error="$DIR/log/mariadbd.log" --innodb-buffer-pool-size=128M --innodb-lock-wait-timeout=900 \
-    --skip-name-resolve > /dev/null 2>&1 &
+    --skip-name-resolve < /dev/null > /dev/null 2>&1 &
   wait_for 60 mariadb-admin --no-defaults --socket="$DIR/run/mysqld.sock" ping ||
     die "MariaDB did not start; see $DIR/log/mariadbd.log"
   mariadb --no-defaults --socket="$DIR/run/mysqld.sock" -e "
