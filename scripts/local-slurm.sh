@@ -191,7 +191,11 @@ cmd_start() {
   [ -z "$(missing_packages)" ] || die "packages missing: $(missing_packages | tr '\n' ' ')- run: $0 install"
   [ -e "$DIR/run" ] && die "$DIR exists: already started? run '$0 stop' first"
   [ -e /etc/slurm/slurm.conf ] && die "/etc/slurm/slurm.conf exists: this machine has its own SLURM; use that"
-  { [ -e $LINK ] || [ -L $LINK ]; } && die "$LINK exists: another SLURM is configured here (-> $(readlink $LINK))"
+  if [ -e $LINK ] || [ -L $LINK ]; then
+    local other
+    other=$(dirname "$(readlink $LINK)")
+    die "$LINK exists: the SLURM under $other is configured; stop it: LOCAL_SLURM_DIR=$other $0 stop"
+  fi
   mkdir -p "$DIR"/{etc,munge,log,run,spool/ctld,spool/d}
   chmod 755 "$DIR" "$DIR/munge"  # munged wants its socket folder traversable by everyone
   write_configs
