@@ -13,7 +13,7 @@ scratch in a subprocess (CPU = self + children, from resource.getrusage(RUSAGE_C
 Snakemake, its shells and every job; a wrapper also reports Snakemake's own share) against a bare
 loop over the same files: `librosa.load(path, sr=22050)` + `librosa.feature.melspectrogram(...,
 n_fft=1024, hop_length=256, win_length=1024, power=1.0, n_mels=80, fmin=0, fmax=8000)` + pyworld
-`dio` + `stonemask` (fmin 65, fmax 600, the hop as frame period) + phonemizer's espeak backend
+`dio` + `stonemask` (fmin 65, fmax 600, the hop as frame period, the product's `speed`) + phonemizer's espeak backend
 (created once) on the clip's line (CPU from
 time.process_time after one warm-up clip, in a subprocess with the same environment). Two
 conditions, each measured on both sides: "as shipped" (numpy's OpenBLAS picks its own thread
@@ -77,12 +77,14 @@ if sys.argv[1] == "bare":
     from phonemizer.backend import EspeakBackend
     from phonemizer.separator import Separator
     espeak = EspeakBackend("en-us", preserve_punctuation=True, with_stress=True)  # one backend, as the docs advise
+    MEL = {k: v for k, v in kw.items() if k != "dio_speed"}
     sep = Separator(phone="", word=" ", syllable="")
     def one(f, line):
         y, _ = librosa.load(f, sr=kw["sr"])
-        librosa.feature.melspectrogram(y=y, **kw)
+        librosa.feature.melspectrogram(y=y, **MEL)
         x = y.astype(np.float64)
-        f0, t = pyworld.dio(x, kw["sr"], f0_floor=65.0, f0_ceil=600.0, frame_period=1000 * kw["hop_length"] / kw["sr"])
+        f0, t = pyworld.dio(x, kw["sr"], f0_floor=65.0, f0_ceil=600.0, frame_period=1000 * kw["hop_length"] / kw["sr"],
+                            speed=kw["dio_speed"])
         pyworld.stonemask(x, f0, t, kw["sr"])
         espeak.phonemize([line], separator=sep, strip=True)
         return len(y)
@@ -107,7 +109,8 @@ print(json.dumps({"cpu": time.process_time() - t0, "samples": samples, "first_cl
 
 def loop(kind, list_file, env):
     if kind == "bare":
-        kw = dict(MEL_KW)
+        from pipeline import pitch
+        kw = dict(MEL_KW, dio_speed=pitch.DIO_SPEED)  # the product's DIO setting: the same extractor
     else:
         from pipeline import config
         cfg = config.load_config(None, check_paths=False)
