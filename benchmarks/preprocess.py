@@ -427,9 +427,9 @@ def measure_shards(args, workdir, corpus, shards):
     saved_meta, saved_audio = meta.read_bytes(), audio.read_bytes()
     try:
         edit_text(meta, victim)
-        text = rebuild(cfg_path, full, {"token_shard": 1, "mel_shard": 0, "cache_index": 1}, f"edit the text of {victim}")
+        text = rebuild(cfg_path, full, {"token_shard": 1, "mel_shard": 0, "pitch_shard": 0, "cache_index": 1}, f"edit the text of {victim}")
         replace_audio(audio)
-        aud = rebuild(cfg_path, full, {"token_shard": 0, "mel_shard": 1, "cache_index": 1}, f"replace the audio of {victim}")
+        aud = rebuild(cfg_path, full, {"token_shard": 0, "mel_shard": 1, "pitch_shard": 1, "cache_index": 1}, f"replace the audio of {victim}")
     finally:
         _replace_bytes(meta, saved_meta)
         _replace_bytes(audio, saved_audio)
