@@ -152,7 +152,8 @@ def parse_set(items):
 
 def add_arguments(parser):
     parser.add_argument("--config", default=None, help="YAML/JSON file or inline JSON merged over configs/config.yaml")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides, e.g. train.steps=10")
+    parser.add_argument("--set", nargs="*", default=[], action="extend", metavar="KEY=VALUE",
+                        help="extra overrides, e.g. train.steps=10 (repeatable; later values win)")
 
 
 def from_args(args, check_paths=True):

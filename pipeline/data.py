@@ -151,11 +151,13 @@ def shard_groups(sizes, group_bytes):
 
 
 def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_index=False, drop_remainder=None,
-                  group_bytes=GROUP_BYTES):
+                  group_bytes=GROUP_BYTES, worker=None):
     """tf.data.Dataset of dict batches for `split` ("train", "val" or "all"); see the module doc.
 
     Training (the default for split="train") repeats forever, shuffles and drops incomplete
     batches, so every batch has one of the bucket shapes exactly.
+
+    worker=(index, count): this worker's share for multi-worker training (`_worker_share`).
     """
     train = split == "train"
     repeat = train if repeat is None else repeat
@@ -168,6 +170,9 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     edges, shapes = bucket_shapes(cfg, clips=everything)
     n_mels, batch = cfg["audio"]["n_mels"], cfg["train"]["batch_size"]
     seed = cfg["train"]["seed"]
+    ordered = not shuffle or worker is not None  # workers' batches must keep the shared bucket order
+    if worker is not None:
+        mine, batch, bucket_weights = _worker_share(cfg, clips, edges, worker)
     if drop_remainder and len(clips.ids) < batch:
         raise CacheError(f"the {split!r} split has {len(clips.ids)} clips, fewer than train.batch_size {batch}")
 
@@ -175,9 +180,13 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     # concatenated; rows are rebased into them: (clip index, tok_off, tok_len, mel_off, frames, bucket)
     sizes = [os.path.getsize(t) + os.path.getsize(m) for t, m in zip(tok_paths, mel_paths)]
     groups = [g for g in shard_groups(sizes, group_bytes) if np.isin(clips.shard, g).any()]
+    if worker is not None:
+        groups = [mine]  # one group: the worker's per-bucket streams span all its shards
     tok_len = [os.path.getsize(p) // 4 for p in tok_paths]
     mel_len = [os.path.getsize(p) // (2 * n_mels) for p in mel_paths]
     endless = repeat and len(groups) == 1  # one group: its rows repeat, so no batch remainder is ever lost
+    if worker is not None and not endless:
+        raise ValueError("build_dataset(worker=...) is for the repeating train split")
     rng = np.random.default_rng(seed)
     group_rows, group_files = [], []
     for g in groups:
@@ -209,13 +218,16 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     def group_batches(g):
         tokens = read_all(files_table[0][g], tf.int32)                          # (group tokens,)
         mels = tf.reshape(read_all(files_table[1][g], tf.float16), [-1, n_mels])  # (group frames, n_mels)
-        rows = tf.data.Dataset.from_tensor_slices(rows_table[g])
-        if shuffle:
-            rows = rows.shuffle(max(len(r) for r in group_rows), seed=seed)  # across the group's shards
-        if endless:
-            rows = rows.repeat()
-        rows = rows.group_by_window(key_func=lambda r: r[5], window_size=batch,
-                                    reduce_func=lambda key, w: w.batch(batch, drop_remainder=drop_remainder))
+        if worker is not None:
+            rows = _aligned_batches(group_rows[0], bucket_weights, batch, seed, worker[0])
+        else:
+            rows = tf.data.Dataset.from_tensor_slices(rows_table[g])
+            if shuffle:
+                rows = rows.shuffle(max(len(r) for r in group_rows), seed=seed)  # across the group's shards
+            if endless:
+                rows = rows.repeat()
+            rows = rows.group_by_window(key_func=lambda r: r[5], window_size=batch,
+                                        reduce_func=lambda key, w: w.batch(batch, drop_remainder=drop_remainder))
 
         def gather(r):  # one vectorised gather per batch, padded to the bucket's shape
             n, b = tf.shape(r, out_type=tf.int64)[0], r[0, 5]
@@ -230,7 +242,7 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
                 out["clip"] = tf.cast(r[:, 0], tf.int32)
             return out
 
-        return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not shuffle)
+        return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
 
     group_ids = tf.data.Dataset.range(len(groups))
     if shuffle:
@@ -239,11 +251,54 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
         group_ids = group_ids.repeat()
     # two groups in flight: the next group is read while batches come from the current one
     ds = group_ids.interleave(group_batches, cycle_length=min(2, len(groups)), num_parallel_calls=min(2, len(groups)),
-                              deterministic=not shuffle)
+                              deterministic=ordered)
     options = tf.data.Options()
-    options.deterministic = not shuffle
+    options.deterministic = ordered
     options.autotune.enabled = True
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def _worker_share(cfg, clips, edges, worker):
+    """(the worker's shards, its batch size, bucket weights) for worker=(index, count).
+
+    Shard k belongs to worker k % count, so workers read disjoint shards. train.batch_size is the
+    global batch: each worker batches batch_size / count. Every worker must run the same bucket
+    shape at each step (the step's collectives are traced per shape), so all draw the bucket
+    sequence from the same seed, weighted by each bucket's train clips over all workers; a bucket
+    some worker has no clip of is never drawn.
+    """
+    index, count = worker
+    owner = clips.shard % count
+    shards = np.unique(clips.shard)
+    if len(shards) < count:
+        raise CacheError(f"cache.shards: only {len(shards)} shards hold training clips, fewer than the {count} workers; "
+                         f"set cache.shards to at least {count} and rerun `snakemake --cores all caches`")
+    batch = cfg["train"]["batch_size"]
+    if batch % count:
+        raise config.ConfigError(f"train.batch_size: {batch} is not divisible by the {count} workers "
+                                 f"(it is the global batch; each worker takes an equal share)")
+    bucket = np.searchsorted(edges, clips.frames)
+    per_worker = np.array([np.bincount(bucket[owner == w], minlength=len(edges)) for w in range(count)])
+    weights = np.where(per_worker.min(axis=0) > 0, per_worker.sum(axis=0), 0).astype(np.float64)
+    if not weights.any():
+        raise CacheError(f"{config.cache_dir(cfg)}: no length bucket has training clips on all {count} workers; "
+                         f"use fewer workers or fewer train.buckets")
+    return [int(k) for k in shards if k % count == index], batch // count, weights / weights.sum()
+
+
+def _aligned_batches(rows, weights, batch, seed, index):
+    """Batches of rows (B, 6) whose bucket at each step follows the seeded sequence every worker shares."""
+    streams = []
+    for b in range(len(weights)):
+        in_b = rows[rows[:, 5] == b]
+        if len(in_b) == 0:
+            in_b = rows[:1]  # never drawn (weight 0); keeps the stream list aligned with bucket ids
+        streams.append(tf.data.Dataset.from_tensor_slices(in_b).shuffle(len(in_b), seed=seed + 1 + index)
+                       .repeat().batch(batch, drop_remainder=True))
+    logits = tf.math.log(tf.constant(weights, tf.float32))[None]  # (1, buckets); log 0 = never drawn
+    choice = tf.data.Dataset.random(seed=seed).map(
+        lambda x: tf.random.stateless_categorical(logits, 1, tf.stack([x, tf.constant(seed, tf.int64)]))[0, 0])
+    return tf.data.Dataset.choose_from_datasets(streams, choice)
 
 
 def clip_ids(cfg, split):

@@ -86,4 +86,4 @@ def gpus_wanted():
         pynvml.nvmlShutdown()
     except Exception:  # no driver: TensorFlow will run on the CPU
         return 0
-    return {"split": 2, "mirrored": count}.get(placement, min(count, 2))
+    return {"split": 2, "mirrored": count, "multiworker": count}.get(placement, min(count, 2))

@@ -9,7 +9,8 @@ rule train:
     output:
         summary=RUN / "train.json",
     params:
-        config=config_without("synthesize", "diagnose", "reports_dir"),
+        # reports_dir stays: train.placement auto reads the last diagnose report
+        config=config_without("synthesize", "diagnose"),
     threads: 32
     resources:
         gpu=gpus_wanted(),
