@@ -168,6 +168,13 @@ class Trainer:
             return {k: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in terms.items()}
         return step
 
+    def wait_for_all(self):
+        """multiworker: return when every worker got here (one all-reduce). A worker that exits while
+        another still works fails TensorFlow's shutdown barrier and can leave the other hanging."""
+        if self.p.name == "multiworker":
+            s = self.p.strategy
+            s.reduce(tf.distribute.ReduceOp.SUM, s.run(lambda: tf.constant(1.0)), axis=None)
+
     # --- the loop pieces ----------------------------------------------------------------------
     @property
     def traces(self):
@@ -336,6 +343,7 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
     weights = sum(float(tf.reduce_sum(tf.cast(v, tf.float64))) for v in trainer.model.trainable_variables)
     if not chief:
         shutil.rmtree(save_dir, ignore_errors=True)
+        trainer.wait_for_all()  # the chief still validates and writes
         log(f"worker {trainer.p.worker[0]} done: {step} steps, weights checksum {weights:.12g} "
             f"(the chief writes the checkpoints and the summary)")
         return None
@@ -346,6 +354,7 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
                "seconds": round(time.perf_counter() - t_start, 1), "checkpoint": manager.latest_checkpoint,
                "train_loss": history[-1] if history else None, "val_loss": val_history, "history": history}
     config.atomic_write_text(out, json.dumps(summary, indent=1))
+    trainer.wait_for_all()
     log(f"done: {step} steps, checkpoint {manager.latest_checkpoint}, summary {out}, weights checksum {weights:.12g}")
     return summary
 
