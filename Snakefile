@@ -12,6 +12,7 @@ configfile: "configs/config.yaml"
 include: "rules/common.smk"
 include: "rules/cache.smk"
 include: "rules/train.smk"
+include: "rules/evaluate.smk"
 include: "rules/diagnose.smk"
 
 
@@ -19,5 +20,6 @@ rule all:
     input:
         rules.train.output,
         rules.synthesize.output,
+        rules.evaluate.output,
         rules.diagnose.output,
     default_target: True

@@ -1,4 +1,4 @@
-"""Speak the config's held-out sentences with the latest checkpoint: runs/{name}/samples/NN.wav.
+"""Speak the config's held-out sentences with the latest checkpoint: runs/{name}/samples/NN.wav (+ NN.npy mel).
 
     python -m pipeline.synthesize --config configs/config.yaml --out runs/demo/samples
     snakemake synthesize
@@ -7,6 +7,11 @@ Reads runs/{name}/checkpoints (the model only), the vocabulary and mel statistic
 caches (so the text front end is the one training used), config keys `synthesize:`, `audio:`,
 `model:`. Decoding is one compiled autoregressive loop that ends at the stop token or at
 synthesize.max_seconds (with a warning); Griffin-Lim (TensorFlow STFT ops) turns mels into wavs.
+
+`load_synthesizer(cfg)` is the one way other stages (evaluate) turn text into a mel, for any model:
+
+    synth = load_synthesizer(cfg)          # MissingCheckpoint when runs/{name}/checkpoints is empty
+    log_mel = synth.mel("Hello there.")    # (frames, n_mels) float32; synth.checkpoint, synth.step
 """
 import argparse
 import functools
@@ -20,6 +25,8 @@ from pipeline import config, data, text
 from pipeline.errors import MissingCheckpoint, cli
 from pipeline.model import build_model
 from pipeline.vocoder import griffin_lim, save_wav
+
+_print = functools.partial(print, flush=True)
 
 
 def load_model(cfg, index):
@@ -35,37 +42,58 @@ def load_model(cfg, index):
     return model, latest
 
 
-def synthesize(cfg, out, log=functools.partial(print, flush=True)):
-    index = data.read_index(cfg)
-    vocab = index["vocab"]
-    if vocab["symbols"] != text.SYMBOLS:
-        raise data.CacheError("the cached vocabulary differs from pipeline/text.py's symbols; rebuild the caches and retrain")
-    model, latest = load_model(cfg, index)
-    mean, std = data.mel_stats(cfg, index)
-    s, a = cfg["synthesize"], cfg["audio"]
-    r = cfg["model"]["reduction"]
-    max_steps = int(np.ceil(s["max_seconds"] * a["sample_rate"] / a["hop_length"] / r))
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    log(f"synthesizing {len(s['sentences'])} sentences from {latest}")
-    paths = []
-    for i, sentence in enumerate(s["sentences"]):
-        ids, dropped = text.text_to_ids(sentence, vocab["cleaners"])
-        res = model.infer(tf.constant([ids], tf.int32), tf.constant([len(ids)], tf.int32),
-                          max_steps=max_steps, stop_threshold=s["stop_threshold"])
+class Synthesizer:
+    """Text -> denormalised log-mel with the latest checkpoint: `.mel(text)` (frames, n_mels) float32,
+    ready for Griffin-Lim or a HiFi-GAN. `.checkpoint` is the checkpoint path, `.step` its step."""
+
+    def __init__(self, cfg, model, checkpoint, index, log):
+        self.model, self.checkpoint, self.log = model, checkpoint, log
+        self.step = int(checkpoint.rsplit("-", 1)[1])
+        self.cleaners = index["vocab"]["cleaners"]
+        self.mean, self.std = data.mel_stats(cfg, index)
+        self.max_seconds, self.stop_threshold = cfg["synthesize"]["max_seconds"], cfg["synthesize"]["stop_threshold"]
+        a, r = cfg["audio"], cfg["model"]["reduction"]
+        self.max_steps = int(np.ceil(self.max_seconds * a["sample_rate"] / a["hop_length"] / r))
+
+    def mel(self, sentence):
+        ids, dropped = text.text_to_ids(sentence, self.cleaners)
+        if dropped:
+            self.log(f"{dropped} characters outside the vocabulary dropped: {sentence!r}")
+        res = self.model.infer(tf.constant([ids], tf.int32), tf.constant([len(ids)], tf.int32),
+                               max_steps=self.max_steps, stop_threshold=self.stop_threshold)
         n = int(res["lengths"][0])
         if not bool(res["stopped"][0]):
-            log(f"warning: sentence {i} never reached the stop threshold; cut at synthesize.max_seconds "
-                f"= {s['max_seconds']} s (the model may need more training)")
-        mel = res["mel"][0, :n].numpy() * std + mean  # back to log-mel
+            self.log(f"warning: never reached the stop threshold; cut at synthesize.max_seconds = "
+                     f"{self.max_seconds} s (the model may need more training): {sentence!r}")
+        return res["mel"][0, :n].numpy() * self.std + self.mean  # (frames, n_mels) back to log-mel
+
+
+def load_synthesizer(cfg, log=_print):
+    """The latest checkpoint of runs/{name}/ as a Synthesizer; MissingCheckpoint when there is none."""
+    index = data.read_index(cfg)
+    if index["vocab"]["symbols"] != text.SYMBOLS:
+        raise data.CacheError("the cached vocabulary differs from pipeline/text.py's symbols; rebuild the caches and retrain")
+    model, latest = load_model(cfg, index)
+    return Synthesizer(cfg, model, latest, index, log)
+
+
+def synthesize(cfg, out, log=_print):
+    synth = load_synthesizer(cfg, log)
+    s, a = cfg["synthesize"], cfg["audio"]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    log(f"synthesizing {len(s['sentences'])} sentences from {synth.checkpoint}")
+    paths = []
+    for i, sentence in enumerate(s["sentences"]):
+        mel = synth.mel(sentence)
+        np.save(out / f"{i:02d}.npy", mel.astype(np.float32))
         audio = griffin_lim(mel, iters=s["griffin_lim_iters"], **a)
         path = out / f"{i:02d}.wav"
         save_wav(path, np.asarray(audio), a["sample_rate"])
-        log(f"{path}: {n * a['hop_length'] / a['sample_rate']:.2f} s"
-            f"{f', {dropped} characters outside the vocabulary dropped' if dropped else ''}: {sentence!r}")
+        log(f"{path}: {len(mel) * a['hop_length'] / a['sample_rate']:.2f} s: {sentence!r}")
         paths.append(str(path))
     config.atomic_write_text(out / "sentences.json", json.dumps(
-        {"checkpoint": latest, "samples": dict(zip(paths, s["sentences"]))}, indent=1))
+        {"checkpoint": synth.checkpoint, "samples": dict(zip(paths, s["sentences"]))}, indent=1))
     return paths
 
 

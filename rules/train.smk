@@ -10,7 +10,7 @@ rule train:
         summary=RUN / "train.json",
     params:
         # reports_dir stays: train.placement auto reads the last diagnose report
-        config=config_without("synthesize", "diagnose"),
+        config=config_without("synthesize", "evaluate", "diagnose", keep={"synthesize": ["griffin_lim_iters"]}),
     threads: 32
     resources:
         gpu=gpus_wanted(),
@@ -21,7 +21,7 @@ rule train:
     conda:
         "../environment.yml"
     shell:
-        "python -m pipeline.train --config {params.config:q} --index {input} --out {output.summary} --threads {threads} > {log} 2>&1"
+        "python -m pipeline.train --config {params.config:q} --out {output.summary} --threads {threads} 2>&1 | tee {log}"
 
 
 rule synthesize:
@@ -30,7 +30,7 @@ rule synthesize:
     output:
         wavs=expand(RUN / "samples/{i:02d}.wav", i=range(len(config["synthesize"]["sentences"]))),
     params:
-        config=config_without("diagnose", "reports_dir"),
+        config=config_without("evaluate", "diagnose", "reports_dir"),
         out=RUN / "samples",
     threads: 8
     resources:

@@ -1,0 +1,172 @@
+"""Does the trained model say the sentences? MCD, duration and F0 of held-out clips, with references.
+
+    python -m pipeline.evaluate --config configs/config.yaml [--out reports/demo]
+    snakemake --cores all evaluate
+
+For each validation clip (held out from training by id hash; at most `evaluate.max_clips`, by id),
+the latest checkpoint speaks the clip's text (`pipeline.synthesize.load_synthesizer`, so every model
+kind works alike), Griffin-Lim turns the mel into audio, and the audio is compared with the recording
+(pipeline/metrics.py): mel-cepstral distortion (MCD, DTW-aligned, c0 excluded), length ratio, and F0
+RMSE on the DTW pairs voiced in both. Every figure has two references beside it: the same measure
+for Griffin-Lim resynthesis of the recording's own mel (the ceiling this vocoder allows) and for
+the synthesized audio against OTHER clips' recordings (chance: the model says something, not this).
+
+Reads the caches' index (vocabulary, mel statistics, the split), the dataset's audio and metadata,
+runs/{name}/checkpoints; config keys `evaluate:`, `audio:`, `dataset:`, `synthesize:` (what the
+synthesizer honours), `model:`. Writes evaluate.json, evaluate.md, evaluate.png (pipeline/
+evaluate_report.py) and TensorBoard scalars `evaluate/*` at the checkpoint's step in runs/{name}/.
+"""
+import argparse
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import audio, config, dataset, metrics
+from pipeline.errors import PipelineError, cli
+
+GL_POWER = 1.0  # Griffin-Lim without the listening sharpening (power 1.5 tilts the spectrum: +4 dB MCD)
+MIN_FRAMES = 2  # a decoder that stops at once still yields a (silent) signal to compare
+PITCH_FMIN, PITCH_FMAX = 65.0, 600.0  # Hz, until pipeline.pitch supplies the `pitch:` section's extractor
+
+_print = functools.partial(print, flush=True)
+
+
+class NoValidationClips(PipelineError):
+    """The split holds no clip out of training, so nothing can be compared."""
+
+
+def pitch_f0(y, sample_rate, hop_length):
+    """(len(y) // hop_length,) F0 in Hz per mel frame, 0 where unvoiced (WORLD DIO + StoneMask)."""
+    import pyworld
+
+    x = np.ascontiguousarray(y, np.float64)
+    f0, t = pyworld.dio(x, sample_rate, f0_floor=PITCH_FMIN, f0_ceil=PITCH_FMAX,
+                        frame_period=1000.0 * hop_length / sample_rate)
+    f0 = pyworld.stonemask(x, f0, t, sample_rate)
+    centres = metrics.frame_times(len(x), sample_rate=sample_rate, hop_length=hop_length)
+    nearest = np.clip(np.round(centres * sample_rate / hop_length).astype(int), 0, len(f0) - 1)
+    return np.where(f0[nearest] > 0, np.interp(centres, t, f0), 0.0).astype(np.float32)
+
+
+def validation_clips(cfg):
+    """[(id, text, audio path)] of the cached validation split, sorted by id, at most evaluate.max_clips."""
+    from pipeline import data  # TensorFlow: only when a model is evaluated
+
+    val_ids = set(data.load_clips(cfg, "val")[0].ids)
+    ds = cfg["dataset"]
+    rows = sorted((c for c in dataset.read_metadata(Path(ds["root"]) / ds["metadata"]) if c.id in val_ids),
+                  key=lambda c: c.id)
+    if not rows:
+        raise NoValidationClips(
+            f"no validation clip: dataset.val_fraction = {ds['val_fraction']} holds none of the cached clips "
+            "out of training; raise it (e.g. 0.05), then rerun `snakemake --cores all evaluate` (this retrains)")
+    return [(c.id, c.text, dataset.audio_path(ds["root"], ds["audio_dir"], c.id))
+            for c in rows[:cfg["evaluate"]["max_clips"]]]
+
+
+class Analyser:
+    """Audio -> what the measures need: F0 and mel-cepstra on the mel frame grid."""
+
+    def __init__(self, cfg):
+        self.a, self.iters = cfg["audio"], cfg["evaluate"]["griffin_lim_iters"]
+        self.max_seconds = cfg["dataset"]["max_seconds"]
+
+    def vocode(self, log_mel):
+        from pipeline.vocoder import griffin_lim
+
+        y = np.asarray(griffin_lim(log_mel, iters=self.iters, power=GL_POWER, **self.a))
+        return np.pad(y, (0, max(0, MIN_FRAMES * self.a["hop_length"] - len(y))))
+
+    def __call__(self, y):
+        sr, hop = self.a["sample_rate"], self.a["hop_length"]
+        f0 = pitch_f0(y, sr, hop)
+        return {"f0": f0, "mc": metrics.mel_cepstra(y, f0, sample_rate=sr, hop_length=hop, f0_floor=PITCH_FMIN)}
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
+
+
+def _f0_rmse(f0_a, f0_b, path):
+    rmse, frames = metrics.f0_rmse(f0_a, f0_b, path)
+    return rmse if frames else None  # None: no frame voiced in both
+
+
+def compare(clips, synth_mel, analyse, log=_print):
+    """Per-clip rows and the summary fields of evaluate.json. `synth_mel(text)` -> log-mel."""
+    a = analyse.a
+    recorded, synthesized, rows = [], [], []
+    for cid, text, path in clips:
+        y = audio.load_audio(path, sample_rate=a["sample_rate"], max_seconds=analyse.max_seconds)
+        mel = audio.mel_spectrogram(y, **a)                                     # (F, n_mels)
+        rec, ceil = analyse(y), analyse(analyse.vocode(mel))
+        smel = synth_mel(text)                                                  # (F', n_mels)
+        syn = analyse(analyse.vocode(smel))
+        mcd_db, path_ = metrics.mcd(syn["mc"], rec["mc"])
+        mcd_ceiling, path_ceiling = metrics.mcd(ceil["mc"], rec["mc"])
+        rows.append({"id": cid, "mcd_db": mcd_db, "mcd_db_ceiling": mcd_ceiling,
+                     "duration_ratio": len(smel) / len(mel),
+                     "f0_rmse_hz": _f0_rmse(syn["f0"], rec["f0"], path_),
+                     "f0_rmse_hz_ceiling": _f0_rmse(ceil["f0"], rec["f0"], path_ceiling),
+                     "recorded_mel": mel, "synthesized_mel": smel, "path": path_})
+        recorded.append(rec)
+        synthesized.append(syn)
+        log(f"{cid}: MCD {mcd_db:.2f} dB (ceiling {mcd_ceiling:.2f}), {len(smel)} / {len(mel)} frames: {text!r}")
+    for i, row in enumerate(rows):  # chance: this clip's synthesis against the other clips' recordings
+        others = [metrics.mcd(synthesized[i]["mc"], recorded[j]["mc"])[0] for j in range(len(rows)) if j != i]
+        row["mcd_db_other"] = float(np.median(others)) if others else None
+    summary = {"clips": len(rows),
+               **{k: _median([r[k] for r in rows])
+                  for k in ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz",
+                            "f0_rmse_hz_ceiling")}}
+    return summary, rows
+
+
+def evaluate(cfg, out, log=_print):
+    """Measure the latest checkpoint on the validation clips; write the report into `out`."""
+    from pipeline.evaluate_report import write_report
+    from pipeline.synthesize import load_synthesizer
+
+    synth = load_synthesizer(cfg, log)  # MissingCheckpoint first: the clearest thing to fix
+    clips = validation_clips(cfg)
+    log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips")
+    summary, rows = compare(clips, synth.mel, Analyser(cfg), log)
+    report = {**summary, "checkpoint": synth.checkpoint, "step": synth.step,
+              "model": cfg["model"].get("kind"),
+              "griffin_lim_iters": cfg["evaluate"]["griffin_lim_iters"],
+              "per_clip": [{k: v for k, v in r.items() if k not in ("recorded_mel", "synthesized_mel", "path")}
+                           for r in rows]}
+    write_report(report, rows, out)
+    _tensorboard(cfg, report)
+    log(f"MCD {report['mcd_db']:.2f} dB; ceiling {report['mcd_db_ceiling']:.2f}, chance "
+        f"{report['mcd_db_other'] if report['mcd_db_other'] is None else round(report['mcd_db_other'], 2)}; "
+        f"report in {out}")
+    return report
+
+
+def _tensorboard(cfg, report):
+    """evaluate/* scalars at the checkpoint's step, beside the training curves."""
+    import tensorflow as tf
+
+    writer = tf.summary.create_file_writer(str(config.run_dir(cfg)))
+    with writer.as_default():
+        for key in ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz"):
+            if report[key] is not None:
+                tf.summary.scalar(f"evaluate/{key}", report[key], step=report["step"])
+    writer.close()
+
+
+@cli
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    config.add_arguments(parser)
+    parser.add_argument("--out", help="report folder (default {reports_dir}/{name})")
+    args = parser.parse_args(argv)
+    cfg = config.from_args(args)
+    evaluate(cfg, Path(args.out or config.report_dir(cfg)))
+
+
+if __name__ == "__main__":
+    main()
