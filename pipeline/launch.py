@@ -5,8 +5,10 @@
 
 Each worker is `python -m pipeline.train <the arguments after -->` with train.placement set to
 multiworker and TF_CONFIG naming every worker (127.0.0.1 and a free port each) and its own index;
-worker 0 is the chief. Their output is forwarded line by line as `[worker i] ...`. When one worker
-fails, the launcher stops the others (SIGTERM, then SIGKILL) and exits with that worker's error.
+worker 0 is the chief. On a GPU host each worker gets an equal share of the GPUs
+(CUDA_VISIBLE_DEVICES); workers never share a GPU. Their output is forwarded line by line as
+`[worker i] ...`. When one worker fails, the launcher stops the others (SIGTERM, then SIGKILL) and
+exits with that worker's error.
 Workers also die with the launcher (Linux). Reads the config only to check it before starting.
 Across nodes, SLURM's `srun` starts the workers instead: scripts/train-multiworker.sbatch.
 """
@@ -49,6 +51,28 @@ def free_ports(n):
 def tf_config(ports, index):
     return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
                        "task": {"type": "worker", "index": index}})
+
+
+def visible_gpus():
+    """The GPU ids this host offers: CUDA_VISIBLE_DEVICES when set, else what `nvidia-smi -L` lists."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i in range(sum(line.startswith("GPU ") for line in listing.splitlines()))]
+
+
+def gpu_split(gpus, workers):
+    """Each worker's CUDA_VISIBLE_DEVICES (an equal share of `gpus`), or None for all without GPUs."""
+    if not gpus:
+        return [None] * workers
+    if workers > len(gpus):
+        raise PipelineError(f"--workers {workers}: this host has {len(gpus)} GPUs ({','.join(gpus)}) and workers do "
+                            f"not share one; use --workers {len(gpus)} or fewer (or CUDA_VISIBLE_DEVICES= for CPU workers)")
+    share = len(gpus) // workers
+    return [",".join(gpus[i * share:(i + 1) * share]) for i in range(workers)]
 
 
 def worker_args(train_args, log):
@@ -102,14 +126,18 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
 
     argv = worker_args(train_args, log) if module == "pipeline.train" else list(train_args)
     ports = free_ports(workers)
+    devices = gpu_split(visible_gpus(), workers)
     procs, tails = [], [collections.deque(maxlen=200) for _ in range(workers)]
     try:
         for i in range(workers):
             env = dict(os.environ, TF_CONFIG=tf_config(ports, i), PYTHONUNBUFFERED="1")
+            if devices[i] is not None:
+                env["CUDA_VISIBLE_DEVICES"] = devices[i]
             procs.append(subprocess.Popen([sys.executable, "-m", module, *argv], env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                                           errors="replace", preexec_fn=_die_with_parent))  # noqa: PLW1509 (no thread yet)
-            log(f"launch: worker {i} pid {procs[i].pid} on 127.0.0.1:{ports[i]}{' (chief)' if i == 0 else ''}")
+            gpus = f", GPUs {devices[i]}" if devices[i] is not None else ""
+            log(f"launch: worker {i} pid {procs[i].pid} on 127.0.0.1:{ports[i]}{gpus}{' (chief)' if i == 0 else ''}")
 
         ended = {}  # worker -> when it exited: the first to fail is the cause, the others may follow it
 

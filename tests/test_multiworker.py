@@ -75,6 +75,19 @@ def test_a_failed_worker_stops_the_others_and_its_error_is_reported(tmp_path, mo
         os.kill(pid0, 0)  # worker 0 was stopped (and reaped)
 
 
+def test_each_local_worker_gets_its_own_share_of_the_gpus(tmp_path, monkeypatch):
+    # no GPU here: CUDA_VISIBLE_DEVICES names four, and the fake workers report what they were given
+    (tmp_path / "gpu_worker.py").write_text("import os\nprint('sees', os.environ['CUDA_VISIBLE_DEVICES'])\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    out = io.StringIO()
+    assert launch.launch(2, [], module="gpu_worker", out=out) == 0
+    assert "[worker 0] sees 4,5" in out.getvalue() and "[worker 1] sees 6,7" in out.getvalue()
+    with pytest.raises(launch.PipelineError, match="--workers 5: this host has 4 GPUs"):
+        launch.launch(5, [], module="gpu_worker", out=out)
+    assert launch.gpu_split([], 3) == [None, None, None]  # CPU workers: CUDA_VISIBLE_DEVICES left alone
+
+
 def test_launcher_checks_the_config_before_starting_workers(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pipeline.launch", "--workers", "2", "--",
                            "--config", str(tmp_path / "missing.yaml")], capture_output=True, text=True, cwd=ROOT,
