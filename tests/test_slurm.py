@@ -18,7 +18,7 @@ import pytest
 import yaml
 from conftest import ROOT, snakemake, write_config
 
-from pipeline import dataset
+from pipeline import manifest
 
 SCRIPT = ROOT / "scripts" / "local-slurm.sh"
 PROFILE = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
@@ -119,7 +119,7 @@ def test_caches_on_local_slurm_then_one_edit_one_token_job(local_slurm, tmp_path
     plan, jobs = on_slurm(config, local_slurm, since)
     assert {rule: n for rule, n in plan.items() if rule.endswith("_shard")} == {"token_shard": 1}, plan
     assert Counter(rule for rule, _ in jobs) == plan
-    assert [shard for rule, shard in jobs if rule == "token_shard"] == [f"{dataset.shard_of(clip_id, SHARDS):03d}"]
+    assert [shard for rule, shard in jobs if rule == "token_shard"] == [f"{manifest.shard_of(clip_id, SHARDS):03d}"]
     assert all(s == ("COMPLETED", "0:0") for s in jobs.values()), jobs
 
 
