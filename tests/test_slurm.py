@@ -3,7 +3,7 @@ MariaDB, slurmdbd, slurmctld, slurmd), Snakemake submits every job through profi
 `sacct` (SLURM's own accounting) must show each of them as a completed SLURM job.
 
 Needs root and the Debian packages that install.sh installs (`scripts/local-slurm.sh install`);
-skips with the reason otherwise. About 2.3 minutes on 2 cores, SLURM's start and stop included.
+skips with the reason otherwise. About 2.5 minutes on 2 cores, SLURM's start and stop included.
 """
 import os
 import re
