@@ -14,7 +14,8 @@ the synthesized audio against OTHER clips' recordings (chance: the model says so
 Reads the caches' index (vocabulary, mel statistics, the split), the dataset's audio and metadata,
 runs/{name}/checkpoints; config keys `evaluate:`, `audio:`, `dataset:`, `synthesize:` (what the
 synthesizer honours), `model:`. Writes evaluate.json, evaluate.md, evaluate.png (pipeline/
-evaluate_report.py) and TensorBoard scalars `evaluate/*` at the checkpoint's step in runs/{name}/.
+evaluate_report.py), the synthesized audio it measured (evaluate_audio/{id}.wav) and TensorBoard
+scalars `evaluate/*` at the checkpoint's step in runs/{name}/.
 """
 import argparse
 import functools
@@ -26,6 +27,7 @@ from pipeline import audio, config, dataset, metrics
 from pipeline.errors import PipelineError, cli
 
 GL_POWER = 1.0  # Griffin-Lim without the listening sharpening (power 1.5 tilts the spectrum: +4 dB MCD)
+ARRAYS = ("recorded_mel", "synthesized_mel", "path", "synthesized_audio")  # per-clip rows, not in the JSON
 MIN_FRAMES = 2  # a decoder that stops at once still yields a (silent) signal to compare
 PITCH_FMIN, PITCH_FMAX = 65.0, 600.0  # Hz, until pipeline.pitch supplies the `pitch:` section's extractor
 
@@ -103,14 +105,15 @@ def compare(clips, synth_mel, analyse, log=_print):
         mel = audio.mel_spectrogram(y, **a)                                     # (F, n_mels)
         rec, ceil = analyse(y), analyse(analyse.vocode(mel))
         smel = synth_mel(text)                                                  # (F', n_mels)
-        syn = analyse(analyse.vocode(smel))
+        y_syn = analyse.vocode(smel)
+        syn = analyse(y_syn)
         mcd_db, path_ = metrics.mcd(syn["mc"], rec["mc"])
         mcd_ceiling, path_ceiling = metrics.mcd(ceil["mc"], rec["mc"])
         rows.append({"id": cid, "mcd_db": mcd_db, "mcd_db_ceiling": mcd_ceiling,
                      "duration_ratio": len(smel) / len(mel),
                      "f0_rmse_hz": _f0_rmse(syn["f0"], rec["f0"], path_),
                      "f0_rmse_hz_ceiling": _f0_rmse(ceil["f0"], rec["f0"], path_ceiling),
-                     "recorded_mel": mel, "synthesized_mel": smel, "path": path_})
+                     "recorded_mel": mel, "synthesized_mel": smel, "path": path_, "synthesized_audio": y_syn})
         recorded.append(rec)
         synthesized.append(syn)
         log(f"{cid}: MCD {mcd_db:.2f} dB (ceiling {mcd_ceiling:.2f}), {len(smel)} / {len(mel)} frames: {text!r}")
@@ -128,6 +131,7 @@ def evaluate(cfg, out, log=_print):
     """Measure the latest checkpoint on the validation clips; write the report into `out`."""
     from pipeline.evaluate_report import write_report
     from pipeline.synthesize import load_synthesizer
+    from pipeline.vocoder import save_wav
 
     synth = load_synthesizer(cfg, log)  # MissingCheckpoint first: the clearest thing to fix
     clips = validation_clips(cfg)
@@ -136,9 +140,13 @@ def evaluate(cfg, out, log=_print):
     report = {**summary, "checkpoint": synth.checkpoint, "step": synth.step,
               "model": cfg["model"].get("kind"),
               "griffin_lim_iters": cfg["evaluate"]["griffin_lim_iters"],
-              "per_clip": [{k: v for k, v in r.items() if k not in ("recorded_mel", "synthesized_mel", "path")}
-                           for r in rows]}
+              "per_clip": [{k: v for k, v in r.items() if k not in ARRAYS} for r in rows]}
     write_report(report, rows, out)
+    listen = Path(out) / "evaluate_audio"  # what was measured, to listen to beside the recordings
+    for old in listen.glob("*.wav"):
+        old.unlink()
+    for r in rows:
+        save_wav(listen / f"{r['id']}.wav", r["synthesized_audio"], cfg["audio"]["sample_rate"])
     _tensorboard(cfg, report)
     log(f"MCD {report['mcd_db']:.2f} dB; ceiling {report['mcd_db_ceiling']:.2f}, chance "
         f"{report['mcd_db_other'] if report['mcd_db_other'] is None else round(report['mcd_db_other'], 2)}; "

@@ -37,8 +37,7 @@ def test_demo_references_and_verdicts_for_a_perfect_and_a_wrong_model(tmp_path):
     assert perfect["mcd_db_ceiling"] < perfect["mcd_db_other"] - 3.0      # the ceiling row is below chance
     assert perfect["duration_ratio"] == 1.0
     report = {**perfect, "checkpoint": "ckpt-1", "step": 1, "model": None, "griffin_lim_iters": 16,
-              "per_clip": [{k: v for k, v in r.items() if k not in ("recorded_mel", "synthesized_mel", "path")}
-                           for r in rows]}
+              "per_clip": [{k: v for k, v in r.items() if k not in evaluate.ARRAYS} for r in rows]}
     assert evaluate_report.verdict(report).startswith("Near the ceiling")
     evaluate_report.write_report(report, rows, tmp_path)
     written = json.loads((tmp_path / "evaluate.json").read_text())
@@ -106,6 +105,7 @@ def test_snakemake_evaluate_on_a_tiny_trained_model(built_cache, tmp_path):
     assert md.startswith("# Evaluate: 2 validation clips, checkpoint step 10") and "| MCD, dB" in md
     assert (report_dir / "evaluate.png").stat().st_size > 10_000
     assert (report_dir / "benchmarks" / "evaluate.tsv").exists()
+    assert sorted(p.name for p in (report_dir / "evaluate_audio").iterdir()) == ["LJ001-0015.wav", "LJ001-0016.wav"]
     # TensorBoard scalars at the checkpoint's step, beside the training curves
     import tensorflow as tf
     scalars = [(e.step, float(tf.make_ndarray(v.tensor)))
