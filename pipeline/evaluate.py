@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import audio, config, dataset, metrics
+from pipeline import audio, config, manifest, metrics
 from pipeline.errors import PipelineError, cli
 
 GL_POWER = 1.0  # Griffin-Lim without the listening sharpening (power 1.5 tilts the spectrum: +4 dB MCD)
@@ -57,13 +57,13 @@ def validation_clips(cfg):
 
     val_ids = set(data.load_clips(cfg, "val")[0].ids)
     ds = cfg["dataset"]
-    rows = sorted((c for c in dataset.read_metadata(Path(ds["root"]) / ds["metadata"]) if c.id in val_ids),
+    rows = sorted((c for c in manifest.read_metadata(Path(ds["root"]) / ds["metadata"]) if c.id in val_ids),
                   key=lambda c: c.id)
     if not rows:
         raise NoValidationClips(
             f"no validation clip: dataset.val_fraction = {ds['val_fraction']} holds none of the cached clips "
             "out of training; raise it (e.g. 0.05), then rerun `snakemake --cores all evaluate` (this retrains)")
-    return [(c.id, c.text, dataset.audio_path(ds["root"], ds["audio_dir"], c.id))
+    return [(c.id, c.text, manifest.audio_path(ds["root"], ds["audio_dir"], c.id))
             for c in rows[:cfg["evaluate"]["max_clips"]]]
 
 
