@@ -49,16 +49,14 @@ class Synthesizer:
     def __init__(self, cfg, model, checkpoint, index, log):
         self.model, self.checkpoint, self.log = model, checkpoint, log
         self.step = int(checkpoint.rsplit("-", 1)[1])
-        self.cleaners = index["vocab"]["cleaners"]
+        self.vocab = index["vocab"]
         self.mean, self.std = data.mel_stats(cfg, index)
         self.max_seconds, self.stop_threshold = cfg["synthesize"]["max_seconds"], cfg["synthesize"]["stop_threshold"]
         a, r = cfg["audio"], cfg["model"]["reduction"]
         self.max_steps = int(np.ceil(self.max_seconds * a["sample_rate"] / a["hop_length"] / r))
 
     def mel(self, sentence):
-        ids, dropped = text.text_to_ids(sentence, self.cleaners)
-        if dropped:
-            self.log(f"{dropped} characters outside the vocabulary dropped: {sentence!r}")
+        ids = text.encode(sentence, self.vocab)  # as training mapped it; TextError naming an unseen symbol
         res = self.model.infer(tf.constant([ids], tf.int32), tf.constant([len(ids)], tf.int32),
                                max_steps=self.max_steps, stop_threshold=self.stop_threshold)
         n = int(res["lengths"][0])
@@ -71,8 +69,6 @@ class Synthesizer:
 def load_synthesizer(cfg, log=_print):
     """The latest checkpoint of runs/{name}/ as a Synthesizer; MissingCheckpoint when there is none."""
     index = data.read_index(cfg)
-    if index["vocab"]["symbols"] != text.SYMBOLS:
-        raise data.CacheError("the cached vocabulary differs from pipeline/text.py's symbols; rebuild the caches and retrain")
     model, latest = load_model(cfg, index)
     return Synthesizer(cfg, model, latest, index, log)
 
