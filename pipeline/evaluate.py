@@ -11,23 +11,27 @@ RMSE on the DTW pairs voiced in both. Every figure has two references beside it:
 for Griffin-Lim resynthesis of the recording's own mel (the ceiling this vocoder allows) and for
 the synthesized audio against OTHER clips' recordings (chance: the model says something, not this).
 
-Reads the caches' index (vocabulary, mel statistics, the split), the dataset's audio and metadata,
-runs/{name}/checkpoints; config keys `evaluate:`, `audio:`, `dataset:`, `synthesize:` (what the
-synthesizer honours), `model:`. Writes evaluate.json, evaluate.md, evaluate.png (pipeline/
-evaluate_report.py) and TensorBoard scalars `evaluate/*` at the checkpoint's step in runs/{name}/.
+Reads the caches' index (vocabulary, mel statistics, the split), the recordings' F0 from the pitch
+cache (pipeline.pitch makes the synthesized audio's), duration shards where they exist (the
+`aligner` block), the dataset's audio and metadata, runs/{name}/checkpoints; config keys
+`evaluate:`, `audio:`, `pitch:`, `dataset:`, `synthesize:` (what the synthesizer honours), `model:`.
+Writes evaluate.json, evaluate.md, evaluate.png (pipeline/evaluate_report.py), the synthesized
+audio it measured (evaluate_audio/{id}.wav) and TensorBoard scalars `evaluate/*` at the
+checkpoint's step in runs/{name}/.
 """
 import argparse
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from pipeline import audio, config, manifest, metrics
+from pipeline import audio, config, manifest, metrics, pitch, shards
 from pipeline.errors import PipelineError, cli
 
 GL_POWER = 1.0  # Griffin-Lim without the listening sharpening (power 1.5 tilts the spectrum: +4 dB MCD)
+ARRAYS = ("recorded_mel", "synthesized_mel", "path", "synthesized_audio")  # per-clip rows, not in the JSON
 MIN_FRAMES = 2  # a decoder that stops at once still yields a (silent) signal to compare
-PITCH_FMIN, PITCH_FMAX = 65.0, 600.0  # Hz, until pipeline.pitch supplies the `pitch:` section's extractor
 
 _print = functools.partial(print, flush=True)
 
@@ -36,40 +40,70 @@ class NoValidationClips(PipelineError):
     """The split holds no clip out of training, so nothing can be compared."""
 
 
-def pitch_f0(y, sample_rate, hop_length):
-    """(len(y) // hop_length,) F0 in Hz per mel frame, 0 where unvoiced (WORLD DIO + StoneMask)."""
-    import pyworld
-
-    x = np.ascontiguousarray(y, np.float64)
-    f0, t = pyworld.dio(x, sample_rate, f0_floor=PITCH_FMIN, f0_ceil=PITCH_FMAX,
-                        frame_period=1000.0 * hop_length / sample_rate)
-    f0 = pyworld.stonemask(x, f0, t, sample_rate)
-    centres = metrics.frame_times(len(x), sample_rate=sample_rate, hop_length=hop_length)
-    nearest = np.clip(np.round(centres * sample_rate / hop_length).astype(int), 0, len(f0) - 1)
-    return np.where(f0[nearest] > 0, np.interp(centres, t, f0), 0.0).astype(np.float32)
+@dataclass
+class Clip:
+    id: str
+    text: str
+    audio: Path
+    f0: np.ndarray = None  # recorded F0 per mel frame from the pitch cache; None: extracted here
 
 
 def validation_clips(cfg):
-    """[(id, text, audio path)] of the cached validation split, sorted by id, at most evaluate.max_clips."""
+    """[Clip] of the cached validation split, sorted by id, at most evaluate.max_clips, each with its
+    recorded F0 from the pitch cache."""
     from pipeline import data  # TensorFlow: only when a model is evaluated
 
-    val_ids = set(data.load_clips(cfg, "val")[0].ids)
+    clips, paths = data.load_clips(cfg, "val")
     ds = cfg["dataset"]
-    rows = sorted((c for c in manifest.read_metadata(Path(ds["root"]) / ds["metadata"]) if c.id in val_ids),
-                  key=lambda c: c.id)
-    if not rows:
+    texts = {c.id: c.text for c in manifest.read_metadata(Path(ds["root"]) / ds["metadata"])}
+    order = sorted((cid, k) for k, cid in enumerate(clips.ids) if cid in texts)[:cfg["evaluate"]["max_clips"]]
+    if not order:
         raise NoValidationClips(
             f"no validation clip: dataset.val_fraction = {ds['val_fraction']} holds none of the cached clips "
             "out of training; raise it (e.g. 0.05), then rerun `snakemake --cores all evaluate` (this retrains)")
-    return [(c.id, c.text, manifest.audio_path(ds["root"], ds["audio_dir"], c.id))
-            for c in rows[:cfg["evaluate"]["max_clips"]]]
+    out = []
+    for cid, k in order:
+        dtype = np.dtype(shards.KINDS["pitch"].dtype)
+        f0 = np.fromfile(paths["pitch"][clips.shard[k]], dtype=dtype, count=int(clips.frames[k]),
+                         offset=dtype.itemsize * int(clips.offsets["pitch"][k]))
+        out.append(Clip(cid, texts[cid], manifest.audio_path(ds["root"], ds["audio_dir"], cid), f0))
+    return out
+
+
+def _lengths(prefix, kind):
+    meta = shards.read_meta(prefix, kind)
+    return dict(zip(meta["ids"], meta["lengths"]))
+
+
+def aligner_check(cfg):
+    """{clips, sums_ok, monotonic} over every clip of the duration shards (None where there are none):
+    the shares whose durations sum to the clip's mel frames, and that give every token, in order, a
+    whole number >= 0 of frames (a monotonic path through all tokens)."""
+    from pipeline import data
+
+    root, index = config.cache_dir(cfg), data.read_index(cfg)
+    clips = sums_ok = monotonic = 0
+    for entry in index["shards"]:
+        prefix = shards.prefix(root, "durations", entry["shard"])
+        if not prefix.with_suffix(".json").exists():
+            continue
+        meta, durations = shards.read(prefix, "durations")
+        frames, tokens = _lengths(root / entry["mels"], "mels"), _lengths(root / entry["tokens"], "tokens")
+        for cid, d in zip(meta["ids"], durations):
+            clips += 1
+            sums_ok += int(d.sum()) == frames.get(cid)
+            monotonic += len(d) == tokens.get(cid) and bool((d >= 0).all())
+    if not clips:
+        return None
+    return {"clips": clips, "sums_ok": sums_ok / clips, "monotonic": monotonic / clips}
 
 
 class Analyser:
-    """Audio -> what the measures need: F0 and mel-cepstra on the mel frame grid."""
+    """Audio -> what the measures need: F0 (pipeline.pitch, as the pitch cache) and mel-cepstra, on the
+    mel frame grid."""
 
     def __init__(self, cfg):
-        self.a, self.iters = cfg["audio"], cfg["evaluate"]["griffin_lim_iters"]
+        self.a, self.pitch, self.iters = cfg["audio"], cfg["pitch"], cfg["evaluate"]["griffin_lim_iters"]
         self.max_seconds = cfg["dataset"]["max_seconds"]
 
     def vocode(self, log_mel):
@@ -78,10 +112,14 @@ class Analyser:
         y = np.asarray(griffin_lim(log_mel, iters=self.iters, power=GL_POWER, **self.a))
         return np.pad(y, (0, max(0, MIN_FRAMES * self.a["hop_length"] - len(y))))
 
-    def __call__(self, y):
+    def f0(self, y):
         sr, hop = self.a["sample_rate"], self.a["hop_length"]
-        f0 = pitch_f0(y, sr, hop)
-        return {"f0": f0, "mc": metrics.mel_cepstra(y, f0, sample_rate=sr, hop_length=hop, f0_floor=PITCH_FMIN)}
+        return pitch.f0(y, sample_rate=sr, hop_length=hop, n_frames=audio.n_frames(len(y), hop), **self.pitch)
+
+    def __call__(self, y, f0=None):
+        f0 = self.f0(y) if f0 is None else f0
+        return {"f0": f0, "mc": metrics.mel_cepstra(y, f0, sample_rate=self.a["sample_rate"],
+                                                    hop_length=self.a["hop_length"], f0_floor=self.pitch["fmin"])}
 
 
 def _median(values):
@@ -98,22 +136,24 @@ def compare(clips, synth_mel, analyse, log=_print):
     """Per-clip rows and the summary fields of evaluate.json. `synth_mel(text)` -> log-mel."""
     a = analyse.a
     recorded, synthesized, rows = [], [], []
-    for cid, text, path in clips:
-        y = audio.load_audio(path, sample_rate=a["sample_rate"], max_seconds=analyse.max_seconds)
+    for clip in clips:
+        y = audio.load_audio(clip.audio, sample_rate=a["sample_rate"], max_seconds=analyse.max_seconds)
         mel = audio.mel_spectrogram(y, **a)                                     # (F, n_mels)
-        rec, ceil = analyse(y), analyse(analyse.vocode(mel))
-        smel = synth_mel(text)                                                  # (F', n_mels)
-        syn = analyse(analyse.vocode(smel))
+        rec, ceil = analyse(y, clip.f0), analyse(analyse.vocode(mel))
+        smel = synth_mel(clip.text)                                             # (F', n_mels)
+        y_syn = analyse.vocode(smel)
+        syn = analyse(y_syn)
         mcd_db, path_ = metrics.mcd(syn["mc"], rec["mc"])
         mcd_ceiling, path_ceiling = metrics.mcd(ceil["mc"], rec["mc"])
-        rows.append({"id": cid, "mcd_db": mcd_db, "mcd_db_ceiling": mcd_ceiling,
+        rows.append({"id": clip.id, "mcd_db": mcd_db, "mcd_db_ceiling": mcd_ceiling,
                      "duration_ratio": len(smel) / len(mel),
                      "f0_rmse_hz": _f0_rmse(syn["f0"], rec["f0"], path_),
                      "f0_rmse_hz_ceiling": _f0_rmse(ceil["f0"], rec["f0"], path_ceiling),
-                     "recorded_mel": mel, "synthesized_mel": smel, "path": path_})
+                     "recorded_mel": mel, "synthesized_mel": smel, "path": path_, "synthesized_audio": y_syn})
         recorded.append(rec)
         synthesized.append(syn)
-        log(f"{cid}: MCD {mcd_db:.2f} dB (ceiling {mcd_ceiling:.2f}), {len(smel)} / {len(mel)} frames: {text!r}")
+        log(f"{clip.id}: MCD {mcd_db:.2f} dB (ceiling {mcd_ceiling:.2f}), {len(smel)} / {len(mel)} frames: "
+            f"{clip.text!r}")
     for i, row in enumerate(rows):  # chance: this clip's synthesis against the other clips' recordings
         others = [metrics.mcd(synthesized[i]["mc"], recorded[j]["mc"])[0] for j in range(len(rows)) if j != i]
         row["mcd_db_other"] = float(np.median(others)) if others else None
@@ -128,6 +168,7 @@ def evaluate(cfg, out, log=_print):
     """Measure the latest checkpoint on the validation clips; write the report into `out`."""
     from pipeline.evaluate_report import write_report
     from pipeline.synthesize import load_synthesizer
+    from pipeline.vocoder import save_wav
 
     synth = load_synthesizer(cfg, log)  # MissingCheckpoint first: the clearest thing to fix
     clips = validation_clips(cfg)
@@ -136,9 +177,16 @@ def evaluate(cfg, out, log=_print):
     report = {**summary, "checkpoint": synth.checkpoint, "step": synth.step,
               "model": cfg["model"].get("kind"),
               "griffin_lim_iters": cfg["evaluate"]["griffin_lim_iters"],
-              "per_clip": [{k: v for k, v in r.items() if k not in ("recorded_mel", "synthesized_mel", "path")}
-                           for r in rows]}
+              "per_clip": [{k: v for k, v in r.items() if k not in ARRAYS} for r in rows]}
+    aligner = aligner_check(cfg)
+    if aligner is not None:  # only where an aligner made duration caches
+        report["aligner"] = aligner
     write_report(report, rows, out)
+    listen = Path(out) / "evaluate_audio"  # what was measured, to listen to beside the recordings
+    for old in listen.glob("*.wav"):
+        old.unlink()
+    for r in rows:
+        save_wav(listen / f"{r['id']}.wav", r["synthesized_audio"], cfg["audio"]["sample_rate"])
     _tensorboard(cfg, report)
     log(f"MCD {report['mcd_db']:.2f} dB; ceiling {report['mcd_db_ceiling']:.2f}, chance "
         f"{report['mcd_db_other'] if report['mcd_db_other'] is None else round(report['mcd_db_other'], 2)}; "

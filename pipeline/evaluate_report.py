@@ -42,8 +42,9 @@ def verdict(report):
     if p <= NEAR_CEILING:
         return ("Near the ceiling: the synthesized speech is about as close to the recordings as Griffin-Lim "
                 "resynthesis of the recordings themselves; a better vocoder, not more training, is the next gain.")
-    return (f"Between chance and the ceiling: the model says the sentences recognisably ({100 * p:.0f} % of the way "
-            "from the ceiling to chance); more training or data should bring it nearer the ceiling.")
+    return (f"Between chance and the ceiling ({100 * p:.0f} % of the way from the ceiling to chance): the synthesized "
+            "speech is nearer its own sentence than other sentences, but short of what the vocoder allows; more "
+            "training or data should bring it nearer the ceiling.")
 
 
 def _fmt(v, digits=2):
@@ -72,8 +73,10 @@ def markdown(report):
     for r in report["per_clip"]:
         lines.append(f"| {r['id']} | {_fmt(r['mcd_db'])} | {_fmt(r['mcd_db_ceiling'])} | {_fmt(r['mcd_db_other'])} "
                      f"| {_fmt(r['duration_ratio'])} | {_fmt(r['f0_rmse_hz'], 1)} |")
-    lines += ["", (f"Checkpoint: `{report['checkpoint']}`. evaluate.png: recorded and synthesized mels of the "
-              "first clips and the DTW path that pairs their frames (a straight diagonal = same timing)."), ""]
+    model = f"model `{report['model']}`, " if report.get("model") else ""
+    lines += ["", (f"{model}checkpoint `{report['checkpoint']}`. evaluate.png: recorded and synthesized mels of the "
+              "first clips and the DTW path that pairs their frames (a straight diagonal = same timing); "
+                   "evaluate_audio/ holds the synthesized audio measured."), ""]
     return "\n".join(lines)
 
 

@@ -1,5 +1,6 @@
 """Evaluate: references and verdicts on real recordings, the report's fields, errors, the Snakemake rule."""
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, load_json, planned_jobs, snakemake, write_config
-from pipeline import audio, config, evaluate, evaluate_report
+from pipeline import audio, config, evaluate, evaluate_report, shards
 
 DESIGN_FIELDS = {"clips", "mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz"}
 DEMO_VAL = ["LJ001-0015", "LJ001-0016", "LJ001-0067"]  # the demo's validation clips (by id hash)
@@ -21,14 +22,14 @@ TINY_MODEL = {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 
 def demo_clips():
     root = ROOT / "data" / "demo"
     texts = {line.split("|")[0]: line.split("|")[1] for line in (root / "metadata.csv").read_text().splitlines()}
-    return [(cid, texts[cid], root / "wavs" / f"{cid}.flac") for cid in SHORT_VAL]
+    return [evaluate.Clip(cid, texts[cid], root / "wavs" / f"{cid}.flac") for cid in SHORT_VAL]
 
 
 def test_demo_references_and_verdicts_for_a_perfect_and_a_wrong_model(tmp_path):
     cfg = config.load_config(overrides={"evaluate": {"griffin_lim_iters": 16}})
     analyse = evaluate.Analyser(cfg)
-    mels = {text: audio.mel_spectrogram(audio.load_audio(path, sample_rate=22050, max_seconds=20), **cfg["audio"])
-            for _, text, path in demo_clips()}
+    mels = {c.text: audio.mel_spectrogram(audio.load_audio(c.audio, sample_rate=22050, max_seconds=20), **cfg["audio"])
+            for c in demo_clips()}
     texts = list(mels)
     # a model that says exactly the recorded mel: as good as the vocoder allows
     perfect, rows = evaluate.compare(demo_clips(), mels.__getitem__, analyse, log=lambda *a: None)
@@ -37,8 +38,7 @@ def test_demo_references_and_verdicts_for_a_perfect_and_a_wrong_model(tmp_path):
     assert perfect["mcd_db_ceiling"] < perfect["mcd_db_other"] - 3.0      # the ceiling row is below chance
     assert perfect["duration_ratio"] == 1.0
     report = {**perfect, "checkpoint": "ckpt-1", "step": 1, "model": None, "griffin_lim_iters": 16,
-              "per_clip": [{k: v for k, v in r.items() if k not in ("recorded_mel", "synthesized_mel", "path")}
-                           for r in rows]}
+              "per_clip": [{k: v for k, v in r.items() if k not in evaluate.ARRAYS} for r in rows]}
     assert evaluate_report.verdict(report).startswith("Near the ceiling")
     evaluate_report.write_report(report, rows, tmp_path)
     written = json.loads((tmp_path / "evaluate.json").read_text())
@@ -73,7 +73,7 @@ def test_without_checkpoint_is_one_line_error(built_cache):
     assert "Traceback" not in proc.stderr
 
 
-def test_no_validation_clip_is_an_error(built_cache, tmp_path):
+def test_validation_clips_their_cap_cached_f0_and_the_no_clip_error(built_cache, tmp_path):
     cfg = config.load_config(built_cache)
     meta = Path(cfg["dataset"]["root"]) / "metadata.csv"
     train_only = [line for line in meta.read_text().splitlines() if line.split("|")[0] not in DEMO_VAL]
@@ -82,7 +82,37 @@ def test_no_validation_clip_is_an_error(built_cache, tmp_path):
     with pytest.raises(evaluate.NoValidationClips, match="no validation clip: dataset.val_fraction"):
         evaluate.validation_clips(cfg)
     cfg = config.load_config(built_cache, {"evaluate": {"max_clips": 1}})
-    assert [c[0] for c in evaluate.validation_clips(cfg)] == ["LJ001-0015"]
+    [clip] = evaluate.validation_clips(cfg)
+    assert clip.id == "LJ001-0015"
+    # the recorded F0 comes from the pitch cache: the extractor's own values for that recording
+    y = audio.load_audio(clip.audio, sample_rate=cfg["audio"]["sample_rate"], max_seconds=20)
+    np.testing.assert_array_equal(clip.f0, evaluate.Analyser(cfg).f0(y))
+    assert (clip.f0 > 0).mean() > 0.3
+
+
+def test_aligner_block_shares_of_right_sums_and_monotonic_paths(built_cache, tmp_path):
+    cfg = config.load_config(built_cache)
+    assert evaluate.aligner_check(cfg) is None  # no duration caches: evaluate.json has no aligner block
+    shutil.copytree(config.cache_dir(cfg), tmp_path / "cache" / cfg["name"])
+    cfg = config.load_config(built_cache, {"cache": {"dir": str(tmp_path / "cache")}})
+    root = config.cache_dir(cfg)
+    entry = json.loads((root / "index.json").read_text())["shards"][0]
+    tok, mel = (shards.read_meta(root / entry[k], k) for k in ("tokens", "mels"))
+    frames = dict(zip(mel["ids"], mel["lengths"]))
+    durations = []
+    for i, (cid, n) in enumerate(zip(tok["ids"], tok["lengths"])):
+        d = np.ones(n, np.int32)
+        d[-1] = frames[cid] - (n - 1)  # sums to the clip's mel frames
+        if i == 0:
+            d[0] += 1                  # one frame too many
+        if i == 1:
+            d[0], d[1] = -1, d[1] + 2  # right sum, but a path that steps back
+        durations.append(d)
+    shards.write(shards.prefix(root, "durations", entry["shard"]), "durations", tok["ids"], durations,
+                 provenance="test")
+    n = len(tok["ids"])
+    assert n >= 3
+    assert evaluate.aligner_check(cfg) == {"clips": n, "sums_ok": (n - 1) / n, "monotonic": (n - 1) / n}
 
 
 @pytest.mark.slow
@@ -106,6 +136,7 @@ def test_snakemake_evaluate_on_a_tiny_trained_model(built_cache, tmp_path):
     assert md.startswith("# Evaluate: 2 validation clips, checkpoint step 10") and "| MCD, dB" in md
     assert (report_dir / "evaluate.png").stat().st_size > 10_000
     assert (report_dir / "benchmarks" / "evaluate.tsv").exists()
+    assert sorted(p.name for p in (report_dir / "evaluate_audio").iterdir()) == ["LJ001-0015.wav", "LJ001-0016.wav"]
     # TensorBoard scalars at the checkpoint's step, beside the training curves
     import tensorflow as tf
     scalars = [(e.step, float(tf.make_ndarray(v.tensor)))

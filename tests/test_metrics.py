@@ -5,11 +5,17 @@ import pysptk
 import pytest
 
 from conftest import ROOT
-from pipeline import audio, metrics
-from pipeline.evaluate import PITCH_FMIN, pitch_f0
+from pipeline import audio, config, metrics, pitch
 
 SR, HOP = 22050, 256
 DEMO = ROOT / "data" / "demo" / "wavs"
+PITCH = config.load_config()["pitch"]  # the default extractor (dio), as the pitch cache runs it
+PITCH_FMIN = PITCH["fmin"]
+
+
+def pitch_f0(y, sample_rate, hop_length):
+    return pitch.f0(y, sample_rate=sample_rate, hop_length=hop_length, n_frames=audio.n_frames(len(y), hop_length),
+                    **PITCH)
 
 
 def recording(clip_id):

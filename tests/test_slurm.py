@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, planned_jobs, snakemake, write_config
+from conftest import ROOT, snakemake, write_config
 
 from pipeline import manifest
 
@@ -64,7 +64,8 @@ def local_slurm():
 
 
 def on_slurm(config, state, since):
-    """`snakemake --workflow-profile profiles/slurm caches`; returns {(rule, shard): (state, exit)}
+    """`snakemake --workflow-profile profiles/slurm caches`; returns Snakemake's plan ({rule: jobs}
+    from the job stats it prints first, less the local rules) and {(rule, shard): (state, exit)}
     of the SLURM jobs it submitted, as sacct records them (Snakemake names every job of one run by
     its run ID and puts rule and wildcards into the job's comment). Each job must have asked SLURM
     for the memory and time limit the profile gives its rule."""
@@ -72,6 +73,9 @@ def on_slurm(config, state, since):
     logs = "\n".join(tail(state / "log" / name) for name in ("slurmctld.log", "slurmd.log"))
     out = run.stdout + run.stderr
     assert run.returncode == 0, f"snakemake on SLURM failed:\n{out[-6000:]}\n{logs}"
+    stats = out[out.index("Job stats:"):].split("\ntotal")[0]
+    plan = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, flags=re.MULTILINE)}
+    plan = {rule: n for rule, n in plan.items() if rule not in LOCAL_RULES}
     run_id = re.search(r"SLURM run ID: (\S+)", out).group(1)
     sacct = subprocess.run(["sacct", "-X", "-a", "-n", "-P", "--name", run_id, "-S", since,
                             "-o", "JobIDRaw,State,ExitCode,Comment,ReqMem,Timelimit"],
@@ -87,12 +91,7 @@ def on_slurm(config, state, since):
         assert (mem, limit) == (f"{wanted['mem_mb']}M", f"{wanted['runtime'] // 60:02d}:{wanted['runtime'] % 60:02d}:00")
     submitted = len(re.findall(r"has been submitted with SLURM jobid", out))
     assert submitted == len(jobs), f"Snakemake submitted {submitted} jobs, sacct knows {len(jobs)}:\n{sacct.stdout}"
-    return jobs
-
-
-def slurm_plan(config):
-    """{rule: jobs} that `snakemake -n caches` plans, less the local rules."""
-    return {rule: n for rule, n in planned_jobs(config).items() if rule not in LOCAL_RULES}
+    return plan, jobs
 
 
 @pytest.mark.slow
@@ -102,10 +101,9 @@ def test_caches_on_local_slurm_then_one_edit_one_token_job(local_slurm, tmp_path
     shutil.copytree(corpus_template, root)
     config = write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": SHARDS})
 
-    plan = slurm_plan(config)
+    plan, jobs = on_slurm(config, local_slurm, since)
     shard_rules = sorted(rule for rule in plan if rule.endswith("_shard"))
     assert {"token_shard", "mel_shard"} <= set(shard_rules) and all(plan[r] == SHARDS for r in shard_rules)
-    jobs = on_slurm(config, local_slurm, since)
     assert Counter(rule for rule, _ in jobs) == plan
     for rule in shard_rules:  # every shard of every per-shard rule ran as its own SLURM job
         assert {shard for r, shard in jobs if r == rule} == {f"{k:03d}" for k in range(SHARDS)}
@@ -118,9 +116,8 @@ def test_caches_on_local_slurm_then_one_edit_one_token_job(local_slurm, tmp_path
     clip_id, text, *rest = lines[0].split("|")
     lines[0] = "|".join([clip_id, text + " Edited.", *(r + " Edited." for r in rest)])
     meta.write_text("\n".join(lines) + "\n")
-    plan = slurm_plan(config)
+    plan, jobs = on_slurm(config, local_slurm, since)
     assert {rule: n for rule, n in plan.items() if rule.endswith("_shard")} == {"token_shard": 1}, plan
-    jobs = on_slurm(config, local_slurm, since)
     assert Counter(rule for rule, _ in jobs) == plan
     assert [shard for rule, shard in jobs if rule == "token_shard"] == [f"{manifest.shard_of(clip_id, SHARDS):03d}"]
     assert all(s == ("COMPLETED", "0:0") for s in jobs.values()), jobs
