@@ -11,7 +11,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 sys.path.insert(0, workflow.basedir)
-from pipeline import config as pconfig, dataset as pdataset
+from pipeline import config as pconfig, dataset as pdataset, models as pmodels
 
 try:
     pconfig.validate(pconfig.normalise(config))

@@ -1,11 +1,19 @@
 # Training from the caches, and synthesis from the latest checkpoint.
 # The checkpoint folder is deliberately not an output: Snakemake deletes outputs before a job
-# runs, and a rerun after an interruption must resume from it.
+# runs, and a rerun after an interruption must resume from it. Models that train on durations
+# (model.kind fastpitch or a user's own) wait for every duration shard.
+
+
+def train_durations(wildcards):
+    if not pmodels.needs_durations(config["model"]):
+        return []
+    return expand(CACHE / "durations/shard-{shard}.json", shard=SHARDS)
 
 
 rule train:
     input:
-        rules.cache_index.output.index,
+        index=rules.cache_index.output.index,
+        durations=train_durations,
     output:
         summary=RUN / "train.json",
     params:
@@ -20,7 +28,7 @@ rule train:
     conda:
         "../environment.yml"
     shell:
-        "python -m pipeline.train --config {params.config:q} --index {input} --out {output.summary} --threads {threads} > {log} 2>&1"
+        "python -m pipeline.train --config {params.config:q} --index {input.index} --out {output.summary} --threads {threads} > {log} 2>&1"
 
 
 rule synthesize:
@@ -28,6 +36,7 @@ rule synthesize:
         rules.train.output.summary,
     output:
         wavs=expand(RUN / "samples/{i:02d}.wav", i=range(len(config["synthesize"]["sentences"]))),
+        mels=expand(RUN / "samples/{i:02d}.npy", i=range(len(config["synthesize"]["sentences"]))),
     params:
         config=config_without("diagnose", "reports_dir"),
         out=RUN / "samples",
