@@ -14,3 +14,12 @@ if ! command -v espeak-ng >/dev/null 2>&1; then
   fi
 fi
 python3 -m pip install -q --disable-pip-version-check -r requirements.txt
+
+# --- SLURM on localhost (tests/test_slurm.py, scripts/local-slurm.sh) ---------------------------
+# munge, slurmctld, slurmd, slurmdbd, slurm-client and mariadb-server from Debian's packages, so
+# that the SLURM test runs; it needs root, and skips without these packages (about 35 s).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  bash scripts/local-slurm.sh install
+else
+  echo "install.sh: not root, so no SLURM packages: tests/test_slurm.py will skip" >&2
+fi

@@ -33,8 +33,10 @@ PAD_TOKENS, PAD_FRAMES = 16, 64  # inference pads to multiples of these: few tra
 def loader_config(cfg):
     """The config the loader sees for aligner training: the aligner's batch size; frames padded to
     any multiple (the aligner has no reduction factor, whatever model.kind is)."""
-    return config.merge(cfg, {"train": {"batch_size": cfg["aligner"]["batch_size"]},
-                              "model": {"kind": "fastpitch"}})
+    out = dict(cfg)
+    out["train"] = {**cfg["train"], "batch_size": cfg["aligner"]["batch_size"]}
+    out["model"] = {"kind": "fastpitch"}
+    return out
 
 
 def train_aligner(cfg, out, log=functools.partial(print, flush=True)):

@@ -1,9 +1,13 @@
-"""The one mel definition, and the audio reading that feeds it.
+"""The one frame grid and mel definition, and the audio reading that feeds them.
 
-HiFi-GAN compatible: magnitude (power 1) STFT with a Hann window, librosa's slaney mel filterbank,
-natural log clamped at 1e-5, at the config's `audio:` rate, n_fft, hop, window, n_mels, fmin, fmax.
-Preprocessing, the loss targets, Griffin-Lim and evaluation all use this module, so a public
-HiFi-GAN vocoder trained on the same settings can voice our mels.
+HiFi-GAN's mel exactly (its meldataset.mel_spectrogram): the signal is reflect-padded by
+(n_fft - hop)/2 on both sides and framed without centring, so a clip of n samples has
+`n_frames(n, hop) = n // hop` frames, frame t centred on sample t*hop + hop/2; periodic Hann window
+of win_length centred in n_fft; magnitude sqrt(re^2 + im^2 + 1e-9); librosa's slaney mel
+filterbank; natural log clamped at 1e-5; at the config's `audio:` rate, n_fft, hop, window, n_mels,
+fmin, fmax. Preprocessing, the loss targets, Griffin-Lim, pitch, energy and evaluation all use this
+grid, so a public HiFi-GAN vocoder trained on the same settings voices our mels, and pitch and
+energy never drift from the mel frames.
 
 Any edit here changes the mel code digest, so every mel shard rebuilds (and no token shard).
 """
@@ -55,24 +59,53 @@ def mel_basis_memo(folder, *, sample_rate, n_fft, n_mels, fmin, fmax):
         return basis
 
 
-def stft_magnitude(y, *, n_fft, hop_length, win_length):
-    """(n_fft/2+1, frames) |STFT| as librosa.stft computes it: periodic Hann window centred in
-    n_fft, signal reflect-padded by n_fft/2 on both sides, frames = 1 + len(y) // hop_length."""
+def n_frames(n_samples, hop_length):
+    """THE frame count of a clip of n_samples (HiFi-GAN framing); mel, pitch and energy all have it."""
+    return int(n_samples) // int(hop_length)
+
+
+def hann_window(*, n_fft, win_length):
+    """(n_fft,) float32 periodic Hann of win_length, centred in n_fft (torch.stft's placement)."""
     window = np.zeros(n_fft, np.float32)
     start = (n_fft - win_length) // 2
     window[start:start + win_length] = np.hanning(win_length + 1)[:-1]  # periodic Hann
-    padded = np.pad(y, n_fft // 2, mode="reflect")
-    frames = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[::hop_length]  # (frames, n_fft)
-    return np.abs(np.fft.rfft(frames * window, axis=1)).T.astype(np.float32)
+    return window
+
+
+def frame_padding(*, n_fft, hop_length):
+    """(left, right) reflect padding: (n_fft - hop)/2 each side (the right takes the odd sample,
+    so n_frames holds for any n_fft - hop; HiFi-GAN's settings are even)."""
+    left = (n_fft - hop_length) // 2
+    return left, n_fft - hop_length - left
+
+
+def stft_magnitude(y, *, n_fft, hop_length, win_length):
+    """(n_fft/2+1, n_frames) float32 sqrt(re^2 + im^2 + 1e-9) of HiFi-GAN's uncentred STFT."""
+    y = np.asarray(y, np.float32)
+    frames = n_frames(len(y), hop_length)
+    padded = np.pad(y, frame_padding(n_fft=n_fft, hop_length=hop_length), mode="reflect")
+    windows = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[::hop_length][:frames]  # (F, n_fft)
+    spec = np.fft.rfft(windows * hann_window(n_fft=n_fft, win_length=win_length), axis=1)  # (F, K) complex64
+    power = np.square(spec.real) + np.square(spec.imag)
+    return np.sqrt(power + np.float32(1e-9)).T  # (K, F)
+
+
+def energy_from_magnitude(spec):
+    """(n_frames,) float32 L2 norm over frequency of an stft_magnitude (K, F)."""
+    return np.sqrt(np.einsum("kf,kf->f", spec, spec, dtype=np.float32)).astype(np.float32)
+
+
+def log_mel(spec, basis):
+    """(F, n_mels) float32 natural-log mel of a magnitude (K, F) with a (n_mels, K) filterbank."""
+    return np.log(np.maximum(basis @ spec, np.float32(LOG_CLAMP))).T.astype(np.float32, copy=False)
 
 
 def mel_spectrogram(y, *, sample_rate, n_fft, hop_length, win_length, n_mels, fmin, fmax, basis=None):
-    """(frames, n_mels) float32 log-mel of mono float32 audio `y` at `sample_rate`."""
+    """(n_frames, n_mels) float32 log-mel of mono float32 audio `y` at `sample_rate`."""
     spec = stft_magnitude(y, n_fft=n_fft, hop_length=hop_length, win_length=win_length)  # (n_fft/2+1, F)
     if basis is None:
         basis = mel_basis(sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
-    mel = basis @ spec  # (n_mels, frames)
-    return np.log(np.maximum(mel, LOG_CLAMP)).T.astype(np.float32)
+    return log_mel(spec, basis)
 
 
 def wav_shortfall(path):
@@ -125,4 +158,11 @@ def load_audio(path, *, sample_rate, max_seconds):
 def mel_from_file(path, audio_cfg, max_seconds, basis=None):
     """(frames, n_mels) log-mel of an audio file, under the config's `audio:` section."""
     y = load_audio(path, sample_rate=audio_cfg["sample_rate"], max_seconds=max_seconds)
+    check_length(y, audio_cfg["hop_length"])
     return mel_spectrogram(y, **audio_cfg, basis=basis)
+
+
+def check_length(y, hop_length):
+    """BadAudio for a clip too short to make one frame."""
+    if n_frames(len(y), hop_length) == 0:
+        raise BadAudio(f"too short ({len(y)} samples, fewer than audio.hop_length {hop_length})")

@@ -99,20 +99,73 @@ def validate(cfg, source="config"):
     raise ConfigError(f"{source}: {key}: {message}")
 
 
+class Section(dict):
+    """A config mapping from which a Snakemake rule stripped some keys: reading one of those is a
+    KeyError naming it, never a silent default (the rule must pass every key its job reads)."""
+
+    def __init__(self, items, stripped, where=""):
+        super().__init__(items)
+        self.stripped, self.where = frozenset(stripped), where
+
+    def _refuse(self, key):
+        raise KeyError(f"config key {self.where}{key} was stripped by the rule that started this job; "
+                       "add it to that rule's params in rules/*.smk")
+
+    def __missing__(self, key):
+        if key in self.stripped:
+            self._refuse(key)
+        raise KeyError(key)
+
+    def get(self, key, default=None):
+        if key in self.stripped and key not in self:
+            self._refuse(key)
+        return super().get(key, default)
+
+    def __deepcopy__(self, memo):
+        return Section(copy.deepcopy(dict(self), memo), self.stripped, self.where)
+
+    def __reduce__(self):
+        return (Section, (dict(self), self.stripped, self.where))
+
+
+def restrict(cfg, given, where=""):
+    """`cfg` limited to the keys present in `given` (an inline job config), as Sections that refuse
+    the stripped keys. Values come from `cfg` (validated, normalised)."""
+    out = {}
+    for key, value in cfg.items():
+        if key not in given:
+            continue
+        if isinstance(value, dict) and isinstance(given[key], dict):
+            out[key] = restrict(value, given[key], f"{where}{key}.")
+        else:
+            out[key] = value
+    return Section(out, set(cfg) - set(given), where)
+
+
 def load_config(path=None, overrides=None, check_paths=True):
-    """The validated config dict: defaults <- file or inline JSON at `path` <- `overrides` dict."""
+    """The validated config dict: defaults <- file or inline JSON at `path` <- `overrides` dict.
+
+    An inline JSON config is what a Snakemake rule passes its job: only the sections (and keys) that
+    job needs. It is validated merged over the defaults, but the job sees only what the rule passed:
+    reading a key the rule left out raises KeyError naming it, so no job silently reads a default in
+    place of the user's value.
+    """
     cfg = _read_yaml(DEFAULTS)
     source = str(DEFAULTS)
+    inline = None
     if path is not None:
         text = str(path).strip()
         user = json.loads(text) if text.startswith("{") else _read_yaml(path)
         cfg = merge(cfg, user)
         source = "inline config" if text.startswith("{") else str(path)
+        inline = user if text.startswith("{") else None
     if overrides:
         cfg = merge(cfg, overrides)
     cfg = validate(normalise(cfg), source)
     if check_paths:
         check_dataset_paths(cfg)
+    if inline is not None:
+        cfg = restrict(cfg, merge(inline, overrides or {}))
     return cfg
 
 
@@ -151,7 +204,9 @@ def parse_set(items):
 
 
 def add_arguments(parser):
-    parser.add_argument("--config", default=None, help="YAML/JSON file or inline JSON merged over configs/config.yaml")
+    parser.add_argument("--config", default=None,
+                        help="YAML/JSON file merged over configs/config.yaml, or inline JSON as a Snakemake rule "
+                             "passes it (the job then sees only the keys given)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides, e.g. train.steps=10")
 
 

@@ -3,8 +3,8 @@
 Runs any tf.data.Dataset of batches and any step function three ways (loader alone, step alone on
 one batch already on the device, the real loop with the wait for each batch timed apart from the
 step), samples GPU utilisation with NVML, scans the input graph for Python ops, counts step traces
-and looks for cycles in the step times. `diagnose()` returns the report dict whose fields
-DESIGN.md fixes; pipeline/diagnose_report.py turns it into sentences and files.
+and looks for cycles in the step times. `diagnose()` returns the report dict (its fields are listed
+in docs/architecture.md); pipeline/diagnose_report.py turns it into sentences and files.
 
 Reads the config (`diagnose.steps`, `diagnose.warmup`, `reports_dir`, `name`, and through
 pipeline.train the whole `train:` section); writes {reports_dir}/{name}/diagnose.{json,md,png}.
@@ -117,9 +117,109 @@ def _shape_bound(expected_shapes, shapes):
 
 
 # --- measurement --------------------------------------------------------------------------
+def time_loader(make_iter, *, steps, warmup):
+    """1. The loader alone: `steps` batches after `warmup`, nothing else running."""
+    src = _Batches(make_iter)
+    for _ in range(warmup):
+        src.next()
+    examples = nbytes = 0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        e, b = _batch_stats(src.next())
+        examples, nbytes = examples + e, nbytes + b
+    seconds = time.perf_counter() - t0
+    return {"examples_per_s": examples / seconds, "batches_per_s": steps / seconds,
+            "mb_per_s": nbytes / 1e6 / seconds, "batches": steps, "seconds": seconds}
+
+
+def time_step_alone(make_iter, step_fn, *, steps, warmup, device):
+    """2. The step alone, `steps` times on one batch already on `device` (no input wait possible)."""
+    batch = _Batches(make_iter).next()
+    if device:
+        with tf.device(device):
+            batch = tf.nest.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, batch)
+    for _ in range(warmup or 1):  # at least one untimed call: the first one traces
+        _block(step_fn(batch))
+    alone = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        _block(step_fn(batch))
+        alone.append(time.perf_counter() - t)
+    alone_ms = 1e3 * np.asarray(alone)
+    return {"steps_per_s": steps / float(np.sum(alone)), "step_ms_mean": float(alone_ms.mean()),
+            "step_ms_median": float(np.median(alone_ms)), "step_ms_p90": float(np.percentile(alone_ms, 90)),
+            "device": device, "batch_shape": shape_key(batch)}
+
+
+def time_loop(make_iter, step_fn, *, steps, warmup, sampler):
+    """3. The real loop: the wait for each batch timed apart from its step, GPUs sampled meanwhile.
+
+    Returns (combined figures, the loop's batch shapes, its start time, notes)."""
+    src, shapes, notes = _Batches(make_iter), [], []
+    for _ in range(warmup):
+        b = src.next()
+        shapes.append(shape_key(b))
+        _block(step_fn(b))
+    sampler.start()
+    waits, computes, examples = [], [], 0
+    t0 = time.perf_counter()
+    try:
+        for _ in range(steps):
+            t = time.perf_counter()
+            b = src.next()
+            t1 = time.perf_counter()
+            _block(step_fn(b))
+            waits.append(t1 - t)
+            computes.append(time.perf_counter() - t1)
+            shapes.append(shape_key(b))
+            examples += _batch_stats(b)[0]
+    finally:
+        seconds = time.perf_counter() - t0
+        sampler.stop()
+    if src.restarts:
+        notes.append(f"The dataset ended {src.restarts} time(s) during the real loop; restarts were timed as waits.")
+    waits_ms, computes_ms = 1e3 * np.asarray(waits), 1e3 * np.asarray(computes)
+    combined = {"steps_per_s": steps / seconds, "examples_per_s": examples / seconds, "seconds": seconds,
+                "wait_ms_mean": float(waits_ms.mean()), "compute_ms_mean": float(computes_ms.mean()),
+                "step_times_ms": (waits_ms + computes_ms).tolist(), "wait_times_ms": waits_ms.tolist(),
+                "compute_times_ms": computes_ms.tolist(),
+                "input_wait_fraction": float(waits_ms.sum() / 1e3 / seconds) if seconds > 0 else 0.0}
+    return combined, shapes, t0, notes
+
+
+def find_oscillation(walls_ms, gpus, interval_s):
+    """(period in steps or None, sources): cycles in the step times or in any GPU's utilisation."""
+    period = detect_oscillation(walls_ms)
+    sources = [f"step times (period {period} steps)"] if period else []
+    for g in gpus:
+        p = detect_oscillation(g["util_series"], min_rel=0.0, min_abs=OSC_MIN_UTIL_SPREAD)
+        g["oscillation_period_s"] = p * interval_s if p else None
+        if p:
+            sources.append(f"GPU {g['index']} utilisation (period {p * interval_s:.1f} s)")
+    return period, sources
+
+
+def check_traces(traces, shapes, expected_shapes):
+    """Traces against the distinct batch shapes the step saw: (retracing?, bound, {shape: count}, extra shapes)."""
+    counts = collections.Counter(shapes)
+    bound = _shape_bound(expected_shapes, shapes)
+    retracing = traces is not None and traces > bound + RETRACE_SLACK
+    extra = sorted(counts, key=lambda s: (counts[s], shapes.index(s)))[:max(0, len(counts) - bound)]
+    return retracing, bound, counts, extra
+
+
+def verdict_of(retracing, wait_fraction, loader, step):
+    """retracing beats everything; then a loop that waits (or a loader slower than the step) is input-bound."""
+    if retracing:
+        return "retracing"
+    if wait_fraction >= INPUT_BOUND_WAIT or loader["batches_per_s"] < step["steps_per_s"]:
+        return "input_bound"
+    return "compute_bound"
+
+
 def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=None,
              gpu_sampler=None, placement=None, context=None, batches=None):
-    """Measure loader, step and the real loop; return the DESIGN.md report dict (plus extras).
+    """Measure loader, step and the real loop; return the report dict (fields in docs/architecture.md).
 
     device: where the step-alone batch is copied first; expected_shapes: bucket shapes (traces
     beyond them + RETRACE_SLACK are retracing); gpu_sampler: a started-on-demand GpuSampler
@@ -128,106 +228,26 @@ def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=No
     loop (e.g. one that copies each batch to the model device a step ahead); default iter(dataset).
     """
     assert steps >= 1 and warmup >= 0, f"steps={steps} must be >= 1 and warmup={warmup} >= 0"
-    perf = time.perf_counter
     tracing = getattr(step_fn, "experimental_get_tracing_count", None)
     traces_before = tracing() if tracing else None
-    notes = []
-
     raw = lambda: iter(dataset)  # noqa: E731
-    # 1. loader alone
-    src = _Batches(raw)
-    for _ in range(warmup):
-        src.next()
-    examples = nbytes = 0
-    t0 = perf()
-    for _ in range(steps):
-        e, b = _batch_stats(src.next())
-        examples, nbytes = examples + e, nbytes + b
-    loader_s = perf() - t0
-    del src  # its prefetch threads must not compete with the step below
-
-    # 2. step alone, on one batch already on the device
-    batch = _Batches(raw).next()
-    if device:
-        with tf.device(device):
-            batch = tf.nest.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, batch)
-    step_shapes = [shape_key(batch)]
-    for _ in range(warmup or 1):  # at least one untimed call: the first one traces
-        _block(step_fn(batch))
-    alone = []
-    for _ in range(steps):
-        t = perf()
-        _block(step_fn(batch))
-        alone.append(perf() - t)
-
-    # 3. the real loop: wait for the batch, then the step
-    src = _Batches(batches or raw)
-    for _ in range(warmup):
-        b = src.next()
-        step_shapes.append(shape_key(b))
-        _block(step_fn(b))
     sampler = gpu_sampler if gpu_sampler is not None else GpuSampler()
-    sampler.start()
-    waits, computes, loop_examples = [], [], 0
-    loop_t0 = perf()
-    try:
-        for _ in range(steps):
-            t = perf()
-            b = src.next()
-            t1 = perf()
-            _block(step_fn(b))
-            t2 = perf()
-            waits.append(t1 - t)
-            computes.append(t2 - t1)
-            step_shapes.append(shape_key(b))
-            loop_examples += _batch_stats(b)[0]
-    finally:
-        loop_s = perf() - loop_t0
-        sampler.stop()
-    if src.restarts:
-        notes.append(f"The dataset ended {src.restarts} time(s) during the real loop; restarts were timed as waits.")
 
-    waits_ms, computes_ms = 1e3 * np.asarray(waits), 1e3 * np.asarray(computes)
-    walls_ms = waits_ms + computes_ms
-    wait_fraction = float(waits_ms.sum() / 1e3 / loop_s) if loop_s > 0 else 0.0
-    loader = {"examples_per_s": examples / loader_s, "batches_per_s": steps / loader_s,
-              "mb_per_s": nbytes / 1e6 / loader_s, "batches": steps, "seconds": loader_s}
-    alone_ms = 1e3 * np.asarray(alone)
-    step = {"steps_per_s": steps / float(np.sum(alone)), "step_ms_mean": float(alone_ms.mean()),
-            "step_ms_median": float(np.median(alone_ms)), "step_ms_p90": float(np.percentile(alone_ms, 90)),
-            "device": device, "batch_shape": step_shapes[0]}
-    combined = {"steps_per_s": steps / loop_s, "examples_per_s": loop_examples / loop_s, "seconds": loop_s,
-                "wait_ms_mean": float(waits_ms.mean()), "compute_ms_mean": float(computes_ms.mean()),
-                "step_times_ms": walls_ms.tolist(), "wait_times_ms": waits_ms.tolist(),
-                "compute_times_ms": computes_ms.tolist()}
-
-    # GPUs, and cycles in step times or GPU utilisation
+    loader = time_loader(raw, steps=steps, warmup=warmup)  # its prefetch threads are gone before the step runs
+    step = time_step_alone(raw, step_fn, steps=steps, warmup=warmup, device=device)
+    combined, loop_shapes, loop_t0, notes = time_loop(batches or raw, step_fn, steps=steps, warmup=warmup,
+                                                      sampler=sampler)
+    wait_fraction = combined.pop("input_wait_fraction")
+    walls_ms = np.asarray(combined["step_times_ms"])
     gpus = sampler.summary(t0=loop_t0)
-    period = detect_oscillation(walls_ms)
-    osc_sources = [f"step times (period {period} steps)"] if period else []
-    for g in gpus:
-        p = detect_oscillation(g["util_series"], min_rel=0.0, min_abs=OSC_MIN_UTIL_SPREAD)
-        g["oscillation_period_s"] = p * sampler.interval_s if p else None
-        if p:
-            osc_sources.append(f"GPU {g['index']} utilisation (period {p * sampler.interval_s:.1f} s)")
-
-    # traces against the shapes the step saw
+    period, osc_sources = find_oscillation(walls_ms, gpus, sampler.interval_s)
     traces = tracing() if tracing else None
-    counts = collections.Counter(step_shapes)
-    bound_shapes = _shape_bound(expected_shapes, step_shapes)
-    retracing = traces is not None and traces > bound_shapes + RETRACE_SLACK
-    extra = sorted(counts, key=lambda s: (counts[s], step_shapes.index(s)))[:max(0, len(counts) - bound_shapes)]
-
+    shapes = [step["batch_shape"], *loop_shapes]
+    retracing, bound, counts, extra = check_traces(traces, shapes, expected_shapes)
     pyfuncs = scan_pyfunc_ops(dataset)
-    if retracing:
-        verdict = "retracing"
-    elif wait_fraction >= INPUT_BOUND_WAIT or loader["batches_per_s"] < step["steps_per_s"]:
-        verdict = "input_bound"
-    else:
-        verdict = "compute_bound"
 
     report = {
-        "verdict": verdict,
+        "verdict": verdict_of(retracing, wait_fraction, loader, step),
         "input_wait_fraction": wait_fraction,
         "loader": loader,
         "step": step,
@@ -242,7 +262,7 @@ def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=No
         "traces": traces,
         "traces_during_diagnose": traces - traces_before if traces is not None else None,
         "expected_shapes": expected_shapes,
-        "trace_bound": bound_shapes + RETRACE_SLACK,
+        "trace_bound": bound + RETRACE_SLACK,
         "trace_shapes": dict(counts),
         "retrace_shapes": extra[:10],
         "gpus": gpus,

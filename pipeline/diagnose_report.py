@@ -102,15 +102,13 @@ def _off(value):
     return value is False or (isinstance(value, str) and value.lower() in ("off", "false", "none"))
 
 
-def recommend(r):
-    """Sentences for a diagnose report, ordered by expected gain (a rough share of wall time)."""
-    ctx, recs = r.get("context") or {}, []
-    w = r["input_wait_fraction"]
-    loader_bps, step_sps = r["loader"]["batches_per_s"], r["step"]["steps_per_s"]
-    ratio = loader_bps / step_sps if step_sps else float("inf")
-    waits_much = w >= r["thresholds"]["input_bound_wait"]
-    input_bound = r["verdict"] == "input_bound" or waits_much
+def _input_bound(r):
+    return r["verdict"] == "input_bound" or r["input_wait_fraction"] >= r["thresholds"]["input_bound_wait"]
 
+
+def _retrace_advice(r):
+    """Retracing: too many batch shapes, or retraces from something else."""
+    recs = []
     if r["verdict"] == "retracing":
         n_shapes, expected = len(r["trace_shapes"]), r["expected_shapes"]
         given = _plural(expected, "bucket shape") if expected is not None else \
@@ -125,13 +123,28 @@ def recommend(r):
             recs.append((10.0, f"Step traced {r['traces']} times although only {_plural(n_shapes, 'batch shape')} "
                                f"reached it: the retraces come from something else (Python numbers or new objects "
                                f"passed as arguments, changing dtypes, or a new tf.function built per call)."))
+    return recs
 
+
+def _pyfunc_advice(r):
+    """Python ops in the input graph."""
+    recs = []
+    w, input_bound = r["input_wait_fraction"], _input_bound(r)
     if r["pyfunc_ops"]:
         where = " and ".join(f"{e['transformation']} ({e['op']})" for e in r["pyfunc_locations"])
         recs.append((w + 0.01 if input_bound else 0.01,
                      f"The input graph calls Python in {where}: move that work into the cache rule or rewrite it "
                      f"with TensorFlow ops; Python ops hold the GIL, so parallel map calls cannot overlap them."))
+    return recs
 
+
+def _input_advice(r):
+    """How much the loop waited for input, and the loader's margin over the step."""
+    recs = []
+    w = r["input_wait_fraction"]
+    loader_bps, step_sps = r["loader"]["batches_per_s"], r["step"]["steps_per_s"]
+    ratio = loader_bps / step_sps if step_sps else float("inf")
+    waits_much = w >= r["thresholds"]["input_bound_wait"]
     if waits_much:
         level = "highly" if w >= r["thresholds"]["highly_input_bound_wait"] else "moderately"
         recs.append((w, f"The loop waited for input {w:.0%} of the wall time ({level} input-bound by the TF "
@@ -146,7 +159,13 @@ def recommend(r):
     else:
         recs.append((0.02, f"The loader alone delivers {ratio:.1f}x what the step consumes and the loop waited "
                            f"{w:.1%} of the time: training is not input-bound; speed up the step itself."))
+    return recs
 
+
+def _oscillation_advice(r):
+    """Cycles in the step times: from the input or from the step itself."""
+    recs = []
+    w = r["input_wait_fraction"]
     if r["oscillation_period"]:
         p, phases = r["oscillation_period"], r["oscillation_phase_ms"]
         waits = np.asarray(r["combined"]["wait_times_ms"])
@@ -161,7 +180,13 @@ def recommend(r):
                  f"it off the hot path or do it less often")
         recs.append((gain, f"Step wall times cycle with a period of {p} steps (phase medians "
                            f"{', '.join(f'{m:.1f}' for m in phases)} ms, CV {r['step_time_cv']:.2f}): {cause}."))
+    return recs
 
+
+def _gpu_advice(r):
+    """Idle or under-used GPUs, cycling utilisation, or no GPU sampled at all."""
+    recs = []
+    input_bound = _input_bound(r)
     for g in r["gpus"]:
         if g.get("oscillation_period_s"):
             recs.append((0.05, f"GPU {g['index']} utilisation cycles every {g['oscillation_period_s']:.2g} s: the GPU "
@@ -181,7 +206,13 @@ def recommend(r):
                          f"{100 - g['util_mean']:.0f} % of the time; {why}."))
     if not r["gpus"]:
         recs.append((0.0, f"NVML found no GPU, so GPU utilisation was not sampled ({r['gpu_sampling']})."))
+    return recs
 
+
+def _precision_advice(r):
+    """Mixed precision and XLA left off on a GPU."""
+    recs = []
+    ctx = r.get("context") or {}
     on_gpu = bool(r["gpus"]) or "GPU" in str(r.get("device") or "").upper()
     if on_gpu and _off(ctx.get("mixed_precision", "unknown")):
         recs.append((0.2, "Mixed precision is off on a GPU: train.mixed_precision: bfloat16 (Ampere or newer) "
@@ -189,6 +220,13 @@ def recommend(r):
     if on_gpu and "jit_compile" in ctx and _off(ctx["jit_compile"]):
         recs.append((0.15, "XLA is off (jit_compile false): set train.jit_compile: true once the batch shapes are "
                            "bounded; it fuses the step's many small ops."))
+    return recs
+
+
+def _copy_advice(r):
+    """The split placement's batch copy, when it takes a large share of a step."""
+    recs = []
+    ctx = r.get("context") or {}
     copy_ms = ctx.get("copy_ms")
     wall_ms = r["combined"]["wait_ms_mean"] + r["combined"]["compute_ms_mean"]
     if copy_ms and wall_ms and copy_ms / wall_ms >= COPY_SHARE:
@@ -197,8 +235,17 @@ def recommend(r):
                                         f"(placement '{ctx.get('placement', r.get('placement'))}'): prefetch it to "
                                         f"that device (prefetch_to_device as the last transformation) or compare "
                                         f"'mirrored'."))
-    for note in r.get("notes", []):
-        recs.append((0.0, note))
+    return recs
+
+
+ADVICE = (_retrace_advice, _pyfunc_advice, _input_advice, _oscillation_advice, _gpu_advice, _precision_advice,
+          _copy_advice)
+
+
+def recommend(r):
+    """Sentences for a diagnose report, ordered by expected gain (a rough share of wall time)."""
+    recs = [rec for advice in ADVICE for rec in advice(r)]
+    recs += [(0.0, note) for note in r.get("notes", [])]
     recs.sort(key=lambda gs: -gs[0])  # stable: equal gains keep the order above
     return [s for _, s in recs]
 

@@ -32,8 +32,8 @@ from pipeline.vocoder import griffin_lim, save_wav
 class Synthesizer:
     """A trained model with its vocabulary and mel statistics. `.checkpoint`, `.step`, `.mel(text)`."""
 
-    def __init__(self, cfg, model, checkpoint, index):
-        self.cfg, self.model, self.checkpoint = cfg, model, checkpoint
+    def __init__(self, cfg, model, checkpoint, index, log=print):
+        self.cfg, self.model, self.checkpoint, self.log = cfg, model, checkpoint, log
         self.step = int(re.search(r"ckpt-(\d+)$", checkpoint).group(1))
         self.vocab = index["vocab"]
         self.mean, self.std = data.mel_stats(cfg, index)
@@ -43,6 +43,8 @@ class Synthesizer:
     def encode(self, sentence):
         """Token ids of a sentence with the cache's text front end."""
         ids, dropped = text.text_to_ids(sentence, self.vocab["cleaners"])
+        if dropped:
+            self.log(f"{dropped} characters outside the vocabulary dropped: {sentence!r}")
         return ids
 
     def infer(self, sentence, pace=None, pitch_shift=None):
@@ -62,7 +64,7 @@ class Synthesizer:
         return self.infer(sentence)["mel"]
 
 
-def load_synthesizer(cfg):
+def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
     """The Synthesizer of the latest checkpoint in runs/{name}/checkpoints (MissingCheckpoint if none)."""
     index = data.read_index(cfg)
     if index["vocab"]["symbols"] != text.SYMBOLS:
@@ -76,11 +78,11 @@ def load_synthesizer(cfg):
     r = models.frame_multiple(cfg["model"])
     model(models.dummy_batch(8, 4 * r, index["n_mels"]))  # create the variables, then fill them
     tf.train.Checkpoint(model=model).restore(latest).expect_partial()
-    return Synthesizer(cfg, model, latest, index)
+    return Synthesizer(cfg, model, latest, index, log)
 
 
 def synthesize(cfg, out, log=functools.partial(print, flush=True)):
-    synth = load_synthesizer(cfg)
+    synth = load_synthesizer(cfg, log)
     s, a = cfg["synthesize"], cfg["audio"]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -81,6 +81,7 @@ class Trainer:
             opt.build(self.model.trainable_variables)  # slots exist before a restore fills them
             self.optimizer = opt
         self.dataset = self._distribute(self.build_dataset("train"))
+        self.val_dataset = self.build_dataset("val") if self.has_val else None  # built once, iterated per validation
         self.step = self._make_step()
         self._eval = tf.function(self._forward, reduce_retracing=True)
         self.log(self.p.describe())
@@ -192,10 +193,9 @@ class Trainer:
         """Mean validation loss terms and the first batch's outputs (for images), or None without val clips."""
         if not self.has_val:
             return None, None, None  # val_fraction 0, or a corpus too small to hold a validation clip
-        ds = self.build_dataset("val")
         sums, n, first = {}, 0, None
         with tf.device(self.p.model_device):
-            for batch in ds.take(max_batches):
+            for batch in self.val_dataset.take(max_batches):
                 terms, out = self._eval(batch)
                 for k, v in terms.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
@@ -348,7 +348,6 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Train from the caches (resumes from the last checkpoint).")
     config.add_arguments(parser)
-    parser.add_argument("--index", help="the cache index (only so Snakemake can pass its input)")
     parser.add_argument("--out", help="summary JSON (default runs/{name}/train.json)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for TensorFlow (0: all)")
     args = parser.parse_args(argv)

@@ -14,7 +14,7 @@ import numpy as np
 import soundfile as sf
 import tensorflow as tf
 
-from pipeline.audio import LOG_CLAMP, mel_basis
+from pipeline.audio import LOG_CLAMP, frame_padding, mel_basis
 
 MOMENTUM = 0.99  # fast Griffin-Lim (Perraudin et al. 2013), librosa's default; converges in fewer iterations
 NNLS_ITERS = 50  # refinements of the mel pseudo-inverse (cheap: two (F, K) x (K, M) products each)
@@ -32,23 +32,25 @@ def _window_fn(n_fft, win_length):
 
 @tf.function(reduce_retracing=True)
 def _griffin_lim(magnitude, iters, n_fft, hop_length, win_length):
-    """magnitude (F, n_fft//2+1) float32 -> audio ((F-1)*hop,). Both transforms match librosa's centred
-    STFT (reflect padding in, trimming out), so phase recovery targets exactly the mel definition's STFT."""
+    """magnitude (F, n_fft//2+1) float32 -> audio (F*hop,). Both transforms follow the mel's HiFi-GAN
+    framing (reflect-pad (n_fft-hop)/2, uncentred frames; trimming out), so phase recovery targets
+    exactly the STFT the mel was made from."""
     window_fn = _window_fn(n_fft, win_length)
     inverse_window_fn = tf.signal.inverse_stft_window_fn(hop_length, forward_window_fn=window_fn)
-    pad, length = n_fft // 2, (tf.shape(magnitude)[0] - 1) * hop_length
+    left, right = frame_padding(n_fft=n_fft, hop_length=hop_length)
+    length = tf.shape(magnitude)[0] * hop_length
     # inverse_stft normalises for full overlap; the first and last frames overlap less: undo that there
     frame_weight = window_fn(n_fft) * inverse_window_fn(n_fft, tf.float32)    # (n_fft,)
     overlap = tf.signal.overlap_and_add(tf.tile(frame_weight[None], [tf.shape(magnitude)[0], 1]), hop_length)
-    overlap = overlap[pad:pad + length]                                        # >= 0.5 inside: centres are covered
+    overlap = overlap[left:left + length]                                      # > 0: every sample is covered
 
     def stft(x):
-        x = tf.pad(x, [[pad, pad]], mode="REFLECT")
+        x = tf.pad(x, [[left, right]], mode="REFLECT")
         return tf.signal.stft(x, n_fft, hop_length, fft_length=n_fft, window_fn=window_fn)  # (F, K)
 
     def istft(spec):
         x = tf.signal.inverse_stft(spec, n_fft, hop_length, fft_length=n_fft, window_fn=inverse_window_fn)
-        return x[pad:pad + length] / overlap
+        return x[left:left + length] / overlap
 
     magnitude_c = tf.complex(magnitude, 0.0)
     phase = tf.random.stateless_uniform(tf.shape(magnitude), seed=[0, 0], maxval=2 * np.pi)
@@ -64,14 +66,14 @@ def _griffin_lim(magnitude, iters, n_fft, hop_length, win_length):
 
 def griffin_lim(log_mel, *, sample_rate, n_fft, hop_length, win_length, n_mels, fmin, fmax, iters=32,
                 power=1.5):
-    """log_mel (F, n_mels) natural-log magnitude mel -> float32 audio ((F-1)*hop_length,), like librosa's
-    centred istft. power > 1 sharpens harmonics before phase recovery (Tacotron; the total energy is kept);
-    1.0 keeps the magnitudes. Run save_wav or clip before playback: peaks may exceed 1."""
+    """log_mel (F, n_mels) natural-log magnitude mel -> float32 audio (F*hop_length,), the length of a
+    clip with F mel frames. power > 1 sharpens harmonics before phase recovery (Tacotron; the total
+    energy is kept); 1.0 keeps the magnitudes. Run save_wav or clip before playback: peaks may exceed 1."""
     log_mel = tf.convert_to_tensor(log_mel, tf.float32)
     assert log_mel.shape.rank == 2 and log_mel.shape[1] == n_mels, f"expected (F, {n_mels}), got {log_mel.shape}"
     frames = log_mel.shape[0]
-    length = (frames - 1) * hop_length
-    min_frames = n_fft // (2 * hop_length) + 2  # reflect padding needs more samples than it adds
+    length = frames * hop_length
+    min_frames = frame_padding(n_fft=n_fft, hop_length=hop_length)[1] // hop_length + 1  # reflect pad < signal
     if frames < min_frames:                     # e.g. a decoder that stopped at once: pad with silence
         log_mel = tf.pad(log_mel, [[0, min_frames - frames], [0, 0]], constant_values=float(np.log(LOG_CLAMP)))
     basis = mel_basis(sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)  # (M, K)

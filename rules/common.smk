@@ -64,26 +64,41 @@ def mel_clips(wildcards):
     return pdataset.digest(PROVENANCE["mels"], *(f"{c.id}={AUDIO.get(c.id)}" for c in MANIFEST[int(wildcards.shard)]))
 
 
-def config_without(*sections):
-    """The config minus sections a job ignores, so editing those does not rerun it."""
+def config_without(*sections, keep=None):
+    """The config minus sections a job ignores, so editing those does not rerun it; `keep` names
+    the few keys of a dropped section the job still reads, e.g. keep={"synthesize": ["griffin_lim_iters"]}.
+    The job sees only what this passes: reading a dropped key is a KeyError naming it."""
+    keep = keep or {}
+
     def params(wildcards):
-        return json.dumps({k: v for k, v in config.items() if k not in sections}, sort_keys=True)
+        cfg = {k: v for k, v in config.items() if k not in sections}
+        cfg.update({s: {k: config[s][k] for k in keys} for s, keys in keep.items()})
+        return json.dumps(cfg, sort_keys=True)
+
     return params
 
 
 def gpus_wanted():
-    """GPUs the train rule declares, so `--resources gpu=N` can cap concurrent GPU jobs."""
+    """GPUs a GPU rule declares, so `--resources gpu=N` can cap concurrent GPU jobs.
+
+    At most N: profiles/default sets gpu=1 (GPU jobs take turns, each using every visible GPU),
+    and a job asking more than the budget would be an error rather than a wait.
+    """
     placement = config["train"]["placement"]
     if placement == "cpu":
         return 0
     if placement == "single":
-        return 1
-    try:
-        import pynvml
+        wanted = 1
+    else:
+        try:
+            import pynvml
 
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-    except Exception:  # no driver: TensorFlow will run on the CPU
-        return 0
-    return {"split": 2, "mirrored": count}.get(placement, min(count, 2))
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            pynvml.nvmlShutdown()
+        except Exception:  # no driver: TensorFlow will run on the CPU
+            return 0
+        wanted = {"split": 2, "mirrored": count}.get(placement, min(count, 2))
+    budget = workflow.global_resources.get("gpu")  # a snakemake.resources.Resource, or None
+    budget = None if budget is None else budget.value  # None: no --resources gpu=N given
+    return wanted if budget is None else min(wanted, budget)

@@ -17,7 +17,7 @@ rule train:
     output:
         summary=RUN / "train.json",
     params:
-        config=config_without("synthesize", "diagnose", "reports_dir"),
+        config=config_without("synthesize", "diagnose", "reports_dir", "aligner", keep={"synthesize": ["griffin_lim_iters"]}),
     threads: 32
     resources:
         gpu=gpus_wanted(),
@@ -28,7 +28,7 @@ rule train:
     conda:
         "../environment.yml"
     shell:
-        "python -m pipeline.train --config {params.config:q} --index {input.index} --out {output.summary} --threads {threads} > {log} 2>&1"
+        "python -m pipeline.train --config {params.config:q} --out {output.summary} --threads {threads} 2>&1 | tee {log}"
 
 
 rule synthesize:

@@ -20,6 +20,7 @@ import yaml
 
 from conftest import ROOT, TRANSCRIPTS, planned_jobs, snakemake, write_config
 from pipeline import audio, cache, config, dataset, text
+from pipeline.errors import PipelineError
 
 HOP, N_MELS, SR = 256, 80, 22050
 
@@ -71,7 +72,7 @@ def test_built_cache_contents(built_cache):
         for cid, off, n in zip(mmeta["ids"], mmeta["offsets"], mmeta["frames"]):
             path = dataset.audio_path(cfg["dataset"]["root"], cfg["dataset"]["audio_dir"], cid)
             ref = audio.mel_from_file(path, cfg["audio"], cfg["dataset"]["max_seconds"])
-            assert n == len(ref) == 1 + sf.info(str(path)).frames // HOP
+            assert n == len(ref) == audio.n_frames(sf.info(str(path)).frames, HOP)
             got = mels[off:off + n].astype(np.float32)
             # float16 keeps 11 significant bits: half a unit in the last place is 2**-11 relative
             np.testing.assert_allclose(got, ref, rtol=2 ** -11, atol=1e-6)
@@ -120,8 +121,7 @@ def big_shard(tmp_path, corpus_template):
 def test_killed_mel_job_leaves_no_shard_and_snakemake_rebuilds_it(big_shard, tmp_path):
     root, cfg_path = big_shard
     out = tmp_path / "cache" / "t" / "mels" / "shard-000"
-    inline = json.dumps({"dataset": {"root": str(root)}, "cache": {"shards": 1}})
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cache", "mels", "--config", inline, "--shard", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cache", "mels", "--config", str(cfg_path), "--shard", "0",
                              "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
@@ -138,7 +138,7 @@ def test_killed_mel_job_leaves_no_shard_and_snakemake_rebuilds_it(big_shard, tmp
     assert proc.returncode == -signal.SIGKILL
     for suffix in (".json", ".bin", ".stats.npy"):
         assert not Path(f"{out}{suffix}").exists(), f"{out}{suffix} written by a killed job"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(PipelineError, match="missing"):
         cache.read_shard_meta(out)
 
     assert planned_jobs(cfg_path)["mel_shard"] == 1

@@ -78,9 +78,11 @@ def test_partial_config_merges_over_the_defaults(tmp_path, corpus_template):
     assert cfg["dataset"] == {**DEFAULTS["dataset"], "root": str(corpus_template)}
     for section in set(DEFAULTS) - {"audio", "train", "dataset"}:
         assert cfg[section] == DEFAULTS[section], section
-    # the same from inline JSON, as the rules pass it
-    assert config.load_config(json.dumps({"dataset": {"root": str(corpus_template)}, "audio": {"n_mels": 64},
-                                          "train": {"steps": 5}})) == cfg
+    # the same values from inline JSON, as the rules pass it, limited to what was passed
+    inline = config.load_config(json.dumps({"dataset": {"root": str(corpus_template)}, "audio": {"n_mels": 64},
+                                            "train": {"steps": 5}}))
+    assert inline["audio"]["n_mels"] == 64 and inline["train"]["steps"] == 5
+    assert inline["dataset"]["root"] == str(corpus_template)
 
 
 def _printed_job_configs(output, rule_module_arg):
@@ -139,3 +141,21 @@ def test_missing_config_file_and_bad_yaml(tmp_path):
     bad.write_text("audio: {n_mels: 80\n")
     with pytest.raises(ConfigError, match=re.escape(str(bad))):
         config.load_config(bad)
+
+
+def test_a_job_cannot_read_a_key_its_rule_stripped(corpus):
+    """Rules pass their jobs only the sections they need (inline JSON); a job that reads anything
+    else fails naming the key instead of silently using the shipped default."""
+    import json
+
+    root, _ = corpus
+    inline = json.dumps({"name": "t", "dataset": {"root": str(root)}, "synthesize": {"griffin_lim_iters": 7}})
+    cfg = config.load_config(inline)
+    assert cfg["synthesize"]["griffin_lim_iters"] == 7
+    assert cfg["dataset"]["root"] == str(root)
+    for read in (lambda: cfg["synthesize"]["sentences"], lambda: cfg["train"],
+                 lambda: cfg.get("diagnose"), lambda: cfg["dataset"]["val_fraction"]):
+        with pytest.raises(KeyError, match="stripped by the rule"):
+            read()
+    # a config file (not a rule's inline JSON) still gets every default
+    assert config.load_config(corpus[1])["synthesize"]["sentences"]

@@ -14,8 +14,10 @@ import soundfile as sf
 from conftest import ROOT, load_json, snakemake, write_config
 from pipeline import config
 
-TINY_MODEL = {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64,
-              "encoder_conv_layers": 1, "prenet_dim": 32, "postnet_channels": 32, "postnet_layers": 2}
+TINY_MODEL = {"kind": "transformer_tts",
+              "transformer_tts": {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64,
+                                  "encoder_conv_layers": 1, "prenet_dim": 32, "postnet_channels": 32,
+                                  "postnet_layers": 2}}
 
 
 def tiny_config(built_cache, tmp_path, **train):
@@ -147,12 +149,27 @@ def test_snakemake_train_then_synthesize_writes_wavs(built_cache, tmp_path):
         audio, sr = sf.read(run / "samples" / f"{i:02d}.wav")
         assert sr == cfg["audio"]["sample_rate"] and len(audio) > 0.1 * sr
         assert np.isfinite(audio).all() and np.abs(audio).max() > 0
+        mel = np.load(run / "samples" / f"{i:02d}.npy")  # the log-mel the wav was vocoded from
+        assert mel.shape[1] == cfg["audio"]["n_mels"] and len(audio) == (len(mel) - 1) * cfg["audio"]["hop_length"]
     assert load_json(run / "samples" / "sentences.json")["checkpoint"].endswith("ckpt-20")
+    # the same synthesis as an API, for other stages (evaluate)
+    synth = run_python(f"""
+        import json
+        from pipeline import config
+        from pipeline.synthesize import load_synthesizer
+        synth = load_synthesizer(config.load_config({str(path)!r}), log=lambda *a: None)
+        mel = synth.mel("A short test sentence.")
+        print(json.dumps({{"step": synth.step, "checkpoint": synth.checkpoint, "shape": list(mel.shape),
+                          "dtype": str(mel.dtype), "finite": bool((abs(mel) < 1e6).all())}}))
+    """)
+    assert synth["step"] == 20 and synth["checkpoint"].endswith("ckpt-20")
+    assert synth["shape"][0] > 0 and synth["shape"][1] == cfg["audio"]["n_mels"]
+    assert synth["dtype"] == "float32" and synth["finite"]
     # the checkpoints survive a forced rerun of train (they are not a rule output)
     assert list((run / "checkpoints").glob("ckpt-20.index"))
 
 
-DESIGN_FIELDS = {"verdict", "input_wait_fraction", "loader", "step", "combined", "pyfunc_ops", "step_time_cv",
+REPORT_FIELDS = {"verdict", "input_wait_fraction", "loader", "step", "combined", "pyfunc_ops", "step_time_cv",
                  "oscillation", "traces", "gpus", "recommendations"}
 
 
@@ -166,7 +183,7 @@ def test_snakemake_diagnose_writes_the_report_from_the_caches_alone(built_cache,
     report = config.report_dir(cfg)
     assert not (config.run_dir(cfg) / "train.json").exists()  # no training run was needed
     result = load_json(report / "diagnose.json")
-    assert DESIGN_FIELDS <= set(result)
+    assert REPORT_FIELDS <= set(result)
     assert result["verdict"] in ("compute_bound", "input_bound", "retracing")
     assert result["pyfunc_ops"] == [] and result["gpus"] == []
     assert result["traces"] <= 2 + 1  # two buckets

@@ -1,0 +1,120 @@
+"""The caches built on a real SLURM: scripts/local-slurm.sh starts a single-node cluster (munged,
+MariaDB, slurmdbd, slurmctld, slurmd), Snakemake submits every job through profiles/slurm, and
+`sacct` (SLURM's own accounting) must show each of them as a completed SLURM job.
+
+Needs root and the Debian packages that install.sh installs (`scripts/local-slurm.sh install`);
+skips with the reason otherwise. About 2.5 minutes on 2 cores, SLURM's start and stop included.
+"""
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, planned_jobs, snakemake, write_config
+
+from pipeline import dataset
+
+SCRIPT = ROOT / "scripts" / "local-slurm.sh"
+TOOLS = ("munged", "mariadbd", "mariadb-install-db", "slurmdbd", "slurmctld", "slurmd", "sbatch", "sacct")
+SHARDS = 2
+LOCAL_RULES = {"caches"}  # localrule: runs in the submitting Snakemake, never a SLURM job
+# Snakemake's SLURM executor first asks sacct this long after a submission, then 10 s later each
+# time, and sooner again once a job finishes: 5 s suits these 10-20 s jobs (the profile says 20).
+STATUS_ARGS = ("--slurm-init-seconds-before-status-checks", "5")
+
+
+def why_not_here():
+    if os.geteuid() != 0:
+        return "needs root: the local SLURM's daemons run as root (scripts/local-slurm.sh)"
+    missing = [tool for tool in TOOLS if not shutil.which(tool)]
+    if missing:
+        return f"SLURM packages absent ({', '.join(missing)}): run `bash install.sh` as root"
+    return None
+
+
+def tail(path, lines=30):
+    path = Path(path)
+    return f"--- {path}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+@pytest.fixture(scope="module")
+def local_slurm():
+    """A running local SLURM for this module; stopped (and its folder deleted) even on failure."""
+    reason = why_not_here()
+    if reason:
+        pytest.skip(reason)
+    state = Path(tempfile.mkdtemp(prefix="local-slurm-test-")) / "slurm"  # short: socket paths
+    state.parent.chmod(0o755)  # munged wants its socket's folders open to every user
+    env = {**os.environ, "LOCAL_SLURM_DIR": str(state)}
+    try:
+        start = subprocess.run(["bash", str(SCRIPT), "start"], check=False, env=env, capture_output=True, text=True, timeout=240)
+        assert start.returncode == 0, f"local SLURM did not start:\n{start.stdout}{start.stderr}"
+        yield state
+    finally:
+        stop = subprocess.run(["bash", str(SCRIPT), "stop"], check=False, env=env, capture_output=True, text=True, timeout=240)
+        shutil.rmtree(state.parent, ignore_errors=True)
+        assert stop.returncode == 0, f"local SLURM did not stop cleanly:\n{stop.stdout}{stop.stderr}"
+
+
+def on_slurm(config, state, since):
+    """`snakemake --workflow-profile profiles/slurm caches`; returns {(rule, shard): (state, exit)}
+    of the SLURM jobs it submitted, as sacct records them (Snakemake names every job of one run by
+    its run ID and puts rule and wildcards into the job's comment)."""
+    run = snakemake("--workflow-profile", "profiles/slurm", "caches", *STATUS_ARGS, config=config, check=False)
+    logs = "\n".join(tail(state / "log" / name) for name in ("slurmctld.log", "slurmd.log"))
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, f"snakemake on SLURM failed:\n{out[-6000:]}\n{logs}"
+    run_id = re.search(r"SLURM run ID: (\S+)", out).group(1)
+    sacct = subprocess.run(["sacct", "-X", "-a", "-n", "-P", "--name", run_id, "-S", since,
+                            "-o", "JobIDRaw,State,ExitCode,Comment"], capture_output=True, text=True, check=True)
+    jobs = {}
+    for line in sacct.stdout.splitlines():
+        job_id, job_state, exit_code, comment = line.split("|")
+        m = re.fullmatch(r"rule_(\w+?)(?:_wildcards_(\d+))?", comment)
+        assert m, f"SLURM job {job_id} has no Snakemake rule in its comment: {comment!r}"
+        assert m.groups() not in jobs, f"two SLURM jobs for {m.groups()}:\n{sacct.stdout}"
+        jobs[m.groups()] = (job_state, exit_code)
+    submitted = len(re.findall(r"has been submitted with SLURM jobid", out))
+    assert submitted == len(jobs), f"Snakemake submitted {submitted} jobs, sacct knows {len(jobs)}:\n{sacct.stdout}"
+    return jobs
+
+
+def slurm_plan(config):
+    """{rule: jobs} that `snakemake -n caches` plans, less the local rules."""
+    return {rule: n for rule, n in planned_jobs(config).items() if rule not in LOCAL_RULES}
+
+
+@pytest.mark.slow
+def test_caches_on_local_slurm_then_one_edit_one_token_job(local_slurm, tmp_path, corpus_template):
+    since = (datetime.now() - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%S")
+    root = tmp_path / "data"
+    shutil.copytree(corpus_template, root)
+    config = write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": SHARDS})
+
+    plan = slurm_plan(config)
+    shard_rules = sorted(rule for rule in plan if rule.endswith("_shard"))
+    assert {"token_shard", "mel_shard"} <= set(shard_rules) and all(plan[r] == SHARDS for r in shard_rules)
+    jobs = on_slurm(config, local_slurm, since)
+    assert Counter(rule for rule, _ in jobs) == plan
+    for rule in shard_rules:  # every shard of every per-shard rule ran as its own SLURM job
+        assert {shard for r, shard in jobs if r == rule} == {f"{k:03d}" for k in range(SHARDS)}
+    assert all(s == ("COMPLETED", "0:0") for s in jobs.values()), jobs
+    assert (tmp_path / "cache" / "t" / "index.json").exists()
+
+    # edit one line's text: exactly one token_shard job, the edited clip's shard
+    meta = root / "metadata.csv"
+    lines = meta.read_text().splitlines()
+    clip_id, text, *rest = lines[0].split("|")
+    lines[0] = "|".join([clip_id, text + " Edited.", *(r + " Edited." for r in rest)])
+    meta.write_text("\n".join(lines) + "\n")
+    plan = slurm_plan(config)
+    assert plan.get("token_shard") == 1 and "mel_shard" not in plan, plan
+    jobs = on_slurm(config, local_slurm, since)
+    assert Counter(rule for rule, _ in jobs) == plan
+    assert [shard for rule, shard in jobs if rule == "token_shard"] == [f"{dataset.shard_of(clip_id, SHARDS):03d}"]
+    assert all(s == ("COMPLETED", "0:0") for s in jobs.values()), jobs
