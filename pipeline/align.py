@@ -1,6 +1,6 @@
 """Train the alignment model (pipeline/models/aligner.py) from the caches: the `aligner` target.
 
-    python -m pipeline.align --config configs/config.yaml --out runs/demo/aligner/aligner.json
+    python -m pipeline.align --config configs/config.yaml --out runs/demo/aligner/KEY/aligner.json
     snakemake --cores all aligner
 
 Reads the cache index and the token and mel shards through the training loader (the same bucket

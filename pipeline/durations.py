@@ -1,6 +1,6 @@
 """Duration shards: integer mel frames per token, from the trained aligner, one job per shard.
 
-    python -m pipeline.durations --config CFG --shard 3 --aligner runs/demo/aligner/aligner.json \\
+    python -m pipeline.durations --config CFG --shard 3 --aligner runs/demo/aligner/KEY/aligner.json \\
         --tokens cache/demo/tokens/shard-003.json --mels cache/demo/mels/shard-003.json \\
         --out cache/demo/durations/shard-003
     snakemake --cores all durations

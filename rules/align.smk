@@ -1,8 +1,10 @@
 # The aligner stage: train the alignment model once, then one duration_shard job per shard.
 # train_aligner sees the cache index as `ancient`: an edited line or a replaced clip rebuilds its own
-# shards (and their duration shards) but never retrains the aligner. What does retrain it is in its
-# params: the `aligner:` section and the text/audio settings and code (a new vocabulary or mel).
-# `snakemake --forcerun train_aligner` retrains on purpose.
+# shards (and their duration shards) but never retrains the aligner. What does retrain it is named
+# in its folder, runs/{name}/aligner/<key>/: a digest of the `aligner:` section, the text and audio
+# settings and code (a new vocabulary or mel) and the aligner's own code. A changed key is a missing
+# output, which Snakemake always sees (a params change of a job downstream of a rerun shard is not
+# checked when its input is ancient). `snakemake --forcerun train_aligner` retrains on purpose.
 
 
 def aligner_settings(wildcards):
@@ -10,20 +12,21 @@ def aligner_settings(wildcards):
                    aligner=config["aligner"], train={k: config["train"][k] for k in ("buckets", "seed")})
 
 
-def aligner_inputs_code(wildcards):
-    # the text and mel settings and feature code (not the data): a new vocabulary or mel retrains
-    return pdataset.digest(PROVENANCE["tokens"], PROVENANCE["mels"], pdataset.file_digest(Path(workflow.basedir) / "pipeline/models/aligner.py"))
+ALIGNER_KEY = pdataset.digest(
+    aligner_settings(None), PROVENANCE["tokens"], PROVENANCE["mels"],
+    pdataset.file_digest(*(Path(workflow.basedir) / "pipeline" / f for f in ("models/aligner.py", "align.py"))),
+)[:12]
+ALIGNER = RUN / "aligner" / ALIGNER_KEY
 
 
 rule train_aligner:
     input:
-        index=ancient(rules.cache_index.output.index),
+        index=ancient(str(rules.cache_index.output.index)),  # str(): ancient() flags its argument in place
     output:
-        summary=RUN / "aligner/aligner.json",
-        weights=RUN / "aligner/aligner.weights.h5",
+        summary=ALIGNER / "aligner.json",
+        weights=ALIGNER / "aligner.weights.h5",
     params:
         config=aligner_settings,
-        code=aligner_inputs_code,
     threads: 32
     log:
         LOGS / "train_aligner.log",
@@ -60,6 +63,7 @@ rule duration_shard:
 rule aligner:
     input:
         rules.train_aligner.output,
+        rules.cache_index.output.index,  # not ancient here: a rebuilt cache reaches a new aligner key
     localrule: True
 
 
