@@ -1,0 +1,130 @@
+"""The aligner stage end to end: a real `snakemake durations` on a small corpus, then its staleness.
+
+One project is built once for the module (caches, a tiny aligner, a duration shard per shard). The
+plan tests edit it, check `snakemake -n durations` plans exactly the stale jobs, and undo the edit.
+
+    python -m pytest -q tests/test_durations.py
+"""
+import json
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import planned_jobs, snakemake, write_config
+from pipeline import dataset
+
+SHARDS = 4
+TINY_ALIGNER = {"steps": 30, "batch_size": 4, "d_model": 16, "learning_rate": 0.005, "temperature": 0.1}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, corpus_template):
+    tmp = tmp_path_factory.mktemp("durations")
+    root = tmp / "data"
+    shutil.copytree(corpus_template, root)
+    config = write_config(tmp, root, aligner=TINY_ALIGNER, model={"kind": "fastpitch"},
+                          train={"batch_size": 4, "buckets": 2})
+    snakemake("durations", config=config)
+    return SimpleNamespace(tmp=tmp, root=root, config=config, cache=tmp / "cache" / "t", meta=root / "metadata.csv")
+
+
+def plan(p, *extra):
+    return planned_jobs(p.config, "durations", *extra)
+
+
+def read_shard(path, dtype, width=None):
+    meta = json.loads(Path(path).with_suffix(".json").read_text())
+    array = np.fromfile(Path(path).with_suffix(".bin"), dtype)
+    return meta, array.reshape(-1, width) if width else array
+
+
+@pytest.mark.slow
+def test_every_clip_has_durations_summing_to_its_mel_frames(project):
+    clips = 0
+    for k in range(SHARDS):
+        dmeta, durations = read_shard(project.cache / f"durations/shard-{k:03d}", np.int32)
+        tmeta, _ = read_shard(project.cache / f"tokens/shard-{k:03d}", np.int32)
+        mmeta = json.loads((project.cache / f"mels/shard-{k:03d}.json").read_text())
+        assert dmeta["kind"] == "durations" and dmeta["ids"] == tmeta["ids"]
+        assert dmeta["lengths"] == tmeta["lengths"] and dmeta["offsets"] == tmeta["offsets"]
+        assert len(durations) == sum(tmeta["lengths"])
+        frames = dict(zip(mmeta["ids"], mmeta["frames"]))
+        for cid, off, n in zip(dmeta["ids"], dmeta["offsets"], dmeta["lengths"]):
+            d = durations[off:off + n]
+            assert d.sum() == frames[cid], cid
+            assert d.min() >= 1 or frames[cid] < n, cid  # every token gets a frame when there are enough
+            clips += 1
+        aligner = json.loads(next(Path(project.tmp / "runs/t/aligner").glob("*/aligner.json")).read_text())
+        assert set(dmeta["provenance"]) == {"aligner", "tokens", "mels"}
+        assert dmeta["provenance"]["aligner"] == aligner["weights_digest"]
+    assert clips == 24
+
+
+@pytest.mark.slow
+def test_nothing_changed_means_nothing_to_do(project):
+    assert plan(project) == {}
+    project.meta.touch()
+    assert plan(project) == {}
+
+
+def _clip_in_shard(p, shard):
+    for i, line in enumerate(p.meta.read_text().splitlines()):
+        if dataset.shard_of(line.split("|")[0], SHARDS) == shard:
+            return i, line.split("|")[0]
+    raise AssertionError(f"no clip in shard {shard}")
+
+
+@pytest.mark.slow
+def test_text_edit_reruns_its_token_and_duration_shard_not_the_aligner(project):
+    original = project.meta.read_bytes()
+    lines = original.decode().splitlines()
+    i, cid = _clip_in_shard(project, 1)
+    lines[i] = "|".join([cid] + [c + " Indeed." for c in lines[i].split("|")[1:]])
+    project.meta.write_text("\n".join(lines) + "\n")
+    try:
+        assert plan(project) == {"token_shard": 1, "cache_index": 1, "duration_shard": 1, "durations": 1}
+    finally:
+        project.meta.write_bytes(original)
+    assert plan(project) == {}
+
+
+@pytest.mark.slow
+def test_replaced_audio_reruns_its_mel_and_duration_shard_not_the_aligner(project):
+    _, cid = _clip_in_shard(project, 2)
+    wav = project.root / "wavs" / f"{cid}.wav"
+    saved = project.tmp / "saved.wav"
+    shutil.copy2(wav, saved)
+    other = next(w for w in sorted(wav.parent.iterdir()) if w != wav)
+    shutil.copy(other, wav)
+    try:
+        counts = plan(project)
+        assert counts.pop("pitch_shard", 1) == 1  # where the pitch cache exists, its shard too
+        assert counts == {"mel_shard": 1, "cache_index": 1, "duration_shard": 1, "durations": 1}
+    finally:
+        os.replace(saved, wav)
+    assert plan(project) == {}
+
+
+@pytest.mark.slow
+def test_aligner_setting_retrains_it_and_remakes_every_duration_shard(project):
+    counts = planned_jobs(_config_with(project, aligner={**TINY_ALIGNER, "steps": 31}), "durations")
+    assert counts == {"train_aligner": 1, "duration_shard": SHARDS, "durations": 1}
+    assert plan(project, "--forcerun", "train_aligner") == {"train_aligner": 1, "duration_shard": SHARDS,
+                                                            "durations": 1}
+    # settings the aligner does not read leave it alone
+    other = _config_with(project, model={"kind": "fastpitch", "fastpitch": {"d_model": 64}},
+                         train={"batch_size": 4, "buckets": 2, "steps": 7}, synthesize={"pace": 1.5})
+    assert planned_jobs(other, "durations") == {}
+
+
+def _config_with(p, **sections):
+    """The project's config file with some sections replaced, as a new file."""
+    cfg = yaml.safe_load(p.config.read_text())
+    path = p.tmp / "changed.yaml"
+    path.write_text(yaml.safe_dump({**cfg, **sections}))
+    return path
