@@ -13,6 +13,7 @@ include: "rules/common.smk"
 include: "rules/cache.smk"
 include: "rules/align.smk"
 include: "rules/train.smk"
+include: "rules/evaluate.smk"
 include: "rules/diagnose.smk"
 
 
@@ -20,5 +21,6 @@ rule all:
     input:
         rules.train.output,
         rules.synthesize.output,
+        rules.evaluate.output,
         rules.diagnose.output,
     default_target: True

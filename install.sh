@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Installs what the pipeline and its tests need into the current Python environment:
-# the Python packages (requirements.txt) and espeak-ng (speaks corpora for the tests and
-# pipeline.make_corpus; the demo corpus ships pre-spoken, so training needs no espeak-ng).
+# the Python packages (requirements.txt) and espeak-ng with its library libespeak-ng1 (the phoneme
+# front end, text.frontend: phonemes, loads the library through phonemizer; pipeline.make_corpus
+# and the tests speak corpora with the espeak-ng command).
 set -euo pipefail
 cd "$(dirname "$0")"
-if ! command -v espeak-ng >/dev/null 2>&1; then
+if ! command -v espeak-ng >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep libespeak-ng >/dev/null; then
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng libespeak-ng1 >/dev/null
   elif command -v sudo >/dev/null 2>&1; then
-    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng libespeak-ng1 >/dev/null
   else
-    echo "install.sh: espeak-ng is missing and cannot be installed without root; the tests need it" >&2
+    echo "install.sh: espeak-ng (libespeak-ng1) is missing and cannot be installed without root; the phoneme front end and the tests need it" >&2
   fi
 fi
 python3 -m pip install -q --disable-pip-version-check -r requirements.txt

@@ -8,7 +8,7 @@
 DESIGN.md's targets: loader examples/s >= 5x a per-utterance `.npy` loader using `np.load` in
 `tf.numpy_function` over the same mels and batch size, and >= 0.8x padding and batching the same
 data from RAM. All three run in one process on the same train-split clips (tokens int32, mels
-float16 exactly as cached), the same batch size (the config's train.batch_size), the same padding
+float16 exactly as cached; the product also delivers pitch and energy, the baselines do not), the same batch size (the config's train.batch_size), the same padding
 value, and each is a repeating, shuffled stream of fixed-size batches:
 
   product   pipeline.data.build_dataset(cfg, "train"): shard files read with tf.io.read_file +
@@ -74,12 +74,14 @@ def load_arrays(cfg, split="train"):
     from pipeline import data
 
     index = data.read_index(cfg)
-    clips, tok_paths, mel_paths = data.load_clips(cfg, split, index)
+    clips, paths = data.load_clips(cfg, split, index)
     n_mels = index["n_mels"]
-    toks = [np.fromfile(p, dtype=np.int32) for p in tok_paths]
-    mels = [np.fromfile(p, dtype=np.float16).reshape(-1, n_mels) for p in mel_paths]
+    table = data.token_table(index["vocab"])  # token shards hold code points; batches carry vocabulary ids
+    toks = [table[np.fromfile(p, dtype=np.int32)] for p in paths["tokens"]]
+    mels = [np.fromfile(p, dtype=np.float16).reshape(-1, n_mels) for p in paths["mels"]]
     tokens, mel = [], []
-    for k, to, tl, mo, fr in zip(clips.shard, clips.tok_off, clips.tok_len, clips.mel_off, clips.frames):
+    for k, to, tl, mo, fr in zip(clips.shard, clips.offsets["tokens"], clips.n_tokens, clips.offsets["mels"],
+                                 clips.frames):
         tokens.append(toks[k][to:to + tl].copy())
         mel.append(mels[k][mo:mo + fr].copy())
     return clips.ids, tokens, mel

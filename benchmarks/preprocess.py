@@ -1,4 +1,4 @@
-"""Preprocessing benchmark: the whole `snakemake caches` target against a bare librosa mel loop.
+"""Preprocessing benchmark: the whole `snakemake caches` target against bare loops of the same extractors.
 
     python benchmarks/preprocess.py                       # both parts: ~7 min on 2 cores (+~2 min, once, to speak the corpora)
     python benchmarks/preprocess.py --quick               # 300-clip ratio + 2,000-clip rebuild corpus, ~3-5 min
@@ -6,13 +6,15 @@
     python benchmarks/preprocess.py --part full --shards 64 --sweep 16,256   # also measure other shard counts
     python benchmarks/preprocess.py --profile             # + a py-spy profile of one `caches` run (part a's corpus)
 
-Part a (ratio, DESIGN.md "whole `caches` target >= 1.0x the audio-seconds/CPU-second of a bare
-librosa mel loop"): on a mid-size espeak-ng corpus (--clips, default 1,000, FLAC at 22,050 Hz, so
+Part a (ratio: the whole `caches` target >= 1.0x the audio-seconds/CPU-second of bare
+single-process loops of the same extractors): on a mid-size espeak-ng corpus (--clips, default 1,000, FLAC at 22,050 Hz, so
 neither side resamples), audio-seconds per CPU-second of `snakemake --cores 2 caches` run from
 scratch in a subprocess (CPU = self + children, from resource.getrusage(RUSAGE_CHILDREN) deltas:
 Snakemake, its shells and every job; a wrapper also reports Snakemake's own share) against a bare
 loop over the same files: `librosa.load(path, sr=22050)` + `librosa.feature.melspectrogram(...,
-n_fft=1024, hop_length=256, win_length=1024, power=1.0, n_mels=80, fmin=0, fmax=8000)` (CPU from
+n_fft=1024, hop_length=256, win_length=1024, power=1.0, n_mels=80, fmin=0, fmax=8000)` + pyworld
+`dio` + `stonemask` (fmin 65, fmax 600, the hop as frame period) + phonemizer's espeak backend
+(created once) on the clip's line (CPU from
 time.process_time after one warm-up clip, in a subprocess with the same environment). Two
 conditions, each measured on both sides: "as shipped" (numpy's OpenBLAS picks its own thread
 count) and "1 BLAS thread" (OPENBLAS/OMP/MKL_NUM_THREADS=1): a lone loop's idle OpenBLAS threads
@@ -67,29 +69,49 @@ def warm_page_cache(files):
 # threads) that the Snakemake run sees; CPU from time.process_time, after one warm-up clip.
 LOOP = r"""
 import json, sys, time
-files = open(sys.argv[2]).read().split("\n")
+rows = [line.split("\t", 1) for line in open(sys.argv[2], encoding="utf-8").read().split("\n")]
 kw = json.loads(sys.argv[3])
 t0 = time.process_time()
 if sys.argv[1] == "bare":
-    import librosa
-    def one(f):
+    import librosa, numpy as np, pyworld
+    from phonemizer.backend import EspeakBackend
+    from phonemizer.separator import Separator
+    espeak = EspeakBackend("en-us", preserve_punctuation=True, with_stress=True)  # one backend, as the docs advise
+    sep = Separator(phone="", word=" ", syllable="")
+    def one(f, line):
         y, _ = librosa.load(f, sr=kw["sr"])
         librosa.feature.melspectrogram(y=y, **kw)
+        x = y.astype(np.float64)
+        f0, t = pyworld.dio(x, kw["sr"], f0_floor=65.0, f0_ceil=600.0, frame_period=1000 * kw["hop_length"] / kw["sr"])
+        pyworld.stonemask(x, f0, t, kw["sr"])
+        espeak.phonemize([line], separator=sep, strip=True)
         return len(y)
 else:
-    from pipeline import audio
-    def one(f):
-        return audio.mel_from_file(f, kw, 1e9).shape[0] * kw["hop_length"]
-one(files[0])
+    from pipeline import audio, pitch, text
+    a, p, t = kw["audio"], kw["pitch"], kw["text"]
+    def one(f, line):
+        y = audio.load_audio(f, sample_rate=a["sample_rate"], max_seconds=1e9)
+        spec = audio.stft_magnitude(y, n_fft=a["n_fft"], hop_length=a["hop_length"], win_length=a["win_length"])
+        basis = audio.mel_basis(sample_rate=a["sample_rate"], n_fft=a["n_fft"], n_mels=a["n_mels"], fmin=a["fmin"], fmax=a["fmax"])
+        audio.log_mel(spec, basis); audio.energy_from_magnitude(spec)
+        pitch.f0(y, sample_rate=a["sample_rate"], hop_length=a["hop_length"], n_frames=audio.n_frames(len(y), a["hop_length"]), **p)
+        text.to_symbols([line], t)
+        return len(y)
+one(*rows[0])
 first = time.process_time() - t0
 t0 = time.process_time()
-samples = sum(one(f) for f in files)
+samples = sum(one(f, line) for f, line in rows)
 print(json.dumps({"cpu": time.process_time() - t0, "samples": samples, "first_clip_cpu": first}))
 """
 
 
 def loop(kind, list_file, env):
-    kw = dict(MEL_KW) if kind == "bare" else dict(sample_rate=SR, **{k: v for k, v in MEL_KW.items() if k not in ("sr", "power")})
+    if kind == "bare":
+        kw = dict(MEL_KW)
+    else:
+        from pipeline import config
+        cfg = config.load_config(None, check_paths=False)
+        kw = {k: cfg[k] for k in ("audio", "pitch", "text")}
     res = common.run_timed([sys.executable, "-c", LOOP, kind, list_file, json.dumps(kw)], env=env)
     return {**json.loads(res["out"].strip().splitlines()[-1]), "process_cpu": res["cpu"]}
 
@@ -99,11 +121,11 @@ def job_startup(corpus, workdir, env):
     commands on a one-clip corpus (run twice; the second run is kept, so any memo the product keeps
     beside its shards is warm, as it is for all but the first job of a build), less one steady clip.
     Also the interpreter alone and `import pipeline.cache` alone, to show where it goes."""
-    from pipeline import dataset
+    from pipeline import manifest
 
     one = workdir / "corpus" / "one-clip"
-    clip = dataset.read_metadata(corpus / "metadata.csv")[0]
-    src = dataset.audio_path(corpus, "wavs", clip.id)
+    clip = manifest.read_metadata(corpus / "metadata.csv")[0]
+    src = manifest.audio_path(corpus, "wavs", clip.id)
     (one / "wavs").mkdir(parents=True, exist_ok=True)
     dst = one / "wavs" / src.name
     if not dst.exists():
@@ -112,22 +134,23 @@ def job_startup(corpus, workdir, env):
     cfg = json.dumps({"name": "one", "dataset": {"root": str(one)}, "cache": {"shards": 1}})
     out = Path(tempfile.mkdtemp(dir=workdir))
     res = {}
-    for kind in ("mels", "tokens"):
+    for kind in ("mels", "tokens", "pitch"):
         cmd = [sys.executable, "-m", "pipeline.cache", kind, "--config", cfg, "--shard", "0",
-               "--out", str(out / kind / "shard-000")]
+               "--out", str(out / kind / "shard-000")] + (["--energy", str(out / "energy" / "shard-000")] if kind == "mels" else [])
         common.run_timed(cmd, env=env)
         res[kind] = common.run_timed(cmd, env=env)["cpu"]
     interp = common.run_timed([sys.executable, "-c", "pass"], env=env)["cpu"]
     imports = common.run_timed([sys.executable, "-c", "import pipeline.cache"], env=env)["cpu"]
     shutil.rmtree(out, ignore_errors=True)
-    return {"mel_job_1clip_cpu": res["mels"], "token_job_cpu": res["tokens"], "interpreter_cpu": interp,
+    return {"mel_job_1clip_cpu": res["mels"], "token_job_cpu": res["tokens"], "pitch_job_1clip_cpu": res["pitch"],
+            "interpreter_cpu": interp,
             "import_pipeline_cache_cpu": imports}
 
 
 def rule_benchmarks(report_dir):
     """{rule: (jobs, summed cpu_time)} from the rules' `benchmark:` files (psutil samples; indicative)."""
     out = {}
-    for rule in ("mel_shard", "token_shard"):
+    for rule in ("mel_shard", "token_shard", "pitch_shard"):
         cpu, n = 0.0, 0
         for tsv in sorted((Path(report_dir) / "benchmarks" / rule).glob("*.tsv")):
             lines = tsv.read_text().splitlines()
@@ -149,7 +172,7 @@ def part_ratio(args, workdir):
     import soundfile as sf
     import yaml
 
-    from pipeline import dataset
+    from pipeline import manifest
 
     corpus = workdir / "corpus" / f"lj-{args.clips}-flac{SR}"
     made = common.ensure_corpus(corpus, args.clips, log=log)
@@ -159,10 +182,11 @@ def part_ratio(args, workdir):
     name = f"ratio{args.clips}"
     cfg_path = common.bench_config(bdir / "config.yaml", name=name, dataset_root=corpus, workdir=bdir, shards=shards)
     cache_dir, report_dir = bdir / "cache" / name, bdir / "reports" / name
-    clips = dataset.read_metadata(corpus / "metadata.csv")
-    files = [str(dataset.audio_path(corpus, "wavs", c.id)) for c in clips]
+    clips = manifest.read_metadata(corpus / "metadata.csv")
+    files = [str(manifest.audio_path(corpus, "wavs", c.id)) for c in clips]
     list_file = bdir / "files.txt"
-    list_file.write_text("\n".join(files))
+    list_file.parent.mkdir(parents=True, exist_ok=True)
+    list_file.write_text("\n".join(f"{f}\t{c.text}" for f, c in zip(files, clips)), encoding="utf-8")
     rate = sf.info(files[0]).samplerate
     resample = "none: files are at 22050 Hz" if rate == SR else f"librosa.load resamples {rate} -> {SR} Hz (soxr_hq)"
     conditions = {k: v for k, v in CONDITIONS.items() if k == "as shipped" or not args.no_blas_check}
@@ -200,7 +224,8 @@ def part_ratio(args, workdir):
         st = startup[cond]
         audio_s = run["audio_s"]
         st["mel_job_fixed_cpu"] = max(st["mel_job_1clip_cpu"] - run["product_cpu"] / len(files), 0.0)
-        fixed = run["plan_cpu"] + shards * st["mel_job_fixed_cpu"] + (shards + 1) * st["token_job_cpu"]
+        fixed = run["plan_cpu"] + shards * (st["mel_job_fixed_cpu"] + st["pitch_job_1clip_cpu"]) \
+            + (shards + 1) * st["token_job_cpu"]  # the pitch job's one clip is counted as fixed: an overestimate
         bare_rate, whole_rate, prod_rate = audio_s / run["bare_cpu"], audio_s / run["sm_cpu"], audio_s / run["product_cpu"]
         variable = max(run["sm_cpu"] - fixed, 1e-9)
         c = res["conditions"][cond] = {
@@ -213,17 +238,20 @@ def part_ratio(args, workdir):
                                                 "vs_bare": prod_rate / bare_rate},
             "caches_target": {"cpu_s": run["sm_cpu"], "wall_s": run["sm_wall"], "audio_s_per_cpu_s": whole_rate,
                               "snakemake_self_cpu_s": run["sm_self_cpu"], "jobs_cpu_s": run["sm_jobs_cpu"],
-                              "jobs": {"mel_shard": shards, "token_shard": shards, "cache_index": 1},
+                              "jobs": {"mel_shard": shards, "pitch_shard": shards, "token_shard": shards,
+                                       "cache_index": 1},
                               "load1_after": run["load1"]},
             "ratio_whole_vs_bare": whole_rate / bare_rate, "met": whole_rate / bare_rate >= 1.0,
             "startup": {"snakemake_plan_cpu_s": run["plan_cpu"], "snakemake_plan_wall_s": run["plan_wall"], **st,
                         "fixed_cpu_s_total": fixed, "fixed_share_of_target_cpu": fixed / run["sm_cpu"]},
             "ratio_excluding_startup": (audio_s / variable) / bare_rate,
         }
-        rows += [[cond, "bare librosa loop (steady: the baseline)", run["bare_cpu"], "", bare_rate, 1.0],
+        rows += [[cond, "bare loop: librosa mel + pyworld DIO/StoneMask + phonemizer (the baseline)", run["bare_cpu"], "",
+                  bare_rate, 1.0],
                  [cond, "  the same as a script (+ interpreter, imports, 1st clip)", run["bare_process_cpu"], "",
                   audio_s / run["bare_process_cpu"], run["bare_cpu"] / run["bare_process_cpu"]],
-                 [cond, "pipeline.audio.mel_from_file loop", run["product_cpu"], "", prod_rate, prod_rate / bare_rate],
+                 [cond, "the product's extractors in one loop (mel+energy, pitch, phonemes)", run["product_cpu"], "",
+                  prod_rate, prod_rate / bare_rate],
                  [cond, "snakemake --cores 2 caches (whole)", run["sm_cpu"], run["sm_wall"], whole_rate, c["ratio_whole_vs_bare"]],
                  [cond, "  Snakemake process itself (scheduling, bookkeeping)", run["sm_self_cpu"], "", "", ""],
                  [cond, "  its jobs (shells, token/mel/index)", run["sm_jobs_cpu"], "", "", ""],
@@ -232,6 +260,7 @@ def part_ratio(args, workdir):
                   [cond, "one mel_shard job less its clips (real job on 1 clip - 1 steady clip)", st["mel_job_fixed_cpu"], shards],
                   [cond, "  of which `python -c 'import pipeline.cache'`", st["import_pipeline_cache_cpu"], ""],
                   [cond, "  of which `python -c pass` (the interpreter)", st["interpreter_cpu"], ""],
+                  [cond, "one pitch_shard job on 1 clip", st["pitch_job_1clip_cpu"], shards],
                   [cond, "one token_shard job (~ cache_index too)", st["token_job_cpu"], shards + 1],
                   [cond, "fixed start-up total", fixed, f"{100 * fixed / run['sm_cpu']:.0f} % of the target's CPU"]]
     log(common.table(rows, ["condition", "what", "CPU s", "wall s", "audio-s / CPU-s", "x bare"]))
@@ -247,6 +276,7 @@ def part_ratio(args, workdir):
 
 def _kind(proc):
     for key, kind in (("pipeline.cache mels", "mel_shard"), ("pipeline.cache tokens", "token_shard"),
+                      ("pipeline.cache pitch", "pitch_shard"),
                       ("pipeline.cache index", "cache_index"), ("snakemake", "snakemake")):
         if key in proc:
             return kind
@@ -262,8 +292,12 @@ def _category(frames):
         return "numba compile/import"
     if "_find_and_load" in s:
         return "imports"
-    if "mel_from_file" in s:
+    if "stft_magnitude" in s or "log_mel" in s or "energy_from_magnitude" in s:
         return "mel compute"
+    if "pitch.py" in s or "f0 " in s:
+        return "pitch compute"
+    if "phonemize" in s:
+        return "phonemize"
     if "psutil" in s:
         return "benchmark: psutil"
     if "atomic_write" in s or "_write_shard" in s:
@@ -297,7 +331,7 @@ def part_profile(args, workdir):
         kind = _kind(owners[-1]) if owners else "other"
         procs[kind].add(owners[-1].split(":")[0] if owners else "?")
         by[kind][_category([f for f in frames if not f.startswith("process ")])] += int(n)
-    cats = ["mel compute", "imports", "numba compile/import", "writing", "benchmark: psutil", "other", "waiting"]
+    cats = ["mel compute", "pitch compute", "phonemize", "imports", "numba compile/import", "writing", "benchmark: psutil", "other", "waiting"]
     rows = [[k, len(procs[k]), *[round(by[k][c] / 50, 1) for c in cats]] for k in sorted(by)]
     log(common.table(rows, ["process", "processes", *[f"{c} (s)" for c in cats]]))
     log("(seconds of samples at 50 Hz while a thread was active; `waiting` is Snakemake waiting on jobs)")
@@ -354,7 +388,7 @@ def rebuild(cfg_path, full, expect, what):
 
 
 def measure_shards(args, workdir, corpus, shards):
-    from pipeline import dataset
+    from pipeline import manifest
 
     bdir = workdir / "preprocess" / "full"
     name = f"lj{args.full_clips}-s{shards}"
@@ -373,9 +407,9 @@ def measure_shards(args, workdir, corpus, shards):
     nothing, _ = common.planned_jobs(cfg_path, "caches")
 
     meta = corpus / "metadata.csv"
-    clips = dataset.read_metadata(meta)
+    clips = manifest.read_metadata(meta)
     victim = clips[len(clips) // 2].id
-    audio = dataset.audio_path(corpus, "wavs", victim)
+    audio = manifest.audio_path(corpus, "wavs", victim)
     saved_meta, saved_audio = meta.read_bytes(), audio.read_bytes()
     try:
         edit_text(meta, victim)

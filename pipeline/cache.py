@@ -1,186 +1,234 @@
-"""Shard caches: token shards, mel shards and the dataset index that ties them together.
+"""Shard caches: the jobs that make token, mel (+ energy) and pitch shards, and the index over them.
 
-Each shard is a raw little-endian array (`.bin`, read by the loader with tf.io.read_file +
-tf.io.decode_raw alone) and a JSON index beside it: ids, lengths, offsets, and the provenance
-(a digest of the config section and the feature code that made it), so the loader can refuse
-to mix shards built under different settings. Mel shards also keep per-clip mel sums
-(`.stats.npy`), from which `index` computes the train split's mean/std without a second pass.
+Each job reads the manifest (pipeline/manifest.py), computes one shard's features and writes them
+in the one shard format (pipeline/shards.py). Mel shards and their energy come from one STFT
+(pipeline/audio.py); pitch from pipeline/pitch.py on the same frame grid; tokens from the text
+front end (pipeline/text.py, one espeak-ng backend per job). Per-clip sums (`.stats.npy`) give
+`index` the train split's mel, energy and voiced-pitch mean/std without a second pass.
 
     python -m pipeline.cache tokens --config CFG --shard 3 --out cache/demo/tokens/shard-003
-    python -m pipeline.cache mels   --config CFG --shard 3 --out cache/demo/mels/shard-003
-    python -m pipeline.cache index  --config CFG --tokens T1 T2 .. --mels M1 M2 .. --out cache/demo/index.json
+    python -m pipeline.cache mels   --config CFG --shard 3 --out cache/demo/mels/shard-003 --energy cache/demo/energy/shard-003
+    python -m pipeline.cache pitch  --config CFG --shard 3 --out cache/demo/pitch/shard-003
+    python -m pipeline.cache index  --config CFG --tokens T.. --mels M.. --energy E.. --pitch P.. --out cache/demo/index.json
 
-Config keys: dataset.*, cache.shards, audio.*, text.cleaners. Writes are atomic: the `.bin`
-first, the `.json` last, each through a temporary file, so an interrupted job leaves no shard
-that loads.
+Config keys: dataset.*, cache.shards, text.* (tokens), audio.* (mels; pitch reads sample_rate and
+hop_length), pitch.* (pitch).
 """
 import argparse
 import functools
-import io
 import json
 import time
 from pathlib import Path
 
 import numpy as np
 
-from pipeline import audio, config, dataset, text
+from pipeline import audio, config, manifest, pitch, shards, text
 from pipeline.errors import PipelineError, cli
 
-TOKEN_DTYPE, MEL_DTYPE = "int32", "float16"  # mels stay float16 until they are on the device
+_print = functools.partial(print, flush=True)
 
 
-def _write_shard(out, array, meta):
-    out = Path(out)
-    config.atomic_write_bytes(out.with_suffix(".bin"), np.ascontiguousarray(array).tobytes())
-    meta["bytes"] = int(array.nbytes)
-    config.atomic_write_text(out.with_suffix(".json"), json.dumps(meta, indent=1))
-
-
-def _offsets(lengths):
-    return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int).tolist() if lengths else []
-
-
-def build_token_shard(cfg, shard, out, log=functools.partial(print, flush=True)):
-    clips = dataset.load_manifest(cfg["dataset"], cfg["cache"]["shards"])[shard]
-    ids, lengths, chunks, dropped = [], [], [], {}
-    for c in clips:
-        seq, n_dropped = text.text_to_ids(c.text, cfg["text"]["cleaners"])
+def build_token_shard(cfg, shard, out, log=_print):
+    ds = cfg["dataset"]
+    clips = manifest.load_manifest(ds, cfg["cache"]["shards"])[shard]
+    espeak = text.espeak_version() if cfg["text"]["frontend"] == "phonemes" else None
+    ids, arrays, rejected, used, dropped = [], [], [], set(), {}
+    for c, (symbols, n_dropped) in zip(clips, text.to_symbols([c.text for c in clips], cfg["text"])):
+        if text.says_nothing(symbols):
+            where = f"{Path(ds['root']) / ds['metadata']}:{c.lineno}"
+            rejected.append(dict(id=c.id, path=where, reason=f"its text {c.text!r} gives no {cfg['text']['frontend']}"))
+            log(f"rejected {where}: {rejected[-1]['reason']}")
+            continue
         ids.append(c.id)
-        lengths.append(len(seq))
-        chunks.append(np.asarray(seq, dtype=TOKEN_DTYPE))
+        arrays.append(np.array([ord(s) for s in symbols + text.EOS], np.int32))  # code points, EOS last
+        used.update(symbols)
         if n_dropped:
             dropped[c.id] = n_dropped
-    array = np.concatenate(chunks) if chunks else np.zeros(0, TOKEN_DTYPE)
-    meta = dict(kind="tokens", format=dataset.FORMAT, shard=shard, provenance=dataset.provenance("tokens", cfg),
-                dtype=TOKEN_DTYPE, ids=ids, lengths=lengths, offsets=_offsets(lengths), dropped=dropped)
-    _write_shard(out, array, meta)
-    log(f"token shard {shard}: {len(ids)} clips, {int(array.size)} tokens, "
-        f"{sum(dropped.values())} characters outside the vocabulary dropped")
+    meta = shards.write(out, "tokens", ids, arrays, provenance=shards.provenance("tokens", cfg, espeak=espeak),
+                        rejected=rejected, symbols=sorted(used), dropped=dropped, espeak=espeak)
+    log(f"token shard {shard}: {len(ids)} clips, {sum(meta['lengths'])} symbols ({cfg['text']['frontend']}"
+        f"{', espeak-ng ' + espeak if espeak else ''}), {len(rejected)} rejected, "
+        f"{sum(dropped.values())} characters dropped")
 
 
-def build_mel_shard(cfg, shard, out, log=functools.partial(print, flush=True)):
-    ds = cfg["dataset"]
-    clips = dataset.load_manifest(ds, cfg["cache"]["shards"])[shard]
-    ids, frames, mels, sums, rejected = [], [], [], [], []
-    seconds, start = 0.0, time.time()
+def _audio_of_shard(cfg, shard, what, log):
+    """(clips' signals as (id, float32 audio) pairs, rejected) of one shard; BadAudio listing every
+    bad clip when dataset.bad_audio is fail."""
+    ds, a = cfg["dataset"], cfg["audio"]
+    clips = manifest.load_manifest(ds, cfg["cache"]["shards"])[shard]
+    rejected, start = [], time.time()
+
+    def signals():
+        for i, c in enumerate(clips, start=1):
+            path = manifest.audio_path(ds["root"], ds["audio_dir"], c.id)
+            try:
+                if path is None:
+                    raise audio.BadAudio(f"missing file (no {c.id}.wav, .flac or .ogg)")
+                y = audio.load_audio(path, sample_rate=a["sample_rate"], max_seconds=ds["max_seconds"])
+                audio.check_length(y, a["hop_length"])
+            except audio.BadAudio as e:
+                where = path or Path(ds["root"]) / ds["audio_dir"] / f"{c.id}.*"
+                rejected.append(dict(id=c.id, path=str(where), reason=str(e)))
+                log(f"rejected {where}: {e}")
+                continue
+            yield c.id, y
+            if i % 50 == 0 or i == len(clips):
+                rate = i / max(time.time() - start, 1e-9)
+                log(f"{what} shard {shard}: {i}/{len(clips)} clips, {rate:.1f} clips/s, eta {(len(clips) - i) / rate:.0f} s")
+
+    def fail_on_bad():
+        if rejected and ds["bad_audio"] == "fail":
+            listing = "; ".join(f"{r['path']}: {r['reason']}" for r in rejected)
+            raise audio.BadAudio(f"{what} shard {shard}: {len(rejected)} bad clip(s) with dataset.bad_audio: fail: {listing}")
+
+    return signals(), rejected, fail_on_bad
+
+
+def build_mel_shard(cfg, shard, out, energy_out, log=_print):
+    """Mels (float16) and energy (float32) per frame, from one STFT per clip."""
     a = cfg["audio"]
     basis = audio.mel_basis_memo(Path(out).parent, sample_rate=a["sample_rate"], n_fft=a["n_fft"],
                                  n_mels=a["n_mels"], fmin=a["fmin"], fmax=a["fmax"])
-    for i, c in enumerate(clips, start=1):
-        path = dataset.audio_path(ds["root"], ds["audio_dir"], c.id)
-        try:
-            if path is None:
-                raise audio.BadAudio(f"missing file (no {c.id}.wav, .flac or .ogg)")
-            mel = audio.mel_from_file(path, cfg["audio"], ds["max_seconds"], basis)  # (F, n_mels)
-        except audio.BadAudio as e:
-            where = path or Path(ds["root"]) / ds["audio_dir"] / f"{c.id}.*"
-            rejected.append(dict(id=c.id, path=str(where), reason=str(e)))
-            log(f"rejected {where}: {e}")
-            continue
-        ids.append(c.id)
-        frames.append(int(mel.shape[0]))
-        mels.append(mel.astype(MEL_DTYPE))
-        sums.append([mel.sum(0, dtype=np.float64), np.square(mel).sum(0, dtype=np.float64)])  # for mean/std
-        seconds += mel.shape[0] * cfg["audio"]["hop_length"] / cfg["audio"]["sample_rate"]
-        if i % 50 == 0 or i == len(clips):
-            rate = i / max(time.time() - start, 1e-9)
-            log(f"mel shard {shard}: {i}/{len(clips)} clips, {rate:.1f} clips/s, "
-                f"eta {(len(clips) - i) / rate:.0f} s")
-    if rejected and ds["bad_audio"] == "fail":
-        listing = "; ".join(f"{r['path']}: {r['reason']}" for r in rejected)
-        raise audio.BadAudio(f"mel shard {shard}: {len(rejected)} bad clip(s) with dataset.bad_audio: fail: {listing}")
-    n_mels = cfg["audio"]["n_mels"]
-    array = np.concatenate(mels) if mels else np.zeros((0, n_mels), MEL_DTYPE)
-    stats = np.asarray(sums, dtype=np.float64).reshape(len(ids), 2, n_mels)
-    config.atomic_write_bytes(Path(out).with_suffix(".stats.npy"), _npy_bytes(stats))
-    meta = dict(kind="mels", format=dataset.FORMAT, shard=shard, provenance=dataset.provenance("mels", cfg),
-                dtype=MEL_DTYPE, n_mels=n_mels, ids=ids, frames=frames, offsets=_offsets(frames),
-                seconds=round(seconds, 3), rejected=rejected)
-    _write_shard(out, array, meta)
+    signals, rejected, fail_on_bad = _audio_of_shard(cfg, shard, "mel", log)
+    ids, mels, energies, mel_sums, energy_sums = [], [], [], [], []
+    for cid, y in signals:
+        spec = audio.stft_magnitude(y, n_fft=a["n_fft"], hop_length=a["hop_length"], win_length=a["win_length"])
+        mel = audio.log_mel(spec, basis)                                          # (F, n_mels)
+        energy = audio.energy_from_magnitude(spec)                                # (F,)
+        ids.append(cid)
+        mels.append(mel.astype(np.float16))
+        energies.append(energy)
+        mel_sums.append([mel.sum(0, dtype=np.float64), np.square(mel).sum(0, dtype=np.float64)])
+        energy_sums.append([energy.sum(dtype=np.float64), np.square(energy, dtype=np.float64).sum()])
+    fail_on_bad()
+    n_mels = a["n_mels"]
+    frames = sum(len(m) for m in mels)
+    seconds = round(frames * a["hop_length"] / a["sample_rate"], 3)
+    shards.write(energy_out, "energy", ids, energies, provenance=shards.provenance("energy", cfg),
+                 stats=np.asarray(energy_sums, np.float64).reshape(len(ids), 2), rejected=rejected)
+    shards.write(out, "mels", ids, mels, provenance=shards.provenance("mels", cfg), width=n_mels,
+                 stats=np.asarray(mel_sums, np.float64).reshape(len(ids), 2, n_mels), rejected=rejected,
+                 seconds=seconds)
     log(f"mel shard {shard}: {len(ids)} clips, {seconds:.1f} s of audio, {len(rejected)} rejected")
 
 
-def _npy_bytes(array):
-    buf = io.BytesIO()
-    np.save(buf, array)
-    return buf.getvalue()
+def build_pitch_shard(cfg, shard, out, log=_print):
+    a, p = cfg["audio"], cfg["pitch"]
+    signals, rejected, fail_on_bad = _audio_of_shard(cfg, shard, "pitch", log)
+    ids, tracks, sums = [], [], []
+    for cid, y in signals:
+        f = pitch.f0(y, sample_rate=a["sample_rate"], hop_length=a["hop_length"],
+                     n_frames=audio.n_frames(len(y), a["hop_length"]), **p)
+        ids.append(cid)
+        tracks.append(f)
+        sums.append(pitch.voiced_stats(f))
+    fail_on_bad()
+    shards.write(out, "pitch", ids, tracks, provenance=shards.provenance("pitch", cfg),
+                 stats=np.asarray(sums, np.float64).reshape(len(ids), 3), rejected=rejected)
+    voiced = sum(s[0] for s in sums) / max(sum(len(t) for t in tracks), 1)
+    log(f"pitch shard {shard}: {len(ids)} clips, {voiced:.0%} of frames voiced ({p['method']}), {len(rejected)} rejected")
 
 
-def read_shard_meta(path):
-    path = Path(path).with_suffix(".json")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PipelineError(f"{path}: shard index missing (run `snakemake --cores all caches`)") from None
+def _mean_std(total, count, floor=1e-6):
+    mean = total[0] / max(count, 1)
+    return mean, np.sqrt(np.maximum(total[1] / max(count, 1) - mean ** 2, floor))
 
 
-def build_index(cfg, token_paths, mel_paths, out, log=functools.partial(print, flush=True)):
-    """index.json + vocab.json + rejected.tsv from every shard's JSON (and the mel sums)."""
+def build_index(cfg, paths, out, log=_print):
+    """index.json + vocab.json + rejected.tsv from every shard's JSON and per-clip sums.
+    `paths`: {kind: [shard paths]} for shards.CACHE_KINDS, in shard order."""
     out = Path(out)
-    want = {"tokens": dataset.provenance("tokens", cfg), "mels": dataset.provenance("mels", cfg)}
-    shards, rejected = [], []
+    espeak = text.espeak_version() if cfg["text"]["frontend"] == "phonemes" else None
+    want = {k: shards.provenance(k, cfg, espeak=espeak) for k in shards.CACHE_KINDS}
     n_mels = cfg["audio"]["n_mels"]
-    total = np.zeros((2, n_mels)); frames_train = 0
+    mel_total, energy_total, pitch_total = np.zeros((2, n_mels)), np.zeros(2), np.zeros(3)
+    frames_train = 0
     counts = dict(clips=0, train=0, val=0, rejected=0, seconds=0.0)
-    for tp, mp in zip(sorted(token_paths), sorted(mel_paths)):
-        tok, mel = read_shard_meta(tp), read_shard_meta(mp)
-        for kind, meta, p in (("tokens", tok, tp), ("mels", mel, mp)):
-            if meta["provenance"] != want[kind]:
-                raise PipelineError(f"{p}: built with other {kind} settings or code "
-                                 f"(provenance {meta['provenance']}, expected {want[kind]}); rerun `snakemake caches`")
-        stats = np.load(Path(mp).with_suffix(".stats.npy"))
-        usable = set(tok["ids"])
-        val = 0
-        for i, cid in enumerate(mel["ids"]):
+    entries, rejected, used = [], {}, set()
+    for k, group in enumerate(zip(*(sorted(paths[kind]) for kind in shards.CACHE_KINDS))):
+        metas = {}
+        for kind, p in zip(shards.CACHE_KINDS, group):
+            metas[kind] = shards.read_meta(p, kind)
+            if metas[kind]["provenance"] != want[kind]:
+                raise shards.CacheError(f"{p}: built with other settings or code (provenance {metas[kind]['provenance']}, "
+                                        f"expected {want[kind]}); rerun `{shards.REBUILD}`")
+            for r in metas[kind]["rejected"]:
+                rejected.setdefault(r["id"], r)
+        used.update(metas["tokens"]["symbols"])
+        stats = {kind: np.load(Path(p).with_suffix(".stats.npy")) for kind, p in zip(shards.CACHE_KINDS, group)
+                 if kind != "tokens"}
+        usable = set(metas["tokens"]["ids"]) & set(metas["energy"]["ids"]) & set(metas["pitch"]["ids"])
+        at = {kind: {cid: i for i, cid in enumerate(metas[kind]["ids"])} for kind in ("energy", "pitch")}
+        n = val = 0
+        for i, cid in enumerate(metas["mels"]["ids"]):
             if cid not in usable:
                 continue
-            if dataset.is_validation(cid, cfg["dataset"]["val_fraction"]):
+            n += 1
+            if manifest.is_validation(cid, cfg["dataset"]["val_fraction"]):
                 val += 1
-            else:
-                total += stats[i]
-                frames_train += mel["frames"][i]
-        n = len(usable & set(mel["ids"]))
+                continue
+            mel_total += stats["mels"][i]
+            energy_total += stats["energy"][at["energy"][cid]]
+            pitch_total += stats["pitch"][at["pitch"][cid]]
+            frames_train += metas["mels"]["lengths"][i]
         counts["clips"] += n; counts["val"] += val; counts["train"] += n - val
-        counts["rejected"] += len(mel["rejected"]); counts["seconds"] += mel["seconds"]
-        rejected += mel["rejected"]
-        shards.append(dict(tokens=str(Path(tp).with_suffix("").relative_to(out.parent)),
-                           mels=str(Path(mp).with_suffix("").relative_to(out.parent)), clips=n, val=val))
+        counts["seconds"] += metas["mels"]["seconds"]
+        entries.append(dict(shard=k, clips=n, val=val, **{kind: str(Path(p).with_suffix("").relative_to(out.parent))
+                                                          for kind, p in zip(shards.CACHE_KINDS, group)}))
+    counts["rejected"] = len(rejected)
     if frames_train == 0:
         raise PipelineError(f"no training clips in {cfg['dataset']['root']}: every clip was rejected or in validation "
-                         f"(see {out.parent / 'rejected.tsv'})")
-    mean = total[0] / frames_train
-    std = np.sqrt(np.maximum(total[1] / frames_train - mean ** 2, 1e-6))
-    vocab = text.vocabulary(cfg["text"]["cleaners"])
-    index = dict(name=cfg["name"], format=dataset.FORMAT, provenance=want, n_mels=n_mels, audio=cfg["audio"],
-                 text=cfg["text"], val_fraction=cfg["dataset"]["val_fraction"], counts=counts,
-                 mel_mean=mean.round(6).tolist(), mel_std=std.round(6).tolist(), vocab=vocab, shards=shards)
+                            f"(see {out.parent / 'rejected.tsv'})")
+    mel_mean, mel_std = _mean_std(mel_total, frames_train)
+    energy_mean, energy_std = _mean_std(energy_total, frames_train)
+    pitch_mean, pitch_std = _mean_std(pitch_total[1:], pitch_total[0])
+    vocab = text.vocabulary(used, cfg["text"], espeak=espeak)
     counts["seconds"] = round(counts["seconds"], 2)
-    lines = ["id\tpath\treason"] + [f"{r['id']}\t{r['path']}\t{r['reason']}" for r in rejected]
+    index = dict(name=cfg["name"], format=shards.FORMAT, provenance=want, n_mels=n_mels, audio=cfg["audio"],
+                 text=cfg["text"], pitch=cfg["pitch"], val_fraction=cfg["dataset"]["val_fraction"], counts=counts,
+                 mel_mean=mel_mean.round(6).tolist(), mel_std=mel_std.round(6).tolist(),
+                 pitch_mean=round(float(pitch_mean), 4), pitch_std=round(float(pitch_std), 4),
+                 energy_mean=round(float(energy_mean), 6), energy_std=round(float(energy_std), 6),
+                 vocab=vocab, shards=entries)
+    lines = ["id\tpath\treason"] + [f"{r['id']}\t{r['path']}\t{r['reason']}" for r in rejected.values()]
     config.atomic_write_text(out.parent / "rejected.tsv", "\n".join(lines) + "\n")
-    config.atomic_write_text(out.parent / "vocab.json", json.dumps(vocab, indent=1))
-    config.atomic_write_text(out, json.dumps(index, indent=1))
+    config.atomic_write_text(out.parent / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False))
+    config.atomic_write_text(out, json.dumps(index, indent=1, ensure_ascii=False))
     log(f"index: {counts['clips']} clips ({counts['train']} train, {counts['val']} validation), "
-        f"{counts['seconds'] / 3600:.2f} h of audio, {counts['rejected']} rejected (listed in {out.parent / 'rejected.tsv'})")
+        f"{counts['seconds'] / 3600:.2f} h of audio, {len(vocab['symbols'])} symbols, pitch {pitch_mean:.0f} "
+        f"+- {pitch_std:.0f} Hz, {counts['rejected']} rejected (listed in {out.parent / 'rejected.tsv'})")
 
 
 @cli
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Build token shards, mel shards and the cache index.")
-    parser.add_argument("what", choices=["tokens", "mels", "index"])
+    parser = argparse.ArgumentParser(description="Build token, mel (+ energy) and pitch shards and the cache index.")
+    parser.add_argument("what", choices=["tokens", "mels", "pitch", "index"])
     config.add_arguments(parser)
     parser.add_argument("--shard", type=int)
     parser.add_argument("--out", required=True, help="shard path without suffix, or index.json")
-    parser.add_argument("--tokens", nargs="*", default=[])
-    parser.add_argument("--mels", nargs="*", default=[])
+    parser.add_argument("--energy", help="mels: the energy shard path without suffix")
+    for kind in shards.CACHE_KINDS:
+        if kind != "energy":
+            parser.add_argument(f"--{kind}", nargs="*", default=[], help=f"index: the {kind} shards")
+    parser.add_argument("--energy-shards", nargs="*", default=[], help="index: the energy shards")
     args = parser.parse_args(argv)
-    cfg = config.from_args(args)
+    # a pitch job gets audio.sample_rate and hop_length alone (its rule passes no other audio key, so
+    # an n_mels edit does not rerun it): the cross-key audio checks would see defaults, so skip them
+    cfg = config.from_args(args, check_paths=args.what != "pitch")
     if args.what == "index":
-        build_index(cfg, args.tokens, args.mels, args.out)
+        build_index(cfg, dict(tokens=args.tokens, mels=args.mels, energy=args.energy_shards, pitch=args.pitch),
+                    args.out)
         return
     if args.shard is None or not 0 <= args.shard < cfg["cache"]["shards"]:
         raise config.ConfigError(f"--shard must be in 0..{cfg['cache']['shards'] - 1}")
-    build = build_token_shard if args.what == "tokens" else build_mel_shard
-    build(cfg, args.shard, args.out)
+    if args.what == "tokens":
+        build_token_shard(cfg, args.shard, args.out)
+    elif args.what == "mels":
+        if not args.energy:
+            raise config.ConfigError("mels: --energy (the energy shard path) is required")
+        build_mel_shard(cfg, args.shard, args.out, args.energy)
+    else:
+        build_pitch_shard(cfg, args.shard, args.out)
 
 
 if __name__ == "__main__":

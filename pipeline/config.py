@@ -186,6 +186,11 @@ def check_dataset_paths(cfg):
         raise ConfigError(f"audio.fmin: {a['fmin']} must be below audio.fmax {a['fmax']}")
     if a["win_length"] > a["n_fft"]:
         raise ConfigError(f"audio.win_length: {a['win_length']} is longer than audio.n_fft {a['n_fft']}")
+    p = cfg["pitch"]
+    if p["fmax"] > a["sample_rate"] / 2:
+        raise ConfigError(f"pitch.fmax: {p['fmax']} is above the Nyquist frequency {a['sample_rate'] / 2}")
+    if p["fmin"] >= p["fmax"]:
+        raise ConfigError(f"pitch.fmin: {p['fmin']} must be below pitch.fmax {p['fmax']}")
 
 
 def parse_set(items):

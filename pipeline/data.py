@@ -1,120 +1,153 @@
 """The training input pipeline: shard caches -> bucketed, padded batches, with no Python per example.
 
 `build_dataset(cfg, split)` reads shard `.bin` files with tf.io.read_file + tf.io.decode_raw and
-gathers examples out of them by the offsets in the shards' JSON; the JSON, the index and the file
-sizes are checked once, in Python, when the dataset is built, never per example. Shards are read
-in groups of about GROUP_BYTES (all of LJSpeech's mels fit in two): a group's index rows are
-shuffled across its shards, grouped by length into `train.buckets` fixed (tokens, frames) shapes
-so a compiled step sees at most that many shapes, batched, and each batch is assembled by ONE
-vectorised gather from the group's arrays (not ~20 ops per example), which is what makes the loader
-faster than padding the same arrays from RAM. Mels stay float16, as stored, and unnormalised: the
-training step normalises them on the model device with `mel_stats(cfg)`, so the host moves half
-the bytes.
+gathers examples out of them by the offsets in the shards' JSON (pipeline/shards.py owns the
+format); the JSON, the index and the file sizes are checked once, in Python, when the dataset is
+built, never per example. Shards are read in groups of about GROUP_BYTES (all of LJSpeech fits in
+two): a group's index rows are shuffled across its shards, grouped by length into `train.buckets`
+fixed (tokens, frames) shapes so a compiled step sees at most that many shapes, batched, and each
+batch is assembled by ONE vectorised gather per field from the group's arrays. Mels stay float16,
+as stored, and unnormalised: the training step normalises on the model device with
+`feature_stats(cfg)`, so the host moves half the bytes.
 
-Batches are dicts: tokens int32 [B, T], token_lengths int32 [B], mel float16 [B, F, n_mels],
-mel_lengths int32 [B] (F a multiple of model.reduction, padding = log(1e-5), i.e. silence).
+Batches are dicts: tokens int32 [B, T] (vocabulary ids: token shards hold code points, mapped by
+one table gather per group), token_lengths int32 [B], mel float16 [B, F, n_mels] (padding =
+log(1e-5), silence), mel_lengths int32 [B], pitch float32 [B, F] (Hz, 0 = unvoiced or padding),
+energy float32 [B, F] (0 = padding); with durations=True also durations int32 [B, T] (frames per
+token, rows summing to mel_lengths). F is a multiple of model.reduction.
 """
 import json
 import os
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, dataset
+from pipeline import config, manifest, shards
+from pipeline.shards import CacheError  # noqa: F401  (re-exported: callers catch data.CacheError)
 from pipeline.models import frame_multiple
-from pipeline.errors import PipelineError
 
 PAD_LOG_MEL = float(np.log(1e-5))  # padded frames look like silence to the model
 GROUP_BYTES = 1 << 30  # shards are read in groups of about this size; a batch mixes clips of one group
-
-
-class CacheError(PipelineError):
-    """A cache that must not be trained on; the message names the shard or file and what to run."""
-
-
-@dataclass
-class Clips:
-    """Usable clips as flat columns (one row per clip)."""
-    ids: list
-    shard: np.ndarray       # which shard holds it
-    tok_off: np.ndarray     # offset (in tokens) inside the shard's token file
-    tok_len: np.ndarray
-    mel_off: np.ndarray     # offset (in frames) inside the shard's mel file
-    frames: np.ndarray
-    val: np.ndarray         # in the validation split
-
-    def split(self, name):
-        """The rows of split `name`: "train", "val" or "all"."""
-        keep = np.ones(len(self.ids), bool) if name == "all" else self.val == (name == "val")
-        return Clips(ids=[i for i, k in zip(self.ids, keep) if k],
-                     **{f: getattr(self, f)[keep] for f in ("shard", "tok_off", "tok_len", "mel_off", "frames", "val")})
+FRAME_KINDS = ("mels", "energy", "pitch")  # one row per mel frame, same ids and counts
+ROW = {name: i for i, name in enumerate(  # the columns of a group's row table
+    ("clip", "tokens", "n_tokens", "mels", "frames", "bucket", "energy", "pitch", "durations"))}
 
 
 def read_index(cfg):
+    """index.json, refused (CacheError saying what to run) when built by other code or settings."""
     path = config.cache_dir(cfg) / "index.json"
     try:
         index = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CacheError(f"{path}: no cache index; build it with `snakemake --cores all caches`") from None
-    for kind in ("tokens", "mels"):
-        want = dataset.provenance(kind, cfg)
-        if index["provenance"][kind] != want:
-            section = "text" if kind == "tokens" else "audio"
-            raise CacheError(f"{path}: the {kind} cache was built with other `{section}:` settings or code "
-                             f"than the current config; rerun `snakemake --cores all caches`")
+        raise CacheError(f"{path}: no cache index; build it with `{shards.REBUILD}`") from None
+    if index.get("format") != shards.FORMAT:
+        raise CacheError(f"{path}: a cache in format {index.get('format')} (this code reads format {shards.FORMAT}, with "
+                         f"phonemes, pitch and energy); rebuild it with `{shards.REBUILD}`")
+    sections = {"tokens": "text", "mels": "audio", "energy": "audio", "pitch": "pitch"}
+    for kind in shards.CACHE_KINDS:
+        if index["provenance"][kind] != shards.provenance(kind, cfg):
+            raise CacheError(f"{path}: the {kind} cache was built with other `{sections[kind]}:` settings or code "
+                             f"(or espeak-ng version) than the current config; rerun `{shards.REBUILD}`")
     return index
+
+
+def feature_stats(cfg, index=None):
+    """Train-split statistics from the index: mel_mean/mel_std float32 [n_mels]; pitch_mean/pitch_std
+    (Hz, voiced frames), energy_mean/energy_std floats."""
+    index = index or read_index(cfg)
+    out = {k: np.asarray(index[k], np.float32) for k in ("mel_mean", "mel_std")}
+    out.update({k: float(index[k]) for k in ("pitch_mean", "pitch_std", "energy_mean", "energy_std")})
+    return out
 
 
 def mel_stats(cfg, index=None):
     """(mean, std) float32 [n_mels] of the train split's log-mels, from the index."""
-    index = index or read_index(cfg)
-    return np.asarray(index["mel_mean"], np.float32), np.asarray(index["mel_std"], np.float32)
+    s = feature_stats(cfg, index)
+    return s["mel_mean"], s["mel_std"]
 
 
-def _check_shard(meta, path, want, itemsize, per_item):
-    if meta["provenance"] != want:
-        raise CacheError(f"{path}: built with other settings than the index (provenance {meta['provenance']} "
-                         f"!= {want}); rerun `snakemake --cores all caches`")
-    lengths = meta["lengths"] if meta["kind"] == "tokens" else meta["frames"]
-    expected = sum(lengths) * per_item * itemsize
-    if meta["bytes"] != expected:
-        raise CacheError(f"{path}: index records {meta['bytes']} bytes but its lengths add up to {expected}")
-    size = os.path.getsize(path) if os.path.exists(path) else None
-    if size != expected:
-        raise CacheError(f"{path}: {size} bytes on disk, {expected} expected (truncated or corrupted); "
-                         "delete it and rerun `snakemake --cores all caches`")
+@dataclass
+class Clips:
+    """Usable clips as flat columns (one row per clip); offsets in items of each kind's shard."""
+    ids: list
+    shard: np.ndarray       # which shard holds it
+    val: np.ndarray         # in the validation split
+    n_tokens: np.ndarray
+    frames: np.ndarray
+    offsets: dict = field(default_factory=dict)  # kind -> offsets inside that kind's shard
+
+    def split(self, name):
+        """The rows of split `name`: "train", "val" or "all"."""
+        keep = np.ones(len(self.ids), bool) if name == "all" else self.val == (name == "val")
+        return Clips(ids=[i for i, k in zip(self.ids, keep) if k], shard=self.shard[keep], val=self.val[keep],
+                     n_tokens=self.n_tokens[keep], frames=self.frames[keep],
+                     offsets={k: v[keep] for k, v in self.offsets.items()})
 
 
-def load_clips(cfg, split="all", index=None):
-    """(Clips of `split`, token paths, mel paths), every shard checked against the index."""
+def _shard_metas(root, entry, kinds, index):
+    """{kind: (meta, prefix)} of one index entry, each checked against the index and its .bin."""
+    out = {}
+    for kind in kinds:
+        if kind == "durations":
+            prefix = shards.prefix(root, "durations", entry["shard"])
+            meta = shards.read_meta(prefix, "durations")
+            shards.check(meta, prefix)
+        else:
+            prefix = root / entry[kind]
+            meta = shards.read_meta(prefix, kind)
+            shards.check(meta, prefix, index["provenance"][kind])
+        out[kind] = (meta, prefix)
+    return out
+
+
+def _check_durations(meta, tok, prefix, mel_frames):
+    """Durations must cover the token shard 1:1 and sum to each clip's mel frames."""
+    target = shards.KINDS["durations"].target
+    if meta["ids"] != tok["ids"] or meta["lengths"] != tok["lengths"]:
+        raise CacheError(f"{prefix}.json: durations for other clips or tokens than {tok['kind']} shard "
+                         f"{prefix.name} (stale); run `{target}`")
+    _, arrays = shards.read(prefix, "durations")
+    for cid, d in zip(meta["ids"], arrays):
+        if cid in mel_frames and int(d.sum()) != mel_frames[cid]:
+            raise CacheError(f"{prefix}.bin: durations of {cid} sum to {int(d.sum())}, its mel has "
+                             f"{mel_frames[cid]} frames (stale); run `{target}`")
+
+
+def load_clips(cfg, split="all", index=None, durations=False):
+    """(Clips of `split`, {kind: [.bin path per shard]}), every shard checked against the index."""
     index = index or read_index(cfg)
     root = config.cache_dir(cfg)
-    cols = {k: [] for k in ("ids", "shard", "tok_off", "tok_len", "mel_off", "frames", "val")}
-    tok_paths, mel_paths = [], []
+    kinds = shards.CACHE_KINDS + (("durations",) if durations else ())
+    cols = {k: [] for k in ("ids", "shard", "val", "n_tokens", "frames", *kinds)}
+    paths = {k: [] for k in kinds}
     for k, entry in enumerate(index["shards"]):
-        tpath, mpath = root / f"{entry['tokens']}.bin", root / f"{entry['mels']}.bin"
-        tok = json.loads(tpath.with_suffix(".json").read_text()) if tpath.with_suffix(".json").exists() else None
-        mel = json.loads(mpath.with_suffix(".json").read_text()) if mpath.with_suffix(".json").exists() else None
-        if tok is None or mel is None:
-            raise CacheError(f"{tpath if tok is None else mpath}: shard index missing; rerun `snakemake caches`")
-        _check_shard(tok, tpath, index["provenance"]["tokens"], 4, 1)
-        _check_shard(mel, mpath, index["provenance"]["mels"], 2, index["n_mels"])
-        tok_at = {cid: i for i, cid in enumerate(tok["ids"])}
+        metas = _shard_metas(root, entry, kinds, index)
+        tok, mel = metas["tokens"][0], metas["mels"][0]
+        at = {kind: {cid: i for i, cid in enumerate(m["ids"])} for kind, (m, _) in metas.items()}
+        mel_frames = dict(zip(mel["ids"], mel["lengths"]))
+        if durations:
+            _check_durations(metas["durations"][0], tok, metas["durations"][1], mel_frames)
         for j, cid in enumerate(mel["ids"]):
-            i = tok_at.get(cid)
-            if i is None:
+            if not all(cid in at[kind] for kind in kinds):
                 continue
-            for name, value in (("ids", cid), ("shard", k), ("tok_off", tok["offsets"][i]),
-                                ("tok_len", tok["lengths"][i]), ("mel_off", mel["offsets"][j]),
-                                ("frames", mel["frames"][j]),
-                                ("val", dataset.is_validation(cid, index["val_fraction"]))):
-                cols[name].append(value)
-        tok_paths.append(str(tpath)); mel_paths.append(str(mpath))
-    clips = Clips(ids=cols.pop("ids"), val=np.asarray(cols.pop("val"), bool),
-                  **{k: np.asarray(v, np.int64) for k, v in cols.items()})
-    return clips.split(split), tok_paths, mel_paths
+            for kind in ("energy", "pitch"):
+                meta, prefix = metas[kind]
+                if meta["lengths"][at[kind][cid]] != mel["lengths"][j]:
+                    raise CacheError(f"{prefix}.json: {cid} has {meta['lengths'][at[kind][cid]]} {kind} frames but "
+                                     f"{mel['lengths'][j]} mel frames; rerun `{shards.REBUILD}`")
+            i = at["tokens"][cid]
+            cols["ids"].append(cid); cols["shard"].append(k)
+            cols["val"].append(manifest.is_validation(cid, index["val_fraction"]))
+            cols["n_tokens"].append(tok["lengths"][i]); cols["frames"].append(mel["lengths"][j])
+            for kind, (meta, _) in metas.items():
+                cols[kind].append(meta["offsets"][at[kind][cid]])
+        for kind, (_, prefix) in metas.items():
+            paths[kind].append(str(prefix.with_suffix(".bin")))
+    clips = Clips(ids=cols["ids"], shard=np.asarray(cols["shard"], np.int64), val=np.asarray(cols["val"], bool),
+                  n_tokens=np.asarray(cols["n_tokens"], np.int64), frames=np.asarray(cols["frames"], np.int64),
+                  offsets={kind: np.asarray(cols[kind], np.int64) for kind in kinds})
+    return clips.split(split), paths
 
 
 def bucket_shapes(cfg, index=None, clips=None):
@@ -134,7 +167,7 @@ def bucket_shapes(cfg, index=None, clips=None):
     shapes = []
     for b, edge in enumerate(edges):
         in_b = bucket == b
-        tokens = int(clips.tok_len[in_b].max()) if in_b.any() else 1
+        tokens = int(clips.n_tokens[in_b].max()) if in_b.any() else 1
         shapes.append((tokens, int(-(-edge // r) * r)))
     return edges, shapes
 
@@ -151,84 +184,106 @@ def shard_groups(sizes, group_bytes):
     return groups + [current] if current else groups
 
 
+def token_table(vocab):
+    """int32 [max code point + 1]: vocabulary id of each symbol's code point (token shards hold code points)."""
+    table = np.zeros(max(ord(s) for s in vocab["symbols"]) + 1, np.int32)
+    for i, s in enumerate(vocab["symbols"]):
+        table[ord(s)] = i
+    return table
+
+
+def _group_rows(clips, group, paths, edges, kinds, n_mels, batch, rng, complete):
+    """A group's row table (columns ROW): offsets rebased into the group's concatenated arrays.
+    complete: repeat clips of each bucket so its last batch is full (nothing dropped per epoch)."""
+    width = {"mels": n_mels}
+    base = {}
+    for kind in kinds:
+        items = [os.path.getsize(paths[kind][k]) // (np.dtype(shards.KINDS[kind].dtype).itemsize * width.get(kind, 1))
+                 for k in group]
+        base[kind] = dict(zip(group, np.cumsum([0] + items)))
+    pick = np.flatnonzero(np.isin(clips.shard, group))
+    rows = np.zeros((len(pick), len(ROW)), np.int64)
+    rows[:, ROW["clip"]] = pick
+    rows[:, ROW["n_tokens"]] = clips.n_tokens[pick]
+    rows[:, ROW["frames"]] = clips.frames[pick]
+    rows[:, ROW["bucket"]] = np.searchsorted(edges, clips.frames[pick])
+    for kind in kinds:
+        rows[:, ROW[kind]] = clips.offsets[kind][pick] + [base[kind][k] for k in clips.shard[pick]]
+    if complete:
+        fill = []
+        for b in np.unique(rows[:, ROW["bucket"]]):
+            in_b = np.flatnonzero(rows[:, ROW["bucket"]] == b)
+            fill.append(rows[rng.choice(in_b, -len(in_b) % batch)])
+        rows = np.concatenate([rows, *fill])
+    return rows
+
+
 def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_index=False, drop_remainder=None,
-                  group_bytes=GROUP_BYTES):
+                  group_bytes=GROUP_BYTES, durations=False):
     """tf.data.Dataset of dict batches for `split` ("train", "val" or "all"); see the module doc.
 
     Training (the default for split="train") repeats forever, shuffles and drops incomplete
-    batches, so every batch has one of the bucket shapes exactly.
+    batches, so every batch has one of the bucket shapes exactly. durations=True adds the
+    `durations` field (CacheError naming `snakemake --cores all durations` when they are missing).
     """
     train = split == "train"
     repeat = train if repeat is None else repeat
     shuffle = train if shuffle is None else shuffle
     drop_remainder = train if drop_remainder is None else drop_remainder
-    everything, tok_paths, mel_paths = load_clips(cfg, "all")
+    index = read_index(cfg)
+    everything, paths = load_clips(cfg, "all", index, durations=durations)
     clips = everything.split(split)
     if not clips.ids:
         raise CacheError(f"{config.cache_dir(cfg)}: no clips in the {split!r} split")
     edges, shapes = bucket_shapes(cfg, clips=everything)
-    n_mels, batch = cfg["audio"]["n_mels"], cfg["train"]["batch_size"]
-    seed = cfg["train"]["seed"]
+    n_mels, batch, seed = cfg["audio"]["n_mels"], cfg["train"]["batch_size"], cfg["train"]["seed"]
     if drop_remainder and len(clips.ids) < batch:
         raise CacheError(f"the {split!r} split has {len(clips.ids)} clips, fewer than train.batch_size {batch}")
+    kinds = tuple(paths)
 
-    # Shards are read a group at a time (one read_file + decode_raw per file) and a group's arrays
-    # concatenated; rows are rebased into them: (clip index, tok_off, tok_len, mel_off, frames, bucket)
-    sizes = [os.path.getsize(t) + os.path.getsize(m) for t, m in zip(tok_paths, mel_paths)]
+    sizes = [sum(os.path.getsize(paths[kind][k]) for kind in kinds) for k in range(len(paths["tokens"]))]
     groups = [g for g in shard_groups(sizes, group_bytes) if np.isin(clips.shard, g).any()]
-    tok_len = [os.path.getsize(p) // 4 for p in tok_paths]
-    mel_len = [os.path.getsize(p) // (2 * n_mels) for p in mel_paths]
     endless = repeat and len(groups) == 1  # one group: its rows repeat, so no batch remainder is ever lost
     rng = np.random.default_rng(seed)
-    group_rows, group_files = [], []
-    for g in groups:
-        tok_base = dict(zip(g, np.cumsum([0] + [tok_len[k] for k in g])))
-        mel_base = dict(zip(g, np.cumsum([0] + [mel_len[k] for k in g])))
-        pick = np.flatnonzero(np.isin(clips.shard, g))
-        group_rows.append(np.stack([pick, clips.tok_off[pick] + [tok_base[k] for k in clips.shard[pick]],
-                                    clips.tok_len[pick], clips.mel_off[pick] + [mel_base[k] for k in clips.shard[pick]],
-                                    clips.frames[pick], np.searchsorted(edges, clips.frames[pick])], axis=1))
-        if drop_remainder and not endless:
-            # complete each bucket's last batch with clips drawn again from the same bucket, so a
-            # group's epoch drops nothing (and a small group still yields batches)
-            rows, fill = group_rows[-1], []
-            for b in np.unique(rows[:, 5]):
-                in_b = np.flatnonzero(rows[:, 5] == b)
-                fill.append(rows[rng.choice(in_b, -len(in_b) % batch)])
-            group_rows[-1] = np.concatenate([rows, *fill])
-        group_files.append(g)
+    group_rows = [_group_rows(clips, g, paths, edges, kinds, n_mels, batch, rng, drop_remainder and not endless)
+                  for g in groups]
     rows_table = tf.ragged.constant([r.tolist() for r in group_rows], dtype=tf.int64, ragged_rank=1)
-    files_table = tf.ragged.constant([[tok_paths[k] for k in g] for g in group_files]), \
-        tf.ragged.constant([[mel_paths[k] for k in g] for g in group_files])
+    files = {kind: tf.ragged.constant([[paths[kind][k] for k in g] for g in groups]) for kind in kinds}
+    table = tf.constant(token_table(index["vocab"]))                             # code point -> id
     max_tokens = tf.constant([s[0] for s in shapes], tf.int64)
     max_frames = tf.constant([s[1] for s in shapes], tf.int64)
+    dtypes = {kind: tf.as_dtype(np.dtype(shards.KINDS[kind].dtype).newbyteorder("=")) for kind in kinds}
+    pads = {"tokens": 0, "durations": 0, "mels": PAD_LOG_MEL, "energy": 0.0, "pitch": 0.0}
 
-    def read_all(files, dtype):
-        blobs = tf.map_fn(tf.io.read_file, files, fn_output_signature=tf.string)
-        return tf.io.decode_raw(tf.strings.reduce_join(blobs), dtype)  # the files' arrays, concatenated
+    def read_all(g, kind):  # the group's shards of one kind, concatenated: (items,) or (items, n_mels)
+        blobs = tf.map_fn(tf.io.read_file, files[kind][g], fn_output_signature=tf.string)
+        flat = tf.io.decode_raw(tf.strings.reduce_join(blobs), dtypes[kind])
+        return tf.reshape(flat, [-1, n_mels]) if kind == "mels" else flat
 
     def group_batches(g):
-        tokens = read_all(files_table[0][g], tf.int32)                          # (group tokens,)
-        mels = tf.reshape(read_all(files_table[1][g], tf.float16), [-1, n_mels])  # (group frames, n_mels)
+        arrays = {kind: read_all(g, kind) for kind in kinds}
+        arrays["tokens"] = tf.gather(table, arrays["tokens"])                  # code points -> ids
         rows = tf.data.Dataset.from_tensor_slices(rows_table[g])
         if shuffle:
             rows = rows.shuffle(max(len(r) for r in group_rows), seed=seed)  # across the group's shards
         if endless:
             rows = rows.repeat()
-        rows = rows.group_by_window(key_func=lambda r: r[5], window_size=batch,
+        rows = rows.group_by_window(key_func=lambda r: r[ROW["bucket"]], window_size=batch,
                                     reduce_func=lambda key, w: w.batch(batch, drop_remainder=drop_remainder))
 
-        def gather(r):  # one vectorised gather per batch, padded to the bucket's shape
-            n, b = tf.shape(r, out_type=tf.int64)[0], r[0, 5]
-            tok = tf.gather(tokens, tf.ragged.range(r[:, 1], r[:, 1] + r[:, 2]))
-            mel = tf.gather(mels, tf.ragged.range(r[:, 3], r[:, 3] + r[:, 4]))
-            out = {"tokens": tok.to_tensor(0, shape=tf.stack([n, max_tokens[b]])),            # (B, T_b)
-                   "token_lengths": tf.cast(r[:, 2], tf.int32),
-                   "mel": mel.to_tensor(tf.constant(PAD_LOG_MEL, tf.float16),
-                                        shape=tf.stack([n, max_frames[b], n_mels])),        # (B, F_b, n_mels)
-                   "mel_lengths": tf.cast(r[:, 4], tf.int32)}
+        def gather(r):  # one vectorised gather per field and batch, padded to the bucket's shape
+            n, b = tf.shape(r, out_type=tf.int64)[0], r[0, ROW["bucket"]]
+            lengths = {"tokens": r[:, ROW["n_tokens"]], "frames": r[:, ROW["frames"]]}
+            out = {"token_lengths": tf.cast(lengths["tokens"], tf.int32), "mel_lengths": tf.cast(lengths["frames"], tf.int32)}
+            for kind in kinds:
+                unit = "tokens" if shards.KINDS[kind].unit == "token" else "frames"
+                start = r[:, ROW[kind]]
+                ragged = tf.gather(arrays[kind], tf.ragged.range(start, start + lengths[unit]))
+                shape = [n, max_tokens[b] if unit == "tokens" else max_frames[b]] + ([n_mels] if kind == "mels" else [])
+                name = {"mels": "mel"}.get(kind, kind)
+                out[name] = ragged.to_tensor(tf.cast(pads[kind], ragged.dtype), shape=tf.stack(shape))  # (B, T|F[, M])
             if with_clip_index:
-                out["clip"] = tf.cast(r[:, 0], tf.int32)
+                out["clip"] = tf.cast(r[:, ROW["clip"]], tf.int32)
             return out
 
         return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not shuffle)

@@ -12,24 +12,19 @@ step): the most likely path in which every token gets at least one frame, tokens
 every frame exactly one token, so each clip's durations sum to its mel frames exactly. A clip
 whose alignment fails a sanity check (fewer frames than tokens; a token longer than
 aligner.max_token_seconds) is still written, and listed under `suspicious` with its reason.
-Writes cache/{name}/durations/shard-NNN.{bin,json} (int32 per token, 1:1 with the token shard)
-whose provenance names the aligner and the token and mel shards it was made from.
+Writes cache/{name}/durations/shard-NNN.{bin,json} with pipeline/shards.py (int32 per token, 1:1
+with the token shard) whose provenance names the aligner and the token and mel shards it was made from.
 Config keys: aligner.max_token_seconds, audio.hop_length, audio.sample_rate, audio.n_mels.
 """
 import argparse
-import functools
 import hashlib
-import json
 from pathlib import Path
 
 import numba
 import numpy as np
 
-from pipeline import config
+from pipeline import config, shards
 from pipeline.errors import PipelineError, cli
-
-DTYPE = "int32"
-
 
 @numba.njit(cache=True)
 def mas(log_probs):
@@ -73,49 +68,38 @@ def file_digest(path):
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
-def _read(path, dtype, width=None):
-    meta = json.loads(Path(path).with_suffix(".json").read_text(encoding="utf-8"))
-    array = np.fromfile(Path(path).with_suffix(".bin"), dtype=dtype)
-    return meta, (array.reshape(-1, width) if width else array)
-
-
-def align_shard(cfg, shard, aligner_json, tokens, mels, out, log=functools.partial(print, flush=True)):
+def align_shard(cfg, shard, aligner_json, tokens, mels, out, log=print):
     """Write duration shard `out` (path without suffix) from token and mel shards `tokens`, `mels`."""
     from pipeline import align  # TensorFlow: only when a shard is aligned
     tok_path, mel_path = Path(tokens).with_suffix(""), Path(mels).with_suffix("")
-    tok_meta, tokens = _read(tok_path, np.int32)
-    mel_meta, mels = _read(mel_path, np.float16, cfg["audio"]["n_mels"])
-    mel_at = {cid: j for j, cid in enumerate(mel_meta["ids"])}
+    tok_meta, tok_arrays = shards.read(tok_path, "tokens")
+    mel_meta, mel_arrays = shards.read(mel_path, "mels")
+    mel_of = dict(zip(mel_meta["ids"], mel_arrays))
     model, info = align.load_aligner(cfg, aligner_json)
+    to_id = {ord(s): i for i, s in enumerate(info["vocab"])}  # token shards hold code points
     a = cfg["audio"]
     max_frames = int(cfg["aligner"]["max_token_seconds"] * a["sample_rate"] / a["hop_length"])
-    chunks, suspicious, frames = [], [], []
-    for i, cid in enumerate(tok_meta["ids"]):
-        off, n = tok_meta["offsets"][i], tok_meta["lengths"][i]
-        j = mel_at.get(cid)
-        if j is None:  # rejected audio: the loader skips it; keep the 1:1 layout with the token shard
-            chunks.append(np.zeros(n, np.int32)); frames.append(0)
+    durations, suspicious, frames = [], [], []
+    for cid, points in zip(tok_meta["ids"], tok_arrays):
+        n, mel = len(points), mel_of.get(cid)
+        if mel is None:  # rejected audio: the loader skips it; keep the 1:1 layout with the token shard
+            durations.append(np.zeros(n, np.int32)); frames.append(0)
             continue
-        F = mel_meta["frames"][j]
-        mel = mels[mel_meta["offsets"][j]: mel_meta["offsets"][j] + F]
+        F = len(mel)
         if F >= n:
-            d = mas(align.log_probs(model, info, tokens[off: off + n], mel))
+            ids = np.array([to_id[int(c)] for c in points], np.int32)
+            d = mas(align.log_probs(model, info, ids, mel))
         else:
             d = even_durations(n, F)
         reason = check(d, F, max_frames)
         if reason:
             suspicious.append({"id": cid, "reason": reason})
             log(f"suspicious alignment {cid}: {reason}")
-        chunks.append(d); frames.append(F)
-    array = np.concatenate(chunks).astype(DTYPE) if chunks else np.zeros(0, DTYPE)
-    meta = dict(kind="durations", shard=shard, dtype=DTYPE, ids=tok_meta["ids"], lengths=tok_meta["lengths"],
-                offsets=tok_meta["offsets"], frames=frames, suspicious=suspicious, bytes=int(array.nbytes),
-                provenance={"aligner": info["weights_digest"],
-                            "tokens": file_digest(tok_path.with_suffix(".json")),
-                            "mels": file_digest(mel_path.with_suffix(".json"))})
-    out = Path(out)
-    config.atomic_write_bytes(out.with_suffix(".bin"), array.tobytes())
-    config.atomic_write_text(out.with_suffix(".json"), json.dumps(meta, indent=1))
+        durations.append(d); frames.append(F)
+    provenance = {"aligner": info["weights_digest"], "tokens": file_digest(tok_path.with_suffix(".json")),
+                  "mels": file_digest(mel_path.with_suffix(".json"))}
+    meta = shards.write(out, "durations", tok_meta["ids"], durations, provenance=provenance, frames=frames,
+                        suspicious=suspicious)
     log(f"duration shard {shard}: {len(frames)} clips, {len(suspicious)} suspicious")
     return meta
 

@@ -42,10 +42,7 @@ class Synthesizer:
 
     def encode(self, sentence):
         """Token ids of a sentence with the cache's text front end."""
-        ids, dropped = text.text_to_ids(sentence, self.vocab["cleaners"])
-        if dropped:
-            self.log(f"{dropped} characters outside the vocabulary dropped: {sentence!r}")
-        return ids
+        return text.encode(sentence, self.vocab)  # as training mapped it; TextError naming an unseen symbol
 
     def infer(self, sentence, pace=None, pitch_shift=None):
         """The model's outputs for one sentence (one compiled call), mel denormalised to log-mel."""
@@ -67,9 +64,6 @@ class Synthesizer:
 def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
     """The Synthesizer of the latest checkpoint in runs/{name}/checkpoints (MissingCheckpoint if none)."""
     index = data.read_index(cfg)
-    if index["vocab"]["symbols"] != text.SYMBOLS:
-        raise data.CacheError("the cached vocabulary differs from pipeline/text.py's symbols; "
-                              "rebuild the caches and retrain")
     ckpt_dir = config.run_dir(cfg) / "checkpoints"
     latest = tf.train.latest_checkpoint(str(ckpt_dir))
     if latest is None:

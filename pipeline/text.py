@@ -1,4 +1,4 @@
-"""English text front end: cleaners, the one symbol list, and text <-> id conversion.
+"""Text front end: cleaners, then phonemes (espeak-ng) or characters, then symbols and ids.
 
 Cleaners are small one-purpose functions; `CLEANERS` composes them into named pipelines, and the
 config's `text.cleaners` picks one by name:
@@ -7,30 +7,43 @@ config's `text.cleaners` picks one by name:
   - "basic":   lowercase and collapse whitespace only, for text that is already spelled out.
 Add a language by writing its cleaners here and one more entry in `CLEANERS`.
 
-`SYMBOLS` is the model's whole vocabulary (pad "_" = 0, end-of-sequence "~" = 1, punctuation,
-letters); every id comes from its position. Editing it changes every id, so the token caches
-rebuild and old checkpoints no longer fit; tests/test_text.py pins one sentence's ids so such an
-edit is never silent. `vocabulary()` is saved as JSON beside the caches so that training and
-synthesis read the same one.
+`text.frontend` then turns the cleaned text into symbols (one Unicode character each):
+  - "phonemes" (default): espeak-ng's IPA through the `phonemizer` package's espeak backend (the
+    maintained binding the field's trainers use), voice `text.language`, with punctuation, stress
+    marks and word boundaries (spaces) kept. One backend per process: creating one per line costs
+    ~50-190 ms. espeak-ng's output changes between versions, so its version is part of the token
+    shards' provenance (a new espeak-ng rebuilds them and nothing else).
+  - "characters": the cleaned letters and punctuation themselves (`CHARACTERS`; others dropped).
 
-Debug run: python -m pipeline.text --cleaners english "Dr. Smith paid $5.50 on May 1st, 1865."
+The symbol inventory is the one the data uses: `vocabulary()` lists pad "_" = 0, end-of-sequence
+"~" = 1, then every symbol the token shards hold, sorted; cache_index saves it in index.json and
+vocab.json. `encode(text, vocab)` maps new text exactly as training did and names any symbol the
+training data never had.
+
+Debug run: python -m pipeline.text "Dr. Smith paid $5.50 on May 1st, 1865."   (--frontend characters)
 """
 import argparse
+import functools
+import logging
 import re
 import unicodedata
+
+from pipeline.errors import PipelineError, cli
 
 # --- symbols ---------------------------------------------------------------------------------
 PAD = "_"
 EOS = "~"
-_PUNCTUATION = "!'(),-.:;? "
-_LETTERS = "abcdefghijklmnopqrstuvwxyz"
-SYMBOLS = [PAD, EOS, *_PUNCTUATION, *_LETTERS]
+PAD_ID, EOS_ID = 0, 1
+CHARACTERS = "!'(),-.:;? abcdefghijklmnopqrstuvwxyz"  # what the characters front end keeps
+FRONTENDS = ("phonemes", "characters")
+# punctuation espeak-ng would drop; phonemizer puts it back between the words
+_PUNCTUATION_MARKS = ';:,.!?¡¿—…"«»“”()'
+_NOT_SPOKEN = set(_PUNCTUATION_MARKS + "'- ")  # a line of only these says nothing
 
-_SYMBOL_TO_ID = {s: i for i, s in enumerate(SYMBOLS)}
-PAD_ID = _SYMBOL_TO_ID[PAD]
-EOS_ID = _SYMBOL_TO_ID[EOS]
-assert len(_SYMBOL_TO_ID) == len(SYMBOLS), "SYMBOLS has a duplicate"
-assert (PAD_ID, EOS_ID) == (0, 1), "pad and eos must stay ids 0 and 1"
+
+class TextError(PipelineError):
+    """Text that cannot become ids: a symbol the vocabulary lacks, or no espeak-ng."""
+
 
 # --- cleaners --------------------------------------------------------------------------------
 # Characters NFKD leaves alone but that have a usual ASCII spelling.
@@ -203,7 +216,7 @@ CLEANERS = {
 
 def _pipeline(cleaners: str):
     if cleaners not in CLEANERS:
-        raise ValueError(f"unknown text cleaners {cleaners!r}; valid names: "
+        raise TextError(f"unknown text cleaners {cleaners!r}; valid names: "
                          f"{', '.join(sorted(CLEANERS))}")
     return CLEANERS[cleaners]
 
@@ -215,37 +228,114 @@ def clean_text(text: str, cleaners: str) -> str:
     return text
 
 
-# --- ids -------------------------------------------------------------------------------------
-def text_to_ids(text: str, cleaners: str) -> tuple[list[int], int]:
-    """Ids of the cleaned text followed by EOS_ID, and how many characters were dropped because
-    the vocabulary lacks them (pad and eos characters in the text count as dropped too)."""
-    cleaned = clean_text(text, cleaners)
-    ids = [_SYMBOL_TO_ID[c] for c in cleaned if c in _SYMBOL_TO_ID and c not in (PAD, EOS)]
-    return ids + [EOS_ID], len(cleaned) - len(ids)
+# --- front ends ------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def espeak_version() -> str:
+    """The version of the libespeak-ng that phonemizer loads, e.g. "1.51"."""
+    try:
+        from phonemizer.backend.espeak.wrapper import EspeakWrapper
+        return ".".join(map(str, EspeakWrapper().version))
+    except RuntimeError as e:  # phonemizer's "espeak not installed on your system"
+        raise TextError(f"text.frontend: phonemes needs the espeak-ng library ({e}); run ./install.sh "
+                        "(libespeak-ng1) or set text.frontend: characters") from None
 
 
-def ids_to_text(ids) -> str:
-    """Text of an id sequence, skipping pad and eos."""
-    chars = []
+@functools.lru_cache(maxsize=4)
+def _backend(language):
+    """One espeak backend per process and voice."""
+    from phonemizer.backend import EspeakBackend
+    quiet = logging.getLogger("pipeline.text.phonemizer")
+    quiet.setLevel(logging.ERROR)
+    espeak_version()  # a missing library fails here with the install hint
+    try:
+        return EspeakBackend(language, preserve_punctuation=True, with_stress=True,
+                             punctuation_marks=_PUNCTUATION_MARKS, language_switch="remove-flags", logger=quiet)
+    except RuntimeError as e:
+        raise TextError(f"text.language: {e}") from None
+
+
+def phonemize(lines, language):
+    """espeak-ng IPA of each cleaned line: words separated by one space, punctuation and stress kept."""
+    from phonemizer.separator import Separator
+    out = _backend(language).phonemize(list(lines), separator=Separator(phone="", word=" ", syllable=""),
+                                       strip=True, njobs=1)
+    return [collapse_whitespace(p) for p in out]
+
+
+def to_symbols(lines, text_cfg):
+    """[(symbols, dropped)] per line: the front end's symbol string and how many characters it
+    dropped (outside CHARACTERS; pad and eos characters always)."""
+    cleaned = [clean_text(line, text_cfg["cleaners"]) for line in lines]
+    if text_cfg["frontend"] == "characters":
+        allowed = set(CHARACTERS)
+    else:
+        cleaned = phonemize(cleaned, text_cfg["language"])
+        allowed = None
+    out = []
+    for line in cleaned:
+        kept = "".join(c for c in line if c not in (PAD, EOS) and (allowed is None or c in allowed))
+        out.append((kept, len(line) - len(kept)))
+    return out
+
+
+def says_nothing(symbols):
+    """True when a symbol string holds no sound at all (only punctuation and spaces)."""
+    return all(c in _NOT_SPOKEN for c in symbols)
+
+
+def vocabulary(used, text_cfg, espeak=None) -> dict:
+    """What a model's ids mean: pad, eos, then the symbols the data uses, sorted; saved with the
+    caches and read by synthesis. `espeak`: the espeak-ng version the phonemes came from."""
+    _pipeline(text_cfg["cleaners"])  # an unknown name fails here
+    symbols = sorted(set(used) - {PAD, EOS})
+    return {"symbols": [PAD, EOS, *symbols], "pad_id": PAD_ID, "eos_id": EOS_ID,
+            "frontend": text_cfg["frontend"], "language": text_cfg["language"], "cleaners": text_cfg["cleaners"],
+            "espeak": espeak if text_cfg["frontend"] == "phonemes" else None}
+
+
+def encode(text: str, vocab: dict) -> list[int]:
+    """Ids of `text` under a saved vocabulary (its front end, voice and cleaners), EOS last.
+    TextError naming the symbols the training data never had."""
+    cfg = {k: vocab[k] for k in ("frontend", "language", "cleaners")}
+    symbols, _ = to_symbols([text], cfg)[0]
+    ids = {s: i for i, s in enumerate(vocab["symbols"])}
+    unseen = sorted({c for c in symbols if c not in ids})
+    if unseen:
+        raise TextError(f"{text!r}: symbol(s) {' '.join(repr(c) for c in unseen)} never occur in the training data "
+                        f"({vocab['frontend']} front end); rephrase, or add text that has them and rebuild the caches")
+    if vocab["frontend"] == "phonemes" and vocab.get("espeak") not in (None, espeak_version()):
+        logging.getLogger(__name__).warning("espeak-ng %s phonemizes this text; the model was trained on %s",
+                                            espeak_version(), vocab["espeak"])
+    return [ids[c] for c in symbols] + [vocab["eos_id"]]
+
+
+def decode(ids, vocab) -> str:
+    """The symbols of an id sequence, skipping pad and eos."""
+    symbols = vocab["symbols"]
+    out = []
     for i in map(int, ids):
-        if not 0 <= i < len(SYMBOLS):
-            raise ValueError(f"id {i} is outside the vocabulary (0..{len(SYMBOLS) - 1})")
-        if i not in (PAD_ID, EOS_ID):
-            chars.append(SYMBOLS[i])
-    return "".join(chars)
+        if not 0 <= i < len(symbols):
+            raise TextError(f"id {i} is outside the vocabulary (0..{len(symbols) - 1})")
+        if i not in (vocab["pad_id"], vocab["eos_id"]):
+            out.append(symbols[i])
+    return "".join(out)
 
 
-def vocabulary(cleaners: str) -> dict:
-    """What a model's ids mean; saved as JSON beside the caches and checked by synthesis."""
-    _pipeline(cleaners)  # an unknown name fails here, not after a whole cache build
-    return {"symbols": list(SYMBOLS), "pad_id": PAD_ID, "eos_id": EOS_ID, "cleaners": cleaners}
+@cli
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Show the cleaned text and symbols of a sentence.")
+    parser.add_argument("text")
+    parser.add_argument("--frontend", default="phonemes", choices=FRONTENDS)
+    parser.add_argument("--language", default="en-us", help="espeak-ng voice")
+    parser.add_argument("--cleaners", default="english", choices=sorted(CLEANERS))
+    args = parser.parse_args(argv)
+    cfg = dict(frontend=args.frontend, language=args.language, cleaners=args.cleaners)
+    symbols, dropped = to_symbols([args.text], cfg)[0]
+    print(clean_text(args.text, args.cleaners))
+    print(symbols + (f"   ({dropped} characters dropped)" if dropped else ""))
+    if args.frontend == "phonemes":
+        print(f"espeak-ng {espeak_version()}, voice {args.language}")
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Show the cleaned text and ids of a sentence.")
-    parser.add_argument("text")
-    parser.add_argument("--cleaners", default="english", choices=sorted(CLEANERS))
-    args = parser.parse_args()
-    ids, dropped = text_to_ids(args.text, args.cleaners)
-    print(clean_text(args.text, args.cleaners))
-    print(ids, f"({dropped} dropped)")
+    main()

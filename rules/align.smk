@@ -7,14 +7,19 @@
 # checked when its input is ancient). `snakemake --forcerun train_aligner` retrains on purpose.
 
 
+def _aligner_sections():
+    return dict(name=NAME, dataset=DS, cache=config["cache"], audio=config["audio"], text=config["text"],
+                aligner=config["aligner"], train={k: config["train"][k] for k in ("buckets", "seed")})
+
+
 def aligner_settings(wildcards):
-    return _inline(name=NAME, dataset=DS, cache=config["cache"], audio=config["audio"], text=config["text"],
-                   aligner=config["aligner"], train={k: config["train"][k] for k in ("buckets", "seed")})
+    # pitch: only so the loader can check the index's provenance; it does not change an alignment
+    return _inline(**_aligner_sections(), pitch=config["pitch"])
 
 
-ALIGNER_KEY = pdataset.digest(
-    aligner_settings(None), PROVENANCE["tokens"], PROVENANCE["mels"],
-    pdataset.file_digest(*(Path(workflow.basedir) / "pipeline" / f for f in ("models/aligner.py", "align.py"))),
+ALIGNER_KEY = pshards.digest(
+    _inline(**_aligner_sections()), PROVENANCE["tokens"], PROVENANCE["mels"],
+    pshards.file_digest(*(Path(workflow.basedir) / "pipeline" / f for f in ("models/aligner.py", "align.py"))),
 )[:12]
 ALIGNER = RUN / "aligner" / ALIGNER_KEY
 

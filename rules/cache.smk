@@ -1,7 +1,11 @@
-# Preprocessing: one token_shard and one mel_shard job per shard, then the dataset index.
+# Preprocessing: one token_shard, mel_shard (mels + energy) and pitch_shard job per shard, then the index.
+# Each job's params carry a digest of just its own rows/files and settings (rules/common.smk); its
+# one input is a repair marker that planning writes when the shard is damaged (truncated .bin).
 
 
 rule token_shard:
+    input:
+        repair("tokens"),
     output:
         bin=CACHE / "tokens/shard-{shard}.bin",
         index=CACHE / "tokens/shard-{shard}.json",
@@ -23,14 +27,20 @@ rule token_shard:
 # finishes, which on 13,100 clips was 44 % of the build's CPU. The `clips` param records each
 # clip's file, size and mtime instead, so an added, removed or replaced file reruns its shard.
 rule mel_shard:
+    input:
+        repair("mels", "energy"),
     output:
         bin=CACHE / "mels/shard-{shard}.bin",
         index=CACHE / "mels/shard-{shard}.json",
         stats=CACHE / "mels/shard-{shard}.stats.npy",
+        energy_bin=CACHE / "energy/shard-{shard}.bin",
+        energy_index=CACHE / "energy/shard-{shard}.json",
+        energy_stats=CACHE / "energy/shard-{shard}.stats.npy",
     params:
         config=mel_settings,
         clips=mel_clips,
         out=lambda wildcards: CACHE / f"mels/shard-{wildcards.shard}",
+        energy=lambda wildcards: CACHE / f"energy/shard-{wildcards.shard}",
     log:
         LOGS / "mel_shard/{shard}.log",
     benchmark:
@@ -38,26 +48,51 @@ rule mel_shard:
     conda:
         "../environment.yml"
     shell:
-        "python -m pipeline.cache mels --config {params.config:q} --shard {wildcards.shard} --out {params.out} > {log} 2>&1"
+        "python -m pipeline.cache mels --config {params.config:q} --shard {wildcards.shard} --out {params.out} --energy {params.energy} > {log} 2>&1"
 
 
+rule pitch_shard:
+    input:
+        repair("pitch"),
+    output:
+        bin=CACHE / "pitch/shard-{shard}.bin",
+        index=CACHE / "pitch/shard-{shard}.json",
+        stats=CACHE / "pitch/shard-{shard}.stats.npy",
+    params:
+        config=pitch_settings,
+        clips=pitch_clips,
+        out=lambda wildcards: CACHE / f"pitch/shard-{wildcards.shard}",
+    log:
+        LOGS / "pitch_shard/{shard}.log",
+    benchmark:
+        str(REPORT / "benchmarks/pitch_shard/{shard}.tsv")
+    conda:
+        "../environment.yml"
+    shell:
+        "python -m pipeline.cache pitch --config {params.config:q} --shard {wildcards.shard} --out {params.out} > {log} 2>&1"
+
+
+# Every file the loader reads is an input here, .bin included, so a deleted one is rebuilt.
 rule cache_index:
     input:
-        tokens=expand(CACHE / "tokens/shard-{shard}.json", shard=SHARDS),
-        mels=expand(CACHE / "mels/shard-{shard}.json", shard=SHARDS),
-        stats=expand(CACHE / "mels/shard-{shard}.stats.npy", shard=SHARDS),
+        tokens=shard_files("tokens", ".json"),
+        mels=shard_files("mels", ".json"),
+        energy=shard_files("energy", ".json"),
+        pitch=shard_files("pitch", ".json"),
+        arrays=[shard_files(kind, ".bin") for kind in ("tokens", "mels", "energy", "pitch")],
+        stats=[shard_files(kind, ".stats.npy") for kind in ("mels", "energy", "pitch")],
     output:
         index=CACHE / "index.json",
         vocab=CACHE / "vocab.json",
         rejected=CACHE / "rejected.tsv",
     params:
-        config=lambda wildcards: _inline(name=NAME, dataset=DS, cache=config["cache"], audio=config["audio"], text=config["text"]),
+        config=lambda wildcards: _inline(name=NAME, dataset=DS, cache=config["cache"], audio=config["audio"], text=config["text"], pitch=config["pitch"]),
     log:
         LOGS / "cache_index.log",
     conda:
         "../environment.yml"
     shell:
-        "python -m pipeline.cache index --config {params.config:q} --tokens {input.tokens} --mels {input.mels} --out {output.index} > {log} 2>&1"
+        "python -m pipeline.cache index --config {params.config:q} --tokens {input.tokens} --mels {input.mels} --energy-shards {input.energy} --pitch {input.pitch} --out {output.index} > {log} 2>&1"
 
 
 rule caches:

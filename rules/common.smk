@@ -6,19 +6,20 @@
 # from another --directory) cannot see edits; `snakemake --forcerun caches` rebuilds then.
 import json
 import sys
+import time
 from pathlib import Path
 
 from snakemake.utils import validate
 
 sys.path.insert(0, workflow.basedir)
-from pipeline import config as pconfig, dataset as pdataset, models as pmodels
+from pipeline import config as pconfig, manifest as pmanifest, models as pmodels, shards as pshards
 
 try:
     pconfig.validate(pconfig.normalise(config))
     validate(config, "../configs/schema.yaml")
     pconfig.check_dataset_paths(config)
-    MANIFEST = pdataset.load_manifest(config["dataset"], config["cache"]["shards"])
-except (pconfig.ConfigError, pdataset.DatasetError) as e:
+    MANIFEST = pmanifest.load_manifest(config["dataset"], config["cache"]["shards"])
+except (pconfig.ConfigError, pmanifest.DatasetError) as e:
     raise WorkflowError(str(e))
 
 NAME = config["name"]
@@ -45,23 +46,57 @@ def token_settings(wildcards):
 
 def token_rows(wildcards):
     clips = MANIFEST[int(wildcards.shard)]
-    return pdataset.digest(PROVENANCE["tokens"], *(c.line for c in clips))
+    return pshards.digest(PROVENANCE["tokens"], *(c.line for c in clips))
+
+
+def _audio_job_dataset():
+    # val_fraction only changes cache_index (the statistics), never a mel or a pitch track
+    return {k: v for k, v in DS.items() if k != "val_fraction"}
 
 
 def mel_settings(wildcards):
-    # val_fraction only changes cache_index (the statistics), never a mel
-    ds = {k: v for k, v in DS.items() if k != "val_fraction"}
-    return _inline(dataset=ds, cache={"shards": config["cache"]["shards"]}, audio=config["audio"])
+    return _inline(dataset=_audio_job_dataset(), cache={"shards": config["cache"]["shards"]}, audio=config["audio"])
 
 
-AUDIO = pdataset.audio_files(DS["root"], DS["audio_dir"])  # one directory scan, not 3 stats a clip
-PROVENANCE = {kind: pdataset.provenance(kind, config) for kind in ("tokens", "mels")}
+def pitch_settings(wildcards):
+    return _inline(dataset=_audio_job_dataset(), cache={"shards": config["cache"]["shards"]}, **pshards.settings("pitch", config))
+
+
+AUDIO = pmanifest.audio_files(DS["root"], DS["audio_dir"])  # one directory scan, not 3 stats a clip
+PROVENANCE = {kind: pshards.provenance(kind, config) for kind in pshards.CACHE_KINDS}
+
+
+def _clip_files(kind, shard):
+    # each clip's id, the file it resolves to, its size and mtime: adding, removing, renaming or
+    # replacing a clip changes this, even a replacement moved in with an older mtime (mv, cp -p)
+    return pshards.digest(PROVENANCE[kind], *(f"{c.id}={AUDIO.get(c.id)}" for c in MANIFEST[int(shard)]))
 
 
 def mel_clips(wildcards):
-    # each clip's id, the file it resolves to, its size and mtime: adding, removing, renaming or
-    # replacing a clip changes this, even a replacement moved in with an older mtime (mv, cp -p)
-    return pdataset.digest(PROVENANCE["mels"], *(f"{c.id}={AUDIO.get(c.id)}" for c in MANIFEST[int(wildcards.shard)]))
+    return _clip_files("mels", wildcards.shard)
+
+
+def pitch_clips(wildcards):
+    return _clip_files("pitch", wildcards.shard)
+
+
+def repair(*kinds):
+    """Input function that makes a damaged shard's job stale: when a shard's .bin no longer has the
+    size its JSON records (truncated, overwritten), planning writes a fresh marker,
+    cache/{name}/.repair/{kind}-NNN, newer than the shard and with new content (Snakemake skips an
+    mtime change when the checksum is the same), so the mtime trigger reruns exactly that job. A
+    marker, once made, stays listed so the input set does not change again. Nothing is deleted;
+    a deleted .bin is a missing output of its job (and an input of cache_index), rebuilt anyway."""
+    def inputs(wildcards):
+        marker = CACHE / ".repair" / f"{kinds[0]}-{wildcards.shard}"
+        if pshards.intact(*(pshards.prefix(CACHE, kind, wildcards.shard) for kind in kinds)) != "ok":
+            pconfig.atomic_write_text(marker, f"damaged shard found at {time.time_ns()}\n")
+        return [marker] if marker.exists() else []
+    return inputs
+
+
+def shard_files(kind, *suffixes):
+    return [CACHE / f"{kind}/shard-{shard}{suffix}" for shard in SHARDS for suffix in suffixes]
 
 
 def config_without(*sections, keep=None):

@@ -10,7 +10,7 @@ rule diagnose:
         md=REPORT / "diagnose.md",
         png=REPORT / "diagnose.png",
     params:
-        config=config_without("synthesize"),
+        config=config_without("synthesize", "evaluate"),
         out=REPORT,
     threads: 32
     resources:

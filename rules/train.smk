@@ -17,7 +17,7 @@ rule train:
     output:
         summary=RUN / "train.json",
     params:
-        config=config_without("synthesize", "diagnose", "reports_dir", "aligner", keep={"synthesize": ["griffin_lim_iters"]}),
+        config=config_without("synthesize", "evaluate", "diagnose", "reports_dir", "aligner", keep={"synthesize": ["griffin_lim_iters"]}),
     threads: 32
     resources:
         gpu=gpus_wanted(),
@@ -38,7 +38,7 @@ rule synthesize:
         wavs=expand(RUN / "samples/{i:02d}.wav", i=range(len(config["synthesize"]["sentences"]))),
         mels=expand(RUN / "samples/{i:02d}.npy", i=range(len(config["synthesize"]["sentences"]))),
     params:
-        config=config_without("diagnose", "reports_dir"),
+        config=config_without("evaluate", "diagnose", "reports_dir"),
         out=RUN / "samples",
     threads: 8
     resources:

@@ -13,8 +13,8 @@
 # munge key and socket, the database, spool, logs, pid files) lives under LOCAL_SLURM_DIR
 # (default /tmp/local-slurm), except one link, /run/slurm/conf -> $LOCAL_SLURM_DIR/etc, through
 # which sinfo, sbatch, sacct and the jobs' srun find the configuration. `stop` removes the folder,
-# the link and the empty slurm_localhost cgroup folders that slurmd leaves. Ports: LOCAL_SLURM_PORT (default 6817) for slurmctld, +1 slurmd,
-# +2 slurmdbd, +3 MariaDB.
+# the link and the empty slurm_localhost cgroup folders that slurmd leaves.
+# Ports: LOCAL_SLURM_PORT (default 6817) for slurmctld, +1 slurmd, +2 slurmdbd, +3 MariaDB.
 #
 # Process tracking: where the cgroup v1 hierarchies (freezer, cpuset, memory) are mounted and
 # writable, the node uses proctrack/cgroup, task/cgroup (cores and memory enforced) and
@@ -56,13 +56,13 @@ cmd_install() {
   [ -z "${missing// /}" ] && { echo "local-slurm: packages present"; return; }
   # Debian's postinst scripts start each service; without systemd that fails, so a policy-rc.d
   # denies service starts for the duration of the install (Docker images ship the same file).
-  local policy=/usr/sbin/policy-rc.d own_policy=
+  local policy=/usr/sbin/policy-rc.d
   if [ ! -e $policy ]; then
-    printf '#!/bin/sh\nexit 101\n' > $policy && chmod +x $policy && own_policy=1
+    trap "rm -f $policy" EXIT
+    printf '#!/bin/sh\nexit 101\n' > $policy && chmod +x $policy
   fi
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
-  [ -n "$own_policy" ] && rm -f $policy
   echo "local-slurm: installed $missing"
 }
 
@@ -132,6 +132,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 SchedulerType=sched/backfill
 ReturnToService=2
+KillWait=5
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=$((PORT + 2))
@@ -172,11 +173,12 @@ start_munge() {
 start_mariadb() {
   mariadb-install-db --no-defaults --user=root --datadir="$DIR/mysql" --auth-root-authentication-method=socket \
     --skip-test-db > "$DIR/log/mariadb-install.log" 2>&1 || die "mariadb-install-db failed; see $DIR/log/mariadb-install.log"
-  # innodb_lock_wait_timeout=900 is what slurmdbd asks for; the small buffer pool keeps it light
-  mariadbd --no-defaults --user=root --datadir="$DIR/mysql" --socket="$DIR/run/mysqld.sock" \
+  # innodb_lock_wait_timeout=900 is what slurmdbd asks for; the small buffer pool keeps it light.
+  # mariadbd does not daemonise itself: setsid detaches it from this shell's terminal and session.
+  setsid mariadbd --no-defaults --user=root --datadir="$DIR/mysql" --socket="$DIR/run/mysqld.sock" \
     --pid-file="$DIR/run/mariadbd.pid" --bind-address=127.0.0.1 --port=$((PORT + 3)) \
     --log-error="$DIR/log/mariadbd.log" --innodb-buffer-pool-size=128M --innodb-lock-wait-timeout=900 \
-    --skip-name-resolve > /dev/null 2>&1 &
+    --skip-name-resolve < /dev/null > /dev/null 2>&1 &
   wait_for 60 mariadb-admin --no-defaults --socket="$DIR/run/mysqld.sock" ping ||
     die "MariaDB did not start; see $DIR/log/mariadbd.log"
   mariadb --no-defaults --socket="$DIR/run/mysqld.sock" -e "
@@ -189,7 +191,11 @@ cmd_start() {
   [ -z "$(missing_packages)" ] || die "packages missing: $(missing_packages | tr '\n' ' ')- run: $0 install"
   [ -e "$DIR/run" ] && die "$DIR exists: already started? run '$0 stop' first"
   [ -e /etc/slurm/slurm.conf ] && die "/etc/slurm/slurm.conf exists: this machine has its own SLURM; use that"
-  { [ -e $LINK ] || [ -L $LINK ]; } && die "$LINK exists: another SLURM is configured here (-> $(readlink $LINK))"
+  if [ -e $LINK ] || [ -L $LINK ]; then
+    local other
+    other=$(dirname "$(readlink $LINK)")
+    die "$LINK exists: the SLURM under $other is configured; stop it: LOCAL_SLURM_DIR=$other $0 stop"
+  fi
   mkdir -p "$DIR"/{etc,munge,log,run,spool/ctld,spool/d}
   chmod 755 "$DIR" "$DIR/munge"  # munged wants its socket folder traversable by everyone
   write_configs
@@ -209,28 +215,39 @@ cmd_start() {
   echo "local-slurm: running under $DIR ($(grep ^ProctrackType "$CONF"))"
 }
 
-# Sends SIGTERM to the daemon in pid file $1 and waits up to $2 seconds for it to exit.
-stop_pid() {
-  local file=$1 limit=$2 pid
-  [ -f "$file" ] || return 0
-  pid=$(cat "$file")
-  kill "$pid" 2>/dev/null || return 0
-  wait_for "$limit" sh -c "! kill -0 $pid" || { kill -9 "$pid" 2>/dev/null || true; }
+# True once none of the given pids is alive.
+all_gone() {
+  local pid
+  for pid in "$@"; do
+    if kill -0 "$pid" 2>/dev/null; then return 1; fi
+  done
+}
+
+# Sends SIGTERM to the daemons named (pid files under run/), then waits up to $1 seconds for all
+# of them to exit before a SIGKILL.
+stop_daemons() {
+  local limit=$1 name pid pids=()
+  shift
+  for name in "$@"; do
+    [ -f "$DIR/run/$name.pid" ] || continue
+    pid=$(cat "$DIR/run/$name.pid")
+    if kill "$pid" 2>/dev/null; then pids+=("$pid"); fi
+  done
+  [ ${#pids[@]} = 0 ] && return 0
+  wait_for "$limit" all_gone "${pids[@]}" || kill -9 "${pids[@]}" 2>/dev/null || true
 }
 
 cmd_stop() {
   need_root
   [ -d "$DIR" ] || { echo "local-slurm: nothing under $DIR"; return; }
-  if [ -f "$DIR/run/slurmctld.pid" ]; then
-    local jobs
-    jobs=$(squeue -h -o %i 2>/dev/null | tr '\n' ' ') || true
-    [ -n "${jobs// /}" ] && { scancel $jobs 2>/dev/null || true; sleep 1; }
+  # cancel every job and wait until they are gone: a job step left running keeps its
+  # slurmstepd alive after slurmd stops (KillWait=5: SIGKILL 5 s after the SIGTERM)
+  if [ -f "$DIR/run/slurmctld.pid" ] && scontrol ping >/dev/null 2>&1; then
+    scancel --full --partition local 2>/dev/null || true
+    wait_for 30 sh -c '[ -z "$(squeue -h -o %i)" ]' || echo "local-slurm: jobs still running; stopping anyway" >&2
   fi
-  stop_pid "$DIR/run/slurmd.pid" 15
-  stop_pid "$DIR/run/slurmctld.pid" 15
-  stop_pid "$DIR/run/slurmdbd.pid" 15
-  stop_pid "$DIR/run/mariadbd.pid" 30
-  stop_pid "$DIR/run/munged.pid" 10
+  stop_daemons 20 slurmd slurmctld slurmdbd  # together: the folder goes anyway
+  stop_daemons 30 mariadbd munged             # after them: they talk to both while stopping
   [ "$(readlink $LINK)" = "$DIR/etc" ] && rm -f $LINK && rmdir "$(dirname $LINK)" 2>/dev/null || true
   find /sys/fs/cgroup/*/slurm_localhost -depth -type d -exec rmdir {} + 2>/dev/null || true
   rm -rf "$DIR"

@@ -4,23 +4,19 @@ and audio in other rates, bit depths, channel counts and containers.
     python -m pytest -q tests/test_cache.py
 """
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 import soxr
-import yaml
 
-from conftest import ROOT, TRANSCRIPTS, planned_jobs, snakemake, write_config
-from pipeline import audio, cache, config, dataset, text
-from pipeline.errors import PipelineError
+from conftest import ROOT, planned_jobs, snakemake, write_config
+from pipeline import audio, cache, config, manifest, pitch, shards, text
 
 HOP, N_MELS, SR = 256, 80, 22050
 
@@ -32,13 +28,6 @@ def _rows(meta_path):
         cols = line.split("|")
         rows[cols[0]] = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
     return rows
-
-
-def _read_bin(prefix, meta, per_item):
-    """The shard's .bin as a numpy array, from the dtype its JSON records (little-endian)."""
-    dtype = np.dtype(meta["dtype"]).newbyteorder("<")
-    flat = np.fromfile(Path(f"{prefix}.bin"), dtype=dtype)
-    return flat.reshape(-1, per_item) if per_item > 1 else flat
 
 
 def _load(cache_dir, kind, shard):
@@ -53,35 +42,44 @@ def test_built_cache_contents(built_cache):
     cache_dir = config.cache_dir(cfg)
     rows = _rows(Path(cfg["dataset"]["root"]) / cfg["dataset"]["metadata"])
     index = json.loads((cache_dir / "index.json").read_text())
-    shards = cfg["cache"]["shards"]
-    assert len(index["shards"]) == shards
+    n = cfg["cache"]["shards"]
+    assert len(index["shards"]) == n and index["format"] == shards.FORMAT
 
-    seen, train_frames, clips, val = set(), [], 0, 0
-    for k in range(shards):
-        prefix, tmeta = _load(cache_dir, "tokens", k)
-        assert Path(f"{prefix}.bin").stat().st_size == tmeta["bytes"] == 4 * sum(tmeta["lengths"])
-        tokens = _read_bin(prefix, tmeta, 1)
-        for cid, off, n in zip(tmeta["ids"], tmeta["offsets"], tmeta["lengths"]):
-            assert dataset.shard_of(cid, shards) == k
-            assert tokens[off:off + n].tolist() == text.text_to_ids(rows[cid], cfg["text"]["cleaners"])[0]
-
-        prefix, mmeta = _load(cache_dir, "mels", k)
-        assert Path(f"{prefix}.bin").stat().st_size == mmeta["bytes"] == 2 * N_MELS * sum(mmeta["frames"])
-        mels = _read_bin(prefix, mmeta, N_MELS)
-        assert sorted(mmeta["ids"]) == sorted(tmeta["ids"])
-        for cid, off, n in zip(mmeta["ids"], mmeta["offsets"], mmeta["frames"]):
-            path = dataset.audio_path(cfg["dataset"]["root"], cfg["dataset"]["audio_dir"], cid)
-            ref = audio.mel_from_file(path, cfg["audio"], cfg["dataset"]["max_seconds"])
-            assert n == len(ref) == audio.n_frames(sf.info(str(path)).frames, HOP)
-            got = mels[off:off + n].astype(np.float32)
+    seen, train, clips, val = set(), {"mels": [], "energy": [], "pitch": []}, 0, 0
+    used = set()
+    for k in range(n):
+        tmeta, tokens = shards.read(shards.prefix(cache_dir, "tokens", k), "tokens")
+        for cid, points in zip(tmeta["ids"], tokens):
+            assert manifest.shard_of(cid, n) == k
+            symbols, _ = text.to_symbols([rows[cid]], cfg["text"])[0]
+            assert "".join(map(chr, points)) == symbols + text.EOS  # code points of the phonemes, EOS last
+            used.update(symbols)
+        assert tmeta["espeak"] == text.espeak_version()
+        metas = {kind: shards.read(shards.prefix(cache_dir, kind, k), kind) for kind in ("mels", "energy", "pitch")}
+        ids = metas["mels"][0]["ids"]
+        assert sorted(ids) == sorted(tmeta["ids"]) and all(metas[kind][0]["ids"] == ids for kind in metas)
+        for i, cid in enumerate(ids):
+            path = manifest.audio_path(cfg["dataset"]["root"], cfg["dataset"]["audio_dir"], cid)
+            y = audio.load_audio(path, sample_rate=SR, max_seconds=20.0)
+            frames = audio.n_frames(sf.info(str(path)).frames, HOP)
+            spec = audio.stft_magnitude(y, n_fft=1024, hop_length=HOP, win_length=1024)
+            ref = audio.mel_spectrogram(y, **cfg["audio"])
+            f0 = pitch.f0(y, sample_rate=SR, hop_length=HOP, n_frames=frames, **cfg["pitch"])
+            got = {kind: metas[kind][1][i].astype(np.float32) for kind in metas}
+            # the same frame count for mel, energy and pitch of every clip
+            assert [len(got[kind]) for kind in metas] == [frames] * 3 == [len(ref)] * 3
             # float16 keeps 11 significant bits: half a unit in the last place is 2**-11 relative
-            np.testing.assert_allclose(got, ref, rtol=2 ** -11, atol=1e-6)
-            if dataset.is_validation(cid, cfg["dataset"]["val_fraction"]):
+            np.testing.assert_allclose(got["mels"], ref, rtol=2 ** -11, atol=1e-6)
+            np.testing.assert_allclose(got["energy"], audio.energy_from_magnitude(spec), rtol=1e-6)
+            np.testing.assert_array_equal(got["pitch"], f0)
+            assert 0.3 < np.mean(f0 > 0) < 1 and 60 < np.median(f0[f0 > 0]) < 200  # espeak's voice, voiced and not
+            if manifest.is_validation(cid, cfg["dataset"]["val_fraction"]):
                 val += 1
             else:
-                train_frames.append(got.astype(np.float64))
-        seen |= set(mmeta["ids"])
-        clips += len(mmeta["ids"])
+                for kind in metas:
+                    train[kind].append(got[kind].astype(np.float64))
+        seen |= set(ids)
+        clips += len(ids)
 
     assert seen == set(rows) and clips == len(rows)
     assert 0 < val < clips  # both splits are present, so the statistics below test the split
@@ -90,14 +88,37 @@ def test_built_cache_contents(built_cache):
     assert counts["rejected"] == 0
     assert sum(s["clips"] for s in index["shards"]) == clips
     assert sum(s["val"] for s in index["shards"]) == val
-    frames = np.concatenate(train_frames)
-    np.testing.assert_allclose(index["mel_mean"], frames.mean(0), rtol=0, atol=2e-3)
-    np.testing.assert_allclose(index["mel_std"], frames.std(0), rtol=0, atol=2e-3)
+    mels = np.concatenate(train["mels"])
+    np.testing.assert_allclose(index["mel_mean"], mels.mean(0), rtol=0, atol=2e-3)
+    np.testing.assert_allclose(index["mel_std"], mels.std(0), rtol=0, atol=2e-3)
+    energy, f0 = np.concatenate(train["energy"]), np.concatenate(train["pitch"])
+    voiced = f0[f0 > 0]
+    assert index["energy_mean"] == pytest.approx(energy.mean(), rel=1e-5)
+    assert index["energy_std"] == pytest.approx(energy.std(), rel=1e-4)
+    assert index["pitch_mean"] == pytest.approx(voiced.mean(), abs=1e-3)
+    assert index["pitch_std"] == pytest.approx(voiced.std(), abs=1e-3)
     assert index["n_mels"] == N_MELS
     vocab = json.loads((cache_dir / "vocab.json").read_text())
-    assert vocab == text.vocabulary(cfg["text"]["cleaners"])
-    assert vocab["symbols"][vocab["pad_id"]] == "_" and vocab["symbols"][vocab["eos_id"]] == "~"
+    assert vocab == index["vocab"] == text.vocabulary(used, cfg["text"], espeak=text.espeak_version())
+    assert vocab["symbols"][:2] == ["_", "~"] and "ˈ" in vocab["symbols"]  # stress kept
     assert (cache_dir / "rejected.tsv").read_text().splitlines() == ["id\tpath\treason"]
+
+
+def test_line_that_phonemizes_to_nothing_is_rejected_with_its_reason(tmp_path, corpus_template):
+    root = tmp_path / "data"
+    shutil.copytree(corpus_template, root)
+    lines = (root / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    cid = lines[3].split("|")[0]
+    lines[3] = f"{cid}|... !|... !"
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cfg = config.load_config(write_config(tmp_path, root))
+    k = manifest.shard_of(cid, cfg["cache"]["shards"])
+    out = shards.prefix(config.cache_dir(cfg), "tokens", k)
+    cache.build_token_shard(cfg, k, out, log=lambda *a: None)
+    meta = shards.read_meta(out, "tokens")
+    assert cid not in meta["ids"] and len(meta["ids"]) > 0
+    assert meta["rejected"] == [dict(id=cid, path=f"{root / 'metadata.csv'}:4",
+                                     reason="its text '... !' gives no phonemes")]
 
 
 # --- atomic writes ------------------------------------------------------------------------------
@@ -121,8 +142,10 @@ def big_shard(tmp_path, corpus_template):
 def test_killed_mel_job_leaves_no_shard_and_snakemake_rebuilds_it(big_shard, tmp_path):
     root, cfg_path = big_shard
     out = tmp_path / "cache" / "t" / "mels" / "shard-000"
+    energy = tmp_path / "cache" / "t" / "energy" / "shard-000"
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cache", "mels", "--config", str(cfg_path), "--shard", "0",
-                             "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             "--out", str(out), "--energy", str(energy)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
                             text=True)
     try:
         seen = []
@@ -136,14 +159,15 @@ def test_killed_mel_job_leaves_no_shard_and_snakemake_rebuilds_it(big_shard, tmp
         proc.kill()
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    for suffix in (".json", ".bin", ".stats.npy"):
-        assert not Path(f"{out}{suffix}").exists(), f"{out}{suffix} written by a killed job"
-    with pytest.raises(PipelineError, match="missing"):
-        cache.read_shard_meta(out)
+    for prefix in (out, energy):
+        for suffix in (".json", ".bin", ".stats.npy"):
+            assert not Path(f"{prefix}{suffix}").exists(), f"{prefix}{suffix} written by a killed job"
+    with pytest.raises(shards.CacheError, match="missing"):
+        shards.read_meta(out, "mels")
 
     assert planned_jobs(cfg_path)["mel_shard"] == 1
     snakemake("caches", config=cfg_path)
-    meta = cache.read_shard_meta(out)
+    meta = shards.read_meta(out, "mels")
     assert len(meta["ids"]) == 96
     assert Path(f"{out}.bin").stat().st_size == meta["bytes"]
     assert planned_jobs(cfg_path) == {}
@@ -154,7 +178,7 @@ def _ids_in_shard(prefix, shard, shards, n):
     out, i = [], 0
     while len(out) < n:
         cid = f"{prefix}{i}"
-        if dataset.shard_of(cid, shards) == shard:
+        if manifest.shard_of(cid, shards) == shard:
             out.append(cid)
         i += 1
     return out
@@ -208,7 +232,7 @@ def test_bad_audio_skip_then_fail(tmp_path, corpus_template):
     rows = [f"{cid}|A bad clip of kind {kind}.|A bad clip of kind {kind}." for kind, cid in bad_ids.items()]
     (root / "metadata.csv").write_text("\n".join(lines + rows) + "\n", encoding="utf-8")
     good_in_bad_shard = sorted(line.split("|")[0] for line in lines
-                               if dataset.shard_of(line.split("|")[0], shards) == bad_shard)
+                               if manifest.shard_of(line.split("|")[0], shards) == bad_shard)
     assert good_in_bad_shard, "the bad clips' shard should also hold good clips"
 
     # with bad_audio: skip the bad clips are left out and listed with their reasons
@@ -245,7 +269,8 @@ def test_bad_audio_skip_then_fail(tmp_path, corpus_template):
     for k in set(range(shards)) - {bad_shard}:
         prefix, meta = _load(cache_dir, "mels", k)
         assert Path(f"{prefix}.bin").stat().st_size == meta["bytes"] > 0
-    assert planned_jobs(fail_path) == {"mel_shard": 1, "cache_index": 1, "caches": 1}
+    assert not (cache_dir / "pitch" / f"shard-{bad_shard:03d}.json").exists()  # its pitch job fails alike
+    assert planned_jobs(fail_path) == {"mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "caches": 1}
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_KINDS))

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import write_config
-from pipeline import audio, config, data, dataset, models, text
+from pipeline import audio, config, data, manifest, models, shards, text
 from pipeline.graphscan import find_pyfunc_ops
 
 
@@ -27,27 +27,38 @@ def test_loader_graph_holds_no_python_ops(built_cache):
 def test_loader_returns_the_cached_arrays(built_cache, group_bytes):
     cfg = _cfg(built_cache)
     ids = data.clip_ids(cfg, "all")
-    rows = {c.id: c for c in dataset.read_metadata(built_cache.parent / "data" / "metadata.csv")}
+    rows = {c.id: c for c in manifest.read_metadata(built_cache.parent / "data" / "metadata.csv")}
     ds = data.build_dataset(cfg, "all", with_clip_index=True, group_bytes=group_bytes)
     seen = []
     r = models.frame_multiple(cfg["model"])
     _, shapes = data.bucket_shapes(cfg)
+    vocab = data.read_index(cfg)["vocab"]
+    cached = {}  # id -> (pitch, energy) read back with NumPy through the shard format
+    for k in range(cfg["cache"]["shards"]):
+        p_meta, p_arrays = shards.read(shards.prefix(config.cache_dir(cfg), "pitch", k), "pitch")
+        e_meta, e_arrays = shards.read(shards.prefix(config.cache_dir(cfg), "energy", k), "energy")
+        assert p_meta["ids"] == e_meta["ids"]
+        cached.update({cid: (p, e) for cid, p, e in zip(p_meta["ids"], p_arrays, e_arrays)})
     for batch in ds:
         assert batch["mel"].dtype == tf.float16 and batch["tokens"].dtype == tf.int32
+        assert batch["pitch"].dtype == tf.float32 == batch["energy"].dtype
         t_max, f_max = batch["tokens"].shape[1], batch["mel"].shape[1]
         assert (t_max, f_max) in shapes and f_max % r == 0
+        assert batch["pitch"].shape == batch["energy"].shape == batch["mel"].shape[:2]
         for i, clip in enumerate(batch["clip"].numpy()):
             cid = ids[clip]
             seen.append(cid)
             n_tok, n_frames = int(batch["token_lengths"][i]), int(batch["mel_lengths"][i])
-            want_tokens, _ = text.text_to_ids(rows[cid].text, cfg["text"]["cleaners"])
-            np.testing.assert_array_equal(batch["tokens"][i, :n_tok].numpy(), want_tokens)
+            np.testing.assert_array_equal(batch["tokens"][i, :n_tok].numpy(), text.encode(rows[cid].text, vocab))
             assert not batch["tokens"][i, n_tok:].numpy().any()  # pad id 0
-            wav = dataset.audio_path(cfg["dataset"]["root"], "wavs", cid)
+            wav = manifest.audio_path(cfg["dataset"]["root"], "wavs", cid)
             want_mel = audio.mel_from_file(wav, cfg["audio"], cfg["dataset"]["max_seconds"])
             got = batch["mel"][i, :n_frames].numpy().astype(np.float32)
             np.testing.assert_allclose(got, want_mel, atol=np.abs(want_mel).max() * 2 ** -10)
             assert np.all(batch["mel"][i, n_frames:].numpy() == np.float16(data.PAD_LOG_MEL))
+            np.testing.assert_array_equal(batch["pitch"][i, :n_frames].numpy(), cached[cid][0])
+            np.testing.assert_array_equal(batch["energy"][i, :n_frames].numpy(), cached[cid][1])
+            assert not batch["pitch"][i, n_frames:].numpy().any() and not batch["energy"][i, n_frames:].numpy().any()
     assert sorted(seen) == sorted(ids)  # every clip exactly once
 
 
@@ -56,16 +67,16 @@ def test_training_batches_mix_shards_and_have_fixed_shapes(built_cache, group_by
     cfg = _cfg(built_cache)
     ids = data.clip_ids(cfg, "train")
     _, shapes = data.bucket_shapes(cfg)
-    shards, per_batch, seen = set(), [], set()
+    visited, per_batch, seen = set(), [], set()
     ds = data.build_dataset(cfg, "train", with_clip_index=True, group_bytes=group_bytes)
     for batch in ds.take(40):
         assert batch["tokens"].shape[0] == cfg["train"]["batch_size"]
         assert (batch["tokens"].shape[1], batch["mel"].shape[1]) in shapes
-        batch_shards = {dataset.shard_of(ids[c], cfg["cache"]["shards"]) for c in batch["clip"].numpy()}
+        batch_shards = {manifest.shard_of(ids[c], cfg["cache"]["shards"]) for c in batch["clip"].numpy()}
         per_batch.append(len(batch_shards))
-        shards |= batch_shards
+        visited |= batch_shards
         seen |= set(batch["clip"].numpy().tolist())
-    assert len(shards) == cfg["cache"]["shards"]  # every shard is visited
+    assert len(visited) == cfg["cache"]["shards"]  # every shard is visited
     assert len(seen) > 0.8 * len(ids)              # and (nearly) every clip within a few epochs
     if group_bytes == data.GROUP_BYTES:
         assert max(per_batch) > 1                  # one group: batches mix clips of several shards
@@ -109,3 +120,48 @@ def test_cache_built_under_other_audio_settings_is_refused(cache_copy):
     changed = config.merge(cache_copy, {"audio": {"n_mels": 64}})
     with pytest.raises(data.CacheError, match="audio"):
         data.build_dataset(changed, "train")
+
+
+def test_cache_of_an_older_format_is_refused_with_what_to_run(cache_copy):
+    path = config.cache_dir(cache_copy) / "index.json"
+    index = json.loads(path.read_text())
+    index["format"] = 1  # a cache from before phonemes, pitch and energy
+    path.write_text(json.dumps(index))
+    with pytest.raises(data.CacheError, match=r"format 1 .*snakemake --cores all caches"):
+        data.build_dataset(cache_copy, "train")
+
+
+def test_planted_duration_shards_load_through_build_dataset(cache_copy):
+    """The aligner stage writes durations with shards.write; build_dataset(durations=True) reads them."""
+    root = config.cache_dir(cache_copy)
+    with pytest.raises(data.CacheError, match="durations/shard-000.json: shard missing; run `snakemake --cores all durations`"):
+        data.build_dataset(cache_copy, "train", durations=True)
+    rng = np.random.default_rng(0)
+    planted = {}
+    for k in range(cache_copy["cache"]["shards"]):
+        tok = shards.read_meta(shards.prefix(root, "tokens", k), "tokens")
+        mel = shards.read_meta(shards.prefix(root, "mels", k), "mels")
+        frames = dict(zip(mel["ids"], mel["lengths"]))
+        arrays = []
+        for cid, n in zip(tok["ids"], tok["lengths"]):  # n tokens sharing the clip's frames at random
+            cuts = np.sort(rng.integers(0, frames[cid] + 1, n - 1))
+            arrays.append(np.diff(np.concatenate([[0], cuts, [frames[cid]]])).astype(np.int32))
+            planted[cid] = arrays[-1]
+        shards.write(shards.prefix(root, "durations", k), "durations", tok["ids"], arrays, provenance="planted")
+    ids = data.clip_ids(cache_copy, "all")
+    ds = data.build_dataset(cache_copy, "all", durations=True, with_clip_index=True)
+    seen = 0
+    for batch in ds:
+        assert batch["durations"].dtype == tf.int32 and batch["durations"].shape == batch["tokens"].shape
+        np.testing.assert_array_equal(tf.reduce_sum(batch["durations"], 1), batch["mel_lengths"])
+        for i, clip in enumerate(batch["clip"].numpy()):
+            n = int(batch["token_lengths"][i])
+            np.testing.assert_array_equal(batch["durations"][i, :n], planted[ids[clip]])
+            seen += 1
+    assert seen == len(ids)
+    # durations that no longer sum to the mel (stale after a mel rebuild) are refused
+    meta, arrays = shards.read(shards.prefix(root, "durations", 1), "durations")
+    arrays[0] = arrays[0] + 1
+    shards.write(shards.prefix(root, "durations", 1), "durations", meta["ids"], arrays, provenance="planted")
+    with pytest.raises(data.CacheError, match=f"durations of {meta['ids'][0]} sum to .*snakemake --cores all durations"):
+        data.build_dataset(cache_copy, "train", durations=True)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import planned_jobs, snakemake, write_config
-from pipeline import dataset
+from pipeline import manifest, shards
 
 SHARDS = 4
 TINY_ALIGNER = {"steps": 30, "batch_size": 4, "d_model": 16, "learning_rate": 0.005, "temperature": 0.1}
@@ -37,31 +37,22 @@ def plan(p, *extra):
     return planned_jobs(p.config, "durations", *extra)
 
 
-def read_shard(path, dtype, width=None):
-    meta = json.loads(Path(path).with_suffix(".json").read_text())
-    array = np.fromfile(Path(path).with_suffix(".bin"), dtype)
-    return meta, array.reshape(-1, width) if width else array
-
-
 @pytest.mark.slow
 def test_every_clip_has_durations_summing_to_its_mel_frames(project):
+    aligner = json.loads(next(Path(project.tmp / "runs/t/aligner").glob("*/aligner.json")).read_text())
     clips = 0
     for k in range(SHARDS):
-        dmeta, durations = read_shard(project.cache / f"durations/shard-{k:03d}", np.int32)
-        tmeta, _ = read_shard(project.cache / f"tokens/shard-{k:03d}", np.int32)
-        mmeta = json.loads((project.cache / f"mels/shard-{k:03d}.json").read_text())
-        assert dmeta["kind"] == "durations" and dmeta["ids"] == tmeta["ids"]
-        assert dmeta["lengths"] == tmeta["lengths"] and dmeta["offsets"] == tmeta["offsets"]
-        assert len(durations) == sum(tmeta["lengths"])
-        frames = dict(zip(mmeta["ids"], mmeta["frames"]))
-        for cid, off, n in zip(dmeta["ids"], dmeta["offsets"], dmeta["lengths"]):
-            d = durations[off:off + n]
-            assert d.sum() == frames[cid], cid
-            assert d.min() >= 1 or frames[cid] < n, cid  # every token gets a frame when there are enough
-            clips += 1
-        aligner = json.loads(next(Path(project.tmp / "runs/t/aligner").glob("*/aligner.json")).read_text())
+        dmeta, durations = shards.read(shards.prefix(project.cache, "durations", k), "durations")
+        tmeta, _ = shards.read(shards.prefix(project.cache, "tokens", k), "tokens")
+        mmeta, mels = shards.read(shards.prefix(project.cache, "mels", k), "mels")
+        assert dmeta["ids"] == tmeta["ids"] and dmeta["lengths"] == tmeta["lengths"]
         assert set(dmeta["provenance"]) == {"aligner", "tokens", "mels"}
         assert dmeta["provenance"]["aligner"] == aligner["weights_digest"]
+        frames = {cid: len(m) for cid, m in zip(mmeta["ids"], mels)}
+        for cid, d in zip(dmeta["ids"], durations):
+            assert d.sum() == frames[cid], cid
+            assert d.min() >= 1 or frames[cid] < len(d), cid  # every token gets a frame when there are enough
+            clips += 1
     assert clips == 24
 
 
@@ -74,7 +65,7 @@ def test_nothing_changed_means_nothing_to_do(project):
 
 def _clip_in_shard(p, shard):
     for i, line in enumerate(p.meta.read_text().splitlines()):
-        if dataset.shard_of(line.split("|")[0], SHARDS) == shard:
+        if manifest.shard_of(line.split("|")[0], SHARDS) == shard:
             return i, line.split("|")[0]
     raise AssertionError(f"no clip in shard {shard}")
 

@@ -15,11 +15,13 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, planned_jobs, snakemake, write_config
+import yaml
+from conftest import ROOT, snakemake, write_config
 
-from pipeline import dataset
+from pipeline import manifest
 
 SCRIPT = ROOT / "scripts" / "local-slurm.sh"
+PROFILE = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
 TOOLS = ("munged", "mariadbd", "mariadb-install-db", "slurmdbd", "slurmctld", "slurmd", "sbatch", "sacct")
 SHARDS = 2
 LOCAL_RULES = {"caches"}  # localrule: runs in the submitting Snakemake, never a SLURM job
@@ -62,31 +64,34 @@ def local_slurm():
 
 
 def on_slurm(config, state, since):
-    """`snakemake --workflow-profile profiles/slurm caches`; returns {(rule, shard): (state, exit)}
+    """`snakemake --workflow-profile profiles/slurm caches`; returns Snakemake's plan ({rule: jobs}
+    from the job stats it prints first, less the local rules) and {(rule, shard): (state, exit)}
     of the SLURM jobs it submitted, as sacct records them (Snakemake names every job of one run by
-    its run ID and puts rule and wildcards into the job's comment)."""
+    its run ID and puts rule and wildcards into the job's comment). Each job must have asked SLURM
+    for the memory and time limit the profile gives its rule."""
     run = snakemake("--workflow-profile", "profiles/slurm", "caches", *STATUS_ARGS, config=config, check=False)
     logs = "\n".join(tail(state / "log" / name) for name in ("slurmctld.log", "slurmd.log"))
     out = run.stdout + run.stderr
     assert run.returncode == 0, f"snakemake on SLURM failed:\n{out[-6000:]}\n{logs}"
+    stats = out[out.index("Job stats:"):].split("\ntotal")[0]
+    plan = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, flags=re.MULTILINE)}
+    plan = {rule: n for rule, n in plan.items() if rule not in LOCAL_RULES}
     run_id = re.search(r"SLURM run ID: (\S+)", out).group(1)
     sacct = subprocess.run(["sacct", "-X", "-a", "-n", "-P", "--name", run_id, "-S", since,
-                            "-o", "JobIDRaw,State,ExitCode,Comment"], capture_output=True, text=True, check=True)
+                            "-o", "JobIDRaw,State,ExitCode,Comment,ReqMem,Timelimit"],
+                           capture_output=True, text=True, check=True)
     jobs = {}
     for line in sacct.stdout.splitlines():
-        job_id, job_state, exit_code, comment = line.split("|")
+        job_id, job_state, exit_code, comment, mem, limit = line.split("|")
         m = re.fullmatch(r"rule_(\w+?)(?:_wildcards_(\d+))?", comment)
         assert m, f"SLURM job {job_id} has no Snakemake rule in its comment: {comment!r}"
         assert m.groups() not in jobs, f"two SLURM jobs for {m.groups()}:\n{sacct.stdout}"
         jobs[m.groups()] = (job_state, exit_code)
+        wanted = {**PROFILE["default-resources"], **PROFILE["set-resources"].get(m.group(1), {})}
+        assert (mem, limit) == (f"{wanted['mem_mb']}M", f"{wanted['runtime'] // 60:02d}:{wanted['runtime'] % 60:02d}:00")
     submitted = len(re.findall(r"has been submitted with SLURM jobid", out))
     assert submitted == len(jobs), f"Snakemake submitted {submitted} jobs, sacct knows {len(jobs)}:\n{sacct.stdout}"
-    return jobs
-
-
-def slurm_plan(config):
-    """{rule: jobs} that `snakemake -n caches` plans, less the local rules."""
-    return {rule: n for rule, n in planned_jobs(config).items() if rule not in LOCAL_RULES}
+    return plan, jobs
 
 
 @pytest.mark.slow
@@ -96,10 +101,9 @@ def test_caches_on_local_slurm_then_one_edit_one_token_job(local_slurm, tmp_path
     shutil.copytree(corpus_template, root)
     config = write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": SHARDS})
 
-    plan = slurm_plan(config)
+    plan, jobs = on_slurm(config, local_slurm, since)
     shard_rules = sorted(rule for rule in plan if rule.endswith("_shard"))
     assert {"token_shard", "mel_shard"} <= set(shard_rules) and all(plan[r] == SHARDS for r in shard_rules)
-    jobs = on_slurm(config, local_slurm, since)
     assert Counter(rule for rule, _ in jobs) == plan
     for rule in shard_rules:  # every shard of every per-shard rule ran as its own SLURM job
         assert {shard for r, shard in jobs if r == rule} == {f"{k:03d}" for k in range(SHARDS)}
@@ -112,9 +116,36 @@ def test_caches_on_local_slurm_then_one_edit_one_token_job(local_slurm, tmp_path
     clip_id, text, *rest = lines[0].split("|")
     lines[0] = "|".join([clip_id, text + " Edited.", *(r + " Edited." for r in rest)])
     meta.write_text("\n".join(lines) + "\n")
-    plan = slurm_plan(config)
-    assert plan.get("token_shard") == 1 and "mel_shard" not in plan, plan
-    jobs = on_slurm(config, local_slurm, since)
+    plan, jobs = on_slurm(config, local_slurm, since)
+    assert {rule: n for rule, n in plan.items() if rule.endswith("_shard")} == {"token_shard": 1}, plan
     assert Counter(rule for rule, _ in jobs) == plan
-    assert [shard for rule, shard in jobs if rule == "token_shard"] == [f"{dataset.shard_of(clip_id, SHARDS):03d}"]
+    assert [shard for rule, shard in jobs if rule == "token_shard"] == [f"{manifest.shard_of(clip_id, SHARDS):03d}"]
     assert all(s == ("COMPLETED", "0:0") for s in jobs.values()), jobs
+
+
+def rules_asking_gpus():
+    """Rules whose `resources:` name a gpu, read from rules/*.smk."""
+    found = set()
+    for smk in (ROOT / "rules").glob("*.smk"):
+        for block in re.split(r"^(?=rule )", smk.read_text(), flags=re.MULTILINE):
+            m = re.match(r"rule (\w+):", block)
+            if m and re.search(r"^\s+gpu=", block, flags=re.MULTILINE):
+                found.add(m.group(1))
+    return found
+
+
+def test_slurm_profile_gives_every_gpu_rule_its_gpus():
+    # on a login node gpus_wanted() finds no GPU, so the profile must say what each GPU rule gets
+    gpu_rules = rules_asking_gpus()
+    assert {"train", "diagnose"} <= gpu_rules
+    missing = {rule for rule in gpu_rules if "gpu" not in PROFILE["set-resources"].get(rule, {})}
+    assert not missing, f"profiles/slurm/config.yaml: set-resources gives no gpu to {sorted(missing)}"
+
+
+@pytest.mark.parametrize(("extra", "gpus"), [((), 1), (("--resources", "gpu=0"), 0)])
+def test_default_profile_gpu_budget_caps_what_train_asks(tmp_path, corpus_template, extra, gpus):
+    # profiles/default sets gpu=1; a rule asks at most the budget, so GPU jobs take turns
+    config = write_config(tmp_path, corpus_template, train={"placement": "single"})
+    out = snakemake("train", "-n", *extra, config=config).stdout
+    asked = re.search(r"rule train:.*?resources: ([^\n]*)", out, flags=re.DOTALL).group(1)
+    assert f"gpu={gpus}" in asked.split(", "), asked

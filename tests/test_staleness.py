@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -24,7 +23,7 @@ import soundfile as sf
 import yaml
 
 from conftest import ROOT, TRANSCRIPTS, snakemake, write_config
-from pipeline import dataset, make_corpus
+from pipeline import make_corpus, manifest
 
 SHARDS = 4
 _COUNT = re.compile(r"^\s*(\w+)\s+(\d+)\s*$")
@@ -77,8 +76,15 @@ def rewritten(before, after):
 
 
 def shard_files(kind, shard):
-    suffixes = (".bin", ".json") + ((".stats.npy",) if kind == "mels" else ())
-    return [f"{kind}/shard-{shard:03d}{s}" for s in suffixes]
+    """The files one job writes: mel_shard ("mels") writes the energy shard too."""
+    kinds = {"mels": ("mels", "energy")}.get(kind, (kind,))
+    return sorted(f"{k}/shard-{shard:03d}{s}" for k in kinds
+                  for s in (".bin", ".json") + ((".stats.npy",) if k != "tokens" else ()))
+
+
+def jobs_files(*jobs):
+    """The files written by jobs [(kind, shard)], sorted."""
+    return sorted(f for kind, shard in jobs for f in shard_files(kind, shard))
 
 
 def read_lines(path):
@@ -137,7 +143,7 @@ def clip_of_shard(p, shard):
     """The first metadata line (index, id) whose clip lives in `shard`."""
     for i, line in enumerate(read_lines(p.meta)):
         cid = line.split("|")[0]
-        if dataset.shard_of(cid, SHARDS) == shard:
+        if manifest.shard_of(cid, SHARDS) == shard:
             return i, cid
     raise AssertionError(f"no clip in shard {shard}")
 
@@ -184,7 +190,7 @@ def test_edit_one_line_text_rebuilds_one_token_shard(built):
     lines[i] = "|".join([cid] + [c + " Indeed, quite so." for c in cols[1:]])
     write_lines(built.meta, lines)
     counts, shards = plan(built.config)
-    assert counts == {"token_shard": 1, "cache_index": 1, "caches": 1}
+    assert counts == {"token_shard": 1, "cache_index": 1, "caches": 1}  # no mel_shard, no pitch_shard
     assert shards == {"token_shard": [2]}
     assert rebuild_then_nothing_to_do(built) == shard_files("tokens", 2)
 
@@ -204,16 +210,16 @@ def _replace_audio(p, shard, older_mtime=False):
 
 
 @pytest.mark.slow
-def test_replace_one_audio_file_rebuilds_one_mel_shard(built):
+def test_replace_one_audio_file_rebuilds_its_mel_and_pitch_shard(built):
     cid = _replace_audio(built, 3)
     counts, shards = plan(built.config)
-    assert counts == {"mel_shard": 1, "cache_index": 1, "caches": 1}
-    assert shards == {"mel_shard": [3]}
-    assert rebuild_then_nothing_to_do(built) == shard_files("mels", 3)
-    meta = json.loads((built.cache / "mels/shard-003.json").read_text())
-    frames = meta["frames"][meta["ids"].index(cid)]
+    assert counts == {"mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "caches": 1}  # no token_shard
+    assert shards == {"mel_shard": [3], "pitch_shard": [3]}
+    assert rebuild_then_nothing_to_do(built) == jobs_files(("mels", 3), ("pitch", 3))
     n = sf.info(str(built.root / "wavs" / f"{cid}.wav")).frames
-    assert frames == 1 + n // 256  # the slower speech is what the shard now holds
+    for kind in ("mels", "energy", "pitch"):  # the slower speech is what the shards now hold
+        meta = json.loads((built.cache / f"{kind}/shard-003.json").read_text())
+        assert meta["lengths"][meta["ids"].index(cid)] == n // 256
 
 
 @pytest.mark.slow
@@ -222,9 +228,9 @@ def test_replace_audio_with_a_file_older_than_the_cache_still_rebuilds(built):
     # mtime, so Snakemake's mtime trigger alone would miss it: the file's identity must count.
     _replace_audio(built, 0, older_mtime=True)
     counts, shards = plan(built.config)
-    assert counts == {"mel_shard": 1, "cache_index": 1, "caches": 1}
-    assert shards == {"mel_shard": [0]}
-    assert rebuild_then_nothing_to_do(built) == shard_files("mels", 0)
+    assert counts == {"mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "caches": 1}
+    assert shards == {"mel_shard": [0], "pitch_shard": [0]}
+    assert rebuild_then_nothing_to_do(built) == jobs_files(("mels", 0), ("pitch", 0))
 
 
 @pytest.mark.slow
@@ -236,12 +242,12 @@ def test_add_one_clip_rebuilds_only_its_shard(built):
     assert all(cid not in ids for ids in ids_before.values())
     speak_to(built.root / "wavs" / f"{cid}.wav", line.split("|")[-1], speed=175)
     write_lines(built.meta, read_lines(built.meta) + [line])
-    k = dataset.shard_of(cid, SHARDS)
+    k = manifest.shard_of(cid, SHARDS)
     counts, shards = plan(built.config)
-    assert counts == {"token_shard": 1, "mel_shard": 1, "cache_index": 1, "caches": 1}
-    assert shards == {"token_shard": [k], "mel_shard": [k]}
-    assert rebuild_then_nothing_to_do(built) == sorted(shard_files("tokens", k) + shard_files("mels", k))
-    for kind in ("tokens", "mels"):
+    assert counts == {"token_shard": 1, "mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "caches": 1}
+    assert shards == {"token_shard": [k], "mel_shard": [k], "pitch_shard": [k]}
+    assert rebuild_then_nothing_to_do(built) == jobs_files(("tokens", k), ("mels", k), ("pitch", k))
+    for kind in ("tokens", "mels", "energy", "pitch"):
         ids = json.loads((built.cache / f"{kind}/shard-{k:03d}.json").read_text())["ids"]
         assert sorted(ids) == sorted(ids_before[k] + [cid])
 
@@ -253,14 +259,32 @@ def test_remove_one_clip_rebuilds_only_its_shard(built):
     write_lines(built.meta, lines[:i] + lines[i + 1:])
     (built.root / "wavs" / f"{cid}.wav").unlink()
     counts, shards = plan(built.config)
-    assert counts == {"token_shard": 1, "mel_shard": 1, "cache_index": 1, "caches": 1}
-    assert shards == {"token_shard": [1], "mel_shard": [1]}
-    assert rebuild_then_nothing_to_do(built) == sorted(shard_files("tokens", 1) + shard_files("mels", 1))
-    for kind in ("tokens", "mels"):
+    assert counts == {"token_shard": 1, "mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "caches": 1}
+    assert shards == {"token_shard": [1], "mel_shard": [1], "pitch_shard": [1]}
+    assert rebuild_then_nothing_to_do(built) == jobs_files(("tokens", 1), ("mels", 1), ("pitch", 1))
+    for kind in ("tokens", "mels", "energy", "pitch"):
         assert cid not in json.loads((built.cache / f"{kind}/shard-001.json").read_text())["ids"]
     index = json.loads((built.cache / "index.json").read_text())
     assert cid not in (built.cache / "rejected.tsv").read_text()  # removed, not rejected
     assert index["counts"]["clips"] == len(read_lines(built.meta))
+
+
+# --- damaged caches ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_deleted_and_truncated_shards_rebuild_exactly_their_jobs_and_then_load(built):
+    (built.cache / "tokens/shard-001.bin").unlink()
+    mel = built.cache / "mels/shard-002.bin"
+    mel.write_bytes(mel.read_bytes()[:-1000])
+    from pipeline import config as pconfig, data
+    cfg = pconfig.load_config(built.config)
+    with pytest.raises(data.CacheError, match="snakemake --cores all caches"):
+        data.load_clips(cfg)
+    counts, shards = plan(built.config)
+    assert counts == {"token_shard": 1, "mel_shard": 1, "cache_index": 1, "caches": 1}
+    assert shards == {"token_shard": [1], "mel_shard": [2]}
+    assert rebuild_then_nothing_to_do(built) == jobs_files(("tokens", 1), ("mels", 2))
+    clips, _ = data.load_clips(cfg)
+    assert len(clips.ids) == len(read_lines(built.meta))  # every clip back, every shard checked
 
 
 # --- settings ---------------------------------------------------------------------------------
@@ -274,8 +298,12 @@ def _edited_config(p, path, **sections):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("section, values, stale", [
-    ("audio", {"fmax": 7600}, {"mel_shard": SHARDS}),
-    ("dataset", {"max_seconds": 15.0}, {"mel_shard": SHARDS}),    # changes which clips are rejected
+    ("audio", {"fmax": 7600}, {"mel_shard": SHARDS}),             # the mel band: pitch needs only rate and hop
+    ("audio", {"hop_length": 200}, {"mel_shard": SHARDS, "pitch_shard": SHARDS}),  # the frame grid
+    ("dataset", {"max_seconds": 15.0}, {"mel_shard": SHARDS, "pitch_shard": SHARDS}),  # which clips are rejected
+    ("pitch", {"method": "harvest"}, {"pitch_shard": SHARDS}),
+    ("text", {"frontend": "characters"}, {"token_shard": SHARDS}),
+    ("text", {"language": "en-gb"}, {"token_shard": SHARDS}),
     ("dataset", {"val_fraction": 0.25}, {}),                       # only the statistics change
     ("train", {"steps": 7}, None),                                 # caches do not depend on training
 ])
@@ -294,8 +322,8 @@ def test_audio_setting_in_configfile_rebuilds_every_mel_shard(built):
     assert counts == {"mel_shard": SHARDS, "cache_index": 1, "caches": 1}
     assert shards == {"mel_shard": list(range(SHARDS))}
     changed = rebuild_then_nothing_to_do(built)
-    assert changed == sorted(f for k in range(SHARDS) for f in shard_files("mels", k))
-    assert json.loads((built.cache / "mels/shard-000.json").read_text())["n_mels"] == 64
+    assert changed == jobs_files(*(("mels", k) for k in range(SHARDS)))
+    assert json.loads((built.cache / "mels/shard-000.json").read_text())["width"] == 64
     assert json.loads((built.cache / "index.json").read_text())["n_mels"] == 64
 
 
@@ -303,7 +331,7 @@ def test_audio_setting_in_configfile_rebuilds_every_mel_shard(built):
 def test_audio_setting_on_the_command_line_rebuilds_every_mel_shard(built):
     # `--config` is the other documented way to override a key; Snakemake parses nested values
     # with YAML's BaseLoader, so 48 arrives as the string '48'.
-    n_mels = 48 if json.loads((built.cache / "mels/shard-000.json").read_text())["n_mels"] != 48 else 40
+    n_mels = 48 if json.loads((built.cache / "mels/shard-000.json").read_text())["width"] != 48 else 40
     counts, shards = plan(built.config, "--config", f"audio={{n_mels: {n_mels}}}")
     assert counts == {"mel_shard": SHARDS, "cache_index": 1, "caches": 1}
     assert shards == {"mel_shard": list(range(SHARDS))}
@@ -317,8 +345,18 @@ def test_text_setting_rebuilds_every_token_shard(built):
     assert counts == {"token_shard": SHARDS, "cache_index": 1, "caches": 1}
     assert shards == {"token_shard": list(range(SHARDS))}
     changed = rebuild_then_nothing_to_do(built)
-    assert changed == sorted(f for k in range(SHARDS) for f in shard_files("tokens", k))
+    assert changed == jobs_files(*(("tokens", k) for k in range(SHARDS)))
     assert json.loads((built.cache / "vocab.json").read_text())["cleaners"] == "basic"
+
+
+@pytest.mark.slow
+def test_pitch_setting_on_the_command_line_rebuilds_every_pitch_shard_and_nothing_else(built):
+    counts, shards = plan(built.config, "--config", "pitch={fmin: 50.0, fmax: 500.0}")
+    assert counts == {"pitch_shard": SHARDS, "cache_index": 1, "caches": 1}
+    assert shards == {"pitch_shard": list(range(SHARDS))}
+    changed = rebuild_then_nothing_to_do(built, "--config", "pitch={fmin: 50.0, fmax: 500.0}")
+    assert changed == jobs_files(*(("pitch", k) for k in range(SHARDS)))
+    assert json.loads((built.cache / "index.json").read_text())["pitch"]["fmin"] == 50.0
 
 
 # --- feature code -----------------------------------------------------------------------------
@@ -338,21 +376,27 @@ def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_templ
     shutil.copytree(corpus_template, root)
     meta = root / "metadata.csv"
     write_lines(meta, read_lines(meta)[:10])  # the code trigger does not need many clips
-    shards = 2
-    config = write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": shards})
+    n = 2
+    config = write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": n})
     cache = tmp_path / "cache" / "t"
     run_copy(project, "caches", config=config)
     assert plan(config, project=project) == NOTHING
 
-    for module, kind, rule in (("audio.py", "mels", "mel_shard"), ("text.py", "tokens", "token_shard")):
+    # a different espeak-ng (patched in where no digest looks) is a change to the token shards alone
+    espeak = "\nfrom pipeline import text as _text  # noqa\n_text.espeak_version = lambda: '1.99-test'\n"
+    cases = (("audio.py", "", ("mels", "pitch")), ("text.py", "", ("tokens",)), ("pitch.py", "", ("pitch",)),
+             ("shards.py", espeak, ("tokens",)))
+    for module, code, kinds in cases:
         with open(project / "pipeline" / module, "a") as f:
-            f.write("\n# a comment is a code change too\n")
+            f.write(code or "\n# a comment is a code change too\n")
         counts, _ = plan(config, project=project)
-        assert counts == {rule: shards, "cache_index": 1, "caches": 1}, module
+        rules = {"tokens": "token_shard", "mels": "mel_shard", "pitch": "pitch_shard"}
+        assert counts == {**{rules[k]: n for k in kinds}, "cache_index": 1, "caches": 1}, module
         before = stamps(cache)
         run_copy(project, "caches", config=config)
-        assert rewritten(before, stamps(cache)) == sorted(f for k in range(shards) for f in shard_files(kind, k))
+        assert rewritten(before, stamps(cache)) == jobs_files(*((k, i) for k in kinds for i in range(n))), module
         assert plan(config, project=project) == NOTHING
+    assert json.loads((cache / "tokens/shard-000.json").read_text())["espeak"] == "1.99-test"
 
     # code that makes no shard (the model) leaves the caches alone
     with open(project / "pipeline" / "models" / "fastpitch.py", "a") as f:
@@ -364,10 +408,10 @@ def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_templ
 _SHARD_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from pipeline import dataset
+from pipeline import manifest
 ids = [f"LJ{i:03d}-{j:04d}" for i in range(1, 5) for j in range(1, 51)]
-print(json.dumps({"shards": [dataset.shard_of(i, 8) for i in ids],
-                  "val": [dataset.is_validation(i, 0.3) for i in ids],
+print(json.dumps({"shards": [manifest.shard_of(i, 8) for i in ids],
+                  "val": [manifest.is_validation(i, 0.3) for i in ids],
                   "hash": [hash(i) for i in ids]}))
 """
 
@@ -392,7 +436,7 @@ def test_shard_assignment_does_not_depend_on_row_order_or_count(tmp_path):
     def assignment(rows, name):
         path = tmp_path / name
         write_lines(path, rows)
-        return {c.id: shard for shard, clips in dataset.shard_clips(dataset.read_metadata(path), 8).items()
+        return {c.id: shard for shard, clips in manifest.shard_clips(manifest.read_metadata(path), 8).items()
                 for c in clips}
 
     a = assignment(small, "small.csv")
@@ -405,4 +449,4 @@ def test_shard_assignment_does_not_depend_on_row_order_or_count(tmp_path):
     assert b == c
     # the shard follows from the id alone
     ids = sorted(b)
-    assert [dataset.shard_of(i, 8) for i in ids] == [b[i] for i in ids]
+    assert [manifest.shard_of(i, 8) for i in ids] == [b[i] for i in ids]

@@ -1,4 +1,4 @@
-"""The dataset manifest: LJSpeech-layout metadata, stable shard and split assignment.
+"""The manifest: which clips a dataset holds, their text and audio file, their shard and split.
 
 Reads `{dataset.root}/{dataset.metadata}` (`id|text|normalized_text`, the third column optional;
 UTF-8 with or without BOM; LF or CRLF) and finds each clip's audio at
@@ -8,7 +8,6 @@ Shard = sha256(id) mod cache.shards, and split = a second sha256 of the id: neve
 (salted per process), never row position, so adding rows moves nothing else.
 """
 import hashlib
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -17,8 +16,6 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 
 AUDIO_EXTENSIONS = ("wav", "flac", "ogg")
-FORMAT = 1  # cache file layout version: bump when pipeline/cache.py writes differently
-HERE = Path(__file__).resolve().parent
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # ids become file names: no separators, no ".."
 
 
@@ -133,19 +130,3 @@ def digest(*parts):
         h.update(str(p).encode("utf-8"))
         h.update(b"\x1e")
     return h.hexdigest()[:16]
-
-
-def file_digest(*paths):
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(Path(p).read_bytes())
-    return h.hexdigest()[:16]
-
-
-def provenance(kind, cfg):
-    """What a shard's content depends on besides its clips: its config section and feature code.
-
-    Kept here, not in cache.py, so the Snakefile can compute it without importing librosa.
-    """
-    section, code = {"tokens": ("text", "text.py"), "mels": ("audio", "audio.py")}[kind]
-    return digest(FORMAT, json.dumps(cfg[section], sort_keys=True), file_digest(HERE / code))

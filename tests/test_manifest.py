@@ -1,7 +1,7 @@
-"""pipeline.dataset: metadata parsing (BOM, CRLF, 2 or 3 columns), each malformed kind as a
+"""pipeline.manifest: metadata parsing (BOM, CRLF, 2 or 3 columns), each malformed kind as a
 DatasetError naming file and line (also through `snakemake -n caches`), stable shards and split.
 
-    python -m pytest -q tests/test_dataset.py
+    python -m pytest -q tests/test_manifest.py
 """
 import random
 import re
@@ -9,8 +9,8 @@ import re
 import pytest
 
 from conftest import snakemake
-from pipeline import dataset
-from pipeline.dataset import DatasetError
+from pipeline import manifest
+from pipeline.manifest import DatasetError
 
 
 def _write(path, lines, newline="\n", bom=False, encoding="utf-8"):
@@ -28,7 +28,7 @@ def test_bom_crlf_and_two_or_three_columns(tmp_path):
                 ("a3", "Text kept when the third column is empty"), ("a4", "Doctor Who")]
     for newline in ("\n", "\r\n"):
         for bom in (False, True):
-            clips = dataset.read_metadata(_write(tmp_path / "m.csv", lines, newline, bom))
+            clips = manifest.read_metadata(_write(tmp_path / "m.csv", lines, newline, bom))
             assert [(c.id, c.text) for c in clips] == expected
             assert [c.lineno for c in clips] == [1, 2, 3, 4]
             assert [c.line for c in clips] == lines  # no "\r", no BOM in what is digested
@@ -37,12 +37,12 @@ def test_bom_crlf_and_two_or_three_columns(tmp_path):
 def test_blank_lines_and_a_missing_final_newline(tmp_path):
     path = tmp_path / "m.csv"
     path.write_bytes(b"a1|one\n\n  \na2|two")
-    clips = dataset.read_metadata(path)
+    clips = manifest.read_metadata(path)
     assert [(c.id, c.text, c.lineno) for c in clips] == [("a1", "one", 1), ("a2", "two", 4)]
 
 
 def test_non_ascii_text_is_kept(tmp_path):
-    clips = dataset.read_metadata(_write(tmp_path / "m.csv", ["a1|Café — naïve|Café — naïve"]))
+    clips = manifest.read_metadata(_write(tmp_path / "m.csv", ["a1|Café — naïve|Café — naïve"]))
     assert clips[0].text == "Café — naïve"
 
 
@@ -75,7 +75,7 @@ def test_malformed_line_names_file_and_line(tmp_path, kind):
     for newline in (b"\n", b"\r\n"):
         path, words = _malformed(tmp_path, kind, newline)
         with pytest.raises(DatasetError) as e:
-            dataset.read_metadata(path)
+            manifest.read_metadata(path)
         message = str(e.value)
         assert _names_file_and_line(message, path, 3), message
         assert all(w.lower() in message.lower() for w in words), message
@@ -85,7 +85,7 @@ def test_empty_metadata_is_an_error(tmp_path):
     path = tmp_path / "metadata.csv"
     path.write_bytes(b"\xef\xbb\xbf\r\n")
     with pytest.raises(DatasetError, match=re.escape(str(path))):
-        dataset.read_metadata(path)
+        manifest.read_metadata(path)
 
 
 @pytest.mark.slow
@@ -115,39 +115,39 @@ def test_shards_are_balanced_and_independent_of_row_order():
     shards = 8
     counts = [0] * shards
     for cid in IDS:
-        counts[dataset.shard_of(cid, shards)] += 1
+        counts[manifest.shard_of(cid, shards)] += 1
     assert sum(counts) == 2000
     assert all(200 <= c <= 300 for c in counts), counts  # 250 +- 3 standard deviations
 
-    clips = [dataset.Clip(cid, "text", f"{cid}|text", n) for n, cid in enumerate(IDS, 1)]
+    clips = [manifest.Clip(cid, "text", f"{cid}|text", n) for n, cid in enumerate(IDS, 1)]
     shuffled = clips[:]
     random.Random(1).shuffle(shuffled)
-    a, b = dataset.shard_clips(clips, shards), dataset.shard_clips(shuffled, shards)
+    a, b = manifest.shard_clips(clips, shards), manifest.shard_clips(shuffled, shards)
     assert {k: [c.id for c in v] for k, v in a.items()} == {k: [c.id for c in v] for k, v in b.items()}
     assert sorted(a) == list(range(shards))
 
 
 def test_empty_shards_are_listed():
-    out = dataset.shard_clips([dataset.Clip("a1", "t", "a1|t", 1)], 16)
+    out = manifest.shard_clips([manifest.Clip("a1", "t", "a1|t", 1)], 16)
     assert sorted(out) == list(range(16)) and sum(len(v) for v in out.values()) == 1
 
 
 @pytest.mark.parametrize("fraction, low, high", [(0.05, 70, 130), (0.2, 346, 454), (0.5, 933, 1067)])
 def test_val_fraction_is_roughly_respected(fraction, low, high):
-    val = [cid for cid in IDS if dataset.is_validation(cid, fraction)]
+    val = [cid for cid in IDS if manifest.is_validation(cid, fraction)]
     assert low <= len(val) <= high  # 3 standard deviations of a binomial over 2000 ids
-    assert not any(dataset.is_validation(cid, 0.0) for cid in IDS)
+    assert not any(manifest.is_validation(cid, 0.0) for cid in IDS)
 
 
 def test_split_grows_without_moving_validation_clips_back_to_train():
-    small = {cid for cid in IDS if dataset.is_validation(cid, 0.05)}
-    large = {cid for cid in IDS if dataset.is_validation(cid, 0.2)}
+    small = {cid for cid in IDS if manifest.is_validation(cid, 0.05)}
+    large = {cid for cid in IDS if manifest.is_validation(cid, 0.2)}
     assert small < large
 
 
 def test_split_does_not_follow_the_shard():
     # validation clips spread over every shard, so no shard is all validation
-    shards = {dataset.shard_of(cid, 8) for cid in IDS if dataset.is_validation(cid, 0.05)}
+    shards = {manifest.shard_of(cid, 8) for cid in IDS if manifest.is_validation(cid, 0.05)}
     assert shards == set(range(8))
 
 
@@ -156,8 +156,8 @@ def test_manifest_finds_audio_in_each_container(tmp_path):
     _write(tmp_path / "metadata.csv", ["c1|one", "c2|two", "c3|three", "c4|four"])
     for cid, ext in (("c1", "wav"), ("c2", "flac"), ("c3", "ogg")):
         (tmp_path / "wavs" / f"{cid}.{ext}").write_bytes(b"x")
-    found = {cid: dataset.audio_path(tmp_path, "wavs", cid) for cid in ("c1", "c2", "c3", "c4")}
+    found = {cid: manifest.audio_path(tmp_path, "wavs", cid) for cid in ("c1", "c2", "c3", "c4")}
     assert {k: (v.name if v else None) for k, v in found.items()} == {
         "c1": "c1.wav", "c2": "c2.flac", "c3": "c3.ogg", "c4": None}
-    manifest = dataset.load_manifest({"root": str(tmp_path), "metadata": "metadata.csv"}, 3)
-    assert sorted(c.id for v in manifest.values() for c in v) == ["c1", "c2", "c3", "c4"]
+    by_shard = manifest.load_manifest({"root": str(tmp_path), "metadata": "metadata.csv"}, 3)
+    assert sorted(c.id for v in by_shard.values() for c in v) == ["c1", "c2", "c3", "c4"]

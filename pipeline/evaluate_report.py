@@ -1,0 +1,125 @@
+"""Evaluate report: evaluate.json (every field), evaluate.md (plain words), evaluate.png (a few clips).
+
+pipeline/evaluate.py measures; this module places the model between its two references and writes.
+Reads the report dict and per-clip rows that pipeline.evaluate.compare() builds (no config keys).
+
+    python -m pipeline.evaluate --config configs/config.yaml     # measures, then calls write_report
+"""
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import atomic_write_bytes, atomic_write_text
+
+NEAR_CEILING = 0.25  # within a quarter of the ceiling-to-chance gap: as good as this vocoder allows
+AT_CHANCE = 0.8      # past four fifths of the gap: no nearer its own sentence than to others
+PLOT_CLIPS = 3       # clips drawn in evaluate.png
+
+
+def position(report):
+    """Where mcd_db lies from the ceiling (0) to chance (1); None without both references."""
+    ceiling, chance = report["mcd_db_ceiling"], report["mcd_db_other"]
+    if chance is None or ceiling is None or chance <= ceiling:
+        return None
+    return (report["mcd_db"] - ceiling) / (chance - ceiling)
+
+
+def verdict(report):
+    """One plain sentence: at chance, near the ceiling, or between."""
+    p = position(report)
+    if report["mcd_db_other"] is None:
+        return ("No chance reference: it needs at least two validation clips (raise dataset.val_fraction), "
+                "so only the ceiling row below places the model.")
+    if p is None:
+        return ("The references do not separate (resynthesis is no nearer the recordings than other sentences "
+                "are), so the MCD says little here: check the corpus and audio settings.")
+    if p >= AT_CHANCE:
+        return ("At chance: the synthesized speech is about as far from its own recording as from other "
+                "sentences' recordings, so the model does not yet say the sentences. Train longer, or check "
+                "the alignment images in TensorBoard.")
+    if p <= NEAR_CEILING:
+        return ("Near the ceiling: the synthesized speech is about as close to the recordings as Griffin-Lim "
+                "resynthesis of the recordings themselves; a better vocoder, not more training, is the next gain.")
+    return (f"Between chance and the ceiling ({100 * p:.0f} % of the way from the ceiling to chance): the synthesized "
+            "speech is nearer its own sentence than other sentences, but short of what the vocoder allows; more "
+            "training or data should bring it nearer the ceiling.")
+
+
+def _fmt(v, digits=2):
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def markdown(report):
+    lines = [f"# Evaluate: {report['clips']} validation clips, checkpoint step {report['step']}", "",
+             verdict(report), "",
+             "| measure | synthesized | ceiling (resynthesized recording) | chance (other sentences) |",
+             "|---|---|---|---|",
+             (f"| MCD, dB (lower is better) | {_fmt(report['mcd_db'])} | {_fmt(report['mcd_db_ceiling'])} "
+             f"| {_fmt(report['mcd_db_other'])} |"),
+             (f"| F0 RMSE, Hz, frames voiced in both | {_fmt(report['f0_rmse_hz'], 1)} "
+             f"| {_fmt(report['f0_rmse_hz_ceiling'], 1)} | |"),
+             f"| length, synthesized / recorded | {_fmt(report['duration_ratio'])} | 1.00 | |", ""]
+    if "aligner" in report:
+        al = report["aligner"]
+        lines += [(f"Aligner durations: {al['clips']} clips; {100 * al['sums_ok']:.0f} % sum to their mel frames, "
+                  f"{100 * al['monotonic']:.0f} % monotonic."), ""]
+    lines += [("Medians over the clips. MCD: mel-cepstral distortion (order 24, c0 excluded) of WORLD envelopes, "
+              "frames paired by DTW; audio from Griffin-Lim "
+              f"({report['griffin_lim_iters']} iterations) for both the synthesized and the ceiling rows. "
+              "Chance compares each synthesized clip with the other clips' recordings."), "",
+              "| clip | MCD dB | ceiling dB | chance dB | length ratio | F0 RMSE Hz |", "|---|---|---|---|---|---|"]
+    for r in report["per_clip"]:
+        lines.append(f"| {r['id']} | {_fmt(r['mcd_db'])} | {_fmt(r['mcd_db_ceiling'])} | {_fmt(r['mcd_db_other'])} "
+                     f"| {_fmt(r['duration_ratio'])} | {_fmt(r['f0_rmse_hz'], 1)} |")
+    model = f"model `{report['model']}`, " if report.get("model") else ""
+    lines += ["", (f"{model}checkpoint `{report['checkpoint']}`. evaluate.png: recorded and synthesized mels of the "
+              "first clips and the DTW path that pairs their frames (a straight diagonal = same timing); "
+                   "evaluate_audio/ holds the synthesized audio measured."), ""]
+    return "\n".join(lines)
+
+
+def figure(rows):
+    """PNG bytes: per clip, recorded mel | synthesized mel | DTW path."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = rows[:PLOT_CLIPS]
+    fig, axes = plt.subplots(len(rows), 3, figsize=(15, 3.2 * len(rows)), squeeze=False,
+                             gridspec_kw={"width_ratios": [2, 2, 1]})
+    for ax, r in zip(axes, rows):
+        lo = min(r["recorded_mel"].min(), r["synthesized_mel"].min())
+        hi = max(r["recorded_mel"].max(), r["synthesized_mel"].max())
+        for a, mel, title in ((ax[0], r["recorded_mel"], "recorded"), (ax[1], r["synthesized_mel"], "synthesized")):
+            a.imshow(mel.T, origin="lower", aspect="auto", vmin=lo, vmax=hi, interpolation="nearest")
+            a.set_title(f"{r['id']} {title}")
+            a.set_xlabel("frame")
+            a.set_ylabel("mel bin")
+        path = r["path"]
+        ax[2].plot(path[:, 1], path[:, 0], lw=1.5)
+        ax[2].plot([0, path[-1, 1]], [0, path[-1, 0]], "k:", lw=0.8)
+        ax[2].set_title(f"DTW path, MCD {r['mcd_db']:.1f} dB")
+        ax[2].set_xlabel("recorded frame (analysis)")
+        ax[2].set_ylabel("synthesized frame (analysis)")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_report(report, rows, out):
+    """evaluate.json, evaluate.md and evaluate.png into `out`, each atomically."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "evaluate.json", json.dumps(report, indent=1, default=_json_default) + "\n")
+    atomic_write_text(out / "evaluate.md", markdown(report))
+    atomic_write_bytes(out / "evaluate.png", figure(rows))
+
+
+def _json_default(v):
+    if isinstance(v, np.generic):
+        return v.item()
+    raise TypeError(f"not JSON serialisable: {type(v).__name__}")

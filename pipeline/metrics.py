@@ -1,0 +1,113 @@
+"""Speech-quality measures for `evaluate`: mel-cepstra, DTW, mel-cepstral distortion (MCD), F0 RMSE.
+
+MCD follows the usual TTS recipe (Kubichek 1993; ESPnet's evaluate_mcd): per frame, the WORLD
+CheapTrick spectral envelope, turned into an all-pass-warped mel-cepstrum of order 24 exactly as
+SPTK's `sp2mc` does (alpha fitted to the mel scale at the sample rate, as SPTK's `mcepalpha`);
+c0 (loudness) is dropped; DTW pairs the frames of the two signals by their cepstra; each pair's
+
+    MCD_dB = 10 / ln 10 * sqrt(2 * sum_{d=1..24} (c_d - c'_d)^2)
+
+is averaged along the path. Identical signals give 0; a few dB separate good TTS from its
+recordings; other sentences of one speaker are typically twice as far or more. tests/test_metrics.py
+checks the mel-cepstra against pysptk. Frames sit on the mel grid: frame i is centred at
+(i + 0.5) * hop_length samples, n_samples // hop_length of them, like every mel and F0 frame here.
+
+    f0 = ...                                  # (F,) Hz, 0 = unvoiced, on the same frame grid
+    mc = mel_cepstra(y, f0, sample_rate=22050, hop_length=256, f0_floor=65.0)   # (F, 25)
+    dist, path = mcd(mc_synth, mc_recorded)   # dB, (L, 2) frame pairs
+    rmse = f0_rmse(f0_synth, f0_recorded, path)
+"""
+import functools
+
+import numpy as np
+
+ORDER = 24  # mel-cepstral order (ESPnet, nnmnkwii, most MCD tables); c0 is not compared
+MCD_SCALE = 10.0 / np.log(10.0) * np.sqrt(2.0)  # cepstral distance -> dB of log-spectral distortion
+ENVELOPE_FLOOR = np.finfo(np.float64).tiny  # guards log(0) only (CheapTrick never returns 0): SPTK values
+
+
+def mcep_alpha(sample_rate):
+    """All-pass constant whose frequency warping best fits the mel scale (SPTK's mcepalpha):
+    0.41 at 16 kHz, 0.455 at 22.05 kHz, 0.466 at 24 kHz, 0.544 at 44.1 kHz."""
+    n = 1000
+    mel = np.log1p((sample_rate / 2.0) / n * np.arange(n) / 1000.0)
+    mel /= mel[-1]
+    omega = np.pi / n * np.arange(n)
+    alphas = np.arange(0.0, 1.0, 0.001)[:, None]                     # (A, 1)
+    warped = np.arctan2((1 - alphas**2) * np.sin(omega), (1 + alphas**2) * np.cos(omega) - 2 * alphas)
+    warped /= warped[:, -1:]                                         # (A, n)
+    return float(alphas[np.argmin(np.sqrt(np.mean((warped - mel) ** 2, axis=1))), 0])
+
+
+@functools.lru_cache(maxsize=8)
+def freqt_matrix(n_in, order, alpha):
+    """(n_in, order+1) matrix of SPTK's freqt recursion (cepstrum -> warped cepstrum), which is
+    linear: run once on the identity, then every frame is one matrix product."""
+    b = 1.0 - alpha * alpha
+    g = np.zeros((order + 1, n_in))                                  # one column per unit input
+    eye = np.eye(n_in)
+    for i in range(n_in - 1, -1, -1):                               # SPTK runs from the last coefficient
+        d = g.copy()
+        g[0] = eye[i] + alpha * d[0]
+        if order >= 1:
+            g[1] = b * d[0] + alpha * d[1]
+        for j in range(2, order + 1):
+            g[j] = d[j - 1] + alpha * (d[j] - g[j - 1])
+    return g.T
+
+
+def sp2mc(power, *, order=ORDER, alpha):
+    """(F, fft//2+1) power spectra -> (F, order+1) mel-cepstra, as SPTK/pysptk's sp2mc."""
+    c = np.fft.irfft(np.log(np.maximum(power, ENVELOPE_FLOOR)), axis=1)  # (F, fft) real cepstrum of log power
+    c[:, 0] /= 2.0
+    return c @ freqt_matrix(c.shape[1], order, alpha)
+
+
+def frame_times(n_samples, *, sample_rate, hop_length):
+    """Centres (s) of the mel grid's n_samples // hop_length frames."""
+    return (np.arange(n_samples // hop_length) + 0.5) * hop_length / sample_rate
+
+
+def mel_cepstra(y, f0, *, sample_rate, hop_length, f0_floor, order=ORDER):
+    """(F, order+1) mel-cepstra of the WORLD envelope of mono audio `y`, F = len(f0) frames."""
+    import pyworld  # here: only evaluate needs it
+
+    x = np.ascontiguousarray(y, np.float64)
+    t = frame_times(len(x), sample_rate=sample_rate, hop_length=hop_length)[:len(f0)]
+    fft_size = pyworld.get_cheaptrick_fft_size(sample_rate, f0_floor)
+    sp = pyworld.cheaptrick(x, np.ascontiguousarray(f0[:len(t)], np.float64), t, sample_rate,
+                            f0_floor=f0_floor, fft_size=fft_size)   # (F, fft/2+1) power
+    return sp2mc(sp, order=order, alpha=mcep_alpha(sample_rate))
+
+
+def dtw_path(a, b):
+    """(L, 2) int frame pairs (i into a, j into b), start to end, minimising summed Euclidean distance
+    between rows of a (N, D) and b (M, D); steps (1,1), (1,0), (0,1)."""
+    import librosa  # librosa's numba DTW
+
+    _, path = librosa.sequence.dtw(X=np.asarray(a, np.float64).T, Y=np.asarray(b, np.float64).T,
+                                   metric="euclidean", backtrack=True)
+    return path[::-1].astype(np.int64)
+
+
+def mcd(a, b):
+    """(MCD in dB, DTW path) between two mel-cepstra (N, order+1) and (M, order+1); c0 excluded."""
+    a, b = np.asarray(a)[:, 1:], np.asarray(b)[:, 1:]
+    path = dtw_path(a, b)
+    diff = a[path[:, 0]] - b[path[:, 1]]                             # (L, order)
+    return float(MCD_SCALE * np.mean(np.sqrt(np.sum(diff**2, axis=1)))), path
+
+
+def mcd_aligned(a, b):
+    """MCD in dB of two mel-cepstra already frame-aligned (same length); c0 excluded."""
+    diff = np.asarray(a)[:, 1:] - np.asarray(b)[:, 1:]
+    return float(MCD_SCALE * np.mean(np.sqrt(np.sum(diff**2, axis=1))))
+
+
+def f0_rmse(f0_a, f0_b, path):
+    """(RMSE in Hz, frames used) over the DTW pairs voiced (> 0) in both; (nan, 0) when none are."""
+    fa, fb = np.asarray(f0_a)[path[:, 0]], np.asarray(f0_b)[path[:, 1]]
+    both = (fa > 0) & (fb > 0)
+    if not both.any():
+        return float("nan"), 0
+    return float(np.sqrt(np.mean((fa[both] - fb[both]) ** 2))), int(both.sum())

@@ -1,0 +1,205 @@
+"""The one shard format: layout, dtypes, provenance, and reading and writing a shard.
+
+A shard of kind K is two files, `cache/{name}/K/shard-NNN.bin` and `.json` (and, for kinds that
+feed the index statistics, `.stats.npy`):
+  .bin   every clip's array, concatenated, raw little-endian `KINDS[K].dtype`, `width` values per
+         item; the loader reads it with tf.io.read_file + tf.io.decode_raw alone
+  .json  kind, format, provenance, dtype, width, ids, lengths (items per clip), offsets (items),
+         bytes (the .bin's size), rejected ([{id, path, reason}]) and the kind's extras
+A new kind is one entry in KINDS (and a rule that writes it with `write`).
+
+Items are tokens for the token-aligned kinds (tokens: Unicode code points of the front end's
+symbols, the last one the end-of-sequence symbol; durations: mel frames per token, same ids and
+lengths as the token shard) and mel frames for the frame-aligned kinds (mels, energy, pitch: the
+same ids and frame counts, `pipeline.audio.n_frames`). Provenance is a digest of FORMAT, the config
+values and the code the content depends on: the loader refuses to mix shards with the index.
+
+Writes are atomic: `.bin` and `.stats.npy` first, `.json` last, each through a temporary file, so an
+interrupted job leaves no shard that loads (and Snakemake reruns it).
+"""
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import config
+from pipeline.errors import PipelineError
+
+FORMAT = 2  # bump whenever a shard's layout or meaning changes: every older cache is then refused
+HERE = Path(__file__).resolve().parent
+REBUILD = "snakemake --cores all caches"
+
+
+class CacheError(PipelineError):
+    """A cache that must not be trained on; the message names the shard or file and what to run."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    dtype: str       # little-endian numpy dtype of the .bin
+    unit: str        # what one item is: "token" or "frame"
+    made_by: str     # the rule that writes it (and the target that rebuilds it)
+    target: str      # what to run when it is missing or stale
+
+
+KINDS = {
+    "tokens": Kind("<i4", "token", "token_shard", REBUILD),
+    "mels": Kind("<f2", "frame", "mel_shard", REBUILD),
+    "energy": Kind("<f4", "frame", "mel_shard", REBUILD),
+    "pitch": Kind("<f4", "frame", "pitch_shard", REBUILD),
+    "durations": Kind("<i4", "token", "duration_shard", "snakemake --cores all durations"),
+}
+CACHE_KINDS = ("tokens", "mels", "energy", "pitch")  # what `caches` builds and the index lists
+
+
+def prefix(cache_dir, kind, shard):
+    """cache_dir/kind/shard-NNN (no suffix)."""
+    return Path(cache_dir) / kind / f"shard-{int(shard):03d}"
+
+
+def offsets(lengths):
+    return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int).tolist() if len(lengths) else []
+
+
+def _npy_bytes(array):
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def write(out, kind, ids, arrays, *, provenance, width=1, stats=None, rejected=(), **extra):
+    """Write shard `out` (a path without suffix) of `kind` from one array per clip, in `ids` order:
+    (length,) arrays, or (length, width) ones; `stats` (clips, ...) float64 goes to `.stats.npy`.
+    Returns the JSON it wrote."""
+    k = KINDS[kind]
+    out = Path(out)
+    assert len(ids) == len(arrays), f"{len(ids)} ids but {len(arrays)} arrays"
+    lengths = [int(len(a)) for a in arrays]
+    shape = (0,) if width == 1 else (0, width)
+    flat = np.concatenate(arrays) if arrays else np.zeros(shape)
+    flat = np.ascontiguousarray(flat, dtype=np.dtype(k.dtype))
+    assert flat.shape[1:] == shape[1:], f"{kind}: items of shape {flat.shape[1:]}, expected {shape[1:]}"
+    meta = dict(kind=kind, format=FORMAT, provenance=provenance, dtype=k.dtype, width=width, ids=list(ids),
+                lengths=lengths, offsets=offsets(lengths), bytes=int(flat.nbytes), rejected=list(rejected), **extra)
+    config.atomic_write_bytes(out.with_suffix(".bin"), flat.tobytes())
+    if stats is not None:
+        config.atomic_write_bytes(out.with_suffix(".stats.npy"), _npy_bytes(np.asarray(stats, np.float64)))
+    config.atomic_write_text(out.with_suffix(".json"), json.dumps(meta, indent=1))
+    return meta
+
+
+def read_meta(out, kind=None):
+    """The shard's JSON; CacheError when it is missing, unreadable or of another format."""
+    path = Path(out).with_suffix(".json")
+    target = KINDS[kind].target if kind else REBUILD
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CacheError(f"{path}: shard missing; run `{target}`") from None
+    except (OSError, ValueError) as e:
+        raise CacheError(f"{path}: unreadable ({e}); run `{target}`") from None
+    if meta.get("format") != FORMAT:
+        raise CacheError(f"{path}: written in cache format {meta.get('format')}, this code reads format {FORMAT}; "
+                         f"rebuild it with `{target}`")
+    if kind and meta.get("kind") != kind:
+        raise CacheError(f"{path}: a {meta.get('kind')} shard where a {kind} shard belongs; run `{target}`")
+    return meta
+
+
+def expected_bytes(meta):
+    return sum(meta["lengths"]) * meta["width"] * np.dtype(meta["dtype"]).itemsize
+
+
+def check(meta, out, want_provenance=None):
+    """CacheError unless the JSON, its provenance and the .bin on disk agree."""
+    path = Path(out).with_suffix(".bin")
+    target = KINDS[meta["kind"]].target
+    if want_provenance is not None and meta["provenance"] != want_provenance:
+        raise CacheError(f"{path}: built with other settings or code than the index (provenance "
+                         f"{meta['provenance']} != {want_provenance}); run `{target}`")
+    expected = expected_bytes(meta)
+    if meta["bytes"] != expected:
+        raise CacheError(f"{path}: its JSON records {meta['bytes']} bytes but its lengths add up to {expected}; "
+                         f"run `{target}`")
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        raise CacheError(f"{path}: missing; run `{target}` (it rebuilds damaged shards)") from None
+    if size != expected:
+        raise CacheError(f"{path}: {size} bytes on disk, {expected} expected (truncated or corrupted); "
+                         f"run `{target}` (it rebuilds damaged shards)")
+
+
+def read(out, kind=None):
+    """(meta, [one array per clip]) of a checked shard, with NumPy: for tools and tests."""
+    meta = read_meta(out, kind)
+    check(meta, out)
+    flat = np.fromfile(Path(out).with_suffix(".bin"), dtype=np.dtype(meta["dtype"]))
+    if meta["width"] > 1:
+        flat = flat.reshape(-1, meta["width"])
+    return meta, [flat[o:o + n] for o, n in zip(meta["offsets"], meta["lengths"])]
+
+
+def intact(*outs):
+    """"ok" when every shard's JSON reads and its .bin has the size the JSON records, else "damaged".
+
+    Planning asks this of every shard (rules/common.smk `repair`), so a damaged one is rebuilt by
+    its own job alone. A missing file counts as "ok": its job reruns for the missing output anyway.
+    """
+    for out in outs:
+        try:
+            meta = json.loads(Path(out).with_suffix(".json").read_text(encoding="utf-8"))
+            if os.path.getsize(Path(out).with_suffix(".bin")) != meta["bytes"]:
+                return "damaged"
+        except FileNotFoundError:
+            continue  # a missing output reruns its job anyway; "ok" here keeps the value a rebuild leaves
+        except (OSError, ValueError, KeyError, TypeError):
+            return "damaged"
+    return "ok"
+
+
+# --- provenance ------------------------------------------------------------------------------
+def digest(*parts):
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(str(p).encode("utf-8"))
+        h.update(b"\x1e")
+    return h.hexdigest()[:16]
+
+
+def file_digest(*paths):
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(Path(p).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def settings(kind, cfg):
+    """The config values a cache kind's content depends on (and all its job reads besides paths)."""
+    if kind == "tokens":
+        return {"text": dict(cfg["text"])}
+    if kind in ("mels", "energy"):
+        return {"audio": dict(cfg["audio"])}
+    if kind == "pitch":
+        return {"audio": {k: cfg["audio"][k] for k in ("sample_rate", "hop_length")}, "pitch": dict(cfg["pitch"])}
+    raise KeyError(kind)
+
+
+CODE = {"tokens": ("text.py",), "mels": ("audio.py",), "energy": ("audio.py",), "pitch": ("audio.py", "pitch.py")}
+
+
+def provenance(kind, cfg, espeak=None):
+    """What a shard's content depends on besides its clips: FORMAT, its settings, its code, and for
+    phoneme tokens the espeak-ng version (`espeak`, else asked of the library). Imports no librosa,
+    so planning stays fast."""
+    parts = [FORMAT, json.dumps(settings(kind, cfg), sort_keys=True), file_digest(*(HERE / c for c in CODE[kind]))]
+    if kind == "tokens" and cfg["text"]["frontend"] == "phonemes":
+        if espeak is None:
+            from pipeline import text
+            espeak = text.espeak_version()
+        parts.append(f"espeak-ng {espeak}")
+    return digest(*parts)

@@ -1,0 +1,25 @@
+# Evaluation: the latest checkpoint speaks the validation clips' texts; MCD, length and F0 against
+# the recordings, beside Griffin-Lim resynthesis (ceiling) and other sentences (chance).
+
+
+rule evaluate:
+    input:
+        rules.train.output.summary,
+    output:
+        json=REPORT / "evaluate.json",
+        md=REPORT / "evaluate.md",
+        png=REPORT / "evaluate.png",
+    params:
+        config=config_without("diagnose"),
+        out=REPORT,
+    threads: 8
+    resources:
+        gpu=min(gpus_wanted(), 1),
+    log:
+        LOGS / "evaluate.log",
+    benchmark:
+        str(REPORT / "benchmarks/evaluate.tsv")
+    conda:
+        "../environment.yml"
+    shell:
+        "python -m pipeline.evaluate --config {params.config:q} --out {params.out} > {log} 2>&1"

@@ -1,0 +1,151 @@
+"""Evaluate: references and verdicts on real recordings, the report's fields, errors, the Snakemake rule."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import ROOT, load_json, planned_jobs, snakemake, write_config
+from pipeline import audio, config, evaluate, evaluate_report, shards
+
+DESIGN_FIELDS = {"clips", "mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz"}
+DEMO_VAL = ["LJ001-0015", "LJ001-0016", "LJ001-0067"]  # the demo's validation clips (by id hash)
+SHORT_VAL = DEMO_VAL[1:]  # its two shortest
+TINY_MODEL = {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64,
+              "encoder_conv_layers": 1, "prenet_dim": 32, "postnet_channels": 32, "postnet_layers": 2}
+
+
+def demo_clips():
+    root = ROOT / "data" / "demo"
+    texts = {line.split("|")[0]: line.split("|")[1] for line in (root / "metadata.csv").read_text().splitlines()}
+    return [evaluate.Clip(cid, texts[cid], root / "wavs" / f"{cid}.flac") for cid in SHORT_VAL]
+
+
+def test_demo_references_and_verdicts_for_a_perfect_and_a_wrong_model(tmp_path):
+    cfg = config.load_config(overrides={"evaluate": {"griffin_lim_iters": 16}})
+    analyse = evaluate.Analyser(cfg)
+    mels = {c.text: audio.mel_spectrogram(audio.load_audio(c.audio, sample_rate=22050, max_seconds=20), **cfg["audio"])
+            for c in demo_clips()}
+    texts = list(mels)
+    # a model that says exactly the recorded mel: as good as the vocoder allows
+    perfect, rows = evaluate.compare(demo_clips(), mels.__getitem__, analyse, log=lambda *a: None)
+    assert perfect["clips"] == 2
+    assert perfect["mcd_db"] == pytest.approx(perfect["mcd_db_ceiling"])  # Griffin-Lim is deterministic
+    assert perfect["mcd_db_ceiling"] < perfect["mcd_db_other"] - 3.0      # the ceiling row is below chance
+    assert perfect["duration_ratio"] == 1.0
+    report = {**perfect, "checkpoint": "ckpt-1", "step": 1, "model": None, "griffin_lim_iters": 16,
+              "per_clip": [{k: v for k, v in r.items() if k not in evaluate.ARRAYS} for r in rows]}
+    assert evaluate_report.verdict(report).startswith("Near the ceiling")
+    evaluate_report.write_report(report, rows, tmp_path)
+    written = json.loads((tmp_path / "evaluate.json").read_text())
+    assert DESIGN_FIELDS <= set(written) and len(written["per_clip"]) == 2
+    assert (tmp_path / "evaluate.md").read_text().startswith("# Evaluate: 2 validation clips")
+    assert (tmp_path / "evaluate.png").read_bytes()[:4] == b"\x89PNG"
+    # a model that says the next clip's sentence: at chance
+    wrong, _ = evaluate.compare(demo_clips(), lambda t: mels[texts[1 - texts.index(t)]], analyse,
+                                log=lambda *a: None)
+    assert wrong["mcd_db"] > wrong["mcd_db_ceiling"] + 3.0
+    assert evaluate_report.verdict({**wrong, "mcd_db_other": perfect["mcd_db_other"]}).startswith("At chance")
+
+
+def test_verdict_between_and_without_chance():
+    base = {"mcd_db_ceiling": 5.0, "mcd_db_other": 13.0}
+    assert evaluate_report.verdict({**base, "mcd_db": 9.0}).startswith("Between chance and the ceiling")
+    assert "50 %" in evaluate_report.verdict({**base, "mcd_db": 9.0})
+    assert evaluate_report.verdict({**base, "mcd_db": 9.0, "mcd_db_other": None}).startswith("No chance reference")
+
+
+def run_module(*args):
+    return subprocess.run([sys.executable, "-m", "pipeline.evaluate", *map(str, args)], check=False, capture_output=True,
+                          text=True, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3",
+                                                    "PYTHONPATH": str(ROOT)})
+
+
+def test_without_checkpoint_is_one_line_error(built_cache):
+    proc = run_module("--config", built_cache)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "no checkpoint" in error[0] and "snakemake --cores all train" in error[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_validation_clips_their_cap_cached_f0_and_the_no_clip_error(built_cache, tmp_path):
+    cfg = config.load_config(built_cache)
+    meta = Path(cfg["dataset"]["root"]) / "metadata.csv"
+    train_only = [line for line in meta.read_text().splitlines() if line.split("|")[0] not in DEMO_VAL]
+    (tmp_path / "train_only.csv").write_text("\n".join(train_only) + "\n")
+    cfg["dataset"]["metadata"] = str(tmp_path / "train_only.csv")  # holds no clip the split held out
+    with pytest.raises(evaluate.NoValidationClips, match="no validation clip: dataset.val_fraction"):
+        evaluate.validation_clips(cfg)
+    cfg = config.load_config(built_cache, {"evaluate": {"max_clips": 1}})
+    [clip] = evaluate.validation_clips(cfg)
+    assert clip.id == "LJ001-0015"
+    # the recorded F0 comes from the pitch cache: the extractor's own values for that recording
+    y = audio.load_audio(clip.audio, sample_rate=cfg["audio"]["sample_rate"], max_seconds=20)
+    np.testing.assert_array_equal(clip.f0, evaluate.Analyser(cfg).f0(y))
+    assert (clip.f0 > 0).mean() > 0.3
+
+
+def test_aligner_block_shares_of_right_sums_and_monotonic_paths(built_cache, tmp_path):
+    cfg = config.load_config(built_cache)
+    assert evaluate.aligner_check(cfg) is None  # no duration caches: evaluate.json has no aligner block
+    shutil.copytree(config.cache_dir(cfg), tmp_path / "cache" / cfg["name"])
+    cfg = config.load_config(built_cache, {"cache": {"dir": str(tmp_path / "cache")}})
+    root = config.cache_dir(cfg)
+    entry = json.loads((root / "index.json").read_text())["shards"][0]
+    tok, mel = (shards.read_meta(root / entry[k], k) for k in ("tokens", "mels"))
+    frames = dict(zip(mel["ids"], mel["lengths"]))
+    durations = []
+    for i, (cid, n) in enumerate(zip(tok["ids"], tok["lengths"])):
+        d = np.ones(n, np.int32)
+        d[-1] = frames[cid] - (n - 1)  # sums to the clip's mel frames
+        if i == 0:
+            d[0] += 1                  # one frame too many
+        if i == 1:
+            d[0], d[1] = -1, d[1] + 2  # right sum, but a path that steps back
+        durations.append(d)
+    shards.write(shards.prefix(root, "durations", entry["shard"]), "durations", tok["ids"], durations,
+                 provenance="test")
+    n = len(tok["ids"])
+    assert n >= 3
+    assert evaluate.aligner_check(cfg) == {"clips": n, "sums_ok": (n - 1) / n, "monotonic": (n - 1) / n}
+
+
+@pytest.mark.slow
+def test_snakemake_evaluate_on_a_tiny_trained_model(built_cache, tmp_path):
+    cfg = config.load_config(built_cache)
+    path = write_config(tmp_path, cfg["dataset"]["root"], model=TINY_MODEL,
+                        train={"batch_size": 4, "buckets": 2, "steps": 10, "checkpoint_every": 10,
+                               "summary_every": 1000, "log_every": 5},
+                        synthesize={"max_seconds": 2.0}, evaluate={"griffin_lim_iters": 8})
+    path.write_text(path.read_text().replace(str(tmp_path / "cache"), cfg["cache"]["dir"]))  # share the cache
+    snakemake("evaluate", config=path)
+    cfg = config.load_config(path)
+    report_dir = config.report_dir(cfg)
+    result = load_json(report_dir / "evaluate.json")
+    assert DESIGN_FIELDS <= set(result)
+    assert result["clips"] == 2 and result["step"] == 10 and result["checkpoint"].endswith("ckpt-10")
+    assert result["mcd_db_ceiling"] < result["mcd_db_other"]
+    assert result["mcd_db"] > result["mcd_db_ceiling"]  # 10 steps do not speak
+    assert 0 < result["duration_ratio"] and np.isfinite(result["mcd_db"])
+    md = (report_dir / "evaluate.md").read_text()
+    assert md.startswith("# Evaluate: 2 validation clips, checkpoint step 10") and "| MCD, dB" in md
+    assert (report_dir / "evaluate.png").stat().st_size > 10_000
+    assert (report_dir / "benchmarks" / "evaluate.tsv").exists()
+    assert sorted(p.name for p in (report_dir / "evaluate_audio").iterdir()) == ["LJ001-0015.wav", "LJ001-0016.wav"]
+    # TensorBoard scalars at the checkpoint's step, beside the training curves
+    import tensorflow as tf
+    scalars = [(e.step, float(tf.make_ndarray(v.tensor)))
+               for f in config.run_dir(cfg).glob("events.out.tfevents.*")
+               for e in tf.compat.v1.train.summary_iterator(str(f)) for v in e.summary.value if v.tag == "evaluate/mcd_db"]
+    assert scalars == [(10, pytest.approx(result["mcd_db"], abs=1e-4))]
+    # nothing left to do; its own config section reruns evaluate alone, not training
+    assert planned_jobs(path, "evaluate") == {}
+    edited = yaml.safe_load(path.read_text())
+    edited["evaluate"]["max_clips"] = 1
+    path.write_text(yaml.safe_dump(edited))
+    assert planned_jobs(path, "evaluate") == {"evaluate": 1}

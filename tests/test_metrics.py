@@ -1,0 +1,85 @@
+"""Mel-cepstra, DTW and MCD on the shipped demo recordings, checked against SPTK (pysptk)."""
+import librosa
+import numpy as np
+import pysptk
+import pytest
+
+from conftest import ROOT
+from pipeline import audio, config, metrics, pitch
+
+SR, HOP = 22050, 256
+DEMO = ROOT / "data" / "demo" / "wavs"
+PITCH = config.load_config()["pitch"]  # the default extractor (dio), as the pitch cache runs it
+PITCH_FMIN = PITCH["fmin"]
+
+
+def pitch_f0(y, sample_rate, hop_length):
+    return pitch.f0(y, sample_rate=sample_rate, hop_length=hop_length, n_frames=audio.n_frames(len(y), hop_length),
+                    **PITCH)
+
+
+def recording(clip_id):
+    return audio.load_audio(DEMO / f"{clip_id}.flac", sample_rate=SR, max_seconds=20.0)
+
+
+def cepstra(y):
+    f0 = pitch_f0(y, SR, HOP)
+    return metrics.mel_cepstra(y, f0, sample_rate=SR, hop_length=HOP, f0_floor=PITCH_FMIN), f0
+
+
+@pytest.mark.parametrize("sample_rate", [16000, 22050, 24000, 44100, 48000])
+def test_alpha_matches_sptk(sample_rate):
+    assert metrics.mcep_alpha(sample_rate) == pytest.approx(pysptk.util.mcepalpha(sample_rate), abs=1e-9)
+
+
+def test_mel_cepstra_match_sptk_sp2mc():
+    y = recording("LJ001-0016")
+    f0 = pitch_f0(y, SR, HOP)
+    import pyworld
+    t = metrics.frame_times(len(y), sample_rate=SR, hop_length=HOP)
+    sp = pyworld.cheaptrick(y.astype(np.float64), f0.astype(np.float64), t, SR, f0_floor=PITCH_FMIN)
+    ours = metrics.mel_cepstra(y, f0, sample_rate=SR, hop_length=HOP, f0_floor=PITCH_FMIN)
+    sptk = np.stack([pysptk.sp2mc(frame, metrics.ORDER, pysptk.util.mcepalpha(SR)) for frame in sp[::7]])
+    assert ours.shape == (len(y) // HOP, metrics.ORDER + 1)
+    np.testing.assert_allclose(ours[::7], sptk, rtol=1e-9, atol=1e-9)
+
+
+def test_mcd_is_zero_for_a_recording_against_itself():
+    mc, _ = cepstra(recording("LJ001-0016"))
+    dist, path = metrics.mcd(mc, mc)
+    assert dist == 0.0
+    np.testing.assert_array_equal(path[:, 0], path[:, 1])  # the diagonal
+    assert len(path) == len(mc)
+
+
+def test_mcd_orders_stretched_copy_below_another_sentence():
+    y = recording("LJ001-0016")
+    mc, f0 = cepstra(y)
+    stretched, f0_stretched = cepstra(librosa.effects.time_stretch(y, rate=1.25))  # same words, 25 % faster
+    other, _ = cepstra(recording("LJ001-0067"))
+    d_stretched, path = metrics.mcd(stretched, mc)
+    d_other, _ = metrics.mcd(other, mc)
+    assert 0 < d_stretched < d_other
+    # DTW undoes the stretch: the path advances ~1.25 recorded frames per stretched frame
+    slope = np.polyfit(path[:, 0], path[:, 1], 1)[0]
+    assert 1.1 < slope < 1.4
+    # same speaker, same words, same pitch contour: F0 agrees within a few Hz on the DTW pairs
+    rmse, frames = metrics.f0_rmse(f0_stretched, f0, path)
+    assert frames > 100 and rmse < 15.0
+
+
+def test_mcd_formula_on_known_cepstra():
+    # one coefficient apart by 1 in every frame: 10 / ln 10 * sqrt(2) dB; c0 differences do not count
+    a = np.zeros((5, metrics.ORDER + 1))
+    b = a.copy()
+    b[:, 3] = 1.0
+    b[:, 0] = 50.0
+    assert metrics.mcd_aligned(a, b) == pytest.approx(10 / np.log(10) * np.sqrt(2))
+    assert metrics.mcd(a, b)[0] == pytest.approx(10 / np.log(10) * np.sqrt(2))
+
+
+def test_f0_rmse_uses_only_frames_voiced_in_both():
+    path = np.stack([np.arange(4), np.arange(4)], 1)
+    rmse, frames = metrics.f0_rmse(np.array([100.0, 0, 120, 200]), np.array([110.0, 150, 0, 200]), path)
+    assert frames == 2 and rmse == pytest.approx(np.sqrt((10**2 + 0) / 2))
+    assert metrics.f0_rmse(np.zeros(4), np.ones(4), path) == (pytest.approx(float("nan"), nan_ok=True), 0)
