@@ -205,19 +205,17 @@ class Trainer:
 
 
 def feature_stats(cfg, index):
-    """{mel_mean, mel_std: [n_mels]; pitch_mean, pitch_std, energy_mean, energy_std: scalars where cached}."""
-    stats = data.feature_stats(cfg, index) if hasattr(data, "feature_stats") else {}
-    mean, std = data.mel_stats(cfg, index)
-    return {**{k: np.float32(v) for k, v in stats.items()}, "mel_mean": mean, "mel_std": std}
+    """{mel_mean, mel_std: (n_mels,); pitch_mean, pitch_std (Hz, voiced frames), energy_mean, energy_std} float32."""
+    return {k: np.asarray(v, np.float32) for k, v in data.feature_stats(cfg, index).items()}
 
 
 def normalise(batch, norm):
     """Mel, pitch (voiced frames only: unvoiced stays 0) and energy to zero mean, unit variance."""
     out = dict(batch, mel=(tf.cast(batch["mel"], tf.float32) - norm["mel_mean"]) / norm["mel_std"])
-    if "pitch" in batch and "pitch_mean" in norm:
+    if "pitch" in batch:
         pitch = tf.cast(batch["pitch"], tf.float32)
         out["pitch"] = tf.where(pitch > 0, (pitch - norm["pitch_mean"]) / norm["pitch_std"], 0.0)
-    if "energy" in batch and "energy_mean" in norm:
+    if "energy" in batch:
         out["energy"] = (tf.cast(batch["energy"], tf.float32) - norm["energy_mean"]) / norm["energy_std"]
     return out
 

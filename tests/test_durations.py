@@ -15,22 +15,17 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import planned_jobs, snakemake, write_config
+from conftest import TINY_ALIGNER, planned_jobs
 from pipeline import manifest, shards
 
 SHARDS = 4
-TINY_ALIGNER = {"steps": 30, "batch_size": 4, "d_model": 16, "learning_rate": 0.005, "temperature": 0.1}
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, corpus_template):
-    tmp = tmp_path_factory.mktemp("durations")
-    root = tmp / "data"
-    shutil.copytree(corpus_template, root)
-    config = write_config(tmp, root, aligner=TINY_ALIGNER, model={"kind": "fastpitch"},
-                          train={"batch_size": 4, "buckets": 2})
-    snakemake("durations", config=config)
-    return SimpleNamespace(tmp=tmp, root=root, config=config, cache=tmp / "cache" / "t", meta=root / "metadata.csv")
+def project(aligned_cache):
+    tmp = aligned_cache.parent
+    return SimpleNamespace(tmp=tmp, root=tmp / "data", config=aligned_cache, cache=tmp / "cache" / "t",
+                           meta=tmp / "data" / "metadata.csv")
 
 
 def plan(p, *extra):
@@ -108,7 +103,7 @@ def test_aligner_setting_retrains_it_and_remakes_every_duration_shard(project):
     assert plan(project, "--forcerun", "train_aligner") == {"train_aligner": 1, "duration_shard": SHARDS,
                                                             "durations": 1}
     # settings the aligner does not read leave it alone
-    other = _config_with(project, model={"kind": "fastpitch", "fastpitch": {"d_model": 64}},
+    other = _config_with(project, model={"kind": "fastpitch", "fastpitch": {"d_model": 64, "heads": 2}},
                          train={"batch_size": 4, "buckets": 2, "steps": 7}, synthesize={"pace": 1.5})
     assert planned_jobs(other, "durations") == {}
 

@@ -224,7 +224,8 @@ class FastPitch(keras.Model):
         return total, {**terms, "total": total}
 
     def infer(self, tokens, token_lengths, *, pace=1.0, pitch_shift=0.0, max_frames):
-        """One compiled call: predicted durations / pace (> 1 faster), pitch shifted by `pitch_shift`
+        """One compiled call: predicted durations / pace (> 1 faster; the running total is rounded, so
+        lengths scale by 1/pace within a frame), pitch shifted by `pitch_shift`
         semitones, at most max_frames frames. -> mel (B, F, n_mels) normalised, zero past lengths;
         lengths (B,) int32; durations (B, T) int32; pitch, energy (B, T) normalised."""
         if pace <= 0:
@@ -236,7 +237,10 @@ class FastPitch(keras.Model):
     def _infer(self, tokens, token_lengths, pace, pitch_shift, max_frames):
         h, mask = self.encode(tokens, token_lengths)
         frames_f = tf.maximum(tf.exp(self.duration_predictor(h, mask)) - 1.0, 0.0) / pace       # (B, T)
-        durations = tf.cast(tf.round(frames_f), tf.int32) * tf.cast(mask, tf.int32)
+        frames_f *= tf.cast(mask, tf.float32)
+        # round the running total, not each token: the length stays within half a frame of sum / pace
+        ends = tf.cast(tf.round(tf.cumsum(frames_f, axis=1)), tf.int32)                         # (B, T)
+        durations = ends - tf.pad(ends[:, :-1], [[0, 0], [1, 0]])
         mean, std = self.pitch_stats[0], self.pitch_stats[1]
         pitch = self.pitch_predictor(h, mask)                                    # normalised
         pitch = (((pitch * std + mean) * SEMITONE ** pitch_shift) - mean) / std  # shifted in Hz

@@ -147,6 +147,7 @@ class TransformerTTS(keras.Model):
                          postnet_kernel=postnet_kernel, max_positions=max_positions,
                          stop_threshold=stop_threshold)
         self.n_mels, self.d_model, self.reduction = n_mels, d_model, reduction
+        self.frame_multiple = reduction  # padded frame counts are a multiple of it (the model interface)
         self.prenet_dropout, self.max_positions = float(prenet_dropout), max_positions
         L = keras.layers
         # --- encoder
