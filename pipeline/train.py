@@ -242,12 +242,15 @@ def _write_summaries(trainer, step, val, batch, out):
     if "alignment" in out:  # attention (decoder steps x tokens)
         align = out["alignment"][0, :, :t].numpy()
         align = align[: -(-n * align.shape[0] // out["mel"].shape[1])]
-    else:  # the durations' hard alignment (frames x tokens)
+    elif "durations" in batch:  # the durations' hard alignment (frames x tokens)
         align = np.eye(t, dtype=np.float32)[np.repeat(np.arange(t), batch["durations"][0, :t].numpy())]
+    else:  # a model with neither
+        align = None
     for k, v in val.items():
         tf.summary.scalar(f"val/{k}", v, step=step)
     tf.summary.image("mel/target_vs_prediction", _image(np.concatenate([target, pred], 1).T), step=step)
-    tf.summary.image("alignment", _image(align.T), step=step)
+    if align is not None:
+        tf.summary.image("alignment", _image(align.T), step=step)
     audio = griffin_lim(pred, iters=trainer.cfg["synthesize"]["griffin_lim_iters"], **trainer.cfg["audio"])
     tf.summary.audio("griffin_lim", audio[None, :, None], trainer.cfg["audio"]["sample_rate"], step=step)
     return align
