@@ -212,7 +212,8 @@ def add_arguments(parser):
     parser.add_argument("--config", default=None,
                         help="YAML/JSON file merged over configs/config.yaml, or inline JSON as a Snakemake rule "
                              "passes it (the job then sees only the keys given)")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides, e.g. train.steps=10")
+    parser.add_argument("--set", nargs="*", default=[], action="extend", metavar="KEY=VALUE",
+                        help="extra overrides, e.g. train.steps=10 (repeatable; later values win)")
 
 
 def from_args(args, check_paths=True):

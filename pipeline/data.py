@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, manifest, shards
+from pipeline import config, manifest, multiworker_data, shards
 from pipeline.shards import CacheError  # noqa: F401  (re-exported: callers catch data.CacheError)
 from pipeline.models import frame_multiple
 
@@ -219,12 +219,13 @@ def _group_rows(clips, group, paths, edges, kinds, n_mels, batch, rng, complete)
 
 
 def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_index=False, drop_remainder=None,
-                  group_bytes=GROUP_BYTES, durations=False):
+                  group_bytes=GROUP_BYTES, durations=False, worker=None):
     """tf.data.Dataset of dict batches for `split` ("train", "val" or "all"); see the module doc.
 
     Training (the default for split="train") repeats forever, shuffles and drops incomplete
     batches, so every batch has one of the bucket shapes exactly. durations=True adds the
     `durations` field (CacheError naming `snakemake --cores all durations` when they are missing).
+    worker=(index, count): this worker's share for multi-worker training (pipeline/multiworker_data.py).
     """
     train = split == "train"
     repeat = train if repeat is None else repeat
@@ -237,13 +238,20 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
         raise CacheError(f"{config.cache_dir(cfg)}: no clips in the {split!r} split")
     edges, shapes = bucket_shapes(cfg, clips=everything)
     n_mels, batch, seed = cfg["audio"]["n_mels"], cfg["train"]["batch_size"], cfg["train"]["seed"]
+    ordered = not shuffle or worker is not None  # workers' batches must keep the shared bucket order
+    if worker is not None:
+        mine, batch, bucket_weights = multiworker_data.worker_share(cfg, clips, edges, worker)
     if drop_remainder and len(clips.ids) < batch:
         raise CacheError(f"the {split!r} split has {len(clips.ids)} clips, fewer than train.batch_size {batch}")
     kinds = tuple(paths)
 
     sizes = [sum(os.path.getsize(paths[kind][k]) for kind in kinds) for k in range(len(paths["tokens"]))]
     groups = [g for g in shard_groups(sizes, group_bytes) if np.isin(clips.shard, g).any()]
+    if worker is not None:
+        groups = [mine]  # one group: the worker's per-bucket streams span all its shards
     endless = repeat and len(groups) == 1  # one group: its rows repeat, so no batch remainder is ever lost
+    if worker is not None and not endless:
+        raise ValueError("build_dataset(worker=...) is for the repeating train split")
     rng = np.random.default_rng(seed)
     group_rows = [_group_rows(clips, g, paths, edges, kinds, n_mels, batch, rng, drop_remainder and not endless)
                   for g in groups]
@@ -263,13 +271,17 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     def group_batches(g):
         arrays = {kind: read_all(g, kind) for kind in kinds}
         arrays["tokens"] = tf.gather(table, arrays["tokens"])                  # code points -> ids
-        rows = tf.data.Dataset.from_tensor_slices(rows_table[g])
-        if shuffle:
-            rows = rows.shuffle(max(len(r) for r in group_rows), seed=seed)  # across the group's shards
-        if endless:
-            rows = rows.repeat()
-        rows = rows.group_by_window(key_func=lambda r: r[ROW["bucket"]], window_size=batch,
-                                    reduce_func=lambda key, w: w.batch(batch, drop_remainder=drop_remainder))
+        if worker is not None:
+            rows = multiworker_data.aligned_batches(group_rows[0], ROW["bucket"], bucket_weights, batch, seed,
+                                                    worker[0])
+        else:
+            rows = tf.data.Dataset.from_tensor_slices(rows_table[g])
+            if shuffle:
+                rows = rows.shuffle(max(len(r) for r in group_rows), seed=seed)  # across the group's shards
+            if endless:
+                rows = rows.repeat()
+            rows = rows.group_by_window(key_func=lambda r: r[ROW["bucket"]], window_size=batch,
+                                        reduce_func=lambda key, w: w.batch(batch, drop_remainder=drop_remainder))
 
         def gather(r):  # one vectorised gather per field and batch, padded to the bucket's shape
             n, b = tf.shape(r, out_type=tf.int64)[0], r[0, ROW["bucket"]]
@@ -286,7 +298,7 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
                 out["clip"] = tf.cast(r[:, ROW["clip"]], tf.int32)
             return out
 
-        return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not shuffle)
+        return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
 
     group_ids = tf.data.Dataset.range(len(groups))
     if shuffle:
@@ -295,9 +307,9 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
         group_ids = group_ids.repeat()
     # two groups in flight: the next group is read while batches come from the current one
     ds = group_ids.interleave(group_batches, cycle_length=min(2, len(groups)), num_parallel_calls=min(2, len(groups)),
-                              deterministic=not shuffle)
+                              deterministic=ordered)
     options = tf.data.Options()
-    options.deterministic = not shuffle
+    options.deterministic = ordered
     options.autotune.enabled = True
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 

@@ -25,6 +25,7 @@ from pipeline.diagnose_report import (OSC_MIN_UTIL_SPREAD, compare_placements, c
 from pipeline.errors import cli
 from pipeline.gpumon import GpuSampler
 from pipeline.graphscan import find_pyfunc_ops, pyfunc_line, scan_pyfunc_ops  # noqa: F401 (public here too)
+from pipeline.placement import host_id
 
 # --- verdict ------------------------------------------------------------------------------
 INPUT_BOUND_WAIT = 0.05         # the TF profiler's input-pipeline analyzer: >= 5 % wait is "moderately" input-bound
@@ -325,6 +326,7 @@ def main(argv=None):
                      f"and 'split' and 'mirrored' need two or more."]
     report["placement_comparison"] = sentences
     report["config_name"] = cfg["name"]
+    report["host"] = host_id()  # train.placement: auto trusts this report's placements on this host only
 
     paths = write_report(report, args.out or config.report_dir(cfg))
     print(f"verdict: {report['verdict']} (input wait {report['input_wait_fraction']:.1%}, "

@@ -4,15 +4,30 @@
               and step on train.model_device; each batch is copied across while the previous step
               runs (two-GPU workstations; `snakemake diagnose` measures it against mirrored)
     mirrored  data parallel over every GPU with tf.distribute.MirroredStrategy
+    multiworker  data parallel over several processes or nodes with
+              tf.distribute.MultiWorkerMirroredStrategy (each worker mirrors over its own GPUs, or
+              runs on its CPU); the cluster comes from TF_CONFIG (`python -m pipeline.launch`
+              sets it), else from SLURM inside an `srun` step, else the process is a cluster of one
     single    one GPU
     cpu       the CPU
-    auto      split with two or more GPUs, single with one, cpu with none
+    auto      with two or more GPUs, the faster of split and mirrored as the last `snakemake diagnose`
+              on this host measured it ({reports_dir}/{name}/diagnose.json), split without such a
+              report; single with one GPU, cpu with none
 
 With no GPU, split, mirrored and single run on logical CPU devices when the process has
 configured them (tests do this with tf.config.set_logical_device_configuration), so every mode
 runs anywhere; the log line says when a CPU stands in for a GPU.
+
+MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs in the process:
+`resolve` creates it first thing for multiworker (pipeline.train calls nothing else of TensorFlow
+before), and raises PlacementError if something else came first.
 """
+import json
+import os
+import socket
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import keras
 import tensorflow as tf
@@ -34,6 +49,8 @@ class Placement:
     jit_compile: bool
     mixed_precision: str   # "off" | "bfloat16" | "float16"
     strategy: object = None
+    worker: tuple = (0, 1)  # (index, count) of this process among the multiworker workers
+    chief: bool = True      # writes checkpoints, TensorBoard events and the summary
 
     def describe(self):
         return (f"placement {self.name} ({self.reason}); data on {self.data_device}, model on "
@@ -53,18 +70,122 @@ def _gpu_supports_bf16():
     return tuple(cc) >= (8, 0)  # Ampere and newer have bfloat16 tensor cores
 
 
-def resolve(train_cfg, override=None):
-    """The Placement for `train:` (or `override`), with the reason for `auto` spelled out."""
-    gpus, cpus = _logical("GPU"), _logical("CPU")
+def host_id():
+    """What makes a diagnose measurement this machine's: the host name and the GPUs TensorFlow sees."""
+    gpus = [tf.config.experimental.get_device_details(g).get("device_name", g.name)
+            for g in tf.config.list_physical_devices("GPU")]
+    return {"hostname": socket.gethostname(), "gpus": gpus}
+
+
+def measured_choice(report_path, host):
+    """('split' | 'mirrored', why) from the diagnose report at `report_path` if it compared both
+    placements on `host`, else (None, why not)."""
+    path = Path(report_path)
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, f"no diagnose report at {path} (`snakemake --cores all diagnose` measures split against mirrored)"
+    except json.JSONDecodeError:
+        return None, f"{path} is not valid JSON (rerun `snakemake --cores all diagnose`)"
+    if report.get("host") != host:
+        other = (report.get("host") or {}).get("hostname", "an unrecorded host")
+        return None, (f"{path} was measured on {other} with GPUs {(report.get('host') or {}).get('gpus')}, "
+                      f"not on {host['hostname']} with {host['gpus']} (rerun `snakemake --cores all diagnose` here)")
+    rates = {n: r["steps_per_s"] for n, r in (report.get("placements") or {}).items() if n in ("split", "mirrored")}
+    if len(rates) < 2:
+        return None, f"{path} did not compare split and mirrored (rerun `snakemake --cores all diagnose`)"
+    best, other = sorted(rates, key=rates.get, reverse=True)
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(path.stat().st_mtime))
+    return best, (f"auto: {best} ran {rates[best]:.2f} steps/s against {rates[other]:.2f} for {other} "
+                  f"in the diagnose report of {when} on this host ({path})")
+
+
+def auto_choice(gpus, train_cfg, report_path=None, host=None):
+    """(placement, reason) for `auto` given the visible GPUs and, with two or more, the last diagnose report."""
+    if len(gpus) >= 2:
+        best, why = measured_choice(report_path, host or host_id()) if report_path else (None, "no report path given")
+        if best:
+            return best, why
+        return "split", (f"auto: {len(gpus)} GPUs, so data on {train_cfg['data_device']} and model on "
+                         f"{train_cfg['model_device']}; {why}")
+    if len(gpus) == 1:
+        return "single", "auto: one GPU"
+    return "cpu", "auto: no GPU visible to TensorFlow"
+
+
+# --- multiworker ---------------------------------------------------------------------------
+_MULTIWORKER = None  # TensorFlow allows one collective setup per process: the strategy, once made
+
+
+def cluster_resolver():
+    """(resolver or None, description) for this process: TF_CONFIG, else a SLURM step, else one worker."""
+    environ = os.environ
+    if environ.get("TF_CONFIG"):
+        try:
+            spec = json.loads(environ["TF_CONFIG"])
+            workers = len(spec["cluster"].get("chief", [])) + len(spec["cluster"].get("worker", []))
+            spec["task"]["type"], spec["task"]["index"]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise PlacementError(f"TF_CONFIG: not a cluster description ({e}); "
+                                 f"expected {{\"cluster\": {{\"worker\": [host:port, ...]}}, \"task\": {{...}}}}") from None
+        return tf.distribute.cluster_resolver.TFConfigClusterResolver(), f"cluster of {workers} from TF_CONFIG"
+    tasks = int(environ.get("SLURM_STEP_NUM_TASKS", "1"))
+    if tasks > 1 and "SLURM_PROCID" in environ:
+        # SLURM_STEP_TASKS_PER_NODE reads like "2(x3),1": 2 tasks on each of 3 nodes, then 1
+        per_node = max(int(part.split("(")[0]) for part in environ["SLURM_STEP_TASKS_PER_NODE"].split(","))
+        # GPUs are what SLURM's own binding gives each task: the resolver's CUDA_VISIBLE_DEVICES
+        # assignment stays off and its GPU bookkeeping is told one per task (it asks nvidia-smi
+        # otherwise, and fails on CPU nodes). Ports are spread by job id so two jobs can share a node.
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+            port_base=20000 + int(environ.get("SLURM_JOB_ID", "0")) % 1000 * 16, gpus_per_node=per_node,
+            gpus_per_task=1, auto_set_gpu=False)
+        return resolver, f"cluster of {tasks} from SLURM"
+    if int(environ.get("SLURM_NTASKS", "1")) > 1:
+        raise PlacementError(f"train.placement: multiworker: this SLURM job has {environ['SLURM_NTASKS']} tasks but "
+                             f"this process is not one of an `srun` step's; start the workers with `srun python -m pipeline.train ...`")
+    return None, "no TF_CONFIG and no SLURM step: a cluster of one"
+
+
+def _worker_of(resolver):
+    """(index, count, chief) of this process; a `chief` task, if any, is worker 0."""
+    if resolver is None:
+        return 0, 1, True
+    jobs = resolver.cluster_spec().as_dict()
+    chiefs, workers = len(jobs.get("chief", [])), len(jobs.get("worker", []))
+    kind, task = resolver.task_type, resolver.task_id or 0
+    if kind not in ("chief", "worker"):
+        raise PlacementError(f"train.placement: multiworker: task type {kind!r} is neither 'chief' nor 'worker'")
+    index = 0 if kind == "chief" else chiefs + task
+    return index, max(chiefs + workers, 1), index == 0
+
+
+def multiworker_strategy():
+    """(MultiWorkerMirroredStrategy, (index, count), chief, description), created at the first call."""
+    global _MULTIWORKER
+    if _MULTIWORKER is None:
+        resolver, where = cluster_resolver()
+        index, count, chief = _worker_of(resolver)
+        try:
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+        except RuntimeError as e:
+            if "program startup" not in str(e):
+                raise
+            raise PlacementError("train.placement: multiworker: TensorFlow ran an op before the strategy was created; "
+                                 "create it first (pipeline.placement.multiworker_strategy())") from None
+        _MULTIWORKER = strategy, (index, count), chief, where
+    return _MULTIWORKER
+
+
+def resolve(train_cfg, override=None, report=None):
+    """The Placement for `train:` (or `override`), with the reason for `auto` spelled out.
+    `report`: the diagnose.json that `auto` consults with two or more GPUs."""
     name = override or train_cfg["placement"]
+    if name == "multiworker":  # before any other TensorFlow op, listing devices included
+        strategy, worker, chief, where = multiworker_strategy()
+    gpus, cpus = _logical("GPU"), _logical("CPU")
     reason = f"train.placement: {name}"
     if name == "auto":
-        if len(gpus) >= 2:
-            name, reason = "split", f"auto: {len(gpus)} GPUs, so data on {train_cfg['data_device']} and model on {train_cfg['model_device']}"
-        elif len(gpus) == 1:
-            name, reason = "single", "auto: one GPU"
-        else:
-            name, reason = "cpu", "auto: no GPU visible to TensorFlow"
+        name, reason = auto_choice(gpus, train_cfg, report)
     if name == "split":
         data_dev, model_dev = train_cfg["data_device"], train_cfg["model_device"]
         for key, dev in (("train.data_device", data_dev), ("train.model_device", model_dev)):
@@ -84,6 +205,10 @@ def resolve(train_cfg, override=None):
         data_dev, devices = "/CPU:0", [model_dev]
     elif name == "cpu":
         data_dev, model_dev, devices = "/CPU:0", "/CPU:0", ["/CPU:0"]
+    elif name == "multiworker":
+        devices = gpus or ["/CPU:0"]  # each worker mirrors over its own GPUs
+        data_dev, model_dev = "/CPU:0", devices[0]
+        reason += f", {where}, worker {worker[0]} of {worker[1]}{' (the chief)' if chief else ''}"
     else:
         raise PlacementError(f"train.placement: unknown value {name!r}")
     on_gpu = any("GPU" in d for d in devices)
@@ -95,6 +220,8 @@ def resolve(train_cfg, override=None):
     mp = train_cfg["mixed_precision"]
     if mp == "auto":
         mp = ("bfloat16" if _gpu_supports_bf16() else "float16") if on_gpu else "off"
+    if name == "multiworker":
+        return Placement(name, reason, data_dev, model_dev, devices, jit, mp, strategy, worker, chief)
     strategy = tf.distribute.MirroredStrategy(devices) if name == "mirrored" else None
     return Placement(name, reason, data_dev, model_dev, devices, jit, mp, strategy)
 

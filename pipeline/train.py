@@ -13,11 +13,19 @@ fraction, mel and alignment images, Griffin-Lim audio), alignment.png (the atten
 durations' hard alignment), and finally the summary
 --out. A rerun after an interruption (kill -9 included) continues at the saved step with the saved
 optimizer state until train.steps.
+
+With train.placement: multiworker (`python -m pipeline.launch --workers N -- --config ...` on one
+host, `srun` across nodes; docs/scaling.md) every worker runs this same loop on its own share of
+the shards; the chief alone writes the checkpoints, config.json, TensorBoard events and the summary,
+the other workers save into a temporary folder of their own (every worker takes part in a save),
+and all of them restore the chief's latest checkpoint on a rerun.
 """
 import argparse
 import functools
 import json
 import math
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,7 +63,8 @@ class Trainer:
     def __init__(self, cfg, placement=None, log=print):
         self.cfg, self.log = cfg, log
         self.index = data.read_index(cfg)
-        self.p = placement_mod.resolve(cfg["train"], placement)
+        # the first TensorFlow op: multiworker creates its strategy here; auto may read the last diagnose report
+        self.p = placement_mod.resolve(cfg["train"], placement, report=config.report_dir(cfg) / "diagnose.json")
         placement_mod.set_precision_policy(self.p.mixed_precision)
         keras.utils.set_random_seed(cfg["train"]["seed"])
         clips = data.load_clips(cfg, "all", self.index)[0]  # every shard's JSON read and checked once here
@@ -80,7 +89,7 @@ class Trainer:
                 opt = keras.optimizers.LossScaleOptimizer(opt)  # float16 gradients underflow without it
             opt.build(self.model.trainable_variables)  # slots exist before a restore fills them
             self.optimizer = opt
-        self.dataset = self._distribute(self.build_dataset("train"))
+        self.dataset = self._distribute(self._train_dataset)
         self.val_dataset = self.build_dataset("val") if self.has_val else None  # built once, iterated per validation
         self.step = self._make_step()
         self._eval = tf.function(self._forward, reduce_retracing=True)
@@ -100,7 +109,26 @@ class Trainer:
         t, f = self.shapes[0]
         return models.dummy_batch(t, f, self.index["n_mels"])
 
-    def _distribute(self, ds):
+    def _train_dataset(self, input_context=None):
+        if self.p.name != "multiworker":
+            return self.build_dataset("train")
+        # this worker's own shards (data.build_dataset shards it; tf.distribute's auto-sharding stays
+        # off), then each batch split among the worker's local replicas, which keeps one bucket shape per step
+        count = self.p.worker[1]
+        local = self.p.strategy.num_replicas_in_sync // count
+        batch = self.cfg["train"]["batch_size"]
+        if batch % (count * local):
+            raise config.ConfigError(f"train.batch_size: {batch} does not split evenly over {count} workers "
+                                     f"x {local} replicas each")
+        ds = self.build_dataset("train", worker=self.p.worker)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        return (ds.rebatch(batch // count // local) if local > 1 else ds).with_options(options)
+
+    def _distribute(self, make):
+        if self.p.name == "multiworker":
+            return self.p.strategy.distribute_datasets_from_function(make)
+        ds = make()
         if self.p.strategy is not None:
             return self.p.strategy.experimental_distribute_dataset(ds)
         if self.p.name == "split":
@@ -150,6 +178,13 @@ class Trainer:
             return {k: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in terms.items()}
         return step
 
+    def wait_for_all(self):
+        """multiworker: return when every worker got here (one all-reduce). A worker that exits while
+        another still works fails TensorFlow's shutdown barrier and can leave the other hanging."""
+        if self.p.name == "multiworker":
+            s = self.p.strategy
+            s.reduce(tf.distribute.ReduceOp.SUM, s.run(lambda: tf.constant(1.0)), axis=None)
+
     # --- the loop pieces ----------------------------------------------------------------------
     @property
     def traces(self):
@@ -158,7 +193,7 @@ class Trainer:
     def context(self):
         return {"placement": self.p.name, "jit_compile": self.p.jit_compile,
                 "mixed_precision": self.p.mixed_precision, "copy_ms": self.copy_ms,
-                "buckets": self.n_buckets, "devices": self.p.devices}
+                "buckets": self.n_buckets, "devices": self.p.devices, "worker": list(self.p.worker)}
 
     def batches(self):
         """Training batches ready for the step. With split, each batch is copied to the model
@@ -274,25 +309,30 @@ def save_alignment_png(align, path, step):
 
 def train(cfg, out, log=functools.partial(print, flush=True)):
     run = config.run_dir(cfg)
-    run.mkdir(parents=True, exist_ok=True)
-    config.atomic_write_text(run / "config.json", json.dumps(cfg, indent=1))
     trainer = build_trainer(cfg, log=log)
+    chief = trainer.p.chief  # False only on multiworker's other workers: they write nothing in run/
+    run.mkdir(parents=True, exist_ok=True)
+    if chief:
+        config.atomic_write_text(run / "config.json", json.dumps(cfg, indent=1))
     ckpt = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer)
-    manager = tf.train.CheckpointManager(ckpt, run / "checkpoints", max_to_keep=3)
-    if manager.latest_checkpoint:
-        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        log(f"resumed from {manager.latest_checkpoint} at step {int(trainer.optimizer.iterations)}")
+    # every worker saves (a save may need them all), but only the chief into run/checkpoints
+    save_dir = run / "checkpoints" if chief else Path(tempfile.mkdtemp(prefix=f"worker-{trainer.p.worker[0]}-"))
+    manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=3)
+    latest = tf.train.latest_checkpoint(run / "checkpoints")  # every worker resumes from the chief's
+    if latest:
+        ckpt.restore(latest).assert_existing_objects_matched()
+        log(f"resumed from {latest} at step {int(trainer.optimizer.iterations.numpy())}")
     tcfg = cfg["train"]
     total = tcfg["steps"]
-    step = int(trainer.optimizer.iterations)
+    step = int(trainer.optimizer.iterations.numpy())
     trainer.measure_copy()
-    writer = tf.summary.create_file_writer(str(run))
+    writer = tf.summary.create_file_writer(str(run)) if chief else tf.summary.create_noop_writer()
     history, val_history, align = [], [], None
     batches = trainer.batches()
     waited = stepped = 0.0
     t_log, start_step, t_start = time.perf_counter(), step, time.perf_counter()
     with writer.as_default():
-        if step == 0:  # the untrained model's validation loss: the baseline the curve falls from
+        if step == 0 and chief:  # the untrained model's validation loss: the baseline the curve falls from
             val, _, _ = trainer.validate()
             if val is not None:
                 val_history.append({"step": 0, **val})
@@ -310,7 +350,7 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
                 interval = t2 - t_log
                 rate = tcfg["log_every"] / interval if interval > 0 else 0.0
                 wait_frac = waited / interval if interval > 0 else 0.0
-                lr = float(trainer.optimizer.learning_rate)
+                lr = float(trainer.optimizer.learning_rate.numpy())
                 for k, v in values.items():
                     tf.summary.scalar(f"train/{k}", v, step=step)
                 tf.summary.scalar("train/lr", lr, step=step)
@@ -325,7 +365,7 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
                     raise FloatingPointError(f"loss became {values['total']} at step {step}; lower train.learning_rate")
                 history.append({"step": step, **values})
                 waited, t_log = 0.0, time.perf_counter()
-            if step % tcfg["summary_every"] == 0 or step == total:
+            if chief and (step % tcfg["summary_every"] == 0 or step == total):
                 val, vbatch, vout = trainer.validate()
                 if val is not None:
                     align = _write_summaries(trainer, step, val, vbatch, vout)
@@ -334,6 +374,13 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
                 t_log = time.perf_counter()  # validation time is not input wait
             if step % tcfg["checkpoint_every"] == 0 or step == total:
                 manager.save(checkpoint_number=step)
+    weights = sum(float(tf.reduce_sum(tf.cast(v, tf.float64))) for v in trainer.model.trainable_variables)
+    if not chief:
+        shutil.rmtree(save_dir, ignore_errors=True)
+        trainer.wait_for_all()  # the chief still validates and writes
+        log(f"worker {trainer.p.worker[0]} done: {step} steps, weights checksum {weights:.12g} "
+            f"(the chief writes the checkpoints and the summary)")
+        return None
     if align is not None:
         save_alignment_png(align, run / "alignment.png", step)
     summary = {"name": cfg["name"], "steps": step, "resumed_from": start_step, "placement": trainer.placement,
@@ -341,7 +388,8 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
                "seconds": round(time.perf_counter() - t_start, 1), "checkpoint": manager.latest_checkpoint,
                "train_loss": history[-1] if history else None, "val_loss": val_history, "history": history}
     config.atomic_write_text(out, json.dumps(summary, indent=1))
-    log(f"done: {step} steps, checkpoint {manager.latest_checkpoint}, summary {out}")
+    trainer.wait_for_all()
+    log(f"done: {step} steps, checkpoint {manager.latest_checkpoint}, summary {out}, weights checksum {weights:.12g}")
     return summary
 
 
@@ -355,6 +403,8 @@ def main(argv=None):
     cfg = config.from_args(args)
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    if cfg["train"]["placement"] == "multiworker":
+        placement_mod.multiworker_strategy()  # before any other TensorFlow op (a TensorFlow rule)
     train(cfg, args.out or config.run_dir(cfg) / "train.json")
 
 

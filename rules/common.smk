@@ -133,7 +133,7 @@ def gpus_wanted():
             pynvml.nvmlShutdown()
         except Exception:  # no driver: TensorFlow will run on the CPU
             return 0
-        wanted = {"split": 2, "mirrored": count}.get(placement, min(count, 2))
+        wanted = {"split": 2, "mirrored": count, "multiworker": count}.get(placement, min(count, 2))
     budget = workflow.global_resources.get("gpu")  # a snakemake.resources.Resource, or None
     budget = None if budget is None else budget.value  # None: no --resources gpu=N given
     return wanted if budget is None else min(wanted, budget)

@@ -17,7 +17,8 @@ rule train:
     output:
         summary=RUN / "train.json",
     params:
-        config=config_without("synthesize", "evaluate", "diagnose", "reports_dir", "aligner", keep={"synthesize": ["griffin_lim_iters"]}),
+        # reports_dir stays: train.placement auto reads the last diagnose report
+        config=config_without("synthesize", "evaluate", "diagnose", "aligner", keep={"synthesize": ["griffin_lim_iters"]}),
     threads: 32
     resources:
         gpu=gpus_wanted(),

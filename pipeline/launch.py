@@ -1,0 +1,190 @@
+"""Run N local training workers as one multiworker cluster on 127.0.0.1.
+
+    python -m pipeline.launch --workers 2 -- --config my.yaml
+    python -m pipeline.launch --workers 4 -- --config my.yaml --set train.steps=20000 --threads 4
+
+Each worker is `python -m pipeline.train <the arguments after -->` with train.placement set to
+multiworker and TF_CONFIG naming every worker (127.0.0.1 and a free port each) and its own index;
+worker 0 is the chief. On a GPU host each worker gets an equal share of the GPUs
+(CUDA_VISIBLE_DEVICES); workers never share a GPU. Their output is forwarded line by line as
+`[worker i] ...`. When one worker fails, the launcher stops the others (SIGTERM, then SIGKILL) and
+exits with that worker's error.
+Workers also die with the launcher (Linux). Reads the config only to check it before starting.
+Across nodes, SLURM's `srun` starts the workers instead: scripts/train-multiworker.sbatch.
+"""
+import argparse
+import collections
+import ctypes
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from pipeline import config
+from pipeline.errors import PipelineError, cli
+
+STOP_GRACE_S = 10  # seconds a stopped worker gets between SIGTERM and SIGKILL
+_EXCEPTION = re.compile(r"^(error: |[\w.]*(Error|Exception|Interrupt|Exit)\b)")  # a worker's last words
+
+
+class WorkerFailed(PipelineError):
+    """A worker exited non-zero or was killed; the message carries its error."""
+
+
+def free_ports(n):
+    """n distinct free TCP ports on 127.0.0.1 (held open together, so none repeats)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def tf_config(ports, index):
+    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": index}})
+
+
+def visible_gpus():
+    """The GPU ids this host offers: CUDA_VISIBLE_DEVICES when set, else what `nvidia-smi -L` lists."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i in range(sum(line.startswith("GPU ") for line in listing.splitlines()))]
+
+
+def gpu_split(gpus, workers):
+    """Each worker's CUDA_VISIBLE_DEVICES (an equal share of `gpus`), or None for all without GPUs."""
+    if not gpus:
+        return [None] * workers
+    if workers > len(gpus):
+        raise PipelineError(f"--workers {workers}: this host has {len(gpus)} GPUs ({','.join(gpus)}) and workers do "
+                            f"not share one; use --workers {len(gpus)} or fewer (or CUDA_VISIBLE_DEVICES= for CPU workers)")
+    share = len(gpus) // workers
+    return [",".join(gpus[i * share:(i + 1) * share]) for i in range(workers)]
+
+
+def worker_args(train_args, log):
+    """The train arguments with train.placement: multiworker, after checking the config loads."""
+    parser = argparse.ArgumentParser(add_help=False)
+    config.add_arguments(parser)
+    placement = config.from_args(parser.parse_known_args(train_args)[0])["train"]["placement"]
+    if placement == "multiworker":
+        return list(train_args)
+    log(f"launch: train.placement is {placement!r} in the config; the workers run 'multiworker'")
+    argv = [*train_args, "--set", "train.placement=multiworker"]  # --set repeats; the last value wins
+    config.from_args(parser.parse_known_args(argv)[0])  # a bad config fails here, not in every worker
+    return argv
+
+
+def _die_with_parent():
+    # Linux: the worker gets SIGTERM when the launcher dies, even by SIGKILL
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _last_error(lines, killed):
+    """The worker's error line; else its last line, unless a signal (not an error of its own) ended it."""
+    for line in reversed(lines):
+        if _EXCEPTION.match(line.strip()):
+            return ": " + line.strip()
+    return "" if killed else ": " + next((x.strip() for x in reversed(lines) if x.strip()), "no output")
+
+
+def _stop(procs, grace):
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP_GRACE_S):
+    """Run `workers` processes of `python -m module train_args...`; 0 when all succeed, else WorkerFailed."""
+    out = out or sys.stdout
+    lock = threading.Lock()
+
+    def log(line):
+        with lock:
+            print(line, file=out, flush=True)
+
+    argv = worker_args(train_args, log) if module == "pipeline.train" else list(train_args)
+    ports = free_ports(workers)
+    devices = gpu_split(visible_gpus(), workers)
+    procs, tails = [], [collections.deque(maxlen=200) for _ in range(workers)]
+    try:
+        for i in range(workers):
+            env = dict(os.environ, TF_CONFIG=tf_config(ports, i), PYTHONUNBUFFERED="1")
+            if devices[i] is not None:
+                env["CUDA_VISIBLE_DEVICES"] = devices[i]
+            procs.append(subprocess.Popen([sys.executable, "-m", module, *argv], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                          errors="replace", preexec_fn=_die_with_parent))  # noqa: PLW1509 (no thread yet)
+            gpus = f", GPUs {devices[i]}" if devices[i] is not None else ""
+            log(f"launch: worker {i} pid {procs[i].pid} on 127.0.0.1:{ports[i]}{gpus}{' (chief)' if i == 0 else ''}")
+
+        ended = {}  # worker -> when it exited: the first to fail is the cause, the others may follow it
+
+        def forward(i):
+            for line in procs[i].stdout:
+                tails[i].append(line)
+                log(f"[worker {i}] {line.rstrip()}")
+            procs[i].wait()
+            ended[i] = time.monotonic()
+
+        # readers start after every fork: preexec_fn is unsafe while other threads run
+        readers = [threading.Thread(target=forward, args=(i,), daemon=True) for i in range(workers)]
+        for r in readers:
+            r.start()
+        failed = []
+        while not failed and len(ended) < workers:
+            time.sleep(0.1)
+            failed = sorted((t, i) for i, t in list(ended.items()) if procs[i].returncode != 0)
+        failed = failed[0][1] if failed else None
+    except BaseException:  # Ctrl-C or a launcher bug: never leave workers behind
+        _stop(procs, grace)
+        raise
+    _stop(procs, grace)
+    for r in readers:
+        r.join(timeout=5)
+    if failed is None:
+        log(f"launch: all {workers} workers finished")
+        return 0
+    rc = procs[failed].returncode
+    how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
+    others = f"; stopped the other {workers - 1}" if workers > 1 else ""
+    error = _last_error(list(tails[failed]), killed=rc < 0)
+    raise WorkerFailed(f"worker {failed} (pid {procs[failed].pid}) {how}{error}{others}")
+
+
+@cli
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    ours, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     usage="python -m pipeline.launch --workers N -- [pipeline.train arguments]")
+    parser.add_argument("--workers", type=int, required=True, help="worker processes on this host (>= 1)")
+    args = parser.parse_args(ours)
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    launch(args.workers, train_args)
+
+
+if __name__ == "__main__":
+    main()

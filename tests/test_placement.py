@@ -1,0 +1,118 @@
+"""Placement choice: `auto` from this host's last diagnose report, and where a multiworker cluster comes from.
+
+There is no GPU here: the tests plant diagnose reports and stand in two GPU names for the devices
+TensorFlow lists; nothing in them runs on a device.
+"""
+import json
+import os
+
+import pytest
+import tensorflow as tf
+
+from pipeline import placement
+from pipeline.placement import PlacementError
+
+TRAIN = {"placement": "auto", "data_device": "/GPU:0", "model_device": "/GPU:1", "jit_compile": "auto",
+         "mixed_precision": "auto"}
+HOST = {"hostname": "gpu-box", "gpus": ["NVIDIA A100", "NVIDIA A100"]}
+
+
+def plant(tmp_path, host=HOST, split=10.0, mirrored=12.5):
+    path = tmp_path / "diagnose.json"
+    placements = {"split": {"verdict": "compute_bound", "steps_per_s": split, "input_wait_fraction": 0.01},
+                  "mirrored": {"verdict": "compute_bound", "steps_per_s": mirrored, "input_wait_fraction": 0.01}}
+    path.write_text(json.dumps({"verdict": "compute_bound", "placements": placements, "host": host}))
+    return path
+
+
+@pytest.mark.parametrize("split, mirrored, best", [(10.0, 12.5, "mirrored"), (12.5, 10.0, "split")])
+def test_auto_picks_the_faster_placement_this_host_measured(tmp_path, split, mirrored, best):
+    path = plant(tmp_path, split=split, mirrored=mirrored)
+    name, why = placement.auto_choice(["/GPU:0", "/GPU:1"], TRAIN, path, HOST)
+    assert name == best
+    assert "12.50 steps/s against 10.00" in why and "this host" in why and str(path) in why
+
+
+def test_auto_ignores_another_hosts_report_and_says_why(tmp_path):
+    path = plant(tmp_path, host={"hostname": "other-box", "gpus": ["NVIDIA V100", "NVIDIA V100"]})
+    name, why = placement.auto_choice(["/GPU:0", "/GPU:1"], TRAIN, path, HOST)
+    assert name == "split"
+    assert "measured on other-box" in why and "not on gpu-box" in why and "snakemake --cores all diagnose" in why
+    # the same host name with other GPUs (another CUDA_VISIBLE_DEVICES, a swapped card) is not this machine either
+    path = plant(tmp_path, host={"hostname": "gpu-box", "gpus": ["NVIDIA A100"]})
+    assert placement.auto_choice(["/GPU:0", "/GPU:1"], TRAIN, path, HOST)[0] == "split"
+
+
+def test_auto_without_a_usable_report_keeps_the_rule_and_says_which_and_why(tmp_path):
+    name, why = placement.auto_choice(["/GPU:0", "/GPU:1"], TRAIN, tmp_path / "diagnose.json", HOST)
+    assert name == "split" and "2 GPUs" in why and "no diagnose report at" in why
+    one_gpu = tmp_path / "one.json"  # a report from a run that could not compare placements
+    one_gpu.write_text(json.dumps({"verdict": "compute_bound", "host": HOST}))
+    name, why = placement.auto_choice(["/GPU:0", "/GPU:1"], TRAIN, one_gpu, HOST)
+    assert name == "split" and "did not compare split and mirrored" in why
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    assert "not valid JSON" in placement.auto_choice(["/GPU:0", "/GPU:1"], TRAIN, broken, HOST)[1]
+    # fewer than two GPUs: the report is not consulted at all
+    assert placement.auto_choice(["/GPU:0"], TRAIN, plant(tmp_path), HOST) == ("single", "auto: one GPU")
+    assert placement.auto_choice([], TRAIN, plant(tmp_path), HOST)[0] == "cpu"
+
+
+def test_resolve_auto_uses_the_report_through_the_trainers_path(tmp_path, monkeypatch):
+    # two GPU names stand in for what TensorFlow would list; MirroredStrategy only records them here
+    monkeypatch.setattr(placement, "_logical", lambda kind: ["/GPU:0", "/GPU:1"] if kind == "GPU" else ["/CPU:0"])
+    path = plant(tmp_path, host=placement.host_id(), split=10.0, mirrored=12.5)
+    p = placement.resolve(TRAIN, report=path)
+    assert p.name == "mirrored" and p.devices == ["/GPU:0", "/GPU:1"] and "12.50 steps/s" in p.describe()
+    plant(tmp_path, host=placement.host_id(), split=14.0, mirrored=12.5)
+    p = placement.resolve(TRAIN, report=path)
+    assert p.name == "split" and p.model_device == "/GPU:1" and "14.00 steps/s" in p.reason
+
+
+def test_host_id_names_this_machine():
+    host = placement.host_id()
+    assert host["hostname"] and host["gpus"] == []  # no GPU on this machine
+
+
+def test_cluster_from_tf_config_and_one_worker_without_a_cluster(monkeypatch):
+    for var in ("TF_CONFIG", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    assert placement.cluster_resolver() == (None, "no TF_CONFIG and no SLURM step: a cluster of one")
+    assert placement._worker_of(None) == (0, 1, True)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]},
+                                                "task": {"type": "worker", "index": 2}}))
+    resolver, where = placement.cluster_resolver()
+    assert where == "cluster of 3 from TF_CONFIG" and placement._worker_of(resolver) == (2, 3, False)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["h:1"], "worker": ["h:2"]},
+                                                "task": {"type": "chief", "index": 0}}))
+    assert placement._worker_of(placement.cluster_resolver()[0]) == (0, 2, True)
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    with pytest.raises(PlacementError, match="TF_CONFIG: not a cluster description"):
+        placement.cluster_resolver()
+
+
+def test_cluster_from_a_slurm_step_on_a_cpu_node(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for var, value in {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "node[1-2]",
+                       "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_JOB_ID": "4321", "SLURM_NTASKS": "3"}.items():
+        monkeypatch.setenv(var, value)
+    resolver, where = placement.cluster_resolver()
+    port = 20000 + 4321 % 1000 * 16
+    assert where == "cluster of 3 from SLURM"
+    assert resolver.cluster_spec().as_dict() == {"worker": [f"node1:{port}", f"node1:{port + 1}", f"node2:{port}"]}
+    assert placement._worker_of(resolver) == (1, 3, False)
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # SLURM's own GPU binding is left alone
+    # inside the allocation but not in an srun step: an error saying how to start the workers
+    monkeypatch.delenv("SLURM_STEP_NUM_TASKS")
+    with pytest.raises(PlacementError, match="srun python -m pipeline.train"):
+        placement.cluster_resolver()
+
+
+def test_multiworker_after_another_tensorflow_op_is_an_error_naming_the_rule(monkeypatch):
+    tf.constant(1.0) + 1.0  # this process already ran TensorFlow ops
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    monkeypatch.setattr(placement, "_MULTIWORKER", None)
+    with pytest.raises(PlacementError, match="before the strategy was created"):
+        placement.resolve(dict(TRAIN, placement="multiworker"))
