@@ -27,10 +27,13 @@ class ConfigError(PipelineError):
     """A config problem, with the key (or file) it concerns in the message."""
 
 
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: every job reads the defaults and schema
+
+
 def _read_yaml(path):
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = yaml.load(f, Loader=_LOADER)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as e:
