@@ -183,7 +183,8 @@ class Trainer:
         another still works fails TensorFlow's shutdown barrier and can leave the other hanging."""
         if self.p.name == "multiworker":
             s = self.p.strategy
-            s.reduce(tf.distribute.ReduceOp.SUM, s.run(lambda: tf.constant(1.0)), axis=None)
+            # in a tf.function: collectives run eagerly make TensorFlow warn about their overhead
+            tf.function(lambda: s.reduce(tf.distribute.ReduceOp.SUM, s.run(lambda: tf.constant(1.0)), axis=None))()
 
     # --- the loop pieces ----------------------------------------------------------------------
     @property
