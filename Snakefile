@@ -11,6 +11,7 @@ configfile: "configs/config.yaml"
 
 include: "rules/common.smk"
 include: "rules/cache.smk"
+include: "rules/align.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
 include: "rules/diagnose.smk"

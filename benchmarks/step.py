@@ -1,12 +1,13 @@
-"""Training-step time: compiled (tf.function) vs eager, and XLA on vs off, in one process.
+"""Training-step time of each model kind: compiled (tf.function) vs eager, XLA on vs off, in one process.
 
     python benchmarks/step.py                          # default config, demo corpus caches
     python benchmarks/step.py --config configs/ljspeech.yaml --steps 20
 
-Every variant runs the same default model on the same batches (one batch per bucket shape,
-already on the device), after a warm-up that absorbs tracing and XLA compilation; the figure is
-the median step time over --steps steps cycling through the buckets. Compilation time is
-reported separately. Writes .bench/step.json.
+fastpitch and transformer_tts (their sizes from the config) run on the same batches (one per
+bucket shape of the fastpitch loader, already on the device; frames padded to transformer_tts's
+reduction factor for it), after a warm-up that absorbs tracing and XLA compilation; the figure is
+the median step time over --steps steps cycling through the buckets. Compilation time is reported
+separately. Writes .bench/step.json.
 """
 import argparse
 import json
@@ -59,26 +60,47 @@ def main(argv=None):
     parser.add_argument("--out", default=str(ROOT / ".bench" / "step.json"))
     args = parser.parse_args(argv)
     cfg = config.from_args(args)
-    if not (config.cache_dir(cfg) / "index.json").exists():
-        subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "caches", "--quiet"], cwd=ROOT, check=True)
-    results = {}
-    plain = build_trainer(config.merge(cfg, {"train": {"jit_compile": False}}), log=lambda *a: None)
-    batches = one_batch_per_bucket(plain)
-    results["eager"] = time_variant(plain.step.python_function, batches, max(3, args.steps // 3))
-    results["tf.function"] = time_variant(plain.step, batches, args.steps)
-    xla = build_trainer(config.merge(cfg, {"train": {"jit_compile": True}}), log=lambda *a: None)
-    results["tf.function + XLA"] = time_variant(xla.step, batches, args.steps)
-    base = results["eager"]["median_ms"]
-    shapes = [tuple(b["mel"].shape) for b in batches]
-    print(f"default model, batches {shapes}, {platform.processor() or platform.machine()}, TF {tf.__version__}")
-    print(f"{'variant':<20}{'median ms/step':>16}{'vs eager':>10}{'warm-up s':>11}")
-    for name, r in results.items():
-        print(f"{name:<20}{r['median_ms']:>16.1f}{base / r['median_ms']:>9.2f}x{r['warmup_s']:>11.1f}")
-    xla_gain = results["tf.function"]["median_ms"] / results["tf.function + XLA"]["median_ms"]
-    print(f"XLA vs no XLA: {xla_gain:.2f}x")
+    if not (config.cache_dir(cfg) / "durations").exists():
+        subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "durations", "--quiet"], cwd=ROOT, check=True)
+    out = {}
+    batches = None
+    for kind in ("fastpitch", "transformer_tts"):
+        kcfg = config.merge(cfg, {"model": {"kind": kind}, "train": {"jit_compile": False}})
+        plain = build_trainer(kcfg, log=lambda *a: None)
+        if batches is None:
+            batches = one_batch_per_bucket(plain)  # fastpitch's loader: durations included
+        mine = [pad_frames(b, plain.model) for b in batches]
+        results = {"eager": time_variant(plain.step.python_function, mine, max(3, args.steps // 3)),
+                   "tf.function": time_variant(plain.step, mine, args.steps)}
+        xla = build_trainer(config.merge(kcfg, {"train": {"jit_compile": True}}), log=lambda *a: None)
+        results["tf.function + XLA"] = time_variant(xla.step, mine, args.steps)
+        out[kind] = {"results": results, "shapes": [tuple(b["mel"].shape) for b in mine],
+                     "params": int(plain.model.count_params())}
+    print(f"batches {out['fastpitch']['shapes']}, {platform.processor() or platform.machine()}, TF {tf.__version__}")
+    print(f"{'model':<17}{'variant':<20}{'median ms/step':>16}{'vs eager':>10}{'warm-up s':>11}")
+    for kind, r in out.items():
+        base = r["results"]["eager"]["median_ms"]
+        for name, v in r["results"].items():
+            print(f"{kind:<17}{name:<20}{v['median_ms']:>16.1f}{base / v['median_ms']:>9.2f}x{v['warmup_s']:>11.1f}")
+    ratio = (out["transformer_tts"]["results"]["tf.function"]["median_ms"]
+             / out["fastpitch"]["results"]["tf.function"]["median_ms"])
+    print(f"fastpitch vs transformer_tts (tf.function, same batches): {ratio:.2f}x faster per step")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"shapes": shapes, "results": results, "xla_speedup": xla_gain,
-                                          "device": plain.model_device, "tf": tf.__version__}, indent=1))
+    Path(args.out).write_text(json.dumps({"models": out, "fastpitch_speedup": ratio, "device": plain.model_device,
+                                          "tf": tf.__version__}, indent=1))
+
+
+def pad_frames(batch, model):
+    """The batch with its frames padded to the model's frame multiple (silence; pitch, energy 0)."""
+    r = getattr(model, "frame_multiple", getattr(model, "reduction", 1))
+    extra = -batch["mel"].shape[1] % r
+    if not extra:
+        return batch
+    out = dict(batch)
+    out["mel"] = tf.pad(batch["mel"], [[0, 0], [0, extra], [0, 0]], constant_values=data.PAD_LOG_MEL)
+    for k in ("pitch", "energy"):
+        out[k] = tf.pad(batch[k], [[0, 0], [0, extra]])
+    return out
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from pipeline import config, manifest, multiworker_data, shards
 from pipeline.shards import CacheError  # noqa: F401  (re-exported: callers catch data.CacheError)
+from pipeline.models import frame_multiple
 
 PAD_LOG_MEL = float(np.log(1e-5))  # padded frames look like silence to the model
 GROUP_BYTES = 1 << 30  # shards are read in groups of about this size; a batch mixes clips of one group
@@ -159,7 +160,7 @@ def bucket_shapes(cfg, index=None, clips=None):
     clips = clips or load_clips(cfg, "all", index)[0]
     if not clips.ids:
         raise CacheError(f"{config.cache_dir(cfg)}: the cache holds no clips")
-    r = cfg["model"]["reduction"]
+    r = frame_multiple(cfg["model"])
     n = min(cfg["train"]["buckets"], len(clips.ids))
     edges = np.unique(np.quantile(clips.frames, np.linspace(0, 1, n + 1)[1:]).astype(np.int64))
     bucket = np.searchsorted(edges, clips.frames)  # clip -> bucket index

@@ -1,103 +1,118 @@
-"""Speak the config's held-out sentences with the latest checkpoint: runs/{name}/samples/NN.wav (+ NN.npy mel).
+"""Speak the config's held-out sentences with the latest checkpoint: runs/{name}/samples/NN.wav + NN.npy.
 
     python -m pipeline.synthesize --config configs/config.yaml --out runs/demo/samples
-    snakemake synthesize
+    snakemake synthesize --config 'synthesize={pace: 1.2}'
 
 Reads runs/{name}/checkpoints (the model only), the vocabulary and mel statistics saved with the
-caches (so the text front end is the one training used), config keys `synthesize:`, `audio:`,
-`model:`. Decoding is one compiled autoregressive loop that ends at the stop token or at
-synthesize.max_seconds (with a warning); Griffin-Lim (TensorFlow STFT ops) turns mels into wavs.
+caches (so the text front end is the one training used), config keys `synthesize:` (sentences,
+max_seconds, pace, pitch_shift, griffin_lim_iters), `audio:`, `model:`. Any model kind works: each
+sentence is one compiled `model.infer` call (docs/models.md), never a Python loop over frames.
+Writes NN.wav (Griffin-Lim, TensorFlow STFT ops), NN.npy (the log-mel, float32 (frames, n_mels),
+the project's HiFi-GAN-compatible mel, so any HiFi-GAN trained on it can voice it) and
+sentences.json (checkpoint, step, pace, pitch shift, text and length of each sample).
 
-`load_synthesizer(cfg)` is the one way other stages (evaluate) turn text into a mel, for any model:
-
-    synth = load_synthesizer(cfg)          # MissingCheckpoint when runs/{name}/checkpoints is empty
-    log_mel = synth.mel("Hello there.")    # (frames, n_mels) float32; synth.checkpoint, synth.step
+    from pipeline.synthesize import load_synthesizer
+    synth = load_synthesizer(cfg)          # MissingCheckpoint when nothing is trained
+    log_mel = synth.mel("Hello there.")    # np.float32 (frames, n_mels)
 """
 import argparse
 import functools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, data, text
+from pipeline import config, data, models, text
 from pipeline.errors import MissingCheckpoint, cli
-from pipeline.model import build_model
 from pipeline.vocoder import griffin_lim, save_wav
 
-_print = functools.partial(print, flush=True)
+
+class Synthesizer:
+    """A trained model with its vocabulary and mel statistics. `.checkpoint`, `.step`, `.mel(text)`."""
+
+    def __init__(self, cfg, model, checkpoint, index, log=print):
+        self.cfg, self.model, self.checkpoint, self.log = cfg, model, checkpoint, log
+        self.step = int(re.search(r"ckpt-(\d+)$", checkpoint).group(1))
+        self.vocab = index["vocab"]
+        self.mean, self.std = data.mel_stats(cfg, index)
+        a = cfg["audio"]
+        self.max_frames = int(np.ceil(cfg["synthesize"]["max_seconds"] * a["sample_rate"] / a["hop_length"]))
+
+    def encode(self, sentence):
+        """Token ids of a sentence with the cache's text front end."""
+        return text.encode(sentence, self.vocab)  # as training mapped it; TextError naming an unseen symbol
+
+    def infer(self, sentence, pace=None, pitch_shift=None):
+        """The model's outputs for one sentence (one compiled call), mel denormalised to log-mel."""
+        s = self.cfg["synthesize"]
+        ids = self.encode(sentence)
+        out = self.model.infer(tf.constant([ids], tf.int32), tf.constant([len(ids)], tf.int32),
+                               pace=s["pace"] if pace is None else pace,
+                               pitch_shift=s["pitch_shift"] if pitch_shift is None else pitch_shift,
+                               max_frames=self.max_frames)
+        n = int(out["lengths"][0])
+        mel = out["mel"][0, :n].numpy().astype(np.float32) * self.std + self.mean   # (frames, n_mels) log-mel
+        return {"mel": mel, "frames": n, "cut": n >= self.max_frames, "tokens": len(ids)}
+
+    def mel(self, sentence):
+        """Log-mel (frames, n_mels) float32 for `sentence`, honouring synthesize.pace and pitch_shift."""
+        return self.infer(sentence)["mel"]
 
 
-def load_model(cfg, index):
-    model = build_model(cfg["model"], n_symbols=len(index["vocab"]["symbols"]), n_mels=index["n_mels"])
+def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
+    """The Synthesizer of the latest checkpoint in runs/{name}/checkpoints (MissingCheckpoint if none)."""
+    index = data.read_index(cfg)
     ckpt_dir = config.run_dir(cfg) / "checkpoints"
     latest = tf.train.latest_checkpoint(str(ckpt_dir))
     if latest is None:
         raise MissingCheckpoint(f"{ckpt_dir}: no checkpoint; train first (`snakemake --cores all train`)")
-    t, f = 8, 4 * cfg["model"]["reduction"]
-    model({"tokens": tf.ones([1, t], tf.int32), "token_lengths": tf.constant([t]),
-           "mel": tf.zeros([1, f, index["n_mels"]]), "mel_lengths": tf.constant([f])})
+    model = models.build(cfg["model"], index["vocab"], index["n_mels"])
+    r = models.frame_multiple(cfg["model"])
+    model(models.dummy_batch(8, 4 * r, index["n_mels"]))  # create the variables, then fill them
     tf.train.Checkpoint(model=model).restore(latest).expect_partial()
-    return model, latest
-
-
-class Synthesizer:
-    """Text -> denormalised log-mel with the latest checkpoint: `.mel(text)` (frames, n_mels) float32,
-    ready for Griffin-Lim or a HiFi-GAN. `.checkpoint` is the checkpoint path, `.step` its step."""
-
-    def __init__(self, cfg, model, checkpoint, index, log):
-        self.model, self.checkpoint, self.log = model, checkpoint, log
-        self.step = int(checkpoint.rsplit("-", 1)[1])
-        self.vocab = index["vocab"]
-        self.mean, self.std = data.mel_stats(cfg, index)
-        self.max_seconds, self.stop_threshold = cfg["synthesize"]["max_seconds"], cfg["synthesize"]["stop_threshold"]
-        a, r = cfg["audio"], cfg["model"]["reduction"]
-        self.max_steps = int(np.ceil(self.max_seconds * a["sample_rate"] / a["hop_length"] / r))
-
-    def mel(self, sentence):
-        ids = text.encode(sentence, self.vocab)  # as training mapped it; TextError naming an unseen symbol
-        res = self.model.infer(tf.constant([ids], tf.int32), tf.constant([len(ids)], tf.int32),
-                               max_steps=self.max_steps, stop_threshold=self.stop_threshold)
-        n = int(res["lengths"][0])
-        if not bool(res["stopped"][0]):
-            self.log(f"warning: never reached the stop threshold; cut at synthesize.max_seconds = "
-                     f"{self.max_seconds} s (the model may need more training): {sentence!r}")
-        return res["mel"][0, :n].numpy() * self.std + self.mean  # (frames, n_mels) back to log-mel
-
-
-def load_synthesizer(cfg, log=_print):
-    """The latest checkpoint of runs/{name}/ as a Synthesizer; MissingCheckpoint when there is none."""
-    index = data.read_index(cfg)
-    model, latest = load_model(cfg, index)
     return Synthesizer(cfg, model, latest, index, log)
 
 
-def synthesize(cfg, out, log=_print):
+def synthesize(cfg, out, log=functools.partial(print, flush=True)):
     synth = load_synthesizer(cfg, log)
     s, a = cfg["synthesize"], cfg["audio"]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    log(f"synthesizing {len(s['sentences'])} sentences from {synth.checkpoint}")
-    paths = []
+    log(f"synthesizing {len(s['sentences'])} sentences from {synth.checkpoint} "
+        f"(pace {s['pace']}, pitch shift {s['pitch_shift']} semitones)")
+    samples = []
     for i, sentence in enumerate(s["sentences"]):
-        mel = synth.mel(sentence)
-        np.save(out / f"{i:02d}.npy", mel.astype(np.float32))
-        audio = griffin_lim(mel, iters=s["griffin_lim_iters"], **a)
+        res = synth.infer(sentence)
+        if res["cut"]:
+            log(f"warning: sentence {i} was cut at synthesize.max_seconds = {s['max_seconds']} s")
+        audio = griffin_lim(res["mel"], iters=s["griffin_lim_iters"], **a)
         path = out / f"{i:02d}.wav"
         save_wav(path, np.asarray(audio), a["sample_rate"])
-        log(f"{path}: {len(mel) * a['hop_length'] / a['sample_rate']:.2f} s: {sentence!r}")
-        paths.append(str(path))
+        config.atomic_write_bytes(path.with_suffix(".npy"), _npy_bytes(res["mel"]))
+        seconds = res["frames"] * a["hop_length"] / a["sample_rate"]
+        log(f"{path}: {seconds:.2f} s, {res['tokens']} tokens: {sentence!r}")
+        samples.append({"wav": str(path), "mel": str(path.with_suffix(".npy")), "text": sentence,
+                        "frames": res["frames"], "seconds": round(seconds, 3)})
     config.atomic_write_text(out / "sentences.json", json.dumps(
-        {"checkpoint": synth.checkpoint, "samples": dict(zip(paths, s["sentences"]))}, indent=1))
-    return paths
+        {"checkpoint": synth.checkpoint, "step": synth.step, "model": cfg["model"]["kind"], "pace": s["pace"],
+         "pitch_shift": s["pitch_shift"], "samples": samples}, indent=1))
+    return [x["wav"] for x in samples]
+
+
+def _npy_bytes(array):
+    import io
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(array, np.float32))
+    return buf.getvalue()
 
 
 @cli
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Synthesize the config's sentences from the latest checkpoint.")
     config.add_arguments(parser)
-    parser.add_argument("--out", help="folder for the wavs (default runs/{name}/samples)")
+    parser.add_argument("--out", help="folder for the wavs and mels (default runs/{name}/samples)")
     args = parser.parse_args(argv)
     cfg = config.from_args(args)
     synthesize(cfg, args.out or config.run_dir(cfg) / "samples")

@@ -1,12 +1,16 @@
-"""Train the Transformer TTS model from the caches, resuming from the last checkpoint.
+"""Train the acoustic model (`model.kind`) from the caches, resuming from the last checkpoint.
 
     python -m pipeline.train --config configs/config.yaml --out runs/demo/train.json
     snakemake --cores all train                     # the same, after rebuilding stale caches
 
-Reads the cache index and shards (pipeline.data), config keys `model:` and `train:`. Writes
+Reads the cache index and shards (pipeline.data; the duration shards too when the model's `needs`
+list them), config keys `model:` and `train:`. Any model kind works through the interface of
+pipeline/models (docs/models.md): the trainer normalises mel, pitch and energy, calls the model and
+its `tts_loss`, and never looks inside. Writes
 runs/{name}/checkpoints/ (tf.train.CheckpointManager: model, optimizer state, step), config.json
 (the config that made them), TensorBoard events in runs/{name}/ (losses, lr, steps/s, input-wait
-fraction, mel and alignment images, Griffin-Lim audio), alignment.png, and finally the summary
+fraction, mel and alignment images, Griffin-Lim audio), alignment.png (the attention, or the
+durations' hard alignment), and finally the summary
 --out. A rerun after an interruption (kill -9 included) continues at the saved step with the saved
 optimizer state until train.steps.
 
@@ -29,9 +33,8 @@ import numpy as np
 import tensorflow as tf
 import keras
 
-from pipeline import config, data, placement as placement_mod
+from pipeline import config, data, models, placement as placement_mod
 from pipeline.errors import cli
-from pipeline.model import LOSS_KEYS, build_model, tts_loss
 
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -70,13 +73,15 @@ class Trainer:
         self.n_buckets = len(self.shapes)
         self.placement, self.model_device = self.p.name, self.p.model_device
         self.copy_ms = None
-        n_mels, mcfg = self.index["n_mels"], cfg["model"]
-        self.loss_args = {k: mcfg[k] for k in LOSS_KEYS} | {"reduction": mcfg["reduction"]}
+        n_mels = self.index["n_mels"]
         with self._scope():
-            mean, std = data.mel_stats(cfg, self.index)
-            self.mel_mean, self.mel_std = tf.constant(mean), tf.constant(std)
-            self.model = build_model(mcfg, n_symbols=len(self.index["vocab"]["symbols"]), n_mels=n_mels)
+            self.stats = feature_stats(cfg, self.index)
+            self.norm = {k: tf.constant(v, tf.float32) for k, v in self.stats.items()}
+            self.model = models.build(cfg["model"], self.index["vocab"], n_mels)
+            self.needs = tuple(self.model.needs)
             self.model(self._dummy_batch(), training=False)  # create the variables now, in this scope
+            if hasattr(self.model, "adapt"):
+                self.model.adapt(self.stats)
             tcfg = cfg["train"]
             opt = keras.optimizers.AdamW(learning_rate=WarmupSchedule(tcfg["learning_rate"], tcfg["warmup_steps"]),
                                          weight_decay=1e-6, beta_2=0.98, global_clipnorm=tcfg["grad_clip"])
@@ -85,7 +90,7 @@ class Trainer:
             opt.build(self.model.trainable_variables)  # slots exist before a restore fills them
             self.optimizer = opt
         self.dataset = self._distribute(self._train_dataset)
-        self.val_dataset = data.build_dataset(cfg, "val") if self.has_val else None  # built once, iterated per validation
+        self.val_dataset = self.build_dataset("val") if self.has_val else None  # built once, iterated per validation
         self.step = self._make_step()
         self._eval = tf.function(self._forward, reduce_retracing=True)
         self.log(self.p.describe())
@@ -94,14 +99,19 @@ class Trainer:
     def _scope(self):
         return self.p.strategy.scope() if self.p.strategy else tf.device(self.p.model_device)
 
+    def build_dataset(self, split, **kwargs):
+        """The loader for `split`, with the duration shards when the model needs them."""
+        if "durations" in self.needs:
+            kwargs["durations"] = True
+        return data.build_dataset(self.cfg, split, **kwargs)
+
     def _dummy_batch(self):
         t, f = self.shapes[0]
-        return {"tokens": tf.ones([1, t], tf.int32), "token_lengths": tf.constant([t], tf.int32),
-                "mel": tf.zeros([1, f, self.index["n_mels"]]), "mel_lengths": tf.constant([f], tf.int32)}
+        return models.dummy_batch(t, f, self.index["n_mels"])
 
     def _train_dataset(self, input_context=None):
         if self.p.name != "multiworker":
-            return data.build_dataset(self.cfg, "train")
+            return self.build_dataset("train")
         # this worker's own shards (data.build_dataset shards it; tf.distribute's auto-sharding stays
         # off), then each batch split among the worker's local replicas, which keeps one bucket shape per step
         count = self.p.worker[1]
@@ -110,7 +120,7 @@ class Trainer:
         if batch % (count * local):
             raise config.ConfigError(f"train.batch_size: {batch} does not split evenly over {count} workers "
                                      f"x {local} replicas each")
-        ds = data.build_dataset(self.cfg, "train", worker=self.p.worker)
+        ds = self.build_dataset("train", worker=self.p.worker)
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         return (ds.rebatch(batch // count // local) if local > 1 else ds).with_options(options)
@@ -127,19 +137,18 @@ class Trainer:
         return ds
 
     def _normalise(self, batch):
-        mel = (tf.cast(batch["mel"], tf.float32) - self.mel_mean) / self.mel_std  # on the model device
-        return dict(batch, mel=mel)
+        return normalise(batch, self.norm)  # on the model device
 
     def _forward(self, batch):
         batch = self._normalise(batch)
         out = self.model(batch, training=False)
-        return tts_loss(out, batch, **self.loss_args)[1], out
+        return self.model.tts_loss(out, batch)[1], out
 
     def _grads(self, batch):
         batch = self._normalise(batch)
         with tf.GradientTape() as tape:
             out = self.model(batch, training=True)
-            loss, terms = tts_loss(out, batch, **self.loss_args)
+            loss, terms = self.model.tts_loss(out, batch)
             scaled = loss / tf.distribute.get_strategy().num_replicas_in_sync
             if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
                 scaled = self.optimizer.scale_loss(scaled)
@@ -174,7 +183,8 @@ class Trainer:
         another still works fails TensorFlow's shutdown barrier and can leave the other hanging."""
         if self.p.name == "multiworker":
             s = self.p.strategy
-            s.reduce(tf.distribute.ReduceOp.SUM, s.run(lambda: tf.constant(1.0)), axis=None)
+            # in a tf.function: collectives run eagerly make TensorFlow warn about their overhead
+            tf.function(lambda: s.reduce(tf.distribute.ReduceOp.SUM, s.run(lambda: tf.constant(1.0)), axis=None))()
 
     # --- the loop pieces ----------------------------------------------------------------------
     @property
@@ -230,6 +240,22 @@ class Trainer:
         return ({k: v / n for k, v in sums.items()}, *first) if n else (None, None, None)
 
 
+def feature_stats(cfg, index):
+    """{mel_mean, mel_std: (n_mels,); pitch_mean, pitch_std (Hz, voiced frames), energy_mean, energy_std} float32."""
+    return {k: np.asarray(v, np.float32) for k, v in data.feature_stats(cfg, index).items()}
+
+
+def normalise(batch, norm):
+    """Mel, pitch (voiced frames only: unvoiced stays 0) and energy to zero mean, unit variance."""
+    out = dict(batch, mel=(tf.cast(batch["mel"], tf.float32) - norm["mel_mean"]) / norm["mel_std"])
+    if "pitch" in batch:
+        pitch = tf.cast(batch["pitch"], tf.float32)
+        out["pitch"] = tf.where(pitch > 0, (pitch - norm["pitch_mean"]) / norm["pitch_std"], 0.0)
+    if "energy" in batch:
+        out["energy"] = (tf.cast(batch["energy"], tf.float32) - norm["energy_mean"]) / norm["energy_std"]
+    return out
+
+
 def build_trainer(cfg, placement=None, log=print):
     """The interface diagnose uses: .dataset, .step, .n_buckets, .model_device, .placement, .context()."""
     return Trainer(cfg, placement=placement, log=log)
@@ -245,19 +271,29 @@ def _image(x):
 
 def _write_summaries(trainer, step, val, batch, out):
     from pipeline.vocoder import griffin_lim
-    mean, std = trainer.mel_mean.numpy(), trainer.mel_std.numpy()
+    mean, std = trainer.stats["mel_mean"], trainer.stats["mel_std"]
     n = int(batch["mel_lengths"][0]); t = int(batch["token_lengths"][0])
-    r = trainer.cfg["model"]["reduction"]
     target = (batch["mel"][0, :n].numpy().astype(np.float32))
-    pred = out["mel_after"][0, :n].numpy() * std + mean
-    align = out["alignment"][0, : -(-n // r), :t].numpy()
+    pred = out["mel"][0, :n].numpy() * std + mean
+    if "alignment" in out:  # attention (decoder steps x tokens)
+        align = out["alignment"][0, :, :t].numpy()
+        align = align[: -(-n * align.shape[0] // out["mel"].shape[1])]
+    elif "durations" in batch:  # the durations' hard alignment (frames x tokens)
+        align = np.eye(t, dtype=np.float32)[np.repeat(np.arange(t), batch["durations"][0, :t].numpy())]
+    else:  # a model with neither
+        align = None
     for k, v in val.items():
         tf.summary.scalar(f"val/{k}", v, step=step)
     tf.summary.image("mel/target_vs_prediction", _image(np.concatenate([target, pred], 1).T), step=step)
-    tf.summary.image("alignment", _image(align.T), step=step)
+    if align is not None:
+        tf.summary.image("alignment", _image(align.T), step=step)
     audio = griffin_lim(pred, iters=trainer.cfg["synthesize"]["griffin_lim_iters"], **trainer.cfg["audio"])
     tf.summary.audio("griffin_lim", audio[None, :, None], trainer.cfg["audio"]["sample_rate"], step=step)
     return align
+
+
+def _terms(values):
+    return " ".join(f"{k} {v:.4f}" for k, v in values.items() if k != "total")
 
 
 def save_alignment_png(align, path, step):
@@ -266,7 +302,7 @@ def save_alignment_png(align, path, step):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.imshow(np.asarray(align).T, origin="lower", aspect="auto", interpolation="none")
-    ax.set(xlabel="decoder step", ylabel="text position", title=f"alignment (validation clip, step {step})")
+    ax.set(xlabel="decoder step or frame", ylabel="token", title=f"alignment (validation clip, step {step})")
     tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
     fig.savefig(tmp, dpi=100); plt.close(fig)
     tmp.replace(path)
@@ -301,7 +337,7 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
             val, _, _ = trainer.validate()
             if val is not None:
                 val_history.append({"step": 0, **val})
-                log(f"step 0: validation loss {val['total']:.4f} (mel {val['mel_after']:.4f})")
+                log(f"step 0: validation loss {val['total']:.4f} ({_terms(val)})")
         while step < total:
             t0 = time.perf_counter()
             batch = next(batches)
@@ -324,8 +360,7 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
                 done = step / total
                 bar = "=" * int(30 * done) + ">" + " " * (30 - int(30 * done))
                 eta = (total - step) / rate if rate else float("nan")
-                log(f"step {step}/{total} [{bar}] loss {values['total']:.4f} (mel {values['mel_after']:.4f} "
-                    f"stop {values['stop']:.4f} attn {values['guided_attention']:.4f}) lr {lr:.2e} "
+                log(f"step {step}/{total} [{bar}] loss {values['total']:.4f} ({_terms(values)}) lr {lr:.2e} "
                     f"{rate:.2f} steps/s wait {100 * wait_frac:.1f}% eta {eta:.0f}s")
                 if not math.isfinite(values["total"]):
                     raise FloatingPointError(f"loss became {values['total']} at step {step}; lower train.learning_rate")
@@ -336,7 +371,7 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
                 if val is not None:
                     align = _write_summaries(trainer, step, val, vbatch, vout)
                     val_history.append({"step": step, **val})
-                    log(f"step {step}: validation loss {val['total']:.4f} (mel {val['mel_after']:.4f})")
+                    log(f"step {step}: validation loss {val['total']:.4f} ({_terms(val)})")
                 t_log = time.perf_counter()  # validation time is not input wait
             if step % tcfg["checkpoint_every"] == 0 or step == total:
                 manager.save(checkpoint_number=step)

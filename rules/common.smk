@@ -12,7 +12,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 sys.path.insert(0, workflow.basedir)
-from pipeline import config as pconfig, manifest as pmanifest, shards as pshards
+from pipeline import config as pconfig, manifest as pmanifest, models as pmodels, shards as pshards
 
 try:
     pconfig.validate(pconfig.normalise(config))

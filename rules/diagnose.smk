@@ -1,16 +1,17 @@
 # Diagnosis: loader alone, step alone, both together; NVML sampling; a plain-words report.
-# Depends on the caches only, not on a finished training run.
+# Depends on the caches (and the duration caches, for models trained on them), not on a finished training run.
 
 
 rule diagnose:
     input:
-        rules.cache_index.output.index,
+        index=rules.cache_index.output.index,
+        durations=train_durations,
     output:
         json=REPORT / "diagnose.json",
         md=REPORT / "diagnose.md",
         png=REPORT / "diagnose.png",
     params:
-        config=config_without("synthesize", "evaluate"),
+        config=config_without("synthesize", "evaluate", "aligner"),
         out=REPORT,
     threads: 32
     resources:

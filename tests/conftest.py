@@ -92,3 +92,21 @@ def built_cache(tmp_path_factory, corpus_template):
 
 def load_json(path):
     return json.loads(Path(path).read_text())
+
+
+TINY_ALIGNER = {"steps": 30, "batch_size": 4, "d_model": 16, "learning_rate": 0.005, "temperature": 1.0}
+TINY_FASTPITCH = {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 32,
+                  "predictor_channels": 16}
+
+
+@pytest.fixture(scope="session")
+def aligned_cache(tmp_path_factory, corpus_template):
+    """A corpus with caches, a tiny aligner and duration shards built by `snakemake durations`
+    (a tiny fastpitch config); tests that edit it must undo their edits."""
+    tmp = tmp_path_factory.mktemp("aligned")
+    root = tmp / "data"
+    shutil.copytree(corpus_template, root)
+    cfg_path = write_config(tmp, root, aligner=TINY_ALIGNER, model={"kind": "fastpitch", "fastpitch": TINY_FASTPITCH},
+                            train={"batch_size": 4, "buckets": 2})
+    snakemake("durations", config=cfg_path)
+    return cfg_path

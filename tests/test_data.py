@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import write_config
-from pipeline import audio, config, data, manifest, shards, text
+from pipeline import audio, config, data, manifest, models, shards, text
 from pipeline.graphscan import find_pyfunc_ops
 
 
@@ -30,7 +30,7 @@ def test_loader_returns_the_cached_arrays(built_cache, group_bytes):
     rows = {c.id: c for c in manifest.read_metadata(built_cache.parent / "data" / "metadata.csv")}
     ds = data.build_dataset(cfg, "all", with_clip_index=True, group_bytes=group_bytes)
     seen = []
-    r = cfg["model"]["reduction"]
+    r = models.frame_multiple(cfg["model"])
     _, shapes = data.bucket_shapes(cfg)
     vocab = data.read_index(cfg)["vocab"]
     cached = {}  # id -> (pitch, energy) read back with NumPy through the shard format

@@ -7,7 +7,8 @@ import tensorflow as tf
 import keras
 import yaml
 
-from pipeline.model import TransformerTTS, build_model, tts_loss
+from pipeline import models
+from pipeline.models.transformer_tts import TransformerTTS, tts_loss
 
 # dropouts 0 so outputs are deterministic; tests that need dropout set it
 TINY = dict(n_symbols=12, n_mels=8, d_model=32, heads=2, encoder_layers=1, decoder_layers=2, ffn_dim=64,
@@ -141,7 +142,7 @@ def test_infer_shapes_stop_and_teacher_forcing_agreement():
     model = TransformerTTS(**TINY)
     tokens, lengths = tf.constant([[3, 4, 5, 6, 7], [8, 9, 10, 0, 0]]), tf.constant([5, 3])
     model.stop_out.bias.assign([-30.0])                                        # never stops
-    out = model.infer(tokens, lengths, max_steps=6, stop_threshold=0.5)
+    out = model.decode_autoregressive(tokens, lengths, max_steps=6, stop_threshold=0.5)
     assert out["mel"].shape == (2, 6 * R, TINY["n_mels"]) and out["mel"].dtype == tf.float32
     assert out["alignment"].shape == (2, 6, 5)
     assert out["lengths"].dtype == tf.int32 and list(out["lengths"].numpy()) == [12, 12]
@@ -154,22 +155,38 @@ def test_infer_shapes_stop_and_teacher_forcing_agreement():
     np.testing.assert_allclose(forced["alignment"], out["alignment"], atol=1e-5)
 
     model.stop_out.bias.assign([30.0])                                         # stops at the first step
-    out = model.infer(tokens, lengths, max_steps=6, stop_threshold=0.5)
+    out = model.decode_autoregressive(tokens, lengths, max_steps=6, stop_threshold=0.5)
     assert list(out["lengths"].numpy()) == [R, R] and np.all(out["stopped"])
     assert np.all(out["mel"][:, R:] == 0)
 
 
-def test_build_model_from_shipped_config():
+def test_build_from_shipped_config_and_the_interface():
     with open(Path(__file__).resolve().parents[1] / "configs" / "config.yaml") as f:
         cfg = yaml.safe_load(f)["model"]
-    model = build_model(cfg, n_symbols=40, n_mels=80)
-    assert model.reduction == cfg["reduction"] and model.count_params() > 0
-    again = TransformerTTS(**model.get_config(), **LOSS)                       # loss keys are accepted
+    cfg["kind"] = "transformer_tts"
+    model = models.build(cfg, {"symbols": list("abcdefghij")}, 80)
+    assert model.reduction == cfg["transformer_tts"]["reduction"] == models.frame_multiple(cfg)
+    assert model.count_params() > 0 and set(model.needs) == {"tokens", "token_lengths", "mel", "mel_lengths"}
+    again = TransformerTTS(**model.get_config())
     assert again.count_params() == model.count_params()
     with pytest.raises(TypeError, match="bogus"):
         TransformerTTS(**model.get_config(), bogus=1)
     with pytest.raises(ValueError, match="d_model"):
-        build_model({k: v for k, v in cfg.items() if k != "d_model"}, n_symbols=40, n_mels=80)
+        models.build({**cfg, "transformer_tts": {k: v for k, v in cfg["transformer_tts"].items() if k != "d_model"}},
+                     list("abc"), 80)
+
+
+def test_infer_interface_pace_resamples_and_pitch_shift_is_refused():
+    model = TransformerTTS(**TINY, stop_threshold=0.5)
+    model.stop_out.bias.assign([-30.0])                                        # never stops: 6 steps = 12 frames
+    tokens, lengths = tf.constant([[3, 4, 5, 6, 7]]), tf.constant([5])
+    base = model.infer(tokens, lengths, max_frames=12)
+    assert int(base["lengths"][0]) == 12 and base["mel"].shape == (1, 12, TINY["n_mels"])
+    slow = model.infer(tokens, lengths, pace=0.5, max_frames=12)
+    assert int(slow["lengths"][0]) == 24 and slow["mel"].shape == (1, 24, TINY["n_mels"])
+    np.testing.assert_allclose(slow["mel"][0, ::2][:11], base["mel"][0, :11], atol=1e-5)  # same frames, spread
+    with pytest.raises(ValueError, match="pitch"):
+        model.infer(tokens, lengths, pitch_shift=2.0, max_frames=12)
 
 
 def test_checkpoint_restores_every_weight(tmp_path):

@@ -11,17 +11,22 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from conftest import ROOT, load_json, snakemake, write_config
+from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, load_json, snakemake, write_config
 from pipeline import config
 
-TINY_MODEL = {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64,
-              "encoder_conv_layers": 1, "prenet_dim": 32, "postnet_channels": 32, "postnet_layers": 2}
+TINY_MODEL = {"kind": "transformer_tts",
+              "transformer_tts": {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64,
+                                  "encoder_conv_layers": 1, "prenet_dim": 32, "postnet_channels": 32,
+                                  "postnet_layers": 2}}
 
 
-def tiny_config(built_cache, tmp_path, **train):
+TINY_FASTPITCH_MODEL = {"kind": "fastpitch", "fastpitch": TINY_FASTPITCH}
+
+
+def tiny_config(built_cache, tmp_path, model=TINY_MODEL, **train):
     """The built cache, a tiny model, and a run folder of this test's own."""
     cfg = config.load_config(built_cache)
-    path = write_config(tmp_path, cfg["dataset"]["root"], model=TINY_MODEL,
+    path = write_config(tmp_path, cfg["dataset"]["root"], model=model, aligner=TINY_ALIGNER,
                         train={"batch_size": 4, "buckets": 2, "learning_rate": 0.003, "warmup_steps": 5,
                                "log_every": 5, "summary_every": 1000, **train},
                         synthesize={"max_seconds": 1.0, "griffin_lim_iters": 4})
@@ -106,8 +111,8 @@ def _optimizer_state(path):
 
 
 @pytest.mark.slow
-def test_rerun_after_kill_resumes_at_the_saved_step_with_optimizer_state(built_cache, tmp_path):
-    path = tiny_config(built_cache, tmp_path, steps=400, checkpoint_every=4)
+def test_rerun_after_kill_resumes_at_the_saved_step_with_optimizer_state(aligned_cache, tmp_path):
+    path = tiny_config(aligned_cache, tmp_path, model=TINY_FASTPITCH_MODEL, steps=400, checkpoint_every=4)
     cfg = config.load_config(path)
     ckpt_dir = config.run_dir(cfg) / "checkpoints"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -189,3 +194,79 @@ def test_snakemake_diagnose_writes_the_report_from_the_caches_alone(built_cache,
     assert result["recommendations"] and "GPU" in " ".join(result["recommendations"])
     assert (report / "diagnose.md").read_text().startswith("# Diagnose")
     assert (report / "diagnose.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_fastpitch_trains_from_the_durations_and_speaks_at_every_pace(aligned_cache, tmp_path):
+    path = tiny_config(aligned_cache, tmp_path, model=TINY_FASTPITCH_MODEL, steps=60, checkpoint_every=60,
+                       summary_every=60, learning_rate=0.005)
+    _train(path)
+    cfg = config.load_config(path)
+    summary = load_json(config.run_dir(cfg) / "train.json")
+    history = summary["history"]
+    assert summary["steps"] == 60 and set(history[0]) >= {"mel", "duration", "pitch", "energy", "total"}
+    assert history[-1]["total"] < 0.8 * history[0]["total"], history
+    assert summary["traces"] <= len(summary["buckets"]) + 1
+    assert (config.run_dir(cfg) / "alignment.png").stat().st_size > 1000  # the durations' alignment
+    out = run_python(f"""
+        import json
+        from pipeline import config
+        from pipeline.synthesize import load_synthesizer, synthesize
+        cfg = config.load_config({str(path)!r}, {{"synthesize": {{"max_seconds": 30.0}}}})
+        synth = load_synthesizer(cfg, log=lambda *a: None)
+        text = "The quick brown fox jumps over the lazy dog."
+        lengths = {{pace: len(synth.infer(text, pace=pace)["mel"]) for pace in (0.5, 1.0, 2.0)}}
+        paths = synthesize(cfg, {str(tmp_path / "samples")!r}, log=lambda *a: None)
+        print(json.dumps({{"lengths": lengths, "paths": paths, "step": synth.step}}))
+    """)
+    n = {float(k): v for k, v in out["lengths"].items()}
+    assert out["step"] == 60 and n[1.0] > 10
+    assert abs(n[0.5] / n[1.0] - 2.0) <= 0.2 and abs(n[2.0] / n[1.0] - 0.5) <= 0.05, n
+    for wav in out["paths"]:
+        audio, sr = sf.read(wav)
+        mel = np.load(wav.replace(".wav", ".npy"))
+        assert mel.shape[1] == cfg["audio"]["n_mels"] and len(audio) == len(mel) * cfg["audio"]["hop_length"]
+
+
+USER_MODEL = """
+    import tensorflow as tf, keras
+
+    class Tiny(keras.Model):
+        needs = ("tokens", "token_lengths", "mel", "mel_lengths")
+
+        def __init__(self, n_symbols, n_mels, width):
+            super().__init__()
+            self.embed, self.out = keras.layers.Embedding(n_symbols, width), keras.layers.Dense(n_mels)
+
+        def call(self, batch, training=False):
+            h = tf.reduce_mean(self.embed(batch["tokens"]), axis=1, keepdims=True)   # (B, 1, W)
+            return {"mel": tf.tile(self.out(h), [1, tf.shape(batch["mel"])[1], 1])}
+
+        def tts_loss(self, outputs, batch):
+            mask = tf.sequence_mask(batch["mel_lengths"], tf.shape(batch["mel"])[1], tf.float32)[:, :, None]
+            loss = tf.reduce_sum(tf.abs(outputs["mel"] - batch["mel"]) * mask) / tf.reduce_sum(mask) / 80.0
+            return loss, {"mel": loss, "total": loss}
+
+        def infer(self, tokens, token_lengths, *, pace=1.0, pitch_shift=0.0, max_frames):
+            h = tf.reduce_mean(self.embed(tokens), axis=1, keepdims=True)
+            n = min(int(50 / pace), max_frames)
+            return {"mel": tf.tile(self.out(h), [1, n, 1]), "lengths": tf.fill([tf.shape(tokens)[0]], n)}
+
+    def build(model_cfg, vocab, n_mels):
+        return Tiny(len(vocab), n_mels, **model_cfg["options"])
+"""
+
+
+@pytest.mark.slow
+def test_a_users_own_model_kind_trains_and_synthesizes(built_cache, tmp_path):
+    (tmp_path / "my_tts.py").write_text(textwrap.dedent(USER_MODEL))
+    path = tiny_config(built_cache, tmp_path, model={"kind": "my_tts:build", "options": {"width": 8}}, steps=30)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
+    for module in ("pipeline.train", "pipeline.synthesize"):
+        subprocess.run([sys.executable, "-m", module, "--config", str(path)], cwd=ROOT, env=env, check=True,
+                       capture_output=True)
+    cfg = config.load_config(path)
+    summary = load_json(config.run_dir(cfg) / "train.json")
+    assert summary["steps"] == 30 and summary["history"][-1]["mel"] < summary["history"][0]["mel"]
+    samples = load_json(config.run_dir(cfg) / "samples" / "sentences.json")
+    assert samples["model"] == "my_tts:build" and all(x["frames"] == 50 for x in samples["samples"])

@@ -4,8 +4,9 @@ References: Li et al. 2019, "Neural Speech Synthesis with Transformer Network" (
 Shen et al. 2018 (Tacotron 2: pre-net dropout at inference, post-net, stop token);
 Tachibana et al. 2017 (guided attention loss, arXiv:1710.08969).
 
-Config keys used: the `model:` section (configs/config.yaml); `build_model` picks the architecture
-keys, `tts_loss` takes guided_attention_sigma, guided_attention_weight and stop_weight.
+Config keys used: `model.transformer_tts` (configs/config.yaml); `build` picks the architecture
+keys, `tts_loss` takes guided_attention_sigma, guided_attention_weight and stop_weight, `infer` uses
+stop_threshold. The model interface (needs, call, tts_loss, infer) is documented in docs/models.md.
 
 Masks are built from lengths with tf.sequence_mask and passed explicitly (Keras masks do not cross
 tf.function boundaries). Shapes are static under XLA; softmax and layer norms run in float32 under
@@ -19,6 +20,7 @@ ARCH_KEYS = ("d_model", "heads", "encoder_layers", "decoder_layers", "ffn_dim", 
              "encoder_conv_kernel", "prenet_dim", "prenet_dropout", "dropout", "reduction",
              "postnet_channels", "postnet_layers", "postnet_kernel")
 LOSS_KEYS = ("guided_attention_sigma", "guided_attention_weight", "stop_weight")
+OTHER_KEYS = ("stop_threshold",)
 STOP_POS_WEIGHT = 5.0  # about one positive stop step per utterance against ~100 negatives
 NEG_INF = -1e9         # added in float32 only, so it cannot overflow float16
 
@@ -124,25 +126,28 @@ class Block(keras.layers.Layer):
 
 
 class TransformerTTS(keras.Model):
-    """Characters -> mel frames. call(batch dict) -> mel_before, mel_after (B, F, n_mels), stop_logits (B, F/r),
+    """Tokens -> mel frames. call(batch dict) -> mel_before, mel_after = mel (B, F, n_mels), stop_logits (B, F/r),
     alignment (B, F/r, T): last decoder layer's cross-attention averaged over heads. All float32."""
+
+    needs = ("tokens", "token_lengths", "mel", "mel_lengths")
 
     def __init__(self, *, n_symbols, n_mels, d_model, heads, encoder_layers, decoder_layers, ffn_dim,
                  encoder_conv_layers, encoder_conv_kernel, prenet_dim, prenet_dropout, dropout, reduction,
-                 postnet_channels, postnet_layers, postnet_kernel, max_positions=4096,
-                 **unused_loss_keys_ok):
-        unknown = sorted(set(unused_loss_keys_ok) - set(LOSS_KEYS))
-        if unknown:
-            raise TypeError(f"TransformerTTS got unknown arguments {unknown}")
+                 postnet_channels, postnet_layers, postnet_kernel, max_positions=4096, stop_threshold=0.5,
+                 loss_args=None):
         super().__init__(name="transformer_tts")
+        self.loss_args = dict(loss_args or {})
+        self.stop_threshold = float(stop_threshold)
         assert postnet_layers >= 2, f"postnet_layers must be >= 2, got {postnet_layers}"
         self.args = dict(n_symbols=n_symbols, n_mels=n_mels, d_model=d_model, heads=heads,
                          encoder_layers=encoder_layers, decoder_layers=decoder_layers, ffn_dim=ffn_dim,
                          encoder_conv_layers=encoder_conv_layers, encoder_conv_kernel=encoder_conv_kernel,
                          prenet_dim=prenet_dim, prenet_dropout=prenet_dropout, dropout=dropout,
                          reduction=reduction, postnet_channels=postnet_channels, postnet_layers=postnet_layers,
-                         postnet_kernel=postnet_kernel, max_positions=max_positions)
+                         postnet_kernel=postnet_kernel, max_positions=max_positions,
+                         stop_threshold=stop_threshold)
         self.n_mels, self.d_model, self.reduction = n_mels, d_model, reduction
+        self.frame_multiple = reduction  # padded frame counts are a multiple of it (the model interface)
         self.prenet_dropout, self.max_positions = float(prenet_dropout), max_positions
         L = keras.layers
         # --- encoder
@@ -245,10 +250,25 @@ class TransformerTTS(keras.Model):
         mel_before = tf.reshape(frames, [B, -1, M])                             # (B, F, M)
         frame_mask = tf.sequence_mask(inputs["mel_lengths"], tf.shape(mel)[1])  # (B, F)
         mel_after = self.run_postnet(mel_before, frame_mask)
-        return {"mel_before": tf.cast(mel_before, tf.float32), "mel_after": tf.cast(mel_after, tf.float32),
+        mel_after = tf.cast(mel_after, tf.float32)
+        return {"mel_before": tf.cast(mel_before, tf.float32), "mel_after": mel_after, "mel": mel_after,
                 "stop_logits": stop_logits, "alignment": alignment}
 
-    def infer(self, tokens, token_lengths, *, max_steps, stop_threshold):
+    def infer(self, tokens, token_lengths, *, pace=1.0, pitch_shift=0.0, max_frames):
+        """The model interface: autoregressive decoding of at most max_frames frames, stopping at
+        `stop_threshold`; pace resamples the mel in time (> 1 faster). No pitch control: pitch_shift != 0
+        is an error. -> {"mel" (B, F, n_mels), "lengths" (B,), "stopped" (B,)}."""
+        if pitch_shift:
+            raise ValueError("transformer_tts has no pitch control; set synthesize.pitch_shift: 0.0 "
+                             "or use model.kind: fastpitch")
+        r = self.reduction
+        out = self.decode_autoregressive(tokens, token_lengths, max_steps=max(1, -(-int(max_frames) // r)),
+                                         stop_threshold=self.stop_threshold)
+        if pace == 1.0:
+            return out
+        return {**out, **_resample_time(out["mel"], out["lengths"], float(pace))}
+
+    def decode_autoregressive(self, tokens, token_lengths, *, max_steps, stop_threshold):
         """Autoregressive decoding, at most max_steps decoder steps (max_steps * r frames).
         -> mel (B, max_steps*r, n_mels) after the post-net, zero past `lengths`; lengths int32 (B,) frames up
         to and including the stop step (max_steps*r if none); stopped bool (B,); alignment (B, max_steps, T);
@@ -293,16 +313,38 @@ class TransformerTTS(keras.Model):
         return {"mel": tf.cast(mel, tf.float32) * keep, "lengths": lengths, "stopped": done,
                 "alignment": alignment, "mel_before": tf.reshape(frames, [B, -1, M]) * keep}
 
+    def tts_loss(self, outputs, batch):
+        """The model interface: (total float32 scalar, {term: scalar}); see the module function."""
+        return tts_loss(outputs, batch, reduction=self.reduction, **self.loss_args)
+
     def get_config(self):
         return dict(self.args)
 
 
-def build_model(model_cfg, *, n_symbols, n_mels):
-    """The model for a validated config's `model:` section; loss keys are left to tts_loss."""
-    missing = [k for k in ARCH_KEYS if k not in model_cfg]
+def _resample_time(mel, lengths, pace):
+    """Linear resampling of each mel along time to lengths / pace frames. -> {"mel", "lengths"}."""
+    F = tf.shape(mel)[1]
+    new_lengths = tf.maximum(tf.cast(tf.round(tf.cast(lengths, tf.float32) / pace), tf.int32), 1)   # (B,)
+    F_new = tf.reduce_max(new_lengths)
+    # source position of every output frame, per example: i * length / new_length
+    src = tf.cast(tf.range(F_new), tf.float32)[None, :] * tf.cast(lengths, tf.float32)[:, None] \
+        / tf.cast(new_lengths, tf.float32)[:, None]                                               # (B, F')
+    lo = tf.minimum(tf.cast(tf.floor(src), tf.int32), F - 1)
+    hi = tf.minimum(lo + 1, tf.maximum(lengths[:, None] - 1, 0))
+    w = (src - tf.cast(lo, tf.float32))[:, :, None]                                               # (B, F', 1)
+    out = tf.gather(mel, lo, batch_dims=1) * (1 - w) + tf.gather(mel, hi, batch_dims=1) * w       # (B, F', M)
+    keep = tf.cast(tf.sequence_mask(new_lengths, F_new), tf.float32)[:, :, None]
+    return {"mel": out * keep, "lengths": new_lengths}
+
+
+def build(model_cfg, vocab, n_mels):
+    """The model for a validated config's `model:` section (its `transformer_tts` keys)."""
+    cfg = model_cfg["transformer_tts"]
+    missing = [k for k in ARCH_KEYS + LOSS_KEYS + OTHER_KEYS if k not in cfg]
     if missing:
-        raise ValueError(f"model config lacks keys {missing}")
-    return TransformerTTS(n_symbols=n_symbols, n_mels=n_mels, **{k: model_cfg[k] for k in ARCH_KEYS})
+        raise ValueError(f"model.transformer_tts lacks keys {missing}")
+    return TransformerTTS(n_symbols=len(vocab), n_mels=n_mels, stop_threshold=cfg["stop_threshold"],
+                          loss_args={k: cfg[k] for k in LOSS_KEYS}, **{k: cfg[k] for k in ARCH_KEYS})
 
 
 def tts_loss(outputs, batch, *, reduction, guided_attention_sigma, guided_attention_weight, stop_weight):

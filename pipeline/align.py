@@ -1,0 +1,133 @@
+"""Train the alignment model (pipeline/models/aligner.py) from the caches: the `aligner` target.
+
+    python -m pipeline.align --config configs/config.yaml --out runs/demo/aligner/KEY/aligner.json
+    snakemake --cores all aligner
+
+Reads the cache index and the token and mel shards through the training loader (the same bucket
+shapes, no Python per example). Config keys: `aligner:` (steps, batch_size, learning_rate, d_model,
+temperature, prior_scaling), train.buckets, train.seed, train.shuffle_buffer. Writes
+runs/{name}/aligner/aligner.weights.h5 and, last, aligner.json: the steps, the loss history, the
+mel statistics and vocabulary it trained with and the weights' digest (duration shards record it
+as their provenance). The duration shard jobs (pipeline/durations.py) load it with `load_aligner`.
+Training is short and starts from scratch each time: `snakemake --forcerun train_aligner` retrains.
+"""
+import argparse
+import functools
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+import keras
+
+from pipeline import config, data
+from pipeline.errors import PipelineError, cli
+from pipeline.models import aligner as aligner_mod, symbols
+
+PAD_TOKENS, PAD_FRAMES = 16, 64  # inference pads to multiples of these: few traced shapes
+
+
+def loader_config(cfg):
+    """The config the loader sees for aligner training: the aligner's batch size; frames padded to
+    any multiple (the aligner has no reduction factor, whatever model.kind is)."""
+    out = dict(cfg)
+    out["train"] = {**cfg["train"], "batch_size": cfg["aligner"]["batch_size"]}
+    out["model"] = {"kind": "fastpitch"}
+    return out
+
+
+def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
+    acfg = cfg["aligner"]
+    index = data.read_index(cfg)
+    keras.utils.set_random_seed(cfg["train"]["seed"])
+    vocab = symbols(index["vocab"])
+    mean, std = data.mel_stats(cfg, index)
+    model = aligner_mod.build(acfg, vocab, index["n_mels"])
+    optimizer = keras.optimizers.Adam(acfg["learning_rate"])
+    optimizer.build(model.trainable_variables)
+    mel_mean, mel_std = tf.constant(mean), tf.constant(std)
+
+    @tf.function(reduce_retracing=True)
+    def step(batch):
+        batch = dict(batch, mel=(tf.cast(batch["mel"], tf.float32) - mel_mean) / mel_std)
+        with tf.GradientTape() as tape:
+            loss, _ = model.tts_loss(model(batch, training=True), batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        grads, _ = tf.clip_by_global_norm(grads, 1.0)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    batches = iter(data.build_dataset(loader_config(cfg), "train"))
+    history, t0, losses = [], time.perf_counter(), []
+    for i in range(1, acfg["steps"] + 1):
+        losses.append(float(step(next(batches))))
+        if i % 25 == 0 or i == acfg["steps"]:
+            loss = float(np.mean(losses))
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"aligner loss became {loss} at step {i}; lower aligner.learning_rate")
+            history.append({"step": i, "forward_sum": round(loss, 5)})
+            log(f"aligner step {i}/{acfg['steps']}: forward-sum loss {loss:.4f} "
+                f"({i / (time.perf_counter() - t0):.1f} steps/s)")
+            losses = []
+    out = Path(out)
+    weights = out.with_name("aligner.weights.h5")
+    tmp = out.with_name(".tmp.aligner.weights.h5")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model.save_weights(str(tmp))
+    tmp.replace(weights)
+    info = {"weights": weights.name, "weights_digest": hashlib.sha256(weights.read_bytes()).hexdigest()[:16],
+            "steps": acfg["steps"], "seconds": round(time.perf_counter() - t0, 1), "history": history,
+            "aligner": acfg, "n_mels": index["n_mels"], "vocab": vocab,
+            "mel_mean": mean.tolist(), "mel_std": std.tolist()}
+    config.atomic_write_text(out, json.dumps(info, indent=1))
+    log(f"aligner: {acfg['steps']} steps in {info['seconds']} s, weights {weights}")
+    return info
+
+
+def load_aligner(cfg, aligner_json):
+    """(Aligner with its trained weights, its aligner.json dict)."""
+    path = Path(aligner_json)
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: no trained aligner; run `snakemake --cores all aligner`") from None
+    model = aligner_mod.build(info["aligner"], info["vocab"], info["n_mels"])
+    model.load_weights(str(path.with_name(info["weights"])))
+    info["_stats"] = (np.asarray(info["mel_mean"], np.float32), np.asarray(info["mel_std"], np.float32))
+    info["_fn"] = tf.function(lambda b: model(b)["log_probs"], reduce_retracing=True)
+    return model, info
+
+
+def log_probs(model, info, tokens, mel):
+    """The aligner's log P(token | frame) for one clip: tokens (T,) int, mel (F, n_mels) log-mel -> (F, T) float64."""
+    T, F = len(tokens), len(mel)
+    mean, std = info["_stats"]
+    t_pad, f_pad = -(-T // PAD_TOKENS) * PAD_TOKENS, -(-F // PAD_FRAMES) * PAD_FRAMES
+    tok = np.zeros((1, t_pad), np.int32)
+    tok[0, :T] = tokens
+    m = np.zeros((1, f_pad, len(mean)), np.float32)
+    m[0, :F] = (np.asarray(mel, np.float32) - mean) / std
+    out = info["_fn"]({"tokens": tok, "token_lengths": np.array([T], np.int32), "mel": m,
+                       "mel_lengths": np.array([F], np.int32)})
+    return out.numpy()[0, :F, :T].astype(np.float64)
+
+
+@cli
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Train the alignment model from the caches.")
+    config.add_arguments(parser)
+    parser.add_argument("--index", help="the cache index (only so Snakemake can pass its input)")
+    parser.add_argument("--out", help="aligner.json (default runs/{name}/aligner/aligner.json)")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads for TensorFlow (0: all)")
+    args = parser.parse_args(argv)
+    cfg = config.from_args(args)
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    train_aligner(cfg, args.out or config.run_dir(cfg) / "aligner" / "aligner.json")
+
+
+if __name__ == "__main__":
+    main()

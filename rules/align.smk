@@ -1,0 +1,78 @@
+# The aligner stage: train the alignment model once, then one duration_shard job per shard.
+# train_aligner sees the cache index as `ancient`: an edited line or a replaced clip rebuilds its own
+# shards (and their duration shards) but never retrains the aligner. What does retrain it is named
+# in its folder, runs/{name}/aligner/<key>/: a digest of the `aligner:` section, the text and audio
+# settings and code (a new vocabulary or mel) and the aligner's own code. A changed key is a missing
+# output, which Snakemake always sees (a params change of a job downstream of a rerun shard is not
+# checked when its input is ancient). `snakemake --forcerun train_aligner` retrains on purpose.
+
+
+def _aligner_sections():
+    return dict(name=NAME, dataset=DS, cache=config["cache"], audio=config["audio"], text=config["text"],
+                aligner=config["aligner"], train={k: config["train"][k] for k in ("buckets", "seed")})
+
+
+def aligner_settings(wildcards):
+    # pitch: only so the loader can check the index's provenance; it does not change an alignment
+    return _inline(**_aligner_sections(), pitch=config["pitch"])
+
+
+ALIGNER_KEY = pshards.digest(
+    _inline(**_aligner_sections()), PROVENANCE["tokens"], PROVENANCE["mels"],
+    pshards.file_digest(*(Path(workflow.basedir) / "pipeline" / f for f in ("models/aligner.py", "align.py"))),
+)[:12]
+ALIGNER = RUN / "aligner" / ALIGNER_KEY
+
+
+rule train_aligner:
+    input:
+        index=ancient(str(rules.cache_index.output.index)),  # str(): ancient() flags its argument in place
+    output:
+        summary=ALIGNER / "aligner.json",
+        weights=ALIGNER / "aligner.weights.h5",
+    params:
+        config=aligner_settings,
+    threads: 32
+    log:
+        LOGS / "train_aligner.log",
+    benchmark:
+        str(REPORT / "benchmarks/train_aligner.tsv")
+    conda:
+        "../environment.yml"
+    shell:
+        "python -m pipeline.align --config {params.config:q} --index {input.index} --out {output.summary} --threads {threads} > {log} 2>&1"
+
+
+rule duration_shard:
+    input:
+        aligner=rules.train_aligner.output.summary,
+        tokens=CACHE / "tokens/shard-{shard}.json",
+        mels=CACHE / "mels/shard-{shard}.json",
+    output:
+        bin=CACHE / "durations/shard-{shard}.bin",
+        index=CACHE / "durations/shard-{shard}.json",
+    params:
+        config=lambda wildcards: _inline(name=NAME, cache=config["cache"], audio=config["audio"], aligner=config["aligner"]),
+        out=lambda wildcards: CACHE / f"durations/shard-{wildcards.shard}",
+    threads: 1
+    log:
+        LOGS / "duration_shard/{shard}.log",
+    benchmark:
+        str(REPORT / "benchmarks/duration_shard/{shard}.tsv")
+    conda:
+        "../environment.yml"
+    shell:
+        "python -m pipeline.durations --config {params.config:q} --shard {wildcards.shard} --aligner {input.aligner} --tokens {input.tokens} --mels {input.mels} --out {params.out} > {log} 2>&1"
+
+
+rule aligner:
+    input:
+        rules.train_aligner.output,
+        rules.cache_index.output.index,  # not ancient here: a rebuilt cache reaches a new aligner key
+    localrule: True
+
+
+rule durations:
+    input:
+        expand(CACHE / "durations/shard-{shard}.json", shard=SHARDS),
+    localrule: True

@@ -1,0 +1,126 @@
+"""The aligner stage's pieces on synthetic tensors: MAS, the length regulator, the prior, the forward-sum loss."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pipeline.durations import check, even_durations, mas
+from pipeline.models import aligner as al
+from pipeline.models.fastpitch import regulate_length, token_average
+
+
+def planted(durations, rng, noise=0.5):
+    """Log-probs (F, T) that favour the planted alignment, with noise."""
+    F, T = int(sum(durations)), len(durations)
+    lp = np.full((F, T), np.log(0.2 / T))
+    lp[np.arange(F), np.repeat(np.arange(T), durations)] = np.log(0.8)
+    return lp + rng.normal(0, noise, size=lp.shape)
+
+
+def test_mas_recovers_planted_durations():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        d = rng.integers(1, 12, size=rng.integers(1, 40))
+        out = mas(planted(d, rng))
+        np.testing.assert_array_equal(out, d)
+        assert out.dtype == np.int32
+
+
+def test_mas_paths_are_monotonic_cover_every_frame_and_give_every_token_a_frame():
+    rng = np.random.default_rng(1)
+    for F, T in [(5, 5), (9, 1), (30, 7), (200, 60)]:
+        d = mas(rng.normal(size=(F, T)))  # no structure at all: still a valid path
+        assert d.sum() == F and d.min() >= 1 and len(d) == T
+    lp = np.zeros((6, 3))
+    lp[:, 1] = 5.0  # token 1 is best everywhere, yet tokens 0 and 2 each keep one frame
+    np.testing.assert_array_equal(mas(lp), [1, 4, 1])
+
+
+def test_fallback_and_sanity_checks():
+    d = even_durations(7, 4)
+    assert d.sum() == 4 and len(d) == 7
+    assert "no frame" in check(d, 4, 100)
+    assert "token 1 lasts 50 frames" in check(np.array([2, 50, 3], np.int32), 55, 40)
+    assert check(np.array([2, 5, 3], np.int32), 10, 40) is None
+    assert "sum to 10" in check(np.array([2, 5, 3], np.int32), 11, 40)
+
+
+def test_length_regulator_is_exact_inside_an_xla_graph_with_static_shapes():
+    rng = np.random.default_rng(2)
+    B, T, D, F = 3, 11, 4, 64
+    durations = rng.integers(0, 6, size=(B, T)).astype(np.int32)
+    durations[2, 7:] = 0                                        # a padded clip
+    x = rng.normal(size=(B, T, D)).astype(np.float32)
+    fn = tf.function(lambda x, d: regulate_length(x, d, F), jit_compile=True)
+    y = fn(tf.constant(x), tf.constant(durations)).numpy()
+    assert y.shape == (B, F, D)
+    for b in range(B):
+        ref = np.repeat(x[b], durations[b], axis=0)
+        np.testing.assert_array_equal(y[b, :len(ref)], ref)  # bit-exact: a gather, no interpolation
+        assert not y[b, len(ref):].any()
+
+
+def test_token_average_of_pitch_skips_unvoiced_frames():
+    d = tf.constant([[2, 3, 1]], tf.int32)
+    pitch = tf.constant([[100.0, 0.0, 200.0, 220.0, 0.0, 0.0, 999.0]])  # last frame is padding
+    np.testing.assert_allclose(token_average(pitch, d, only_nonzero=True), [[100.0, 210.0, 0.0]])
+    np.testing.assert_allclose(token_average(pitch, d, only_nonzero=False), [[50.0, 140.0, 0.0]], rtol=1e-6)
+
+
+def test_beta_binomial_prior_is_a_distribution_over_tokens_on_the_diagonal():
+    logp = al.beta_binomial_log_prior(tf.constant([5, 3]), tf.constant([20, 9]), 6, 24, 1.0).numpy()
+    probs = np.exp(logp[0, :20, :5])
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-4)
+    peaks = probs.argmax(-1)
+    assert peaks[0] == 0 and peaks[-1] == 4 and np.all(np.diff(peaks) >= 0)
+    assert not logp[1, 9:].any() and not logp[1, :, 3:].any()  # outside the clip: 0 (no masking by the prior)
+
+
+def test_forward_sum_loss_prefers_the_monotonic_alignment_and_ignores_padding():
+    rng = np.random.default_rng(3)
+    d = np.array([3, 2, 4])
+    good = planted(d, rng, noise=0.0)
+    bad = good[::-1].copy()                                       # the reversed (non-monotonic) alignment
+    norm = lambda lp: tf.nn.log_softmax(tf.constant(lp[None], tf.float32), -1)  # noqa: E731
+    tl, fl = tf.constant([3]), tf.constant([9])
+    loss_good, loss_bad = al.forward_sum_loss(norm(good), tl, fl), al.forward_sum_loss(norm(bad), tl, fl)
+    assert float(loss_good) < float(loss_bad) - 1.0
+    padded = np.pad(good, [(0, 0), (0, 2)], constant_values=-1e4)  # padded tokens: as the aligner masks them
+    padded = np.pad(padded, [(0, 5), (0, 0)], constant_values=-3.0)  # padded frames: anything
+    np.testing.assert_allclose(al.forward_sum_loss(norm(padded), tl, fl), loss_good, rtol=1e-5)
+
+
+def test_aligner_learns_a_planted_alignment():
+    # tokens whose embedding must match mel frames: frame f shows token(f)'s one-hot pattern
+    rng = np.random.default_rng(4)
+    tf.keras.utils.set_random_seed(4)
+    B, T, n_mels, n_sym = 4, 6, 8, 8
+    durations = rng.integers(2, 6, size=(B, T))
+    F = int(durations.sum(1).max())
+    tokens = np.stack([rng.permutation(np.arange(1, n_sym))[:T] for _ in range(B)]).astype(np.int32)
+    mel = np.zeros((B, F, n_mels), np.float32)
+    for b in range(B):
+        seq = np.repeat(tokens[b], durations[b])
+        mel[b, :len(seq)] = np.eye(n_mels)[seq] * 3 + rng.normal(0, 0.1, (len(seq), n_mels))
+    batch = {"tokens": tf.constant(tokens), "token_lengths": tf.constant([T] * B),
+             "mel": tf.constant(mel), "mel_lengths": tf.constant(durations.sum(1).astype(np.int32))}
+    model = al.Aligner(n_symbols=n_sym, n_mels=n_mels, d_model=16, temperature=0.05, prior_scaling=1.0)
+    opt = tf.keras.optimizers.Adam(0.01)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss, _ = model.tts_loss(model(batch, training=True), batch)
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        return loss
+
+    losses = [float(step()) for _ in range(150)]
+    assert losses[-1] < 0.5 * losses[0], losses[::25]
+    lp = model(batch)["log_probs"].numpy()
+    for b in range(B):  # the forward-sum loss leaves a boundary frame's side free: within one frame
+        found = mas(lp[b, :durations[b].sum()].astype(np.float64))
+        assert np.abs(np.cumsum(found) - np.cumsum(durations[b])).max() <= 1, (found, durations[b])
+
+
+@pytest.mark.parametrize("F", [1, 3])
+def test_mas_single_token(F):
+    np.testing.assert_array_equal(mas(np.zeros((F, 1))), [F])

@@ -1,0 +1,183 @@
+"""FastPitch and the model interface: shapes, masks, learning, XLA, pace and pitch control, user kinds."""
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+from pipeline import config, models
+from pipeline.models.fastpitch import FastPitch
+
+TINY = dict(n_symbols=12, n_mels=8, d_model=32, heads=2, encoder_layers=1, decoder_layers=1, ffn_dim=32,
+            ffn_kernel=3, dropout=0.0, predictor_channels=16, predictor_kernel=3, predictor_dropout=0.0,
+            loss_args=dict(duration_weight=0.1, pitch_weight=0.1, energy_weight=0.1))
+
+
+def make_batch(durations=((3, 1, 4, 2, 2), (2, 5, 1, 0, 0)), F=16, seed=0, garbage=0.0):
+    """Real content from per-token durations; padded tokens and frames hold `garbage`."""
+    rng = np.random.default_rng(seed)
+    d = np.asarray(durations, np.int32)
+    B, T = d.shape
+    token_lengths = (d > 0).sum(1).astype(np.int32)
+    mel_lengths = d.sum(1).astype(np.int32)
+    tokens = rng.integers(1, TINY["n_symbols"], (B, T)).astype(np.int32)
+    mel = rng.normal(size=(B, F, TINY["n_mels"])).astype(np.float32)
+    pitch = np.where(rng.random((B, F)) < 0.7, rng.normal(size=(B, F)), 0.0).astype(np.float32)
+    energy = rng.normal(size=(B, F)).astype(np.float32)
+    for b in range(B):
+        tokens[b, token_lengths[b]:] = garbage
+        for x in (mel, pitch, energy):
+            x[b, mel_lengths[b]:] = garbage
+    return {"tokens": tf.constant(tokens), "token_lengths": tf.constant(token_lengths), "mel": tf.constant(mel),
+            "mel_lengths": tf.constant(mel_lengths), "pitch": tf.constant(pitch), "energy": tf.constant(energy),
+            "durations": tf.constant(d)}
+
+
+def test_shapes_loss_terms_and_padding_invariance():
+    model = FastPitch(**TINY)
+    batch = make_batch()
+    out = model(batch)
+    assert out["mel"].shape == (2, 16, 8) and out["log_duration"].shape == (2, 5)
+    assert all(v.dtype == tf.float32 for v in out.values())
+    total, terms = model.tts_loss(out, batch)
+    assert set(terms) == {"mel", "duration", "pitch", "energy", "total"}
+    np.testing.assert_allclose(total, terms["mel"] + 0.1 * (terms["duration"] + terms["pitch"] + terms["energy"]),
+                               rtol=1e-6)
+    # more padding, filled with other garbage: the real outputs and the loss do not move
+    wide = make_batch(durations=((3, 1, 4, 2, 2, 0, 0), (2, 5, 1, 0, 0, 0, 0)), F=24, garbage=7.0)
+    wide = {**wide, **{k: tf.pad(batch[k], [[0, 0], [0, 8]] + [[0, 0]] * (batch[k].shape.rank - 2),
+                                 constant_values=7.0) for k in ("mel", "pitch", "energy")}}
+    wide["tokens"] = tf.pad(batch["tokens"], [[0, 0], [0, 2]], constant_values=5)
+    out_wide = model(wide)
+    for b, (t, f) in enumerate(zip(batch["token_lengths"].numpy(), batch["mel_lengths"].numpy())):
+        np.testing.assert_allclose(out_wide["mel"][b, :f], out["mel"][b, :f], atol=1e-5)
+        np.testing.assert_allclose(out_wide["log_duration"][b, :t], out["log_duration"][b, :t], atol=1e-5)
+        assert not np.any(out_wide["mel"][b, f:])
+    for k, v in model.tts_loss(out_wide, wide)[1].items():
+        np.testing.assert_allclose(v, terms[k], rtol=1e-5, err_msg=k)
+
+
+def test_tiny_model_learns_and_compiles_under_xla_with_bfloat16():
+    keras.utils.set_random_seed(0)
+    model = FastPitch(**TINY)
+    opt = keras.optimizers.Adam(3e-3)
+    opt.build(model.trainable_variables)
+    batch = make_batch()
+
+    @tf.function(jit_compile=True)
+    def step(batch):
+        with tf.GradientTape() as tape:
+            total, terms = model.tts_loss(model(batch, training=True), batch)
+        opt.apply(tape.gradient(total, model.trainable_variables), model.trainable_variables)
+        return terms
+
+    losses = [float(step(batch)["total"]) for _ in range(40)]
+    assert losses[-1] < 0.5 * losses[0], losses[::10]
+    assert step.experimental_get_tracing_count() == 1
+
+
+def test_mixed_bfloat16_outputs_stay_float32():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = FastPitch(**TINY)
+        out = model(make_batch())
+        assert model.mel_out.compute_dtype == "bfloat16"
+        assert all(v.dtype == tf.float32 for v in out.values())
+        assert np.isfinite(model.tts_loss(out, make_batch())[0])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_infer_pace_scales_lengths_and_pitch_shift_moves_pitch_in_semitones():
+    model = FastPitch(**TINY)
+    model.duration_predictor.out.bias.assign([np.log(1 + 6.0)])  # ~6 frames a token, whatever the input
+    model.duration_predictor.out.kernel.assign(tf.zeros_like(model.duration_predictor.out.kernel))
+    model.adapt({"pitch_mean": 200.0, "pitch_std": 50.0})
+    tokens, lengths = tf.constant([[3, 4, 5, 6, 7, 8, 9, 10]]), tf.constant([8])
+    n = {pace: int(model.infer(tokens, lengths, pace=pace, max_frames=1000)["lengths"][0]) for pace in (0.5, 1, 2)}
+    assert n[1] == 48 and n[0.5] == 96 and n[2] == 24
+    capped = model.infer(tokens, lengths, pace=0.5, max_frames=50)
+    assert int(capped["lengths"][0]) == 50 and capped["mel"].shape[1] == 50
+    base = model.infer(tokens, lengths, max_frames=1000)
+    up = model.infer(tokens, lengths, pitch_shift=12.0, max_frames=1000)
+    hz, hz_up = base["pitch"][0] * 50 + 200, up["pitch"][0] * 50 + 200
+    np.testing.assert_allclose(hz_up / hz, 2.0, rtol=1e-4)                   # an octave up
+    with pytest.raises(ValueError, match="pace"):
+        model.infer(tokens, lengths, pace=0.0, max_frames=10)
+
+
+def test_checkpoint_restores_every_weight_including_pitch_stats(tmp_path):
+    model, fresh = FastPitch(**TINY), FastPitch(**TINY)
+    model.adapt({"pitch_mean": 180.0, "pitch_std": 40.0})
+    path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+    tf.train.Checkpoint(model=fresh).read(path).assert_consumed()
+    for a, b in zip(model.weights, fresh.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    assert list(fresh.pitch_stats.numpy()) == [180.0, 40.0]
+
+
+USER_MODEL = '''
+    """A user's own model kind: one dense layer from token embeddings, repeated by durations."""
+    import tensorflow as tf
+    import keras
+
+
+    class Tiny(keras.Model):
+        needs = ("tokens", "token_lengths", "mel", "mel_lengths")
+
+        def __init__(self, n_symbols, n_mels, width):
+            super().__init__()
+            self.embed = keras.layers.Embedding(n_symbols, width)
+            self.out = keras.layers.Dense(n_mels)
+
+        def call(self, batch, training=False):
+            h = tf.reduce_mean(self.embed(batch["tokens"]), axis=1, keepdims=True)        # (B, 1, W)
+            frames = tf.shape(batch["mel"])[1]
+            return {"mel": tf.tile(self.out(h), [1, frames, 1])}
+
+        def tts_loss(self, outputs, batch):
+            mask = tf.sequence_mask(batch["mel_lengths"], tf.shape(batch["mel"])[1], tf.float32)[:, :, None]
+            loss = tf.reduce_sum(tf.abs(outputs["mel"] - batch["mel"]) * mask) / tf.reduce_sum(mask) / 8.0
+            return loss, {"mel": loss, "total": loss}
+
+        def infer(self, tokens, token_lengths, *, pace=1.0, pitch_shift=0.0, max_frames):
+            frames = min(int(20 / pace), max_frames)
+            mel = tf.tile(self.out(tf.reduce_mean(self.embed(tokens), axis=1, keepdims=True)), [1, frames, 1])
+            return {"mel": mel, "lengths": tf.fill([tf.shape(tokens)[0]], frames)}
+
+
+    def build(model_cfg, vocab, n_mels):
+        return Tiny(len(vocab), n_mels, **model_cfg["options"])
+
+
+    def broken(model_cfg, vocab, n_mels):
+        return keras.Sequential([keras.layers.Dense(n_mels)])
+'''
+
+
+@pytest.fixture
+def user_package(tmp_path, monkeypatch):
+    pkg = tmp_path / "user_models"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tiny.py").write_text(textwrap.dedent(USER_MODEL))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    sys.modules.pop("user_models.tiny", None)
+    sys.modules.pop("user_models", None)
+
+
+def test_user_model_kind_is_built_and_checked(user_package):
+    cfg = config.load_config(overrides={"model": {"kind": "user_models.tiny:build", "options": {"width": 8}}})
+    model = models.build(cfg["model"], {"symbols": list("abcdef")}, 80)
+    assert type(model).__name__ == "Tiny" and models.frame_multiple(cfg["model"]) == 1
+    with pytest.raises(models.ModelError, match="without"):
+        models.build({**cfg["model"], "kind": "user_models.tiny:broken"}, list("abc"), 80)
+    with pytest.raises(models.ModelError, match="no function 'nope'"):
+        models.build({**cfg["model"], "kind": "user_models.tiny:nope"}, list("abc"), 80)
+    with pytest.raises(models.ModelError, match="cannot import"):
+        models.build({**cfg["model"], "kind": "not_there.mod:build"}, list("abc"), 80)
+    with pytest.raises(config.ConfigError, match="model.kind"):
+        config.load_config(overrides={"model": {"kind": "no colon"}})
