@@ -149,6 +149,8 @@ def compare(clips, synth_mel, analyse, log=_print):
                      "duration_ratio": len(smel) / len(mel),
                      "f0_rmse_hz": _f0_rmse(syn["f0"], rec["f0"], path_),
                      "f0_rmse_hz_ceiling": _f0_rmse(ceil["f0"], rec["f0"], path_ceiling),
+                     "f0_gross_error": metrics.f0_gross_error(syn["f0"], rec["f0"], path_),
+                     "f0_gross_error_ceiling": metrics.f0_gross_error(ceil["f0"], rec["f0"], path_ceiling),
                      "recorded_mel": mel, "synthesized_mel": smel, "path": path_, "synthesized_audio": y_syn})
         recorded.append(rec)
         synthesized.append(syn)
@@ -160,7 +162,7 @@ def compare(clips, synth_mel, analyse, log=_print):
     summary = {"clips": len(rows),
                **{k: _median([r[k] for r in rows])
                   for k in ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz",
-                            "f0_rmse_hz_ceiling")}}
+                            "f0_rmse_hz_ceiling", "f0_gross_error", "f0_gross_error_ceiling")}}
     return summary, rows
 
 

@@ -51,6 +51,10 @@ def _fmt(v, digits=2):
     return "n/a" if v is None else f"{v:.{digits}f}"
 
 
+def _pct(v):
+    return "n/a" if v is None else f"{100 * v:.1f} %"
+
+
 def markdown(report):
     lines = [f"# Evaluate: {report['clips']} validation clips, checkpoint step {report['step']}", "",
              verdict(report), "",
@@ -60,6 +64,8 @@ def markdown(report):
              f"| {_fmt(report['mcd_db_other'])} |"),
              (f"| F0 RMSE, Hz, frames voiced in both | {_fmt(report['f0_rmse_hz'], 1)} "
              f"| {_fmt(report['f0_rmse_hz_ceiling'], 1)} | |"),
+             (f"| F0 gross errors (> 20 % off, mostly octave jumps), share of those frames "
+              f"| {_pct(report.get('f0_gross_error'))} | {_pct(report.get('f0_gross_error_ceiling'))} | |"),
              f"| length, synthesized / recorded | {_fmt(report['duration_ratio'])} | 1.00 | |", ""]
     if "aligner" in report:
         al = report["aligner"]

@@ -111,3 +111,16 @@ def f0_rmse(f0_a, f0_b, path):
     if not both.any():
         return float("nan"), 0
     return float(np.sqrt(np.mean((fa[both] - fb[both]) ** 2))), int(both.sum())
+
+
+GROSS_PITCH_ERROR = 0.2  # |F0 ratio - 1| above this is a gross (typically octave) error, as in GPE
+
+
+def f0_gross_error(f0_a, f0_b, path):
+    """Share of the DTW pairs voiced in both whose F0 differ by more than 20 % (gross pitch error);
+    None when no pair is voiced in both. A few octave errors dominate an RMSE in Hz: this says how many."""
+    fa, fb = np.asarray(f0_a)[path[:, 0]], np.asarray(f0_b)[path[:, 1]]
+    both = (fa > 0) & (fb > 0)
+    if not both.any():
+        return None
+    return float(np.mean(np.abs(fa[both] / fb[both] - 1.0) > GROSS_PITCH_ERROR))

@@ -9,16 +9,16 @@ rule token_shard:
     output:
         bin=CACHE / "tokens/shard-{shard}.bin",
         index=CACHE / "tokens/shard-{shard}.json",
-    params:
-        config=token_settings,
-        rows=token_rows,
-        out=lambda wildcards: CACHE / f"tokens/shard-{wildcards.shard}",
     log:
         LOGS / "token_shard/{shard}.log",
     benchmark:
         str(REPORT / "benchmarks/token_shard/{shard}.tsv")
     conda:
         "../environment.yml"
+    params:
+        config=token_settings,
+        rows=token_rows,
+        out=lambda wildcards: CACHE / f"tokens/shard-{wildcards.shard}",
     shell:
         "python -m pipeline.cache tokens --config {params.config:q} --shard {wildcards.shard} --out {params.out} > {log} 2>&1"
 
@@ -36,17 +36,17 @@ rule mel_shard:
         energy_bin=CACHE / "energy/shard-{shard}.bin",
         energy_index=CACHE / "energy/shard-{shard}.json",
         energy_stats=CACHE / "energy/shard-{shard}.stats.npy",
-    params:
-        config=mel_settings,
-        clips=mel_clips,
-        out=lambda wildcards: CACHE / f"mels/shard-{wildcards.shard}",
-        energy=lambda wildcards: CACHE / f"energy/shard-{wildcards.shard}",
     log:
         LOGS / "mel_shard/{shard}.log",
     benchmark:
         str(REPORT / "benchmarks/mel_shard/{shard}.tsv")
     conda:
         "../environment.yml"
+    params:
+        config=mel_settings,
+        clips=mel_clips,
+        out=lambda wildcards: CACHE / f"mels/shard-{wildcards.shard}",
+        energy=lambda wildcards: CACHE / f"energy/shard-{wildcards.shard}",
     shell:
         "python -m pipeline.cache mels --config {params.config:q} --shard {wildcards.shard} --out {params.out} --energy {params.energy} > {log} 2>&1"
 
@@ -58,16 +58,16 @@ rule pitch_shard:
         bin=CACHE / "pitch/shard-{shard}.bin",
         index=CACHE / "pitch/shard-{shard}.json",
         stats=CACHE / "pitch/shard-{shard}.stats.npy",
-    params:
-        config=pitch_settings,
-        clips=pitch_clips,
-        out=lambda wildcards: CACHE / f"pitch/shard-{wildcards.shard}",
     log:
         LOGS / "pitch_shard/{shard}.log",
     benchmark:
         str(REPORT / "benchmarks/pitch_shard/{shard}.tsv")
     conda:
         "../environment.yml"
+    params:
+        config=pitch_settings,
+        clips=pitch_clips,
+        out=lambda wildcards: CACHE / f"pitch/shard-{wildcards.shard}",
     shell:
         "python -m pipeline.cache pitch --config {params.config:q} --shard {wildcards.shard} --out {params.out} > {log} 2>&1"
 
@@ -79,18 +79,27 @@ rule cache_index:
         mels=shard_files("mels", ".json"),
         energy=shard_files("energy", ".json"),
         pitch=shard_files("pitch", ".json"),
-        arrays=[shard_files(kind, ".bin") for kind in ("tokens", "mels", "energy", "pitch")],
+        arrays=[
+            shard_files(kind, ".bin") for kind in ("tokens", "mels", "energy", "pitch")
+        ],
         stats=[shard_files(kind, ".stats.npy") for kind in ("mels", "energy", "pitch")],
     output:
         index=CACHE / "index.json",
         vocab=CACHE / "vocab.json",
         rejected=CACHE / "rejected.tsv",
-    params:
-        config=lambda wildcards: _inline(name=NAME, dataset=DS, cache=config["cache"], audio=config["audio"], text=config["text"], pitch=config["pitch"]),
     log:
         LOGS / "cache_index.log",
     conda:
         "../environment.yml"
+    params:
+        config=lambda wildcards: _inline(
+            name=NAME,
+            dataset=DS,
+            cache=config["cache"],
+            audio=config["audio"],
+            text=config["text"],
+            pitch=config["pitch"],
+        ),
     shell:
         "python -m pipeline.cache index --config {params.config:q} --tokens {input.tokens} --mels {input.mels} --energy-shards {input.energy} --pitch {input.pitch} --out {output.index} > {log} 2>&1"
 

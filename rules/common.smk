@@ -41,7 +41,11 @@ def _inline(**sections):
 
 
 def token_settings(wildcards):
-    return _inline(dataset={k: DS[k] for k in ("root", "metadata", "audio_dir")}, cache={"shards": config["cache"]["shards"]}, text=config["text"])
+    return _inline(
+        dataset={k: DS[k] for k in ("root", "metadata", "audio_dir")},
+        cache={"shards": config["cache"]["shards"]},
+        text=config["text"],
+    )
 
 
 def token_rows(wildcards):
@@ -55,21 +59,33 @@ def _audio_job_dataset():
 
 
 def mel_settings(wildcards):
-    return _inline(dataset=_audio_job_dataset(), cache={"shards": config["cache"]["shards"]}, audio=config["audio"])
+    return _inline(
+        dataset=_audio_job_dataset(),
+        cache={"shards": config["cache"]["shards"]},
+        audio=config["audio"],
+    )
 
 
 def pitch_settings(wildcards):
-    return _inline(dataset=_audio_job_dataset(), cache={"shards": config["cache"]["shards"]}, **pshards.settings("pitch", config))
+    return _inline(
+        dataset=_audio_job_dataset(),
+        cache={"shards": config["cache"]["shards"]},
+        **pshards.settings("pitch", config),
+    )
 
 
-AUDIO = pmanifest.audio_files(DS["root"], DS["audio_dir"])  # one directory scan, not 3 stats a clip
+AUDIO = pmanifest.audio_files(
+    DS["root"], DS["audio_dir"]
+)  # one directory scan, not 3 stats a clip
 PROVENANCE = {kind: pshards.provenance(kind, config) for kind in pshards.CACHE_KINDS}
 
 
 def _clip_files(kind, shard):
     # each clip's id, the file it resolves to, its size and mtime: adding, removing, renaming or
     # replacing a clip changes this, even a replacement moved in with an older mtime (mv, cp -p)
-    return pshards.digest(PROVENANCE[kind], *(f"{c.id}={AUDIO.get(c.id)}" for c in MANIFEST[int(shard)]))
+    return pshards.digest(
+        PROVENANCE[kind], *(f"{c.id}={AUDIO.get(c.id)}" for c in MANIFEST[int(shard)])
+    )
 
 
 def mel_clips(wildcards):
@@ -86,23 +102,38 @@ def repair(*kinds):
     cache/{name}/.repair/{kind}-NNN, newer than the shard and with new content (Snakemake skips an
     mtime change when the checksum is the same), so the mtime trigger reruns exactly that job. A
     marker, once made, stays listed so the input set does not change again. Nothing is deleted;
-    a deleted .bin is a missing output of its job (and an input of cache_index), rebuilt anyway."""
+    a deleted .bin is a missing output of its job (and an input of cache_index), rebuilt anyway.
+    """
+
     def inputs(wildcards):
         marker = CACHE / ".repair" / f"{kinds[0]}-{wildcards.shard}"
-        if pshards.intact(*(pshards.prefix(CACHE, kind, wildcards.shard) for kind in kinds)) != "ok":
-            pconfig.atomic_write_text(marker, f"damaged shard found at {time.time_ns()}\n")
+        if (
+            pshards.intact(
+                *(pshards.prefix(CACHE, kind, wildcards.shard) for kind in kinds)
+            )
+            != "ok"
+        ):
+            pconfig.atomic_write_text(
+                marker, f"damaged shard found at {time.time_ns()}\n"
+            )
         return [marker] if marker.exists() else []
+
     return inputs
 
 
 def shard_files(kind, *suffixes):
-    return [CACHE / f"{kind}/shard-{shard}{suffix}" for shard in SHARDS for suffix in suffixes]
+    return [
+        CACHE / f"{kind}/shard-{shard}{suffix}"
+        for shard in SHARDS
+        for suffix in suffixes
+    ]
 
 
 def config_without(*sections, keep=None):
     """The config minus sections a job ignores, so editing those does not rerun it; `keep` names
     the few keys of a dropped section the job still reads, e.g. keep={"synthesize": ["griffin_lim_iters"]}.
-    The job sees only what this passes: reading a dropped key is a KeyError naming it."""
+    The job sees only what this passes: reading a dropped key is a KeyError naming it.
+    """
     keep = keep or {}
 
     def params(wildcards):
@@ -133,7 +164,13 @@ def gpus_wanted():
             pynvml.nvmlShutdown()
         except Exception:  # no driver: TensorFlow will run on the CPU
             return 0
-        wanted = {"split": 2, "mirrored": count, "multiworker": count}.get(placement, min(count, 2))
-    budget = workflow.global_resources.get("gpu")  # a snakemake.resources.Resource, or None
-    budget = None if budget is None else budget.value  # None: no --resources gpu=N given
+        wanted = {"split": 2, "mirrored": count, "multiworker": count}.get(
+            placement, min(count, 2)
+        )
+    budget = workflow.global_resources.get(
+        "gpu"
+    )  # a snakemake.resources.Resource, or None
+    budget = (
+        None if budget is None else budget.value
+    )  # None: no --resources gpu=N given
     return wanted if budget is None else min(wanted, budget)

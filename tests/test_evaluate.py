@@ -15,8 +15,12 @@ from pipeline import audio, config, evaluate, evaluate_report, shards
 DESIGN_FIELDS = {"clips", "mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz"}
 DEMO_VAL = ["LJ001-0015", "LJ001-0016", "LJ001-0067"]  # the demo's validation clips (by id hash)
 SHORT_VAL = DEMO_VAL[1:]  # its two shortest
-TINY_MODEL = {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64,
-              "encoder_conv_layers": 1, "prenet_dim": 32, "postnet_channels": 32, "postnet_layers": 2}
+# the autoregressive kind needs no aligner, so the shared cache serves as it is; evaluate reaches every
+# kind through the same pipeline.synthesize.load_synthesizer
+TINY_MODEL = {"kind": "transformer_tts",
+              "transformer_tts": {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64,
+                                  "encoder_conv_layers": 1, "prenet_dim": 32, "postnet_channels": 32,
+                                  "postnet_layers": 2}}
 
 
 def demo_clips():
@@ -129,6 +133,7 @@ def test_snakemake_evaluate_on_a_tiny_trained_model(built_cache, tmp_path):
     result = load_json(report_dir / "evaluate.json")
     assert DESIGN_FIELDS <= set(result)
     assert result["clips"] == 2 and result["step"] == 10 and result["checkpoint"].endswith("ckpt-10")
+    assert result["model"] == "transformer_tts" and "aligner" not in result  # no duration caches here
     assert result["mcd_db_ceiling"] < result["mcd_db_other"]
     assert result["mcd_db"] > result["mcd_db_ceiling"]  # 10 steps do not speak
     assert 0 < result["duration_ratio"] and np.isfinite(result["mcd_db"])

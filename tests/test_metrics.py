@@ -83,3 +83,11 @@ def test_f0_rmse_uses_only_frames_voiced_in_both():
     rmse, frames = metrics.f0_rmse(np.array([100.0, 0, 120, 200]), np.array([110.0, 150, 0, 200]), path)
     assert frames == 2 and rmse == pytest.approx(np.sqrt((10**2 + 0) / 2))
     assert metrics.f0_rmse(np.zeros(4), np.ones(4), path) == (pytest.approx(float("nan"), nan_ok=True), 0)
+
+
+def test_gross_pitch_error_counts_octave_jumps_among_frames_voiced_in_both():
+    path = np.stack([np.arange(5), np.arange(5)], 1)
+    a = np.array([100.0, 200.0, 110.0, 0.0, 150.0])
+    b = np.array([100.0, 100.0, 100.0, 120.0, 0.0])   # frame 1 an octave off, frame 2 10 % off
+    assert metrics.f0_gross_error(a, b, path) == pytest.approx(1 / 3)
+    assert metrics.f0_gross_error(np.zeros(5), b, path) is None

@@ -285,6 +285,8 @@ def test_deleted_and_truncated_shards_rebuild_exactly_their_jobs_and_then_load(b
     assert rebuild_then_nothing_to_do(built) == jobs_files(("tokens", 1), ("mels", 2))
     clips, _ = data.load_clips(cfg)
     assert len(clips.ids) == len(read_lines(built.meta))  # every clip back, every shard checked
+    batch = next(iter(data.build_dataset(cfg, "train")))  # and training data loads again
+    assert {"tokens", "mel", "pitch", "energy"} <= set(batch)
 
 
 # --- settings ---------------------------------------------------------------------------------
