@@ -18,9 +18,9 @@ include: "rules/diagnose.smk"
 
 
 rule all:
+    default_target: True
     input:
         rules.train.output,
         rules.synthesize.output,
         rules.evaluate.output,
         rules.diagnose.output,
-    default_target: True

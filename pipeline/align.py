@@ -19,13 +19,14 @@ import math
 import time
 from pathlib import Path
 
+import keras
 import numpy as np
 import tensorflow as tf
-import keras
 
 from pipeline import config, data
 from pipeline.errors import PipelineError, cli
-from pipeline.models import aligner as aligner_mod, symbols
+from pipeline.models import aligner as aligner_mod
+from pipeline.models import symbols
 
 PAD_TOKENS, PAD_FRAMES = 16, 64  # inference pads to multiples of these: few traced shapes
 

@@ -24,8 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline import config, manifest, multiworker_data, shards
-from pipeline.shards import CacheError  # noqa: F401  (re-exported: callers catch data.CacheError)
 from pipeline.models import frame_multiple
+from pipeline.shards import CacheError  # noqa: F401  (re-exported: callers catch data.CacheError)
 
 PAD_LOG_MEL = float(np.log(1e-5))  # padded frames look like silence to the model
 GROUP_BYTES = 1 << 30  # shards are read in groups of about this size; a batch mixes clips of one group

@@ -20,8 +20,15 @@ import numpy as np
 import tensorflow as tf
 
 # compare_placements and write_report are public here too: `from pipeline.diagnose import ...`
-from pipeline.diagnose_report import (OSC_MIN_UTIL_SPREAD, compare_placements, cv, detect_oscillation,
-                                      phase_medians, recommend, write_report)
+from pipeline.diagnose_report import (
+    OSC_MIN_UTIL_SPREAD,
+    compare_placements,
+    cv,
+    detect_oscillation,
+    phase_medians,
+    recommend,
+    write_report,
+)
 from pipeline.errors import cli
 from pipeline.gpumon import GpuSampler
 from pipeline.graphscan import find_pyfunc_ops, pyfunc_line, scan_pyfunc_ops  # noqa: F401 (public here too)

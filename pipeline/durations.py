@@ -26,6 +26,7 @@ import numpy as np
 from pipeline import config, shards
 from pipeline.errors import PipelineError, cli
 
+
 @numba.njit(cache=True)
 def mas(log_probs):
     """Monotonic alignment search. log_probs (F frames, T tokens), F >= T -> durations (T,) int32 >= 1

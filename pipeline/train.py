@@ -29,12 +29,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import keras
 import numpy as np
 import tensorflow as tf
-import keras
 
-from pipeline import config, data, models, placement as placement_mod
-from pipeline.errors import cli
+from pipeline import config, data, models
+from pipeline import placement as placement_mod
+from pipeline.errors import PipelineError, cli
 
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -308,11 +309,24 @@ def save_alignment_png(align, path, step):
     tmp.replace(path)
 
 
+def check_same_model(cfg, run):
+    """Resuming needs the model that made the checkpoints: another `model:` is an error, not a traceback."""
+    saved = run / "config.json"
+    if not tf.train.latest_checkpoint(run / "checkpoints") or not saved.is_file():
+        return
+    before = json.loads(saved.read_text(encoding="utf-8")).get("model")
+    if before is not None and before != json.loads(json.dumps(cfg["model"])):
+        raise PipelineError(f"{run / 'checkpoints'}: made by another `model:` configuration (kind "
+                            f"{before.get('kind')!r}, now {cfg['model']['kind']!r}); give this run another `name`, "
+                            f"or delete {run / 'checkpoints'} to start over")
+
+
 def train(cfg, out, log=functools.partial(print, flush=True)):
     run = config.run_dir(cfg)
     trainer = build_trainer(cfg, log=log)
     chief = trainer.p.chief  # False only on multiworker's other workers: they write nothing in run/
     run.mkdir(parents=True, exist_ok=True)
+    check_same_model(cfg, run)
     if chief:
         config.atomic_write_text(run / "config.json", json.dumps(cfg, indent=1))
     ckpt = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer)
@@ -330,7 +344,7 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
     writer = tf.summary.create_file_writer(str(run)) if chief else tf.summary.create_noop_writer()
     history, val_history, align = [], [], None
     batches = trainer.batches()
-    waited = stepped = 0.0
+    waited = 0.0
     t_log, start_step, t_start = time.perf_counter(), step, time.perf_counter()
     with writer.as_default():
         if step == 0 and chief:  # the untrained model's validation loss: the baseline the curve falls from

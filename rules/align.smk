@@ -7,38 +7,21 @@
 # checked when its input is ancient). `snakemake --forcerun train_aligner` retrains on purpose.
 
 
-def _aligner_sections():
-    return dict(name=NAME, dataset=DS, cache=config["cache"], audio=config["audio"], text=config["text"],
-                aligner=config["aligner"], train={k: config["train"][k] for k in ("buckets", "seed")})
-
-
-def aligner_settings(wildcards):
-    # pitch: only so the loader can check the index's provenance; it does not change an alignment
-    return _inline(**_aligner_sections(), pitch=config["pitch"])
-
-
-ALIGNER_KEY = pshards.digest(
-    _inline(**_aligner_sections()), PROVENANCE["tokens"], PROVENANCE["mels"],
-    pshards.file_digest(*(Path(workflow.basedir) / "pipeline" / f for f in ("models/aligner.py", "align.py"))),
-)[:12]
-ALIGNER = RUN / "aligner" / ALIGNER_KEY
-
-
 rule train_aligner:
     input:
         index=ancient(str(rules.cache_index.output.index)),  # str(): ancient() flags its argument in place
     output:
         summary=ALIGNER / "aligner.json",
         weights=ALIGNER / "aligner.weights.h5",
-    params:
-        config=aligner_settings,
-    threads: 32
     log:
         LOGS / "train_aligner.log",
     benchmark:
         str(REPORT / "benchmarks/train_aligner.tsv")
     conda:
         "../environment.yml"
+    threads: 32
+    params:
+        config=aligner_settings,
     shell:
         "python -m pipeline.align --config {params.config:q} --index {input.index} --out {output.summary} --threads {threads} > {log} 2>&1"
 
@@ -51,16 +34,21 @@ rule duration_shard:
     output:
         bin=CACHE / "durations/shard-{shard}.bin",
         index=CACHE / "durations/shard-{shard}.json",
-    params:
-        config=lambda wildcards: _inline(name=NAME, cache=config["cache"], audio=config["audio"], aligner=config["aligner"]),
-        out=lambda wildcards: CACHE / f"durations/shard-{wildcards.shard}",
-    threads: 1
     log:
         LOGS / "duration_shard/{shard}.log",
     benchmark:
         str(REPORT / "benchmarks/duration_shard/{shard}.tsv")
     conda:
         "../environment.yml"
+    threads: 1
+    params:
+        config=lambda wildcards: _inline(
+            name=NAME,
+            cache=config["cache"],
+            audio=config["audio"],
+            aligner=config["aligner"],
+        ),
+        out=lambda wildcards: CACHE / f"durations/shard-{wildcards.shard}",
     shell:
         "python -m pipeline.durations --config {params.config:q} --shard {wildcards.shard} --aligner {input.aligner} --tokens {input.tokens} --mels {input.mels} --out {params.out} > {log} 2>&1"
 

@@ -12,7 +12,12 @@ from pathlib import Path
 from snakemake.utils import validate
 
 sys.path.insert(0, workflow.basedir)
-from pipeline import config as pconfig, manifest as pmanifest, models as pmodels, shards as pshards
+from pipeline import (
+    config as pconfig,
+    manifest as pmanifest,
+    models as pmodels,
+    shards as pshards,
+)
 
 try:
     pconfig.validate(pconfig.normalise(config))
@@ -174,3 +179,41 @@ def gpus_wanted():
         None if budget is None else budget.value
     )  # None: no --resources gpu=N given
     return wanted if budget is None else min(wanted, budget)
+
+
+# --- the aligner stage (rules/align.smk) and training (rules/train.smk) ---
+def _aligner_sections():
+    return dict(
+        name=NAME,
+        dataset=DS,
+        cache=config["cache"],
+        audio=config["audio"],
+        text=config["text"],
+        aligner=config["aligner"],
+        train={k: config["train"][k] for k in ("buckets", "seed")},
+    )
+
+
+def aligner_settings(wildcards):
+    # pitch: only so the loader can check the index's provenance; it does not change an alignment
+    return _inline(**_aligner_sections(), pitch=config["pitch"])
+
+
+ALIGNER_KEY = pshards.digest(
+    _inline(**_aligner_sections()),
+    PROVENANCE["tokens"],
+    PROVENANCE["mels"],
+    pshards.file_digest(
+        *(
+            Path(workflow.basedir) / "pipeline" / f
+            for f in ("models/aligner.py", "align.py")
+        )
+    ),
+)[:12]
+ALIGNER = RUN / "aligner" / ALIGNER_KEY
+
+
+def train_durations(wildcards):
+    if not pmodels.needs_durations(config["model"]):
+        return []
+    return expand(CACHE / "durations/shard-{shard}.json", shard=SHARDS)

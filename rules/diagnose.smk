@@ -10,15 +10,15 @@ rule diagnose:
         json=REPORT / "diagnose.json",
         md=REPORT / "diagnose.md",
         png=REPORT / "diagnose.png",
-    params:
-        config=config_without("synthesize", "evaluate", "aligner"),
-        out=REPORT,
-    threads: 32
-    resources:
-        gpu=gpus_wanted(),
     log:
         LOGS / "diagnose.log",
     conda:
         "../environment.yml"
+    threads: 32
+    resources:
+        gpu=gpus_wanted(),
+    params:
+        config=config_without("synthesize", "evaluate", "aligner"),
+        out=REPORT,
     shell:
         "python -m pipeline.diagnose --config {params.config:q} --out {params.out} > {log} 2>&1"

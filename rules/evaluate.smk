@@ -9,17 +9,17 @@ rule evaluate:
         json=REPORT / "evaluate.json",
         md=REPORT / "evaluate.md",
         png=REPORT / "evaluate.png",
-    params:
-        config=config_without("diagnose"),
-        out=REPORT,
-    threads: 8
-    resources:
-        gpu=min(gpus_wanted(), 1),
     log:
         LOGS / "evaluate.log",
     benchmark:
         str(REPORT / "benchmarks/evaluate.tsv")
     conda:
         "../environment.yml"
+    threads: 8
+    resources:
+        gpu=min(gpus_wanted(), 1),
+    params:
+        config=config_without("diagnose"),
+        out=REPORT,
     shell:
         "python -m pipeline.evaluate --config {params.config:q} --out {params.out} > {log} 2>&1"

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 import soxr
-
 from conftest import ROOT, planned_jobs, snakemake, write_config
+
 from pipeline import audio, cache, config, manifest, pitch, shards, text
 
 HOP, N_MELS, SR = 256, 80, 22050

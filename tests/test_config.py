@@ -9,8 +9,8 @@ import shlex
 
 import pytest
 import yaml
-
 from conftest import snakemake, write_config
+
 from pipeline import config
 from pipeline.config import ConfigError
 

@@ -5,8 +5,8 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import write_config
+
 from pipeline import audio, config, data, manifest, models, shards, text
 from pipeline.graphscan import find_pyfunc_ops
 

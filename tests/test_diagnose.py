@@ -10,8 +10,8 @@ import types
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import write_config
+
 from pipeline import diagnose as diagnose_mod
 from pipeline.diagnose import compare_placements, diagnose, find_pyfunc_ops
 from pipeline.diagnose_report import detect_oscillation, write_report

@@ -11,11 +11,10 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import yaml
-
 from conftest import TINY_ALIGNER, planned_jobs
+
 from pipeline import manifest, shards
 
 SHARDS = 4

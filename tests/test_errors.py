@@ -52,3 +52,20 @@ def test_a_bug_keeps_its_traceback():
     with pytest.raises(SystemExit) as e:
         expected([])
     assert e.value.code == 2
+
+
+def test_resuming_with_another_model_is_one_line(tmp_path):
+    """A run folder whose checkpoints came from another `model:` is refused before any restore."""
+    import json
+
+    import tensorflow as tf
+
+    from pipeline.train import check_same_model
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    tf.train.Checkpoint(v=tf.Variable(1.0)).save(str(run / "checkpoints" / "ckpt"))
+    (run / "config.json").write_text(json.dumps({"model": {"kind": "transformer_tts"}}))
+    check_same_model({"model": {"kind": "transformer_tts"}}, run)  # the same model resumes
+    with pytest.raises(PipelineError, match="another `model:`.*'transformer_tts', now 'fastpitch'"):
+        check_same_model({"model": {"kind": "fastpitch"}}, run)

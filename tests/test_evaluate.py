@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from conftest import ROOT, load_json, planned_jobs, snakemake, write_config
+
 from pipeline import audio, config, evaluate, evaluate_report, shards
 
 DESIGN_FIELDS = {"clips", "mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz"}

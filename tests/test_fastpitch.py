@@ -2,10 +2,10 @@
 import sys
 import textwrap
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-import keras
 
 from pipeline import config, models
 from pipeline.models.fastpitch import FastPitch

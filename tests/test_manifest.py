@@ -7,8 +7,8 @@ import random
 import re
 
 import pytest
-
 from conftest import snakemake
+
 from pipeline import manifest
 from pipeline.manifest import DatasetError
 

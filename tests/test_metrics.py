@@ -3,8 +3,8 @@ import librosa
 import numpy as np
 import pysptk
 import pytest
-
 from conftest import ROOT
+
 from pipeline import audio, config, metrics, pitch
 
 SR, HOP = 22050, 256

@@ -1,10 +1,10 @@
 """TransformerTTS: shapes, masks, causality, learning, XLA + mixed precision, inference. Tiny models, CPU."""
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-import keras
 import yaml
 
 from pipeline import models

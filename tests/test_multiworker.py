@@ -3,7 +3,6 @@
 Everything runs on 127.0.0.1 with CPU workers; real multi-node networks and GPUs are not tested here.
 """
 import io
-import json
 import os
 import re
 import signal
@@ -14,9 +13,9 @@ import time
 
 import numpy as np
 import pytest
+from conftest import ROOT, load_json
 from test_train import tiny_config
 
-from conftest import ROOT, load_json
 from pipeline import config, data, launch
 from pipeline.config import ConfigError
 from pipeline.data import CacheError

@@ -21,8 +21,8 @@ from types import SimpleNamespace
 import pytest
 import soundfile as sf
 import yaml
-
 from conftest import ROOT, TRANSCRIPTS, snakemake, write_config
+
 from pipeline import make_corpus, manifest
 
 SHARDS = 4
@@ -275,7 +275,8 @@ def test_deleted_and_truncated_shards_rebuild_exactly_their_jobs_and_then_load(b
     (built.cache / "tokens/shard-001.bin").unlink()
     mel = built.cache / "mels/shard-002.bin"
     mel.write_bytes(mel.read_bytes()[:-1000])
-    from pipeline import config as pconfig, data
+    from pipeline import config as pconfig
+    from pipeline import data
     cfg = pconfig.load_config(built.config)
     with pytest.raises(data.CacheError, match="snakemake --cores all caches"):
         data.load_clips(cfg)

@@ -5,9 +5,14 @@ import json
 import pytest
 
 from pipeline import text
-from pipeline.text import (clean_text, collapse_whitespace, convert_to_ascii, expand_abbreviations,
-                           expand_numbers, lowercase)
-
+from pipeline.text import (
+    clean_text,
+    collapse_whitespace,
+    convert_to_ascii,
+    expand_abbreviations,
+    expand_numbers,
+    lowercase,
+)
 
 PHONEMES = dict(frontend="phonemes", language="en-us", cleaners="english")
 CHARS = dict(PHONEMES, frontend="characters")

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 import soundfile as sf
-
 from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, load_json, snakemake, write_config
+
 from pipeline import config
 
 TINY_MODEL = {"kind": "transformer_tts",
@@ -148,7 +148,7 @@ def test_snakemake_train_then_synthesize_writes_wavs(built_cache, tmp_path):
     assert summary["steps"] == 20 and summary["val_loss"]
     assert (run / "alignment.png").stat().st_size > 1000
     assert list(run.glob("events.out.tfevents.*"))
-    for i, sentence in enumerate(cfg["synthesize"]["sentences"]):
+    for i in range(len(cfg["synthesize"]["sentences"])):
         audio, sr = sf.read(run / "samples" / f"{i:02d}.wav")
         assert sr == cfg["audio"]["sample_rate"] and len(audio) > 0.1 * sr
         assert np.isfinite(audio).all() and np.abs(audio).max() > 0

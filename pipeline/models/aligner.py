@@ -13,8 +13,8 @@ made ahead of time by pipeline/durations.py, never inside a training step.
 
 Config keys used: `aligner:` (d_model, temperature, prior_scaling; the rest by pipeline/align.py).
 """
-import tensorflow as tf
 import keras
+import tensorflow as tf
 
 BLANK_LOGPROB = -1.0  # NeMo's ForwardSumLoss: the blank column's constant log-score
 NEG = -1e4            # log-score of a padded token: exp() underflows to 0 in float32

@@ -15,8 +15,8 @@ Config keys used: `model.fastpitch` (configs/config.yaml). The length regulator 
 frame index inside the graph: static shapes in training (the bucket's frame count), one compiled
 call per sentence at inference.
 """
-import tensorflow as tf
 import keras
+import tensorflow as tf
 
 from pipeline.models.transformer_tts import Attention, ScaledPositions
 

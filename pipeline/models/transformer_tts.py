@@ -12,9 +12,9 @@ Masks are built from lengths with tf.sequence_mask and passed explicitly (Keras 
 tf.function boundaries). Shapes are static under XLA; softmax and layer norms run in float32 under
 mixed precision; every output is float32.
 """
+import keras
 import numpy as np
 import tensorflow as tf
-import keras
 
 ARCH_KEYS = ("d_model", "heads", "encoder_layers", "decoder_layers", "ffn_dim", "encoder_conv_layers",
              "encoder_conv_kernel", "prenet_dim", "prenet_dropout", "dropout", "reduction",
