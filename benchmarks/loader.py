@@ -5,7 +5,7 @@
                                                    # benchmarks/preprocess.py (its caches must be built; ~5 min)
     python benchmarks/loader.py --batches 100 --repeats 5 --warmup 10
 
-DESIGN.md's targets: loader examples/s >= 5x a per-utterance `.npy` loader using `np.load` in
+The targets: loader examples/s >= 5x a per-utterance `.npy` loader using `np.load` in
 `tf.numpy_function` over the same mels and batch size, and >= 0.8x padding and batching the same
 data from RAM. All three run in one process on the same train-split clips (tokens int32, mels
 float16 exactly as cached; the product also delivers pitch and energy, the baselines do not), the same batch size (the config's train.batch_size), the same padding

@@ -12,7 +12,7 @@ from conftest import ROOT, load_json, planned_jobs, snakemake, write_config
 
 from pipeline import audio, config, evaluate, evaluate_report, shards
 
-DESIGN_FIELDS = {"clips", "mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz"}
+REPORT_FIELDS = {"clips", "mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz"}
 DEMO_VAL = ["LJ001-0015", "LJ001-0016", "LJ001-0067"]  # the demo's validation clips (by id hash)
 SHORT_VAL = DEMO_VAL[1:]  # its two shortest
 # the autoregressive kind needs no aligner, so the shared cache serves as it is; evaluate reaches every
@@ -46,7 +46,7 @@ def test_demo_references_and_verdicts_for_a_perfect_and_a_wrong_model(tmp_path):
     assert evaluate_report.verdict(report).startswith("Near the ceiling")
     evaluate_report.write_report(report, rows, tmp_path)
     written = json.loads((tmp_path / "evaluate.json").read_text())
-    assert DESIGN_FIELDS <= set(written) and len(written["per_clip"]) == 2
+    assert REPORT_FIELDS <= set(written) and len(written["per_clip"]) == 2
     assert (tmp_path / "evaluate.md").read_text().startswith("# Evaluate: 2 validation clips")
     assert (tmp_path / "evaluate.png").read_bytes()[:4] == b"\x89PNG"
     # a model that says the next clip's sentence: at chance
@@ -131,7 +131,7 @@ def test_snakemake_evaluate_on_a_tiny_trained_model(built_cache, tmp_path):
     cfg = config.load_config(path)
     report_dir = config.report_dir(cfg)
     result = load_json(report_dir / "evaluate.json")
-    assert DESIGN_FIELDS <= set(result)
+    assert REPORT_FIELDS <= set(result)
     assert result["clips"] == 2 and result["step"] == 10 and result["checkpoint"].endswith("ckpt-10")
     assert result["model"] == "transformer_tts" and "aligner" not in result  # no duration caches here
     assert result["mcd_db_ceiling"] < result["mcd_db_other"]

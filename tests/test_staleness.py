@@ -1,4 +1,4 @@
-"""The staleness contract (DESIGN.md): after a real `snakemake caches`, an edit makes
+"""The staleness contract (docs/architecture.md, docs/caches.md): after a real `snakemake caches`, an edit makes
 `snakemake -n caches` plan exactly the stale shard jobs, and a real rebuild then leaves nothing to do.
 
 One corpus is built once for the module; each test edits it, checks the plan, rebuilds and checks
