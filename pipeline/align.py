@@ -120,7 +120,6 @@ def log_probs(model, info, tokens, mel):
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Train the alignment model from the caches.")
     config.add_arguments(parser)
-    parser.add_argument("--index", help="the cache index (only so Snakemake can pass its input)")
     parser.add_argument("--out", help="aligner.json (default runs/{name}/aligner/aligner.json)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for TensorFlow (0: all)")
     args = parser.parse_args(argv)

@@ -228,9 +228,7 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     worker=(index, count): this worker's share for multi-worker training (pipeline/multiworker_data.py).
     """
     train = split == "train"
-    repeat = train if repeat is None else repeat
-    shuffle = train if shuffle is None else shuffle
-    drop_remainder = train if drop_remainder is None else drop_remainder
+    repeat, shuffle, drop_remainder = (train if v is None else v for v in (repeat, shuffle, drop_remainder))
     index = read_index(cfg)
     everything, paths = load_clips(cfg, "all", index, durations=durations)
     clips = everything.split(split)
@@ -261,7 +259,6 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     max_tokens = tf.constant([s[0] for s in shapes], tf.int64)
     max_frames = tf.constant([s[1] for s in shapes], tf.int64)
     dtypes = {kind: tf.as_dtype(np.dtype(shards.KINDS[kind].dtype).newbyteorder("=")) for kind in kinds}
-    pads = {"tokens": 0, "durations": 0, "mels": PAD_LOG_MEL, "energy": 0.0, "pitch": 0.0}
 
     def read_all(g, kind):  # the group's shards of one kind, concatenated: (items,) or (items, n_mels)
         blobs = tf.map_fn(tf.io.read_file, files[kind][g], fn_output_signature=tf.string)
@@ -275,38 +272,60 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
             rows = multiworker_data.aligned_batches(group_rows[0], ROW["bucket"], bucket_weights, batch, seed,
                                                     worker[0])
         else:
-            rows = tf.data.Dataset.from_tensor_slices(rows_table[g])
-            if shuffle:
-                rows = rows.shuffle(max(len(r) for r in group_rows), seed=seed)  # across the group's shards
-            if endless:
-                rows = rows.repeat()
-            rows = rows.group_by_window(key_func=lambda r: r[ROW["bucket"]], window_size=batch,
-                                        reduce_func=lambda key, w: w.batch(batch, drop_remainder=drop_remainder))
+            rows = _bucketed_rows(rows_table[g], batch, shuffle=max(len(r) for r in group_rows) if shuffle else 0,
+                                  repeat=endless, drop_remainder=drop_remainder, seed=seed)
 
-        def gather(r):  # one vectorised gather per field and batch, padded to the bucket's shape
-            n, b = tf.shape(r, out_type=tf.int64)[0], r[0, ROW["bucket"]]
-            lengths = {"tokens": r[:, ROW["n_tokens"]], "frames": r[:, ROW["frames"]]}
-            out = {"token_lengths": tf.cast(lengths["tokens"], tf.int32), "mel_lengths": tf.cast(lengths["frames"], tf.int32)}
-            for kind in kinds:
-                unit = "tokens" if shards.KINDS[kind].unit == "token" else "frames"
-                start = r[:, ROW[kind]]
-                ragged = tf.gather(arrays[kind], tf.ragged.range(start, start + lengths[unit]))
-                shape = [n, max_tokens[b] if unit == "tokens" else max_frames[b]] + ([n_mels] if kind == "mels" else [])
-                name = {"mels": "mel"}.get(kind, kind)
-                out[name] = ragged.to_tensor(tf.cast(pads[kind], ragged.dtype), shape=tf.stack(shape))  # (B, T|F[, M])
-            if with_clip_index:
-                out["clip"] = tf.cast(r[:, ROW["clip"]], tf.int32)
-            return out
-
+        gather = _padded_gather(arrays, kinds, max_tokens, max_frames, n_mels, with_clip_index)
         return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
 
-    group_ids = tf.data.Dataset.range(len(groups))
+    return _interleave_groups(group_batches, len(groups), shuffle=shuffle, repeat=repeat and not endless,
+                              seed=seed, ordered=ordered)
+
+
+def _bucketed_rows(rows, batch, *, shuffle, repeat, drop_remainder, seed):
+    """Batches of one group's index rows, each batch from one length bucket; `shuffle` is the buffer
+    (the group's row count, so rows mix across its shards) or 0."""
+    rows = tf.data.Dataset.from_tensor_slices(rows)
     if shuffle:
-        group_ids = group_ids.shuffle(len(groups), seed=seed)
-    if repeat and not endless:
+        rows = rows.shuffle(shuffle, seed=seed)
+    if repeat:
+        rows = rows.repeat()
+    return rows.group_by_window(key_func=lambda r: r[ROW["bucket"]], window_size=batch,
+                                reduce_func=lambda key, w: w.batch(batch, drop_remainder=drop_remainder))
+
+
+PADS = {"tokens": 0, "durations": 0, "mels": PAD_LOG_MEL, "energy": 0.0, "pitch": 0.0}  # what padding holds
+
+
+def _padded_gather(arrays, kinds, max_tokens, max_frames, n_mels, with_clip_index):
+    """The map function from a batch of index rows to a batch dict: one vectorised gather per field,
+    padded to the bucket's (tokens, frames) shape."""
+    def gather(r):
+        n, b = tf.shape(r, out_type=tf.int64)[0], r[0, ROW["bucket"]]
+        lengths = {"tokens": r[:, ROW["n_tokens"]], "frames": r[:, ROW["frames"]]}
+        out = {"token_lengths": tf.cast(lengths["tokens"], tf.int32), "mel_lengths": tf.cast(lengths["frames"], tf.int32)}
+        for kind in kinds:
+            unit = "tokens" if shards.KINDS[kind].unit == "token" else "frames"
+            start = r[:, ROW[kind]]
+            ragged = tf.gather(arrays[kind], tf.ragged.range(start, start + lengths[unit]))
+            shape = [n, max_tokens[b] if unit == "tokens" else max_frames[b]] + ([n_mels] if kind == "mels" else [])
+            name = {"mels": "mel"}.get(kind, kind)
+            out[name] = ragged.to_tensor(tf.cast(PADS[kind], ragged.dtype), shape=tf.stack(shape))  # (B, T|F[, M])
+        if with_clip_index:
+            out["clip"] = tf.cast(r[:, ROW["clip"]], tf.int32)
+        return out
+    return gather
+
+
+def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed, ordered):
+    """Batches of every shard group, two groups in flight (the next one is read while batches come
+    from the current one), then the options and the final prefetch."""
+    group_ids = tf.data.Dataset.range(n_groups)
+    if shuffle:
+        group_ids = group_ids.shuffle(n_groups, seed=seed)
+    if repeat:
         group_ids = group_ids.repeat()
-    # two groups in flight: the next group is read while batches come from the current one
-    ds = group_ids.interleave(group_batches, cycle_length=min(2, len(groups)), num_parallel_calls=min(2, len(groups)),
+    ds = group_ids.interleave(group_batches, cycle_length=min(2, n_groups), num_parallel_calls=min(2, n_groups),
                               deterministic=ordered)
     options = tf.data.Options()
     options.deterministic = ordered

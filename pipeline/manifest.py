@@ -122,11 +122,3 @@ def load_manifest(dataset_cfg, shards):
     """Read metadata once: {shard: sorted clips}."""
     meta = Path(dataset_cfg["root"]) / dataset_cfg["metadata"]
     return shard_clips(read_metadata(meta), shards)
-
-
-def digest(*parts):
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(str(p).encode("utf-8"))
-        h.update(b"\x1e")
-    return h.hexdigest()[:16]

@@ -23,7 +23,7 @@ rule train_aligner:
     params:
         config=aligner_settings,
     shell:
-        "python -m pipeline.align --config {params.config:q} --index {input.index} --out {output.summary} --threads {threads} > {log} 2>&1"
+        "python -m pipeline.align --config {params.config:q} --out {output.summary} --threads {threads} > {log} 2>&1"
 
 
 rule duration_shard:
