@@ -205,7 +205,11 @@ def test_fastpitch_trains_from_the_durations_and_speaks_at_every_pace(aligned_ca
     summary = load_json(config.run_dir(cfg) / "train.json")
     history = summary["history"]
     assert summary["steps"] == 60 and set(history[0]) >= {"mel", "duration", "pitch", "energy", "total"}
-    assert history[-1]["total"] < 0.8 * history[0]["total"], history
+    # the validation loss (the same held-out batches at step 0 and 60), not single training batches,
+    # whose loss depends more on which bucket they came from than on the step (e.g. 1.38, 0.91, 1.36, 0.84)
+    before, after = summary["val_loss"][0], summary["val_loss"][-1]
+    assert (before["step"], after["step"]) == (0, 60)
+    assert after["total"] < 0.6 * before["total"] and after["mel"] < 0.9 * before["mel"], summary["val_loss"]
     assert summary["traces"] <= len(summary["buckets"]) + 1
     assert (config.run_dir(cfg) / "alignment.png").stat().st_size > 1000  # the durations' alignment
     out = run_python(f"""
