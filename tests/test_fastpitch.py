@@ -181,3 +181,6 @@ def test_user_model_kind_is_built_and_checked(user_package):
         models.build({**cfg["model"], "kind": "not_there.mod:build"}, list("abc"), 80)
     with pytest.raises(config.ConfigError, match="model.kind"):
         config.load_config(overrides={"model": {"kind": "no colon"}})
+    # a built-in kind never silently ignores options meant for a user's model
+    with pytest.raises(models.ModelError, match="model.options"):
+        models.build({**cfg["model"], "kind": "fastpitch"}, {"symbols": list("abcdef")}, 80)

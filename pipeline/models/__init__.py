@@ -83,6 +83,9 @@ def dummy_batch(n_tokens, n_frames, n_mels):
 def build(model_cfg, vocab, n_mels):
     """The keras.Model for a validated `model:` section, the cache's vocabulary and the mel channels."""
     kind = model_cfg["kind"]
+    if kind in ("fastpitch", "transformer_tts") and model_cfg.get("options"):
+        raise ModelError(f"model.options: {sorted(model_cfg['options'])} are for a user's own model kind; "
+                         f"{kind!r} is configured under model.{kind}")
     if kind == "fastpitch":
         from pipeline.models import fastpitch
         fn = fastpitch.build
