@@ -17,7 +17,6 @@ with the token shard) whose provenance names the aligner and the token and mel s
 Config keys: aligner.max_token_seconds, audio.hop_length, audio.sample_rate, audio.n_mels.
 """
 import argparse
-import hashlib
 from pathlib import Path
 
 import numba
@@ -65,10 +64,6 @@ def check(durations, n_frames, max_frames):
     return None
 
 
-def file_digest(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-
-
 def align_shard(cfg, shard, aligner_json, tokens, mels, out, log=print):
     """Write duration shard `out` (path without suffix) from token and mel shards `tokens`, `mels`."""
     from pipeline import align  # TensorFlow: only when a shard is aligned
@@ -97,8 +92,8 @@ def align_shard(cfg, shard, aligner_json, tokens, mels, out, log=print):
             suspicious.append({"id": cid, "reason": reason})
             log(f"suspicious alignment {cid}: {reason}")
         durations.append(d); frames.append(F)
-    provenance = {"aligner": info["weights_digest"], "tokens": file_digest(tok_path.with_suffix(".json")),
-                  "mels": file_digest(mel_path.with_suffix(".json"))}
+    provenance = {"aligner": info["weights_digest"], "tokens": shards.file_digest(tok_path.with_suffix(".json")),
+                  "mels": shards.file_digest(mel_path.with_suffix(".json"))}
     meta = shards.write(out, "durations", tok_meta["ids"], durations, provenance=provenance, frames=frames,
                         suspicious=suspicious)
     log(f"duration shard {shard}: {len(frames)} clips, {len(suspicious)} suspicious")
