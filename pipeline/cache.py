@@ -28,26 +28,47 @@ from pipeline.errors import PipelineError, cli
 _print = functools.partial(print, flush=True)
 
 
+def clip_speaker(ds, clip):
+    """A clip's speaker name: its own (sources), else the single folder's name."""
+    return clip.speaker or Path(ds["root"]).resolve().name
+
+
+def _symbols_by_language(clips, text_cfg):
+    """[(symbols, dropped)] per clip, each phonemized in its own language: one espeak-ng backend per
+    language in this job (text.to_symbols keeps one per voice and process)."""
+    out = [None] * len(clips)
+    languages = sorted({c.language or text_cfg["language"] for c in clips})
+    for language in languages:
+        at = [i for i, c in enumerate(clips) if (c.language or text_cfg["language"]) == language]
+        for i, result in zip(at, text.to_symbols([clips[i].text for i in at], {**text_cfg, "language": language})):
+            out[i] = result
+    return out, languages
+
+
 def build_token_shard(cfg, shard, out, log=_print):
     ds = cfg["dataset"]
     clips = manifest.load_manifest(ds, cfg["cache"]["shards"])[shard]
     espeak = text.espeak_version() if cfg["text"]["frontend"] == "phonemes" else None
-    ids, arrays, rejected, used, dropped = [], [], [], set(), {}
-    for c, (symbols, n_dropped) in zip(clips, text.to_symbols([c.text for c in clips], cfg["text"])):
+    ids, arrays, rejected, used, dropped, speakers, languages = [], [], [], set(), {}, [], []
+    results, voices = _symbols_by_language(clips, cfg["text"])
+    for c, (symbols, n_dropped) in zip(clips, results):
         if text.says_nothing(symbols):
-            where = f"{Path(ds['root']) / ds['metadata']}:{c.lineno}"
+            where = manifest.clip_where(ds, c)
             rejected.append(dict(id=c.id, path=where, reason=f"its text {c.text!r} gives no {cfg['text']['frontend']}"))
             log(f"rejected {where}: {rejected[-1]['reason']}")
             continue
         ids.append(c.id)
         arrays.append(np.array([ord(s) for s in symbols + text.EOS], np.int32))  # code points, EOS last
         used.update(symbols)
+        speakers.append(clip_speaker(ds, c))
+        languages.append(c.language or cfg["text"]["language"])
         if n_dropped:
             dropped[c.id] = n_dropped
     meta = shards.write(out, "tokens", ids, arrays, provenance=shards.provenance("tokens", cfg, espeak=espeak),
-                        rejected=rejected, symbols=sorted(used), dropped=dropped, espeak=espeak)
+                        rejected=rejected, symbols=sorted(used), dropped=dropped, espeak=espeak,
+                        speakers=speakers, languages=languages)
     log(f"token shard {shard}: {len(ids)} clips, {sum(meta['lengths'])} symbols ({cfg['text']['frontend']}"
-        f"{', espeak-ng ' + espeak if espeak else ''}), {len(rejected)} rejected, "
+        f"{', espeak-ng ' + espeak if espeak else ''}; {', '.join(voices) or 'no'} voice(s)), {len(rejected)} rejected, "
         f"{sum(dropped.values())} characters dropped")
 
 
@@ -55,19 +76,20 @@ def _audio_of_shard(cfg, shard, what, log):
     """(clips' signals as (id, float32 audio) pairs, rejected) of one shard; BadAudio listing every
     bad clip when dataset.bad_audio is fail."""
     ds, a = cfg["dataset"], cfg["audio"]
-    clips = manifest.load_manifest(ds, cfg["cache"]["shards"])[shard]
+    clips = manifest.load_manifest(ds, cfg["cache"]["shards"], strict=False)[shard]
     rejected, start = [], time.time()
 
     def signals():
         for i, c in enumerate(clips, start=1):
-            path = manifest.audio_path(ds["root"], ds["audio_dir"], c.id)
+            path = manifest.clip_audio(ds, c)
             try:
                 if path is None:
-                    raise audio.BadAudio(f"missing file (no {c.id}.wav, .flac or .ogg)")
+                    raise audio.BadAudio(f"missing file ({Path(c.audio).name})" if c.audio
+                                         else f"missing file (no {c.id}.wav, .flac or .ogg)")
                 y = audio.load_audio(path, sample_rate=a["sample_rate"], max_seconds=ds["max_seconds"])
                 audio.check_length(y, a["hop_length"])
             except audio.BadAudio as e:
-                where = path or Path(ds["root"]) / ds["audio_dir"] / f"{c.id}.*"
+                where = path or c.audio or Path(ds["root"]) / ds["audio_dir"] / f"{c.id}.*"
                 rejected.append(dict(id=c.id, path=str(where), reason=str(e)))
                 log(f"rejected {where}: {e}")
                 continue
@@ -129,9 +151,26 @@ def build_pitch_shard(cfg, shard, out, log=_print):
     log(f"pitch shard {shard}: {len(ids)} clips, {voiced:.0%} of frames voiced ({p['method']}), {len(rejected)} rejected")
 
 
+def _dataset_name(ds):
+    return ", ".join(src["root"] for src in ds["sources"]) if "sources" in ds else ds["root"]
+
+
 def _mean_std(total, count, floor=1e-6):
     mean = total[0] / max(count, 1)
     return mean, np.sqrt(np.maximum(total[1] / max(count, 1) - mean ** 2, floor))
+
+
+def speaker_statistics(per_speaker, pitch_all, energy_all):
+    """{speaker: {clips, train_clips, pitch_mean, pitch_std, energy_mean, energy_std}}: each speaker's
+    train-split voiced pitch and energy; a speaker with no voiced training frame gets the corpus's."""
+    out = {}
+    for name in sorted(per_speaker):
+        sp = per_speaker[name]
+        pm, ps = _mean_std(sp["pitch"][1:], sp["pitch"][0]) if sp["pitch"][0] > 0 else pitch_all
+        em, es = _mean_std(sp["energy"], sp["frames"]) if sp["frames"] > 0 else energy_all
+        out[name] = dict(clips=sp["clips"], train_clips=sp["train"], pitch_mean=round(float(pm), 4),
+                         pitch_std=round(float(ps), 4), energy_mean=round(float(em), 6), energy_std=round(float(es), 6))
+    return out
 
 
 def build_index(cfg, paths, out, log=_print):
@@ -143,6 +182,8 @@ def build_index(cfg, paths, out, log=_print):
     n_mels = cfg["audio"]["n_mels"]
     mel_total, energy_total, pitch_total = np.zeros((2, n_mels)), np.zeros(2), np.zeros(3)
     frames_train = 0
+    per_speaker = {}  # name -> {clips, train, frames, energy (sum, sum sq), pitch (voiced, sum, sum sq)}
+    languages = set()
     counts = dict(clips=0, train=0, val=0, rejected=0, seconds=0.0)
     entries, rejected, used = [], {}, set()
     for k, group in enumerate(zip(*(sorted(paths[kind]) for kind in shards.CACHE_KINDS))):
@@ -158,12 +199,17 @@ def build_index(cfg, paths, out, log=_print):
         stats = {kind: np.load(Path(p).with_suffix(".stats.npy")) for kind, p in zip(shards.CACHE_KINDS, group)
                  if kind != "tokens"}
         usable = set(metas["tokens"]["ids"]) & set(metas["energy"]["ids"]) & set(metas["pitch"]["ids"])
-        at = {kind: {cid: i for i, cid in enumerate(metas[kind]["ids"])} for kind in ("energy", "pitch")}
+        at = {kind: {cid: i for i, cid in enumerate(metas[kind]["ids"])} for kind in ("energy", "pitch", "tokens")}
+        tok = metas["tokens"]
         n = val = 0
         for i, cid in enumerate(metas["mels"]["ids"]):
             if cid not in usable:
                 continue
             n += 1
+            speaker = tok["speakers"][at["tokens"][cid]]
+            languages.add(tok["languages"][at["tokens"][cid]])
+            sp = per_speaker.setdefault(speaker, dict(clips=0, train=0, frames=0, energy=np.zeros(2), pitch=np.zeros(3)))
+            sp["clips"] += 1
             if manifest.is_validation(cid, cfg["dataset"]["val_fraction"]):
                 val += 1
                 continue
@@ -171,17 +217,22 @@ def build_index(cfg, paths, out, log=_print):
             energy_total += stats["energy"][at["energy"][cid]]
             pitch_total += stats["pitch"][at["pitch"][cid]]
             frames_train += metas["mels"]["lengths"][i]
+            sp["train"] += 1
+            sp["frames"] += metas["mels"]["lengths"][i]
+            sp["energy"] += stats["energy"][at["energy"][cid]]
+            sp["pitch"] += stats["pitch"][at["pitch"][cid]]
         counts["clips"] += n; counts["val"] += val; counts["train"] += n - val
         counts["seconds"] += metas["mels"]["seconds"]
         entries.append(dict(shard=k, clips=n, val=val, **{kind: str(Path(p).with_suffix("").relative_to(out.parent))
                                                           for kind, p in zip(shards.CACHE_KINDS, group)}))
     counts["rejected"] = len(rejected)
     if frames_train == 0:
-        raise PipelineError(f"no training clips in {cfg['dataset']['root']}: every clip was rejected or in validation "
+        raise PipelineError(f"no training clips in {_dataset_name(cfg['dataset'])}: every clip was rejected or in validation "
                             f"(see {out.parent / 'rejected.tsv'})")
     mel_mean, mel_std = _mean_std(mel_total, frames_train)
     energy_mean, energy_std = _mean_std(energy_total, frames_train)
     pitch_mean, pitch_std = _mean_std(pitch_total[1:], pitch_total[0])
+    speakers = speaker_statistics(per_speaker, (pitch_mean, pitch_std), (energy_mean, energy_std))
     vocab = text.vocabulary(used, cfg["text"], espeak=espeak)
     counts["seconds"] = round(counts["seconds"], 2)
     index = dict(name=cfg["name"], format=shards.FORMAT, provenance=want, n_mels=n_mels, audio=cfg["audio"],
@@ -189,14 +240,15 @@ def build_index(cfg, paths, out, log=_print):
                  mel_mean=mel_mean.round(6).tolist(), mel_std=mel_std.round(6).tolist(),
                  pitch_mean=round(float(pitch_mean), 4), pitch_std=round(float(pitch_std), 4),
                  energy_mean=round(float(energy_mean), 6), energy_std=round(float(energy_std), 6),
-                 vocab=vocab, shards=entries)
+                 vocab=vocab, speakers=sorted(speakers), languages=sorted(languages), speaker_stats=speakers,
+                 shards=entries)
     lines = ["id\tpath\treason"] + [f"{r['id']}\t{r['path']}\t{r['reason']}" for r in rejected.values()]
     config.atomic_write_text(out.parent / "rejected.tsv", "\n".join(lines) + "\n")
     config.atomic_write_text(out.parent / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False))
     config.atomic_write_text(out, json.dumps(index, indent=1, ensure_ascii=False))
     log(f"index: {counts['clips']} clips ({counts['train']} train, {counts['val']} validation), "
         f"{counts['seconds'] / 3600:.2f} h of audio, {len(vocab['symbols'])} symbols, pitch {pitch_mean:.0f} "
-        f"+- {pitch_std:.0f} Hz, {counts['rejected']} rejected (listed in {out.parent / 'rejected.tsv'})")
+        f"+- {pitch_std:.0f} Hz, {len(speakers)} speaker(s), {counts['rejected']} rejected (listed in {out.parent / 'rejected.tsv'})")
 
 
 @cli

@@ -173,15 +173,21 @@ def load_config(path=None, overrides=None, check_paths=True):
 
 
 def check_dataset_paths(cfg):
-    root = Path(cfg["dataset"]["root"])
-    if not root.is_dir():
-        raise ConfigError(f"dataset.root: folder not found: {root}")
-    meta = root / cfg["dataset"]["metadata"]
-    if not meta.is_file():
-        raise ConfigError(f"dataset.metadata: file not found: {meta}")
-    audio = root / cfg["dataset"]["audio_dir"]
-    if not audio.is_dir():
-        raise ConfigError(f"dataset.audio_dir: folder not found: {audio}")
+    ds = cfg["dataset"]
+    if "sources" in ds:  # several corpora (pipeline/formats.py); a job may get none of them
+        for i, src in enumerate(ds["sources"]):
+            if not Path(src["root"]).is_dir():
+                raise ConfigError(f"dataset.sources[{i}].root: folder not found: {src['root']}")
+    elif "root" in ds:  # a job that reads no clips gets no dataset folder
+        root = Path(ds["root"])
+        if not root.is_dir():
+            raise ConfigError(f"dataset.root: folder not found: {root}")
+        meta = root / ds["metadata"]
+        if not meta.is_file():
+            raise ConfigError(f"dataset.metadata: file not found: {meta}")
+        audio = root / ds["audio_dir"]
+        if not audio.is_dir():
+            raise ConfigError(f"dataset.audio_dir: folder not found: {audio}")
     a = cfg["audio"]
     if a["fmax"] > a["sample_rate"] / 2:
         raise ConfigError(f"audio.fmax: {a['fmax']} is above the Nyquist frequency {a['sample_rate'] / 2}")

@@ -1,8 +1,14 @@
-"""The manifest: which clips a dataset holds, their text and audio file, their shard and split.
+"""The manifest: which clips a dataset holds, their text, speaker, language and audio file, their
+shard and split.
 
-Reads `{dataset.root}/{dataset.metadata}` (`id|text|normalized_text`, the third column optional;
-UTF-8 with or without BOM; LF or CRLF) and finds each clip's audio at
-`{root}/{audio_dir}/{id}.{wav,flac,ogg}`. A malformed line is a DatasetError naming file and line.
+Two forms of the `dataset:` section:
+  - single folder (`root`, `metadata`, `audio_dir`): reads `{root}/{metadata}` (`id|text|normalized_text`,
+    the third column optional; UTF-8 with or without BOM; LF or CRLF) and finds each clip's audio at
+    `{root}/{audio_dir}/{id}.{wav,flac,ogg}`; one speaker (the folder's name), language `text.language`.
+  - `sources:` a list of corpora, each `{root, format, name, speaker, language}`, read by the format's
+    reader in pipeline/formats.py (ljspeech, vctk, libritts, csv). A clip's id is `{source name}-{its
+    corpus id}`, so ids never depend on which other sources are listed.
+A malformed line is a DatasetError naming file and line (or the config key).
 
 Shard = sha256(id) mod cache.shards, and split = a second sha256 of the id: never Python's hash()
 (salted per process), never row position, so adding rows moves nothing else.
@@ -27,8 +33,13 @@ class DatasetError(PipelineError):
 class Clip:
     id: str
     text: str        # the column the text front end reads (normalized_text when present)
-    line: str        # the raw metadata line, for digests
+    line: str        # the raw metadata line (single folder) or the row's fields, for digests
     lineno: int
+    speaker: str = ""     # "" in the single-folder form: its one speaker
+    language: str = ""    # espeak-ng voice; "": text.language
+    audio: str = ""       # the audio file (sources); "": found by audio_path (single folder)
+    where: str = ""       # file and line for messages (sources)
+    source: str = ""      # the source's name (sources)
 
 
 def _stable_int(*parts):
@@ -118,7 +129,32 @@ def shard_clips(clips, shards):
     return out
 
 
-def load_manifest(dataset_cfg, shards):
-    """Read metadata once: {shard: sorted clips}."""
+def load_manifest(dataset_cfg, shards, *, strict=True):
+    """Read the dataset once: {shard: sorted clips}. strict=False: sources' rows need no speaker
+    or language (what mel and pitch jobs read, whose sources carry neither)."""
+    if "sources" in dataset_cfg:
+        from pipeline import formats
+        return shard_clips(formats.read_sources(dataset_cfg["sources"], strict=strict), shards)
     meta = Path(dataset_cfg["root"]) / dataset_cfg["metadata"]
     return shard_clips(read_metadata(meta), shards)
+
+
+def clip_audio(dataset_cfg, clip):
+    """The clip's audio file, or None when it has none."""
+    if clip.audio:
+        return Path(clip.audio) if Path(clip.audio).is_file() else None
+    return audio_path(dataset_cfg["root"], dataset_cfg["audio_dir"], clip.id)
+
+
+def clip_where(dataset_cfg, clip):
+    """Where a clip's text comes from, for messages: file:line."""
+    return clip.where or f"{Path(dataset_cfg['root']) / dataset_cfg['metadata']}:{clip.lineno}"
+
+
+def audio_stamp(path):
+    """"name:size:mtime_ns" of a file (None when missing): what the Snakefile digests per mel shard."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{Path(path).name}:{st.st_size}:{st.st_mtime_ns}"

@@ -250,6 +250,35 @@ def espeak_version() -> str:
     return info(None).decode().split()[0]
 
 
+@functools.lru_cache(maxsize=1)
+def espeak_languages() -> frozenset:
+    """Every language code the espeak-ng library has a voice for (e.g. "en-us", "de"), asked of the
+    library itself (about 30 ms), so planning can name a source's unknown language."""
+    import ctypes
+    import ctypes.util
+    import os
+
+    class _Voice(ctypes.Structure):  # espeak_VOICE (speak_lib.h)
+        _fields_ = [("name", ctypes.c_char_p), ("languages", ctypes.c_void_p), ("identifier", ctypes.c_char_p),
+                    ("gender", ctypes.c_ubyte), ("age", ctypes.c_ubyte), ("variant", ctypes.c_ubyte),
+                    ("xx1", ctypes.c_ubyte), ("score", ctypes.c_int), ("spare", ctypes.c_void_p)]
+
+    espeak_version()  # a missing library fails here with the install hint
+    lib = ctypes.cdll.LoadLibrary(os.environ.get("PHONEMIZER_ESPEAK_LIBRARY") or ctypes.util.find_library("espeak-ng"))
+    lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    lib.espeak_Initialize(0x02, 0, None, 0)  # AUDIO_OUTPUT_SYNCHRONOUS: no audio device
+    lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_Voice))
+    voices, out, i = lib.espeak_ListVoices(None), set(), 0
+    while voices[i]:
+        p = voices[i].contents.languages  # (priority byte, NUL-terminated code)*, then a 0 byte
+        while ctypes.c_ubyte.from_address(p).value:
+            code = ctypes.string_at(p + 1)
+            out.add(code.decode().lower())
+            p += len(code) + 2
+        i += 1
+    return frozenset(out)
+
+
 @functools.lru_cache(maxsize=4)
 def _backend(language):
     """One espeak backend per process and voice."""

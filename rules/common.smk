@@ -14,17 +14,30 @@ from snakemake.utils import validate
 sys.path.insert(0, workflow.basedir)
 from pipeline import (
     config as pconfig,
+    formats as pformats,
     manifest as pmanifest,
     models as pmodels,
     shards as pshards,
+    text as ptext,
 )
 
 try:
     pconfig.validate(pconfig.normalise(config))
     validate(config, "../configs/schema.yaml")
     pconfig.check_dataset_paths(config)
+    if config["dataset"].get("sources") == []:
+        raise pmanifest.DatasetError(
+            "dataset.sources: lists no source (remove the key for the single-folder form)"
+        )
     MANIFEST = pmanifest.load_manifest(config["dataset"], config["cache"]["shards"])
-except (pconfig.ConfigError, pmanifest.DatasetError) as e:
+    SOURCES = pformats.normalised(config["dataset"].get("sources", []))
+    if SOURCES and config["text"]["frontend"] == "phonemes":
+        pformats.check_languages(
+            (c for clips in MANIFEST.values() for c in clips),
+            ptext.espeak_languages(),
+            config["text"]["language"],
+        )
+except (pconfig.ConfigError, pmanifest.DatasetError, ptext.TextError) as e:
     raise WorkflowError(str(e))
 
 NAME = config["name"]
@@ -45,9 +58,24 @@ def _inline(**sections):
     return json.dumps(sections, sort_keys=True)
 
 
+def _shard_sources(shard, keys):
+    """The sources holding clips of this shard, with just `keys`: adding a source, or changing one
+    source's language, changes only the settings of the shards holding its clips."""
+    names = sorted({c.source for c in MANIFEST[int(shard)]})
+    return [{k: SOURCES[n][k] for k in keys if k in SOURCES[n]} for n in names]
+
+
 def token_settings(wildcards):
+    if SOURCES:
+        dataset = {
+            "sources": _shard_sources(
+                wildcards.shard, ("root", "format", "name", "speaker", "language")
+            )
+        }
+    else:
+        dataset = {k: DS[k] for k in ("root", "metadata", "audio_dir")}
     return _inline(
-        dataset={k: DS[k] for k in ("root", "metadata", "audio_dir")},
+        dataset=dataset,
         cache={"shards": config["cache"]["shards"]},
         text=config["text"],
     )
@@ -58,14 +86,21 @@ def token_rows(wildcards):
     return pshards.digest(PROVENANCE["tokens"], *(c.line for c in clips))
 
 
-def _audio_job_dataset():
-    # val_fraction only changes cache_index (the statistics), never a mel or a pitch track
+def _audio_job_dataset(shard):
+    # val_fraction only changes cache_index (the statistics), never a mel or a pitch track;
+    # a source's speaker and language never change audio
+    if SOURCES:
+        return {
+            "bad_audio": DS["bad_audio"],
+            "max_seconds": DS["max_seconds"],
+            "sources": _shard_sources(shard, ("root", "format", "name")),
+        }
     return {k: v for k, v in DS.items() if k != "val_fraction"}
 
 
 def mel_settings(wildcards):
     return _inline(
-        dataset=_audio_job_dataset(),
+        dataset=_audio_job_dataset(wildcards.shard),
         cache={"shards": config["cache"]["shards"]},
         audio=config["audio"],
     )
@@ -73,15 +108,18 @@ def mel_settings(wildcards):
 
 def pitch_settings(wildcards):
     return _inline(
-        dataset=_audio_job_dataset(),
+        dataset=_audio_job_dataset(wildcards.shard),
         cache={"shards": config["cache"]["shards"]},
         **pshards.settings("pitch", config),
     )
 
 
-AUDIO = pmanifest.audio_files(
-    DS["root"], DS["audio_dir"]
-)  # one directory scan, not 3 stats a clip
+if SOURCES:  # each clip names its own file
+    AUDIO = {
+        c.id: pmanifest.audio_stamp(c.audio) for cs in MANIFEST.values() for c in cs
+    }
+else:  # one directory scan, not 3 stats a clip
+    AUDIO = pmanifest.audio_files(DS["root"], DS["audio_dir"])
 PROVENANCE = {kind: pshards.provenance(kind, config) for kind in pshards.CACHE_KINDS}
 
 
@@ -183,9 +221,16 @@ def gpus_wanted():
 
 # --- the aligner stage (rules/align.smk) and training (rules/train.smk) ---
 def _aligner_sections():
+    # with sources, the aligner reads the caches alone: a source added or edited reruns its shards
+    # (and their duration shards), not the aligner, as an edited line does
+    dataset = (
+        {k: DS[k] for k in ("bad_audio", "max_seconds", "val_fraction")}
+        if SOURCES
+        else DS
+    )
     return dict(
         name=NAME,
-        dataset=DS,
+        dataset=dataset,
         cache=config["cache"],
         audio=config["audio"],
         text=config["text"],

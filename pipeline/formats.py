@@ -1,0 +1,220 @@
+"""Corpus formats: one small reader per layout, looked up by name (`dataset.sources[].format`).
+
+Each reader takes a source (`{root, format, name, speaker, language}`, see configs/config.yaml)
+and returns its rows as manifest.Clip (id, text, speaker, language, audio file, file:line):
+  ljspeech  {root}/metadata.csv (id|text|normalized_text) + {root}/wavs/{id}.{wav,flac,ogg};
+            one speaker: the source's `speaker`, else its name
+  vctk      {root}/txt/{speaker}/{id}.txt + {root}/wav48_silence_trimmed/{speaker}/{id}_mic1.flac
+            (VCTK 0.92) or {root}/wav48/{speaker}/{id}.wav (0.80); speaker = folder name
+  libritts  {root}/{speaker}/{chapter}/{id}.normalized.txt + {id}.wav; speaker = folder name
+  csv       {root}/metadata.csv with a header row naming the columns audio_file|text|speaker|language
+            (language optional; speaker optional when the source sets `speaker`); audio_file is
+            relative to root, the id is its file name without extension
+A row's language is its own (csv), else the source's `language`, else `text.language`.
+`read_sources` joins them: clip ids are `{source name}-{id}` (unique across sources; a collision
+is a DatasetError naming both files), source names unique.
+
+    python -m pipeline.manifest is not a CLI; try: python -c "from pipeline import formats; print(formats.FORMATS)"
+"""
+import os
+import re
+from pathlib import Path
+
+from pipeline.manifest import _ID, AUDIO_EXTENSIONS, Clip, DatasetError, read_metadata
+
+CSV_COLUMNS = ("audio_file", "text", "speaker", "language")
+_LANGUAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")  # an espeak-ng language code, no variant
+
+
+def source_name(src, i=None):
+    """A source's name: its `name`, else its root folder's name."""
+    name = src.get("name") or Path(src["root"]).resolve().name
+    if not _ID.match(name):
+        key = f"dataset.sources[{i}].name" if i is not None else "dataset.sources[].name"
+        raise DatasetError(f"{key}: {name!r} is not a plain name (letters, digits, '_', '-', '.'); set `name` "
+                           "on the source")
+    return name
+
+
+def check_speaker(speaker, where):
+    if not speaker or "/" in speaker or "\\" in speaker or speaker in (".", "..") or speaker != speaker.strip():
+        raise DatasetError(f"{where}: speaker {speaker!r} must be a plain name (no path separator, not empty)")
+    return speaker
+
+
+def check_language(language, where):
+    if language and not _LANGUAGE.match(language):
+        raise DatasetError(f"{where}: language {language!r} is not an espeak-ng language code (e.g. en-us, de)")
+    return language
+
+
+def _scan_audio(folder):
+    """{stem: path} of the audio files in one folder (preferring wav, flac, ogg in that order)."""
+    found = {}
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return {}
+    for e in sorted(entries, key=lambda e: e.name):
+        stem, _, ext = e.name.rpartition(".")
+        if ext in AUDIO_EXTENSIONS:
+            best = found.get(stem)
+            if best is None or AUDIO_EXTENSIONS.index(ext) < AUDIO_EXTENSIONS.index(best.rpartition(".")[2]):
+                found[stem] = e.path
+    return found
+
+
+def _read_text(path):
+    try:
+        text = path.read_bytes().decode("utf-8-sig").strip()
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not UTF-8 (byte {e.start + 1})") from None
+    if not text:
+        raise DatasetError(f"{path}: empty transcript")
+    return " ".join(text.split())
+
+
+def _subfolders(folder):
+    return sorted(e.name for e in os.scandir(folder) if e.is_dir()) if folder.is_dir() else []
+
+
+def read_ljspeech(root, src, name, strict):
+    speaker = src.get("speaker") or name
+    audio = _scan_audio(root / "wavs")
+    return [Clip(c.id, c.text, c.line, c.lineno, speaker, src.get("language") or "",
+                 audio.get(c.id, str(root / "wavs" / f"{c.id}.wav")), f"{root / 'metadata.csv'}:{c.lineno}")
+            for c in read_metadata(root / "metadata.csv")]
+
+
+def read_vctk(root, src, name, strict):
+    if src.get("speaker"):
+        raise DatasetError(f"dataset.sources ({name}).speaker: a vctk corpus names its speakers by folder; "
+                           "remove the key")
+    trimmed = (root / "wav48_silence_trimmed").is_dir()
+    out = []
+    for speaker in _subfolders(root / "txt"):
+        audio = _scan_audio(root / ("wav48_silence_trimmed" if trimmed else "wav48") / speaker)
+        for txt in sorted((root / "txt" / speaker).glob("*.txt")):
+            cid = txt.stem
+            wav = audio.get(f"{cid}_mic1" if trimmed else cid)
+            missing = root / "wav48_silence_trimmed" / speaker / f"{cid}_mic1.flac" if trimmed else \
+                root / "wav48" / speaker / f"{cid}.wav"
+            out.append(Clip(cid, _read_text(txt), "", 1, speaker, src.get("language") or "", wav or str(missing),
+                            str(txt)))
+    return out
+
+
+def read_libritts(root, src, name, strict):
+    if src.get("speaker"):
+        raise DatasetError(f"dataset.sources ({name}).speaker: a libritts corpus names its speakers by folder; "
+                           "remove the key")
+    out = []
+    for speaker in _subfolders(root):
+        for chapter in _subfolders(root / speaker):
+            folder = root / speaker / chapter
+            audio = _scan_audio(folder)
+            for txt in sorted(folder.glob("*.normalized.txt")):
+                cid = txt.name[:-len(".normalized.txt")]
+                out.append(Clip(cid, _read_text(txt), "", 1, speaker, src.get("language") or "",
+                                audio.get(cid, str(folder / f"{cid}.wav")), str(txt)))
+    return out
+
+
+def read_csv(root, src, name, strict):
+    path = root / "metadata.csv"
+    try:
+        raw = path.read_bytes().decode("utf-8-sig")
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: not found (a csv source holds metadata.csv)") from None
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not UTF-8 (byte {e.start + 1})") from None
+    lines = [(n, line.rstrip("\r")) for n, line in enumerate(raw.split("\n"), start=1) if line.strip()]
+    if not lines:
+        raise DatasetError(f"{path}: empty (expected a header row {'|'.join(CSV_COLUMNS)})")
+    header = [h.strip() for h in lines[0][1].split("|")]
+    unknown = sorted(set(header) - set(CSV_COLUMNS))
+    if unknown or len(set(header)) != len(header) or not {"audio_file", "text"} <= set(header):
+        raise DatasetError(f"{path}:{lines[0][0]}: header {lines[0][1]!r}: expected the columns "
+                           f"{'|'.join(CSV_COLUMNS)} (language optional; speaker optional with the source's `speaker`)")
+    if strict and "speaker" not in header and not src.get("speaker"):
+        raise DatasetError(f"{path}:{lines[0][0]}: no speaker column and the source sets no `speaker`")
+    out = []
+    for lineno, line in lines[1:]:
+        cols = line.split("|")
+        if len(cols) != len(header):
+            raise DatasetError(f"{path}:{lineno}: expected {len(header)} fields ({'|'.join(header)}), found {len(cols)}")
+        row = dict(zip(header, (c.strip() for c in cols)))
+        where = f"{path}:{lineno}"
+        if not row["audio_file"] or not row["text"]:
+            raise DatasetError(f"{where}: empty {'audio_file' if not row['audio_file'] else 'text'} field")
+        audio = root / row["audio_file"]
+        cid = audio.name.rpartition(".")[0] or audio.name
+        if not _ID.match(cid) or ".." in Path(row["audio_file"]).parts:
+            raise DatasetError(f"{where}: audio_file {row['audio_file']!r} is not a plain file name under {root}")
+        speaker = row.get("speaker") or src.get("speaker") or ""
+        language = row.get("language") or src.get("language") or ""
+        if strict:
+            check_speaker(speaker, where)
+            check_language(language, where)
+        out.append(Clip(cid, row["text"], "", lineno, speaker, language, str(audio), where))
+    return out
+
+
+FORMATS = {"ljspeech": read_ljspeech, "vctk": read_vctk, "libritts": read_libritts, "csv": read_csv}
+
+
+def read_source(src, i=None, strict=True):
+    """The clips of one source, ids prefixed with its name, in the reader's order."""
+    key = f"dataset.sources[{i}]" if i is not None else "dataset.sources[]"
+    if src.get("format") not in FORMATS:
+        raise DatasetError(f"{key}.format: unknown format {src.get('format')!r}; valid: {', '.join(FORMATS)}")
+    root = Path(src["root"])
+    if not root.is_dir():
+        raise DatasetError(f"{key}.root: folder not found: {root}")
+    name = source_name(src, i)
+    if strict:
+        if src.get("speaker"):
+            check_speaker(src["speaker"], f"{key}.speaker")
+        check_language(src.get("language"), f"{key}.language")
+    clips = FORMATS[src["format"]](root, src, name, strict)
+    if not clips:
+        raise DatasetError(f"{key}.root: {root} holds no clips in the {src['format']} layout "
+                           f"({FORMATS[src['format']].__name__} in pipeline/formats.py)")
+    out = []
+    for c in clips:
+        cid = f"{name}-{c.id}"
+        line = "|".join((cid, c.text, c.speaker, c.language))  # what the token shard depends on
+        out.append(Clip(cid, c.text, line, c.lineno, c.speaker, c.language, c.audio, c.where, name))
+    return out
+
+
+def normalised(sources):
+    """{source name: the source with its `name` filled in}, in config order."""
+    return {source_name(src, i): {**src, "name": source_name(src, i)} for i, src in enumerate(sources)}
+
+
+def check_languages(clips, known, default):
+    """DatasetError naming the first clip (file:line) whose language espeak-ng has no voice for."""
+    for c in clips:
+        language = (c.language or default).lower()
+        if language not in known:
+            raise DatasetError(f"{c.where}: language {c.language or default!r} (from its source's `language`, its csv "
+                               f"column or text.language) is not an espeak-ng language; `espeak-ng --voices` lists "
+                               f"them, e.g. {', '.join(sorted(k for k in known if k.startswith('en')))}")
+
+
+def read_sources(sources, strict=True):
+    """Every source's clips; DatasetError on two sources of one name or two clips of one id."""
+    names, seen, out = {}, {}, []
+    for i, src in enumerate(sources):
+        name = source_name(src, i)
+        if name in names:
+            raise DatasetError(f"dataset.sources[{i}].name: {name!r} is also the name of dataset.sources[{names[name]}]; "
+                               "give one of them another `name`")
+        names[name] = i
+        for c in read_source(src, i, strict):
+            if c.id in seen:
+                raise DatasetError(f"clip id {c.id!r} twice: {seen[c.id]} and {c.where}; rename one file or a source")
+            seen[c.id] = c.where
+            out.append(c)
+    return out

@@ -1,0 +1,152 @@
+"""pipeline/formats.py: one reader per corpus layout (fixture folders laid out as LJSpeech, VCTK 0.92
+and 0.80, LibriTTS and the csv format are), ids unique across sources, speakers and languages per
+row, and each kind of bad input as one DatasetError naming the file, line or key.
+
+    python -m pytest -q tests/test_formats.py
+"""
+import re
+import shutil
+
+import pytest
+import soundfile as sf
+from conftest import snakemake, write_config
+
+from pipeline import formats, manifest
+from pipeline.manifest import DatasetError
+
+TEXTS = ["Please call Stella.", "Ask her to bring these things.", "Six spoons of fresh snow peas."]
+
+
+def _tone(path, seconds=0.3, sr=22050):
+    import numpy as np
+    t = np.arange(int(seconds * sr)) / sr
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(str(path), (0.3 * np.sin(2 * np.pi * 220 * t)).astype("float32"), sr, subtype="PCM_16")
+
+
+def make_vctk(root, speakers=("p225", "p226"), n=2, trimmed=True):
+    for spk in speakers:
+        for k in range(1, n + 1):
+            cid = f"{spk}_{k:03d}"
+            (root / "txt" / spk).mkdir(parents=True, exist_ok=True)
+            (root / "txt" / spk / f"{cid}.txt").write_text(TEXTS[k % 3] + "\n")
+            if trimmed:
+                _tone(root / "wav48_silence_trimmed" / spk / f"{cid}_mic1.flac")
+                _tone(root / "wav48_silence_trimmed" / spk / f"{cid}_mic2.flac")
+            else:
+                _tone(root / "wav48" / spk / f"{cid}.wav")
+    return root
+
+
+def make_libritts(root, speakers=("19", "26"), n=2):
+    for spk in speakers:
+        folder = root / spk / "198"
+        folder.mkdir(parents=True, exist_ok=True)
+        for k in range(n):
+            cid = f"{spk}_198_{k:06d}_000000"
+            (folder / f"{cid}.normalized.txt").write_text(TEXTS[k % 3])
+            (folder / f"{cid}.original.txt").write_text(TEXTS[k % 3].upper())
+            _tone(folder / f"{cid}.wav")
+    return root
+
+
+def make_csv(root, rows, header="audio_file|text|speaker|language"):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "metadata.csv").write_text("\n".join([header, *rows]) + "\n")
+    at = header.split("|").index("audio_file")
+    for row in rows:
+        _tone(root / row.split("|")[at])
+    return root
+
+
+def test_vctk_092_and_080_layouts(tmp_path):
+    for trimmed in (True, False):
+        root = make_vctk(tmp_path / f"vctk{trimmed}", trimmed=trimmed)
+        clips = formats.read_sources([{"root": str(root), "format": "vctk", "language": "en-gb", "name": "vctk"}])
+        assert [(c.id, c.speaker, c.language) for c in clips] == [
+            ("vctk-p225_001", "p225", "en-gb"), ("vctk-p225_002", "p225", "en-gb"),
+            ("vctk-p226_001", "p226", "en-gb"), ("vctk-p226_002", "p226", "en-gb")]
+        assert clips[0].text == TEXTS[1]
+        want = "wav48_silence_trimmed/p225/p225_001_mic1.flac" if trimmed else "wav48/p225/p225_001.wav"
+        assert clips[0].audio == str(root / want)  # mic1, never mic2
+        assert clips[0].where == str(root / "txt" / "p225" / "p225_001.txt")
+
+
+def test_libritts_layout_reads_normalized_text(tmp_path):
+    root = make_libritts(tmp_path / "LibriTTS")
+    clips = formats.read_sources([{"root": str(root), "format": "libritts"}])
+    assert [(c.id, c.speaker) for c in clips] == [
+        ("LibriTTS-19_198_000000_000000", "19"), ("LibriTTS-19_198_000001_000000", "19"),
+        ("LibriTTS-26_198_000000_000000", "26"), ("LibriTTS-26_198_000001_000000", "26")]
+    assert clips[1].text == TEXTS[1] and clips[1].language == ""  # "": text.language
+    assert clips[1].audio == str(root / "19" / "198" / "19_198_000001_000000.wav")
+
+
+def test_ljspeech_and_csv_sources(tmp_path):
+    lj = tmp_path / "LJSpeech-1.1"
+    (lj / "wavs").mkdir(parents=True)
+    (lj / "metadata.csv").write_text("LJ001-0001|Hello there.|Hello there.\n")
+    _tone(lj / "wavs" / "LJ001-0001.wav")
+    mine = make_csv(tmp_path / "mine", ["a/x1.wav|Guten Tag.|anna|de", "a/x2.wav|Good day.|bob|"])
+    clips = formats.read_sources([{"root": str(lj), "format": "ljspeech", "speaker": "lj", "language": "en-us"},
+                                  {"root": str(mine), "format": "csv", "language": "en-gb"}])
+    assert [(c.id, c.speaker, c.language, c.source) for c in clips] == [
+        ("LJSpeech-1.1-LJ001-0001", "lj", "en-us", "LJSpeech-1.1"),
+        ("mine-x1", "anna", "de", "mine"), ("mine-x2", "bob", "en-gb", "mine")]  # a row's own language wins
+    assert clips[1].audio == str(mine / "a" / "x1.wav") and clips[1].where == f"{mine / 'metadata.csv'}:2"
+    # the csv columns may come in any order, language may be left out
+    other = make_csv(tmp_path / "other", ["Hi.|y1.wav|cy"], header="text|audio_file|speaker")
+    assert [(c.id, c.text, c.speaker) for c in formats.read_sources([{"root": str(other), "format": "csv"}])] == \
+        [("other-y1", "Hi.", "cy")]
+
+
+def test_ids_speakers_and_languages_do_not_depend_on_other_sources(tmp_path):
+    a = make_vctk(tmp_path / "a")
+    b = make_libritts(tmp_path / "b")
+    alone = formats.read_sources([{"root": str(a), "format": "vctk"}])
+    both = formats.read_sources([{"root": str(b), "format": "libritts"}, {"root": str(a), "format": "vctk"}])
+    assert {c.id: (c.line, manifest.shard_of(c.id, 8)) for c in alone}.items() <= \
+        {c.id: (c.line, manifest.shard_of(c.id, 8)) for c in both}.items()
+
+
+def _error(sources):
+    with pytest.raises(DatasetError) as e:
+        formats.read_sources(sources)
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+def test_bad_input_names_the_file_line_or_key(tmp_path):
+    good = make_vctk(tmp_path / "good")
+    short = make_csv(tmp_path / "short", ["x1.wav|Hello.|anna|en-us", "x2.wav|Hello.|anna"])
+    assert re.search(rf"{re.escape(str(short / 'metadata.csv'))}:3: expected 4 fields", _error(
+        [{"root": str(short), "format": "csv"}]))
+    slash = make_csv(tmp_path / "slash", ["x1.wav|Hello.|an/na|en-us"])
+    assert f"{slash / 'metadata.csv'}:2: speaker 'an/na'" in _error([{"root": str(slash), "format": "csv"}])
+    assert "dataset.sources[0].speaker: speaker 'a\\\\b'" in _error(
+        [{"root": str(slash), "format": "csv", "speaker": "a\\b"}])
+    nospeaker = make_csv(tmp_path / "nospk", ["x1.wav|Hello."], header="audio_file|text")
+    assert "no speaker column" in _error([{"root": str(nospeaker), "format": "csv"}])
+    (tmp_path / "empty").mkdir()
+    assert "dataset.sources[1].root" in _error([{"root": str(good), "format": "vctk"},
+                                                {"root": str(tmp_path / "empty"), "format": "vctk"}])
+    assert "dataset.sources[1].name: 'good' is also the name of dataset.sources[0]" in _error(
+        [{"root": str(good), "format": "vctk"}, {"root": str(short), "format": "csv", "name": "good"}])
+    assert "dataset.sources[0].format: unknown format 'kaldi'; valid: ljspeech, vctk, libritts, csv" in _error(
+        [{"root": str(good), "format": "kaldi"}])
+    twice = make_csv(tmp_path / "twice", ["a/x.wav|One.|anna", "b/x.wav|Two.|anna"], header="audio_file|text|speaker")
+    message = _error([{"root": str(twice), "format": "csv"}])
+    assert "'twice-x' twice" in message and ":2" in message and ":3" in message
+
+
+def test_unknown_espeak_language_fails_planning(tmp_path, corpus_template):
+    shutil.copytree(corpus_template, tmp_path / "lj")
+    mine = make_csv(tmp_path / "mine", ["x1.wav|Hello.|anna|en-us", "x2.wav|Hello.|bob|xx-nowhere"])
+    config = write_config(tmp_path, tmp_path / "lj", dataset={"sources": [
+        {"root": str(tmp_path / "lj"), "format": "ljspeech", "language": "en-us"},
+        {"root": str(mine), "format": "csv"}]})
+    proc = snakemake("caches", "-n", config=config, check=False)
+    assert proc.returncode != 0
+    assert f"{mine / 'metadata.csv'}:3: language 'xx-nowhere'" in proc.stdout + proc.stderr
+    assert not (tmp_path / "cache").exists()
