@@ -13,6 +13,15 @@ already made with the same request: an interrupted run continues, a changed one 
 
 Run:  python -m pipeline.make_corpus --transcripts data/ljspeech_transcripts.csv \
           --out data/demo --count 100 --sample-rate 16000 --jobs 2
+
+Several voices (`--voices`, espeak-ng voices and variants): each speaks `--count` lines of its own
+(voice i takes the lines after voice i-1's: no sentence is spoken twice), written in the `csv`
+source format (pipeline/formats.py): OUT/metadata.csv `audio_file|text|speaker|language` and
+OUT/wavs/{voice}-{id}.flac; the speaker is the voice's name, the language its code before "+" or the
+matching entry of `--languages`.
+
+      python -m pipeline.make_corpus --transcripts data/ljspeech_transcripts.csv --out data/voices \
+          --voices en-us+m3,en-us+f2,en-gb+m1 --count 60 --sample-rate 22050
 """
 import argparse
 import concurrent.futures
@@ -205,21 +214,79 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
     return stats
 
 
+def voice_file_stem(voice, clip_id):
+    """A clip's file name (no extension) for a voice: "en-us+m3", "LJ001-0001" -> "en-us_m3-LJ001-0001"."""
+    return f"{voice.replace('+', '_')}-{clip_id}"
+
+
+def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, start: int = 0, fmt: str = "flac",
+                       sample_rate: int = ESPEAK_RATE, jobs: int = 1, speed: int = 175, log=sys.stderr) -> dict:
+    """A csv-format corpus of several espeak-ng voices, `count` different lines each (see the module
+    doc). Returns {"clips", "made", "skipped", "seconds", "speakers"}."""
+    voices = [v.strip() for v in voices if v.strip()]
+    languages = list(languages) if languages else [v.split("+")[0] for v in voices]
+    if not voices or len(set(voices)) != len(voices) or len(languages) != len(voices):
+        raise ValueError(f"--voices: give distinct voices ({voices}) and, with --languages, one language each "
+                         f"({languages})")
+    if fmt not in FORMATS or count < 1 or start < 0 or jobs < 1:
+        raise ValueError(f"need a format in {list(FORMATS)}, count >= 1, start >= 0, jobs >= 1")
+    _check_espeak()
+    rows = read_transcripts(transcripts, start=start, count=count * len(voices))
+    if len(rows) < count * len(voices):
+        raise ValueError(f"{transcripts} has {len(rows)} lines from line {start}, not {count * len(voices)} "
+                         f"({count} for each of {len(voices)} voices)")
+    out = Path(out)
+    (out / "wavs").mkdir(parents=True, exist_ok=True)
+    jobs_list = [(voice, language, *rows[i * count + k])
+                 for i, (voice, language) in enumerate(zip(voices, languages)) for k in range(count)]
+    t0, total, made = time.perf_counter(), 0, 0
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futures = [pool.submit(_make_clip, out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}", text, voice, speed,
+                               sample_rate, None) for voice, _, cid, text, _ in jobs_list]
+        for future in futures:
+            frames, new = future.result()
+            total, made = total + frames, made + new
+    lines = ["audio_file|text|speaker|language"] + [
+        f"wavs/{voice_file_stem(voice, cid)}.{fmt}|{text}|{voice}|{language}"
+        for voice, language, cid, text, _ in jobs_list]
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".metadata.csv.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(line + "\n" for line in lines)
+    os.replace(tmp, out / "metadata.csv")
+    stats = {"clips": len(jobs_list), "made": made, "skipped": len(jobs_list) - made,
+             "seconds": round(total / sample_rate, 2), "speakers": voices}
+    print(f"make_corpus: {len(voices)} voices x {count} clips ({made} made), {stats['seconds']} s of audio in {out} "
+          f"({time.perf_counter() - t0:.1f} s)", file=log)
+    return stats
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--transcripts", required=True, help="id|text|normalized_text file")
     p.add_argument("--out", required=True, help="corpus folder (metadata.csv + wavs/)")
-    p.add_argument("--count", type=int, required=True, help="number of lines to speak")
+    p.add_argument("--count", type=int, required=True, help="number of lines to speak (per voice with --voices)")
     p.add_argument("--start", type=int, default=0, help="first line (0-based)")
     p.add_argument("--format", choices=sorted(FORMATS), default="flac")
     p.add_argument("--sample-rate", type=int, default=ESPEAK_RATE, help="Hz; soxr resamples")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="espeak-ng processes")
     p.add_argument("--voice", default="en-us")
+    p.add_argument("--voices", help="several espeak-ng voices, e.g. en-us+m3,en-us+f2,en-gb+m1: a csv-format "
+                                    "corpus, different lines per voice")
+    p.add_argument("--languages", help="with --voices: the language of each voice's rows (default: its code "
+                                       "before '+')")
     p.add_argument("--speed", type=int, default=175, help="words per minute")
     p.add_argument("--compression-level", type=float, default=None,
                    help="FLAC effort from 0 (fastest) to 1 (smallest); default libsndfile's")
     args = p.parse_args(argv)
     try:
+        if args.voices:
+            make_voices_corpus(args.transcripts, args.out, voices=args.voices.split(","),
+                               languages=args.languages.split(",") if args.languages else None, count=args.count,
+                               start=args.start, fmt=args.format, sample_rate=args.sample_rate, jobs=args.jobs,
+                               speed=args.speed)
+            return
+        if args.languages:
+            raise ValueError("--languages goes with --voices")
         make_corpus(args.transcripts, args.out, count=args.count, start=args.start,
                     fmt=args.format, sample_rate=args.sample_rate, jobs=args.jobs,
                     voice=args.voice, speed=args.speed,

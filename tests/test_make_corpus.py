@@ -72,3 +72,21 @@ def test_errors(tmp_path, monkeypatch):
         mc.make_corpus(TRANSCRIPTS, tmp_path, count=1)
     with pytest.raises(RuntimeError, match="apt-get install espeak-ng"):
         mc.speak("hello")
+
+
+def test_voices_corpus_in_the_csv_format(tmp_path):
+    from pipeline import formats
+
+    stats = mc.make_voices_corpus(TRANSCRIPTS, tmp_path, voices=["en-us+m3", "en-gb+f2"], languages=None,
+                                  count=2, jobs=2, sample_rate=16000)
+    assert stats["clips"] == 4 and stats["speakers"] == ["en-us+m3", "en-gb+f2"]
+    clips = formats.read_sources([{"root": str(tmp_path), "format": "csv", "name": "v"}])
+    assert [(c.speaker, c.language) for c in clips] == [("en-us+m3", "en-us")] * 2 + [("en-gb+f2", "en-gb")] * 2
+    texts = [c.text for c in clips]
+    assert len(set(texts)) == 4  # different sentences per speaker
+    assert texts == [line.split("|")[-1] for line in _lines(4)]
+    a, _ = sf.read(tmp_path / "wavs" / "en-us_m3-LJ001-0001.flac")
+    b, _ = sf.read(clips[2].audio)
+    assert len(a) > 8000 and len(b) > 8000
+    with pytest.raises(ValueError, match="one language each"):
+        mc.make_voices_corpus(TRANSCRIPTS, tmp_path, voices=["en-us", "de"], languages=["en-us"], count=1)
