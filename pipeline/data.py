@@ -14,7 +14,9 @@ Batches are dicts: tokens int32 [B, T] (vocabulary ids: token shards hold code p
 one table gather per group), token_lengths int32 [B], mel float16 [B, F, n_mels] (padding =
 log(1e-5), silence), mel_lengths int32 [B], pitch float32 [B, F] (Hz, 0 = unvoiced or padding),
 energy float32 [B, F] (0 = padding); with durations=True also durations int32 [B, T] (frames per
-token, rows summing to mel_lengths). F is a multiple of model.reduction.
+token, rows summing to mel_lengths); with several speakers (languages) in the index, speaker
+(language) int32 [B]: the clip's position in the index's sorted `speakers` (`languages`). F is a
+multiple of model.reduction.
 """
 import json
 import os
@@ -31,7 +33,7 @@ PAD_LOG_MEL = float(np.log(1e-5))  # padded frames look like silence to the mode
 GROUP_BYTES = 1 << 30  # shards are read in groups of about this size; a batch mixes clips of one group
 FRAME_KINDS = ("mels", "energy", "pitch")  # one row per mel frame, same ids and counts
 ROW = {name: i for i, name in enumerate(  # the columns of a group's row table
-    ("clip", "tokens", "n_tokens", "mels", "frames", "bucket", "energy", "pitch", "durations"))}
+    ("clip", "tokens", "n_tokens", "mels", "frames", "bucket", "energy", "pitch", "durations", "speaker", "language"))}
 
 
 def read_index(cfg):
@@ -58,6 +60,9 @@ def feature_stats(cfg, index=None):
     index = index or read_index(cfg)
     out = {k: np.asarray(index[k], np.float32) for k in ("mel_mean", "mel_std")}
     out.update({k: float(index[k]) for k in ("pitch_mean", "pitch_std", "energy_mean", "energy_std")})
+    if "speaker" in voice_fields(index):  # speaker_pitch_mean/std float32 [speakers], in the index's order
+        for k in ("pitch_mean", "pitch_std"):
+            out[f"speaker_{k}"] = np.asarray([index["speaker_stats"][s][k] for s in index["speakers"]], np.float32)
     return out
 
 
@@ -76,13 +81,16 @@ class Clips:
     n_tokens: np.ndarray
     frames: np.ndarray
     offsets: dict = field(default_factory=dict)  # kind -> offsets inside that kind's shard
+    speaker: np.ndarray = None  # index into the index's `speakers`
+    language: np.ndarray = None  # index into the index's `languages`
 
     def split(self, name):
         """The rows of split `name`: "train", "val" or "all"."""
         keep = np.ones(len(self.ids), bool) if name == "all" else self.val == (name == "val")
         return Clips(ids=[i for i, k in zip(self.ids, keep) if k], shard=self.shard[keep], val=self.val[keep],
                      n_tokens=self.n_tokens[keep], frames=self.frames[keep],
-                     offsets={k: v[keep] for k, v in self.offsets.items()})
+                     offsets={k: v[keep] for k, v in self.offsets.items()},
+                     speaker=self.speaker[keep], language=self.language[keep])
 
 
 def _shard_metas(root, entry, kinds, index):
@@ -119,7 +127,9 @@ def load_clips(cfg, split="all", index=None, durations=False):
     index = index or read_index(cfg)
     root = config.cache_dir(cfg)
     kinds = shards.CACHE_KINDS + (("durations",) if durations else ())
-    cols = {k: [] for k in ("ids", "shard", "val", "n_tokens", "frames", *kinds)}
+    cols = {k: [] for k in ("ids", "shard", "val", "n_tokens", "frames", "speaker", "language", *kinds)}
+    speaker_id = {name: i for i, name in enumerate(index.get("speakers", []))}
+    language_id = {name: i for i, name in enumerate(index.get("languages", []))}
     paths = {k: [] for k in kinds}
     for k, entry in enumerate(index["shards"]):
         metas = _shard_metas(root, entry, kinds, index)
@@ -140,14 +150,28 @@ def load_clips(cfg, split="all", index=None, durations=False):
             cols["ids"].append(cid); cols["shard"].append(k)
             cols["val"].append(manifest.is_validation(cid, index["val_fraction"]))
             cols["n_tokens"].append(tok["lengths"][i]); cols["frames"].append(mel["lengths"][j])
+            cols["speaker"].append(speaker_id.get(tok["speakers"][i], 0) if "speakers" in tok else 0)
+            cols["language"].append(language_id.get(tok["languages"][i], 0) if "languages" in tok else 0)
             for kind, (meta, _) in metas.items():
                 cols[kind].append(meta["offsets"][at[kind][cid]])
         for kind, (_, prefix) in metas.items():
             paths[kind].append(str(prefix.with_suffix(".bin")))
     clips = Clips(ids=cols["ids"], shard=np.asarray(cols["shard"], np.int64), val=np.asarray(cols["val"], bool),
                   n_tokens=np.asarray(cols["n_tokens"], np.int64), frames=np.asarray(cols["frames"], np.int64),
-                  offsets={kind: np.asarray(cols[kind], np.int64) for kind in kinds})
+                  offsets={kind: np.asarray(cols[kind], np.int64) for kind in kinds},
+                  speaker=np.asarray(cols["speaker"], np.int64), language=np.asarray(cols["language"], np.int64))
     return clips.split(split), paths
+
+
+def voice_tables(index):
+    """{"speakers": [...], "languages": [...]}: the index's sorted name tables (what models.build takes)."""
+    return {k: list(index.get(k, [])) for k in ("speakers", "languages")}
+
+
+def voice_fields(index):
+    """The batch fields a cache's clips differ by: ("speaker",) with several speakers, ("language",)
+    with several languages, both, or () (a single-speaker corpus pays nothing)."""
+    return tuple(f for f, table in (("speaker", "speakers"), ("language", "languages")) if len(index.get(table, [])) > 1)
 
 
 def bucket_shapes(cfg, index=None, clips=None):
@@ -207,6 +231,8 @@ def _group_rows(clips, group, paths, edges, kinds, n_mels, batch, rng, complete)
     rows[:, ROW["n_tokens"]] = clips.n_tokens[pick]
     rows[:, ROW["frames"]] = clips.frames[pick]
     rows[:, ROW["bucket"]] = np.searchsorted(edges, clips.frames[pick])
+    rows[:, ROW["speaker"]] = clips.speaker[pick]
+    rows[:, ROW["language"]] = clips.language[pick]
     for kind in kinds:
         rows[:, ROW[kind]] = clips.offsets[kind][pick] + [base[kind][k] for k in clips.shard[pick]]
     if complete:
@@ -275,7 +301,7 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
             rows = _bucketed_rows(rows_table[g], batch, shuffle=max(len(r) for r in group_rows) if shuffle else 0,
                                   repeat=endless, drop_remainder=drop_remainder, seed=seed)
 
-        gather = _padded_gather(arrays, kinds, max_tokens, max_frames, n_mels, with_clip_index)
+        gather = _padded_gather(arrays, kinds, max_tokens, max_frames, n_mels, with_clip_index, voice_fields(index))
         return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
 
     return _interleave_groups(group_batches, len(groups), shuffle=shuffle, repeat=repeat and not endless,
@@ -297,7 +323,7 @@ def _bucketed_rows(rows, batch, *, shuffle, repeat, drop_remainder, seed):
 PADS = {"tokens": 0, "durations": 0, "mels": PAD_LOG_MEL, "energy": 0.0, "pitch": 0.0}  # what padding holds
 
 
-def _padded_gather(arrays, kinds, max_tokens, max_frames, n_mels, with_clip_index):
+def _padded_gather(arrays, kinds, max_tokens, max_frames, n_mels, with_clip_index, voices=()):
     """The map function from a batch of index rows to a batch dict: one vectorised gather per field,
     padded to the bucket's (tokens, frames) shape."""
     def gather(r):
@@ -311,6 +337,8 @@ def _padded_gather(arrays, kinds, max_tokens, max_frames, n_mels, with_clip_inde
             shape = [n, max_tokens[b] if unit == "tokens" else max_frames[b]] + ([n_mels] if kind == "mels" else [])
             name = {"mels": "mel"}.get(kind, kind)
             out[name] = ragged.to_tensor(tf.cast(PADS[kind], ragged.dtype), shape=tf.stack(shape))  # (B, T|F[, M])
+        for name in voices:  # speaker / language ids, int32 [B]
+            out[name] = tf.cast(r[:, ROW[name]], tf.int32)
         if with_clip_index:
             out["clip"] = tf.cast(r[:, ROW["clip"]], tf.int32)
         return out

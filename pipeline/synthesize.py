@@ -5,7 +5,9 @@
 
 Reads runs/{name}/checkpoints (the model only), the vocabulary and mel statistics saved with the
 caches (so the text front end is the one training used), config keys `synthesize:` (sentences,
-max_seconds, pace, pitch_shift, griffin_lim_iters), `audio:`, `model:`. Any model kind works: each
+speaker, language, max_seconds, pace, pitch_shift, griffin_lim_iters), `audio:`, `model:`, `text:`
+(language). A sentence is text, or {text, speaker, language} overriding synthesize.speaker and
+.language; an unknown speaker or language is a one-line error listing the cache's. Any model kind works: each
 sentence is one compiled `model.infer` call (docs/models.md), never a Python loop over frames.
 Writes NN.wav (Griffin-Lim, TensorFlow STFT ops), NN.npy (the log-mel, float32 (frames, n_mels),
 the project's HiFi-GAN-compatible mel, so any HiFi-GAN trained on it can voice it) and
@@ -17,6 +19,7 @@ sentences.json (checkpoint, step, pace, pitch shift, text and length of each sam
 """
 import argparse
 import functools
+import inspect
 import json
 import re
 from pathlib import Path
@@ -25,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline import config, data, models, text
-from pipeline.errors import MissingCheckpoint, cli
+from pipeline.errors import MissingCheckpoint, PipelineError, cli
 from pipeline.vocoder import griffin_lim, save_wav
 
 
@@ -36,29 +39,52 @@ class Synthesizer:
         self.cfg, self.model, self.checkpoint, self.log = cfg, model, checkpoint, log
         self.step = int(re.search(r"ckpt-(\d+)$", checkpoint).group(1))
         self.vocab = index["vocab"]
+        self.speakers, self.languages = list(index.get("speakers", [])), list(index.get("languages", []))
+        self.voiced = [f for f in data.voice_fields(index) if f in inspect.signature(model.infer).parameters]
         self.mean, self.std = data.mel_stats(cfg, index)
         a = cfg["audio"]
         self.max_frames = int(np.ceil(cfg["synthesize"]["max_seconds"] * a["sample_rate"] / a["hop_length"]))
 
-    def encode(self, sentence):
-        """Token ids of a sentence with the cache's text front end."""
-        return text.encode(sentence, self.vocab)  # as training mapped it; TextError naming an unseen symbol
+    def voice(self, speaker="", language="", where="synthesize"):
+        """(speaker id, language id, language name) for names ("" = the defaults, see the module doc);
+        PipelineError naming `where` and listing the known ones."""
+        key = {f: f"{where}.{f}" if given else f"synthesize.{f}" for f, given in (("speaker", speaker), ("language", language))}
+        speaker = speaker or self.cfg["synthesize"]["speaker"]
+        language = language or self.cfg["synthesize"]["language"]
+        if speaker and self.speakers and speaker not in self.speakers:
+            raise PipelineError(f"{key['speaker']}: unknown speaker {speaker!r}; known: {', '.join(self.speakers)}")
+        if not language:
+            language = self.cfg["text"]["language"] if self.cfg["text"]["language"] in self.languages or not \
+                self.languages else self.languages[0]
+        elif self.languages and language not in self.languages:
+            raise PipelineError(f"{key['language']}: unknown language {language!r}; known: {', '.join(self.languages)}")
+        s_id = self.speakers.index(speaker) if speaker else 0
+        l_id = self.languages.index(language) if language in self.languages else 0
+        return s_id, l_id, language
 
-    def infer(self, sentence, pace=None, pitch_shift=None):
+    def encode(self, sentence, language=None):
+        """Token ids of a sentence with the cache's text front end (in `language`'s voice)."""
+        vocab = dict(self.vocab, language=language) if language else self.vocab
+        return text.encode(sentence, vocab)  # as training mapped it; TextError naming an unseen symbol
+
+    def infer(self, sentence, pace=None, pitch_shift=None, speaker="", language="", where="synthesize"):
         """The model's outputs for one sentence (one compiled call), mel denormalised to log-mel."""
         s = self.cfg["synthesize"]
-        ids = self.encode(sentence)
+        s_id, l_id, language = self.voice(speaker, language, where)
+        ids = self.encode(sentence, language)
+        ids_of = {"speaker": s_id, "language": l_id}
         out = self.model.infer(tf.constant([ids], tf.int32), tf.constant([len(ids)], tf.int32),
                                pace=s["pace"] if pace is None else pace,
                                pitch_shift=s["pitch_shift"] if pitch_shift is None else pitch_shift,
-                               max_frames=self.max_frames)
+                               max_frames=self.max_frames, **{f: tf.constant([ids_of[f]], tf.int32) for f in self.voiced})
         n = int(out["lengths"][0])
         mel = out["mel"][0, :n].numpy().astype(np.float32) * self.std + self.mean   # (frames, n_mels) log-mel
-        return {"mel": mel, "frames": n, "cut": n >= self.max_frames, "tokens": len(ids)}
+        return {"mel": mel, "frames": n, "cut": n >= self.max_frames, "tokens": len(ids),
+                "speaker": self.speakers[s_id] if self.speakers else "", "language": language}
 
-    def mel(self, sentence):
+    def mel(self, sentence, speaker="", language=""):
         """Log-mel (frames, n_mels) float32 for `sentence`, honouring synthesize.pace and pitch_shift."""
-        return self.infer(sentence)["mel"]
+        return self.infer(sentence, speaker=speaker, language=language)["mel"]
 
 
 def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
@@ -68,9 +94,9 @@ def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
     latest = tf.train.latest_checkpoint(str(ckpt_dir))
     if latest is None:
         raise MissingCheckpoint(f"{ckpt_dir}: no checkpoint; train first (`snakemake --cores all train`)")
-    model = models.build(cfg["model"], index["vocab"], index["n_mels"])
+    model = models.build(cfg["model"], index["vocab"], index["n_mels"], **data.voice_tables(index))
     r = models.frame_multiple(cfg["model"])
-    model(models.dummy_batch(8, 4 * r, index["n_mels"]))  # create the variables, then fill them
+    model(models.dummy_batch(8, 4 * r, index["n_mels"], data.voice_fields(index)))  # create the variables, then fill them
     tf.train.Checkpoint(model=model).restore(latest).expect_partial()
     return Synthesizer(cfg, model, latest, index, log)
 
@@ -78,13 +104,18 @@ def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
 def synthesize(cfg, out, log=functools.partial(print, flush=True)):
     synth = load_synthesizer(cfg, log)
     s, a = cfg["synthesize"], cfg["audio"]
+    sentences = [x if isinstance(x, dict) else {"text": x} for x in s["sentences"]]
+    for i, x in enumerate(sentences):  # every voice checked before anything is written
+        synth.voice(x.get("speaker", ""), x.get("language", ""), f"synthesize.sentences[{i}]")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log(f"synthesizing {len(s['sentences'])} sentences from {synth.checkpoint} "
         f"(pace {s['pace']}, pitch shift {s['pitch_shift']} semitones)")
     samples = []
-    for i, sentence in enumerate(s["sentences"]):
-        res = synth.infer(sentence)
+    for i, x in enumerate(sentences):
+        sentence = x["text"]
+        res = synth.infer(sentence, speaker=x.get("speaker", ""), language=x.get("language", ""),
+                          where=f"synthesize.sentences[{i}]")
         if res["cut"]:
             log(f"warning: sentence {i} was cut at synthesize.max_seconds = {s['max_seconds']} s")
         audio = griffin_lim(res["mel"], iters=s["griffin_lim_iters"], **a)
@@ -94,6 +125,7 @@ def synthesize(cfg, out, log=functools.partial(print, flush=True)):
         seconds = res["frames"] * a["hop_length"] / a["sample_rate"]
         log(f"{path}: {seconds:.2f} s, {res['tokens']} tokens: {sentence!r}")
         samples.append({"wav": str(path), "mel": str(path.with_suffix(".npy")), "text": sentence,
+                        "speaker": res["speaker"], "language": res["language"],
                         "frames": res["frames"], "seconds": round(seconds, 3)})
     config.atomic_write_text(out / "sentences.json", json.dumps(
         {"checkpoint": synth.checkpoint, "step": synth.step, "model": cfg["model"]["kind"], "pace": s["pace"],

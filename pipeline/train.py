@@ -78,7 +78,7 @@ class Trainer:
         with self._scope():
             self.stats = feature_stats(cfg, self.index)
             self.norm = {k: tf.constant(v, tf.float32) for k, v in self.stats.items()}
-            self.model = models.build(cfg["model"], self.index["vocab"], n_mels)
+            self.model = models.build(cfg["model"], self.index["vocab"], n_mels, **data.voice_tables(self.index))
             self.needs = tuple(self.model.needs)
             self.model(self._dummy_batch(), training=False)  # create the variables now, in this scope
             if hasattr(self.model, "adapt"):
@@ -108,7 +108,7 @@ class Trainer:
 
     def _dummy_batch(self):
         t, f = self.shapes[0]
-        return models.dummy_batch(t, f, self.index["n_mels"])
+        return models.dummy_batch(t, f, self.index["n_mels"], data.voice_fields(self.index))
 
     def _train_dataset(self, input_context=None):
         if self.p.name != "multiworker":
@@ -247,11 +247,17 @@ def feature_stats(cfg, index):
 
 
 def normalise(batch, norm):
-    """Mel, pitch (voiced frames only: unvoiced stays 0) and energy to zero mean, unit variance."""
+    """Mel, pitch (voiced frames only: unvoiced stays 0; per speaker with several) and energy to zero
+    mean, unit variance."""
     out = dict(batch, mel=(tf.cast(batch["mel"], tf.float32) - norm["mel_mean"]) / norm["mel_std"])
     if "pitch" in batch:
         pitch = tf.cast(batch["pitch"], tf.float32)
-        out["pitch"] = tf.where(pitch > 0, (pitch - norm["pitch_mean"]) / norm["pitch_std"], 0.0)
+        if "speaker" in batch and "speaker_pitch_mean" in norm:
+            mean = tf.gather(norm["speaker_pitch_mean"], batch["speaker"])[:, None]   # (B, 1)
+            std = tf.gather(norm["speaker_pitch_std"], batch["speaker"])[:, None]
+        else:
+            mean, std = norm["pitch_mean"], norm["pitch_std"]
+        out["pitch"] = tf.where(pitch > 0, (pitch - mean) / std, 0.0)
     if "energy" in batch:
         out["energy"] = (tf.cast(batch["energy"], tf.float32) - norm["energy_mean"]) / norm["energy_std"]
     return out

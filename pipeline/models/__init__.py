@@ -1,17 +1,19 @@
 """The acoustic models behind one interface, picked by `model.kind`.
 
     from pipeline import models
-    model = models.build(cfg["model"], vocab, n_mels)   # a keras.Model
+    model = models.build(cfg["model"], vocab, n_mels, speakers=index["speakers"], languages=index["languages"])
 
 Kinds: `fastpitch` (fastpitch.py: non-autoregressive, trained from durations, pitch and energy),
 `transformer_tts` (transformer_tts.py: autoregressive, attention), or "package.module:function", a
 user's own `function(model_cfg, vocab, n_mels) -> keras.Model` importable from the working directory
-(its keys go under `model.options`). Every model has:
+(its keys go under `model.options`); a function that also takes keyword arguments `speakers` and
+`languages` gets the cache's sorted name tables (the batch's `speaker` / `language` ids index them).
+Every model has:
 
     model.needs                              batch fields it trains on, e.g. ("tokens", ..., "durations")
     model(batch, training=...) -> dict       float32 outputs; batch mel/pitch/energy already normalised
     model.tts_loss(outputs, batch) -> (total float32 scalar, {term: float32 scalar, "total": ...})
-    model.infer(tokens, token_lengths, *, pace, pitch_shift, max_frames)
+    model.infer(tokens, token_lengths, *, pace, pitch_shift, max_frames[, speaker, language])
                                 -> {"mel": (B, F, n_mels) normalised, "lengths": (B,) int32, ...}
 
 and optionally `model.adapt(stats)` (called once by the trainer with the cache's feature statistics,
@@ -20,13 +22,15 @@ e.g. so pitch_shift in semitones can be applied in the normalised pitch domain) 
 has the full contract.
 """
 import importlib
+import inspect
 import sys
 from pathlib import Path
 
 from pipeline.config import ConfigError
 
 KINDS = ("fastpitch", "transformer_tts")
-BATCH_FIELDS = ("tokens", "token_lengths", "mel", "mel_lengths", "pitch", "energy", "durations")
+BATCH_FIELDS = ("tokens", "token_lengths", "mel", "mel_lengths", "pitch", "energy", "durations", "speaker", "language")
+VOICE_FIELDS = ("speaker", "language")  # in a batch only with several speakers / languages
 INTERFACE = ("needs", "tts_loss", "infer")
 
 
@@ -69,19 +73,26 @@ def _user_builder(kind):
     return fn
 
 
-def dummy_batch(n_tokens, n_frames, n_mels):
-    """A one-clip batch with every loader field, to create a model's variables before a restore."""
+def dummy_batch(n_tokens, n_frames, n_mels, voices=()):
+    """A one-clip batch with every loader field (and the `voices` fields), to create a model's
+    variables before a restore."""
     import numpy as np
     import tensorflow as tf
     durations = np.diff(np.linspace(0, n_frames, n_tokens + 1).round().astype(np.int32))  # sums to n_frames
     return {"tokens": tf.ones([1, n_tokens], tf.int32), "token_lengths": tf.constant([n_tokens], tf.int32),
             "mel": tf.zeros([1, n_frames, n_mels]), "mel_lengths": tf.constant([n_frames], tf.int32),
             "pitch": tf.zeros([1, n_frames]), "energy": tf.zeros([1, n_frames]),
-            "durations": tf.constant(durations[None])}
+            "durations": tf.constant(durations[None]), **{f: tf.zeros([1], tf.int32) for f in voices}}
 
 
-def build(model_cfg, vocab, n_mels):
-    """The keras.Model for a validated `model:` section, the cache's vocabulary and the mel channels."""
+def _takes(fn, name):
+    params = inspect.signature(fn).parameters
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def build(model_cfg, vocab, n_mels, *, speakers=(), languages=()):
+    """The keras.Model for a validated `model:` section, the cache's vocabulary and the mel channels;
+    `speakers` / `languages`: the cache's sorted tables, for the kinds (and user functions) that take them."""
     kind = model_cfg["kind"]
     if kind in ("fastpitch", "transformer_tts") and model_cfg.get("options"):
         raise ModelError(f"model.options: {sorted(model_cfg['options'])} are for a user's own model kind; "
@@ -94,7 +105,8 @@ def build(model_cfg, vocab, n_mels):
         fn = transformer_tts.build
     else:
         fn = _user_builder(kind)
-    model = fn(model_cfg, symbols(vocab), n_mels)
+    voices = {k: list(v) for k, v in (("speakers", speakers), ("languages", languages)) if _takes(fn, k)}
+    model = fn(model_cfg, symbols(vocab), n_mels, **voices)
     missing = [name for name in INTERFACE if not hasattr(model, name)]
     if missing:
         raise ModelError(f"model.kind: {kind!r} built a {type(model).__name__} without {missing}; "

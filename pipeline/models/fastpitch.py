@@ -16,6 +16,7 @@ frame index inside the graph: static shapes in training (the bucket's frame coun
 call per sentence at inference.
 """
 import keras
+import numpy as np
 import tensorflow as tf
 
 from pipeline.models.transformer_tts import Attention, ScaledPositions
@@ -121,13 +122,13 @@ class FastPitch(keras.Model):
 
     def __init__(self, *, n_symbols, n_mels, d_model, heads, encoder_layers, decoder_layers, ffn_dim, ffn_kernel,
                  dropout, predictor_channels, predictor_kernel, predictor_dropout, loss_args=None,
-                 max_positions=4096):
+                 max_positions=4096, n_speakers=1, n_languages=1):
         super().__init__(name="fastpitch")
         self.args = dict(n_symbols=n_symbols, n_mels=n_mels, d_model=d_model, heads=heads,
                          encoder_layers=encoder_layers, decoder_layers=decoder_layers, ffn_dim=ffn_dim,
                          ffn_kernel=ffn_kernel, dropout=dropout, predictor_channels=predictor_channels,
                          predictor_kernel=predictor_kernel, predictor_dropout=predictor_dropout,
-                         max_positions=max_positions)
+                         max_positions=max_positions, n_speakers=n_speakers, n_languages=n_languages)
         self.loss_args = {k: float(v) for k, v in (loss_args or {}).items()}
         self.n_mels, self.d_model = n_mels, d_model
         L = keras.layers
@@ -135,6 +136,12 @@ class FastPitch(keras.Model):
         predictor = lambda name: Predictor(d_model, predictor_channels, predictor_kernel,  # noqa: E731
                                            predictor_dropout, name=name)
         self.embedding = L.Embedding(n_symbols, d_model, name="embedding")
+        # several speakers / languages: a learned vector each, added to the encoder's output (speaker:
+        # what the duration, pitch and energy predictors and the decoder see) and input (language:
+        # how the same symbols are said); one speaker and one language make no table and no op
+        self.speaker_embedding = L.Embedding(n_speakers, d_model, name="speaker_embedding") if n_speakers > 1 else None
+        self.language_embedding = L.Embedding(n_languages, d_model, name="language_embedding") if n_languages > 1 else None
+        self.n_speakers = n_speakers
         self.enc_pos = ScaledPositions(d_model, max_positions, name="enc_pos")
         self.encoder = tuple(block(f"enc{i}") for i in range(encoder_layers))  # tuples: tf.train.Checkpoint sees them
         self.enc_norm = L.LayerNormalization(epsilon=1e-5)
@@ -152,26 +159,40 @@ class FastPitch(keras.Model):
     def build(self, input_shape=None):
         D = self.d_model
         self.embedding.build((None, None))
+        for table in (self.speaker_embedding, self.language_embedding):
+            if table is not None:
+                table.build((None,))
         for layer in (self.enc_pos, *self.encoder, self.enc_norm, self.duration_predictor, self.pitch_predictor,
                       self.energy_predictor, self.dec_pos, *self.decoder, self.dec_norm, self.mel_out):
             layer.build((None, None, D))
         self.pitch_embed.build((None, None, 1))
         self.energy_embed.build((None, None, 1))
         # Hz statistics of the training pitch (set by adapt, saved in checkpoints): pitch_shift needs them
-        self.pitch_stats = self.add_weight(name="pitch_stats", shape=(2,), trainable=False,
-                                           initializer=keras.initializers.Constant([0.0, 1.0]))
+        # (one row per speaker: pitch is normalised per speaker when there are several)
+        shape = (self.n_speakers, 2) if self.n_speakers > 1 else (2,)  # one speaker: as checkpoints always had it
+        self.pitch_stats = self.add_weight(name="pitch_stats", shape=shape, trainable=False,
+                                           initializer=keras.initializers.Constant([0.0, 1.0]))  # broadcast per row
         self.built = True
 
     def adapt(self, stats):
-        """Store the cache's pitch mean/std (Hz) so infer can shift pitch in semitones."""
-        self.pitch_stats.assign([float(stats["pitch_mean"]), float(stats["pitch_std"])])
+        """Store the cache's pitch mean/std (Hz; per speaker with several) so infer can shift pitch in semitones."""
+        if self.n_speakers > 1:
+            self.pitch_stats.assign(np.stack([stats["speaker_pitch_mean"], stats["speaker_pitch_std"]], 1))
+        else:
+            self.pitch_stats.assign([float(stats["pitch_mean"]), float(stats["pitch_std"])])
 
-    def encode(self, tokens, token_lengths, training=False):
+    def encode(self, tokens, token_lengths, training=False, speaker=None, language=None):
         mask = tf.sequence_mask(token_lengths, tf.shape(tokens)[1])             # (B, T)
-        x = self.enc_pos(self.embedding(tokens))                                # (B, T, D)
+        x = self.embedding(tokens)                                              # (B, T, D)
+        if self.language_embedding is not None:
+            x += self.language_embedding(_ids(language, tokens))[:, None, :]
+        x = self.enc_pos(x)
         for blk in self.encoder:
             x = blk(x, mask, training=training)
-        return self.enc_norm(x) * tf.cast(mask, x.dtype)[:, :, None], mask
+        h = self.enc_norm(x)
+        if self.speaker_embedding is not None:
+            h += self.speaker_embedding(_ids(speaker, tokens))[:, None, :]
+        return h * tf.cast(mask, x.dtype)[:, :, None], mask
 
     def _variances(self, h, mask, pitch, energy):
         """Add the embedded token pitch and energy (B, T) to h (B, T, D)."""
@@ -189,7 +210,8 @@ class FastPitch(keras.Model):
         return tf.cast(mel, tf.float32) * tf.cast(mask, tf.float32)[:, :, None]
 
     def call(self, batch, training=False):
-        h, mask = self.encode(batch["tokens"], batch["token_lengths"], training=training)
+        h, mask = self.encode(batch["tokens"], batch["token_lengths"], training=training,
+                              speaker=batch.get("speaker"), language=batch.get("language"))
         durations = tf.cast(batch["durations"], tf.int32)                       # (B, T) frames per token
         pitch_target = token_average(batch["pitch"], durations, only_nonzero=True)   # (B, T)
         energy_target = token_average(batch["energy"], durations, only_nonzero=False)
@@ -223,25 +245,31 @@ class FastPitch(keras.Model):
                  + a["energy_weight"] * terms["energy"])
         return total, {**terms, "total": total}
 
-    def infer(self, tokens, token_lengths, *, pace=1.0, pitch_shift=0.0, max_frames):
+    def infer(self, tokens, token_lengths, *, pace=1.0, pitch_shift=0.0, max_frames, speaker=None, language=None):
         """One compiled call: predicted durations / pace (> 1 faster; the running total is rounded, so
         lengths scale by 1/pace within a frame), pitch shifted by `pitch_shift`
-        semitones, at most max_frames frames. -> mel (B, F, n_mels) normalised, zero past lengths;
+        semitones, at most max_frames frames; speaker / language: int32 (B,) ids (default 0). -> mel (B, F, n_mels) normalised, zero past lengths;
         lengths (B,) int32; durations (B, T) int32; pitch, energy (B, T) normalised."""
         if pace <= 0:
             raise ValueError(f"pace must be > 0, got {pace}")
-        return self._infer(tf.convert_to_tensor(tokens, tf.int32), tf.convert_to_tensor(token_lengths, tf.int32),
-                           tf.constant(float(pace)), tf.constant(float(pitch_shift)), tf.constant(int(max_frames)))
+        tokens = tf.convert_to_tensor(tokens, tf.int32)
+        return self._infer(tokens, tf.convert_to_tensor(token_lengths, tf.int32), tf.constant(float(pace)),
+                           tf.constant(float(pitch_shift)), tf.constant(int(max_frames)), _ids(speaker, tokens),
+                           _ids(language, tokens))
 
     @tf.function(reduce_retracing=True)
-    def _infer(self, tokens, token_lengths, pace, pitch_shift, max_frames):
-        h, mask = self.encode(tokens, token_lengths)
+    def _infer(self, tokens, token_lengths, pace, pitch_shift, max_frames, speaker, language):
+        h, mask = self.encode(tokens, token_lengths, speaker=speaker, language=language)
         frames_f = tf.maximum(tf.exp(self.duration_predictor(h, mask)) - 1.0, 0.0) / pace       # (B, T)
         frames_f *= tf.cast(mask, tf.float32)
         # round the running total, not each token: the length stays within half a frame of sum / pace
         ends = tf.cast(tf.round(tf.cumsum(frames_f, axis=1)), tf.int32)                         # (B, T)
         durations = ends - tf.pad(ends[:, :-1], [[0, 0], [1, 0]])
-        mean, std = self.pitch_stats[0], self.pitch_stats[1]
+        if self.n_speakers > 1:
+            stats = tf.gather(self.pitch_stats, speaker)                         # (B, 2)
+            mean, std = stats[:, :1], stats[:, 1:]                               # (B, 1) each
+        else:
+            mean, std = self.pitch_stats[0], self.pitch_stats[1]
         pitch = self.pitch_predictor(h, mask)                                    # normalised
         pitch = (((pitch * std + mean) * SEMITONE ** pitch_shift) - mean) / std  # shifted in Hz
         energy = self.energy_predictor(h, mask)
@@ -256,10 +284,19 @@ class FastPitch(keras.Model):
         return dict(self.args)
 
 
-def build(model_cfg, vocab, n_mels):
-    """The model for a validated config's `model:` section (its `fastpitch` keys)."""
+def _ids(ids, tokens):
+    """int32 (B,) speaker or language ids; zeros when not given."""
+    if ids is None:
+        return tf.zeros(tf.shape(tokens)[:1], tf.int32)
+    return tf.reshape(tf.cast(ids, tf.int32), [-1])
+
+
+def build(model_cfg, vocab, n_mels, *, speakers=(), languages=()):
+    """The model for a validated config's `model:` section (its `fastpitch` keys); `speakers` and
+    `languages`: the cache's tables (an embedding each when it lists more than one)."""
     cfg = model_cfg["fastpitch"]
     if cfg["d_model"] % cfg["heads"]:
         raise ValueError(f"model.fastpitch.d_model {cfg['d_model']} is not divisible by heads {cfg['heads']}")
     return FastPitch(n_symbols=len(vocab), n_mels=n_mels, loss_args={k: cfg[k] for k in LOSS_KEYS},
+                     n_speakers=max(len(speakers), 1), n_languages=max(len(languages), 1),
                      **{k: cfg[k] for k in ARCH_KEYS})

@@ -1,0 +1,182 @@
+"""Several speakers and languages through the loader, the models, synthesis and evaluation: batches
+carry speaker/language ids (and a single-speaker cache's do not), FastPitch and a user's own model
+get the speaker tables, synthesis per speaker and its one-line errors, per-speaker pitch
+normalisation, the speaker-similarity measure.
+
+    python -m pytest -q tests/test_voices.py
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, load_json, snakemake, write_config
+
+from pipeline import config, data, metrics, train
+from pipeline.graphscan import scan_pyfunc_ops
+
+SPEAKERS = {"anna": "en-us", "bob": "en-us", "cy": "en-gb"}
+
+
+@pytest.fixture(scope="session")
+def voices_cache(tmp_path_factory, corpus_template):
+    """A csv-format corpus of three speakers (8 clips each, cy in en-gb) with caches and durations."""
+    tmp = tmp_path_factory.mktemp("voices")
+    root = tmp / "voices"
+    (root / "wavs").mkdir(parents=True)
+    rows = ["audio_file|text|speaker|language"]
+    for k, line in enumerate((corpus_template / "metadata.csv").read_text().splitlines()):
+        cid, text = line.split("|")[0], line.split("|")[-1]
+        speaker = list(SPEAKERS)[k % 3]
+        shutil.copy(corpus_template / "wavs" / f"{cid}.wav", root / "wavs")
+        rows.append(f"wavs/{cid}.wav|{text}|{speaker}|{SPEAKERS[speaker]}")
+    (root / "metadata.csv").write_text("\n".join(rows) + "\n")
+    path = write_config(tmp, root, dataset={"sources": [{"root": str(root), "format": "csv", "name": "v"}],
+                                            "val_fraction": 0.2},
+                        aligner=TINY_ALIGNER, model={"kind": "fastpitch", "fastpitch": TINY_FASTPITCH},
+                        train={"batch_size": 4, "buckets": 2, "learning_rate": 0.003, "warmup_steps": 5,
+                               "log_every": 5, "summary_every": 1000},
+                        synthesize={"max_seconds": 1.0, "griffin_lim_iters": 4})
+    snakemake("durations", config=path)
+    return path
+
+
+def _speaker_of_clip(cfg):
+    rows = (config.load_config(cfg)["dataset"]["sources"][0]["root"] + "/metadata.csv")
+    lines = open(rows).read().splitlines()[1:]
+    return {"v-" + line.split("|")[0].split("/")[1][:-4]: line.split("|")[2] for line in lines}
+
+
+@pytest.mark.slow
+def test_batches_carry_speaker_and_language_ids(voices_cache):
+    cfg = config.load_config(voices_cache)
+    index = data.read_index(cfg)
+    assert index["speakers"] == ["anna", "bob", "cy"] and index["languages"] == ["en-gb", "en-us"]
+    ids = data.clip_ids(cfg, "all")
+    ds = data.build_dataset(cfg, "all", repeat=False, shuffle=False, drop_remainder=False, with_clip_index=True)
+    assert scan_pyfunc_ops(ds) == []
+    truth, seen = _speaker_of_clip(voices_cache), 0
+    for batch in ds:
+        assert batch["speaker"].dtype == tf.int32 and batch["language"].dtype == tf.int32
+        assert batch["speaker"].shape == batch["token_lengths"].shape
+        for clip, s, lang in zip(batch["clip"].numpy(), batch["speaker"].numpy(), batch["language"].numpy()):
+            speaker = truth[ids[clip]]
+            assert index["speakers"][s] == speaker and index["languages"][lang] == SPEAKERS[speaker]
+            seen += 1
+    assert seen == len(ids) == 24
+
+
+def test_a_single_speaker_cache_has_no_speaker_field(built_cache):
+    cfg = config.load_config(built_cache)
+    batch = next(iter(data.build_dataset(cfg, "all", repeat=False, shuffle=False, drop_remainder=False)))
+    assert "speaker" not in batch and "language" not in batch
+    assert data.read_index(cfg)["speakers"] == ["data"]  # the folder's name
+
+
+def test_pitch_is_normalised_per_speaker():
+    norm = {"mel_mean": tf.zeros([2]), "mel_std": tf.ones([2]), "pitch_mean": 150.0, "pitch_std": 50.0,
+            "speaker_pitch_mean": tf.constant([100.0, 200.0]), "speaker_pitch_std": tf.constant([10.0, 20.0])}
+    batch = {"mel": tf.zeros([2, 3, 2]), "pitch": tf.constant([[110.0, 0.0, 90.0], [220.0, 180.0, 0.0]]),
+             "speaker": tf.constant([0, 1], tf.int32)}
+    out = train.normalise(batch, norm)["pitch"].numpy()
+    np.testing.assert_allclose(out, [[1.0, 0.0, -1.0], [1.0, -1.0, 0.0]])  # unvoiced stays 0
+
+
+def test_speaker_similarity_and_its_chance():
+    rng = np.random.default_rng(0)
+    centres = rng.normal(0, 5, (3, 4))
+    speakers = [s for s in range(3) for _ in range(4)]
+    recorded = centres[speakers] + rng.normal(0, 0.5, (12, 4))
+    right = metrics.speaker_similarity(recorded, centres[speakers] + rng.normal(0, 0.5, (12, 4)), speakers)
+    assert right == {"accuracy": 1.0, "chance": 1 / 3, "clips": 12}
+    wrong = metrics.speaker_similarity(recorded, centres[[(s + 1) % 3 for s in speakers]], speakers)
+    assert wrong["accuracy"] == 0.0
+    assert metrics.speaker_similarity(recorded, recorded, [0] * 12) is None
+
+
+def _run(module, path, *args, check=True, cwd=ROOT, pythonpath=""):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(filter(None, [pythonpath, str(ROOT)])))
+    proc = subprocess.run([sys.executable, "-m", module, "--config", str(path), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+    if check and proc.returncode:
+        raise AssertionError(proc.stdout[-2000:] + proc.stderr[-3000:])
+    return proc
+
+
+@pytest.mark.slow
+def test_fastpitch_with_speakers_trains_and_speaks_each_voice(voices_cache, tmp_path):
+    _run("pipeline.train", voices_cache, "--set", "train.steps=10")
+    cfg = config.load_config(voices_cache)
+    sentences = [{"text": "Hello there.", "speaker": s} for s in SPEAKERS] + \
+                [{"text": "Hello there.", "speaker": "cy", "language": "en-gb"}]
+    over = tmp_path / "over.yaml"
+    over.write_text(json.dumps({**json.loads(json.dumps(cfg)), "synthesize": {**cfg["synthesize"],
+                                                                              "sentences": sentences}}))
+    _run("pipeline.synthesize", over, "--out", str(tmp_path / "samples"))
+    samples = load_json(tmp_path / "samples" / "sentences.json")["samples"]
+    assert [(x["speaker"], x["language"]) for x in samples] == [("anna", "en-us"), ("bob", "en-us"), ("cy", "en-us"),
+                                                                ("cy", "en-gb")]
+    mels = [np.load(x["mel"]) for x in samples]
+    assert not np.allclose(mels[0][:5], mels[1][:5])  # the speaker embedding changes the output
+
+    bad = _run("pipeline.synthesize", voices_cache, "--set", "synthesize.speaker=zed", "--out", str(tmp_path / "zed"),
+               check=False)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1] == \
+        "error: synthesize.speaker: unknown speaker 'zed'; known: anna, bob, cy"
+    sentences[1]["language"] = "fr"
+    over.write_text(json.dumps({**json.loads(json.dumps(cfg)), "synthesize": {**cfg["synthesize"],
+                                                                              "sentences": sentences}}))
+    bad = _run("pipeline.synthesize", over, "--out", str(tmp_path / "bad"), check=False)
+    assert bad.returncode == 2 and "synthesize.sentences[1].language: unknown language 'fr'; known: en-gb, en-us" \
+        in bad.stderr
+    assert not (tmp_path / "bad" / "00.wav").exists() and not (tmp_path / "zed").exists()  # checked first
+
+
+USER_MODEL = """
+    import tensorflow as tf, keras
+
+    class Tiny(keras.Model):
+        needs = ("tokens", "token_lengths", "mel", "mel_lengths", "speaker")
+
+        def __init__(self, n_symbols, n_mels, n_speakers):
+            super().__init__()
+            self.embed, self.out = keras.layers.Embedding(n_symbols, 8), keras.layers.Dense(n_mels)
+            self.voice = keras.layers.Embedding(n_speakers, 8)
+
+        def call(self, batch, training=False):
+            h = tf.reduce_mean(self.embed(batch["tokens"]), axis=1) + self.voice(batch["speaker"])  # (B, 8)
+            return {"mel": tf.tile(self.out(h)[:, None], [1, tf.shape(batch["mel"])[1], 1])}
+
+        def tts_loss(self, outputs, batch):
+            mask = tf.sequence_mask(batch["mel_lengths"], tf.shape(batch["mel"])[1], tf.float32)[:, :, None]
+            loss = tf.reduce_sum(tf.abs(outputs["mel"] - batch["mel"]) * mask) / tf.reduce_sum(mask) / 80.0
+            return loss, {"mel": loss, "total": loss}
+
+        def infer(self, tokens, token_lengths, *, pace=1.0, pitch_shift=0.0, max_frames, speaker=None):
+            h = tf.reduce_mean(self.embed(tokens), axis=1) + self.voice(speaker)
+            return {"mel": tf.tile(self.out(h)[:, None], [1, 20, 1]), "lengths": tf.fill([tf.shape(tokens)[0]], 20)}
+
+    def build(model_cfg, vocab, n_mels, *, speakers):
+        assert speakers == ["anna", "bob", "cy"], speakers
+        return Tiny(len(vocab), n_mels, len(speakers))
+"""
+
+
+@pytest.mark.slow
+def test_a_users_own_model_receives_the_speakers(voices_cache, tmp_path):
+    (tmp_path / "my_voices.py").write_text(textwrap.dedent(USER_MODEL))
+    cfg = json.loads(json.dumps(config.load_config(voices_cache)))
+    cfg["model"]["kind"] = "my_voices:build"
+    cfg["runs_dir"] = str(tmp_path / "runs")
+    path = tmp_path / "user.yaml"
+    path.write_text(json.dumps(cfg))
+    _run("pipeline.train", path, "--set", "train.steps=5", pythonpath=str(tmp_path))
+    _run("pipeline.synthesize", path, "--set", "synthesize.speaker=bob", pythonpath=str(tmp_path))
+    samples = load_json(tmp_path / "runs" / "t" / "samples" / "sentences.json")["samples"]
+    assert {x["speaker"] for x in samples} == {"bob"} and all(x["frames"] == 20 for x in samples)
