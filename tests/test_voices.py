@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, load_json, snakemake, write_config
 
-from pipeline import config, data, metrics, train
+from pipeline import config, data, manifest, metrics, train
 from pipeline.graphscan import scan_pyfunc_ops
 
 SPEAKERS = {"anna": "en-us", "bob": "en-us", "cy": "en-gb"}
@@ -30,14 +30,17 @@ def voices_cache(tmp_path_factory, corpus_template):
     root = tmp / "voices"
     (root / "wavs").mkdir(parents=True)
     rows = ["audio_file|text|speaker|language"]
-    for k, line in enumerate((corpus_template / "metadata.csv").read_text().splitlines()):
+    dealt = {True: 0, False: 0}  # speakers dealt in turn among validation and training clips apart
+    for line in (corpus_template / "metadata.csv").read_text().splitlines():
         cid, text = line.split("|")[0], line.split("|")[-1]
-        speaker = list(SPEAKERS)[k % 3]
+        val = manifest.is_validation(f"v-{cid}", 0.5)
+        speaker = list(SPEAKERS)[dealt[val] % 3]
+        dealt[val] += 1
         shutil.copy(corpus_template / "wavs" / f"{cid}.wav", root / "wavs")
         rows.append(f"wavs/{cid}.wav|{text}|{speaker}|{SPEAKERS[speaker]}")
     (root / "metadata.csv").write_text("\n".join(rows) + "\n")
     path = write_config(tmp, root, dataset={"sources": [{"root": str(root), "format": "csv", "name": "v"}],
-                                            "val_fraction": 0.2},
+                                            "val_fraction": 0.5},  # validation clips of every speaker
                         aligner=TINY_ALIGNER, model={"kind": "fastpitch", "fastpitch": TINY_FASTPITCH},
                         train={"batch_size": 4, "buckets": 2, "learning_rate": 0.003, "warmup_steps": 5,
                                "log_every": 5, "summary_every": 1000},
@@ -137,6 +140,17 @@ def test_fastpitch_with_speakers_trains_and_speaks_each_voice(voices_cache, tmp_
         in bad.stderr
     assert not (tmp_path / "bad" / "00.wav").exists() and not (tmp_path / "zed").exists()  # checked first
 
+    # evaluate: every figure per speaker, and the speaker similarity with its chance level
+    _run("pipeline.evaluate", voices_cache, "--out", str(tmp_path / "report"), "--set", "evaluate.max_clips=9",
+         "evaluate.griffin_lim_iters=4")
+    report = load_json(tmp_path / "report" / "evaluate.json")
+    per = report["per_speaker"]
+    assert set(per) == set(SPEAKERS) and sum(r["clips"] for r in per.values()) == report["clips"] == 7
+    assert sorted(r["clips"] for r in per.values()) == [2, 2, 3] and all(r["mcd_db"] > 0 for r in per.values())
+    sim = report["speaker_similarity"]
+    assert sim["chance"] == pytest.approx(1 / 3) and 0 <= sim["accuracy"] <= 1 and sim["clips"] == 7
+    assert "Speaker similarity" in (tmp_path / "report" / "evaluate.md").read_text()
+
 
 USER_MODEL = """
     import tensorflow as tf, keras
@@ -180,3 +194,28 @@ def test_a_users_own_model_receives_the_speakers(voices_cache, tmp_path):
     _run("pipeline.synthesize", path, "--set", "synthesize.speaker=bob", pythonpath=str(tmp_path))
     samples = load_json(tmp_path / "runs" / "t" / "samples" / "sentences.json")["samples"]
     assert {x["speaker"] for x in samples} == {"bob"} and all(x["frames"] == 20 for x in samples)
+
+
+def test_shipped_voices_config_is_valid():
+    cfg = config.load_config(ROOT / "configs" / "voices.yaml", check_paths=False)
+    assert cfg["dataset"]["sources"] == [{"root": "data/voices", "format": "csv", "name": "voices"}]
+    assert [x["speaker"] for x in cfg["synthesize"]["sentences"]] == ["en-us+m3", "en-us+f2", "en-gb+m1"]
+
+
+@pytest.mark.parametrize("kind", ["fastpitch", "transformer_tts"])
+def test_built_in_models_take_speaker_and_language_ids(kind):
+    from pipeline import models
+    cfg = config.load_config(None, {"model": {"kind": kind, "fastpitch": TINY_FASTPITCH,
+                                              "transformer_tts": {"d_model": 16, "heads": 2, "ffn_dim": 16,
+                                                                  "prenet_dim": 16, "postnet_channels": 8,
+                                                                  "prenet_dropout": 0.0}}}, check_paths=False)
+    one = models.build(cfg["model"], ["_", "~", "a", "b"], 8)
+    many = models.build(cfg["model"], ["_", "~", "a", "b"], 8, speakers=["x", "y", "z"], languages=["de", "en"])
+    assert "speaker_embedding" not in {v.path.split("/")[-2] for v in one.weights}  # one speaker: no table
+    assert many.speaker_embedding.input_dim == 3 and many.language_embedding.input_dim == 2
+    batch = models.dummy_batch(5, 8, 8, ("speaker", "language"))
+    many(batch)  # training call with the batch fields
+    tokens, lengths = tf.constant([[2, 3, 2, 1]]), tf.constant([4])
+    outs = [many.infer(tokens, lengths, max_frames=8, speaker=tf.constant([s]), language=tf.constant([0]))["mel"]
+            for s in (0, 1)]
+    assert not np.allclose(outs[0].numpy(), outs[1].numpy())

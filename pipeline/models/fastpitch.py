@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline.models.transformer_tts import Attention, ScaledPositions
+from pipeline.models.transformer_tts import Attention, ScaledPositions, voice_ids
 
 ARCH_KEYS = ("d_model", "heads", "encoder_layers", "decoder_layers", "ffn_dim", "ffn_kernel", "dropout",
              "predictor_channels", "predictor_kernel", "predictor_dropout")
@@ -185,13 +185,13 @@ class FastPitch(keras.Model):
         mask = tf.sequence_mask(token_lengths, tf.shape(tokens)[1])             # (B, T)
         x = self.embedding(tokens)                                              # (B, T, D)
         if self.language_embedding is not None:
-            x += self.language_embedding(_ids(language, tokens))[:, None, :]
+            x += self.language_embedding(voice_ids(language, tokens))[:, None, :]
         x = self.enc_pos(x)
         for blk in self.encoder:
             x = blk(x, mask, training=training)
         h = self.enc_norm(x)
         if self.speaker_embedding is not None:
-            h += self.speaker_embedding(_ids(speaker, tokens))[:, None, :]
+            h += self.speaker_embedding(voice_ids(speaker, tokens))[:, None, :]
         return h * tf.cast(mask, x.dtype)[:, :, None], mask
 
     def _variances(self, h, mask, pitch, energy):
@@ -254,8 +254,8 @@ class FastPitch(keras.Model):
             raise ValueError(f"pace must be > 0, got {pace}")
         tokens = tf.convert_to_tensor(tokens, tf.int32)
         return self._infer(tokens, tf.convert_to_tensor(token_lengths, tf.int32), tf.constant(float(pace)),
-                           tf.constant(float(pitch_shift)), tf.constant(int(max_frames)), _ids(speaker, tokens),
-                           _ids(language, tokens))
+                           tf.constant(float(pitch_shift)), tf.constant(int(max_frames)), voice_ids(speaker, tokens),
+                           voice_ids(language, tokens))
 
     @tf.function(reduce_retracing=True)
     def _infer(self, tokens, token_lengths, pace, pitch_shift, max_frames, speaker, language):
@@ -282,13 +282,6 @@ class FastPitch(keras.Model):
 
     def get_config(self):
         return dict(self.args)
-
-
-def _ids(ids, tokens):
-    """int32 (B,) speaker or language ids; zeros when not given."""
-    if ids is None:
-        return tf.zeros(tf.shape(tokens)[:1], tf.int32)
-    return tf.reshape(tf.cast(ids, tf.int32), [-1])
 
 
 def build(model_cfg, vocab, n_mels, *, speakers=(), languages=()):

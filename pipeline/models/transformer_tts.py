@@ -134,7 +134,7 @@ class TransformerTTS(keras.Model):
     def __init__(self, *, n_symbols, n_mels, d_model, heads, encoder_layers, decoder_layers, ffn_dim,
                  encoder_conv_layers, encoder_conv_kernel, prenet_dim, prenet_dropout, dropout, reduction,
                  postnet_channels, postnet_layers, postnet_kernel, max_positions=4096, stop_threshold=0.5,
-                 loss_args=None):
+                 loss_args=None, n_speakers=1, n_languages=1):
         super().__init__(name="transformer_tts")
         self.loss_args = dict(loss_args or {})
         self.stop_threshold = float(stop_threshold)
@@ -152,6 +152,10 @@ class TransformerTTS(keras.Model):
         L = keras.layers
         # --- encoder
         self.embedding = L.Embedding(n_symbols, d_model, name="embedding")  # id 0 = pad, zeroed by the mask
+        # several speakers / languages: a vector each, added to the memory (speaker) and the token
+        # embeddings (language); one of each makes no table and no op
+        self.speaker_embedding = L.Embedding(n_speakers, d_model, name="speaker_embedding") if n_speakers > 1 else None
+        self.language_embedding = L.Embedding(n_languages, d_model, name="language_embedding") if n_languages > 1 else None
         # layer collections are tuples: tf.train.Checkpoint does not see layers in lists under Keras 3
         self.enc_convs = tuple(L.Conv1D(d_model, encoder_conv_kernel, padding="same", name=f"enc_conv{i}")
                                for i in range(encoder_conv_layers))
@@ -180,6 +184,9 @@ class TransformerTTS(keras.Model):
     def build(self, input_shape=None):
         D, M = self.d_model, self.n_mels
         self.embedding.build((None, None))
+        for table in (self.speaker_embedding, self.language_embedding):
+            if table is not None:
+                table.build((None,))
         for conv, norm in zip(self.enc_convs, self.enc_conv_norms):
             conv.build((None, None, D))
             norm.build((None, None, D))
@@ -195,11 +202,13 @@ class TransformerTTS(keras.Model):
             channels = conv.filters
         self.built = True
 
-    def encode(self, tokens, token_lengths, training=False):
-        """-> memory (B, T, D), token_mask (B, T) bool."""
+    def encode(self, tokens, token_lengths, training=False, speaker=None, language=None):
+        """-> memory (B, T, D), token_mask (B, T) bool; speaker / language int32 (B,) (default 0)."""
         token_mask = tf.sequence_mask(token_lengths, tf.shape(tokens)[1])       # (B, T)
         keep = tf.cast(token_mask, self.compute_dtype)[:, :, None]              # (B, T, 1)
         x = self.embedding(tokens)                                              # (B, T, D)
+        if self.language_embedding is not None:
+            x += self.language_embedding(voice_ids(language, tokens))[:, None, :]
         for conv, norm in zip(self.enc_convs, self.enc_conv_norms):
             x = conv(x * keep)  # zeroed pads look like 'same' padding, whatever the padded length
             x = self.drop(tf.nn.relu(norm(x)), training=training)
@@ -207,7 +216,10 @@ class TransformerTTS(keras.Model):
         allowed = token_mask[:, None, None, :]                                  # (B, 1, 1, T) keys
         for block in self.encoder:
             x, _ = block(x, allowed, training=training)
-        return self.enc_norm(x), token_mask
+        x = self.enc_norm(x)
+        if self.speaker_embedding is not None:
+            x += self.speaker_embedding(voice_ids(speaker, tokens))[:, None, :]
+        return x, token_mask
 
     def decode(self, dec_in, memory, token_mask, seed, training=False):
         """dec_in (B, S, n_mels) -> frames (B, S, n_mels*r), stop_logits (B, S), alignment (B, S, T) float32.
@@ -241,7 +253,8 @@ class TransformerTTS(keras.Model):
         tokens, mel = inputs["tokens"], tf.cast(inputs["mel"], self.compute_dtype)
         B, F, M, r = tf.shape(mel)[0], mel.shape[1], self.n_mels, self.reduction
         assert F is None or F % r == 0, f"{F} mel frames is not a multiple of reduction {r}"
-        memory, token_mask = self.encode(tokens, inputs["token_lengths"], training=training)
+        memory, token_mask = self.encode(tokens, inputs["token_lengths"], training=training,
+                                         speaker=inputs.get("speaker"), language=inputs.get("language"))
         # teacher forcing: step s sees the last frame of group s-1; step 0 sees a zero go frame
         last = mel[:, r - 1::r, :]                                              # (B, F/r, M)
         dec_in = tf.pad(last[:, :-1], [[0, 0], [1, 0], [0, 0]])                 # (B, F/r, M)
@@ -254,7 +267,7 @@ class TransformerTTS(keras.Model):
         return {"mel_before": tf.cast(mel_before, tf.float32), "mel_after": mel_after, "mel": mel_after,
                 "stop_logits": stop_logits, "alignment": alignment}
 
-    def infer(self, tokens, token_lengths, *, pace=1.0, pitch_shift=0.0, max_frames):
+    def infer(self, tokens, token_lengths, *, pace=1.0, pitch_shift=0.0, max_frames, speaker=None, language=None):
         """The model interface: autoregressive decoding of at most max_frames frames, stopping at
         `stop_threshold`; pace resamples the mel in time (> 1 faster). No pitch control: pitch_shift != 0
         is an error. -> {"mel" (B, F, n_mels), "lengths" (B,), "stopped" (B,)}."""
@@ -263,28 +276,29 @@ class TransformerTTS(keras.Model):
                              "or use model.kind: fastpitch")
         r = self.reduction
         out = self.decode_autoregressive(tokens, token_lengths, max_steps=max(1, -(-int(max_frames) // r)),
-                                         stop_threshold=self.stop_threshold)
+                                         stop_threshold=self.stop_threshold, speaker=speaker, language=language)
         if pace == 1.0:
             return out
         return {**out, **_resample_time(out["mel"], out["lengths"], float(pace))}
 
-    def decode_autoregressive(self, tokens, token_lengths, *, max_steps, stop_threshold):
+    def decode_autoregressive(self, tokens, token_lengths, *, max_steps, stop_threshold, speaker=None, language=None):
         """Autoregressive decoding, at most max_steps decoder steps (max_steps * r frames).
         -> mel (B, max_steps*r, n_mels) after the post-net, zero past `lengths`; lengths int32 (B,) frames up
         to and including the stop step (max_steps*r if none); stopped bool (B,); alignment (B, max_steps, T);
         mel_before (B, max_steps*r, n_mels), the frames fed back, for diagnostics and tests."""
         if not 0 < max_steps <= self.max_positions:
             raise ValueError(f"max_steps must be in 1..max_positions={self.max_positions}, got {max_steps}")
-        return self._infer(tf.convert_to_tensor(tokens, tf.int32), tf.convert_to_tensor(token_lengths, tf.int32),
-                           int(max_steps), float(stop_threshold))
+        tokens = tf.convert_to_tensor(tokens, tf.int32)
+        return self._infer(tokens, tf.convert_to_tensor(token_lengths, tf.int32), int(max_steps), float(stop_threshold),
+                           voice_ids(speaker, tokens), voice_ids(language, tokens))
 
     @tf.function(reduce_retracing=True)
-    def _infer(self, tokens, token_lengths, max_steps, stop_threshold):
+    def _infer(self, tokens, token_lengths, max_steps, stop_threshold, speaker, language):
         # Each step re-runs the decoder over the whole fixed-size buffer (static shapes; the causal mask
         # makes the unfilled tail irrelevant). One seed for the loop: past frames keep their dropout masks.
         M, r = self.n_mels, self.reduction
         B, T = tf.shape(tokens)[0], tf.shape(tokens)[1]
-        memory, token_mask = self.encode(tokens, token_lengths)
+        memory, token_mask = self.encode(tokens, token_lengths, speaker=speaker, language=language)
         seed = self.seed_generator.next()
         dec_in = tf.zeros([B, max_steps, M], self.compute_dtype)               # (B, S, M)
         frames = tf.zeros([B, max_steps, M * r], tf.float32)                    # (B, S, M*r)
@@ -337,14 +351,23 @@ def _resample_time(mel, lengths, pace):
     return {"mel": out * keep, "lengths": new_lengths}
 
 
-def build(model_cfg, vocab, n_mels):
-    """The model for a validated config's `model:` section (its `transformer_tts` keys)."""
+def voice_ids(ids, tokens):
+    """int32 (B,) speaker or language ids; zeros when not given."""
+    if ids is None:
+        return tf.zeros(tf.shape(tokens)[:1], tf.int32)
+    return tf.reshape(tf.cast(ids, tf.int32), [-1])
+
+
+def build(model_cfg, vocab, n_mels, *, speakers=(), languages=()):
+    """The model for a validated config's `model:` section (its `transformer_tts` keys); `speakers` /
+    `languages`: the cache's tables (an embedding each when it lists more than one)."""
     cfg = model_cfg["transformer_tts"]
     missing = [k for k in ARCH_KEYS + LOSS_KEYS + OTHER_KEYS if k not in cfg]
     if missing:
         raise ValueError(f"model.transformer_tts lacks keys {missing}")
     return TransformerTTS(n_symbols=len(vocab), n_mels=n_mels, stop_threshold=cfg["stop_threshold"],
-                          loss_args={k: cfg[k] for k in LOSS_KEYS}, **{k: cfg[k] for k in ARCH_KEYS})
+                          loss_args={k: cfg[k] for k in LOSS_KEYS}, n_speakers=max(len(speakers), 1),
+                          n_languages=max(len(languages), 1), **{k: cfg[k] for k in ARCH_KEYS})
 
 
 def tts_loss(outputs, batch, *, reduction, guided_attention_sigma, guided_attention_weight, stop_weight):
