@@ -30,7 +30,7 @@ from pipeline import audio, config, manifest, metrics, pitch, shards
 from pipeline.errors import PipelineError, cli
 
 GL_POWER = 1.0  # Griffin-Lim without the listening sharpening (power 1.5 tilts the spectrum: +4 dB MCD)
-ARRAYS = ("recorded_mel", "synthesized_mel", "path", "synthesized_audio")  # per-clip rows, not in the JSON
+ARRAYS = ("recorded_mel", "synthesized_mel", "path", "synthesized_audio", "voice")  # per-clip rows, not in the JSON
 MIN_FRAMES = 2  # a decoder that stops at once still yields a (silent) signal to compare
 
 _print = functools.partial(print, flush=True)
@@ -46,17 +46,26 @@ class Clip:
     text: str
     audio: Path
     f0: np.ndarray = None  # recorded F0 per mel frame from the pitch cache; None: extracted here
+    speaker: str = ""      # with several speakers (or languages): who says it, in which language
+    language: str = ""
 
 
 def validation_clips(cfg):
-    """[Clip] of the cached validation split, sorted by id, at most evaluate.max_clips, each with its
-    recorded F0 from the pitch cache."""
+    """[Clip] of the cached validation split, sorted by id, at most evaluate.max_clips (taken from
+    each speaker in turn when there are several), each with its recorded F0 from the pitch cache."""
     from pipeline import data  # TensorFlow: only when a model is evaluated
 
-    clips, paths = data.load_clips(cfg, "val")
+    index = data.read_index(cfg)
+    clips, paths = data.load_clips(cfg, "val", index)
     ds = cfg["dataset"]
-    texts = {c.id: c.text for c in manifest.read_metadata(Path(ds["root"]) / ds["metadata"])}
-    order = sorted((cid, k) for k, cid in enumerate(clips.ids) if cid in texts)[:cfg["evaluate"]["max_clips"]]
+    known = {c.id: c for group in manifest.load_manifest(ds, cfg["cache"]["shards"]).values() for c in group}
+    voices = data.voice_fields(index)
+    by_speaker = {}
+    for cid, k in sorted((cid, k) for k, cid in enumerate(clips.ids) if cid in known):
+        by_speaker.setdefault(int(clips.speaker[k]), []).append((cid, k))
+    turns = [group[i] for i in range(max(map(len, by_speaker.values()), default=0))
+             for _, group in sorted(by_speaker.items()) if i < len(group)]
+    order = sorted(turns[:cfg["evaluate"]["max_clips"]])
     if not order:
         raise NoValidationClips(
             f"no validation clip: dataset.val_fraction = {ds['val_fraction']} holds none of the cached clips "
@@ -66,7 +75,10 @@ def validation_clips(cfg):
         dtype = np.dtype(shards.KINDS["pitch"].dtype)
         f0 = np.fromfile(paths["pitch"][clips.shard[k]], dtype=dtype, count=int(clips.frames[k]),
                          offset=dtype.itemsize * int(clips.offsets["pitch"][k]))
-        out.append(Clip(cid, texts[cid], manifest.audio_path(ds["root"], ds["audio_dir"], cid), f0))
+        voice = {}
+        if voices:
+            voice = {"speaker": index["speakers"][clips.speaker[k]], "language": index["languages"][clips.language[k]]}
+        out.append(Clip(cid, known[cid].text, manifest.clip_audio(ds, known[cid]), f0, **voice))
     return out
 
 
@@ -140,7 +152,8 @@ def compare(clips, synth_mel, analyse, log=_print):
         y = audio.load_audio(clip.audio, sample_rate=a["sample_rate"], max_seconds=analyse.max_seconds)
         mel = audio.mel_spectrogram(y, **a)                                     # (F, n_mels)
         rec, ceil = analyse(y, clip.f0), analyse(analyse.vocode(mel))
-        smel = synth_mel(clip.text)                                             # (F', n_mels)
+        smel = synth_mel(clip.text, speaker=clip.speaker, language=clip.language) if clip.speaker \
+            else synth_mel(clip.text)                                           # (F', n_mels)
         y_syn = analyse.vocode(smel)
         syn = analyse(y_syn)
         mcd_db, path_ = metrics.mcd(syn["mc"], rec["mc"])
@@ -151,7 +164,9 @@ def compare(clips, synth_mel, analyse, log=_print):
                      "f0_rmse_hz_ceiling": _f0_rmse(ceil["f0"], rec["f0"], path_ceiling),
                      "f0_gross_error": metrics.f0_gross_error(syn["f0"], rec["f0"], path_),
                      "f0_gross_error_ceiling": metrics.f0_gross_error(ceil["f0"], rec["f0"], path_ceiling),
-                     "recorded_mel": mel, "synthesized_mel": smel, "path": path_, "synthesized_audio": y_syn})
+                     "recorded_mel": mel, "synthesized_mel": smel, "path": path_, "synthesized_audio": y_syn,
+                     "speaker": clip.speaker,
+                     "voice": (metrics.speaker_feature(rec["mc"], rec["f0"]), metrics.speaker_feature(syn["mc"], syn["f0"]))})
         recorded.append(rec)
         synthesized.append(syn)
         log(f"{clip.id}: MCD {mcd_db:.2f} dB (ceiling {mcd_ceiling:.2f}), {len(smel)} / {len(mel)} frames: "
@@ -159,10 +174,16 @@ def compare(clips, synth_mel, analyse, log=_print):
     for i, row in enumerate(rows):  # chance: this clip's synthesis against the other clips' recordings
         others = [metrics.mcd(synthesized[i]["mc"], recorded[j]["mc"])[0] for j in range(len(rows)) if j != i]
         row["mcd_db_other"] = float(np.median(others)) if others else None
-    summary = {"clips": len(rows),
-               **{k: _median([r[k] for r in rows])
-                  for k in ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz",
-                            "f0_rmse_hz_ceiling", "f0_gross_error", "f0_gross_error_ceiling")}}
+    figures = ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz", "f0_rmse_hz_ceiling",
+               "f0_gross_error", "f0_gross_error_ceiling")
+    summary = {"clips": len(rows), **{k: _median([r[k] for r in rows]) for k in figures}}
+    speakers = sorted({r["speaker"] for r in rows if r["speaker"]})
+    if len(speakers) > 1:  # every figure per speaker, and whether the voice is the right one
+        summary["per_speaker"] = {s: {"clips": sum(r["speaker"] == s for r in rows),
+                                      **{k: _median([r[k] for r in rows if r["speaker"] == s]) for k in figures}}
+                                  for s in speakers}
+        summary["speaker_similarity"] = metrics.speaker_similarity(
+            [r["voice"][0] for r in rows], [r["voice"][1] for r in rows], [r["speaker"] for r in rows])
     return summary, rows
 
 
@@ -176,6 +197,8 @@ def evaluate(cfg, out, log=_print):
     clips = validation_clips(cfg)
     log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips")
     summary, rows = compare(clips, synth.mel, Analyser(cfg), log)
+    if "speaker_similarity" in summary:
+        log(f"speaker similarity {summary['speaker_similarity']}")
     report = {**summary, "checkpoint": synth.checkpoint, "step": synth.step,
               "model": cfg["model"].get("kind"),
               "griffin_lim_iters": cfg["evaluate"]["griffin_lim_iters"],

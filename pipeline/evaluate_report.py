@@ -55,6 +55,21 @@ def _pct(v):
     return "n/a" if v is None else f"{100 * v:.1f} %"
 
 
+def speaker_lines(report):
+    """With several speakers: speaker similarity and the main figures per speaker."""
+    if "per_speaker" not in report:
+        return []
+    sim = report.get("speaker_similarity")
+    out = [f"Speaker similarity: {_pct(sim['accuracy'])} of {sim['clips']} synthesized clips are nearest their own "
+           f"speaker's recordings (chance {_pct(sim['chance'])}; voice = mean and spread of mel-cepstra and log F0)."
+           if sim else "Speaker similarity: n/a (too few validation clips per speaker).", "",
+           "| speaker | clips | MCD dB | chance dB | length ratio | F0 RMSE Hz |", "|---|---|---|---|---|---|"]
+    for name, r in report["per_speaker"].items():
+        out.append(f"| {name} | {r['clips']} | {_fmt(r['mcd_db'])} | {_fmt(r['mcd_db_other'])} "
+                   f"| {_fmt(r['duration_ratio'])} | {_fmt(r['f0_rmse_hz'], 1)} |")
+    return out + [""]
+
+
 def markdown(report):
     lines = [f"# Evaluate: {report['clips']} validation clips, checkpoint step {report['step']}", "",
              verdict(report), "",
@@ -71,6 +86,7 @@ def markdown(report):
         al = report["aligner"]
         lines += [(f"Aligner durations: {al['clips']} clips; {100 * al['sums_ok']:.0f} % sum to their mel frames, "
                   f"{100 * al['monotonic']:.0f} % monotonic."), ""]
+    lines += speaker_lines(report)
     lines += [("Medians over the clips. MCD: mel-cepstral distortion (order 24, c0 excluded) of WORLD envelopes, "
               "frames paired by DTW; audio from Griffin-Lim "
               f"({report['griffin_lim_iters']} iterations) for both the synthesized and the ceiling rows. "

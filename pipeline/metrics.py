@@ -124,3 +124,44 @@ def f0_gross_error(f0_a, f0_b, path):
     if not both.any():
         return None
     return float(np.mean(np.abs(fa[both] / fb[both] - 1.0) > GROSS_PITCH_ERROR))
+
+
+# --- speaker similarity -----------------------------------------------------------------------
+def speaker_feature(mc, f0):
+    """A clip's voice as one vector: the mean and standard deviation of its mel-cepstra c1..c24 over
+    all frames (the vocal tract's average spectral envelope and its spread) and the mean and standard
+    deviation of log F0 over voiced frames (register and intonation range). Content averages out over
+    a sentence; what stays is mostly the voice."""
+    c = np.asarray(mc, np.float64)[:, 1:]
+    voiced = np.log(np.asarray(f0, np.float64)[np.asarray(f0) > 0])
+    pitch = [voiced.mean(), voiced.std()] if len(voiced) > 1 else [0.0, 0.0]
+    return np.concatenate([c.mean(0), c.std(0), pitch])
+
+
+def speaker_similarity(recorded, synthesized, speakers):
+    """{accuracy, chance, clips}: the share of synthesized clips whose speaker_feature is nearer to the
+    centroid of their own speaker's recordings than to every other speaker's (features z-scored over
+    the recordings; a clip's own recording is left out of its speaker's centroid, so sharing the
+    words does not count). chance = 1 / speakers compared. None with fewer than 2 speakers."""
+    recorded, synthesized = np.asarray(recorded, np.float64), np.asarray(synthesized, np.float64)
+    names = sorted(set(speakers))
+    if len(names) < 2:
+        return None
+    mean, std = recorded.mean(0), recorded.std(0) + 1e-9
+    rec, syn = (recorded - mean) / std, (synthesized - mean) / std
+    speakers = np.asarray(speakers)
+    hits = total = 0
+    for i, own in enumerate(speakers):
+        centroids = {}
+        for name in names:
+            keep = (speakers == name) & (np.arange(len(speakers)) != i)
+            if keep.any():
+                centroids[name] = rec[keep].mean(0)
+        if own not in centroids or len(centroids) < 2:
+            continue  # its speaker has no other recording here
+        nearest = min(centroids, key=lambda n: np.linalg.norm(syn[i] - centroids[n]))
+        hits += nearest == own
+        total += 1
+    if not total:
+        return None
+    return {"accuracy": hits / total, "chance": 1 / len(names), "clips": total}
