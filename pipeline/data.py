@@ -87,10 +87,21 @@ class Clips:
     def split(self, name):
         """The rows of split `name`: "train", "val" or "all"."""
         keep = np.ones(len(self.ids), bool) if name == "all" else self.val == (name == "val")
-        return Clips(ids=[i for i, k in zip(self.ids, keep) if k], shard=self.shard[keep], val=self.val[keep],
-                     n_tokens=self.n_tokens[keep], frames=self.frames[keep],
-                     offsets={k: v[keep] for k, v in self.offsets.items()},
-                     speaker=self.speaker[keep], language=self.language[keep])
+        return self.take(np.flatnonzero(keep))
+
+    def take(self, rows):
+        """These rows (integer positions, repeats allowed)."""
+        return Clips(ids=[self.ids[i] for i in rows], shard=self.shard[rows], val=self.val[rows],
+                     n_tokens=self.n_tokens[rows], frames=self.frames[rows],
+                     offsets={k: v[rows] for k, v in self.offsets.items()},
+                     speaker=self.speaker[rows], language=self.language[rows])
+
+    def balanced(self):
+        """Speaker-balanced rows (train.balance: speaker): each clip repeated round(largest speaker's
+        clips / its speaker's clips) times, so every speaker is about as often in an epoch."""
+        counts = np.bincount(self.speaker)
+        reps = np.maximum(np.round(counts.max() / counts[self.speaker]), 1).astype(np.int64)
+        return self.take(np.repeat(np.arange(len(self.ids)), reps))
 
 
 def _shard_metas(root, entry, kinds, index):
@@ -258,6 +269,11 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     index = read_index(cfg)
     everything, paths = load_clips(cfg, "all", index, durations=durations)
     clips = everything.split(split)
+    if split == "train" and cfg["train"]["balance"] == "speaker":
+        if "speaker" not in voice_fields(index):
+            raise config.ConfigError(f"train.balance: speaker needs several speakers; the cache has "
+                                     f"{index.get('speakers') or 'one'} (set train.balance: none)")
+        clips = clips.balanced()  # more rows, the same static bucket shapes, no Python op
     if not clips.ids:
         raise CacheError(f"{config.cache_dir(cfg)}: no clips in the {split!r} split")
     edges, shapes = bucket_shapes(cfg, clips=everything)

@@ -72,6 +72,12 @@ def test_batches_carry_speaker_and_language_ids(voices_cache):
             assert index["speakers"][s] == speaker and index["languages"][lang] == SPEAKERS[speaker]
             seen += 1
     assert seen == len(ids) == 24
+    # train.balance: speaker keeps the bucket shapes and stays free of Python ops
+    balanced = data.build_dataset(config.load_config(voices_cache, {"train": {"balance": "speaker"}}), "train")
+    assert scan_pyfunc_ops(balanced) == []
+    shapes = {tuple(s) for s in data.bucket_shapes(cfg)[1]}
+    for batch in balanced.take(4):
+        assert (batch["tokens"].shape[1], batch["mel"].shape[1]) in shapes and batch["speaker"].shape == (4,)
 
 
 def test_a_single_speaker_cache_has_no_speaker_field(built_cache):
@@ -79,6 +85,18 @@ def test_a_single_speaker_cache_has_no_speaker_field(built_cache):
     batch = next(iter(data.build_dataset(cfg, "all", repeat=False, shuffle=False, drop_remainder=False)))
     assert "speaker" not in batch and "language" not in batch
     assert data.read_index(cfg)["speakers"] == ["data"]  # the folder's name
+
+
+def test_speaker_balance_repeats_the_smaller_speakers_clips():
+    n = 13 + 4 + 1
+    speaker = np.array([0] * 13 + [1] * 4 + [2])
+    clips = data.Clips(ids=[f"c{i}" for i in range(n)], shard=np.zeros(n, np.int64), val=np.zeros(n, bool),
+                       n_tokens=np.ones(n, np.int64), frames=np.arange(n), offsets={"mels": np.arange(n)},
+                       speaker=speaker, language=np.zeros(n, np.int64))
+    out = clips.balanced()
+    assert np.bincount(out.speaker).tolist() == [13, 12, 13]  # 4 clips x 3, 1 clip x 13
+    assert out.ids.count("c17") == 13 and out.ids.count("c0") == 1
+    assert (out.offsets["mels"] == out.frames).all()  # every column moves with its row
 
 
 def test_pitch_is_normalised_per_speaker():
@@ -219,3 +237,9 @@ def test_built_in_models_take_speaker_and_language_ids(kind):
     outs = [many.infer(tokens, lengths, max_frames=8, speaker=tf.constant([s]), language=tf.constant([0]))["mel"]
             for s in (0, 1)]
     assert not np.allclose(outs[0].numpy(), outs[1].numpy())
+
+
+def test_speaker_balance_on_a_single_speaker_cache_is_an_error(built_cache):
+    cfg = config.load_config(built_cache, {"train": {"balance": "speaker"}})
+    with pytest.raises(config.ConfigError, match="train.balance: speaker needs several speakers"):
+        data.build_dataset(cfg, "train")
