@@ -126,10 +126,12 @@ def load_clips(cfg, split="all", index=None, durations=False):
         tok, mel = metas["tokens"][0], metas["mels"][0]
         at = {kind: {cid: i for i, cid in enumerate(m["ids"])} for kind, (m, _) in metas.items()}
         mel_frames = dict(zip(mel["ids"], mel["lengths"]))
+        left_out = set(entry.get("excluded", ()))  # cache_index: audio too short for the text
         if durations:
             _check_durations(metas["durations"][0], tok, metas["durations"][1], mel_frames)
+            left_out.update(r["id"] for r in metas["durations"][0].get("rejected", ()))
         for j, cid in enumerate(mel["ids"]):
-            if not all(cid in at[kind] for kind in kinds):
+            if cid in left_out or not all(cid in at[kind] for kind in kinds):
                 continue
             for kind in ("energy", "pitch"):
                 meta, prefix = metas[kind]
