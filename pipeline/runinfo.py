@@ -63,7 +63,8 @@ def _read(run_dir):
     return info
 
 
-def _loaded(info):
+def loaded(info):
+    """`info` with its statistics as float32 arrays and floats."""
     stats = {k: np.asarray(v, np.float32) if k in _ARRAY_STATS else float(v) for k, v in info["stats"].items()}
     return dict(info, stats=stats)
 
@@ -75,7 +76,7 @@ def load(run_dir):
     if info is None:
         raise MissingCheckpoint(f"{path(run_dir)}: no run here (or one trained before runs carried their vocabulary); "
                                 f"train first (`snakemake --cores all train`)")
-    return _loaded(info)
+    return loaded(info)
 
 
 def changes(saved, now):
@@ -95,20 +96,20 @@ def changes(saved, now):
 
 
 def for_training(cfg, index, stats, run_dir, resuming, log=print):
-    """The info a training run uses: the saved one when resuming (RunChanged when the cache's
-    vocabulary or settings moved under the checkpoints), else the current one, written to run.json."""
+    """What a training run carries (JSON-ready; `loaded` gives arrays): the saved info when resuming
+    (RunChanged when the cache's vocabulary or settings moved under the checkpoints), else the
+    current one. The chief writes it (`write`) before the first step."""
     now = describe(cfg, index, stats)
-    saved = _read(run_dir) if resuming else None
-    if resuming and saved is None:
+    if not resuming:
+        return now
+    saved = _read(run_dir)
+    if saved is None:
         raise RunChanged(f"{Path(run_dir) / 'checkpoints'}: made before runs carried their vocabulary (no {FILE}); "
                          f"delete that folder to train anew, or give this run another `name`")
-    if saved is None:
-        write(run_dir, now)
-        return _loaded(now)
     diff = changes(saved, now)
     if diff:
         raise RunChanged(f"{Path(run_dir) / 'checkpoints'}: {'; '.join(diff)} since this run started; "
                          f"restore the old settings, give this run another `name`, or delete that folder to train anew")
     if saved["stats"] != now["stats"]:
         log(f"resuming with the run's own feature statistics ({path(run_dir)}); the cache's have changed since")
-    return _loaded(saved)
+    return saved

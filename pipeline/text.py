@@ -370,15 +370,21 @@ def encode(text: str, vocab: dict) -> list[int]:
     cfg = {k: vocab[k] for k in ("frontend", "language", "cleaners")}
     symbols, _ = to_symbols([text], cfg)[0]
     reason = problem(text, symbols, cfg)
-    ids = {s: i for i, s in enumerate(vocab["symbols"])}
-    unknown = sorted({c for c in symbols if c not in ids})
-    if reason is None and unknown:  # a run whose vocabulary is older than this inventory
-        reason = f"symbol(s) {_named(unknown)} are not in this model's vocabulary"
     if reason:
         raise TextError(f"{text!r}: {reason}")
     if vocab["frontend"] == "phonemes" and vocab.get("espeak") not in (None, espeak_version()):
         logging.getLogger(__name__).warning("espeak-ng %s phonemizes this text; the model was trained on %s",
                                             espeak_version(), vocab["espeak"])
+    return ids_of(symbols, vocab)
+
+
+def ids_of(symbols: str, vocab: dict) -> list[int]:
+    """Ids of a front-end symbol string (e.g. phonemes), EOS last; TextError naming symbols the
+    vocabulary lacks."""
+    ids = {s: i for i, s in enumerate(vocab["symbols"])}
+    unknown = sorted({c for c in symbols if c not in ids})
+    if unknown:  # outside the inventory, or a run whose vocabulary is older than this inventory
+        raise TextError(f"{symbols!r}: symbol(s) {_named(unknown)} are not in this vocabulary")
     return [ids[c] for c in symbols] + [vocab["eos_id"]]
 
 
