@@ -446,7 +446,8 @@ def run_steps(trainer, manager, tcfg, chief, log):
         if step % tcfg["log_every"] == 0 or step == total:
             progress.report(step)
         if chief and (step % tcfg["summary_every"] == 0 or step == total):
-            align = validate_and_draw(trainer, step, val_history, log) or align
+            drawn = validate_and_draw(trainer, step, val_history, log)
+            align = align if drawn is None else drawn
             progress.restart_clock()
         if step % tcfg["checkpoint_every"] == 0 or step == total:
             manager.save(checkpoint_number=step)
