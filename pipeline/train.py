@@ -6,13 +6,19 @@
 Reads the cache index and shards (pipeline.data; the duration shards too when the model's `needs`
 list them), config keys `model:` and `train:`. Any model kind works through the interface of
 pipeline/models (docs/models.md): the trainer normalises mel, pitch and energy, calls the model and
-its `tts_loss`, and never looks inside. Writes
-runs/{name}/checkpoints/ (tf.train.CheckpointManager: model, optimizer state, step), config.json
-(the config that made them), TensorBoard events in runs/{name}/ (losses, lr, steps/s, input-wait
-fraction, mel and alignment images, Griffin-Lim audio), alignment.png (the attention, or the
-durations' hard alignment), and finally the summary
---out. A rerun after an interruption (kill -9 included) continues at the saved step with the saved
-optimizer state until train.steps.
+its `tts_loss`, and never looks inside. Writes runs/{name}/run.json (what the run carries, written
+when it starts: vocabulary, feature statistics, model/text/audio/pitch config; pipeline/runinfo.py),
+checkpoints/ (tf.train.CheckpointManager: model, optimizer state, step), config.json (the whole
+config), rejected.tsv (every clip this training leaves out), TensorBoard events in runs/{name}/
+(losses, lr, steps/s, input-wait fraction, mel and alignment images, Griffin-Lim audio),
+alignment.png (the attention, or the durations' hard alignment), and finally the summary --out.
+Each logged loss is the mean over the steps since the previous log line (Keras Mean trackers).
+A rerun after an interruption (kill -9 included) continues at the saved step with the saved
+optimizer state and the run's own vocabulary and statistics until train.steps; a vocabulary or a
+text/audio/pitch setting that changed under the checkpoints is a one-line error naming it.
+
+`train()` reads as its steps: start_run (resume or start: the run's info), build_trainer,
+record_run, restore, left_out, run_steps (Progress: log lines; validate_and_draw), finish.
 
 With train.placement: multiworker (`python -m pipeline.launch --workers N -- --config ...` on one
 host, `srun` across nodes; docs/scaling.md) every worker runs this same loop on its own share of
