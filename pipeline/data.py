@@ -240,7 +240,9 @@ def _source(cfg, split, durations):
     clips = everything.split(split)
     if not clips.ids:
         raise CacheError(f"{config.cache_dir(cfg)}: no clips in the {split!r} split")
-    edges, shapes = bucket_shapes(cfg, clips=everything)  # shapes from both splits: train and val agree
+    # shapes from both splits (train and val agree), and with or without durations (clips the duration
+    # shards leave out still shape the buckets), so every caller of bucket_shapes sees the same ones
+    edges, shapes = bucket_shapes(cfg, clips=load_clips(cfg, "all", index)[0] if durations else everything)
     return _Source(clips, edges, shapes, paths, token_table(index["vocab"]))
 
 
