@@ -14,7 +14,12 @@ Batches are dicts: tokens int32 [B, T] (vocabulary ids: token shards hold code p
 one table gather per group), token_lengths int32 [B], mel float16 [B, F, n_mels] (padding =
 log(1e-5), silence), mel_lengths int32 [B], pitch float32 [B, F] (Hz, 0 = unvoiced or padding),
 energy float32 [B, F] (0 = padding); with durations=True also durations int32 [B, T] (frames per
-token, rows summing to mel_lengths). F is a multiple of model.reduction.
+token, rows summing to mel_lengths). F is a multiple of `models.frame_multiple(cfg["model"])`.
+
+Clips are left out here, once, in Python: those cache_index lists under `excluded` (audio too
+short for its text) and, with durations, those the duration shards reject (`left_out` lists them
+all, with their stage and reason). `build_worker_dataset(cfg, (index, count))` is multi-worker
+training's builder: one worker's shards, every worker on the same bucket shape at each step.
 """
 import json
 import os
