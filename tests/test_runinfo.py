@@ -80,6 +80,10 @@ def test_run_carries_vocabulary_statistics_and_config(trained):
         synth = load_synthesizer(cfg, log=lambda *a: None)
         np.testing.assert_allclose(synth.mean, np.asarray(index["mel_mean"]) + 1.0, atol=1e-5)
         assert synth.vocab == info["vocab"]
+        with pytest.raises(text.TextError, match="'س' \\(arabic letter seen\\)"):  # synthesis: one line naming them
+            synth.infer("He said سلام to me.")
+        with pytest.raises(text.TextError, match="gives no phonemes"):
+            synth.infer("   ")
 
         # resuming after the data changed (other statistics): the run keeps its own, and says so
         proc = subprocess.run([sys.executable, "-m", "pipeline.train", "--config", str(path), "--set",
