@@ -232,11 +232,11 @@ def test_built_in_models_take_speaker_and_language_ids(kind):
     assert "speaker_embedding" not in {v.path.split("/")[-2] for v in one.weights}  # one speaker: no table
     assert many.speaker_embedding.input_dim == 3 and many.language_embedding.input_dim == 2
     batch = models.dummy_batch(5, 8, 8, ("speaker", "language"))
-    many(batch)  # training call with the batch fields
+    mels = [many(dict(batch, speaker=tf.constant([s], tf.int32)))["mel"].numpy() for s in (0, 1)]
+    assert not np.allclose(mels[0], mels[1])  # the speaker's vector changes the output
     tokens, lengths = tf.constant([[2, 3, 2, 1]]), tf.constant([4])
-    outs = [many.infer(tokens, lengths, max_frames=8, speaker=tf.constant([s]), language=tf.constant([0]))["mel"]
-            for s in (0, 1)]
-    assert not np.allclose(outs[0].numpy(), outs[1].numpy())
+    out = many.infer(tokens, lengths, max_frames=8, speaker=tf.constant([2]), language=tf.constant([1]))
+    assert out["mel"].shape[-1] == 8
 
 
 def test_speaker_balance_on_a_single_speaker_cache_is_an_error(built_cache):
