@@ -276,11 +276,11 @@ class _Source:
         return tuple(self.paths)
 
 
-def _source(cfg, split, durations):
+def _source(cfg, split, durations, balance=False):
     index = read_index(cfg)
     everything, paths = load_clips(cfg, "all", index, durations=durations)
     clips = everything.split(split)
-    if split == "train" and cfg["train"]["balance"] == "speaker":
+    if balance and split == "train":
         if "speaker" not in voice_fields(index):
             raise config.ConfigError(f"train.balance: speaker needs several speakers; the cache has "
                                      f"{index.get('speakers') or 'one'} (set train.balance: none)")
@@ -317,21 +317,23 @@ def _gather_fn(src, arrays, n_mels, with_clip_index):
 
 
 def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_index=False, drop_remainder=None,
-                  group_bytes=GROUP_BYTES, durations=False, worker=None):
+                  group_bytes=GROUP_BYTES, durations=False, worker=None, balance=False):
     """tf.data.Dataset of dict batches for `split` ("train", "val" or "all"); see the module doc.
 
     Training (the default for split="train") repeats forever, shuffles and drops incomplete
     batches, so every batch has one of the bucket shapes exactly. durations=True adds the
     `durations` field (CacheError naming `snakemake --cores all durations` when they are missing).
     worker=(index, count): this worker's share, `build_worker_dataset` (multi-worker training).
+    balance=True (the trainer's, with train.balance: speaker): speaker-balanced train rows (Clips.balanced).
     """
     if worker is not None:
         if split != "train" or repeat is False:
             raise ValueError("build_dataset(worker=...) is for the repeating train split")
-        return build_worker_dataset(cfg, worker, durations=durations, with_clip_index=with_clip_index)
+        return build_worker_dataset(cfg, worker, durations=durations, with_clip_index=with_clip_index,
+                                    balance=balance)
     train = split == "train"
     repeat, shuffle, drop_remainder = (train if v is None else v for v in (repeat, shuffle, drop_remainder))
-    src = _source(cfg, split, durations)
+    src = _source(cfg, split, durations, balance)
     n_mels, batch, seed = cfg["audio"]["n_mels"], cfg["train"]["batch_size"], cfg["train"]["seed"]
     if drop_remainder and len(src.clips.ids) < batch:
         raise CacheError(f"the {split!r} split has {len(src.clips.ids)} clips, fewer than train.batch_size {batch}")
@@ -355,12 +357,12 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
                               seed=seed, ordered=not shuffle)
 
 
-def build_worker_dataset(cfg, worker, *, local_replicas=1, durations=False, with_clip_index=False):
+def build_worker_dataset(cfg, worker, *, local_replicas=1, durations=False, with_clip_index=False, balance=False):
     """Worker `worker`=(index, count)'s endless train batches for multi-worker training: its own
     shards (k % count == index), batch train.batch_size / count split over `local_replicas`, and at
     each step the bucket every worker draws from the shared seed (pipeline/multiworker_data.py), so
     all workers run the same shape. tf.distribute's auto-sharding is off: the shards are shared here."""
-    src = _source(cfg, "train", durations)
+    src = _source(cfg, "train", durations, balance)
     n_mels, seed = cfg["audio"]["n_mels"], cfg["train"]["seed"]
     mine, batch, weights = multiworker_data.worker_share(cfg, src.clips, src.edges, worker)
     if batch % local_replicas:

@@ -114,7 +114,7 @@ class Trainer:
         """The loader for `split`, with the duration shards when the model needs them."""
         if "durations" in self.needs:
             kwargs["durations"] = True
-        return data.build_dataset(self.cfg, split, **kwargs)
+        return data.build_dataset(self.cfg, split, balance=self.cfg["train"]["balance"] == "speaker", **kwargs)
 
     def _dummy_batch(self):
         t, f = self.shapes[0]
@@ -126,7 +126,8 @@ class Trainer:
         # this worker's own shards, each batch split among the worker's local replicas
         local = self.p.strategy.num_replicas_in_sync // self.p.worker[1]
         return data.build_worker_dataset(self.cfg, self.p.worker, local_replicas=local,
-                                         durations="durations" in self.needs)
+                                         durations="durations" in self.needs,
+                                         balance=self.cfg["train"]["balance"] == "speaker")
 
     def _distribute(self, make):
         if self.p.name == "multiworker":
