@@ -3,7 +3,9 @@
 `build_dataset(cfg, split)` reads shard `.bin` files with tf.io.read_file + tf.io.decode_raw and
 gathers examples out of them by the offsets in the shards' JSON (pipeline/shards.py owns the
 format); the JSON, the index and the file sizes are checked once, in Python, when the dataset is
-built, never per example. Shards are read in groups of about GROUP_BYTES (all of LJSpeech fits in
+built, never per example, and each file's checksum once per read of the whole file, in the graph
+(tf.fingerprint against the shard JSON's; a mismatch fails with the shard's name and the command
+that rebuilds it). Shards are read in groups of about GROUP_BYTES (all of LJSpeech fits in
 two): a group's index rows are shuffled across its shards, grouped by length into `train.buckets`
 fixed (tokens, frames) shapes so a compiled step sees at most that many shapes, batched, and each
 batch is assembled by ONE vectorised gather per field from the group's arrays. Mels stay float16,
@@ -76,13 +78,14 @@ class Clips:
     n_tokens: np.ndarray
     frames: np.ndarray
     offsets: dict = field(default_factory=dict)  # kind -> offsets inside that kind's shard
+    checksums: dict = field(default_factory=dict)  # kind -> the shard JSONs' checksums, one per shard
 
     def split(self, name):
         """The rows of split `name`: "train", "val" or "all"."""
         keep = np.ones(len(self.ids), bool) if name == "all" else self.val == (name == "val")
         return Clips(ids=[i for i, k in zip(self.ids, keep) if k], shard=self.shard[keep], val=self.val[keep],
                      n_tokens=self.n_tokens[keep], frames=self.frames[keep],
-                     offsets={k: v[keep] for k, v in self.offsets.items()})
+                     offsets={k: v[keep] for k, v in self.offsets.items()}, checksums=self.checksums)
 
 
 def _shard_metas(root, entry, kinds, index):
@@ -121,6 +124,7 @@ def load_clips(cfg, split="all", index=None, durations=False):
     kinds = shards.CACHE_KINDS + (("durations",) if durations else ())
     cols = {k: [] for k in ("ids", "shard", "val", "n_tokens", "frames", *kinds)}
     paths = {k: [] for k in kinds}
+    checksums = {k: [] for k in kinds}
     for k, entry in enumerate(index["shards"]):
         metas = _shard_metas(root, entry, kinds, index)
         tok, mel = metas["tokens"][0], metas["mels"][0]
@@ -142,11 +146,12 @@ def load_clips(cfg, split="all", index=None, durations=False):
             cols["n_tokens"].append(tok["lengths"][i]); cols["frames"].append(mel["lengths"][j])
             for kind, (meta, _) in metas.items():
                 cols[kind].append(meta["offsets"][at[kind][cid]])
-        for kind, (_, prefix) in metas.items():
+        for kind, (meta, prefix) in metas.items():
             paths[kind].append(str(prefix.with_suffix(".bin")))
+            checksums[kind].append(shards.checksum_int64(meta["checksum"]))
     clips = Clips(ids=cols["ids"], shard=np.asarray(cols["shard"], np.int64), val=np.asarray(cols["val"], bool),
                   n_tokens=np.asarray(cols["n_tokens"], np.int64), frames=np.asarray(cols["frames"], np.int64),
-                  offsets={kind: np.asarray(cols[kind], np.int64) for kind in kinds})
+                  offsets={kind: np.asarray(cols[kind], np.int64) for kind in kinds}, checksums=checksums)
     return clips.split(split), paths
 
 
@@ -255,6 +260,8 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
                   for g in groups]
     rows_table = tf.ragged.constant([r.tolist() for r in group_rows], dtype=tf.int64, ragged_rank=1)
     files = {kind: tf.ragged.constant([[paths[kind][k] for k in g] for g in groups]) for kind in kinds}
+    sums = {kind: tf.ragged.constant([[clips.checksums[kind][k] for k in g] for g in groups], dtype=tf.int64)
+            for kind in kinds}
     table = tf.constant(token_table(index["vocab"]))                             # code point -> id
     max_tokens = tf.constant([s[0] for s in shapes], tf.int64)
     max_frames = tf.constant([s[1] for s in shapes], tf.int64)
@@ -262,6 +269,7 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
 
     def read_all(g, kind):  # the group's shards of one kind, concatenated: (items,) or (items, n_mels)
         blobs = tf.map_fn(tf.io.read_file, files[kind][g], fn_output_signature=tf.string)
+        blobs = verified(blobs, files[kind][g], sums[kind][g], shards.KINDS[kind].target)
         flat = tf.io.decode_raw(tf.strings.reduce_join(blobs), dtypes[kind])
         return tf.reshape(flat, [-1, n_mels]) if kind == "mels" else flat
 
@@ -280,6 +288,19 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
 
     return _interleave_groups(group_batches, len(groups), shuffle=shuffle, repeat=repeat and not endless,
                               seed=seed, ordered=ordered)
+
+
+def verified(blobs, names, want, target):
+    """`blobs` (whole files' bytes), once each file's FarmHash Fingerprint64 equals `want` (int64,
+    from the shard JSON); else the read fails naming the damaged files and the command that repairs them."""
+    got = tf.bitcast(tf.fingerprint(blobs), tf.int64)                       # (files,)
+    ok = tf.equal(got, want)
+    check = tf.debugging.Assert(tf.reduce_all(ok), [
+        f"{shards.DAMAGED}", tf.boolean_mask(names, tf.logical_not(ok)),
+        f": checksum mismatch (the file changed after its job wrote it); run `{target}` "
+        "(it rebuilds exactly the damaged shards)"], summarize=16)
+    with tf.control_dependencies([check]):
+        return tf.identity(blobs)
 
 
 def _bucketed_rows(rows, batch, *, shuffle, repeat, drop_remainder, seed):
