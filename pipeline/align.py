@@ -5,7 +5,7 @@
 
 Reads the cache index and the token and mel shards through the training loader (the same bucket
 shapes, no Python per example). Config keys: `aligner:` (steps, batch_size, learning_rate, d_model,
-temperature, prior_scaling), train.buckets, train.seed, train.shuffle_buffer. Writes
+temperature, prior_scaling), train.buckets, train.seed. Writes
 runs/{name}/aligner/aligner.weights.h5 and, last, aligner.json: the steps, the loss history, the
 mel statistics and vocabulary it trained with and the weights' digest (duration shards record it
 as their provenance). The duration shard jobs (pipeline/durations.py) load it with `load_aligner`.
