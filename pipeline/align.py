@@ -75,10 +75,7 @@ def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
             losses = []
     out = Path(out)
     weights = out.with_name("aligner.weights.h5")
-    tmp = out.with_name(".tmp.aligner.weights.h5")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    model.save_weights(str(tmp))
-    tmp.replace(weights)
+    config.atomic_write(weights, lambda tmp: model.save_weights(str(tmp)), suffix=".weights.h5")
     info = {"weights": weights.name, "weights_digest": hashlib.sha256(weights.read_bytes()).hexdigest()[:16],
             "steps": acfg["steps"], "seconds": round(time.perf_counter() - t0, 1), "history": history,
             "aligner": acfg, "n_mels": index["n_mels"], "vocab": vocab,

@@ -3,10 +3,10 @@
 `build_dataset(cfg, split)` reads shard `.bin` files with tf.io.read_file + tf.io.decode_raw and
 gathers examples out of them by the offsets in the shards' JSON (pipeline/shards.py owns the
 format); the JSON, the index and the file sizes are checked once, in Python, when the dataset is
-built, never per example, and each file's checksum once per read of the whole file, in the graph
-(tf.fingerprint against the shard JSON's; a mismatch fails with the shard's name and the command
-that rebuilds it). Shards are read in groups of about GROUP_BYTES (all of LJSpeech fits in
-two): a group's index rows are shuffled across its shards, grouped by length into `train.buckets`
+built, never per example, and each file's checksum in the graph when the iterator first reads the
+whole file (tf.fingerprint against the shard JSON's; a mismatch fails with the shard's name and the
+command that rebuilds it; later epochs re-read the same files unhashed). Shards are read in
+groups of about GROUP_BYTES (all of LJSpeech fits in two): a group's index rows are shuffled across its shards, grouped by length into `train.buckets`
 fixed (tokens, frames) shapes so a compiled step sees at most that many shapes, batched, and each
 batch is assembled by ONE vectorised gather per field from the group's arrays. Mels stay float16,
 as stored, and unnormalised: the training step normalises on the model device with
@@ -267,14 +267,15 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     max_frames = tf.constant([s[1] for s in shapes], tf.int64)
     dtypes = {kind: tf.as_dtype(np.dtype(shards.KINDS[kind].dtype).newbyteorder("=")) for kind in kinds}
 
-    def read_all(g, kind):  # the group's shards of one kind, concatenated: (items,) or (items, n_mels)
+    def read_all(g, kind, first):  # the group's shards of one kind, concatenated: (items,) or (items, n_mels)
         blobs = tf.map_fn(tf.io.read_file, files[kind][g], fn_output_signature=tf.string)
-        blobs = verified(blobs, files[kind][g], sums[kind][g], shards.KINDS[kind].target)
+        blobs = tf.cond(first, lambda: verified(blobs, files[kind][g], sums[kind][g], shards.KINDS[kind].target),
+                        lambda: blobs)  # the first read of each file (epoch 0) is checked
         flat = tf.io.decode_raw(tf.strings.reduce_join(blobs), dtypes[kind])
         return tf.reshape(flat, [-1, n_mels]) if kind == "mels" else flat
 
-    def group_batches(g):
-        arrays = {kind: read_all(g, kind) for kind in kinds}
+    def group_batches(g, first=True):
+        arrays = {kind: read_all(g, kind, first) for kind in kinds}
         arrays["tokens"] = tf.gather(table, arrays["tokens"])                  # code points -> ids
         if worker is not None:
             rows = multiworker_data.aligned_batches(group_rows[0], ROW["bucket"], bucket_weights, batch, seed,
@@ -346,7 +347,8 @@ def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed, ordere
         group_ids = group_ids.shuffle(n_groups, seed=seed)
     if repeat:
         group_ids = group_ids.repeat()
-    ds = group_ids.interleave(group_batches, cycle_length=min(2, n_groups), num_parallel_calls=min(2, n_groups),
+    first_reads = group_ids.enumerate().map(lambda i, g: (g, i < n_groups))  # (group, its first read?)
+    ds = first_reads.interleave(group_batches, cycle_length=min(2, n_groups), num_parallel_calls=min(2, n_groups),
                               deterministic=ordered)
     options = tf.data.Options()
     options.deterministic = ordered

@@ -8,7 +8,8 @@ list them), config keys `model:` and `train:`. Any model kind works through the 
 pipeline/models (docs/models.md): the trainer normalises mel, pitch and energy, calls the model and
 its `tts_loss`, and never looks inside. Writes
 runs/{name}/checkpoints/ (tf.train.CheckpointManager: model, optimizer state, step), config.json
-(the config that made them), TensorBoard events in runs/{name}/ (losses, lr, steps/s, input-wait
+(the config that made them), history.jsonl (every logged training loss, across reruns: not a
+Snakemake output, so a failing rerun, whose train.json Snakemake deletes first, loses none of it), TensorBoard events in runs/{name}/ (losses, lr, steps/s, input-wait
 fraction, mel and alignment images, Griffin-Lim audio), alignment.png (the attention, or the
 durations' hard alignment), and finally the summary
 --out. A rerun after an interruption (kill -9 included) continues at the saved step with the saved
@@ -21,6 +22,7 @@ the other workers save into a temporary folder of their own (every worker takes 
 and all of them restore the chief's latest checkpoint on a rerun.
 """
 import argparse
+import errno
 import functools
 import json
 import math
@@ -35,7 +37,7 @@ import tensorflow as tf
 
 from pipeline import config, data, models
 from pipeline import placement as placement_mod
-from pipeline.errors import PipelineError, cli
+from pipeline.errors import PipelineError, cli, disk_full
 
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -304,9 +306,8 @@ def save_alignment_png(align, path, step):
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.imshow(np.asarray(align).T, origin="lower", aspect="auto", interpolation="none")
     ax.set(xlabel="decoder step or frame", ylabel="token", title=f"alignment (validation clip, step {step})")
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=100); plt.close(fig)
-    tmp.replace(path)
+    config.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    plt.close(fig)
 
 
 def check_same_model(cfg, run):
@@ -319,6 +320,30 @@ def check_same_model(cfg, run):
         raise PipelineError(f"{run / 'checkpoints'}: made by another `model:` configuration (kind "
                             f"{before.get('kind')!r}, now {cfg['model']['kind']!r}); give this run another `name`, "
                             f"or delete {run / 'checkpoints'} to start over")
+
+
+def save_checkpoint(manager, step):
+    """manager.save(step). On a full disk: TensorFlow's half-written ckpt-N_temp/ and ckpt-N.* removed,
+    the previous checkpoint (still the latest) kept, and one line naming the folder."""
+    try:
+        return manager.save(checkpoint_number=step)
+    except (OSError, tf.errors.OpError) as e:
+        if getattr(e, "errno", None) != errno.ENOSPC and "No space left on device" not in str(e):
+            raise
+        folder = Path(manager.directory)
+        for leftover in [*folder.glob(f"ckpt-{step}_temp*"), *folder.glob(f"ckpt-{step}.*")]:
+            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+        raise disk_full(folder / f"ckpt-{step}") from None
+
+
+def past_history(run, step):
+    """The logged losses of earlier runs up to `step` (the restored one), history.jsonl rewritten to
+    them: a run killed after its last checkpoint logged steps that this run trains again."""
+    path = run / "history.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    kept = [r for r in (json.loads(line) for line in lines if line.strip()) if r["step"] <= step]
+    config.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+    return kept
 
 
 def train(cfg, out, log=functools.partial(print, flush=True)):
@@ -343,6 +368,7 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
     trainer.measure_copy()
     writer = tf.summary.create_file_writer(str(run)) if chief else tf.summary.create_noop_writer()
     history, val_history, align = [], [], None
+    past = past_history(run, step) if chief else []
     batches = trainer.batches()
     waited = 0.0
     t_log, start_step, t_start = time.perf_counter(), step, time.perf_counter()
@@ -379,6 +405,9 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
                 if not math.isfinite(values["total"]):
                     raise FloatingPointError(f"loss became {values['total']} at step {step}; lower train.learning_rate")
                 history.append({"step": step, **values})
+                if chief:
+                    with open(run / "history.jsonl", "a", encoding="utf-8") as f:
+                        f.write(json.dumps(history[-1]) + "\n")
                 waited, t_log = 0.0, time.perf_counter()
             if chief and (step % tcfg["summary_every"] == 0 or step == total):
                 val, vbatch, vout = trainer.validate()
@@ -388,7 +417,7 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
                     log(f"step {step}: validation loss {val['total']:.4f} ({_terms(val)})")
                 t_log = time.perf_counter()  # validation time is not input wait
             if step % tcfg["checkpoint_every"] == 0 or step == total:
-                manager.save(checkpoint_number=step)
+                save_checkpoint(manager, step)
     weights = sum(float(tf.reduce_sum(tf.cast(v, tf.float64))) for v in trainer.model.trainable_variables)
     if not chief:
         shutil.rmtree(save_dir, ignore_errors=True)
@@ -401,7 +430,7 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
     summary = {"name": cfg["name"], "steps": step, "resumed_from": start_step, "placement": trainer.placement,
                "context": trainer.context(), "traces": trainer.traces, "buckets": trainer.shapes,
                "seconds": round(time.perf_counter() - t_start, 1), "checkpoint": manager.latest_checkpoint,
-               "train_loss": history[-1] if history else None, "val_loss": val_history, "history": history}
+               "train_loss": history[-1] if history else None, "val_loss": val_history, "history": past + history}
     config.atomic_write_text(out, json.dumps(summary, indent=1))
     trainer.wait_for_all()
     log(f"done: {step} steps, checkpoint {manager.latest_checkpoint}, summary {out}, weights checksum {weights:.12g}")
