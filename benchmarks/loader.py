@@ -257,6 +257,36 @@ def time_loader(ds, warmup, batches, mode):
     return examples / seconds, examples, seconds, padded / max(examples, 1), first_batch_s
 
 
+def checksum_cost(cfg, repeats):
+    """Seconds (min over `repeats`, alternating) to read every shard file of the cache whole, as the
+    loader does (read_file, reduce_join, decode_raw), without and with pipeline.data.verified (one
+    tf.fingerprint per file): what the checksum adds to a read, independent of the batching around it."""
+    import tensorflow as tf
+
+    from pipeline import data, shards
+
+    clips, paths = data.load_clips(cfg, "all")
+    names = tf.constant([p for kind in paths for p in paths[kind]])
+    want = tf.constant([c for kind in paths for c in clips.checksums[kind]], tf.int64)
+    total = sum(os.path.getsize(p) for kind in paths for p in paths[kind])
+
+    def read(verify):
+        blobs = tf.map_fn(tf.io.read_file, names, fn_output_signature=tf.string)
+        if verify:
+            blobs = data.verified(blobs, names, want, shards.REBUILD)
+        return tf.size(tf.io.decode_raw(tf.strings.reduce_join(blobs), tf.uint8))
+
+    fns = {v: tf.function(lambda v=v: read(v)) for v in (False, True)}
+    times = {False: [], True: []}
+    for r in range(repeats + 1):
+        for v in ((False, True) if r % 2 else (True, False)):
+            t = time.perf_counter()
+            fns[v]().numpy()
+            if r:  # the first round traces
+                times[v].append(time.perf_counter() - t)
+    return {"files": int(names.shape[0]), "bytes": total, "read_s": min(times[False]), "read_verified_s": min(times[True])}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", type=Path, default=common.DEFAULT_WORKDIR)
@@ -355,6 +385,13 @@ def main(argv=None):
             f"(RAM itself is {r['ram_vs_npy']:.2f}x the npy loader); with checksums vs without: "
             f"{r['product_vs_unverified']:.3f}x (target >= {CHECKSUM_TARGET}): "
             f"{common.verdict(r['product_vs_unverified'] >= CHECKSUM_TARGET)}")
+    cost = checksum_cost(cfg, max(args.repeats, 5) * 4)
+    cost["ratio"] = cost["read_s"] / cost["read_verified_s"]
+    log(f"reading all {cost['files']} shard files whole ({cost['bytes'] / 2**20:.1f} MiB), min of "
+        f"{max(args.repeats, 5) * 4}: {1000 * cost['read_s']:.2f} ms, with the checksums {1000 * cost['read_verified_s']:.2f} ms "
+        f"({cost['ratio']:.3f}x the speed; {cost['bytes'] / 2**30 / max(cost['read_verified_s'] - cost['read_s'], 1e-9):.1f} GiB/s "
+        f"of hashing): {common.verdict(cost['ratio'] >= CHECKSUM_TARGET)} the {CHECKSUM_TARGET} target per whole-file read")
+    out["checksum_read_cost"] = cost
     if "python" in modes:
         first = {k: common.median([r["first_batch_s"] for r in runs["python"][k]]) for k in ("product", "unverified")}
         log(f"first batch (every file read once, and hashed by the product): product {first['product']:.3f} s, "

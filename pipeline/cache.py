@@ -149,9 +149,7 @@ def build_index(cfg, paths, out, log=_print):
         metas = {}
         for kind, p in zip(shards.CACHE_KINDS, group):
             metas[kind] = shards.read_meta(p, kind)
-            if metas[kind]["provenance"] != want[kind]:
-                raise shards.CacheError(f"{p}: built with other settings or code (provenance {metas[kind]['provenance']}, "
-                                        f"expected {want[kind]}); rerun `{shards.REBUILD}`")
+            shards.check_provenance(p, kind, metas[kind]["provenance"], want[kind])
             for r in metas[kind]["rejected"]:
                 rejected.setdefault(r["id"], r)
         used.update(metas["tokens"]["symbols"])

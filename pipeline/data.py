@@ -46,11 +46,8 @@ def read_index(cfg):
     if index.get("format") != shards.FORMAT:
         raise CacheError(f"{path}: a cache in format {index.get('format')} (this code reads format {shards.FORMAT}, with "
                          f"phonemes, pitch and energy); rebuild it with `{shards.REBUILD}`")
-    sections = {"tokens": "text", "mels": "audio", "energy": "audio", "pitch": "pitch"}
     for kind in shards.CACHE_KINDS:
-        if index["provenance"][kind] != shards.provenance(kind, cfg):
-            raise CacheError(f"{path}: the {kind} cache was built with other `{sections[kind]}:` settings or code "
-                             f"(or espeak-ng version) than the current config; rerun `{shards.REBUILD}`")
+        shards.check_provenance(path, kind, index["provenance"][kind], shards.provenance(kind, cfg))
     return index
 
 
@@ -58,9 +55,8 @@ def feature_stats(cfg, index=None):
     """Train-split statistics from the index: mel_mean/mel_std float32 [n_mels]; pitch_mean/pitch_std
     (Hz, voiced frames), energy_mean/energy_std floats."""
     index = index or read_index(cfg)
-    out = {k: np.asarray(index[k], np.float32) for k in ("mel_mean", "mel_std")}
-    out.update({k: float(index[k]) for k in ("pitch_mean", "pitch_std", "energy_mean", "energy_std")})
-    return out
+    return {k: np.asarray(index[k], np.float32)
+            for k in ("mel_mean", "mel_std", "pitch_mean", "pitch_std", "energy_mean", "energy_std")}
 
 
 def mel_stats(cfg, index=None):

@@ -135,13 +135,22 @@ def expected_bytes(meta):
     return sum(meta["lengths"]) * meta["width"] * np.dtype(meta["dtype"]).itemsize
 
 
+def check_provenance(path, kind, got, want, than="the current config"):
+    """The one provenance check: CacheError unless a shard's or the index's provenance `got` for
+    `kind` is `want` (what this code and config would write)."""
+    if got != want:
+        sections = {"tokens": "text:", "mels": "audio:", "energy": "audio:", "pitch": "pitch:", "durations": "aligner:"}
+        raise CacheError(f"{path}: the {kind} cache was built with other settings or code than {than} (its "
+                         f"`{sections[kind]}` section, its code or the espeak-ng version; provenance {got} != {want}); "
+                         f"run `{KINDS[kind].target}`")
+
+
 def check(meta, out, want_provenance=None):
     """CacheError unless the JSON, its provenance and the .bin on disk agree."""
     path = Path(out).with_suffix(".bin")
     target = KINDS[meta["kind"]].target
-    if want_provenance is not None and meta["provenance"] != want_provenance:
-        raise CacheError(f"{path}: built with other settings or code than the index (provenance "
-                         f"{meta['provenance']} != {want_provenance}); run `{target}`")
+    if want_provenance is not None:
+        check_provenance(path, meta["kind"], meta["provenance"], want_provenance, than="the index")
     expected = expected_bytes(meta)
     if meta["bytes"] != expected:
         raise CacheError(f"{path}: its JSON records {meta['bytes']} bytes but its lengths add up to {expected}; "

@@ -78,7 +78,7 @@ class Trainer:
         self.copy_ms = None
         n_mels = self.index["n_mels"]
         with self._scope():
-            self.stats = feature_stats(cfg, self.index)
+            self.stats = data.feature_stats(cfg, self.index)
             self.norm = {k: tf.constant(v, tf.float32) for k, v in self.stats.items()}
             self.model = models.build(cfg["model"], self.index["vocab"], n_mels)
             self.needs = tuple(self.model.needs)
@@ -241,11 +241,6 @@ class Trainer:
                 n += 1
                 first = first or (batch, out)
         return ({k: v / n for k, v in sums.items()}, *first) if n else (None, None, None)
-
-
-def feature_stats(cfg, index):
-    """{mel_mean, mel_std: (n_mels,); pitch_mean, pitch_std (Hz, voiced frames), energy_mean, energy_std} float32."""
-    return {k: np.asarray(v, np.float32) for k, v in data.feature_stats(cfg, index).items()}
 
 
 def normalise(batch, norm):

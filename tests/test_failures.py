@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+import yaml
 from conftest import ROOT, snakemake
 from test_train import tiny_config
 
@@ -68,41 +69,52 @@ def test_a_model_kind_with_the_wrong_signature_is_one_line_from_the_job_too(buil
 
 
 # --- failures inside a job --------------------------------------------------------------------
+def samples_of(run):
+    """{name: bytes} of the wavs and mels in runs/{name}/samples."""
+    return {p.name: p.read_bytes() for p in (run / "samples").iterdir() if p.suffix in (".wav", ".npy")}
+
+
 @pytest.mark.slow
-def test_failing_train_and_synthesize_keep_the_loss_history_checkpoints_and_samples(built_cache, tmp_path):
+def test_failing_synthesize_and_train_keep_the_samples_loss_history_and_checkpoints(built_cache, tmp_path):
     good = tiny_config(built_cache, tmp_path, steps=10, checkpoint_every=10)
     run = config.run_dir(config.load_config(good))
     snakemake("synthesize", config=good)
-    samples = {p.name: p.read_bytes() for p in (run / "samples").iterdir()}
-    assert {"00.wav", "00.npy", "sentences.json"} <= set(samples)
+    samples = samples_of(run)
+    assert {"00.wav", "00.npy"} <= set(samples) and (run / "samples/sentences.json").exists()
     assert [r["step"] for r in json.loads((run / "train.json").read_text())["history"]] == [5, 10]
 
-    # a job that fails inside (the loss diverges): Snakemake deletes train.json, nothing else is lost
+    # a synthesize that fails inside (a sentence of only spaces): the previous samples stay
+    cfg = yaml.safe_load(good.read_text())
+    sentences = config.load_config(good)["synthesize"]["sentences"]
+    cfg["synthesize"]["sentences"] = [*sentences, "   "]
     (tmp_path / "bad").mkdir()
-    bad = tiny_config(built_cache, tmp_path / "bad", steps=20, checkpoint_every=10, learning_rate=1e9)
-    bad.write_text(bad.read_text().replace(str(tmp_path / "bad"), str(tmp_path)))  # the same run folder
+    bad = tmp_path / "bad/config.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
     proc = snakemake("synthesize", config=bad, check=False)
     assert proc.returncode == 1, proc.stderr[-3000:]  # Snakemake's own exit status for a failed job
-    assert "loss became" in (run.parent.parent / "reports/t/logs/train.log").read_text()
-    assert not (run / "train.json").exists()
-    assert [r["step"] for r in map(json.loads, (run / "history.jsonl").read_text().splitlines())][:2] == [5, 10]
-    assert (run / "checkpoints/ckpt-10.index").exists()
-    assert {p.name: p.read_bytes() for p in (run / "samples").iterdir()} == samples
-
-    # the repaired config resumes at step 10 and train.json holds the whole history again
-    fixed = tiny_config(built_cache, tmp_path, steps=20, checkpoint_every=10)
-    snakemake("synthesize", config=fixed)
-    summary = json.loads((run / "train.json").read_text())
-    assert summary["resumed_from"] == 10 and [r["step"] for r in summary["history"]] == [5, 10, 15, 20]
-    samples = {p.name: p.read_bytes() for p in (run / "samples").iterdir()}
-
-    # a synthesize that fails inside (no checkpoint to speak with) leaves the samples as they were
-    shutil.rmtree(run / "checkpoints")
-    proc = snakemake("synthesize", "--forcerun", "synthesize", config=fixed, check=False)
-    assert proc.returncode == 1
-    assert "no checkpoint" in (run.parent.parent / "reports/t/logs/synthesize.log").read_text()
-    assert {p.name: p.read_bytes() for p in (run / "samples").iterdir()} == samples
+    assert "rule train" not in proc.stdout + proc.stderr  # training was up to date
+    assert samples_of(run) == samples
     assert not list(run.glob(".samples.tmp*"))
+
+    # a train that fails inside (the loss diverges): Snakemake deletes train.json, nothing else is lost
+    cfg["synthesize"]["sentences"] = sentences
+    cfg["train"].update(steps=20, learning_rate=1e9)
+    bad.write_text(yaml.safe_dump(cfg))
+    proc = snakemake("synthesize", config=bad, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "loss became" in (tmp_path / "reports/t/logs/train.log").read_text()
+    assert not (run / "train.json").exists()
+    assert [json.loads(line)["step"] for line in (run / "history.jsonl").read_text().splitlines()][:2] == [5, 10]
+    assert (run / "checkpoints/ckpt-10.index").exists()
+    assert samples_of(run) == samples
+
+
+def test_the_loss_history_keeps_earlier_runs_up_to_the_restored_step(tmp_path):
+    from pipeline import train  # TensorFlow, no training
+    (tmp_path / "history.jsonl").write_text("".join(json.dumps({"step": k, "total": 1.0 / k}) + "\n"
+                                                    for k in (5, 10, 15)))  # killed after step 15, ckpt-10
+    assert [r["step"] for r in train.past_history(tmp_path, 10)] == [5, 10]
+    assert (tmp_path / "history.jsonl").read_text().count("\n") == 2  # step 15 is trained again
 
 
 # --- a full disk ------------------------------------------------------------------------------
