@@ -177,11 +177,24 @@ def read(out, kind=None):
     path = Path(out).with_suffix(".bin")
     data = path.read_bytes()
     if checksum(data) != meta["checksum"]:
+        unverify(path)
         raise CacheError(damaged(path, KINDS[meta["kind"]].target))
     flat = np.frombuffer(data, dtype=np.dtype(meta["dtype"]))
     if meta["width"] > 1:
         flat = flat.reshape(-1, meta["width"])
     return meta, [flat[o:o + n] for o, n in zip(meta["offsets"], meta["lengths"])]
+
+
+def _stamp(bin_path):
+    """cache/{name}/.verified/{kind}-shard-NNN: what planning last verified of that .bin."""
+    bin_path = Path(bin_path)
+    return bin_path.parent.parent / ".verified" / f"{bin_path.parent.name}-{bin_path.stem}"
+
+
+def unverify(bin_path):
+    """Forget that planning verified this .bin (its checksum failed where it was read), so the next
+    planning hashes it again and reruns its job."""
+    _stamp(bin_path).unlink(missing_ok=True)
 
 
 def intact(*outs):
@@ -190,14 +203,25 @@ def intact(*outs):
 
     Planning asks this of every shard (rules/common.smk `repair`), so a damaged one is rebuilt by
     its own job alone. A missing file counts as "ok": its job reruns for the missing output anyway.
-    Hashing reads every .bin once (FarmHash, several GB/s: the page cache's speed is the limit).
+    A .bin is hashed when its size, mtime, ctime or inode changed since planning last verified it
+    (a stamp in cache/{name}/.verified/): any write to it, even one that puts the mtime back, moves
+    its ctime. Damage that moves nothing (a disk's own bit rot) is caught where the bytes are read
+    (`read`, the loader's graph), which forgets the stamp, so the next planning hashes the file.
     """
     for out in outs:
         try:
             meta = json.loads(Path(out).with_suffix(".json").read_text(encoding="utf-8"))
             path = Path(out).with_suffix(".bin")
-            if os.path.getsize(path) != meta["bytes"] or checksum(path.read_bytes()) != meta["checksum"]:
+            st = os.stat(path)
+            if st.st_size != meta["bytes"]:
                 return "damaged"
+            key = f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {meta['checksum']}\n"
+            stamp = _stamp(path)
+            if stamp.is_file() and stamp.read_text(encoding="utf-8") == key:
+                continue
+            if checksum(path.read_bytes()) != meta["checksum"]:
+                return "damaged"
+            config.atomic_write_text(stamp, key)
         except FileNotFoundError:
             continue  # a missing output reruns its job anyway; "ok" here keeps the value a rebuild leaves
         except (OSError, ValueError, KeyError, TypeError):

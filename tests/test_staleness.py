@@ -329,6 +329,30 @@ def test_flipped_bytes_with_mtime_kept_fail_the_loader_and_rebuild_exactly_their
         assert {"tokens", "mel", "pitch", "energy"} <= set(batch)
 
 
+@pytest.mark.slow
+def test_damage_that_planning_missed_is_found_by_the_loader_and_then_rebuilt(built):
+    # planning hashes a .bin only when its size, mtime, ctime or inode moved since it last verified it;
+    # a disk's own bit rot moves none of them: here the stamp is rewritten to the damaged file's stat
+    import tensorflow as tf
+
+    from pipeline import config as pconfig
+    from pipeline import data, errors
+    assert plan(built.config) == NOTHING  # every shard verified and stamped
+    path = built.cache / "mels/shard-001.bin"
+    stamp = built.cache / ".verified/mels-shard-001"
+    checksum = stamp.read_text().split()[-1]
+    flip_byte(path)
+    st = path.stat()
+    stamp.write_text(f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {checksum}\n")
+    assert plan(built.config) == NOTHING  # planning cannot see it
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        next(iter(data.build_dataset(pconfig.load_config(built.config), "train")))
+    assert "mels/shard-001.bin" in errors._one_line(caught.value)  # and forgets the stamp
+    counts, shards = plan(built.config)
+    assert shards == {"mel_shard": [1]}
+    assert rebuild_then_nothing_to_do(built) == jobs_files(("mels", 1))
+
+
 # --- settings ---------------------------------------------------------------------------------
 def _edited_config(p, path, **sections):
     cfg = yaml.safe_load(p.config.read_text())
