@@ -23,6 +23,7 @@ short for its text) and, with durations, those the duration shards reject (`left
 all, with their stage and reason). `build_worker_dataset(cfg, (index, count))` is multi-worker
 training's builder: one worker's shards, every worker on the same bucket shape at each step.
 """
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -266,8 +267,8 @@ def _group_arrays(src, groups, n_mels):
         out = {}
         for kind in src.kinds:
             blobs = tf.map_fn(tf.io.read_file, files[kind][g], fn_output_signature=tf.string)
-            blobs = tf.cond(first, lambda b=blobs, k=kind: verified(b, files[k][g], sums[k][g], shards.KINDS[k].target),
-                            lambda b=blobs: b)
+            check = functools.partial(verified, blobs, files[kind][g], sums[kind][g], shards.KINDS[kind].target)
+            blobs = check() if first is True else tf.cond(first, check, lambda b=blobs: b)
             flat = tf.io.decode_raw(tf.strings.reduce_join(blobs), dtypes[kind])
             out[kind] = tf.reshape(flat, [-1, n_mels]) if kind == "mels" else flat
         out["tokens"] = tf.gather(table, out["tokens"])  # code points -> ids
