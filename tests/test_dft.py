@@ -5,12 +5,18 @@ import tensorflow as tf
 
 from pipeline import dft
 from pipeline.audio import frame_padding, mel_spectrogram, stft_magnitude
-from pipeline.vocoder import _window_fn
 
 AUDIO = dict(sample_rate=22050, n_fft=1024, hop_length=256, win_length=1024, n_mels=80, fmin=0, fmax=8000)
 GRIDS = [dict(n_fft=1024, hop_length=256, win_length=1024),   # HiFi-GAN's
          dict(n_fft=512, hop_length=128, win_length=400),     # a window shorter than n_fft
          dict(n_fft=64, hop_length=15, win_length=48)]        # odd n_fft - hop: the right pad takes one more
+
+
+def _window_fn(n_fft, win_length):
+    """tf.signal's window_fn for a periodic Hann of win_length centred in n_fft."""
+    left = (n_fft - win_length) // 2
+    return lambda length, dtype=tf.float32: tf.pad(tf.signal.hann_window(win_length, periodic=True, dtype=dtype),
+                                                   [[left, n_fft - win_length - left]])
 
 
 def speech_like(n, seed=0):
