@@ -26,6 +26,7 @@ from pipeline.audio import LOG_CLAMP, frame_padding, mel_basis
 MOMENTUM = 0.99  # fast Griffin-Lim (Perraudin et al. 2013), librosa's default; converges in fewer iterations
 NNLS_ITERS = 50  # refinements of the mel pseudo-inverse (cheap: two (F, K) x (K, M) products each)
 PEAK = 0.95      # clipping audio is scaled to this peak before 16-bit conversion
+TINY = 1e-7      # divisions' floor; float16 holds it (1e-10 would round to 0 in a float16 TFLite model: 0/0)
 PHASE_FRAMES = 64  # rows of the fixed random starting phase, repeated over longer mels
 
 
@@ -92,7 +93,7 @@ def _phase_recovery(magnitude, iters, stft, istft):
     for _ in tf.range(iters):
         re, im = stft(istft(magnitude * cos, magnitude * sin))               # nearest consistent STFT
         acc_re, acc_im = re - MOMENTUM / (1 + MOMENTUM) * prev_re, im - MOMENTUM / (1 + MOMENTUM) * prev_im
-        norm = tf.sqrt(tf.square(acc_re) + tf.square(acc_im)) + 1e-16
+        norm = tf.maximum(tf.sqrt(tf.square(acc_re) + tf.square(acc_im)), TINY)
         cos, sin = acc_re / norm, acc_im / norm
         prev_re, prev_im = re, im
     return istft(magnitude * cos, magnitude * sin)
@@ -117,9 +118,9 @@ def griffin_lim_graph(log_mel, *, sample_rate, n_fft, hop_length, win_length, n_
     basis_t, basis = tf.constant(basis.T), tf.constant(basis)                 # (K, M), (M, K)
     target = tf.matmul(mel, basis)                                             # (F, K)
     for _ in range(NNLS_ITERS):
-        magnitude *= target / (tf.matmul(tf.matmul(magnitude, basis_t), basis) + 1e-10)
+        magnitude *= target / tf.maximum(tf.matmul(tf.matmul(magnitude, basis_t), basis), TINY)
     sharpened = magnitude ** power
-    scale = tf.sqrt(tf.reduce_sum(tf.square(magnitude))) / (tf.sqrt(tf.reduce_sum(tf.square(sharpened))) + 1e-10)
+    scale = tf.sqrt(tf.reduce_sum(tf.square(magnitude))) / tf.maximum(tf.sqrt(tf.reduce_sum(tf.square(sharpened))), TINY)
     stft, istft = TRANSFORMS[transforms](n_fft, hop_length, win_length)
     return _phase_recovery(sharpened * scale, iters, stft, istft)[:length]    # same energy: level unchanged
 
