@@ -25,3 +25,4 @@ rule all:
         rules.synthesize.output,
         rules.evaluate.output,
         rules.diagnose.output,
+        rules.export.output,
