@@ -18,7 +18,8 @@ Writes runs/{name}/export/ (or --out), replaced as a whole only once everything 
 The vocoder is chosen by `export_vocoder` alone: Griffin-Lim (pipeline/vocoder.py) today, inside the
 graph; a trained vocoder is not included yet, and export.json says so. The SavedModel runs
 Griffin-Lim on TensorFlow's FFT (the very audio `snakemake synthesize` writes); the TFLite models on
-pipeline.dft's matmuls (TFLite has no IRFFT; built-in ops only). Bad input inside the graph: a token
+pipeline.dft's real-FFT pair (TFLite has RFFT2D but no IRFFT; built-in ops only), or its DFT matmuls
+when audio.n_fft is not a power of two. Bad input inside the graph: a token
 id outside the vocabulary or pace <= 0 fails with InvalidArgumentError (tf.debugging); an empty
 token list gives empty audio, shape [1, 0].
 
@@ -40,7 +41,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from pipeline import config, data
+from pipeline import config, data, dft
 from pipeline.errors import PipelineError, cli
 from pipeline.synthesize import load_synthesizer
 from pipeline.vocoder import griffin_lim_graph
@@ -81,7 +82,7 @@ def ids_vocabulary(run=None, config_path=None):
 def export_vocoder(cfg, transforms):
     """THE choice of the exported graph's vocoder -> (fn(log_mel (F, n_mels)) -> audio (F * hop,), its
     export.json entry). Griffin-Lim with `synthesize.griffin_lim_iters`, as `snakemake synthesize` speaks;
-    a trained vocoder plugs in here. transforms: "fft" (SavedModel) or "dft" (TFLite built-ins)."""
+    a trained vocoder plugs in here. transforms: "fft" (SavedModel), "rfft" or "dft" (TFLite built-ins)."""
     iters = int(cfg["synthesize"]["griffin_lim_iters"])
     fn = functools.partial(griffin_lim_graph, **cfg["audio"], iters=iters, transforms=transforms)
     info = {"kind": "griffin_lim", "iters": iters, "trained": False,
@@ -187,6 +188,17 @@ def _train_state(cfg, step):
             "summary": str(path) if path.is_file() else None}
 
 
+def _notes(meta):
+    """Plain sentences on what the export is not (yet): an unfinished run, no trained vocoder."""
+    acoustic, notes = meta["acoustic"], []
+    if not acoustic["finished"]:
+        notes.append(f"the acoustic model is exported at step {acoustic['step']} of train.steps "
+                     f"{acoustic['planned_steps']}: not fully trained")
+    if not meta["vocoder"]["trained"]:
+        notes.append(f"vocoder: {meta['vocoder']['note']}")
+    return notes
+
+
 def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     """Write saved_model/, vocab.json, export.json (+ the TFLite models) into `out`; -> export.json dict."""
     out = Path(out)
@@ -212,11 +224,13 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
                           "empty_tokens": EMPTY_TOKENS},
             "vocoder": vocoder, "tensorflow": tf.__version__, "tflite": None,
         }
+        meta["notes"] = _notes(meta)
         if tflite:  # the same graph on pipeline.dft's transforms, through a SavedModel of its own
-            voice_dft, *_ = build_voice(cfg, "dft", synth=synth, log=log)
+            transforms = "rfft" if dft.fft_ok(cfg["audio"]["n_fft"]) else "dft"   # RFFT2D: powers of two
+            voice_dft, *_ = build_voice(cfg, transforms, synth=synth, log=log)
             frozen = frozen_module(voice_dft)
             tf.saved_model.save(frozen, str(tmp / ".dft_model"), signatures={SIGNATURE: frozen.synthesize})
-            meta["tflite"] = {}
+            meta["tflite"] = {"transforms": transforms}
             for kind, name in TFLITE_FILES.items():
                 t0 = time.perf_counter()
                 flat, ops = convert_tflite(tmp / ".dft_model", float16=kind == "float16")

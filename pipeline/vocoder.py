@@ -9,7 +9,8 @@ Config keys used by callers: `audio:` (sample_rate, n_fft, hop_length, win_lengt
 
 `griffin_lim_graph` is the same computation as plain TensorFlow ops for a graph of one's own (the
 exported SavedModel and TFLite model, pipeline/export.py): "fft" transforms give the very audio
-`griffin_lim` gives; "dft" (pipeline.dft's matmuls, TFLite built-ins) agrees to ~1e-4. The
+`griffin_lim` gives; "dft" and "rfft" (pipeline.dft's matmuls or real-FFT pair: TFLite built-ins)
+agree to ~1e-4. The
 starting phase is a fixed table, not a random op, so every runtime starts from the same phase.
 """
 import functools
@@ -70,7 +71,13 @@ def _dft_transforms(n_fft, hop_length, win_length):
     return functools.partial(dft.stft, **grid), functools.partial(dft.istft, **grid)
 
 
-TRANSFORMS = {"fft": _fft_transforms, "dft": _dft_transforms}
+def _rfft_transforms(n_fft, hop_length, win_length):
+    """(stft, istft) as pipeline.dft's real-FFT pair: TFLite built-ins (RFFT2D) for n_fft a power of two."""
+    grid = dict(n_fft=n_fft, hop_length=hop_length, win_length=win_length)
+    return functools.partial(dft.rfft_stft, **grid), functools.partial(dft.rfft_istft, **grid)
+
+
+TRANSFORMS = {"fft": _fft_transforms, "dft": _dft_transforms, "rfft": _rfft_transforms}
 
 
 def initial_phase(frames, k_bins):
@@ -103,7 +110,8 @@ def griffin_lim_graph(log_mel, *, sample_rate, n_fft, hop_length, win_length, n_
                       power=1.5, transforms="fft"):
     """griffin_lim as traceable TensorFlow ops for a graph of one's own (a SavedModel, a TFLite
     model): log_mel (F, n_mels) float32 with F unknown until run time -> audio (F * hop_length,).
-    transforms: "fft" (TensorFlow's FFT) or "dft" (pipeline.dft's matmuls: TFLite built-ins only)."""
+    transforms: "fft" (TensorFlow's FFT), "dft" (pipeline.dft's matmuls) or "rfft" (pipeline.dft's
+    real-FFT pair, n_fft a power of two); the last two convert to TFLite with built-in ops only."""
     min_frames = frame_padding(n_fft=n_fft, hop_length=hop_length)[1] // hop_length + 1  # reflect pad < signal
     frames = tf.shape(log_mel)[0]
     length = frames * hop_length

@@ -93,6 +93,22 @@ def test_polar_round_trip():
     np.testing.assert_allclose(im2.numpy(), imag.numpy(), atol=1e-4)
 
 
+def test_rfft_transforms_match_the_matmul_ones():
+    grid = dict(n_fft=512, hop_length=128, win_length=400)
+    y = np.stack([speech_like(3000, seed=s) for s in (9, 10)])                # [2, n]
+    real, imag = dft.stft(y, **grid)
+    r2, i2 = dft.rfft_stft(y, **grid)
+    scale = np.abs(real.numpy()).max()
+    np.testing.assert_allclose(r2.numpy(), real.numpy(), atol=2e-5 * scale)
+    np.testing.assert_allclose(i2.numpy(), imag.numpy(), atol=2e-5 * scale)
+    rng = np.random.default_rng(11)                                           # an inconsistent spectrum
+    spec_re, spec_im = (rng.standard_normal((2, 9, 257)).astype(np.float32) for _ in range(2))
+    expected = dft.istft(spec_re, spec_im, **grid).numpy()
+    np.testing.assert_allclose(dft.rfft_istft(spec_re, spec_im, **grid).numpy(), expected,
+                               atol=1e-5 * np.abs(expected).max())
+    assert dft.fft_ok(1024) and not dft.fft_ok(1000)
+
+
 def test_overlap_add_matches_tf_signal():
     frames = np.random.default_rng(8).standard_normal((2, 7, 100)).astype(np.float32)
     for hop in (25, 30, 100):                                                # divides the frame, does not, = frame
@@ -100,15 +116,16 @@ def test_overlap_add_matches_tf_signal():
                                    tf.signal.overlap_and_add(frames, hop).numpy(), atol=1e-5)
 
 
-@pytest.mark.parametrize("batch", [False, True])
-def test_converts_to_tflite_with_builtin_ops_only(batch):
+@pytest.mark.parametrize("batch,transforms", [(False, "matmul"), (True, "matmul"), (False, "rfft")])
+def test_converts_to_tflite_with_builtin_ops_only(batch, transforms):
     grid = dict(n_fft=1024, hop_length=256, win_length=1024)
+    stft, istft = (dft.stft, dft.istft) if transforms == "matmul" else (dft.rfft_stft, dft.rfft_istft)
 
     class Module(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None, None] if batch else [None], tf.float32)])
         def round_trip(self, audio):
-            real, imag = dft.stft(audio, **grid)
-            return {"audio": dft.istft(real, imag, **grid), "magnitude": dft.magnitude(real, imag)}
+            real, imag = stft(audio, **grid)
+            return {"audio": istft(real, imag, **grid), "magnitude": dft.magnitude(real, imag)}
 
     module = Module()
     converter = tf.lite.TFLiteConverter.from_concrete_functions(

@@ -163,6 +163,7 @@ def test_export_json_and_vocab_json_say_what_was_exported(exported):
     assert meta["acoustic"] == {"step": 3, "planned_steps": 100, "finished": False, "summary": None}  # untrained
     assert meta["vocoder"]["kind"] == "griffin_lim" and meta["vocoder"]["trained"] is False
     assert "not included" in meta["vocoder"]["note"]
+    assert meta["notes"][0].startswith("the acoustic model is exported at step 3 of train.steps 100")
     assert meta["sample_rate"] == 22050 and meta["audio"] == cfg["audio"] and meta["model"] == "fastpitch"
     assert meta["signature"]["inputs"] == {"tokens": "int32 [1, T]", "pace": "float32 []", "pitch_shift": "float32 []"}
     vocab = load_json(out / "vocab.json")
@@ -206,6 +207,7 @@ def test_snakemake_export_speaks_as_snakemake_synthesize(aligned_cache, tmp_path
     run = config.run_dir(cfg)
     meta = load_json(run / "export" / "export.json")
     assert meta["step"] == 4 and meta["acoustic"]["finished"] and meta["tflite"] is None
+    assert meta["acoustic"]["summary"] == str(run / "train.json") and len(meta["notes"]) == 1  # the vocoder's
     assert not (run / "export" / "model.tflite").exists()                      # export.tflite: false
     ids = text.encode(cfg["synthesize"]["sentences"][0], load_json(run / "export" / "vocab.json"))
     clean_python(LOAD_AND_SPEAK.format(model=str(run / "export" / "saved_model"), ids=ids, n_symbols=10_000,
