@@ -11,7 +11,8 @@ RMSE on the DTW pairs voiced in both. Every figure has two references beside it:
 for Griffin-Lim resynthesis of the recording's own mel (the ceiling this vocoder allows) and for
 the synthesized audio against OTHER clips' recordings (chance: the model says something, not this).
 
-Reads the caches' index (vocabulary, mel statistics, the split), the recordings' F0 from the pitch
+Reads the run's own vocabulary and mel statistics (runs/{name}/run.json, through the synthesizer),
+the caches' index (the split), the recordings' F0 from the pitch
 cache (pipeline.pitch makes the synthesized audio's), duration shards where they exist (the
 `aligner` block), the dataset's audio and metadata, runs/{name}/checkpoints; config keys
 `evaluate:`, `audio:`, `pitch:`, `dataset:`, `synthesize:` (what the synthesizer honours), `model:`.

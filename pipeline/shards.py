@@ -189,7 +189,7 @@ def settings(kind, cfg):
     raise KeyError(kind)
 
 
-CODE = {"tokens": ("text.py",), "mels": ("audio.py",), "energy": ("audio.py",), "pitch": ("audio.py", "pitch.py")}
+CODE = {"tokens": ("text.py", "symbols.py"), "mels": ("audio.py",), "energy": ("audio.py",), "pitch": ("audio.py", "pitch.py")}
 
 
 def provenance(kind, cfg, espeak=None):
