@@ -119,7 +119,7 @@ def demo_run(workdir, log):
     import numpy as np
     import tensorflow as tf
 
-    from pipeline import config, data, models
+    from pipeline import config, data, models, runinfo
     corpus = common.ensure_corpus(workdir / "corpus", 24, fmt="wav", log=log)
     path = common.bench_config(workdir / "config.yaml", name="export-bench", dataset_root=workdir / "corpus",
                                workdir=workdir, shards=2, train={"steps": 800})
@@ -128,10 +128,12 @@ def demo_run(workdir, log):
     ckpt_dir = config.run_dir(cfg) / "checkpoints"
     if tf.train.latest_checkpoint(str(ckpt_dir)) is None:
         index = data.read_index(cfg)
+        stats = data.feature_stats(cfg, index)
         model = models.build(cfg["model"], index["vocab"], index["n_mels"])
         model(models.dummy_batch(8, 16, index["n_mels"]))
-        model.adapt(data.feature_stats(cfg, index))
+        model.adapt(stats)
         model.duration_predictor.out.bias.assign([np.log(7.0)])                # ~6 frames a token
+        runinfo.write(ckpt_dir.parent, runinfo.for_training(cfg, index, stats, ckpt_dir.parent, resuming=False))
         tf.train.CheckpointManager(tf.train.Checkpoint(model=model), ckpt_dir, 1).save(checkpoint_number=1)
     return path, corpus
 

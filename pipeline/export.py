@@ -1,8 +1,9 @@
 """Export a trained run as one TensorFlow graph, token ids -> waveform, loadable without this package.
 
-Reads the latest checkpoint in runs/{name}/checkpoints, the run's vocabulary and mel statistics
-(`run_vocabulary`), config keys `audio:`, `model:`, `train.steps`, `synthesize:` (max_seconds,
-griffin_lim_iters: the exported graph speaks as `snakemake synthesize` does) and `export.tflite`.
+Reads the latest checkpoint in runs/{name}/checkpoints and what the run carries (runs/{name}/run.json:
+vocabulary, mel statistics, its `audio:` and `model:`; `run_vocabulary`), config keys `train.steps`,
+`synthesize:` (max_seconds, griffin_lim_iters: the exported graph speaks as `snakemake synthesize`
+does) and `export.tflite`.
 Writes runs/{name}/export/ (or --out), replaced as a whole only once everything is written:
 
   saved_model/          serving signature `synthesize(tokens int32 [1, T], pace float32 [],
@@ -41,7 +42,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from pipeline import config, data, dft
+from pipeline import config, dft, runinfo
 from pipeline.errors import PipelineError, cli
 from pipeline.synthesize import load_synthesizer
 from pipeline.vocoder import griffin_lim_graph
@@ -56,17 +57,19 @@ class ExportError(PipelineError):
 
 
 def run_vocabulary(cfg):
-    """The vocabulary and mel statistics the run's model was trained with -> {vocab, n_mels, mel_mean,
-    mel_std}. THE one place export reads them: today from the caches' index, as pipeline.synthesize does."""
-    index = data.read_index(cfg)
-    mean, std = data.mel_stats(cfg, index)
-    return {"vocab": index["vocab"], "n_mels": int(index["n_mels"]), "mel_mean": mean, "mel_std": std}
+    """What the run's model was trained with -> {vocab, n_mels, mel_mean, mel_std, audio, model}: THE one
+    place export reads them, from the run's own runs/{name}/run.json (pipeline/runinfo.py), as
+    pipeline.synthesize does; MissingCheckpoint naming `train` when the run has none."""
+    info = runinfo.load(config.run_dir(cfg))
+    return {"vocab": info["vocab"], "n_mels": int(info["n_mels"]), "mel_mean": info["stats"]["mel_mean"],
+            "mel_std": info["stats"]["mel_std"], "audio": dict(info["config"]["audio"]),
+            "model": info["config"]["model"]}
 
 
 def ids_vocabulary(run=None, config_path=None):
     """(vocab, where it came from) for `pipeline.text --ids`: {run}/vocab.json or {run}/export/vocab.json
     when `run` is given; else the config's run's export/vocab.json; else, before any export, the
-    run's vocabulary (run_vocabulary)."""
+    run's own vocabulary (run_vocabulary)."""
     if run is not None:
         for path in (Path(run) / "vocab.json", Path(run) / "export" / "vocab.json"):
             if path.is_file():
@@ -79,12 +82,12 @@ def ids_vocabulary(run=None, config_path=None):
     return run_vocabulary(cfg)["vocab"], f"the vocabulary of run {cfg['name']!r} (not exported yet)"
 
 
-def export_vocoder(cfg, transforms):
+def export_vocoder(cfg, audio, transforms):
     """THE choice of the exported graph's vocoder -> (fn(log_mel (F, n_mels)) -> audio (F * hop,), its
     export.json entry). Griffin-Lim with `synthesize.griffin_lim_iters`, as `snakemake synthesize` speaks;
-    a trained vocoder plugs in here. transforms: "fft" (SavedModel), "rfft" or "dft" (TFLite built-ins)."""
+    a trained vocoder plugs in here. audio: the run's mel settings. transforms: "fft" (SavedModel), "rfft" or "dft" (TFLite built-ins)."""
     iters = int(cfg["synthesize"]["griffin_lim_iters"])
-    fn = functools.partial(griffin_lim_graph, **cfg["audio"], iters=iters, transforms=transforms)
+    fn = functools.partial(griffin_lim_graph, **audio, iters=iters, transforms=transforms)
     info = {"kind": "griffin_lim", "iters": iters, "trained": False,
             "note": "Griffin-Lim phase recovery inside the graph; a trained vocoder is not included"}
     return fn, info
@@ -138,10 +141,10 @@ def build_voice(cfg, transforms="fft", synth=None, log=print):
     run = run_vocabulary(cfg)
     if synth.vocab["symbols"] != run["vocab"]["symbols"]:
         raise ExportError(f"{synth.checkpoint}: its vocabulary differs from the run's; retrain or rebuild the caches")
-    if cfg["model"]["kind"] != "fastpitch":
-        raise ExportError(f"model.kind: {cfg['model']['kind']!r} cannot be exported yet (fastpitch can: its "
+    if run["model"]["kind"] != "fastpitch":
+        raise ExportError(f"model.kind: {run['model']['kind']!r} cannot be exported yet (fastpitch can: its "
                           "inference is one graph with pace and pitch_shift as tensors)")
-    vocoder, info = export_vocoder(cfg, transforms)
+    vocoder, info = export_vocoder(cfg, run["audio"], transforms)
     voice = Voice(synth.model, run["vocab"], run["mel_mean"], run["mel_std"], synth.max_frames, vocoder)
     return voice, synth, run, info
 
@@ -212,10 +215,10 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
         tf.saved_model.save(voice, str(tmp / "saved_model"), signatures={SIGNATURE: voice.synthesize,
                                                                          "log_mel": voice.log_mel})
         log(f"saved_model: {time.perf_counter() - t0:.1f} s")
-        a = cfg["audio"]
+        a = run["audio"]
         meta = {
             "run": cfg["name"], "run_dir": str(config.run_dir(cfg)), "checkpoint": synth.checkpoint,
-            "step": synth.step, "model": cfg["model"]["kind"], "acoustic": _train_state(cfg, synth.step),
+            "step": synth.step, "model": run["model"]["kind"], "acoustic": _train_state(cfg, synth.step),
             "sample_rate": a["sample_rate"], "audio": dict(a), "n_mels": run["n_mels"],
             "max_seconds": cfg["synthesize"]["max_seconds"], "max_frames": synth.max_frames,
             "signature": {"name": SIGNATURE, "inputs": {"tokens": "int32 [1, T]", "pace": "float32 []",
@@ -226,7 +229,7 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
         }
         meta["notes"] = _notes(meta)
         if tflite:  # the same graph on pipeline.dft's transforms, through a SavedModel of its own
-            transforms = "rfft" if dft.fft_ok(cfg["audio"]["n_fft"]) else "dft"   # RFFT2D: powers of two
+            transforms = "rfft" if dft.fft_ok(a["n_fft"]) else "dft"   # RFFT2D: powers of two
             voice_dft, *_ = build_voice(cfg, transforms, synth=synth, log=log)
             frozen = frozen_module(voice_dft)
             tf.saved_model.save(frozen, str(tmp / ".dft_model"), signatures={SIGNATURE: frozen.synthesize})

@@ -29,19 +29,21 @@ def run_config(cache_config, tmp, **train):
 
 
 def write_untrained_checkpoint(path, step):
-    """A checkpoint as the trainer writes it, with no training step: initial weights, the cache's
-    pitch statistics, and a duration predictor biased to about 5 frames a token so it speaks."""
+    """A checkpoint and run.json as the trainer writes them, with no training step: initial weights,
+    the cache's statistics, and a duration predictor biased to about 5 frames a token so it speaks."""
     import tensorflow as tf
 
-    from pipeline import data, models
+    from pipeline import data, models, runinfo
     cfg = config.load_config(path)
     index = data.read_index(cfg)
+    stats = data.feature_stats(cfg, index)
     model = models.build(cfg["model"], index["vocab"], index["n_mels"])
     model(models.dummy_batch(8, 16, index["n_mels"]))
-    model.adapt(data.feature_stats(cfg, index))
+    model.adapt(stats)
     model.duration_predictor.out.bias.assign([np.log(6.0)])
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), config.run_dir(cfg) / "checkpoints", 1)
-    manager.save(checkpoint_number=step)
+    run = config.run_dir(cfg)
+    runinfo.write(run, runinfo.for_training(cfg, index, stats, run, resuming=False))
+    tf.train.CheckpointManager(tf.train.Checkpoint(model=model), run / "checkpoints", 1).save(checkpoint_number=step)
 
 
 def clean_python(code, cwd):
@@ -167,8 +169,8 @@ def test_export_json_and_vocab_json_say_what_was_exported(exported):
     assert meta["sample_rate"] == 22050 and meta["audio"] == cfg["audio"] and meta["model"] == "fastpitch"
     assert meta["signature"]["inputs"] == {"tokens": "int32 [1, T]", "pace": "float32 []", "pitch_shift": "float32 []"}
     vocab = load_json(out / "vocab.json")
-    index = load_json(config.cache_dir(cfg) / "index.json")
-    assert vocab == index["vocab"] and vocab["symbols"][:2] == ["_", "~"] and vocab["frontend"] == "phonemes"
+    carried = load_json(config.run_dir(cfg) / "run.json")                      # what the run was trained with
+    assert vocab == carried["vocab"] and vocab["symbols"][:2] == ["_", "~"] and vocab["frontend"] == "phonemes"
     assert sorted(p.name for p in out.iterdir()) == ["export.json", "model.tflite", "model_float16.tflite",
                                                      "saved_model", "vocab.json"]         # no temporary left
 
