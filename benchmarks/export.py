@@ -126,7 +126,7 @@ def demo_run(workdir, log):
     common.snakemake("caches", config=path)
     cfg = config.load_config(path)
     ckpt_dir = config.run_dir(cfg) / "checkpoints"
-    if tf.train.latest_checkpoint(str(ckpt_dir)) is None:
+    if tf.train.latest_checkpoint(str(ckpt_dir)) is None or not runinfo.path(ckpt_dir.parent).is_file():
         index = data.read_index(cfg)
         stats = data.feature_stats(cfg, index)
         model = models.build(cfg["model"], index["vocab"], index["n_mels"])
