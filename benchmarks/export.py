@@ -19,6 +19,7 @@ Prints a Markdown table and writes every figure to {workdir}/export.json.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -127,6 +128,7 @@ def demo_run(workdir, log):
     cfg = config.load_config(path)
     ckpt_dir = config.run_dir(cfg) / "checkpoints"
     if tf.train.latest_checkpoint(str(ckpt_dir)) is None or not runinfo.path(ckpt_dir.parent).is_file():
+        shutil.rmtree(ckpt_dir, ignore_errors=True)                             # one made before runs carried run.json
         index = data.read_index(cfg)
         stats = data.feature_stats(cfg, index)
         model = models.build(cfg["model"], index["vocab"], index["n_mels"])
