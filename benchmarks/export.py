@@ -12,7 +12,7 @@ warm RTF <= 0.05 for the SavedModel, its first call <= 2 s, TFLite float32 no sl
 
 Without --config the benchmark builds the caches of a 24-clip espeak-ng corpus and writes a
 checkpoint of the demo's model sizes (configs/config.yaml) with its initial weights, the duration
-predictor biased to ~6 frames a token (about real speech at hop 256), so the lengths and the
+predictor set to 6 frames a token (about real speech at hop 256), so the lengths and the
 compute per second of audio are the demo's; speed does not depend on trained weights.
 Prints a Markdown table and writes every figure to {workdir}/export.json.
 """
@@ -134,7 +134,9 @@ def demo_run(workdir, log):
         model = models.build(cfg["model"], index["vocab"], index["n_mels"])
         model(models.dummy_batch(8, 16, index["n_mels"]))
         model.adapt(stats)
-        model.duration_predictor.out.bias.assign([np.log(7.0)])                # ~6 frames a token
+        out = model.duration_predictor.out                                     # exactly 6 frames a token
+        out.kernel.assign(np.zeros(out.kernel.shape, np.float32))
+        out.bias.assign([np.log(7.0)])
         runinfo.write(ckpt_dir.parent, runinfo.for_training(cfg, index, stats, ckpt_dir.parent, resuming=False))
         tf.train.CheckpointManager(tf.train.Checkpoint(model=model), ckpt_dir, 1).save(checkpoint_number=1)
     return path, corpus
