@@ -24,7 +24,8 @@ from pipeline import (
 try:
     pconfig.validate(pconfig.normalise(config))
     validate(config, "../configs/schema.yaml")
-    pconfig.check_dataset_paths(config)
+    # paths, espeak-ng voice, model.kind: before any job deletes an output
+    pconfig.preflight(config)
     if config["dataset"].get("sources") == []:
         raise pmanifest.DatasetError(
             "dataset.sources: lists no source (remove the key for the single-folder form)"

@@ -79,7 +79,28 @@ def _user_builder(kind):
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ModelError(f"model.kind: {module_name!r} has no function {attr!r}")
+    try:
+        inspect.signature(fn).bind(None, None, None, **{k: () for k in ("speakers", "languages") if _takes(fn, k)})
+    except TypeError:
+        raise ModelError(f"model.kind: {kind!r} does not take (model_cfg, vocab, n_mels) "
+                         f"(its signature is {attr}{_signature(fn)}); see docs/models.md") from None
+    except ValueError:  # a builtin without a signature: the call itself will tell
+        pass
     return fn
+
+
+def _signature(fn):
+    try:
+        return str(inspect.signature(fn))
+    except ValueError:
+        return "(...)"
+
+
+def check_kind(model_cfg):
+    """ModelError unless model.kind is a built-in kind or an importable `function(model_cfg, vocab,
+    n_mels)`: checked when the config is read, before any job starts. Imports a user's module."""
+    if model_cfg["kind"] not in KINDS:
+        _user_builder(model_cfg["kind"])
 
 
 def dummy_batch(n_tokens, n_frames, n_mels, voices=()):
