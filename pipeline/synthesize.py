@@ -26,7 +26,8 @@ import tensorflow as tf
 
 from pipeline import config, data, models, text
 from pipeline.errors import MissingCheckpoint, cli
-from pipeline.vocoder import griffin_lim, save_wav
+from pipeline.models import vocoders
+from pipeline.vocoder import save_wav
 
 
 class Synthesizer:
@@ -77,6 +78,7 @@ def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
 
 def synthesize(cfg, out, log=functools.partial(print, flush=True)):
     synth = load_synthesizer(cfg, log)
+    vocode = vocoders.load(cfg)  # the run's trained vocoder, or Griffin-Lim with vocoder.kind griffin_lim
     s, a = cfg["synthesize"], cfg["audio"]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -87,7 +89,7 @@ def synthesize(cfg, out, log=functools.partial(print, flush=True)):
         res = synth.infer(sentence)
         if res["cut"]:
             log(f"warning: sentence {i} was cut at synthesize.max_seconds = {s['max_seconds']} s")
-        audio = griffin_lim(res["mel"], iters=s["griffin_lim_iters"], **a)
+        audio = vocode(res["mel"])
         path = out / f"{i:02d}.wav"
         save_wav(path, np.asarray(audio), a["sample_rate"])
         config.atomic_write_bytes(path.with_suffix(".npy"), _npy_bytes(res["mel"]))
@@ -97,7 +99,9 @@ def synthesize(cfg, out, log=functools.partial(print, flush=True)):
                         "frames": res["frames"], "seconds": round(seconds, 3)})
     config.atomic_write_text(out / "sentences.json", json.dumps(
         {"checkpoint": synth.checkpoint, "step": synth.step, "model": cfg["model"]["kind"], "pace": s["pace"],
-         "pitch_shift": s["pitch_shift"], "samples": samples}, indent=1))
+         "pitch_shift": s["pitch_shift"], "vocoder": {"kind": vocode.kind, "steps": vocode.steps,
+                                                       "finetune_steps": vocode.finetune_steps},
+         "samples": samples}, indent=1))
     return [x["wav"] for x in samples]
 
 

@@ -28,7 +28,7 @@ import time
 import keras
 import tensorflow as tf
 
-from pipeline import config, segments
+from pipeline import config, data, segments, shards
 from pipeline import placement as placement_mod
 from pipeline.errors import MissingCheckpoint, cli
 from pipeline.models import discriminators as D
@@ -147,6 +147,7 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
     trainer = VocoderTrainer(cfg, phase, log)
     folder = _phase_dir(cfg, phase)
     folder.mkdir(parents=True, exist_ok=True)
+    _forget_other_inputs(cfg, phase, folder, log)
     ckpt = tf.train.Checkpoint(generator=trainer.generator, disc=trainer.disc, g_opt=trainer.g_opt, d_opt=trainer.d_opt)
     manager = tf.train.CheckpointManager(ckpt, folder / "checkpoints", max_to_keep=2)
     if manager.latest_checkpoint:
@@ -197,9 +198,8 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
                 manager.save(checkpoint_number=step)
     if manager.latest_checkpoint is None:  # 0 steps: the untrained (or first-phase) weights
         manager.save(checkpoint_number=step)
-    steps_done = {"train": v["steps"], "finetune": v["finetune_steps"] if phase == "finetune" else 0}
-    summary = {"name": cfg["name"], "kind": v["kind"], "phase": phase, "steps": steps_done["train"],
-               "finetune_steps": steps_done["finetune"], "resumed_from": start, "traces": trainer.traces,
+    summary = {"name": cfg["name"], "kind": v["kind"], "phase": phase, "steps": v["steps"],
+               "finetune_steps": v["finetune_steps"] if phase == "finetune" else 0, "resumed_from": start, "traces": trainer.traces,
                "seconds": round(time.perf_counter() - t_start, 1), "checkpoint": manager.latest_checkpoint,
                "placement": trainer.p.describe(), "train_loss": history[-1] if history else None,
                "val_loss": val_history, "history": history}
@@ -213,13 +213,31 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
 
 
 def _has_val(cfg):
-    from pipeline import data
     return bool(data.load_clips(cfg, "val")[0].ids)
 
 
 def clear(cfg, phase):
-    """Forget a phase's checkpoints (fine-tuning restarts when its GTA mels change)."""
+    """Forget a phase's checkpoints."""
     shutil.rmtree(_phase_dir(cfg, phase) / "checkpoints", ignore_errors=True)
+
+
+RESUMABLE = ("steps", "finetune_steps", "checkpoint_every", "log_every", "summary_every")  # a rerun continues
+
+
+def _forget_other_inputs(cfg, phase, folder, log):
+    """A phase's checkpoints are resumed only when made from the same model settings (and, for
+    `finetune`, the same first phase and GTA mels): more steps continue, anything else restarts."""
+    key = {"vocoder": {k: x for k, x in cfg["vocoder"].items() if k not in RESUMABLE}, "audio": cfg["audio"]}
+    if phase == "finetune":
+        key["from"] = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
+        key["gta"] = [shards.read_meta(segments.gta_prefix(cfg, e["shard"]), "gta")["provenance"]
+                      for e in data.read_index(cfg)["shards"]]
+    text = json.dumps(key, sort_keys=True)
+    marker = folder / "inputs.json"
+    if marker.exists() and marker.read_text() != text and (folder / "checkpoints").exists():
+        log(f"{folder}: made from other settings or inputs; training this phase from its start")
+        clear(cfg, phase)
+    config.atomic_write_text(marker, text)
 
 
 @cli

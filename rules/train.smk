@@ -26,6 +26,7 @@ rule train:
             "evaluate",
             "diagnose",
             "aligner",
+            "vocoder",
             keep={"synthesize": ["griffin_lim_iters"]},
         ),
     shell:
@@ -35,6 +36,7 @@ rule train:
 rule synthesize:
     input:
         rules.train.output.summary,
+        VOCODER,
     output:
         wavs=expand(
             RUN / "samples/{i:02d}.wav",
