@@ -59,9 +59,8 @@ def _offsets(cfg, index, clips, kind, prefix_of, length_of):
                              f"(expected {length_of(clips.frames[i])}); run `{shards.KINDS[kind].target}`")
         out[i] = table[cid][0]
     files = [str(where[pos][0].with_suffix(".bin")) for pos in sorted(where)]
-    rebase = {pos: base for pos, base in zip(sorted(where), np.cumsum(
-        [0] + [shards.read_meta(where[pos][0])["bytes"] // np.dtype(shards.KINDS[kind].dtype).itemsize
-               for pos in sorted(where)]))}
+    items = [sum(shards.read_meta(where[pos][0])["lengths"]) for pos in sorted(where)]  # frames or samples
+    rebase = dict(zip(sorted(where), np.cumsum([0] + items)))
     return out + np.array([rebase[p] for p in clips.shard], np.int64), files
 
 
