@@ -311,6 +311,7 @@ def _edited_config(p, path, **sections):
     ("text", {"language": "en-gb"}, {"token_shard": SHARDS}),
     ("dataset", {"val_fraction": 0.25}, {}),                       # only the statistics change
     ("train", {"steps": 7}, None),                                 # caches do not depend on training
+    ("vocoder", {"segment_frames": 16, "steps": 7}, None),         # nor on the vocoder (the audio cache neither)
 ])
 def test_setting_changes_rebuild_only_what_they_change(built, section, values, stale):
     other = _edited_config(built, built.tmp / "other.yaml", **{section: values})
