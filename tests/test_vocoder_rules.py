@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -24,15 +25,18 @@ SHARDS = 4
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, corpus_template):
+def trained(tmp_path_factory, aligned_cache):
+    """The session's aligned corpus (caches, aligner, durations: reused, not rebuilt), a tiny FastPitch
+    and a tiny Vocos in a run folder of this module's own."""
     tmp = tmp_path_factory.mktemp("vocoder_rules")
-    root = tmp / "data"
-    shutil.copytree(corpus_template, root)
+    shared = config.load_config(aligned_cache)
+    root = Path(shared["dataset"]["root"])
     path = write_config(tmp, root, aligner=TINY_ALIGNER, model={"kind": "fastpitch", "fastpitch": TINY_FASTPITCH},
                         train={"batch_size": 4, "buckets": 2, "steps": 10, "checkpoint_every": 10, "log_every": 5,
                                "summary_every": 1000},
                         synthesize={"sentences": ["The quick brown fox."], "max_seconds": 2.0},
                         vocoder=TINY_VOCODER)
+    path.write_text(path.read_text().replace(str(tmp / "cache"), shared["cache"]["dir"]))  # share the cache
     snakemake("synthesize", "vocoder", config=path)
     cfg = config.load_config(path)
     return SimpleNamespace(tmp=tmp, root=root, path=path, cfg=cfg, run=config.run_dir(cfg))
