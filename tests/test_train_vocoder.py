@@ -58,3 +58,25 @@ def test_vocoder_resumes_exactly_after_kill_9(built_cache, tmp_path):
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     assert [h["total"] for h in resumed["history"]] == losses[4:]
+    _loaded_vocoder_is_the_trained_one(built_cache, whole, summary["checkpoint"])
+
+
+def _loaded_vocoder_is_the_trained_one(config_path, runs, checkpoint):
+    """vocode/synthesize/evaluate (vocoders.load: the generator alone) and fine-tuning (generator and
+    discriminators alone) restore every weight the training loop saved."""
+    from pipeline import config
+    from pipeline.models import vocoders
+    from pipeline.train_vocoder import VocoderTrainer
+
+    cfg = config.load_config(config_path, config.parse_set(SETTINGS + [f"runs_dir={runs}"]))
+    full = VocoderTrainer(cfg)
+    tf.train.Checkpoint(generator=full.generator, disc=full.disc, g_opt=full.g_opt,
+                        d_opt=full.d_opt).restore(checkpoint).assert_existing_objects_matched()
+    loaded = vocoders.load(cfg, summary=runs / "train.json").model
+    partial = VocoderTrainer(cfg)
+    tf.train.Checkpoint(generator=partial.generator, disc=partial.disc).restore(checkpoint).expect_partial()
+    for a, b, c in zip(full.generator.weights, loaded.weights, partial.generator.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+        np.testing.assert_array_equal(a.numpy(), c.numpy(), err_msg=a.path)
+    for a, c in zip(full.disc.weights, partial.disc.weights):
+        np.testing.assert_array_equal(a.numpy(), c.numpy(), err_msg=a.path)

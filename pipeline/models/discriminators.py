@@ -21,7 +21,9 @@ class PeriodDiscriminator(keras.layers.Layer):
     def __init__(self, period, channels=(16, 32, 64), **kwargs):
         super().__init__(**kwargs)
         self.period = period
-        self.convs = [keras.layers.Conv2D(c, (5, 1), strides=(3, 1), padding="same") for c in channels]
+        self.n_convs = len(channels)
+        for i, c in enumerate(channels):
+            setattr(self, f"conv{i}", keras.layers.Conv2D(c, (5, 1), strides=(3, 1), padding="same"))
         self.post = keras.layers.Conv2D(1, (3, 1), padding="same", dtype="float32")
 
     def call(self, audio):                                    # (B, T)
@@ -30,8 +32,8 @@ class PeriodDiscriminator(keras.layers.Layer):
         x = tf.pad(audio, [[0, 0], [0, pad]], mode="REFLECT")
         x = tf.reshape(x, [tf.shape(x)[0], -1, self.period, 1])  # (B, T/p, p, 1)
         feats = []
-        for conv in self.convs:
-            x = tf.nn.leaky_relu(conv(x), LRELU)
+        for i in range(self.n_convs):
+            x = tf.nn.leaky_relu(getattr(self, f"conv{i}")(x), LRELU)
             feats.append(x)
         return tf.reshape(self.post(x), [tf.shape(x)[0], -1]), feats
 
@@ -42,15 +44,17 @@ class ResolutionDiscriminator(keras.layers.Layer):
     def __init__(self, resolution, channels=(16, 16, 16), **kwargs):
         super().__init__(**kwargs)
         self.n_fft, self.hop, self.win = resolution
-        self.convs = [keras.layers.Conv2D(c, (3, 9), strides=(1, 2), padding="same") for c in channels]
+        self.n_convs = len(channels)
+        for i, c in enumerate(channels):
+            setattr(self, f"conv{i}", keras.layers.Conv2D(c, (3, 9), strides=(1, 2), padding="same"))
         self.post = keras.layers.Conv2D(1, (3, 3), padding="same", dtype="float32")
 
     def call(self, audio):
         spec = tf.abs(tf.signal.stft(tf.cast(audio, tf.float32), self.win, self.hop, self.n_fft))
         x = tf.math.log(spec + 1e-5)[..., None]               # (B, frames, bins, 1)
         feats = []
-        for conv in self.convs:
-            x = tf.nn.leaky_relu(conv(x), LRELU)
+        for i in range(self.n_convs):
+            x = tf.nn.leaky_relu(getattr(self, f"conv{i}")(x), LRELU)
             feats.append(x)
         return tf.reshape(self.post(x), [tf.shape(x)[0], -1]), feats
 
@@ -58,10 +62,13 @@ class ResolutionDiscriminator(keras.layers.Layer):
 class Discriminators(keras.Model):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.subs = [PeriodDiscriminator(p) for p in PERIODS] + [ResolutionDiscriminator(r) for r in RESOLUTIONS]
+        subs = [PeriodDiscriminator(p) for p in PERIODS] + [ResolutionDiscriminator(r) for r in RESOLUTIONS]
+        self.n_subs = len(subs)
+        for i, d in enumerate(subs):  # attributes, not a list: checkpoints find them by name (see vocos.py)
+            setattr(self, f"sub{i}", d)
 
     def call(self, audio):
-        return [d(audio) for d in self.subs]
+        return [getattr(self, f"sub{i}")(audio) for i in range(self.n_subs)]
 
 
 def discriminator_loss(real_outs, fake_outs):

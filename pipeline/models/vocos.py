@@ -47,8 +47,11 @@ class Vocos(keras.Model):
         self.n_bins = audio_cfg["n_fft"] // 2 + 1
         self.embed = keras.layers.Conv1D(v["dim"], 7, padding="same")
         self.norm_in = keras.layers.LayerNormalization(epsilon=1e-6)
-        self.blocks = [ConvNeXtBlock(v["dim"], v["intermediate_dim"], v["kernel"], 1.0 / v["layers"])
-                       for _ in range(v["layers"])]
+        # one attribute each: a checkpoint restoring the generator alone finds layers by attribute
+        # name, and does not see into a Python list under Keras 3
+        self.n_blocks = v["layers"]
+        for i in range(v["layers"]):
+            setattr(self, f"block{i}", ConvNeXtBlock(v["dim"], v["intermediate_dim"], v["kernel"], 1.0 / v["layers"]))
         self.norm_out = keras.layers.LayerNormalization(epsilon=1e-6)
         self.head = keras.layers.Dense(2 * self.n_bins, dtype="float32")  # magnitude and phase in float32
         basis = mel_basis(sample_rate=audio_cfg["sample_rate"], n_fft=audio_cfg["n_fft"], n_mels=audio_cfg["n_mels"],
@@ -57,8 +60,8 @@ class Vocos(keras.Model):
 
     def call(self, mel, training=False):
         x = self.norm_in(self.embed(mel))
-        for block in self.blocks:
-            x = block(x)
+        for i in range(self.n_blocks):
+            x = getattr(self, f"block{i}")(x)
         x = self.head(tf.cast(self.norm_out(x), tf.float32))            # (B, F, 2K)
         log_mag, p = x[..., :self.n_bins], x[..., self.n_bins:]
         prior = tf.matmul(tf.exp(tf.cast(mel, tf.float32)), self.inverse)   # (B, F, K) the mel's pseudo-inverse
