@@ -37,7 +37,7 @@ DS = config["dataset"]
 
 
 wildcard_constraints:
-    shard=r"\d{3}",
+    shard=r"\d{3}|[1-9]\d{3}",  # shard-000 .. shard-4095: the names f"{k:03d}" makes
 
 
 def _inline(**sections):

@@ -2,9 +2,11 @@
 MariaDB, slurmdbd, slurmctld, slurmd), Snakemake submits every job through profiles/slurm, and
 `sacct` (SLURM's own accounting) must show each of them as a completed SLURM job.
 
-Needs root and the Debian packages that install.sh installs (`scripts/local-slurm.sh install`);
-skips with the reason otherwise. About 2.5 minutes on 2 cores, SLURM's start and stop included.
+Needs root and the Debian packages that install.sh installs as root (`scripts/local-slurm.sh install`):
+skips without root or apt, and fails when a package the project's files install is missing.
+About 2.5 minutes on 2 cores, SLURM's start and stop included.
 """
+import importlib.metadata
 import os
 import re
 import shutil
@@ -31,11 +33,16 @@ STATUS_ARGS = ("--slurm-init-seconds-before-status-checks", "5")
 
 
 def why_not_here():
+    """Why this machine cannot run a local SLURM, or None. Only what the project's own files cannot
+    install is a reason to skip (no root, no apt); a missing Python package, the executor plugin
+    included, or SLURM missing where install.sh could have installed it, is a failure."""
+    importlib.metadata.version("snakemake-executor-plugin-slurm")  # requirements.txt installs it
+    missing = [tool for tool in TOOLS if not shutil.which(tool)]
     if os.geteuid() != 0:
         return "needs root: the local SLURM's daemons run as root (scripts/local-slurm.sh)"
-    missing = [tool for tool in TOOLS if not shutil.which(tool)]
-    if missing:
-        return f"SLURM packages absent ({', '.join(missing)}): run `bash install.sh` as root"
+    if missing and not shutil.which("apt-get"):
+        return f"SLURM packages absent ({', '.join(missing)}) and no apt-get to install them with"
+    assert not missing, f"SLURM packages absent ({', '.join(missing)}): `bash install.sh` as root installs them"
     return None
 
 
