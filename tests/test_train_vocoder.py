@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 from conftest import ROOT
 
-SETTINGS = ["vocoder.steps=8", "vocoder.checkpoint_every=4", "vocoder.gan_start_step=5", "vocoder.log_every=1",
-            "vocoder.summary_every=8", "vocoder.batch_size=2", "vocoder.segment_frames=16",
+SETTINGS = ["vocoder.kind=vocos", "vocoder.steps=8", "vocoder.checkpoint_every=4", "vocoder.gan_start_step=5",
+            "vocoder.log_every=1", "vocoder.summary_every=8", "vocoder.batch_size=2", "vocoder.segment_frames=16",
             "vocoder.vocos={dim: 16, intermediate_dim: 32, layers: 1, kernel: 7}"]
 
 
