@@ -4,7 +4,7 @@ A perfect acoustic model (the recorded mel itself) goes through both vocoders; e
 (MCD, PESQ wideband at 16 kHz, STOI) against the recording. Reads runs/{name}/vocoder.json (train
 it first: `snakemake --cores all vocoder`, or `python -m pipeline.train_vocoder --phase train --final`).
 
-    python benchmarks/vocoder.py --config configs/config.yaml [--max-clips 20]
+    python benchmarks/vocoder.py --config configs/config.yaml [--max-clips 20] [--summary runs/demo/vocoder/train.json]
 """
 import argparse
 import json
@@ -22,9 +22,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     config.add_arguments(parser)
     parser.add_argument("--max-clips", type=int, default=20)
+    parser.add_argument("--summary", help="a vocoder summary JSON (default runs/{name}/vocoder.json)")
     args = parser.parse_args(argv)
     cfg = config.load_config(args.config, {**config.parse_set(args.set), "evaluate": {"max_clips": args.max_clips}})
-    voc = vocoders.load(cfg)
+    voc = vocoders.load(cfg, summary=args.summary)
     clips = evaluate.validation_clips(cfg)
     mels = {c.text: audio.mel_from_file(c.audio, cfg["audio"], cfg["dataset"]["max_seconds"]) for c in clips}
     t0 = time.perf_counter()
