@@ -1,6 +1,7 @@
 """The vocoder's segment loader: Python-free graph, one static shape, exact mel/audio pairing,
 padding of short clips, and the same batches after a resume."""
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from pipeline import audio, config, data
@@ -80,3 +81,16 @@ def test_gta_source_pairs_gta_mels_with_the_same_audio(built_cache, tmp_path):
     for r, g in zip(recorded, gta):
         np.testing.assert_array_equal(r["audio"].numpy(), g["audio"].numpy())
         np.testing.assert_allclose(g["mel"].numpy(), r["mel"].numpy() + 1, atol=1e-2)
+
+
+def test_every_vocoder_kind_gives_frames_times_hop_samples():
+    import tensorflow as tf
+
+    from pipeline.models import vocoders
+    cfg = config.load_config(overrides={"vocoder": {"vocos": {"dim": 16, "intermediate_dim": 32, "layers": 1}}})
+    for kind, size in (("vocos", None), ("hifigan", "v2")):
+        v = dict(cfg["vocoder"], kind=kind, hifigan={"size": size or "v2"})
+        out = vocoders.build(v, cfg["audio"])(tf.zeros([2, 5, cfg["audio"]["n_mels"]]) - 5.0)
+        assert out.shape == (2, 5 * cfg["audio"]["hop_length"]) and out.dtype == tf.float32, kind
+    with pytest.raises(config.ConfigError, match="audio.hop_length"):
+        vocoders.build(dict(cfg["vocoder"], kind="hifigan"), dict(cfg["audio"], hop_length=250))

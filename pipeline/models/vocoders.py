@@ -5,8 +5,8 @@
     vocode = vocoders.load(cfg)                          # the run's final trained vocoder (or Griffin-Lim)
     audio = vocode(log_mel)                              # (F, n_mels) natural-log mel -> float32 (F*hop,)
 
-Kinds: `vocos` (vocos.py), `griffin_lim` (pipeline/vocoder.py, no training); `hifigan` is in the
-schema for the ljspeech recipe but not built yet: choosing it is an error naming the key.
+Kinds: `vocos` (vocos.py), `hifigan` (hifigan.py, V1/V2 by vocoder.hifigan.size), `griffin_lim`
+(pipeline/vocoder.py, no training).
 A trainable kind is `build(vocoder_cfg, audio_cfg) -> keras.Model` taking the caches' log-mel
 (float32, unnormalised) and returning float32 audio of exactly F * hop_length samples; the
 spectral, adversarial and feature-matching losses are shared (discriminators.py).
@@ -19,9 +19,9 @@ import tensorflow as tf
 
 from pipeline import config
 from pipeline.errors import MissingCheckpoint
-from pipeline.models import vocos
+from pipeline.models import hifigan, vocos
 
-TRAINED = {"vocos": vocos.build}
+TRAINED = {"vocos": vocos.build, "hifigan": hifigan.build}
 
 
 def build(vocoder_cfg, audio_cfg):
