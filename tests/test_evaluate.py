@@ -74,7 +74,7 @@ def test_vocoder_rows_beside_griffin_lims():
     assert set(result["pesq"]) == set(result["stoi"]) == {"synthesized", "vocoder_ceiling", "griffin_lim_ceiling"}
     # a perfect acoustic model through the vocoder measures as the vocoder's own copy-synthesis
     assert result["mcd_db"] == pytest.approx(result["mcd_db_vocoder_ceiling"], abs=0.05)
-    assert result["mcd_db_vocoder_ceiling"] > result["mcd_db_ceiling"] + 3.0  # untrained: far worse than Griffin-Lim
+    assert result["mcd_db_vocoder_ceiling"] > result["mcd_db_ceiling"] + 1.0  # untrained: worse than Griffin-Lim
     assert result["stoi"]["vocoder_ceiling"] < result["stoi"]["griffin_lim_ceiling"]
     assert all("mcd_db_vocoder_ceiling" in r and "pesq_vocoder_ceiling" in r for r in rows)
 
