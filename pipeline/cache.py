@@ -34,9 +34,10 @@ def build_token_shard(cfg, shard, out, log=_print):
     espeak = text.espeak_version() if cfg["text"]["frontend"] == "phonemes" else None
     ids, arrays, rejected, used, dropped = [], [], [], set(), {}
     for c, (symbols, n_dropped) in zip(clips, text.to_symbols([c.text for c in clips], cfg["text"])):
-        if text.says_nothing(symbols):
+        reason = text.problem(c.text, symbols, cfg["text"])
+        if reason:
             where = f"{Path(ds['root']) / ds['metadata']}:{c.lineno}"
-            rejected.append(dict(id=c.id, path=where, reason=f"its text {c.text!r} gives no {cfg['text']['frontend']}"))
+            rejected.append(dict(id=c.id, path=where, stage="tokens", reason=f"text {c.text!r}: {reason}"))
             log(f"rejected {where}: {rejected[-1]['reason']}")
             continue
         ids.append(c.id)
@@ -68,7 +69,7 @@ def _audio_of_shard(cfg, shard, what, log):
                 audio.check_length(y, a["hop_length"])
             except audio.BadAudio as e:
                 where = path or Path(ds["root"]) / ds["audio_dir"] / f"{c.id}.*"
-                rejected.append(dict(id=c.id, path=str(where), reason=str(e)))
+                rejected.append(dict(id=c.id, path=str(where), stage={"mel": "mels"}.get(what, what), reason=str(e)))
                 log(f"rejected {where}: {e}")
                 continue
             yield c.id, y
@@ -140,6 +141,22 @@ def _mean_std(total, count, floor=1e-6):
     return mean, np.sqrt(np.maximum(total[1] / max(count, 1) - mean ** 2, floor))
 
 
+def _short_clips(metas, usable):
+    """{id: reason} of the clips whose audio cannot carry their text: fewer mel frames than tokens
+    (end-of-sequence included), so no alignment gives every token a frame."""
+    tokens = dict(zip(metas["tokens"]["ids"], metas["tokens"]["lengths"]))
+    return {cid: f"{frames} mel frames for {tokens[cid]} tokens: the audio is too short for its text"
+            for cid, frames in zip(metas["mels"]["ids"], metas["mels"]["lengths"])
+            if cid in usable and frames < tokens[cid]}
+
+
+def write_rejected(path, rejected):
+    """rejected.tsv: one row per clip left out (id, shard, stage, path, reason), atomically."""
+    lines = ["id\tshard\tstage\tpath\treason"] + [
+        f"{r['id']}\t{r['shard']}\t{r['stage']}\t{r['path']}\t{r['reason']}" for r in rejected]
+    config.atomic_write_text(path, "\n".join(lines) + "\n")
+
+
 def build_index(cfg, paths, out, log=_print):
     """index.json + vocab.json + rejected.tsv from every shard's JSON and per-clip sums.
     `paths`: {kind: [shard paths]} for shards.CACHE_KINDS, in shard order."""
@@ -150,7 +167,7 @@ def build_index(cfg, paths, out, log=_print):
     mel_total, energy_total, pitch_total = np.zeros((2, n_mels)), np.zeros(2), np.zeros(3)
     frames_train = 0
     counts = dict(clips=0, train=0, val=0, rejected=0, seconds=0.0)
-    entries, rejected, used = [], {}, set()
+    entries, rejected = [], {}
     for k, group in enumerate(zip(*(sorted(paths[kind]) for kind in shards.CACHE_KINDS))):
         metas = {}
         for kind, p in zip(shards.CACHE_KINDS, group):
@@ -159,11 +176,14 @@ def build_index(cfg, paths, out, log=_print):
                 raise shards.CacheError(f"{p}: built with other settings or code (provenance {metas[kind]['provenance']}, "
                                         f"expected {want[kind]}); rerun `{shards.REBUILD}`")
             for r in metas[kind]["rejected"]:
-                rejected.setdefault(r["id"], r)
-        used.update(metas["tokens"]["symbols"])
+                rejected.setdefault(r["id"], dict(r, shard=k, stage=r.get("stage", kind)))
         stats = {kind: np.load(Path(p).with_suffix(".stats.npy")) for kind, p in zip(shards.CACHE_KINDS, group)
                  if kind != "tokens"}
         usable = set(metas["tokens"]["ids"]) & set(metas["energy"]["ids"]) & set(metas["pitch"]["ids"])
+        short = _short_clips(metas, usable)
+        for cid, reason in short.items():
+            rejected.setdefault(cid, dict(id=cid, shard=k, stage="index", path=str(group[1]) + ".json", reason=reason))
+        usable -= set(short)
         at = {kind: {cid: i for i, cid in enumerate(metas[kind]["ids"])} for kind in ("energy", "pitch")}
         n = val = 0
         for i, cid in enumerate(metas["mels"]["ids"]):
@@ -179,8 +199,9 @@ def build_index(cfg, paths, out, log=_print):
             frames_train += metas["mels"]["lengths"][i]
         counts["clips"] += n; counts["val"] += val; counts["train"] += n - val
         counts["seconds"] += metas["mels"]["seconds"]
-        entries.append(dict(shard=k, clips=n, val=val, **{kind: str(Path(p).with_suffix("").relative_to(out.parent))
-                                                          for kind, p in zip(shards.CACHE_KINDS, group)}))
+        entries.append(dict(shard=k, clips=n, val=val, excluded=sorted(short),
+                            **{kind: str(Path(p).with_suffix("").relative_to(out.parent))
+                               for kind, p in zip(shards.CACHE_KINDS, group)}))
     counts["rejected"] = len(rejected)
     if frames_train == 0:
         raise PipelineError(f"no training clips in {cfg['dataset']['root']}: every clip was rejected or in validation "
@@ -188,7 +209,7 @@ def build_index(cfg, paths, out, log=_print):
     mel_mean, mel_std = _mean_std(mel_total, frames_train)
     energy_mean, energy_std = _mean_std(energy_total, frames_train)
     pitch_mean, pitch_std = _mean_std(pitch_total[1:], pitch_total[0])
-    vocab = text.vocabulary(used, cfg["text"], espeak=espeak)
+    vocab = text.vocabulary(cfg["text"], espeak=espeak)
     counts["seconds"] = round(counts["seconds"], 2)
     index = dict(name=cfg["name"], format=shards.FORMAT, provenance=want, n_mels=n_mels, audio=cfg["audio"],
                  text=cfg["text"], pitch=cfg["pitch"], val_fraction=cfg["dataset"]["val_fraction"], counts=counts,
@@ -196,8 +217,7 @@ def build_index(cfg, paths, out, log=_print):
                  pitch_mean=round(float(pitch_mean), 4), pitch_std=round(float(pitch_std), 4),
                  energy_mean=round(float(energy_mean), 6), energy_std=round(float(energy_std), 6),
                  vocab=vocab, shards=entries)
-    lines = ["id\tpath\treason"] + [f"{r['id']}\t{r['path']}\t{r['reason']}" for r in rejected.values()]
-    config.atomic_write_text(out.parent / "rejected.tsv", "\n".join(lines) + "\n")
+    write_rejected(out.parent / "rejected.tsv", rejected.values())
     config.atomic_write_text(out.parent / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False))
     config.atomic_write_text(out, json.dumps(index, indent=1, ensure_ascii=False))
     log(f"index: {counts['clips']} clips ({counts['train']} train, {counts['val']} validation), "

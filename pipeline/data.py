@@ -14,7 +14,12 @@ Batches are dicts: tokens int32 [B, T] (vocabulary ids: token shards hold code p
 one table gather per group), token_lengths int32 [B], mel float16 [B, F, n_mels] (padding =
 log(1e-5), silence), mel_lengths int32 [B], pitch float32 [B, F] (Hz, 0 = unvoiced or padding),
 energy float32 [B, F] (0 = padding); with durations=True also durations int32 [B, T] (frames per
-token, rows summing to mel_lengths). F is a multiple of model.reduction.
+token, rows summing to mel_lengths). F is a multiple of `models.frame_multiple(cfg["model"])`.
+
+Clips are left out here, once, in Python: those cache_index lists under `excluded` (audio too
+short for its text) and, with durations, those the duration shards reject (`left_out` lists them
+all, with their stage and reason). `build_worker_dataset(cfg, (index, count))` is multi-worker
+training's builder: one worker's shards, every worker on the same bucket shape at each step.
 """
 import json
 import os
@@ -127,10 +132,12 @@ def load_clips(cfg, split="all", index=None, durations=False):
         tok, mel = metas["tokens"][0], metas["mels"][0]
         at = {kind: {cid: i for i, cid in enumerate(m["ids"])} for kind, (m, _) in metas.items()}
         mel_frames = dict(zip(mel["ids"], mel["lengths"]))
+        left_out = set(entry.get("excluded", ()))  # cache_index: audio too short for the text
         if durations:
             _check_durations(metas["durations"][0], tok, metas["durations"][1], mel_frames)
+            left_out.update(r["id"] for r in metas["durations"][0].get("rejected", ()))
         for j, cid in enumerate(mel["ids"]):
-            if not all(cid in at[kind] for kind in kinds):
+            if cid in left_out or not all(cid in at[kind] for kind in kinds):
                 continue
             for kind in ("energy", "pitch"):
                 meta, prefix = metas[kind]
@@ -219,6 +226,55 @@ def _group_rows(clips, group, paths, edges, kinds, n_mels, batch, rng, complete)
     return rows
 
 
+@dataclass
+class _Source:
+    """What every builder needs: the split's clips, the bucket shapes and the shard files."""
+    clips: Clips
+    edges: np.ndarray
+    shapes: list
+    paths: dict
+    table: np.ndarray  # code point -> vocabulary id
+
+    @property
+    def kinds(self):
+        return tuple(self.paths)
+
+
+def _source(cfg, split, durations):
+    index = read_index(cfg)
+    everything, paths = load_clips(cfg, "all", index, durations=durations)
+    clips = everything.split(split)
+    if not clips.ids:
+        raise CacheError(f"{config.cache_dir(cfg)}: no clips in the {split!r} split")
+    # shapes from both splits (train and val agree), and with or without durations (clips the duration
+    # shards leave out still shape the buckets), so every caller of bucket_shapes sees the same ones
+    edges, shapes = bucket_shapes(cfg, clips=load_clips(cfg, "all", index)[0] if durations else everything)
+    return _Source(clips, edges, shapes, paths, token_table(index["vocab"]))
+
+
+def _group_arrays(src, groups, n_mels):
+    """A function g -> {kind: the group's shards of that kind, concatenated} ((items,) or (items, n_mels)),
+    token code points already mapped to ids by one table gather."""
+    files = {kind: tf.ragged.constant([[src.paths[kind][k] for k in g] for g in groups]) for kind in src.kinds}
+    dtypes = {kind: tf.as_dtype(np.dtype(shards.KINDS[kind].dtype).newbyteorder("=")) for kind in src.kinds}
+    table = tf.constant(src.table)
+
+    def arrays(g):
+        out = {}
+        for kind in src.kinds:
+            blobs = tf.map_fn(tf.io.read_file, files[kind][g], fn_output_signature=tf.string)
+            flat = tf.io.decode_raw(tf.strings.reduce_join(blobs), dtypes[kind])
+            out[kind] = tf.reshape(flat, [-1, n_mels]) if kind == "mels" else flat
+        out["tokens"] = tf.gather(table, out["tokens"])  # code points -> ids
+        return out
+    return arrays
+
+
+def _gather_fn(src, arrays, n_mels, with_clip_index):
+    return _padded_gather(arrays, src.kinds, tf.constant([s[0] for s in src.shapes], tf.int64),
+                          tf.constant([s[1] for s in src.shapes], tf.int64), n_mels, with_clip_index)
+
+
 def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_index=False, drop_remainder=None,
                   group_bytes=GROUP_BYTES, durations=False, worker=None):
     """tf.data.Dataset of dict batches for `split` ("train", "val" or "all"); see the module doc.
@@ -226,61 +282,65 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     Training (the default for split="train") repeats forever, shuffles and drops incomplete
     batches, so every batch has one of the bucket shapes exactly. durations=True adds the
     `durations` field (CacheError naming `snakemake --cores all durations` when they are missing).
-    worker=(index, count): this worker's share for multi-worker training (pipeline/multiworker_data.py).
+    worker=(index, count): this worker's share, `build_worker_dataset` (multi-worker training).
     """
+    if worker is not None:
+        if split != "train" or repeat is False:
+            raise ValueError("build_dataset(worker=...) is for the repeating train split")
+        return build_worker_dataset(cfg, worker, durations=durations, with_clip_index=with_clip_index)
     train = split == "train"
     repeat, shuffle, drop_remainder = (train if v is None else v for v in (repeat, shuffle, drop_remainder))
-    index = read_index(cfg)
-    everything, paths = load_clips(cfg, "all", index, durations=durations)
-    clips = everything.split(split)
-    if not clips.ids:
-        raise CacheError(f"{config.cache_dir(cfg)}: no clips in the {split!r} split")
-    edges, shapes = bucket_shapes(cfg, clips=everything)
+    src = _source(cfg, split, durations)
     n_mels, batch, seed = cfg["audio"]["n_mels"], cfg["train"]["batch_size"], cfg["train"]["seed"]
-    ordered = not shuffle or worker is not None  # workers' batches must keep the shared bucket order
-    if worker is not None:
-        mine, batch, bucket_weights = multiworker_data.worker_share(cfg, clips, edges, worker)
-    if drop_remainder and len(clips.ids) < batch:
-        raise CacheError(f"the {split!r} split has {len(clips.ids)} clips, fewer than train.batch_size {batch}")
-    kinds = tuple(paths)
-
-    sizes = [sum(os.path.getsize(paths[kind][k]) for kind in kinds) for k in range(len(paths["tokens"]))]
-    groups = [g for g in shard_groups(sizes, group_bytes) if np.isin(clips.shard, g).any()]
-    if worker is not None:
-        groups = [mine]  # one group: the worker's per-bucket streams span all its shards
+    if drop_remainder and len(src.clips.ids) < batch:
+        raise CacheError(f"the {split!r} split has {len(src.clips.ids)} clips, fewer than train.batch_size {batch}")
+    sizes = [sum(os.path.getsize(src.paths[kind][k]) for kind in src.kinds) for k in range(len(src.paths["tokens"]))]
+    groups = [g for g in shard_groups(sizes, group_bytes) if np.isin(src.clips.shard, g).any()]
     endless = repeat and len(groups) == 1  # one group: its rows repeat, so no batch remainder is ever lost
-    if worker is not None and not endless:
-        raise ValueError("build_dataset(worker=...) is for the repeating train split")
     rng = np.random.default_rng(seed)
-    group_rows = [_group_rows(clips, g, paths, edges, kinds, n_mels, batch, rng, drop_remainder and not endless)
-                  for g in groups]
+    group_rows = [_group_rows(src.clips, g, src.paths, src.edges, src.kinds, n_mels, batch, rng,
+                              drop_remainder and not endless) for g in groups]
     rows_table = tf.ragged.constant([r.tolist() for r in group_rows], dtype=tf.int64, ragged_rank=1)
-    files = {kind: tf.ragged.constant([[paths[kind][k] for k in g] for g in groups]) for kind in kinds}
-    table = tf.constant(token_table(index["vocab"]))                             # code point -> id
-    max_tokens = tf.constant([s[0] for s in shapes], tf.int64)
-    max_frames = tf.constant([s[1] for s in shapes], tf.int64)
-    dtypes = {kind: tf.as_dtype(np.dtype(shards.KINDS[kind].dtype).newbyteorder("=")) for kind in kinds}
-
-    def read_all(g, kind):  # the group's shards of one kind, concatenated: (items,) or (items, n_mels)
-        blobs = tf.map_fn(tf.io.read_file, files[kind][g], fn_output_signature=tf.string)
-        flat = tf.io.decode_raw(tf.strings.reduce_join(blobs), dtypes[kind])
-        return tf.reshape(flat, [-1, n_mels]) if kind == "mels" else flat
+    buffer = max(len(r) for r in group_rows) if shuffle else 0
+    read = _group_arrays(src, groups, n_mels)
 
     def group_batches(g):
-        arrays = {kind: read_all(g, kind) for kind in kinds}
-        arrays["tokens"] = tf.gather(table, arrays["tokens"])                  # code points -> ids
-        if worker is not None:
-            rows = multiworker_data.aligned_batches(group_rows[0], ROW["bucket"], bucket_weights, batch, seed,
-                                                    worker[0])
-        else:
-            rows = _bucketed_rows(rows_table[g], batch, shuffle=max(len(r) for r in group_rows) if shuffle else 0,
-                                  repeat=endless, drop_remainder=drop_remainder, seed=seed)
-
-        gather = _padded_gather(arrays, kinds, max_tokens, max_frames, n_mels, with_clip_index)
-        return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
+        rows = _bucketed_rows(rows_table[g], batch, shuffle=buffer, repeat=endless, drop_remainder=drop_remainder,
+                              seed=seed)
+        return rows.map(_gather_fn(src, read(g), n_mels, with_clip_index), num_parallel_calls=tf.data.AUTOTUNE,
+                        deterministic=not shuffle)
 
     return _interleave_groups(group_batches, len(groups), shuffle=shuffle, repeat=repeat and not endless,
-                              seed=seed, ordered=ordered)
+                              seed=seed, ordered=not shuffle)
+
+
+def build_worker_dataset(cfg, worker, *, local_replicas=1, durations=False, with_clip_index=False):
+    """Worker `worker`=(index, count)'s endless train batches for multi-worker training: its own
+    shards (k % count == index), batch train.batch_size / count split over `local_replicas`, and at
+    each step the bucket every worker draws from the shared seed (pipeline/multiworker_data.py), so
+    all workers run the same shape. tf.distribute's auto-sharding is off: the shards are shared here."""
+    src = _source(cfg, "train", durations)
+    n_mels, seed = cfg["audio"]["n_mels"], cfg["train"]["seed"]
+    mine, batch, weights = multiworker_data.worker_share(cfg, src.clips, src.edges, worker)
+    if batch % local_replicas:
+        raise config.ConfigError(f"train.batch_size: {cfg['train']['batch_size']} does not split evenly over "
+                                 f"{worker[1]} workers x {local_replicas} replicas each")
+    rows = _group_rows(src.clips, mine, src.paths, src.edges, src.kinds, n_mels, batch, None, complete=False)
+    read = _group_arrays(src, [mine], n_mels)
+
+    def group_batches(g):  # traced: the shard files are read by the graph, not embedded in it
+        ds = multiworker_data.aligned_batches(rows, ROW["bucket"], weights, batch, seed, worker[0])
+        return ds.map(_gather_fn(src, read(g), n_mels, with_clip_index), num_parallel_calls=tf.data.AUTOTUNE,
+                      deterministic=True)
+
+    ds = tf.data.Dataset.range(1).flat_map(group_batches)
+    if local_replicas > 1:
+        ds = ds.rebatch(batch // local_replicas)
+    options = tf.data.Options()
+    options.deterministic = True
+    options.autotune.enabled = True
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
 def _bucketed_rows(rows, batch, *, shuffle, repeat, drop_remainder, seed):
@@ -337,3 +397,22 @@ def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed, ordere
 def clip_ids(cfg, split):
     """The ids behind the `clip` field of `build_dataset(..., with_clip_index=True)`."""
     return load_clips(cfg, split)[0].ids
+
+
+def left_out(cfg, index=None, durations=False):
+    """[{id, shard, stage, path, reason}] of the clips training leaves out: every row of the cache's
+    rejected.tsv (bad audio, text it cannot say, audio too short for its text) and, with durations,
+    the duration shards' rejects (a token longer than aligner.max_token_seconds)."""
+    index = index or read_index(cfg)
+    root = config.cache_dir(cfg)
+    rows = []
+    lines = (root / "rejected.tsv").read_text(encoding="utf-8").splitlines()
+    header = lines[0].split("\t") if lines else []
+    for line in lines[1:]:
+        rows.append(dict(zip(header, line.split("\t", len(header) - 1))))
+    if durations:
+        for entry in index["shards"]:
+            meta = shards.read_meta(shards.prefix(root, "durations", entry["shard"]), "durations")
+            listed = {r["id"] for r in rows}
+            rows += [dict(r, shard=entry["shard"]) for r in meta.get("rejected", ()) if r["id"] not in listed]
+    return rows

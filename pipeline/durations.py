@@ -10,8 +10,10 @@ this shard's token and mel shards. For each clip the aligner's log-probabilities
 go through monotonic alignment search (`mas`, numba, here in the shard job, never in a training
 step): the most likely path in which every token gets at least one frame, tokens in order, and
 every frame exactly one token, so each clip's durations sum to its mel frames exactly. A clip
-whose alignment fails a sanity check (fewer frames than tokens; a token longer than
-aligner.max_token_seconds) is still written, and listed under `suspicious` with its reason.
+whose audio cannot carry its text (fewer frames than tokens; a token longer than
+aligner.max_token_seconds) is still written, to keep the shard 1:1 with its token shard, and listed
+under `rejected` with its reason: the loader leaves it out of training with durations, and the
+trainer counts it in its log and lists it in runs/{name}/rejected.tsv.
 Writes cache/{name}/durations/shard-NNN.{bin,json} with pipeline/shards.py (int32 per token, 1:1
 with the token shard) whose provenance names the aligner and the token and mel shards it was made from.
 Config keys: aligner.max_token_seconds, audio.hop_length, audio.sample_rate, audio.n_mels.
@@ -57,10 +59,11 @@ def check(durations, n_frames, max_frames):
     if int(durations.sum()) != n_frames:
         return f"durations sum to {int(durations.sum())}, not the clip's {n_frames} frames"
     if n_frames < len(durations):
-        return f"{n_frames} frames for {len(durations)} tokens: some tokens get no frame"
+        return f"{n_frames} mel frames for {len(durations)} tokens: the audio is too short for its text"
     longest = int(durations.argmax())
     if durations[longest] > max_frames:
-        return f"token {longest} lasts {int(durations[longest])} frames (> {max_frames})"
+        return (f"token {longest} lasts {int(durations[longest])} frames, longer than aligner.max_token_seconds "
+                f"({max_frames} frames): the audio does not carry its text")
     return None
 
 
@@ -75,7 +78,7 @@ def align_shard(cfg, shard, aligner_json, tokens, mels, out, log=print):
     to_id = {ord(s): i for i, s in enumerate(info["vocab"])}  # token shards hold code points
     a = cfg["audio"]
     max_frames = int(cfg["aligner"]["max_token_seconds"] * a["sample_rate"] / a["hop_length"])
-    durations, suspicious, frames = [], [], []
+    durations, rejected, frames = [], [], []
     for cid, points in zip(tok_meta["ids"], tok_arrays):
         n, mel = len(points), mel_of.get(cid)
         if mel is None:  # rejected audio: the loader skips it; keep the 1:1 layout with the token shard
@@ -89,14 +92,14 @@ def align_shard(cfg, shard, aligner_json, tokens, mels, out, log=print):
             d = even_durations(n, F)
         reason = check(d, F, max_frames)
         if reason:
-            suspicious.append({"id": cid, "reason": reason})
-            log(f"suspicious alignment {cid}: {reason}")
+            rejected.append(dict(id=cid, path=str(tok_path.with_suffix(".json")), stage="durations", reason=reason))
+            log(f"rejected {cid}: {reason}")
         durations.append(d); frames.append(F)
     provenance = {"aligner": info["weights_digest"], "tokens": shards.file_digest(tok_path.with_suffix(".json")),
                   "mels": shards.file_digest(mel_path.with_suffix(".json"))}
     meta = shards.write(out, "durations", tok_meta["ids"], durations, provenance=provenance, frames=frames,
-                        suspicious=suspicious)
-    log(f"duration shard {shard}: {len(frames)} clips, {len(suspicious)} suspicious")
+                        rejected=rejected)
+    log(f"duration shard {shard}: {len(frames)} clips, {len(rejected)} rejected (left out of training)")
     return meta
 
 

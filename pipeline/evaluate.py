@@ -15,7 +15,8 @@ the synthesized audio against OTHER clips' recordings (chance: the model says so
 Wideband PESQ (16 kHz, the `pesq` package) and STOI (`pystoi`) of the synthesized audio (re-timed onto
 the recording along the MCD's DTW path) and of both copy-syntheses against the recording.
 
-Reads the caches' index (vocabulary, mel statistics, the split), the recordings' F0 from the pitch
+Reads the run's own vocabulary and mel statistics (runs/{name}/run.json, through the synthesizer),
+the caches' index (the split), the recordings' F0 from the pitch
 cache (pipeline.pitch makes the synthesized audio's), duration shards where they exist (the
 `aligner` block), the dataset's audio and metadata, runs/{name}/checkpoints; config keys
 `evaluate:`, `audio:`, `pitch:`, `dataset:`, `synthesize:` (what the synthesizer honours), `model:`,

@@ -1,7 +1,7 @@
 """How multi-worker training shares the cache: whose shards, what batch, which bucket at each step.
 
-`pipeline.data.build_dataset(cfg, "train", worker=(index, count))` uses these two functions; the
-trainer passes `worker` under `train.placement: multiworker` (docs/scaling.md). Reads nothing
+`pipeline.data.build_worker_dataset(cfg, (index, count))` uses these two functions; the
+trainer calls it under `train.placement: multiworker` (docs/scaling.md). Reads nothing
 itself; config keys train.batch_size, train.seed, cache.shards (through the clips it is given).
 """
 import numpy as np

@@ -192,7 +192,7 @@ def settings(kind, cfg):
     raise KeyError(kind)
 
 
-CODE = {"tokens": ("text.py",), "mels": ("audio.py",), "energy": ("audio.py",), "audio": ("audio.py",),
+CODE = {"tokens": ("text.py", "symbols.py"), "mels": ("audio.py",), "energy": ("audio.py",), "audio": ("audio.py",),
         "pitch": ("audio.py", "pitch.py")}
 
 

@@ -3,9 +3,10 @@
     python -m pipeline.synthesize --config configs/config.yaml --out runs/demo/samples
     snakemake synthesize --config 'synthesize={pace: 1.2}'
 
-Reads runs/{name}/checkpoints (the model only), the vocabulary and mel statistics saved with the
-caches (so the text front end is the one training used), config keys `synthesize:` (sentences,
-max_seconds, pace, pitch_shift, griffin_lim_iters), `audio:`, `model:`. Any model kind works: each
+Reads runs/{name}/checkpoints (the model only) and what the run carries, runs/{name}/run.json
+(pipeline/runinfo.py: its vocabulary, mel statistics and the `model:`, `text:` and `audio:` it was
+trained with; never the current cache index, which may have been rebuilt since), config keys
+`synthesize:` (sentences, max_seconds, pace, pitch_shift, griffin_lim_iters). Any model kind works: each
 sentence is one compiled `model.infer` call (docs/models.md), never a Python loop over frames.
 Writes NN.wav (Griffin-Lim, TensorFlow STFT ops), NN.npy (the log-mel, float32 (frames, n_mels),
 the project's HiFi-GAN-compatible mel, so any HiFi-GAN trained on it can voice it) and
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, data, models, text
+from pipeline import config, models, runinfo, text
 from pipeline.errors import MissingCheckpoint, cli
 from pipeline.models import vocoders
 from pipeline.vocoder import save_wav
@@ -33,17 +34,18 @@ from pipeline.vocoder import save_wav
 class Synthesizer:
     """A trained model with its vocabulary and mel statistics. `.checkpoint`, `.step`, `.mel(text)`."""
 
-    def __init__(self, cfg, model, checkpoint, index, log=print):
+    def __init__(self, cfg, model, checkpoint, info, log=print):
         self.cfg, self.model, self.checkpoint, self.log = cfg, model, checkpoint, log
         self.step = int(re.search(r"ckpt-(\d+)$", checkpoint).group(1))
-        self.vocab = index["vocab"]
-        self.mean, self.std = data.mel_stats(cfg, index)
-        a = cfg["audio"]
+        self.vocab, self.audio = info["vocab"], info["config"]["audio"]  # the run's own
+        self.model_kind = info["config"]["model"]["kind"]
+        self.mean, self.std = info["stats"]["mel_mean"], info["stats"]["mel_std"]
+        a = self.audio
         self.max_frames = int(np.ceil(cfg["synthesize"]["max_seconds"] * a["sample_rate"] / a["hop_length"]))
 
     def encode(self, sentence):
         """Token ids of a sentence with the cache's text front end."""
-        return text.encode(sentence, self.vocab)  # as training mapped it; TextError naming an unseen symbol
+        return text.encode(sentence, self.vocab)  # as training mapped it; TextError naming what it cannot say
 
     def infer(self, sentence, pace=None, pitch_shift=None):
         """The model's outputs for one sentence (one compiled call), mel denormalised to log-mel."""
@@ -63,23 +65,25 @@ class Synthesizer:
 
 
 def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
-    """The Synthesizer of the latest checkpoint in runs/{name}/checkpoints (MissingCheckpoint if none)."""
-    index = data.read_index(cfg)
-    ckpt_dir = config.run_dir(cfg) / "checkpoints"
-    latest = tf.train.latest_checkpoint(str(ckpt_dir))
+    """The Synthesizer of the latest checkpoint in runs/{name}/checkpoints (MissingCheckpoint if none),
+    built from what the run carries (runs/{name}/run.json)."""
+    run = config.run_dir(cfg)
+    latest = tf.train.latest_checkpoint(str(run / "checkpoints"))
     if latest is None:
-        raise MissingCheckpoint(f"{ckpt_dir}: no checkpoint; train first (`snakemake --cores all train`)")
-    model = models.build(cfg["model"], index["vocab"], index["n_mels"])
-    r = models.frame_multiple(cfg["model"])
-    model(models.dummy_batch(8, 4 * r, index["n_mels"]))  # create the variables, then fill them
+        raise MissingCheckpoint(f"{run / 'checkpoints'}: no checkpoint; train first (`snakemake --cores all train`)")
+    info = runinfo.load(run)
+    model_cfg = info["config"]["model"]
+    model = models.build(model_cfg, info["vocab"], info["n_mels"])
+    r = models.frame_multiple(model_cfg)
+    model(models.dummy_batch(8, 4 * r, info["n_mels"]))  # create the variables, then fill them
     tf.train.Checkpoint(model=model).restore(latest).expect_partial()
-    return Synthesizer(cfg, model, latest, index, log)
+    return Synthesizer(cfg, model, latest, info, log)
 
 
 def synthesize(cfg, out, log=functools.partial(print, flush=True)):
     synth = load_synthesizer(cfg, log)
     vocode = vocoders.load(cfg)  # the run's trained vocoder, or Griffin-Lim with vocoder.kind griffin_lim
-    s, a = cfg["synthesize"], cfg["audio"]
+    s, a = cfg["synthesize"], synth.audio
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log(f"synthesizing {len(s['sentences'])} sentences from {synth.checkpoint} "
@@ -98,7 +102,7 @@ def synthesize(cfg, out, log=functools.partial(print, flush=True)):
         samples.append({"wav": str(path), "mel": str(path.with_suffix(".npy")), "text": sentence,
                         "frames": res["frames"], "seconds": round(seconds, 3)})
     config.atomic_write_text(out / "sentences.json", json.dumps(
-        {"checkpoint": synth.checkpoint, "step": synth.step, "model": cfg["model"]["kind"], "pace": s["pace"],
+        {"checkpoint": synth.checkpoint, "step": synth.step, "model": synth.model_kind, "pace": s["pace"],
          "pitch_shift": s["pitch_shift"], "vocoder": {"kind": vocode.kind, "steps": vocode.steps,
                                                        "finetune_steps": vocode.finetune_steps},
          "samples": samples}, indent=1))

@@ -13,12 +13,16 @@ Add a language by writing its cleaners here and one more entry in `CLEANERS`.
     marks and word boundaries (spaces) kept. One backend per process: creating one per line costs
     ~50-190 ms. espeak-ng's output changes between versions, so its version is part of the token
     shards' provenance (a new espeak-ng rebuilds them and nothing else).
-  - "characters": the cleaned letters and punctuation themselves (`CHARACTERS`; others dropped).
+  - "characters": the cleaned letters and punctuation themselves.
 
-The symbol inventory is the one the data uses: `vocabulary()` lists pad "_" = 0, end-of-sequence
-"~" = 1, then every symbol the token shards hold, sorted; cache_index saves it in index.json and
-vocab.json. `encode(text, vocab)` maps new text exactly as training did and names any symbol the
-training data never had.
+Ids never depend on the corpus: each front end has a fixed, ordered symbol inventory
+(pipeline/symbols.py; pad "_" = 0, end-of-sequence "~" = 1). `vocabulary(text_cfg)` is that list
+with the front end's settings; cache_index saves it in index.json and vocab.json, and a run keeps
+its own copy (pipeline/runinfo.py). `check_line` says why a line cannot be trained on or spoken:
+letters of another script than `text.language`'s, emoji and other pictographs (espeak-ng would read
+them out as "arabic letter seen", "grinning face" in the corpus's voice), a phoneme or letter outside
+the inventory, or no sound at all. Token shards reject such clips with that reason; `encode(text,
+vocab)` raises it as a TextError naming the characters.
 
 Debug run: python -m pipeline.text "Dr. Smith paid $5.50 on May 1st, 1865."   (--frontend characters)
 """
@@ -28,21 +32,34 @@ import logging
 import re
 import unicodedata
 
+from pipeline import symbols as _symbols
 from pipeline.errors import PipelineError, cli
 
 # --- symbols ---------------------------------------------------------------------------------
-PAD = "_"
-EOS = "~"
-PAD_ID, EOS_ID = 0, 1
-CHARACTERS = "!'(),-.:;? abcdefghijklmnopqrstuvwxyz"  # what the characters front end keeps
+PAD, EOS, PAD_ID, EOS_ID = _symbols.PAD, _symbols.EOS, _symbols.PAD_ID, _symbols.EOS_ID
+CHARACTERS = "".join(_symbols.inventory("characters")[2:])  # what the characters front end keeps
 FRONTENDS = ("phonemes", "characters")
 # punctuation espeak-ng would drop; phonemizer puts it back between the words
 _PUNCTUATION_MARKS = ';:,.!?¡¿—…"«»“”()'
 _NOT_SPOKEN = set(_PUNCTUATION_MARKS + "'- ")  # a line of only these says nothing
 
+# Scripts other than Latin that a voice reads (the voice's code before "-" -> Unicode script names).
+# Latin letters pass in every voice (names, loanwords); letters of any other script do not.
+_SCRIPTS = {
+    **dict.fromkeys(("ru", "uk", "be", "bg", "mk", "sr", "kk", "ky", "tt", "ba", "cv", "mn"), ("CYRILLIC",)),
+    **dict.fromkeys(("ar", "fa", "ur", "ps", "sd", "ug"), ("ARABIC",)),
+    **dict.fromkeys(("hi", "mr", "ne", "sa", "kok", "mai"), ("DEVANAGARI",)),
+    **dict.fromkeys(("cmn", "yue", "hak", "zh"), ("CJK",)),
+    "el": ("GREEK",), "grc": ("GREEK",), "he": ("HEBREW",), "bn": ("BENGALI",), "as": ("BENGALI",),
+    "bpy": ("BENGALI",), "pa": ("GURMUKHI",), "gu": ("GUJARATI",), "or": ("ORIYA",), "ta": ("TAMIL",),
+    "te": ("TELUGU",), "kn": ("KANNADA",), "ml": ("MALAYALAM",), "si": ("SINHALA",), "ka": ("GEORGIAN",),
+    "hy": ("ARMENIAN",), "am": ("ETHIOPIC",), "my": ("MYANMAR",), "ja": ("CJK", "HIRAGANA", "KATAKANA"),
+    "ko": ("HANGUL",),
+}
+
 
 class TextError(PipelineError):
-    """Text that cannot become ids: a symbol the vocabulary lacks, or no espeak-ng."""
+    """Text that cannot become ids: another script, a symbol outside the inventory, no sound, or no espeak-ng."""
 
 
 # --- cleaners --------------------------------------------------------------------------------
@@ -267,23 +284,31 @@ def _backend(language):
 def phonemize(lines, language):
     """espeak-ng IPA of each cleaned line: words separated by one space, punctuation and stress kept."""
     from phonemizer.separator import Separator
-    out = _backend(language).phonemize(list(lines), separator=Separator(phone="", word=" ", syllable=""),
-                                       strip=True, njobs=1)
-    return [collapse_whitespace(p) for p in out]
+    lines = list(lines)
+    spoken = [i for i, line in enumerate(lines) if line.strip()]  # phonemizer drops empty lines
+    out = [""] * len(lines)
+    if spoken:
+        said = _backend(language).phonemize([lines[i] for i in spoken], separator=Separator(phone="", word=" ", syllable=""),
+                                            strip=True, njobs=1)
+        for i, p in zip(spoken, said):
+            out[i] = collapse_whitespace(p)
+    return out
 
 
 def to_symbols(lines, text_cfg):
     """[(symbols, dropped)] per line: the front end's symbol string and how many characters it
-    dropped (outside CHARACTERS; pad and eos characters always)."""
+    dropped (pad and eos characters always; characters front end: punctuation and symbols outside
+    its inventory; letters outside it are kept, for `problem` to name)."""
     cleaned = [clean_text(line, text_cfg["cleaners"]) for line in lines]
     if text_cfg["frontend"] == "characters":
         allowed = set(CHARACTERS)
+        keep = lambda c: c in allowed or unicodedata.category(c).startswith("L")  # noqa: E731
     else:
         cleaned = phonemize(cleaned, text_cfg["language"])
-        allowed = None
+        keep = lambda c: True  # noqa: E731
     out = []
     for line in cleaned:
-        kept = "".join(c for c in line if c not in (PAD, EOS) and (allowed is None or c in allowed))
+        kept = "".join(c for c in line if c not in (PAD, EOS) and keep(c))
         out.append((kept, len(line) - len(kept)))
     return out
 
@@ -293,29 +318,73 @@ def says_nothing(symbols):
     return all(c in _NOT_SPOKEN for c in symbols)
 
 
-def vocabulary(used, text_cfg, espeak=None) -> dict:
-    """What a model's ids mean: pad, eos, then the symbols the data uses, sorted; saved with the
-    caches and read by synthesis. `espeak`: the espeak-ng version the phonemes came from."""
+def foreign_characters(line, language):
+    """The characters of `line` that the `language` voice cannot say as words: letters of another
+    script than the voice's (Latin always passes) and pictographs (emoji, other symbols)."""
+    scripts = ("LATIN", *_SCRIPTS.get(language.split("-")[0].lower(), ()))
+    out = []
+    for c in unicodedata.normalize("NFKC", line):
+        cat = unicodedata.category(c)
+        if cat.startswith("L"):
+            bad = unicodedata.name(c, "?").split()[0] not in scripts
+        else:
+            bad = cat in ("So", "Co", "Cn") or (cat == "Sk" and not c.isascii())
+        if bad and c not in out:
+            out.append(c)
+    return out
+
+
+def _named(chars):
+    return " ".join(f"{c!r} ({unicodedata.name(c, f'U+{ord(c):04X}').lower()})" for c in chars)
+
+
+def problem(line, symbols, text_cfg):
+    """Why `line`, whose front-end symbols are `symbols`, cannot be trained on or spoken; None when it can."""
+    foreign = foreign_characters(line, text_cfg["language"])
+    if foreign:
+        return (f"{_named(foreign)} not in the script of text.language {text_cfg['language']} "
+                f"(its voice would read them out as names)")
+    inventory = set(_symbols.inventory(text_cfg["frontend"]))
+    outside = sorted({c for c in symbols if c not in inventory})
+    if outside:
+        what = "phoneme(s)" if text_cfg["frontend"] == "phonemes" else "letter(s)"
+        return f"{what} {_named(outside)} outside the {text_cfg['frontend']} inventory (pipeline/symbols.py)"
+    if says_nothing(symbols):
+        return f"gives no {text_cfg['frontend']} (nothing to say)"
+    return None
+
+
+def vocabulary(text_cfg, espeak=None) -> dict:
+    """What a model's ids mean: the front end's fixed inventory (pipeline/symbols.py) and the
+    settings that make text into it; saved with the caches and with each run, read by synthesis.
+    `espeak`: the espeak-ng version the phonemes came from."""
     _pipeline(text_cfg["cleaners"])  # an unknown name fails here
-    symbols = sorted(set(used) - {PAD, EOS})
-    return {"symbols": [PAD, EOS, *symbols], "pad_id": PAD_ID, "eos_id": EOS_ID,
+    return {"symbols": _symbols.inventory(text_cfg["frontend"]), "pad_id": PAD_ID, "eos_id": EOS_ID,
             "frontend": text_cfg["frontend"], "language": text_cfg["language"], "cleaners": text_cfg["cleaners"],
             "espeak": espeak if text_cfg["frontend"] == "phonemes" else None}
 
 
 def encode(text: str, vocab: dict) -> list[int]:
     """Ids of `text` under a saved vocabulary (its front end, voice and cleaners), EOS last.
-    TextError naming the symbols the training data never had."""
+    TextError naming the characters when the text cannot be spoken (`problem`)."""
     cfg = {k: vocab[k] for k in ("frontend", "language", "cleaners")}
     symbols, _ = to_symbols([text], cfg)[0]
-    ids = {s: i for i, s in enumerate(vocab["symbols"])}
-    unseen = sorted({c for c in symbols if c not in ids})
-    if unseen:
-        raise TextError(f"{text!r}: symbol(s) {' '.join(repr(c) for c in unseen)} never occur in the training data "
-                        f"({vocab['frontend']} front end); rephrase, or add text that has them and rebuild the caches")
+    reason = problem(text, symbols, cfg)
+    if reason:
+        raise TextError(f"{text!r}: {reason}")
     if vocab["frontend"] == "phonemes" and vocab.get("espeak") not in (None, espeak_version()):
         logging.getLogger(__name__).warning("espeak-ng %s phonemizes this text; the model was trained on %s",
                                             espeak_version(), vocab["espeak"])
+    return ids_of(symbols, vocab)
+
+
+def ids_of(symbols: str, vocab: dict) -> list[int]:
+    """Ids of a front-end symbol string (e.g. phonemes), EOS last; TextError naming symbols the
+    vocabulary lacks."""
+    ids = {s: i for i, s in enumerate(vocab["symbols"])}
+    unknown = sorted({c for c in symbols if c not in ids})
+    if unknown:  # outside the inventory, or a run whose vocabulary is older than this inventory
+        raise TextError(f"{symbols!r}: symbol(s) {_named(unknown)} are not in this vocabulary")
     return [ids[c] for c in symbols] + [vocab["eos_id"]]
 
 
@@ -333,7 +402,7 @@ def decode(ids, vocab) -> str:
 
 @cli
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Show the cleaned text and symbols of a sentence.")
+    parser = argparse.ArgumentParser(description="Show the cleaned text, symbols and ids of a sentence.")
     parser.add_argument("text")
     parser.add_argument("--frontend", default="phonemes", choices=FRONTENDS)
     parser.add_argument("--language", default="en-us", help="espeak-ng voice")
@@ -341,6 +410,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     cfg = dict(frontend=args.frontend, language=args.language, cleaners=args.cleaners)
     symbols, dropped = to_symbols([args.text], cfg)[0]
+    reason = problem(args.text, symbols, cfg)
+    if reason:
+        raise TextError(f"{args.text!r}: {reason}")
     print(clean_text(args.text, args.cleaners))
     print(symbols + (f"   ({dropped} characters dropped)" if dropped else ""))
     if args.frontend == "phonemes":

@@ -6,13 +6,19 @@
 Reads the cache index and shards (pipeline.data; the duration shards too when the model's `needs`
 list them), config keys `model:` and `train:`. Any model kind works through the interface of
 pipeline/models (docs/models.md): the trainer normalises mel, pitch and energy, calls the model and
-its `tts_loss`, and never looks inside. Writes
-runs/{name}/checkpoints/ (tf.train.CheckpointManager: model, optimizer state, step), config.json
-(the config that made them), TensorBoard events in runs/{name}/ (losses, lr, steps/s, input-wait
-fraction, mel and alignment images, Griffin-Lim audio), alignment.png (the attention, or the
-durations' hard alignment), and finally the summary
---out. A rerun after an interruption (kill -9 included) continues at the saved step with the saved
-optimizer state until train.steps.
+its `tts_loss`, and never looks inside. Writes runs/{name}/run.json (what the run carries, written
+when it starts: vocabulary, feature statistics, model/text/audio/pitch config; pipeline/runinfo.py),
+checkpoints/ (tf.train.CheckpointManager: model, optimizer state, step), config.json (the whole
+config), rejected.tsv (every clip this training leaves out), TensorBoard events in runs/{name}/
+(losses, lr, steps/s, input-wait fraction, mel and alignment images, Griffin-Lim audio),
+alignment.png (the attention, or the durations' hard alignment), and finally the summary --out.
+Each logged loss is the mean over the steps since the previous log line (Keras Mean trackers).
+A rerun after an interruption (kill -9 included) continues at the saved step with the saved
+optimizer state and the run's own vocabulary and statistics until train.steps; a vocabulary or a
+text/audio/pitch setting that changed under the checkpoints is a one-line error naming it.
+
+`train()` reads as its steps: start_run (resume or start: the run's info), build_trainer,
+record_run, restore, left_out, run_steps (Progress: log lines; validate_and_draw), finish.
 
 With train.placement: multiworker (`python -m pipeline.launch --workers N -- --config ...` on one
 host, `srun` across nodes; docs/scaling.md) every worker runs this same loop on its own share of
@@ -33,7 +39,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, data, models
+from pipeline import config, data, models, runinfo
 from pipeline import placement as placement_mod
 from pipeline.errors import PipelineError, cli
 
@@ -61,9 +67,12 @@ def _to_device(batch, device):
 class Trainer:
     """The model, optimizer, input pipeline and compiled step for one config and placement."""
 
-    def __init__(self, cfg, placement=None, log=print):
+    def __init__(self, cfg, placement=None, log=print, info=None):
+        """`info`: what the run carries (pipeline/runinfo.py: vocab, stats, n_mels); the cache's when None."""
         self.cfg, self.log = cfg, log
         self.index = data.read_index(cfg)
+        info = info or {"vocab": self.index["vocab"], "stats": feature_stats(cfg, self.index), "n_mels": self.index["n_mels"]}
+        self.vocab, self.n_mels = info["vocab"], info["n_mels"]
         # the first TensorFlow op: multiworker creates its strategy here; auto may read the last diagnose report
         self.p = placement_mod.resolve(cfg["train"], placement, report=config.report_dir(cfg) / "diagnose.json")
         placement_mod.set_precision_policy(self.p.mixed_precision)
@@ -74,11 +83,11 @@ class Trainer:
         self.n_buckets = len(self.shapes)
         self.placement, self.model_device = self.p.name, self.p.model_device
         self.copy_ms = None
-        n_mels = self.index["n_mels"]
         with self._scope():
-            self.stats = feature_stats(cfg, self.index)
+            self.stats = {k: np.asarray(v, np.float32) for k, v in info["stats"].items()}
             self.norm = {k: tf.constant(v, tf.float32) for k, v in self.stats.items()}
-            self.model = models.build(cfg["model"], self.index["vocab"], n_mels)
+            self.model = models.build(cfg["model"], self.vocab, self.n_mels)
+            check_frame_multiple(cfg["model"], self.model)
             self.needs = tuple(self.model.needs)
             self.model(self._dummy_batch(), training=False)  # create the variables now, in this scope
             if hasattr(self.model, "adapt"):
@@ -108,23 +117,15 @@ class Trainer:
 
     def _dummy_batch(self):
         t, f = self.shapes[0]
-        return models.dummy_batch(t, f, self.index["n_mels"])
+        return models.dummy_batch(t, f, self.n_mels)
 
     def _train_dataset(self, input_context=None):
         if self.p.name != "multiworker":
             return self.build_dataset("train")
-        # this worker's own shards (data.build_dataset shards it; tf.distribute's auto-sharding stays
-        # off), then each batch split among the worker's local replicas, which keeps one bucket shape per step
-        count = self.p.worker[1]
-        local = self.p.strategy.num_replicas_in_sync // count
-        batch = self.cfg["train"]["batch_size"]
-        if batch % (count * local):
-            raise config.ConfigError(f"train.batch_size: {batch} does not split evenly over {count} workers "
-                                     f"x {local} replicas each")
-        ds = self.build_dataset("train", worker=self.p.worker)
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        return (ds.rebatch(batch // count // local) if local > 1 else ds).with_options(options)
+        # this worker's own shards, each batch split among the worker's local replicas
+        local = self.p.strategy.num_replicas_in_sync // self.p.worker[1]
+        return data.build_worker_dataset(self.cfg, self.p.worker, local_replicas=local,
+                                         durations="durations" in self.needs)
 
     def _distribute(self, make):
         if self.p.name == "multiworker":
@@ -257,9 +258,9 @@ def normalise(batch, norm):
     return out
 
 
-def build_trainer(cfg, placement=None, log=print):
+def build_trainer(cfg, placement=None, log=print, info=None):
     """The interface diagnose uses: .dataset, .step, .n_buckets, .model_device, .placement, .context()."""
-    return Trainer(cfg, placement=placement, log=log)
+    return Trainer(cfg, placement=placement, log=log, info=info)
 
 
 # --- training loop -----------------------------------------------------------------------------
@@ -321,91 +322,184 @@ def check_same_model(cfg, run):
                             f"or delete {run / 'checkpoints'} to start over")
 
 
-def train(cfg, out, log=functools.partial(print, flush=True)):
-    run = config.run_dir(cfg)
-    trainer = build_trainer(cfg, log=log)
-    chief = trainer.p.chief  # False only on multiworker's other workers: they write nothing in run/
+def check_frame_multiple(model_cfg, model):
+    """The loader pads frames to `models.frame_multiple(model_cfg)`, known from the config before any
+    model exists (Snakemake, the loader, diagnose); a model whose own `frame_multiple` says otherwise
+    would get frame counts it cannot reduce, so that is an error naming the key to set."""
+    want = getattr(model, "frame_multiple", 1)
+    have = models.frame_multiple(model_cfg)
+    if int(want) != have:
+        raise models.ModelError(f"model.kind: {model_cfg['kind']!r} has frame_multiple {want}, but the config gives "
+                                f"{have}; set model.options.frame_multiple: {want} (docs/models.md)")
+
+
+# --- training loop: named steps ----------------------------------------------------------------
+def start_run(cfg, run, log):
+    """What the run carries (pipeline/runinfo.py, JSON-ready): its own when resuming, else the cache's.
+    Refuses, before anything is built, checkpoints made by another model or on a moved vocabulary."""
     run.mkdir(parents=True, exist_ok=True)
     check_same_model(cfg, run)
-    if chief:
-        config.atomic_write_text(run / "config.json", json.dumps(cfg, indent=1))
+    resuming = tf.train.latest_checkpoint(run / "checkpoints") is not None
+    index = data.read_index(cfg)
+    return runinfo.for_training(cfg, index, data.feature_stats(cfg, index), run, resuming, log=log)
+
+
+def record_run(cfg, run, info):
+    """The chief's record of what makes this run: config.json (the whole config) and run.json."""
+    config.atomic_write_text(run / "config.json", json.dumps(cfg, indent=1))
+    runinfo.write(run, info)
+
+
+def restore(trainer, run, log):
+    """The checkpoint manager (the chief's into run/checkpoints, a worker's into a temporary folder:
+    every worker takes part in a save) after restoring the chief's latest checkpoint, if any."""
     ckpt = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer)
-    # every worker saves (a save may need them all), but only the chief into run/checkpoints
+    chief = trainer.p.chief
     save_dir = run / "checkpoints" if chief else Path(tempfile.mkdtemp(prefix=f"worker-{trainer.p.worker[0]}-"))
     manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=3)
     latest = tf.train.latest_checkpoint(run / "checkpoints")  # every worker resumes from the chief's
     if latest:
         ckpt.restore(latest).assert_existing_objects_matched()
         log(f"resumed from {latest} at step {int(trainer.optimizer.iterations.numpy())}")
-    tcfg = cfg["train"]
-    total = tcfg["steps"]
-    step = int(trainer.optimizer.iterations.numpy())
-    trainer.measure_copy()
-    writer = tf.summary.create_file_writer(str(run)) if chief else tf.summary.create_noop_writer()
-    history, val_history, align = [], [], None
+    return manager
+
+
+def left_out(cfg, run, durations, log, write=True):
+    """Count (and list in run/rejected.tsv) the clips this training leaves out: the cache's rejects
+    (cache/{name}/rejected.tsv) and, with durations, the duration shards' (audio that cannot carry its text)."""
+    rows = data.left_out(cfg, durations=durations)
+    by_stage = {}
+    for r in rows:
+        by_stage[r["stage"]] = by_stage.get(r["stage"], 0) + 1
+    if write:
+        from pipeline.cache import write_rejected
+        write_rejected(run / "rejected.tsv", rows)
+    detail = ", ".join(f"{n} at {stage}" for stage, n in sorted(by_stage.items()))
+    log(f"left out {len(rows)} clips{f' ({detail})' if rows else ''}; listed in {run / 'rejected.tsv'}")
+    return {"total": len(rows), **by_stage}
+
+
+class Progress:
+    """The log line, TensorBoard scalars and loss history: each logged loss is the mean of every
+    step since the previous log line (Keras Mean trackers), with steps/s and the input-wait share."""
+
+    def __init__(self, trainer, total, log_every, log):
+        self.trainer, self.total, self.log_every, self.log = trainer, total, log_every, log
+        self.trackers, self.history = {}, []
+        self.steps, self.waited, self.t_log = 0, 0.0, time.perf_counter()
+
+    def update(self, terms, waited):
+        for k, v in terms.items():
+            if k not in self.trackers:
+                self.trackers[k] = keras.metrics.Mean(name=k)
+            self.trackers[k].update_state(v)
+        self.steps += 1
+        self.waited += waited
+
+    def restart_clock(self):
+        self.t_log = time.perf_counter()  # validation time is neither step nor input wait
+
+    def report(self, step):
+        values = {k: float(t.result()) for k, t in self.trackers.items()}  # syncs with the device
+        for t in self.trackers.values():
+            t.reset_state()
+        interval = time.perf_counter() - self.t_log
+        steps = self.steps
+        rate = steps / interval if interval > 0 else 0.0
+        wait_frac = self.waited / interval if interval > 0 else 0.0
+        lr = float(self.trainer.optimizer.learning_rate.numpy())
+        for k, v in values.items():
+            tf.summary.scalar(f"train/{k}", v, step=step)
+        tf.summary.scalar("train/lr", lr, step=step)
+        tf.summary.scalar("perf/steps_per_s", rate, step=step)
+        tf.summary.scalar("perf/input_wait_fraction", wait_frac, step=step)
+        done = step / self.total
+        bar = "=" * int(30 * done) + ">" + " " * (30 - int(30 * done))
+        eta = (self.total - step) / rate if rate else float("nan")
+        self.log(f"step {step}/{self.total} [{bar}] loss {values['total']:.4f} ({_terms(values)}) lr {lr:.2e} "
+                 f"{rate:.2f} steps/s wait {100 * wait_frac:.1f}% eta {eta:.0f}s")
+        if not math.isfinite(values["total"]):
+            raise FloatingPointError(f"loss became {values['total']} at step {step}; lower train.learning_rate")
+        self.history.append({"step": step, "steps": steps, **values})
+        self.steps, self.waited = 0, 0.0
+        self.restart_clock()
+
+
+def validate_and_draw(trainer, step, val_history, log):
+    """Validation loss, TensorBoard images and audio; the alignment drawn (or None)."""
+    val, vbatch, vout = trainer.validate()
+    if val is None:
+        return None
+    val_history.append({"step": step, **val})
+    log(f"step {step}: validation loss {val['total']:.4f} ({_terms(val)})")
+    return _write_summaries(trainer, step, val, vbatch, vout) if step else None
+
+
+def run_steps(trainer, manager, tcfg, chief, log):
+    """Steps from the restored one to train.steps: log, validate, checkpoint. (history, val_history, align)."""
+    step, total = int(trainer.optimizer.iterations.numpy()), tcfg["steps"]
+    progress, val_history, align = Progress(trainer, total, tcfg["log_every"], log), [], None
+    if step == 0 and chief:  # the untrained model's validation loss: the baseline the curve falls from
+        validate_and_draw(trainer, 0, val_history, log)
+        progress.restart_clock()
     batches = trainer.batches()
-    waited = 0.0
-    t_log, start_step, t_start = time.perf_counter(), step, time.perf_counter()
-    with writer.as_default():
-        if step == 0 and chief:  # the untrained model's validation loss: the baseline the curve falls from
-            val, _, _ = trainer.validate()
-            if val is not None:
-                val_history.append({"step": 0, **val})
-                log(f"step 0: validation loss {val['total']:.4f} ({_terms(val)})")
-        while step < total:
-            t0 = time.perf_counter()
-            batch = next(batches)
-            t1 = time.perf_counter()
-            waited += t1 - t0
-            terms = trainer.step(batch)
-            step += 1
-            if step % tcfg["log_every"] == 0 or step == total:
-                values = {k: float(v) for k, v in terms.items()}  # syncs with the device
-                t2 = time.perf_counter()
-                interval = t2 - t_log
-                rate = tcfg["log_every"] / interval if interval > 0 else 0.0
-                wait_frac = waited / interval if interval > 0 else 0.0
-                lr = float(trainer.optimizer.learning_rate.numpy())
-                for k, v in values.items():
-                    tf.summary.scalar(f"train/{k}", v, step=step)
-                tf.summary.scalar("train/lr", lr, step=step)
-                tf.summary.scalar("perf/steps_per_s", rate, step=step)
-                tf.summary.scalar("perf/input_wait_fraction", wait_frac, step=step)
-                done = step / total
-                bar = "=" * int(30 * done) + ">" + " " * (30 - int(30 * done))
-                eta = (total - step) / rate if rate else float("nan")
-                log(f"step {step}/{total} [{bar}] loss {values['total']:.4f} ({_terms(values)}) lr {lr:.2e} "
-                    f"{rate:.2f} steps/s wait {100 * wait_frac:.1f}% eta {eta:.0f}s")
-                if not math.isfinite(values["total"]):
-                    raise FloatingPointError(f"loss became {values['total']} at step {step}; lower train.learning_rate")
-                history.append({"step": step, **values})
-                waited, t_log = 0.0, time.perf_counter()
-            if chief and (step % tcfg["summary_every"] == 0 or step == total):
-                val, vbatch, vout = trainer.validate()
-                if val is not None:
-                    align = _write_summaries(trainer, step, val, vbatch, vout)
-                    val_history.append({"step": step, **val})
-                    log(f"step {step}: validation loss {val['total']:.4f} ({_terms(val)})")
-                t_log = time.perf_counter()  # validation time is not input wait
-            if step % tcfg["checkpoint_every"] == 0 or step == total:
-                manager.save(checkpoint_number=step)
+    while step < total:
+        t0 = time.perf_counter()
+        batch = next(batches)
+        waited = time.perf_counter() - t0
+        progress.update(trainer.step(batch), waited)
+        step += 1
+        if step % tcfg["log_every"] == 0 or step == total:
+            progress.report(step)
+        if chief and (step % tcfg["summary_every"] == 0 or step == total):
+            drawn = validate_and_draw(trainer, step, val_history, log)
+            align = align if drawn is None else drawn
+            progress.restart_clock()
+        if step % tcfg["checkpoint_every"] == 0 or step == total:
+            manager.save(checkpoint_number=step)
+    return step, progress.history, val_history, align
+
+
+def finish(cfg, trainer, run, out, manager, result, started, log):
+    """The chief's summary (--out) and alignment.png; a worker's cleanup. Every worker waits for all."""
+    step, history, val_history, align, rejected, resumed_from = result
     weights = sum(float(tf.reduce_sum(tf.cast(v, tf.float64))) for v in trainer.model.trainable_variables)
-    if not chief:
-        shutil.rmtree(save_dir, ignore_errors=True)
+    if not trainer.p.chief:
+        shutil.rmtree(manager.directory, ignore_errors=True)
         trainer.wait_for_all()  # the chief still validates and writes
         log(f"worker {trainer.p.worker[0]} done: {step} steps, weights checksum {weights:.12g} "
             f"(the chief writes the checkpoints and the summary)")
         return None
     if align is not None:
         save_alignment_png(align, run / "alignment.png", step)
-    summary = {"name": cfg["name"], "steps": step, "resumed_from": start_step, "placement": trainer.placement,
+    summary = {"name": cfg["name"], "steps": step, "resumed_from": resumed_from, "placement": trainer.placement,
                "context": trainer.context(), "traces": trainer.traces, "buckets": trainer.shapes,
-               "seconds": round(time.perf_counter() - t_start, 1), "checkpoint": manager.latest_checkpoint,
-               "train_loss": history[-1] if history else None, "val_loss": val_history, "history": history}
+               "seconds": round(time.perf_counter() - started, 1), "checkpoint": manager.latest_checkpoint,
+               "left_out": rejected, "train_loss": history[-1] if history else None, "val_loss": val_history,
+               "history": history}
     config.atomic_write_text(out, json.dumps(summary, indent=1))
     trainer.wait_for_all()
     log(f"done: {step} steps, checkpoint {manager.latest_checkpoint}, summary {out}, weights checksum {weights:.12g}")
     return summary
+
+
+def train(cfg, out, log=functools.partial(print, flush=True)):
+    """Resume or start, train to train.steps, write the summary `out` (the chief's; None on other workers)."""
+    started, run = time.perf_counter(), config.run_dir(cfg)
+    info = start_run(cfg, run, log)
+    trainer = build_trainer(cfg, log=log, info=runinfo.loaded(info))
+    chief = trainer.p.chief  # False only on multiworker's other workers: they write nothing in run/
+    if chief:
+        record_run(cfg, run, info)
+    manager = restore(trainer, run, log)
+    rejected = left_out(cfg, run, "durations" in trainer.needs, log, write=chief)
+    resumed_from = int(trainer.optimizer.iterations.numpy())
+    trainer.measure_copy()
+    writer = tf.summary.create_file_writer(str(run)) if chief else tf.summary.create_noop_writer()
+    with writer.as_default():
+        step, history, val_history, align = run_steps(trainer, manager, cfg["train"], chief, log)
+    return finish(cfg, trainer, run, out, manager, (step, history, val_history, align, rejected, resumed_from),
+                  started, log)
 
 
 @cli

@@ -99,9 +99,9 @@ def test_built_cache_contents(built_cache):
     assert index["pitch_std"] == pytest.approx(voiced.std(), abs=1e-3)
     assert index["n_mels"] == N_MELS
     vocab = json.loads((cache_dir / "vocab.json").read_text())
-    assert vocab == index["vocab"] == text.vocabulary(used, cfg["text"], espeak=text.espeak_version())
-    assert vocab["symbols"][:2] == ["_", "~"] and "ˈ" in vocab["symbols"]  # stress kept
-    assert (cache_dir / "rejected.tsv").read_text().splitlines() == ["id\tpath\treason"]
+    assert vocab == index["vocab"] == text.vocabulary(cfg["text"], espeak=text.espeak_version())
+    assert vocab["symbols"][:2] == ["_", "~"] and "ˈ" in used and used <= set(vocab["symbols"])  # stress kept
+    assert (cache_dir / "rejected.tsv").read_text().splitlines() == ["id\tshard\tstage\tpath\treason"]
 
 
 def test_line_that_phonemizes_to_nothing_is_rejected_with_its_reason(tmp_path, corpus_template):
@@ -117,8 +117,8 @@ def test_line_that_phonemizes_to_nothing_is_rejected_with_its_reason(tmp_path, c
     cache.build_token_shard(cfg, k, out, log=lambda *a: None)
     meta = shards.read_meta(out, "tokens")
     assert cid not in meta["ids"] and len(meta["ids"]) > 0
-    assert meta["rejected"] == [dict(id=cid, path=f"{root / 'metadata.csv'}:4",
-                                     reason="its text '... !' gives no phonemes")]
+    assert meta["rejected"] == [dict(id=cid, path=f"{root / 'metadata.csv'}:4", stage="tokens",
+                                     reason="text '... !': gives no phonemes (nothing to say)")]
 
 
 # --- atomic writes ------------------------------------------------------------------------------
@@ -246,12 +246,12 @@ def test_bad_audio_skip_then_fail(tmp_path, corpus_template):
     assert index["counts"]["clips"] == len(lines)
     assert index["counts"]["rejected"] == len(BAD_KINDS)
     table = (cache_dir / "rejected.tsv").read_text().splitlines()
-    assert table[0].split("\t") == ["id", "path", "reason"]
+    assert table[0].split("\t") == ["id", "shard", "stage", "path", "reason"]
     reasons = {r.split("\t")[0]: r.split("\t") for r in table[1:]}
     assert set(reasons) == set(bad_ids.values())
     for kind, cid in bad_ids.items():
-        _, path, reason = reasons[cid]
-        assert Path(path).name.startswith(cid)
+        _, shard, stage, path, reason = reasons[cid]
+        assert Path(path).name.startswith(cid) and shard == str(bad_shard) and stage in ("mels", "pitch")
         assert any(w in reason.lower() for w in BAD_KINDS[kind]), (kind, reason)
     assert planned_jobs(cfg_path) == {}
 

@@ -184,3 +184,19 @@ def test_user_model_kind_is_built_and_checked(user_package):
     # a built-in kind never silently ignores options meant for a user's model
     with pytest.raises(models.ModelError, match="model.options"):
         models.build({**cfg["model"], "kind": "fastpitch"}, {"symbols": list("abcdef")}, 80)
+
+
+def test_frame_multiple_comes_from_the_config_and_the_model_must_agree(user_package):
+    from pipeline.train import check_frame_multiple
+    cfg = config.load_config(overrides={"model": {"kind": "user_models.tiny:build", "options": {"width": 8}}})["model"]
+    model = models.build(cfg, {"symbols": list("abcdef")}, 80)
+    check_frame_multiple(cfg, model)  # neither says anything: 1
+    model.frame_multiple = 2
+    with pytest.raises(models.ModelError, match="has frame_multiple 2, but the config gives 1; set "
+                                                "model.options.frame_multiple: 2"):
+        check_frame_multiple(cfg, model)
+    with_option = dict(cfg, options={"width": 8, "frame_multiple": 2})
+    assert models.frame_multiple(with_option) == 2
+    check_frame_multiple(with_option, model)
+    with pytest.raises(models.ModelError, match="model.options.frame_multiple: 0"):
+        models.frame_multiple(dict(cfg, options={"frame_multiple": 0}))

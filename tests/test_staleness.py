@@ -390,7 +390,8 @@ def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_templ
 
     # a different espeak-ng (patched in where no digest looks) is a change to the token shards alone
     espeak = "\nfrom pipeline import text as _text  # noqa\n_text.espeak_version = lambda: '1.99-test'\n"
-    cases = (("audio.py", "", ("mels", "pitch")), ("text.py", "", ("tokens",)), ("pitch.py", "", ("pitch",)),
+    cases = (("audio.py", "", ("mels", "pitch")), ("text.py", "", ("tokens",)), ("symbols.py", "", ("tokens",)),
+             ("pitch.py", "", ("pitch",)),
              ("shards.py", espeak, ("tokens",)))
     for module, code, kinds in cases:
         with open(project / "pipeline" / module, "a") as f:

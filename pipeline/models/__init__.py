@@ -5,7 +5,7 @@
 
 Kinds: `fastpitch` (fastpitch.py: non-autoregressive, trained from durations, pitch and energy),
 `transformer_tts` (transformer_tts.py: autoregressive, attention), or "package.module:function", a
-user's own `function(model_cfg, vocab, n_mels) -> keras.Model` importable from the working directory
+user's own `function(model_cfg, vocab, n_mels) -> keras.Model` (vocab: the symbol list) importable from the working directory
 (its keys go under `model.options`). Every model has:
 
     model.needs                              batch fields it trains on, e.g. ("tokens", ..., "durations")
@@ -14,10 +14,12 @@ user's own `function(model_cfg, vocab, n_mels) -> keras.Model` importable from t
     model.infer(tokens, token_lengths, *, pace, pitch_shift, max_frames)
                                 -> {"mel": (B, F, n_mels) normalised, "lengths": (B,) int32, ...}
 
-and optionally `model.adapt(stats)` (called once by the trainer with the cache's feature statistics,
+and optionally `model.adapt(stats)` (called once by the trainer with the run's feature statistics,
 e.g. so pitch_shift in semitones can be applied in the normalised pitch domain) and
-`model.frame_multiple` (padded frame counts are a multiple of it; 1 when absent). docs/models.md
-has the full contract.
+`model.frame_multiple`, which must equal `frame_multiple(model_cfg)` (the loader pads frame counts to
+that multiple, known from the config alone; a user's kind sets it as `model.options.frame_multiple`).
+`vocab` is the run's symbol list (id = position, 0 = pad). docs/models.md has the full contract;
+docs/examples/my_tts.py is a user's kind that the tests train.
 """
 import importlib
 import sys
@@ -40,9 +42,16 @@ def symbols(vocab):
 
 
 def frame_multiple(model_cfg):
-    """Padded frame counts must be a multiple of this (transformer_tts: its reduction), from the config alone."""
+    """Padded frame counts must be a multiple of this, from the config alone (Snakemake and the loader
+    need it before any model exists): transformer_tts's `reduction`, a user's kind's
+    `model.options.frame_multiple` (default 1). The trainer checks a model's own `frame_multiple` against it."""
     if model_cfg["kind"] == "transformer_tts":
         return int(model_cfg["transformer_tts"]["reduction"])
+    if model_cfg["kind"] not in KINDS:
+        value = model_cfg.get("options", {}).get("frame_multiple", 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ModelError(f"model.options.frame_multiple: {value!r} is not a positive integer")
+        return value
     return 1
 
 
@@ -81,7 +90,8 @@ def dummy_batch(n_tokens, n_frames, n_mels):
 
 
 def build(model_cfg, vocab, n_mels):
-    """The keras.Model for a validated `model:` section, the cache's vocabulary and the mel channels."""
+    """The keras.Model for a validated `model:` section, a vocabulary (the run's dict, or its symbol
+    list; the builder always gets the list) and the mel channels."""
     kind = model_cfg["kind"]
     if kind in ("fastpitch", "transformer_tts") and model_cfg.get("options"):
         raise ModelError(f"model.options: {sorted(model_cfg['options'])} are for a user's own model kind; "

@@ -1,0 +1,115 @@
+"""What made a run, carried with it: the vocabulary, the feature statistics and the config sections
+that shaped the model, in runs/{name}/run.json beside its checkpoints.
+
+A checkpoint alone is a set of numbers: which id is which phoneme, what mean and spread the mels were
+normalised with, and which mel definition the model learned live here, written by `train` when a
+run starts (atomically) and never rewritten while its checkpoints exist. Synthesis, evaluation (and
+GTA and export) read the run's own copy, never the current cache index, so a cache rebuilt on other
+data cannot change what a trained model means. Resuming after the data changed keeps the run's
+statistics, and a vocabulary or a text, audio or pitch setting that moved under the checkpoints is a
+one-line error naming what changed.
+
+    from pipeline import runinfo
+    info = runinfo.load(config.run_dir(cfg))   # {vocab, stats, config, n_mels}; MissingCheckpoint if untrained
+    runinfo.path(run_dir)                      # runs/{name}/run.json
+
+Config keys: none read here; `SECTIONS` of the config are stored.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import config
+from pipeline.errors import MissingCheckpoint, PipelineError
+
+FORMAT = 1
+FILE = "run.json"
+SECTIONS = ("model", "text", "audio", "pitch")  # the config that shaped the model and its features
+_ARRAY_STATS = ("mel_mean", "mel_std")           # per mel channel; the other statistics are scalars
+
+
+class RunChanged(PipelineError):
+    """The data or settings under a run's checkpoints changed: resuming would restore wrong weights."""
+
+
+def path(run_dir):
+    return Path(run_dir) / FILE
+
+
+def describe(cfg, index, stats):
+    """What a run started now from `index` (the cache's) would carry: JSON-ready."""
+    return {"format": FORMAT, "name": cfg["name"], "n_mels": int(index["n_mels"]), "vocab": index["vocab"],
+            "stats": {k: np.asarray(v, np.float64).round(6).tolist() for k, v in stats.items()},
+            "config": {k: json.loads(json.dumps(cfg[k])) for k in SECTIONS},
+            "cache": {"provenance": index["provenance"], "counts": index.get("counts")}}
+
+
+def write(run_dir, info):
+    config.atomic_write_text(path(run_dir), json.dumps(info, indent=1, ensure_ascii=False))
+
+
+def _read(run_dir):
+    p = path(run_dir)
+    try:
+        info = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise PipelineError(f"{p}: unreadable ({e}); delete {Path(run_dir) / 'checkpoints'} and {p} to train anew") from None
+    if info.get("format") != FORMAT:
+        raise PipelineError(f"{p}: written in run format {info.get('format')}, this code reads {FORMAT}; "
+                            f"delete {Path(run_dir) / 'checkpoints'} to train anew")
+    return info
+
+
+def loaded(info):
+    """`info` with its statistics as float32 arrays and floats."""
+    stats = {k: np.asarray(v, np.float32) if k in _ARRAY_STATS else float(v) for k, v in info["stats"].items()}
+    return dict(info, stats=stats)
+
+
+def load(run_dir):
+    """{vocab, stats, config, n_mels, ...} of a trained run (stats as float32 arrays and floats);
+    MissingCheckpoint naming the command when the run has none."""
+    info = _read(run_dir)
+    if info is None:
+        raise MissingCheckpoint(f"{path(run_dir)}: no run here (or one trained before runs carried their vocabulary); "
+                                f"train first (`snakemake --cores all train`)")
+    return loaded(info)
+
+
+def changes(saved, now):
+    """Sentences naming what differs between a saved run's info and the current one that matters to
+    its weights: the vocabulary's symbols or settings, and the text, audio and pitch sections."""
+    out = []
+    old, new = saved["vocab"], now["vocab"]
+    if old["symbols"] != new["symbols"]:
+        moved = [i for i, (a, b) in enumerate(zip(old["symbols"], new["symbols"])) if a != b]
+        first = f", first at id {moved[0]} ({old['symbols'][moved[0]]!r} -> {new['symbols'][moved[0]]!r})" if moved else ""
+        out.append(f"the vocabulary changed ({len(old['symbols'])} -> {len(new['symbols'])} symbols{first})")
+    for section in ("text", "audio", "pitch"):
+        a, b = saved["config"].get(section, {}), now["config"][section]
+        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        out += [f"{section}.{k} changed ({a.get(k)!r} -> {b.get(k)!r})" for k in keys]
+    return out
+
+
+def for_training(cfg, index, stats, run_dir, resuming, log=print):
+    """What a training run carries (JSON-ready; `loaded` gives arrays): the saved info when resuming
+    (RunChanged when the cache's vocabulary or settings moved under the checkpoints), else the
+    current one. The chief writes it (`write`) before the first step."""
+    now = describe(cfg, index, stats)
+    if not resuming:
+        return now
+    saved = _read(run_dir)
+    if saved is None:
+        raise RunChanged(f"{Path(run_dir) / 'checkpoints'}: made before runs carried their vocabulary (no {FILE}); "
+                         f"delete that folder to train anew, or give this run another `name`")
+    diff = changes(saved, now)
+    if diff:
+        raise RunChanged(f"{Path(run_dir) / 'checkpoints'}: {'; '.join(diff)} since this run started; "
+                         f"restore the old settings, give this run another `name`, or delete that folder to train anew")
+    if saved["stats"] != now["stats"]:
+        log(f"resuming with the run's own feature statistics ({path(run_dir)}); the cache's have changed since")
+    return saved

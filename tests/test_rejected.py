@@ -1,0 +1,115 @@
+"""Clips left out of training, each with its reason in rejected.tsv: text in another script (a real
+`snakemake caches`), audio too short for its text (cache_index), and a token longer than
+aligner.max_token_seconds (the duration shard job), which the loader leaves out and train counts.
+
+    python -m pytest -q tests/test_rejected.py
+"""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from conftest import snakemake, write_config
+
+from pipeline import config, data, durations, manifest, shards
+from pipeline import train as train_mod
+
+ODD_ROWS = {  # id: (text, how its audio is made)
+    "odd-persian": ("He said سلام to me twice.", "copy"),
+    "odd-emoji": ("What a day 😀 it was for all of us.", "copy"),
+    "odd-short": ("Printing, in the only sense with which we are at present concerned.", "short"),
+}
+
+
+def _table(path):
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    header = lines[0].split("\t")
+    return header, {r.split("\t")[0]: dict(zip(header, r.split("\t"))) for r in lines[1:]}
+
+
+@pytest.mark.slow
+def test_text_in_another_script_and_audio_too_short_are_rejected_with_reasons(tmp_path, corpus_template):
+    root = tmp_path / "data"
+    shutil.copytree(corpus_template, root)
+    lines = (root / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    good = root / "wavs" / f"{lines[0].split('|')[0]}.wav"
+    y, sr = sf.read(str(good), dtype="float32")
+    for cid, (line, how) in ODD_ROWS.items():
+        mid = len(y) // 2
+        sf.write(str(root / "wavs" / f"{cid}.wav"), y if how == "copy" else y[mid:mid + int(0.12 * sr)], sr)
+        lines.append(f"{cid}|{line}|{line}")
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cfg_path = write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": 2})
+    snakemake("caches", config=cfg_path)
+
+    cfg = config.load_config(cfg_path)
+    cache = config.cache_dir(cfg)
+    header, rows = _table(cache / "rejected.tsv")
+    assert header == ["id", "shard", "stage", "path", "reason"] and set(rows) == set(ODD_ROWS)
+    for cid, row in rows.items():
+        assert row["shard"] == str(manifest.shard_of(cid, 2))
+    assert rows["odd-persian"]["stage"] == rows["odd-emoji"]["stage"] == "tokens"
+    assert "'س' (arabic letter seen)" in rows["odd-persian"]["reason"]
+    assert "'😀' (grinning face)" in rows["odd-emoji"]["reason"]
+    assert "not in the script of text.language en-us" in rows["odd-emoji"]["reason"]
+    assert rows["odd-persian"]["path"].endswith(f"metadata.csv:{len(lines) - 2}")
+    short = rows["odd-short"]
+    assert short["stage"] == "index" and "mel frames for" in short["reason"] and "too short for its text" in short["reason"]
+
+    index = json.loads((cache / "index.json").read_text())
+    assert index["counts"]["rejected"] == 3 and index["counts"]["clips"] == len(lines) - 3
+    clips, _ = data.load_clips(cfg, "all")
+    assert not set(clips.ids) & set(ODD_ROWS) and len(clips.ids) == len(lines) - 3
+    # the short clip's tokens and mels are cached (its shard jobs succeeded); the index leaves it out
+    k = manifest.shard_of("odd-short", 2)
+    assert "odd-short" in shards.read_meta(shards.prefix(cache, "mels", k), "mels")["ids"]
+    assert "odd-short" in index["shards"][k]["excluded"]
+    assert {r["id"] for r in data.left_out(cfg)} == set(ODD_ROWS)
+
+
+@pytest.mark.slow
+def test_a_token_longer_than_max_token_seconds_is_left_out_and_counted(aligned_cache, tmp_path):
+    # a private copy of the aligned cache: this test rewrites a duration shard
+    src = config.load_config(aligned_cache)
+    shutil.copytree(config.cache_dir(src), tmp_path / "cache" / "t")
+    cfg = config.load_config(aligned_cache, {"cache": {"dir": str(tmp_path / "cache")},
+                                             "runs_dir": str(tmp_path / "runs"),
+                                             "aligner": {"max_token_seconds": 0.1}})
+    cache = config.cache_dir(cfg)
+    aligner = next((Path(src["runs_dir"]) / "t" / "aligner").glob("*/aligner.json"))
+    before = data.load_clips(cfg, "all", durations=True)[0].ids
+    out = shards.prefix(cache, "durations", 0)
+    logged = []
+    meta = durations.align_shard(cfg, 0, aligner, f"{shards.prefix(cache, 'tokens', 0)}.json",
+                                 f"{shards.prefix(cache, 'mels', 0)}.json", out, log=logged.append)
+    max_frames = int(0.1 * cfg["audio"]["sample_rate"] / cfg["audio"]["hop_length"])
+    _, arrays = shards.read(out, "durations")
+    long = {cid for cid, d in zip(meta["ids"], arrays) if d.max() > max_frames}
+    assert long and {r["id"] for r in meta["rejected"]} == long  # every one of them, nothing else
+    assert all("longer than aligner.max_token_seconds" in r["reason"] and r["stage"] == "durations"
+               for r in meta["rejected"])
+    assert any("rejected (left out of training)" in line for line in logged)
+
+    # the loader leaves them out of training with durations; without durations they stay
+    after = data.load_clips(cfg, "all", durations=True)[0].ids
+    assert set(after) == set(before) - long
+    assert set(data.load_clips(cfg, "all")[0].ids) >= long
+    batch_ids = set()
+    ds = data.build_dataset(cfg, "all", durations=True, with_clip_index=True, repeat=False, shuffle=False,
+                            drop_remainder=False)
+    for batch in ds:
+        batch_ids |= {after[int(i)] for i in batch["clip"].numpy()}
+        assert np.all(batch["durations"].numpy().sum(1) == batch["mel_lengths"].numpy())
+    assert batch_ids == set(after)
+
+    # the train log counts them; the run lists them in runs/{name}/rejected.tsv
+    run = config.run_dir(cfg)
+    run.mkdir(parents=True)
+    log = []
+    counts = train_mod.left_out(cfg, run, True, log.append)
+    assert counts == {"total": len(long), "durations": len(long)}
+    assert log == [f"left out {len(long)} clips ({len(long)} at durations); listed in {run / 'rejected.tsv'}"]
+    header, rows = _table(run / "rejected.tsv")
+    assert set(rows) == long and all(r["shard"] == "0" for r in rows.values())

@@ -1,0 +1,139 @@
+"""A run carries what made it (runs/{name}/run.json): the vocabulary, the feature statistics and
+the config that shaped the model; synthesis reads the run's own, resume refuses a moved vocabulary
+or setting in one line, and the logged loss is the mean since the last log line.
+
+    python -m pytest -q tests/test_runinfo.py
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, load_json
+from test_train import tiny_config
+
+from pipeline import config, data, runinfo, symbols, text
+from pipeline import train as train_mod
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+
+
+@pytest.fixture(scope="module")
+def trained(built_cache, tmp_path_factory):
+    """A tiny transformer_tts trained 6 steps in this process, logging every 3; each step's loss recorded."""
+    tmp = tmp_path_factory.mktemp("runinfo")
+    path = tiny_config(built_cache, tmp, steps=6, log_every=3, checkpoint_every=6)
+    cfg = config.load_config(path)
+    seen = []
+
+    def recording(*args, **kwargs):
+        trainer = train_mod.Trainer(*args, **kwargs)
+        step = trainer.step
+
+        def step_and_record(batch):
+            terms = step(batch)
+            seen.append(float(terms["total"]))
+            return terms
+        step_and_record.experimental_get_tracing_count = step.experimental_get_tracing_count
+        trainer.step = step_and_record
+        return trainer
+
+    original, train_mod.build_trainer = train_mod.build_trainer, recording
+    try:
+        summary = train_mod.train(cfg, config.run_dir(cfg) / "train.json", log=lambda *a: None)
+    finally:
+        train_mod.build_trainer = original
+    return path, cfg, summary, seen
+
+
+@pytest.mark.slow
+def test_logged_loss_is_the_mean_since_the_last_log_line(trained):
+    _, _, summary, seen = trained
+    assert [h["step"] for h in summary["history"]] == [3, 6] and [h["steps"] for h in summary["history"]] == [3, 3]
+    for h, window in zip(summary["history"], (seen[:3], seen[3:])):
+        assert h["total"] == pytest.approx(np.mean(window), rel=1e-5)
+    assert len(set(seen)) > 1  # batches differ, so a single batch's loss would not match the mean
+
+
+@pytest.mark.slow
+def test_run_carries_vocabulary_statistics_and_config(trained):
+    path, cfg, _, _ = trained
+    run = config.run_dir(cfg)
+    info = runinfo.load(run)
+    index = data.read_index(cfg)
+    assert info["vocab"] == index["vocab"] == text.vocabulary(cfg["text"], espeak=text.espeak_version())
+    assert info["vocab"]["symbols"] == symbols.inventory("phonemes")
+    np.testing.assert_allclose(info["stats"]["mel_mean"], index["mel_mean"], atol=1e-6)
+    assert info["stats"]["pitch_mean"] == pytest.approx(index["pitch_mean"], abs=1e-4)
+    assert info["config"]["model"] == cfg["model"] and info["config"]["audio"] == cfg["audio"]
+    assert info["n_mels"] == cfg["audio"]["n_mels"]
+
+    # synthesis reads the run's statistics, not the index's: a run.json with shifted means shows up
+    saved = runinfo.path(run).read_text()
+    try:
+        shifted = json.loads(saved)
+        shifted["stats"]["mel_mean"] = [m + 1.0 for m in shifted["stats"]["mel_mean"]]
+        runinfo.path(run).write_text(json.dumps(shifted))
+        from pipeline.synthesize import load_synthesizer
+        synth = load_synthesizer(cfg, log=lambda *a: None)
+        np.testing.assert_allclose(synth.mean, np.asarray(index["mel_mean"]) + 1.0, atol=1e-5)
+        assert synth.vocab == info["vocab"]
+        with pytest.raises(text.TextError, match="'س' \\(arabic letter seen\\)"):  # synthesis: one line naming them
+            synth.infer("He said سلام to me.")
+        with pytest.raises(text.TextError, match="gives no phonemes"):
+            synth.infer("   ")
+
+        # resuming after the data changed (other statistics): the run keeps its own, and says so
+        proc = subprocess.run([sys.executable, "-m", "pipeline.train", "--config", str(path), "--set",
+                               "train.steps=7"], cwd=ROOT, env=ENV, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "resuming with the run's own feature statistics" in proc.stdout
+        assert json.loads(runinfo.path(run).read_text())["stats"] == shifted["stats"]
+        assert load_json(run / "train.json")["resumed_from"] == 6
+    finally:
+        runinfo.path(run).write_text(saved)
+
+
+@pytest.mark.slow
+def test_resume_on_a_moved_vocabulary_is_one_line(trained):
+    path, cfg, _, _ = trained
+    run = config.run_dir(cfg)
+    saved = runinfo.path(run).read_text()
+    try:
+        old = json.loads(saved)
+        old["vocab"]["symbols"].remove("ʘ")  # a run trained before a symbol was added to the inventory
+        runinfo.path(run).write_text(json.dumps(old))
+        proc = subprocess.run([sys.executable, "-m", "pipeline.train", "--config", str(path)], cwd=ROOT, env=ENV,
+                              capture_output=True, text=True)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        first = symbols.inventory("phonemes").index("ʘ")
+        assert last.startswith(f"error: {run / 'checkpoints'}: the vocabulary changed (187 -> 188 symbols, "
+                               f"first at id {first}")
+        assert "give this run another `name`" in last
+    finally:
+        runinfo.path(run).write_text(saved)
+
+
+def test_what_moved_under_a_checkpoint_is_named(tmp_path):
+    cfg = config.load_config()
+    index = {"n_mels": 80, "vocab": text.vocabulary(cfg["text"]), "provenance": {}, "counts": {}}
+    stats = {"mel_mean": np.zeros(80), "mel_std": np.ones(80), "pitch_mean": 120.0, "pitch_std": 20.0,
+             "energy_mean": 1.0, "energy_std": 1.0}
+    now = runinfo.describe(cfg, index, stats)
+    runinfo.write(tmp_path, now)
+    assert runinfo.for_training(cfg, index, stats, tmp_path, resuming=True) == json.loads(json.dumps(now))
+    other = config.load_config(overrides={"audio": {"fmax": 7000.0}, "text": {"cleaners": "basic"}})
+    with pytest.raises(runinfo.RunChanged) as e:
+        runinfo.for_training(other, index, stats, tmp_path, resuming=True)
+    assert "text.cleaners changed ('english' -> 'basic'); audio.fmax changed (8000 -> 7000.0)" in str(e.value)
+    chars = dict(index, vocab=text.vocabulary(dict(cfg["text"], frontend="characters")))
+    with pytest.raises(runinfo.RunChanged, match=r"the vocabulary changed \(188 -> 48 symbols, first at id 2"):
+        runinfo.for_training(cfg, chars, stats, tmp_path, resuming=True)
+    runinfo.path(tmp_path).unlink()
+    with pytest.raises(runinfo.RunChanged, match="made before runs carried their vocabulary"):
+        runinfo.for_training(cfg, index, stats, tmp_path, resuming=True)
+    with pytest.raises(runinfo.MissingCheckpoint, match="train first"):
+        runinfo.load(tmp_path)
