@@ -17,6 +17,7 @@ include: "rules/train.smk"
 include: "rules/vocoder.smk"
 include: "rules/evaluate.smk"
 include: "rules/diagnose.smk"
+include: "rules/export.smk"
 
 
 rule all:
@@ -27,3 +28,4 @@ rule all:
         rules.synthesize.output,
         rules.evaluate.output,
         rules.diagnose.output,
+        rules.export.output,

@@ -13,6 +13,7 @@ overlap-add divided by the summed squared window), so istft(stft(x)) == x[:frame
 frames * hop samples, the length of a clip with that many mel frames.
 
     real, imag = stft(audio, n_fft=1024, hop_length=256, win_length=1024)   # audio [..., n]
+    # rfft_stft / rfft_istft: the same transforms through tf.signal.rfft (TFLite RFFT2D, n_fft 2^k)
     audio = istft(real, imag, n_fft=1024, hop_length=256, win_length=1024)  # [..., frames * 256]
     mag = magnitude(real, imag)                                             # sqrt(re^2 + im^2 + 1e-9)
     log_mel = log_mel_spectrogram(audio, **cfg["audio"])                   # [..., frames, n_mels]
@@ -80,15 +81,57 @@ def istft(real, imag, *, n_fft, hop_length, win_length):
     real = tf.convert_to_tensor(real, tf.float32)
     imag = tf.convert_to_tensor(imag, tf.float32)
     _, _, inverse_real, inverse_imag = dft_bases(n_fft=n_fft, win_length=win_length)
-    rank = real.shape.rank
-    assert rank is not None and rank >= 2, f"spectra need a known rank >= 2, got {real.shape}"
     frames = tf.matmul(real, tf.constant(inverse_real)) + tf.matmul(imag, tf.constant(inverse_imag))
+    return _overlap_trim(frames, n_fft=n_fft, hop_length=hop_length, win_length=win_length)
+
+
+def _overlap_trim(frames, *, n_fft, hop_length, win_length):
+    """Windowed frames [..., F, n_fft] -> audio [..., F * hop]: overlap-add, divide by the summed
+    squared window, trim the reflect padding."""
+    rank = frames.shape.rank
+    assert rank is not None and rank >= 2, f"spectra need a known rank >= 2, got {frames.shape}"
     signal = overlap_add(frames, hop_length)                                # [..., (F - 1) * hop + n_fft]
-    envelope = _window_envelope(tf.shape(real)[-2], n_fft=n_fft, hop_length=hop_length, win_length=win_length)
+    envelope = _window_envelope(tf.shape(frames)[-2], n_fft=n_fft, hop_length=hop_length, win_length=win_length)
     left, _ = frame_padding(n_fft=n_fft, hop_length=hop_length)
-    length = tf.shape(real)[-2] * hop_length
+    length = tf.shape(frames)[-2] * hop_length
     signal = tf.slice(signal, [0] * (rank - 2) + [left], tf.stack([-1] * (rank - 2) + [length]))
     return signal / tf.slice(envelope, [left], [length])
+
+
+def rfft_stft(audio, *, n_fft, hop_length, win_length):
+    """stft through tf.signal.rfft: the same (real, imag), O(n log n). TFLite converts it to its built-in
+    RFFT2D, which needs n_fft a power of two (fft_ok)."""
+    _check(n_fft, hop_length, win_length)
+    audio = tf.convert_to_tensor(audio, tf.float32)
+    rank = audio.shape.rank
+    assert rank is not None and rank >= 1, f"audio needs a known rank >= 1, got {audio.shape}"
+    left, right = frame_padding(n_fft=n_fft, hop_length=hop_length)
+    padded = tf.pad(audio, [[0, 0]] * (rank - 1) + [[left, right]], mode="REFLECT")
+    frames = tf.signal.frame(padded, n_fft, hop_length) * hann_window(n_fft=n_fft, win_length=win_length)
+    spec = tf.signal.rfft(frames)                                           # [..., F, K] complex64
+    return tf.math.real(spec), tf.math.imag(spec)
+
+
+def rfft_istft(real, imag, *, n_fft, hop_length, win_length):
+    """istft with each inverse real DFT done by two forward real FFTs (TFLite has RFFT2D, no IRFFT):
+    with A = rfft(even extension of real) and B = rfft(odd extension of imag) over the full circle,
+    irfft(X)[n] = (Re A[n] + Im B[n]) / n_fft for n <= n_fft/2, (Re A - Im B)[n_fft - n] / n_fft after."""
+    _check(n_fft, hop_length, win_length)
+    assert fft_ok(n_fft), f"rfft_istft needs n_fft a power of two, got {n_fft}"
+    real = tf.convert_to_tensor(real, tf.float32)
+    imag = tf.convert_to_tensor(imag, tf.float32)
+    mirror = np.arange(n_fft // 2 - 1, 0, -1)                               # K-2 .. 1: bins n_fft/2+1 .. n_fft-1
+    a = tf.signal.rfft(tf.concat([real, tf.gather(real, mirror, axis=-1)], -1))     # [..., F, K]
+    b = tf.signal.rfft(tf.concat([imag, -tf.gather(imag, mirror, axis=-1)], -1))
+    low = (tf.math.real(a) + tf.math.imag(b)) / n_fft                         # samples 0 .. n_fft/2
+    high = tf.gather((tf.math.real(a) - tf.math.imag(b)) / n_fft, mirror, axis=-1)  # n_fft/2+1 .. n_fft-1
+    frames = tf.concat([low, high], -1) * hann_window(n_fft=n_fft, win_length=win_length)
+    return _overlap_trim(frames, n_fft=n_fft, hop_length=hop_length, win_length=win_length)
+
+
+def fft_ok(n_fft):
+    """Whether rfft_stft / rfft_istft convert to TFLite built-ins: RFFT2D takes powers of two only."""
+    return n_fft >= 4 and n_fft & (n_fft - 1) == 0
 
 
 def overlap_add(frames, hop_length):
