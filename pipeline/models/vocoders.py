@@ -12,6 +12,7 @@ A trainable kind is `build(vocoder_cfg, audio_cfg) -> keras.Model` taking the ca
 spectral, adversarial and feature-matching losses are shared (discriminators.py).
 """
 import json
+import os
 import re
 
 import numpy as np
@@ -75,6 +76,9 @@ def load(cfg, summary=None):
     if info.get("kind") != cfg["vocoder"]["kind"]:
         raise MissingCheckpoint(f"{path}: a {info.get('kind')} vocoder, the config says vocoder.kind "
                                 f"{cfg['vocoder']['kind']}; run `snakemake --cores all vocoder`")
+    if not os.path.exists(f"{info['checkpoint']}.index"):
+        raise MissingCheckpoint(f"{path}: its checkpoint {info['checkpoint']} is gone (pruned or deleted); "
+                                f"run `snakemake --cores all vocoder`")
     model = build(cfg["vocoder"], cfg["audio"])
     tf.train.Checkpoint(generator=model).restore(info["checkpoint"]).expect_partial()
     return Vocoder(cfg, model, info)
