@@ -44,7 +44,7 @@ def voices_cache(tmp_path_factory, corpus_template):
                         aligner=TINY_ALIGNER, model={"kind": "fastpitch", "fastpitch": TINY_FASTPITCH},
                         train={"batch_size": 4, "buckets": 2, "learning_rate": 0.003, "warmup_steps": 5,
                                "log_every": 5, "summary_every": 1000},
-                        synthesize={"max_seconds": 1.0, "griffin_lim_iters": 4})
+                        synthesize={"max_seconds": 1.0, "griffin_lim_iters": 4}, vocoder={"kind": "griffin_lim"})
     snakemake("durations", config=path)
     return path
 
