@@ -16,8 +16,12 @@ hop_length), pitch.* (pitch).
 """
 import argparse
 import functools
+import importlib
+import importlib.util
 import json
+import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -113,8 +117,31 @@ def build_mel_shard(cfg, shard, out, energy_out, log=_print):
     log(f"mel shard {shard}: {len(ids)} clips, {seconds:.1f} s of audio, {len(rejected)} rejected")
 
 
+def _light_pyworld():
+    """Import pyworld without its __init__, which imports pkg_resources (0.15-0.35 CPU s, every pitch
+    job) only to set __version__: the package's names come from its compiled module, as __init__'s
+    `from .pyworld import *` gives them, so the F0 tracks are the same bytes."""
+    if "pyworld" in sys.modules:
+        return
+    spec = importlib.util.find_spec("pyworld")
+    if spec is None or not spec.submodule_search_locations:
+        return  # not installed: pitch.f0 raises its own ImportError
+    package = types.ModuleType("pyworld", "PyWorld (compiled module only; see pipeline/cache.py)")
+    package.__path__, package.__spec__ = list(spec.submodule_search_locations), spec
+    sys.modules["pyworld"] = package
+    try:
+        compiled = importlib.import_module("pyworld.pyworld")
+    except ImportError:
+        del sys.modules["pyworld"]
+        return
+    names = getattr(compiled, "__all__", [n for n in vars(compiled) if not n.startswith("_")])
+    package.__dict__.update({n: getattr(compiled, n) for n in names})
+
+
 def build_pitch_shard(cfg, shard, out, log=_print):
     a, p = cfg["audio"], cfg["pitch"]
+    if p["method"] in ("dio", "harvest"):
+        _light_pyworld()
     signals, rejected, fail_on_bad = _audio_of_shard(cfg, shard, "pitch", log)
     ids, tracks, sums = [], [], []
     for cid, y in signals:

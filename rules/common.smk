@@ -5,6 +5,7 @@
 # Those params are compared with what .snakemake/ recorded: a checkout without that folder (or a run
 # from another --directory) cannot see edits; `snakemake --forcerun caches` rebuilds then.
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,8 @@ try:
     MANIFEST = pmanifest.load_manifest(config["dataset"], config["cache"]["shards"])
 except (pconfig.ConfigError, pmanifest.DatasetError) as e:
     raise WorkflowError(str(e))
+# the jobs started from here inherit this and skip re-validating the sections they get
+os.environ[pconfig.VALIDATED_ENV] = pconfig.schema_digest()
 
 NAME = config["name"]
 CACHE = Path(config["cache"]["dir"]) / NAME
