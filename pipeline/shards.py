@@ -144,19 +144,36 @@ def read(out, kind=None):
     return meta, [flat[o:o + n] for o, n in zip(meta["offsets"], meta["lengths"])]
 
 
+STATS_KINDS = ("mels", "energy", "pitch")  # the kinds whose shards carry a .stats.npy
+
+
+def _files(out):
+    out = Path(out)
+    kind = out.parent.name
+    suffixes = (".json", ".bin") + ((".stats.npy",) if kind in STATS_KINDS else ())
+    return [out.with_suffix(s) for s in suffixes]
+
+
 def intact(*outs):
     """"ok" when every shard's JSON reads and its .bin has the size the JSON records, else "damaged".
 
-    Planning asks this of every shard (rules/common.smk `repair`), so a damaged one is rebuilt by
-    its own job alone. A missing file counts as "ok": its job reruns for the missing output anyway.
+    `outs` are the shards one job writes (mel_shard: mels and energy). Planning asks this of every
+    shard (rules/common.smk `repair`), so a damaged one is rebuilt by its own job alone. A job none of
+    whose files exist is "ok" (it runs anyway, its outputs are missing); a job with some of its files
+    missing (a deleted .bin, .stats.npy or energy shard) is "damaged": `cache_index` lists only the
+    JSON files of tokens, mels and pitch, so only this check notices the others are gone.
     """
+    files = [f for out in outs for f in _files(out)]
+    present = [f.exists() for f in files]
+    if not any(present):
+        return "ok"
+    if not all(present):
+        return "damaged"
     for out in outs:
         try:
             meta = json.loads(Path(out).with_suffix(".json").read_text(encoding="utf-8"))
             if os.path.getsize(Path(out).with_suffix(".bin")) != meta["bytes"]:
                 return "damaged"
-        except FileNotFoundError:
-            continue  # a missing output reruns its job anyway; "ok" here keeps the value a rebuild leaves
         except (OSError, ValueError, KeyError, TypeError):
             return "damaged"
     return "ok"
