@@ -15,6 +15,7 @@ include: "rules/align.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
 include: "rules/diagnose.smk"
+include: "rules/export.smk"
 
 
 rule all:
@@ -24,3 +25,4 @@ rule all:
         rules.synthesize.output,
         rules.evaluate.output,
         rules.diagnose.output,
+        rules.export.output,

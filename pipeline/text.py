@@ -25,11 +25,14 @@ the inventory, or no sound at all. Token shards reject such clips with that reas
 vocab)` raises it as a TextError naming the characters.
 
 Debug run: python -m pipeline.text "Dr. Smith paid $5.50 on May 1st, 1865."   (--frontend characters)
+The ids an exported model takes: python -m pipeline.text --ids "Hello there." [--run runs/demo | --config my.yaml]
 """
 import argparse
 import functools
+import json
 import logging
 import re
+import sys
 import unicodedata
 
 from pipeline import symbols as _symbols
@@ -407,7 +410,18 @@ def main(argv=None):
     parser.add_argument("--frontend", default="phonemes", choices=FRONTENDS)
     parser.add_argument("--language", default="en-us", help="espeak-ng voice")
     parser.add_argument("--cleaners", default="english", choices=sorted(CLEANERS))
+    parser.add_argument("--ids", action="store_true",
+                        help="print the token ids an exported model takes for the text (a JSON list), with the "
+                             "vocabulary and front end of a run's vocab.json (--run, else --config's run)")
+    parser.add_argument("--run", help="with --ids: an export folder, or a run folder holding export/vocab.json")
+    parser.add_argument("--config", help="with --ids: the config whose run to use (default configs/config.yaml)")
     args = parser.parse_args(argv)
+    if args.ids:
+        from pipeline.export import ids_vocabulary  # imports TensorFlow: only here
+        vocab, source = ids_vocabulary(run=args.run, config_path=args.config)
+        print(f"ids from {source}", file=sys.stderr)
+        print(json.dumps(encode(args.text, vocab)))
+        return
     cfg = dict(frontend=args.frontend, language=args.language, cleaners=args.cleaners)
     symbols, dropped = to_symbols([args.text], cfg)[0]
     reason = problem(args.text, symbols, cfg)

@@ -6,7 +6,14 @@ Config keys used by callers: `audio:` (sample_rate, n_fft, hop_length, win_lengt
 
     audio = griffin_lim(log_mel, **cfg["audio"], iters=32)   # log_mel (F, n_mels)
     save_wav("out.wav", audio, cfg["audio"]["sample_rate"])
+
+`griffin_lim_graph` is the same computation as plain TensorFlow ops for a graph of one's own (the
+exported SavedModel and TFLite model, pipeline/export.py): "fft" transforms give the very audio
+`griffin_lim` gives; "dft" and "rfft" (pipeline.dft's matmuls or real-FFT pair: TFLite built-ins)
+agree to ~1e-4. The
+starting phase is a fixed table, not a random op, so every runtime starts from the same phase.
 """
+import functools
 import os
 import tempfile
 
@@ -14,11 +21,14 @@ import numpy as np
 import soundfile as sf
 import tensorflow as tf
 
+from pipeline import dft
 from pipeline.audio import LOG_CLAMP, frame_padding, mel_basis
 
 MOMENTUM = 0.99  # fast Griffin-Lim (Perraudin et al. 2013), librosa's default; converges in fewer iterations
 NNLS_ITERS = 50  # refinements of the mel pseudo-inverse (cheap: two (F, K) x (K, M) products each)
 PEAK = 0.95      # clipping audio is scaled to this peak before 16-bit conversion
+TINY = 1e-7      # divisions' floor; float16 holds it (1e-10 would round to 0 in a float16 TFLite model: 0/0)
+PHASE_FRAMES = 64  # rows of the fixed random starting phase, repeated over longer mels
 
 
 def _window_fn(n_fft, win_length):
@@ -30,38 +40,102 @@ def _window_fn(n_fft, win_length):
     return window_fn
 
 
-@tf.function(reduce_retracing=True)
-def _griffin_lim(magnitude, iters, n_fft, hop_length, win_length):
-    """magnitude (F, n_fft//2+1) float32 -> audio (F*hop,). Both transforms follow the mel's HiFi-GAN
-    framing (reflect-pad (n_fft-hop)/2, uncentred frames; trimming out), so phase recovery targets
-    exactly the STFT the mel was made from."""
+def _fft_transforms(n_fft, hop_length, win_length):
+    """(stft, istft) on (real, imag) pairs through TensorFlow's FFT: fastest, but TFLite needs Flex
+    ops for it. The same grid and least-squares inverse as pipeline.dft (tests/test_dft.py)."""
     window_fn = _window_fn(n_fft, win_length)
     inverse_window_fn = tf.signal.inverse_stft_window_fn(hop_length, forward_window_fn=window_fn)
     left, right = frame_padding(n_fft=n_fft, hop_length=hop_length)
-    length = tf.shape(magnitude)[0] * hop_length
-    # inverse_stft normalises for full overlap; the first and last frames overlap less: undo that there
     frame_weight = window_fn(n_fft) * inverse_window_fn(n_fft, tf.float32)    # (n_fft,)
-    overlap = tf.signal.overlap_and_add(tf.tile(frame_weight[None], [tf.shape(magnitude)[0], 1]), hop_length)
-    overlap = overlap[left:left + length]                                      # > 0: every sample is covered
 
     def stft(x):
         x = tf.pad(x, [[left, right]], mode="REFLECT")
-        return tf.signal.stft(x, n_fft, hop_length, fft_length=n_fft, window_fn=window_fn)  # (F, K)
+        spec = tf.signal.stft(x, n_fft, hop_length, fft_length=n_fft, window_fn=window_fn)  # (F, K)
+        return tf.math.real(spec), tf.math.imag(spec)
 
-    def istft(spec):
-        x = tf.signal.inverse_stft(spec, n_fft, hop_length, fft_length=n_fft, window_fn=inverse_window_fn)
-        return x[left:left + length] / overlap
+    def istft(real, imag):
+        frames = tf.shape(real)[0]
+        length = frames * hop_length
+        x = tf.signal.inverse_stft(tf.complex(real, imag), n_fft, hop_length, fft_length=n_fft,
+                                   window_fn=inverse_window_fn)
+        # inverse_stft normalises for full overlap; the first and last frames overlap less: undo that there
+        overlap = tf.signal.overlap_and_add(tf.tile(frame_weight[None], [frames, 1]), hop_length)
+        return x[left:left + length] / overlap[left:left + length]            # > 0: every sample is covered
 
-    magnitude_c = tf.complex(magnitude, 0.0)
-    phase = tf.random.stateless_uniform(tf.shape(magnitude), seed=[0, 0], maxval=2 * np.pi)
-    angles = tf.exp(tf.complex(0.0, phase))                                    # (F, K) unit phasors
-    previous = tf.zeros_like(angles)
+    return stft, istft
+
+
+def _dft_transforms(n_fft, hop_length, win_length):
+    """(stft, istft) as pipeline.dft's matmuls: TFLite built-in ops only."""
+    grid = dict(n_fft=n_fft, hop_length=hop_length, win_length=win_length)
+    return functools.partial(dft.stft, **grid), functools.partial(dft.istft, **grid)
+
+
+def _rfft_transforms(n_fft, hop_length, win_length):
+    """(stft, istft) as pipeline.dft's real-FFT pair: TFLite built-ins (RFFT2D) for n_fft a power of two."""
+    grid = dict(n_fft=n_fft, hop_length=hop_length, win_length=win_length)
+    return functools.partial(dft.rfft_stft, **grid), functools.partial(dft.rfft_istft, **grid)
+
+
+TRANSFORMS = {"fft": _fft_transforms, "dft": _dft_transforms, "rfft": _rfft_transforms}
+
+
+def initial_phase(frames, k_bins):
+    """(cos, sin) float32 (frames, k_bins) of Griffin-Lim's starting phase: a fixed table of uniform
+    random phases (seed 0), repeated every PHASE_FRAMES frames. A constant, not a random op, so every
+    runtime (TensorFlow, a SavedModel, TFLite) starts from the same phase and gives the same audio."""
+    phase = np.random.default_rng(0).uniform(0, 2 * np.pi, (PHASE_FRAMES, k_bins))
+    repeats = frames // PHASE_FRAMES + 1
+    cos = tf.tile(tf.constant(np.cos(phase), tf.float32), tf.stack([repeats, 1]))[:frames]
+    sin = tf.tile(tf.constant(np.sin(phase), tf.float32), tf.stack([repeats, 1]))[:frames]
+    return cos, sin
+
+
+def _phase_recovery(magnitude, iters, stft, istft):
+    """magnitude (F, K) -> audio (F*hop,): fast Griffin-Lim. Both transforms follow the mel's HiFi-GAN
+    framing (reflect-pad (n_fft-hop)/2, uncentred frames; trimming out), so phase recovery targets
+    exactly the STFT the mel was made from. Real arithmetic throughout (no complex tensors)."""
+    cos, sin = initial_phase(tf.shape(magnitude)[0], magnitude.shape[-1])
+    prev_re, prev_im = tf.zeros_like(magnitude), tf.zeros_like(magnitude)
     for _ in tf.range(iters):
-        rebuilt = stft(istft(magnitude_c * angles))                            # nearest consistent STFT
-        accelerated = rebuilt - tf.cast(MOMENTUM / (1 + MOMENTUM), tf.complex64) * previous
-        angles = accelerated / tf.complex(tf.abs(accelerated) + 1e-16, 0.0)
-        previous = rebuilt
-    return istft(magnitude_c * angles)
+        re, im = stft(istft(magnitude * cos, magnitude * sin))               # nearest consistent STFT
+        acc_re, acc_im = re - MOMENTUM / (1 + MOMENTUM) * prev_re, im - MOMENTUM / (1 + MOMENTUM) * prev_im
+        norm = tf.maximum(tf.sqrt(tf.square(acc_re) + tf.square(acc_im)), TINY)
+        cos, sin = acc_re / norm, acc_im / norm
+        prev_re, prev_im = re, im
+    return istft(magnitude * cos, magnitude * sin)
+
+
+def griffin_lim_graph(log_mel, *, sample_rate, n_fft, hop_length, win_length, n_mels, fmin, fmax, iters=32,
+                      power=1.5, transforms="fft"):
+    """griffin_lim as traceable TensorFlow ops for a graph of one's own (a SavedModel, a TFLite
+    model): log_mel (F, n_mels) float32 with F unknown until run time -> audio (F * hop_length,).
+    transforms: "fft" (TensorFlow's FFT), "dft" (pipeline.dft's matmuls) or "rfft" (pipeline.dft's
+    real-FFT pair, n_fft a power of two); the last two convert to TFLite with built-in ops only."""
+    min_frames = frame_padding(n_fft=n_fft, hop_length=hop_length)[1] // hop_length + 1  # reflect pad < signal
+    frames = tf.shape(log_mel)[0]
+    length = frames * hop_length
+    # e.g. a decoder that stopped at once: pad with silence, cut after
+    log_mel = tf.pad(log_mel, tf.stack([tf.stack([0, tf.maximum(min_frames - frames, 0)]), [0, 0]]),
+                     constant_values=float(np.log(LOG_CLAMP)))
+    basis = mel_basis(sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)  # (M, K)
+    mel = tf.exp(log_mel)                                                      # (F, M)
+    magnitude = tf.nn.relu(tf.matmul(mel, tf.constant(np.linalg.pinv(basis).T, tf.float32)))  # (F, K)
+    # The pseudo-inverse leaks strong bands into weak ones; multiplicative non-negative least-squares
+    # updates (Lee & Seung) shrink those leaks geometrically: mel error ~0.35 -> ~0.07 nats in 50 steps.
+    basis_t, basis = tf.constant(basis.T), tf.constant(basis)                 # (K, M), (M, K)
+    target = tf.matmul(mel, basis)                                             # (F, K)
+    for _ in range(NNLS_ITERS):
+        magnitude *= target / tf.maximum(tf.matmul(tf.matmul(magnitude, basis_t), basis), TINY)
+    sharpened = magnitude ** power
+    scale = tf.sqrt(tf.reduce_sum(tf.square(magnitude))) / tf.maximum(tf.sqrt(tf.reduce_sum(tf.square(sharpened))), TINY)
+    stft, istft = TRANSFORMS[transforms](n_fft, hop_length, win_length)
+    return _phase_recovery(sharpened * scale, iters, stft, istft)[:length]    # same energy: level unchanged
+
+
+@tf.function(reduce_retracing=True)
+def _griffin_lim(log_mel, iters, power, audio):
+    return griffin_lim_graph(log_mel, **audio, iters=iters, power=power)
 
 
 def griffin_lim(log_mel, *, sample_rate, n_fft, hop_length, win_length, n_mels, fmin, fmax, iters=32,
@@ -71,23 +145,9 @@ def griffin_lim(log_mel, *, sample_rate, n_fft, hop_length, win_length, n_mels, 
     energy is kept); 1.0 keeps the magnitudes. Run save_wav or clip before playback: peaks may exceed 1."""
     log_mel = tf.convert_to_tensor(log_mel, tf.float32)
     assert log_mel.shape.rank == 2 and log_mel.shape[1] == n_mels, f"expected (F, {n_mels}), got {log_mel.shape}"
-    frames = log_mel.shape[0]
-    length = frames * hop_length
-    min_frames = frame_padding(n_fft=n_fft, hop_length=hop_length)[1] // hop_length + 1  # reflect pad < signal
-    if frames < min_frames:                     # e.g. a decoder that stopped at once: pad with silence
-        log_mel = tf.pad(log_mel, [[0, min_frames - frames], [0, 0]], constant_values=float(np.log(LOG_CLAMP)))
-    basis = mel_basis(sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)  # (M, K)
-    mel = tf.exp(log_mel)                                                      # (F, M)
-    magnitude = tf.nn.relu(mel @ tf.constant(np.linalg.pinv(basis).T, tf.float32))  # (F, K)
-    # The pseudo-inverse leaks strong bands into weak ones; multiplicative non-negative least-squares
-    # updates (Lee & Seung) shrink those leaks geometrically: mel error ~0.35 -> ~0.07 nats in 50 steps.
-    basis = tf.constant(basis)
-    target = mel @ basis                                                       # (F, K)
-    for _ in range(NNLS_ITERS):
-        magnitude *= target / ((magnitude @ tf.transpose(basis)) @ basis + 1e-10)
-    sharpened = magnitude ** power
-    sharpened *= tf.norm(magnitude) / (tf.norm(sharpened) + 1e-10)            # same energy: level unchanged
-    return _griffin_lim(sharpened, tf.constant(iters), n_fft, hop_length, win_length)[:length]
+    audio = dict(sample_rate=sample_rate, n_fft=n_fft, hop_length=hop_length, win_length=win_length,
+                 n_mels=n_mels, fmin=fmin, fmax=fmax)
+    return _griffin_lim(log_mel, tf.constant(iters), tf.constant(float(power)), audio)
 
 
 def save_wav(path, audio, sample_rate):

@@ -58,3 +58,19 @@ def test_save_wav_writes_16_bit_and_normalises_clipping(tmp_path):
     save_wav(str(path), quiet, 16000)                                          # overwrite; not rescaled
     back, sr = sf.read(str(path), dtype="float32")
     assert sr == 16000 and np.allclose(back, quiet, atol=1e-4)
+
+
+def test_graph_transforms_agree_and_match_the_eager_call(harmonic):
+    """The exported graphs' Griffin-Lim: TensorFlow's FFT gives griffin_lim's audio exactly; pipeline.dft's
+    matmuls or real-FFT pair (TFLite built-ins) the same audio to float tolerance, for any frame count."""
+    import tensorflow as tf
+
+    from pipeline.vocoder import griffin_lim_graph
+    target = log_mel(harmonic)[:40]
+    eager = griffin_lim(target, **AUDIO, iters=8).numpy()
+    spec = tf.TensorSpec([None, AUDIO["n_mels"]], tf.float32)
+    for transforms, atol in (("fft", 0.0), ("dft", 1e-4 * np.abs(eager).max()), ("rfft", 1e-4 * np.abs(eager).max())):
+        graph = tf.function(lambda m: griffin_lim_graph(m, **AUDIO, iters=8, transforms=transforms),  # noqa: B023
+                            input_signature=[spec])
+        np.testing.assert_allclose(graph(target).numpy(), eager, atol=atol, rtol=0)
+        assert graph(target[:1]).shape == (AUDIO["hop_length"],) and graph(target[:0]).shape == (0,)

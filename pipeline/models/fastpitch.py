@@ -13,7 +13,9 @@ see docs/models.md.
 
 Config keys used: `model.fastpitch` (configs/config.yaml). The length regulator is a gather by
 frame index inside the graph: static shapes in training (the bucket's frame count), one compiled
-call per sentence at inference.
+call per sentence at inference. New axes come from tf.expand_dims, not x[:, :, None]: TFLite's
+strided slice has no new-axis form for dynamic shapes, and the exported graph (pipeline/export.py)
+converts with built-in ops only.
 """
 import keras
 import tensorflow as tf
@@ -32,7 +34,7 @@ def frame_tokens(durations, n_frames):
     Frame f belongs to the token whose span [start, end) holds it; frames past sum(durations) are not real."""
     ends = tf.cumsum(durations, axis=1)                                          # (B, T)
     frames = tf.range(n_frames, dtype=durations.dtype)                           # (F,)
-    idx = tf.reduce_sum(tf.cast(ends[:, None, :] <= frames[None, :, None], tf.int32), axis=-1)  # (B, F)
+    idx = tf.reduce_sum(tf.cast(tf.expand_dims(ends, 1) <= frames[None, :, None], tf.int32), axis=-1)  # (B, F)
     real = frames[None, :] < ends[:, -1:]                                        # (B, F)
     return tf.minimum(idx, tf.shape(durations)[1] - 1), real
 
@@ -42,7 +44,7 @@ def regulate_length(x, durations, n_frames):
     Exact (a gather, no interpolation); n_frames is the static bucket size in training."""
     idx, real = frame_tokens(durations, n_frames)
     y = tf.gather(x, idx, batch_dims=1)                                          # (B, F, D)
-    return y * tf.cast(real, y.dtype)[:, :, None]
+    return y * tf.expand_dims(tf.cast(real, y.dtype), -1)
 
 
 def token_average(values, durations, only_nonzero):
@@ -50,7 +52,7 @@ def token_average(values, durations, only_nonzero):
     only_nonzero: average the non-zero frames only (pitch: unvoiced frames are 0)."""
     values = tf.cast(values, tf.float32)
     idx, real = frame_tokens(durations, tf.shape(values)[1])
-    onehot = tf.one_hot(idx, tf.shape(durations)[1]) * tf.cast(real, tf.float32)[:, :, None]    # (B, F, T)
+    onehot = tf.one_hot(idx, tf.shape(durations)[1]) * tf.expand_dims(tf.cast(real, tf.float32), -1)    # (B, F, T)
     counted = tf.cast(tf.not_equal(values, 0.0), tf.float32) if only_nonzero else tf.ones_like(values)
     sums = tf.einsum("bft,bf->bt", onehot, values)
     counts = tf.einsum("bft,bf->bt", onehot, counted)
@@ -77,9 +79,9 @@ class FFTBlock(keras.layers.Layer):
         self.conv_out.build((None, None, self.ffn_dim))
 
     def call(self, x, mask, training=False):
-        keep = tf.cast(mask, x.dtype)[:, :, None]                                # (B, T, 1)
+        keep = tf.expand_dims(tf.cast(mask, x.dtype), -1)                        # (B, T, 1)
         h = self.norm_attn(x)
-        h, _ = self.attn(h, h, mask[:, None, None, :])                           # keys: real positions only
+        h, _ = self.attn(h, h, tf.expand_dims(tf.expand_dims(mask, 1), 1))       # keys: real positions only
         x = x + self.drop(h, training=training)
         h = self.conv_out(self.conv_in(self.norm_ffn(x) * keep) * keep)          # (B, T, D)
         return (x + self.drop(h, training=training)) * keep
@@ -105,7 +107,7 @@ class Predictor(keras.layers.Layer):
         self.out.build((None, None, self.channels))
 
     def call(self, x, mask, training=False):
-        keep = tf.cast(mask, x.dtype)[:, :, None]
+        keep = tf.expand_dims(tf.cast(mask, x.dtype), -1)
         for conv, norm in zip(self.convs, self.norms):
             x = self.drop(norm(conv(x * keep)), training=training)
         return tf.cast(self.out(x)[..., 0], tf.float32) * tf.cast(mask, tf.float32)
@@ -171,13 +173,13 @@ class FastPitch(keras.Model):
         x = self.enc_pos(self.embedding(tokens))                                # (B, T, D)
         for blk in self.encoder:
             x = blk(x, mask, training=training)
-        return self.enc_norm(x) * tf.cast(mask, x.dtype)[:, :, None], mask
+        return self.enc_norm(x) * tf.expand_dims(tf.cast(mask, x.dtype), -1), mask
 
     def _variances(self, h, mask, pitch, energy):
         """Add the embedded token pitch and energy (B, T) to h (B, T, D)."""
-        keep = tf.cast(mask, h.dtype)[:, :, None]
-        p = tf.cast(pitch, h.dtype)[:, :, None] * keep
-        e = tf.cast(energy, h.dtype)[:, :, None] * keep
+        keep = tf.expand_dims(tf.cast(mask, h.dtype), -1)
+        p = tf.expand_dims(tf.cast(pitch, h.dtype), -1) * keep
+        e = tf.expand_dims(tf.cast(energy, h.dtype), -1) * keep
         return h + (self.pitch_embed(p) + self.energy_embed(e)) * keep
 
     def decode(self, frames, mel_lengths, training=False):
@@ -186,7 +188,7 @@ class FastPitch(keras.Model):
         for blk in self.decoder:
             x = blk(x, mask, training=training)
         mel = self.mel_out(self.dec_norm(x))                                    # (B, F, n_mels)
-        return tf.cast(mel, tf.float32) * tf.cast(mask, tf.float32)[:, :, None]
+        return tf.cast(mel, tf.float32) * tf.expand_dims(tf.cast(mask, tf.float32), -1)
 
     def call(self, batch, training=False):
         h, mask = self.encode(batch["tokens"], batch["token_lengths"], training=training)
@@ -228,10 +230,10 @@ class FastPitch(keras.Model):
         lengths scale by 1/pace within a frame), pitch shifted by `pitch_shift`
         semitones, at most max_frames frames. -> mel (B, F, n_mels) normalised, zero past lengths;
         lengths (B,) int32; durations (B, T) int32; pitch, energy (B, T) normalised."""
-        if pace <= 0:
+        if not tf.is_tensor(pace) and pace <= 0:  # a tensor (an exported graph) is checked by its caller
             raise ValueError(f"pace must be > 0, got {pace}")
         return self._infer(tf.convert_to_tensor(tokens, tf.int32), tf.convert_to_tensor(token_lengths, tf.int32),
-                           tf.constant(float(pace)), tf.constant(float(pitch_shift)), tf.constant(int(max_frames)))
+                           tf.cast(pace, tf.float32), tf.cast(pitch_shift, tf.float32), tf.cast(max_frames, tf.int32))
 
     @tf.function(reduce_retracing=True)
     def _infer(self, tokens, token_lengths, pace, pitch_shift, max_frames):

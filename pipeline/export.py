@@ -1,0 +1,277 @@
+"""Export a trained run as one TensorFlow graph, token ids -> waveform, loadable without this package.
+
+Reads the latest checkpoint in runs/{name}/checkpoints and what the run carries (runs/{name}/run.json:
+vocabulary, mel statistics, its `audio:` and `model:`; `run_vocabulary`), config keys `train.steps`,
+`synthesize:` (max_seconds, griffin_lim_iters: the exported graph speaks as `snakemake synthesize`
+does) and `export.tflite`.
+Writes runs/{name}/export/ (or --out), replaced as a whole only once everything is written:
+
+  saved_model/          serving signature `synthesize(tokens int32 [1, T], pace float32 [],
+                        pitch_shift float32 []) -> {"audio": float32 [1, N]}`: acoustic model, mel
+                        de-normalisation and vocoder in one graph (N = frames * hop_length); and
+                        `log_mel` (same inputs) -> {"log_mel": float32 [1, frames, n_mels]}
+  vocab.json            the ids the model takes: `symbols` in id order, pad/eos ids and the front end
+                        (frontend, language, cleaners, espeak-ng version) that makes them
+  export.json           run, checkpoint, step, audio settings, sample rate, vocoder, TFLite ops
+  model.tflite          with --tflite or `export.tflite: true`: float32, and model_float16.tflite
+                        (float16 weights, float32 arithmetic)
+
+The vocoder is chosen by `export_vocoder` alone: Griffin-Lim (pipeline/vocoder.py) today, inside the
+graph; a trained vocoder is not included yet, and export.json says so. The SavedModel runs
+Griffin-Lim on TensorFlow's FFT (the very audio `snakemake synthesize` writes); the TFLite models on
+pipeline.dft's real-FFT pair (TFLite has RFFT2D but no IRFFT; built-in ops only), or its DFT matmuls
+when audio.n_fft is not a power of two. Bad input inside the graph: a token
+id outside the vocabulary or pace <= 0 fails with InvalidArgumentError (tf.debugging); an empty
+token list gives empty audio, shape [1, 0].
+
+    python -m pipeline.export --config configs/config.yaml [--out DIR] [--tflite]
+    snakemake --cores all export
+
+    import tensorflow as tf                              # nothing else: not this package
+    voice = tf.saved_model.load("runs/demo/export/saved_model")
+    audio = voice.synthesize(tf.constant([ids], tf.int32), tf.constant(1.0), tf.constant(0.0))["audio"]
+"""
+import argparse
+import functools
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import tensorflow as tf
+
+from pipeline import config, dft, runinfo
+from pipeline.errors import PipelineError, cli
+from pipeline.synthesize import load_synthesizer
+from pipeline.vocoder import griffin_lim_graph
+
+SIGNATURE = "synthesize"
+TFLITE_FILES = {"float32": "model.tflite", "float16": "model_float16.tflite"}
+EMPTY_TOKENS = "an empty token list gives empty audio, shape [1, 0]"
+
+
+class ExportError(PipelineError):
+    """A run that cannot be exported as it is; the message says what to change or run."""
+
+
+def run_vocabulary(cfg):
+    """What the run's model was trained with -> {vocab, n_mels, mel_mean, mel_std, audio, model}: THE one
+    place export reads them, from the run's own runs/{name}/run.json (pipeline/runinfo.py), as
+    pipeline.synthesize does; MissingCheckpoint naming `train` when the run has none."""
+    info = runinfo.load(config.run_dir(cfg))
+    return {"vocab": info["vocab"], "n_mels": int(info["n_mels"]), "mel_mean": info["stats"]["mel_mean"],
+            "mel_std": info["stats"]["mel_std"], "audio": dict(info["config"]["audio"]),
+            "model": info["config"]["model"]}
+
+
+def ids_vocabulary(run=None, config_path=None):
+    """(vocab, where it came from) for `pipeline.text --ids`: {run}/vocab.json or {run}/export/vocab.json
+    when `run` is given; else the config's run's export/vocab.json; else, before any export, the
+    run's own vocabulary (run_vocabulary)."""
+    if run is not None:
+        for path in (Path(run) / "vocab.json", Path(run) / "export" / "vocab.json"):
+            if path.is_file():
+                return json.loads(path.read_text(encoding="utf-8")), str(path)
+        raise ExportError(f"--run {run}: no vocab.json there nor in its export/; run `snakemake export` first")
+    cfg = config.load_config(config_path, check_paths=False)
+    path = config.run_dir(cfg) / "export" / "vocab.json"
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8")), str(path)
+    return run_vocabulary(cfg)["vocab"], f"the vocabulary of run {cfg['name']!r} (not exported yet)"
+
+
+def export_vocoder(cfg, audio, transforms):
+    """THE choice of the exported graph's vocoder -> (fn(log_mel (F, n_mels)) -> audio (F * hop,), its
+    export.json entry). Griffin-Lim with `synthesize.griffin_lim_iters`, as `snakemake synthesize` speaks;
+    a trained vocoder plugs in here. audio: the run's mel settings. transforms: "fft" (SavedModel), "rfft" or "dft" (TFLite built-ins)."""
+    iters = int(cfg["synthesize"]["griffin_lim_iters"])
+    fn = functools.partial(griffin_lim_graph, **audio, iters=iters, transforms=transforms)
+    info = {"kind": "griffin_lim", "iters": iters, "trained": False,
+            "note": "Griffin-Lim phase recovery inside the graph; a trained vocoder is not included"}
+    return fn, info
+
+
+INPUTS = [tf.TensorSpec([1, None], tf.int32, name="tokens"), tf.TensorSpec([], tf.float32, name="pace"),
+          tf.TensorSpec([], tf.float32, name="pitch_shift")]
+
+
+class Voice(tf.Module):
+    """The exported graph: tokens -> acoustic model -> log-mel -> vocoder -> audio, one call."""
+
+    def __init__(self, model, vocab, mel_mean, mel_std, max_frames, vocoder):
+        super().__init__(name="voice")
+        self.model = model
+        self._n_symbols, self._eos = len(vocab["symbols"]), int(vocab["eos_id"])
+        self._mel_mean = tf.constant(mel_mean, tf.float32)
+        self._mel_std = tf.constant(mel_std, tf.float32)
+        self._max_frames, self._vocoder = int(max_frames), vocoder
+
+    def _log_mel(self, tokens, pace, pitch_shift):
+        """tokens (1, T) -> log-mel (F, n_mels), as pipeline.synthesize makes it; checks the inputs."""
+        checks = [tf.debugging.assert_non_negative(tokens, message="tokens: a negative token id"),
+                  tf.debugging.assert_less(tokens, self._n_symbols, message="tokens: an id outside the vocabulary "
+                                           f"(0..{self._n_symbols - 1}, vocab.json)"),
+                  tf.debugging.assert_positive(pace, message="pace must be > 0")]
+        with tf.control_dependencies(checks):  # before the embedding's gather can fail on its own
+            tokens, pace = tf.identity(tokens), tf.identity(pace)
+        empty = tf.cast(tf.equal(tf.shape(tokens)[1], 0), tf.int32)
+        # no tokens: run one end-of-sequence token (the model needs one) and keep none of its frames
+        tokens = tf.pad(tokens, tf.stack([[0, 0], tf.stack([0, empty])]), constant_values=self._eos)
+        out = self.model.infer(tokens, tf.shape(tokens)[1:], pace=pace, pitch_shift=pitch_shift,
+                               max_frames=self._max_frames)
+        frames = out["lengths"][0] * (1 - empty)
+        return out["mel"][0, :frames] * self._mel_std + self._mel_mean                 # (F, n_mels)
+
+    @tf.function(input_signature=INPUTS)
+    def synthesize(self, tokens, pace, pitch_shift):
+        """-> {"audio": (1, F * hop_length)}: the serving signature."""
+        return {"audio": self._vocoder(self._log_mel(tokens, pace, pitch_shift))[None]}
+
+    @tf.function(input_signature=INPUTS)
+    def log_mel(self, tokens, pace, pitch_shift):
+        """-> {"log_mel": (1, F, n_mels)}: the mel the vocoder hears (for another vocoder, or checks)."""
+        return {"log_mel": self._log_mel(tokens, pace, pitch_shift)[None]}
+
+
+def build_voice(cfg, transforms="fft", synth=None, log=print):
+    """(Voice, synthesizer, vocabulary, vocoder info) for the run's latest checkpoint."""
+    synth = synth or load_synthesizer(cfg, log)
+    run = run_vocabulary(cfg)
+    if synth.vocab["symbols"] != run["vocab"]["symbols"]:
+        raise ExportError(f"{synth.checkpoint}: its vocabulary differs from the run's; retrain or rebuild the caches")
+    if run["model"]["kind"] != "fastpitch":
+        raise ExportError(f"model.kind: {run['model']['kind']!r} cannot be exported yet (fastpitch can: its "
+                          "inference is one graph with pace and pitch_shift as tensors)")
+    vocoder, info = export_vocoder(cfg, run["audio"], transforms)
+    voice = Voice(synth.model, run["vocab"], run["mel_mean"], run["mel_std"], synth.max_frames, vocoder)
+    return voice, synth, run, info
+
+
+def frozen_module(voice):
+    """A tf.Module whose `synthesize` is voice.synthesize with the weights folded in as constants:
+    a TFLite model keeping them as variables fails at READ_VARIABLE (nothing initialises them)."""
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+    frozen = convert_variables_to_constants_v2(voice.synthesize.get_concrete_function())
+
+    class Frozen(tf.Module):
+        @tf.function(input_signature=INPUTS)
+        def synthesize(self, tokens, pace, pitch_shift):
+            return {"audio": tf.nest.flatten(frozen(tokens=tokens, pace=pace, pitch_shift=pitch_shift))[0]}
+
+    module = Frozen()
+    module.graph = frozen  # tracked, so the saved function finds it
+    return module
+
+
+def convert_tflite(saved_model, float16=False):
+    """(flatbuffer bytes, ops entry) of a SavedModel's `synthesize` signature: built-in ops only, else
+    built-ins plus TF Select (Flex) ops, which the entry names (a runtime then needs the Flex delegate)."""
+    def convert(ops):
+        converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model), signature_keys=[SIGNATURE])
+        converter.target_spec.supported_ops = ops
+        if float16:
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            converter.target_spec.supported_types = [tf.float16]
+        return converter.convert()
+
+    try:
+        return convert([tf.lite.OpsSet.TFLITE_BUILTINS]), {"ops": "builtin", "select_tf_ops": []}
+    except Exception as e:  # ConverterError naming the ops TFLite lacks
+        named = sorted(set(re.findall(r"'tf\.(\w+)' op is neither a custom op nor a flex op", str(e))))
+        flat = convert([tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS])
+        return flat, {"ops": "builtin+select_tf_ops", "select_tf_ops": named}
+
+
+def _train_state(cfg, step):
+    path = config.run_dir(cfg) / "train.json"
+    planned = int(cfg["train"]["steps"])
+    return {"step": step, "planned_steps": planned, "finished": step >= planned,
+            "summary": str(path) if path.is_file() else None}
+
+
+def _notes(meta):
+    """Plain sentences on what the export is not (yet): an unfinished run, no trained vocoder."""
+    acoustic, notes = meta["acoustic"], []
+    if not acoustic["finished"]:
+        notes.append(f"the acoustic model is exported at step {acoustic['step']} of train.steps "
+                     f"{acoustic['planned_steps']}: not fully trained")
+    if not meta["vocoder"]["trained"]:
+        notes.append(f"vocoder: {meta['vocoder']['note']}")
+    return notes
+
+
+def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
+    """Write saved_model/, vocab.json, export.json (+ the TFLite models) into `out`; -> export.json dict."""
+    out = Path(out)
+    tflite = cfg["export"]["tflite"] if tflite is None else tflite
+    voice, synth, run, vocoder = build_voice(cfg, "fft", log=log)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        t0 = time.perf_counter()
+        tf.saved_model.save(voice, str(tmp / "saved_model"), signatures={SIGNATURE: voice.synthesize,
+                                                                         "log_mel": voice.log_mel})
+        log(f"saved_model: {time.perf_counter() - t0:.1f} s")
+        a = run["audio"]
+        meta = {
+            "run": cfg["name"], "run_dir": str(config.run_dir(cfg)), "checkpoint": synth.checkpoint,
+            "step": synth.step, "model": run["model"]["kind"], "acoustic": _train_state(cfg, synth.step),
+            "sample_rate": a["sample_rate"], "audio": dict(a), "n_mels": run["n_mels"],
+            "max_seconds": cfg["synthesize"]["max_seconds"], "max_frames": synth.max_frames,
+            "signature": {"name": SIGNATURE, "inputs": {"tokens": "int32 [1, T]", "pace": "float32 []",
+                                                        "pitch_shift": "float32 []"},
+                          "outputs": {"audio": "float32 [1, N], N = frames * hop_length"},
+                          "empty_tokens": EMPTY_TOKENS},
+            "vocoder": vocoder, "tensorflow": tf.__version__, "tflite": None,
+        }
+        meta["notes"] = _notes(meta)
+        if tflite:  # the same graph on pipeline.dft's transforms, through a SavedModel of its own
+            transforms = "rfft" if dft.fft_ok(a["n_fft"]) else "dft"   # RFFT2D: powers of two
+            voice_dft, *_ = build_voice(cfg, transforms, synth=synth, log=log)
+            frozen = frozen_module(voice_dft)
+            tf.saved_model.save(frozen, str(tmp / ".dft_model"), signatures={SIGNATURE: frozen.synthesize})
+            meta["tflite"] = {"transforms": transforms}
+            for kind, name in TFLITE_FILES.items():
+                t0 = time.perf_counter()
+                flat, ops = convert_tflite(tmp / ".dft_model", float16=kind == "float16")
+                (tmp / name).write_bytes(flat)
+                meta["tflite"][kind] = {"file": name, "bytes": len(flat), **ops}
+                log(f"{name}: {len(flat) / 1e6:.1f} MB, {ops['ops']} ops {ops['select_tf_ops'] or ''} "
+                    f"({time.perf_counter() - t0:.1f} s)")
+            shutil.rmtree(tmp / ".dft_model")
+        (tmp / "vocab.json").write_text(json.dumps(run["vocab"], indent=1, ensure_ascii=False), encoding="utf-8")
+        (tmp / "export.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        _replace_folder(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"exported {synth.checkpoint} (step {synth.step}) to {out}: vocoder {vocoder['kind']} "
+        f"({'trained' if vocoder['trained'] else 'no trained vocoder included'})")
+    return meta
+
+
+def _replace_folder(new, out):
+    """Put folder `new` at `out`; an old `out` is moved aside first and removed only after."""
+    old = out.with_name(f".{out.name}.old{os.getpid()}")
+    if out.exists():
+        os.replace(out, old)
+    os.replace(new, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@cli
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Export the run's latest checkpoint as a SavedModel (+ TFLite).")
+    config.add_arguments(parser)
+    parser.add_argument("--out", help="folder to write (default runs/{name}/export)")
+    parser.add_argument("--tflite", action="store_true", default=None,
+                        help="also write model.tflite and model_float16.tflite (default: export.tflite)")
+    args = parser.parse_args(argv)
+    cfg = config.from_args(args, check_paths=False)
+    export(cfg, args.out or config.run_dir(cfg) / "export", tflite=args.tflite)
+
+
+if __name__ == "__main__":
+    main()

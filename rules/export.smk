@@ -1,0 +1,35 @@
+# Export: the latest checkpoint as one SavedModel (token ids -> waveform) that loads with TensorFlow
+# alone, its vocab.json and export.json, and the TFLite models when export.tflite is true.
+# Only the keys the export reads are passed: new synthesize.sentences do not rerun it.
+
+
+rule export:
+    input:
+        rules.train.output.summary,
+    output:
+        saved_model=directory(RUN / "export/saved_model"),
+        vocab=RUN / "export/vocab.json",
+        meta=RUN / "export/export.json",
+        tflite=(
+            [RUN / "export/model.tflite", RUN / "export/model_float16.tflite"]
+            if config["export"]["tflite"]
+            else []
+        ),
+    log:
+        LOGS / "export.log",
+    benchmark:
+        str(REPORT / "benchmarks/export.tsv")
+    conda:
+        "../environment.yml"
+    threads: 2
+    params:
+        config=config_without(
+            "synthesize",
+            "evaluate",
+            "diagnose",
+            "reports_dir",
+            keep={"synthesize": ["max_seconds", "griffin_lim_iters"]},
+        ),
+        out=RUN / "export",
+    shell:
+        "python -m pipeline.export --config {params.config:q} --out {params.out} > {log} 2>&1"

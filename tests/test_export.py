@@ -1,0 +1,231 @@
+"""Export: the SavedModel speaks as pipeline.synthesize does in a process without this package,
+TFLite models run in tf.lite.Interpreter, `pipeline.text --ids`, bad input, and `snakemake export`."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import soundfile as sf
+import yaml
+from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, load_json, planned_jobs, snakemake, write_config
+
+from pipeline import config, text
+
+SENTENCE = "The quick brown fox jumps over the lazy dog."
+SPEAK = dict(max_seconds=3.0, griffin_lim_iters=4, pace=1.25, pitch_shift=2.0)
+
+
+def run_config(cache_config, tmp, **train):
+    """A tiny fastpitch run of its own on an already built cache."""
+    cfg = config.load_config(cache_config)
+    path = write_config(tmp, cfg["dataset"]["root"], model={"kind": "fastpitch", "fastpitch": TINY_FASTPITCH},
+                        aligner=TINY_ALIGNER, synthesize=SPEAK,
+                        train={"batch_size": 4, "buckets": 2, "summary_every": 1000, **train})
+    path.write_text(path.read_text().replace(str(tmp / "cache"), cfg["cache"]["dir"]))  # share the built cache
+    return path
+
+
+def write_untrained_checkpoint(path, step):
+    """A checkpoint and run.json as the trainer writes them, with no training step: initial weights,
+    the cache's statistics, and a duration predictor biased to about 5 frames a token so it speaks."""
+    import tensorflow as tf
+
+    from pipeline import data, models, runinfo
+    cfg = config.load_config(path)
+    index = data.read_index(cfg)
+    stats = data.feature_stats(cfg, index)
+    model = models.build(cfg["model"], index["vocab"], index["n_mels"])
+    model(models.dummy_batch(8, 16, index["n_mels"]))
+    model.adapt(stats)
+    model.duration_predictor.out.bias.assign([np.log(6.0)])
+    run = config.run_dir(cfg)
+    runinfo.write(run, runinfo.for_training(cfg, index, stats, run, resuming=False))
+    tf.train.CheckpointManager(tf.train.Checkpoint(model=model), run / "checkpoints", 1).save(checkpoint_number=step)
+
+
+def clean_python(code, cwd):
+    """Run code in a fresh interpreter that cannot import `pipeline`: isolated mode (-I: no PYTHONPATH,
+    no current directory on sys.path), started in a folder outside the repository."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-I", "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          cwd=cwd, env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_module(*args):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2"))
+
+
+@pytest.fixture(scope="module")
+def exported(built_cache, tmp_path_factory):
+    """(config path, export folder) of an untrained run (step 3 of 100) exported with --tflite by the CLI."""
+    tmp = tmp_path_factory.mktemp("export")
+    path = run_config(built_cache, tmp, steps=100)
+    write_untrained_checkpoint(path, step=3)
+    proc = run_module("pipeline.export", "--config", str(path), "--tflite")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return path, config.run_dir(config.load_config(path)) / "export"
+
+
+@pytest.fixture(scope="module")
+def reference(exported):
+    """pipeline.synthesize's mel and Griffin-Lim audio for SENTENCE at SPEAK's pace and pitch shift."""
+    from pipeline.synthesize import load_synthesizer
+    from pipeline.vocoder import griffin_lim
+    cfg = config.load_config(exported[0])
+    synth = load_synthesizer(cfg, log=lambda *a: None)
+    mel = synth.infer(SENTENCE, pace=SPEAK["pace"], pitch_shift=SPEAK["pitch_shift"])["mel"]
+    audio = griffin_lim(mel, **cfg["audio"], iters=SPEAK["griffin_lim_iters"]).numpy()
+    return {"ids": synth.encode(SENTENCE), "mel": mel, "audio": audio, "cfg": cfg}
+
+
+LOAD_AND_SPEAK = """
+    import json, sys
+    import numpy as np, tensorflow as tf
+    try:
+        import pipeline
+        sys.exit("pipeline is importable here")
+    except ImportError:
+        pass
+    voice = tf.saved_model.load({model!r})
+    args = (tf.constant([{ids}], tf.int32), tf.constant({pace}), tf.constant({pitch_shift}))
+    audio = voice.synthesize(*args)["audio"].numpy()
+    served = voice.signatures["synthesize"](tokens=args[0], pace=args[1], pitch_shift=args[2])["audio"].numpy()
+    log_mel = voice.log_mel(*args)["log_mel"].numpy()
+    np.savez({out!r}, audio=audio, served=served, log_mel=log_mel)
+    empty = voice.synthesize(tf.zeros([1, 0], tf.int32), args[1], args[2])["audio"].shape.as_list()
+    errors = {{}}
+    for name, call in (("id", ([[{n_symbols}]], 1.0)), ("negative", ([[-1]], 1.0)), ("pace", ([{ids}], 0.0))):
+        try:
+            voice.synthesize(tf.constant(call[0], tf.int32), tf.constant(call[1]), tf.constant(0.0))
+            errors[name] = None
+        except tf.errors.InvalidArgumentError as e:
+            errors[name] = str(e)
+    print(json.dumps({{"empty": empty, "errors": errors}}))
+"""
+
+
+def test_saved_model_speaks_as_pipeline_synthesize_without_the_package(exported, reference, tmp_path):
+    cfg_path, out = exported
+    n_symbols = len(load_json(out / "vocab.json")["symbols"])
+    res = clean_python(LOAD_AND_SPEAK.format(model=str(out / "saved_model"), ids=reference["ids"], n_symbols=n_symbols,
+                                             out=str(tmp_path / "said.npz"), pace=SPEAK["pace"],
+                                             pitch_shift=SPEAK["pitch_shift"]), cwd=tmp_path)
+    said = np.load(tmp_path / "said.npz")
+    mel, audio = reference["mel"], reference["audio"]
+    hop = reference["cfg"]["audio"]["hop_length"]
+    assert len(mel) > 10 and said["log_mel"].shape == (1, *mel.shape)
+    np.testing.assert_allclose(said["log_mel"][0], mel, atol=1e-5)            # the same mel
+    assert said["audio"].shape == (1, len(mel) * hop) and np.abs(audio).max() > 0
+    np.testing.assert_allclose(said["audio"][0], audio, atol=1e-6)            # the same audio (deterministic)
+    np.testing.assert_array_equal(said["served"], said["audio"])              # the serving signature itself
+    assert res["empty"] == [1, 0]                                               # empty tokens: empty audio
+    assert "an id outside the vocabulary" in res["errors"]["id"]               # from the graph, not garbage
+    assert "a negative token id" in res["errors"]["negative"]
+    assert "pace must be > 0" in res["errors"]["pace"]
+
+
+def test_tflite_float32_and_float16_run_in_the_interpreter(exported, reference):
+    import tensorflow as tf
+
+    from pipeline.audio import mel_spectrogram
+    _, out = exported
+    meta = load_json(out / "export.json")["tflite"]
+    assert meta["float32"]["ops"] == meta["float16"]["ops"] == "builtin"     # no Flex delegate needed
+    assert meta["float16"]["bytes"] < 0.6 * meta["float32"]["bytes"]
+    a = reference["cfg"]["audio"]
+    expected = reference["audio"]
+    tokens = np.array([reference["ids"]], np.int32)
+    args = dict(pace=np.float32(SPEAK["pace"]), pitch_shift=np.float32(SPEAK["pitch_shift"]))
+    heard = {}
+    for kind in ("float32", "float16"):
+        runner = tf.lite.Interpreter(model_path=str(out / meta[kind]["file"])).get_signature_runner("synthesize")
+        heard[kind] = runner(tokens=tokens, **args)["audio"][0]
+        assert heard[kind].shape == expected.shape
+        assert runner(tokens=np.zeros([1, 0], np.int32), **args)["audio"].shape == (1, 0)
+        with pytest.raises(RuntimeError, match="out of bounds"):             # TFLite drops tf.debugging asserts
+            runner(tokens=np.array([[10_000]], np.int32), **args)
+    # float32: pipeline.dft's matmuls in place of the FFT; the same audio to float tolerance
+    np.testing.assert_allclose(heard["float32"], expected, atol=1e-3 * np.abs(expected).max())
+    # float16 weights move the mel a little: compare what is heard, not samples
+    mel_gap = np.abs(mel_spectrogram(heard["float16"], **a) - mel_spectrogram(expected, **a)).mean()
+    assert mel_gap < 0.2, mel_gap
+
+
+def test_export_json_and_vocab_json_say_what_was_exported(exported):
+    cfg_path, out = exported
+    cfg = config.load_config(cfg_path)
+    meta = load_json(out / "export.json")
+    assert meta["run"] == "t" and meta["step"] == 3 and meta["checkpoint"].endswith("ckpt-3")
+    assert meta["acoustic"] == {"step": 3, "planned_steps": 100, "finished": False, "summary": None}  # untrained
+    assert meta["vocoder"]["kind"] == "griffin_lim" and meta["vocoder"]["trained"] is False
+    assert "not included" in meta["vocoder"]["note"]
+    assert meta["notes"][0].startswith("the acoustic model is exported at step 3 of train.steps 100")
+    assert meta["sample_rate"] == 22050 and meta["audio"] == cfg["audio"] and meta["model"] == "fastpitch"
+    assert meta["signature"]["inputs"] == {"tokens": "int32 [1, T]", "pace": "float32 []", "pitch_shift": "float32 []"}
+    vocab = load_json(out / "vocab.json")
+    carried = load_json(config.run_dir(cfg) / "run.json")                      # what the run was trained with
+    assert vocab == carried["vocab"] and vocab["symbols"][:2] == ["_", "~"] and vocab["frontend"] == "phonemes"
+    assert sorted(p.name for p in out.iterdir()) == ["export.json", "model.tflite", "model_float16.tflite",
+                                                     "saved_model", "vocab.json"]         # no temporary left
+
+
+def test_text_ids_prints_the_exported_vocabularys_ids(exported, reference, capsys):
+    cfg_path, out = exported
+    expected = text.encode(SENTENCE, load_json(out / "vocab.json"))
+    assert expected == reference["ids"] and expected[-1] == 1                    # end-of-sequence last
+    for where in (["--run", str(out)], ["--run", str(out.parent)], ["--config", str(cfg_path)]):
+        text.main(["--ids", SENTENCE, *where])
+        printed = capsys.readouterr()
+        assert json.loads(printed.out) == expected, where
+        assert str(out / "vocab.json") in printed.err
+    with pytest.raises(SystemExit) as stop:
+        text.main(["--ids", SENTENCE, "--run", str(out / "nowhere")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "snakemake export" in err
+
+
+def test_export_before_training_is_one_line_naming_what_to_run(built_cache, tmp_path, capsys):
+    from pipeline import export
+    path = run_config(built_cache, tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        export.main(["--config", str(path)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: ") and "snakemake --cores all train" in err
+    assert not (config.run_dir(config.load_config(path)) / "export").exists()
+
+
+@pytest.mark.slow
+def test_snakemake_export_speaks_as_snakemake_synthesize(aligned_cache, tmp_path):
+    path = run_config(aligned_cache, tmp_path, steps=4, checkpoint_every=4)
+    snakemake("export", "synthesize", config=path)
+    cfg = config.load_config(path)
+    run = config.run_dir(cfg)
+    meta = load_json(run / "export" / "export.json")
+    assert meta["step"] == 4 and meta["acoustic"]["finished"] and meta["tflite"] is None
+    assert meta["acoustic"]["summary"] == str(run / "train.json") and len(meta["notes"]) == 1  # the vocoder's
+    assert not (run / "export" / "model.tflite").exists()                      # export.tflite: false
+    ids = text.encode(cfg["synthesize"]["sentences"][0], load_json(run / "export" / "vocab.json"))
+    clean_python(LOAD_AND_SPEAK.format(model=str(run / "export" / "saved_model"), ids=ids, n_symbols=10_000,
+                                       out=str(tmp_path / "said.npz"), pace=SPEAK["pace"],
+                                       pitch_shift=SPEAK["pitch_shift"]), cwd=tmp_path)
+    said = np.load(tmp_path / "said.npz")
+    mel = np.load(run / "samples" / "00.npy")                                  # what snakemake synthesize made
+    np.testing.assert_allclose(said["log_mel"][0], mel, atol=1e-5)
+    wav, sr = sf.read(run / "samples" / "00.wav", dtype="float32")
+    audio = said["audio"][0]
+    peak = np.abs(audio).max()
+    audio = audio * (0.95 / peak) if peak > 1.0 else audio                     # save_wav's clipping guard
+    assert sr == meta["sample_rate"] and wav.shape == audio.shape
+    np.testing.assert_allclose(wav, audio, atol=1.5 / 32768)                  # equal up to 16-bit rounding
+    # new sentences rerun synthesize, not the export
+    user = yaml.safe_load(path.read_text())
+    user["synthesize"]["sentences"] = ["Another sentence."]
+    path.write_text(yaml.safe_dump(user))
+    assert planned_jobs(path, "export") == {}
