@@ -9,7 +9,8 @@ front end (pipeline/text.py, one espeak-ng backend per job). Per-clip sums (`.st
     python -m pipeline.cache tokens --config CFG --shard 3 --out cache/demo/tokens/shard-003
     python -m pipeline.cache mels   --config CFG --shard 3 --out cache/demo/mels/shard-003 --energy cache/demo/energy/shard-003
     python -m pipeline.cache pitch  --config CFG --shard 3 --out cache/demo/pitch/shard-003
-    python -m pipeline.cache index  --config CFG --tokens T.. --mels M.. --energy E.. --pitch P.. --out cache/demo/index.json
+    python -m pipeline.cache index  --config CFG --out cache/demo/index.json   # every shard of the config's cache
+    python -m pipeline.cache index  --config CFG --tokens T.. --mels M.. --energy-shards E.. --pitch P.. --out I
 
 Config keys: dataset.*, cache.shards, text.* (tokens), audio.* (mels; pitch reads sample_rate and
 hop_length), pitch.* (pitch).
@@ -178,6 +179,19 @@ def write_rejected(path, rejected):
     config.atomic_write_text(path, "\n".join(lines) + "\n")
 
 
+def _shard_number(path):
+    """shard-NNN(N) -> NNN(N): shard order, which a plain sort breaks from shard-1000 on."""
+    return int(Path(path).name.split(".")[0].rsplit("-", 1)[1])
+
+
+def shard_paths(cfg):
+    """{kind: [every shard's .json]} of the config's cache, in shard order: what `index` reads when
+    the command line names no shards (a rule cannot: 4 paths a shard overflow the 128 KiB that Linux
+    allows one argument, `bash -c` included, from ~1,000 shards on)."""
+    return {kind: [shards.prefix(config.cache_dir(cfg), kind, k).with_suffix(".json")
+                   for k in range(cfg["cache"]["shards"])] for kind in shards.CACHE_KINDS}
+
+
 def build_index(cfg, paths, out, log=_print):
     """index.json + vocab.json + rejected.tsv from every shard's JSON and per-clip sums.
     `paths`: {kind: [shard paths]} for shards.CACHE_KINDS, in shard order."""
@@ -189,7 +203,7 @@ def build_index(cfg, paths, out, log=_print):
     frames_train = 0
     counts = dict(clips=0, train=0, val=0, rejected=0, seconds=0.0)
     entries, rejected = [], {}
-    for k, group in enumerate(zip(*(sorted(paths[kind]) for kind in shards.CACHE_KINDS))):
+    for k, group in enumerate(zip(*(sorted(paths[kind], key=_shard_number) for kind in shards.CACHE_KINDS))):
         metas = {}
         for kind, p in zip(shards.CACHE_KINDS, group):
             metas[kind] = shards.read_meta(p, kind)
@@ -263,8 +277,8 @@ def main(argv=None):
     # an n_mels edit does not rerun it): the cross-key audio checks would see defaults, so skip them
     cfg = config.from_args(args, check_paths=args.what != "pitch")
     if args.what == "index":
-        build_index(cfg, dict(tokens=args.tokens, mels=args.mels, energy=args.energy_shards, pitch=args.pitch),
-                    args.out)
+        given = dict(tokens=args.tokens, mels=args.mels, energy=args.energy_shards, pitch=args.pitch)
+        build_index(cfg, given if any(given.values()) else shard_paths(cfg), args.out)
         return
     if args.shard is None or not 0 <= args.shard < cfg["cache"]["shards"]:
         raise config.ConfigError(f"--shard must be in 0..{cfg['cache']['shards'] - 1}")

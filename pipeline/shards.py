@@ -148,10 +148,10 @@ STATS_KINDS = ("mels", "energy", "pitch")  # the kinds whose shards carry a .sta
 
 
 def _files(out):
-    out = Path(out)
-    kind = out.parent.name
-    suffixes = (".json", ".bin") + ((".stats.npy",) if kind in STATS_KINDS else ())
-    return [out.with_suffix(s) for s in suffixes]
+    # plain strings, not pathlib: planning calls this for every shard of every kind
+    base = str(out)
+    suffixes = (".json", ".bin") + ((".stats.npy",) if os.path.basename(os.path.dirname(base)) in STATS_KINDS else ())
+    return [base + s for s in suffixes]
 
 
 def intact(*outs):
@@ -163,17 +163,22 @@ def intact(*outs):
     missing (a deleted .bin, .stats.npy or energy shard) is "damaged": `cache_index` lists only the
     JSON files of tokens, mels and pitch, so only this check notices the others are gone.
     """
-    files = [f for out in outs for f in _files(out)]
-    present = [f.exists() for f in files]
-    if not any(present):
+    sizes = {}
+    for out in outs:
+        for f in _files(out):
+            try:
+                sizes[f] = os.stat(f).st_size
+            except FileNotFoundError:
+                sizes[f] = None
+    if all(size is None for size in sizes.values()):
         return "ok"
-    if not all(present):
+    if any(size is None for size in sizes.values()):
         return "damaged"
     for out in outs:
         try:
-            meta = json.loads(Path(out).with_suffix(".json").read_text(encoding="utf-8"))
-            if os.path.getsize(Path(out).with_suffix(".bin")) != meta["bytes"]:
-                return "damaged"
+            with open(f"{out}.json", encoding="utf-8") as f:
+                if sizes[f"{out}.bin"] != json.load(f)["bytes"]:
+                    return "damaged"
         except (OSError, ValueError, KeyError, TypeError):
             return "damaged"
     return "ok"

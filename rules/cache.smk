@@ -76,6 +76,8 @@ rule pitch_shard:
 # job writes, so a rerun shard reruns the index). Listing every .bin, .json and .stats.npy (11 a
 # shard) made Snakemake re-check ~1,400 files as jobs finished. A deleted .bin, .stats.npy or energy
 # file is still rebuilt: planning's repair check (rules/common.smk) reruns a job with a file missing.
+# The job finds the shards from the config: one path per input on its command line would overflow
+# Linux's 128 KiB limit on one argument (`bash -c ...`) from about 1,000 shards on.
 rule cache_index:
     input:
         tokens=shard_files("tokens", ".json"),
@@ -90,7 +92,6 @@ rule cache_index:
     conda:
         "../environment.yml"
     params:
-        energy=shard_files("energy", ".json"),
         config=lambda wildcards: _inline(
             name=NAME,
             dataset=DS,
@@ -100,7 +101,7 @@ rule cache_index:
             pitch=config["pitch"],
         ),
     shell:
-        "python -m pipeline.cache index --config {params.config:q} --tokens {input.tokens} --mels {input.mels} --energy-shards {params.energy} --pitch {input.pitch} --out {output.index} > {log} 2>&1"
+        "python -m pipeline.cache index --config {params.config:q} --out {output.index} > {log} 2>&1"
 
 
 rule caches:
