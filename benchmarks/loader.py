@@ -12,12 +12,18 @@ float16 exactly as cached; the product also delivers pitch and energy, the basel
 value, and each is a repeating, shuffled stream of fixed-size batches:
 
   product   pipeline.data.build_dataset(cfg, "train"): shard files read with tf.io.read_file +
-            decode_raw, examples sliced out, bucketed (group_by_window) and padded to bucket shapes.
+            decode_raw, each file's checksum verified in the graph (tf.fingerprint), examples sliced
+            out, bucketed (group_by_window) and padded to bucket shapes.
+  unverified  the product without the checksum verification (pipeline.data.verified replaced by
+            the identity while its graph is built): product / unverified is the checksum's cost.
+            A shard file is read (and hashed) once per iterator for a cache of one shard group, once
+            per epoch with several: `--group-bytes 1` makes every shard its own group, so every epoch
+            re-reads and re-hashes every file (the worst case; LJSpeech has two groups).
   npy       the usual GPU-starving loader: one .npy file per utterance per array (written from the
             cache into {workdir}), Dataset.from_tensor_slices(paths).shuffle(N).repeat()
             .map(tf.numpy_function(np.load ...), num_parallel_calls=AUTOTUNE).padded_batch(B).prefetch.
   ram       the same arrays already in memory: Dataset.from_tensor_slices over tf.RaggedTensors
-            (no Python per example), .shuffle(train.shuffle_buffer).repeat().map(identity: ragged slice ->
+            (no Python per example), .shuffle(SHUFFLE_BUFFER).repeat().map(identity: ragged slice ->
             dense tensor).padded_batch(B).prefetch.
             This is the fair "from RAM" baseline because the product has no Python per example either;
   ram-gen   Dataset.from_generator over the in-memory numpy arrays (Python per example), for reference.
@@ -46,6 +52,8 @@ from common import ROOT  # noqa: E402
 
 PY_OPS = ("PyFunc", "PyFuncStateless", "EagerPyFunc")
 TOKENS_TARGET, RAM_TARGET = 5.0, 0.8
+CHECKSUM_TARGET = 0.97  # product / unverified: the checksum costs at most 3 %
+SHUFFLE_BUFFER = 256  # the ram baselines' shuffle buffer (train.shuffle_buffer of the demo config before that key went)
 
 
 def log(*a):
@@ -214,9 +222,12 @@ def time_loader(ds, warmup, batches, mode):
     """
     import tensorflow as tf
 
+    t_first = time.perf_counter()
     it = iter(ds)
     if mode == "python":
-        for _ in range(warmup):
+        next(it)
+        first_batch_s = time.perf_counter() - t_first  # the first read of every file (and its checksum)
+        for _ in range(warmup - 1):
             next(it)
         examples = padded = 0
         t0 = time.perf_counter()
@@ -237,12 +248,43 @@ def time_loader(ds, warmup, batches, mode):
             return n, f
 
         drain(it, tf.constant(max(warmup, 1)))  # traces, and warms up
+        first_batch_s = None
         t0 = time.perf_counter()
         examples, padded = (int(x) for x in drain(it, tf.constant(batches)))
         seconds = time.perf_counter() - t0
     del it
     gc.collect()
-    return examples / seconds, examples, seconds, padded / max(examples, 1)
+    return examples / seconds, examples, seconds, padded / max(examples, 1), first_batch_s
+
+
+def checksum_cost(cfg, repeats):
+    """Seconds (min over `repeats`, alternating) to read every shard file of the cache whole, as the
+    loader does (read_file, reduce_join, decode_raw), without and with pipeline.data.verified (one
+    tf.fingerprint per file): what the checksum adds to a read, independent of the batching around it."""
+    import tensorflow as tf
+
+    from pipeline import data, shards
+
+    clips, paths = data.load_clips(cfg, "all")
+    names = tf.constant([p for kind in paths for p in paths[kind]])
+    want = tf.constant([c for kind in paths for c in clips.checksums[kind]], tf.int64)
+    total = sum(os.path.getsize(p) for kind in paths for p in paths[kind])
+
+    def read(verify):
+        blobs = tf.map_fn(tf.io.read_file, names, fn_output_signature=tf.string)
+        if verify:
+            blobs = data.verified(blobs, names, want, shards.REBUILD)
+        return tf.size(tf.io.decode_raw(tf.strings.reduce_join(blobs), tf.uint8))
+
+    fns = {v: tf.function(lambda v=v: read(v)) for v in (False, True)}
+    times = {False: [], True: []}
+    for r in range(repeats + 1):
+        for v in ((False, True) if r % 2 else (True, False)):
+            t = time.perf_counter()
+            fns[v]().numpy()
+            if r:  # the first round traces
+                times[v].append(time.perf_counter() - t)
+    return {"files": int(names.shape[0]), "bytes": total, "read_s": min(times[False]), "read_verified_s": min(times[True])}
 
 
 def main(argv=None):
@@ -255,6 +297,9 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-generator", action="store_true", help="skip the from_generator reference row")
     p.add_argument("--no-prototype", action="store_true", help="skip the batch-gather prototype row")
+    p.add_argument("--group-bytes", type=int, default=None,
+                   help="the product's shard group size (default pipeline.data.GROUP_BYTES); 1: one shard a group, "
+                        "so every epoch re-reads and re-hashes every file")
     p.add_argument("--mode", choices=["python", "graph", "both"], default="both",
                    help="how batches are pulled: next() from Python (the headline: what pipeline.train does), "
                         "inside a tf.function (the loader's own capacity), or both")
@@ -289,10 +334,16 @@ def main(argv=None):
     log(f"\n{cfg['name']}: {len(ids)} train clips, {mel_bytes / 2**20:.1f} MiB of float16 mels, batch {batch}, "
         f"buckets {cfg['train']['buckets']}, {args.repeats} x ({args.warmup} warm-up + {args.batches} timed batches)")
 
+    group_bytes = args.group_bytes or data.GROUP_BYTES
+    verified = data.verified
+    data.verified = lambda blobs, *rest: blobs  # the graph is built (traced) now: without the checksum
+    unverified = data.build_dataset(cfg, "train", group_bytes=group_bytes)
+    data.verified = verified
     loaders = {
-        "product": data.build_dataset(cfg, "train"),
+        "product": data.build_dataset(cfg, "train", group_bytes=group_bytes),
+        "unverified": unverified,
         "npy": npy_loader(tok_paths, mel_paths, batch, data.PAD_LOG_MEL, seed),
-        "ram": ram_loader(tokens, mels, batch, data.PAD_LOG_MEL, seed, cfg["train"]["shuffle_buffer"]),
+        "ram": ram_loader(tokens, mels, batch, data.PAD_LOG_MEL, seed, SHUFFLE_BUFFER),
     }
     if not args.no_prototype:
         loaders["batch-gather"] = batch_gather_loader(cfg, tokens, mels, batch, data.PAD_LOG_MEL, seed)
@@ -307,8 +358,9 @@ def main(argv=None):
         order = names[rep % len(names):] + names[:rep % len(names)]
         for m in modes:
             for k in order:
-                rate, n, s, pad = time_loader(loaders[k], args.warmup, args.batches, m)
-                runs[m][k].append({"examples_per_s": rate, "examples": n, "seconds": s, "padded_frames_per_example": pad})
+                rate, n, s, pad, first = time_loader(loaders[k], args.warmup, args.batches, m)
+                runs[m][k].append({"examples_per_s": rate, "examples": n, "seconds": s, "padded_frames_per_example": pad,
+                                   "first_batch_s": first})
         log(f"  repeat {rep + 1}/{args.repeats}: " + "; ".join(
             f"{m}: " + ", ".join(f"{k} {runs[m][k][-1]['examples_per_s']:,.0f}" for k in names) for m in modes))
 
@@ -323,26 +375,43 @@ def main(argv=None):
     log(common.table(rows, ["batches pulled by", "loader", "examples/s (median)", "range", "product / this",
                             "padded / real frames", "Python ops in graph"]))
     ratios = {m: {"product_vs_npy": med[m]["product"] / med[m]["npy"], "product_vs_ram": med[m]["product"] / med[m]["ram"],
-                  "ram_vs_npy": med[m]["ram"] / med[m]["npy"]} for m in modes}
+                  "ram_vs_npy": med[m]["ram"] / med[m]["npy"],
+                  "product_vs_unverified": med[m]["product"] / med[m]["unverified"]} for m in modes}
     for m in modes:
         r = ratios[m]
         log(f"[{m}] product vs npy loader: {r['product_vs_npy']:.2f}x (target >= {TOKENS_TARGET}x): "
             f"{common.verdict(r['product_vs_npy'] >= TOKENS_TARGET)}; product vs RAM: {r['product_vs_ram']:.2f}x "
             f"(target >= {RAM_TARGET}x): {common.verdict(r['product_vs_ram'] >= RAM_TARGET)}; "
-            f"(RAM itself is {r['ram_vs_npy']:.2f}x the npy loader)")
+            f"(RAM itself is {r['ram_vs_npy']:.2f}x the npy loader); with checksums vs without: "
+            f"{r['product_vs_unverified']:.3f}x (target >= {CHECKSUM_TARGET}): "
+            f"{common.verdict(r['product_vs_unverified'] >= CHECKSUM_TARGET)}")
+    cost = checksum_cost(cfg, max(args.repeats, 5) * 4)
+    cost["ratio"] = cost["read_s"] / cost["read_verified_s"]
+    log(f"reading all {cost['files']} shard files whole ({cost['bytes'] / 2**20:.1f} MiB), min of "
+        f"{max(args.repeats, 5) * 4}: {1000 * cost['read_s']:.2f} ms, with the checksums {1000 * cost['read_verified_s']:.2f} ms "
+        f"({cost['ratio']:.3f}x the speed; {cost['bytes'] / 2**30 / max(cost['read_verified_s'] - cost['read_s'], 1e-9):.1f} GiB/s "
+        f"of hashing): {common.verdict(cost['ratio'] >= CHECKSUM_TARGET)} the {CHECKSUM_TARGET} target per whole-file read")
+    out["checksum_read_cost"] = cost
+    if "python" in modes:
+        first = {k: common.median([r["first_batch_s"] for r in runs["python"][k]]) for k in ("product", "unverified")}
+        log(f"first batch (every file read once, and hashed by the product): product {first['product']:.3f} s, "
+            f"unverified {first['unverified']:.3f} s (medians)")
+        out["first_batch_s_median"] = first
     head = modes[0]
     vs_npy, vs_ram = ratios[head]["product_vs_npy"], ratios[head]["product_vs_ram"]
 
     out.update({
         "config": str(cfg_path), "name": cfg["name"], "caches_built_now": built, "train_clips": len(ids),
         "mel_mib": round(mel_bytes / 2**20, 1), "mean_frames": mean_frames, "batch_size": batch,
-        "buckets": cfg["train"]["buckets"], "shuffle_buffer": cfg["train"]["shuffle_buffer"],
+        "buckets": cfg["train"]["buckets"], "shuffle_buffer": SHUFFLE_BUFFER, "group_bytes": group_bytes,
         "warmup_batches": args.warmup, "timed_batches": args.batches, "repeats": args.repeats,
         "ram_baseline": "Dataset.from_tensor_slices over tf.RaggedTensor (tokens, mels) + shuffle + padded_batch",
         "examples_per_s_median": med, "runs": runs, "python_ops": pyops, "ratios": ratios, "headline_mode": head,
         "product_vs_npy": vs_npy, "product_vs_ram": vs_ram,
-        "targets": {"vs_npy_min": TOKENS_TARGET, "vs_ram_min": RAM_TARGET},
-        "met": {"vs_npy": vs_npy >= TOKENS_TARGET, "vs_ram": vs_ram >= RAM_TARGET},
+        "product_vs_unverified": ratios[head]["product_vs_unverified"],
+        "targets": {"vs_npy_min": TOKENS_TARGET, "vs_ram_min": RAM_TARGET, "vs_unverified_min": CHECKSUM_TARGET},
+        "met": {"vs_npy": vs_npy >= TOKENS_TARGET, "vs_ram": vs_ram >= RAM_TARGET,
+                "vs_unverified": ratios[head]["product_vs_unverified"] >= CHECKSUM_TARGET},
         "tensorflow_threads": {"intra": tf.config.threading.get_intra_op_parallelism_threads(),
                                "inter": tf.config.threading.get_inter_op_parallelism_threads()},
     })

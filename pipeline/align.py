@@ -5,7 +5,7 @@
 
 Reads the cache index and the token and mel shards through the training loader (the same bucket
 shapes, no Python per example). Config keys: `aligner:` (steps, batch_size, learning_rate, d_model,
-temperature, prior_scaling), train.buckets, train.seed, train.shuffle_buffer. Writes
+temperature, prior_scaling), train.buckets, train.seed. Writes
 runs/{name}/aligner/aligner.weights.h5 and, last, aligner.json: the steps, the loss history, the
 mel statistics and vocabulary it trained with and the weights' digest (duration shards record it
 as their provenance). The duration shard jobs (pipeline/durations.py) load it with `load_aligner`.
@@ -75,10 +75,7 @@ def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
             losses = []
     out = Path(out)
     weights = out.with_name("aligner.weights.h5")
-    tmp = out.with_name(".tmp.aligner.weights.h5")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    model.save_weights(str(tmp))
-    tmp.replace(weights)
+    config.atomic_write(weights, lambda tmp: model.save_weights(str(tmp)), suffix=".weights.h5")
     info = {"weights": weights.name, "weights_digest": hashlib.sha256(weights.read_bytes()).hexdigest()[:16],
             "steps": acfg["steps"], "seconds": round(time.perf_counter() - t0, 1), "history": history,
             "aligner": acfg, "n_mels": index["n_mels"], "vocab": vocab,

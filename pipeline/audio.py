@@ -52,10 +52,8 @@ def mel_basis_memo(folder, *, sample_rate, n_fft, n_mels, fmin, fmax):
         return np.load(path)
     except (OSError, ValueError):
         basis = mel_basis(**params)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npy")
-        np.save(tmp, basis)
-        os.replace(tmp, path)
+        from pipeline.config import atomic_write  # imports jsonschema and yaml: only when a memo is made
+        atomic_write(path, lambda tmp: np.save(tmp, basis), suffix=".npy")
         return basis
 
 

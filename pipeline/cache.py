@@ -207,9 +207,7 @@ def build_index(cfg, paths, out, log=_print):
         metas = {}
         for kind, p in zip(shards.CACHE_KINDS, group):
             metas[kind] = shards.read_meta(p, kind)
-            if metas[kind]["provenance"] != want[kind]:
-                raise shards.CacheError(f"{p}: built with other settings or code (provenance {metas[kind]['provenance']}, "
-                                        f"expected {want[kind]}); rerun `{shards.REBUILD}`")
+            shards.check_provenance(p, kind, metas[kind]["provenance"], want[kind])
             for r in metas[kind]["rejected"]:
                 rejected.setdefault(r["id"], dict(r, shard=k, stage=r.get("stage", kind)))
         stats = {kind: np.load(Path(p).with_suffix(".stats.npy")) for kind, p in zip(shards.CACHE_KINDS, group)

@@ -9,14 +9,17 @@ report the same one-line errors naming the key.
 """
 import argparse
 import copy
+import errno
 import hashlib
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import yaml
 
-from pipeline.errors import PipelineError, cli
+from pipeline.errors import PipelineError, cli, disk_full
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS = ROOT / "configs" / "config.yaml"
@@ -37,12 +40,21 @@ def _read_yaml(path):
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(yaml_problem(path, e)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
     return data
+
+
+def yaml_problem(path, e):
+    """One line for a YAML syntax error: file, line and column (yaml's problem_mark), the problem."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context = getattr(e, "context", None)
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
 
 
 def load_schema():
@@ -217,6 +229,34 @@ def check_dataset_paths(cfg):
         raise ConfigError(f"pitch.fmin: {p['fmin']} must be below pitch.fmax {p['fmax']}")
 
 
+def espeak_voices():
+    """The voice names espeak-ng (and so phonemizer's espeak backend) accepts, from `espeak-ng --voices`
+    (about 20 ms; phonemizer's own check costs half a second of imports); None without the program."""
+    program = shutil.which("espeak-ng")
+    if program is None:
+        return None
+    listing = subprocess.run([program, "--voices"], capture_output=True, text=True, check=False).stdout
+    return {line.split()[1] for line in listing.splitlines()[1:] if len(line.split()) > 1}
+
+
+def preflight(cfg):
+    """What can be checked before any job starts (Snakemake calls this when it reads the config, so a
+    bad value starts no job and so deletes no output): the dataset paths, the espeak-ng voice of
+    text.language for the phonemes front end, and a user's model.kind (it imports and takes
+    (model_cfg, vocab, n_mels)). ConfigError naming the key."""
+    check_dataset_paths(cfg)
+    if cfg["text"]["frontend"] == "phonemes":
+        voices = espeak_voices()
+        language = cfg["text"]["language"]
+        if voices is not None and language not in voices:
+            close = sorted(v for v in voices if v.split("-")[0] == language.split("-")[0])
+            raise ConfigError(f"text.language: espeak-ng has no voice {language!r}"
+                              + (f" (voices of that language: {', '.join(close)})" if close else "")
+                              + "; `espeak-ng --voices` lists them")
+    from pipeline import models  # imports this module: not at the top
+    models.check_kind(cfg["model"])
+
+
 def parse_set(items):
     """`--set train.steps=10` style overrides into a nested dict (values parsed as YAML)."""
     out = {}
@@ -256,16 +296,38 @@ def report_dir(cfg):
     return Path(cfg["reports_dir"]) / cfg["name"]
 
 
-def atomic_write_bytes(path, data):
-    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+def temporary(path, suffix=""):
+    """The temporary name beside `path` that atomic writes use: `.NAME.tmpPID[suffix]`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    return path.with_name(f".{path.name}.tmp{os.getpid()}{suffix}")
+
+
+def atomic_write(path, write, suffix=""):
+    """The one atomic write: `write(tmp)` writes a temporary file beside `path` (named by
+    `temporary`; `suffix` for writers that insist on one), which is then renamed to `path`, so
+    readers never see half a file. On any failure the temporary file is removed; a full disk
+    (ENOSPC) becomes one line naming `path` (pipeline.errors.DiskFull)."""
+    path = Path(path)
+    tmp = temporary(path, suffix)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise disk_full(path) from None
+        raise
+
+
+def atomic_write_bytes(path, data):
+    """`data` to `path` atomically (and durably: fsync before the rename)."""
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    atomic_write(path, write)
 
 
 def atomic_write_text(path, text):

@@ -3,9 +3,11 @@
 `build_dataset(cfg, split)` reads shard `.bin` files with tf.io.read_file + tf.io.decode_raw and
 gathers examples out of them by the offsets in the shards' JSON (pipeline/shards.py owns the
 format); the JSON, the index and the file sizes are checked once, in Python, when the dataset is
-built, never per example. Shards are read in groups of about GROUP_BYTES (all of LJSpeech fits in
-two): a group's index rows are shuffled across its shards, grouped by length into `train.buckets`
-fixed (tokens, frames) shapes so a compiled step sees at most that many shapes, batched, and each
+built, never per example, and each file's checksum in the graph when the iterator first reads the
+whole file (tf.fingerprint against the shard JSON's; a mismatch fails with the shard's name and the
+command that rebuilds it; later epochs re-read the same files unhashed). Shards are read in
+groups of about GROUP_BYTES (all of LJSpeech fits in two): a group's index rows are shuffled
+across its shards, grouped by length into `train.buckets` fixed (tokens, frames) shapes so a compiled step sees at most that many shapes, batched, and each
 batch is assembled by ONE vectorised gather per field from the group's arrays. Mels stay float16,
 as stored, and unnormalised: the training step normalises on the model device with
 `feature_stats(cfg)`, so the host moves half the bytes.
@@ -21,6 +23,7 @@ short for its text) and, with durations, those the duration shards reject (`left
 all, with their stage and reason). `build_worker_dataset(cfg, (index, count))` is multi-worker
 training's builder: one worker's shards, every worker on the same bucket shape at each step.
 """
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -49,11 +52,8 @@ def read_index(cfg):
     if index.get("format") != shards.FORMAT:
         raise CacheError(f"{path}: a cache in format {index.get('format')} (this code reads format {shards.FORMAT}, with "
                          f"phonemes, pitch and energy); rebuild it with `{shards.REBUILD}`")
-    sections = {"tokens": "text", "mels": "audio", "energy": "audio", "pitch": "pitch"}
     for kind in shards.CACHE_KINDS:
-        if index["provenance"][kind] != shards.provenance(kind, cfg):
-            raise CacheError(f"{path}: the {kind} cache was built with other `{sections[kind]}:` settings or code "
-                             f"(or espeak-ng version) than the current config; rerun `{shards.REBUILD}`")
+        shards.check_provenance(path, kind, index["provenance"][kind], shards.provenance(kind, cfg))
     return index
 
 
@@ -81,13 +81,14 @@ class Clips:
     n_tokens: np.ndarray
     frames: np.ndarray
     offsets: dict = field(default_factory=dict)  # kind -> offsets inside that kind's shard
+    checksums: dict = field(default_factory=dict)  # kind -> the shard JSONs' checksums, one per shard
 
     def split(self, name):
         """The rows of split `name`: "train", "val" or "all"."""
         keep = np.ones(len(self.ids), bool) if name == "all" else self.val == (name == "val")
         return Clips(ids=[i for i, k in zip(self.ids, keep) if k], shard=self.shard[keep], val=self.val[keep],
                      n_tokens=self.n_tokens[keep], frames=self.frames[keep],
-                     offsets={k: v[keep] for k, v in self.offsets.items()})
+                     offsets={k: v[keep] for k, v in self.offsets.items()}, checksums=self.checksums)
 
 
 def _shard_metas(root, entry, kinds, index):
@@ -126,6 +127,7 @@ def load_clips(cfg, split="all", index=None, durations=False):
     kinds = shards.CACHE_KINDS + (("durations",) if durations else ())
     cols = {k: [] for k in ("ids", "shard", "val", "n_tokens", "frames", *kinds)}
     paths = {k: [] for k in kinds}
+    checksums = {k: [] for k in kinds}
     for k, entry in enumerate(index["shards"]):
         metas = _shard_metas(root, entry, kinds, index)
         tok, mel = metas["tokens"][0], metas["mels"][0]
@@ -149,11 +151,12 @@ def load_clips(cfg, split="all", index=None, durations=False):
             cols["n_tokens"].append(tok["lengths"][i]); cols["frames"].append(mel["lengths"][j])
             for kind, (meta, _) in metas.items():
                 cols[kind].append(meta["offsets"][at[kind][cid]])
-        for kind, (_, prefix) in metas.items():
+        for kind, (meta, prefix) in metas.items():
             paths[kind].append(str(prefix.with_suffix(".bin")))
+            checksums[kind].append(shards.checksum_int64(meta["checksum"]))
     clips = Clips(ids=cols["ids"], shard=np.asarray(cols["shard"], np.int64), val=np.asarray(cols["val"], bool),
                   n_tokens=np.asarray(cols["n_tokens"], np.int64), frames=np.asarray(cols["frames"], np.int64),
-                  offsets={kind: np.asarray(cols[kind], np.int64) for kind in kinds})
+                  offsets={kind: np.asarray(cols[kind], np.int64) for kind in kinds}, checksums=checksums)
     return clips.split(split), paths
 
 
@@ -255,13 +258,17 @@ def _group_arrays(src, groups, n_mels):
     """A function g -> {kind: the group's shards of that kind, concatenated} ((items,) or (items, n_mels)),
     token code points already mapped to ids by one table gather."""
     files = {kind: tf.ragged.constant([[src.paths[kind][k] for k in g] for g in groups]) for kind in src.kinds}
+    sums = {kind: tf.ragged.constant([[src.clips.checksums[kind][k] for k in g] for g in groups], dtype=tf.int64)
+            for kind in src.kinds}
     dtypes = {kind: tf.as_dtype(np.dtype(shards.KINDS[kind].dtype).newbyteorder("=")) for kind in src.kinds}
     table = tf.constant(src.table)
 
-    def arrays(g):
+    def arrays(g, first=True):  # first: the iterator's first read of these files, checked (epoch 0)
         out = {}
         for kind in src.kinds:
             blobs = tf.map_fn(tf.io.read_file, files[kind][g], fn_output_signature=tf.string)
+            check = functools.partial(verified, blobs, files[kind][g], sums[kind][g], shards.KINDS[kind].target)
+            blobs = check() if first is True else tf.cond(first, check, lambda b=blobs: b)
             flat = tf.io.decode_raw(tf.strings.reduce_join(blobs), dtypes[kind])
             out[kind] = tf.reshape(flat, [-1, n_mels]) if kind == "mels" else flat
         out["tokens"] = tf.gather(table, out["tokens"])  # code points -> ids
@@ -303,10 +310,10 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     buffer = max(len(r) for r in group_rows) if shuffle else 0
     read = _group_arrays(src, groups, n_mels)
 
-    def group_batches(g):
+    def group_batches(g, first=True):
         rows = _bucketed_rows(rows_table[g], batch, shuffle=buffer, repeat=endless, drop_remainder=drop_remainder,
                               seed=seed)
-        return rows.map(_gather_fn(src, read(g), n_mels, with_clip_index), num_parallel_calls=tf.data.AUTOTUNE,
+        return rows.map(_gather_fn(src, read(g, first), n_mels, with_clip_index), num_parallel_calls=tf.data.AUTOTUNE,
                         deterministic=not shuffle)
 
     return _interleave_groups(group_batches, len(groups), shuffle=shuffle, repeat=repeat and not endless,
@@ -340,6 +347,19 @@ def build_worker_dataset(cfg, worker, *, local_replicas=1, durations=False, with
     options.autotune.enabled = True
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def verified(blobs, names, want, target):
+    """`blobs` (whole files' bytes), once each file's FarmHash Fingerprint64 equals `want` (int64,
+    from the shard JSON); else the read fails naming the damaged files and the command that repairs them."""
+    got = tf.bitcast(tf.fingerprint(blobs), tf.int64)                       # (files,)
+    ok = tf.equal(got, want)
+    check = tf.debugging.Assert(tf.reduce_all(ok), [
+        f"{shards.DAMAGED}", tf.boolean_mask(names, tf.logical_not(ok)),
+        f": checksum mismatch (the file changed after its job wrote it); run `{target}` "
+        "(it rebuilds exactly the damaged shards)"], summarize=16)
+    with tf.control_dependencies([check]):
+        return tf.identity(blobs)
 
 
 def _bucketed_rows(rows, batch, *, shuffle, repeat, drop_remainder, seed):
@@ -385,7 +405,8 @@ def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed, ordere
         group_ids = group_ids.shuffle(n_groups, seed=seed)
     if repeat:
         group_ids = group_ids.repeat()
-    ds = group_ids.interleave(group_batches, cycle_length=min(2, n_groups), num_parallel_calls=min(2, n_groups),
+    first_reads = group_ids.enumerate().map(lambda i, g: (g, i < n_groups))  # (group, its first read?)
+    ds = first_reads.interleave(group_batches, cycle_length=min(2, n_groups), num_parallel_calls=min(2, n_groups),
                               deterministic=ordered)
     options = tf.data.Options()
     options.deterministic = ordered

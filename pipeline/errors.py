@@ -4,14 +4,19 @@ Expected failures (a bad config key, a malformed metadata line, a missing cache 
 bad audio with `dataset.bad_audio: fail`) raise a subclass of `PipelineError` whose message names
 the file or config key and the command that fixes it. `cli(main)` wraps a module's `main`: such an
 error prints as one line, `error: <message>`, and exits with status 2; anything else is a bug and
-keeps its traceback.
+keeps its traceback. Two failures that are not PipelineErrors print as one line too: a damaged
+shard found by the loader's in-graph checksum assertion (TensorFlow's InvalidArgumentError whose
+message starts with `GRAPH_MARK`), and a full disk (OSError ENOSPC: "no space left on device
+writing X; free space and rerun").
 
     from pipeline.errors import PipelineError, cli
 
     @cli
     def main(argv=None): ...
 """
+import errno
 import functools
+import re
 import sys
 
 EXIT_EXPECTED = 2  # an expected failure; 1 stays Python's exit status for a traceback
@@ -25,6 +30,32 @@ class MissingCheckpoint(PipelineError):
     """No checkpoint to synthesize, evaluate or resume from."""
 
 
+class DiskFull(PipelineError):
+    """ENOSPC while writing under cache.dir or runs_dir."""
+
+
+GRAPH_MARK = "damaged cache shard"  # pipeline.shards.DAMAGED: how the loader's graph assertion starts
+
+
+def disk_full(path):
+    return DiskFull(f"no space left on device writing {path}; free space and rerun")
+
+
+def _one_line(e):
+    """The one-line message of an expected failure that is not a PipelineError, else None."""
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return str(disk_full(e.filename or "(a file)"))
+    text = str(e)
+    if GRAPH_MARK in text:  # tf.debugging.Assert: "assertion failed: [mark] [[b'path' ...]] [: ...]"
+        body = text[text.index(GRAPH_MARK):].split("\n")[0]
+        body = re.sub(r"[\[\]]|b'|b\"|'|\"|\s*\{\{node.*", "", body)
+        from pipeline import shards  # imports this module
+        for path in re.findall(r"\S+\.bin", body):
+            shards.unverify(path)  # so planning hashes it again, whatever its timestamps say
+        return re.sub(r"\s+", " ", body).replace(" :", ":").strip()
+    return None
+
+
 def cli(main):
     """Run `main(argv)`; a PipelineError becomes one line on stderr and exit status 2."""
     @functools.wraps(main)
@@ -33,5 +64,11 @@ def cli(main):
             return main(argv)
         except PipelineError as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_EXPECTED) from None
+        except Exception as e:
+            line = _one_line(e)
+            if line is None:
+                raise
+            print(f"error: {line}", file=sys.stderr, flush=True)
             raise SystemExit(EXIT_EXPECTED) from None
     return wrapper

@@ -62,12 +62,13 @@ def validation_clips(cfg):
         raise NoValidationClips(
             f"no validation clip: dataset.val_fraction = {ds['val_fraction']} holds none of the cached clips "
             "out of training; raise it (e.g. 0.05), then rerun `snakemake --cores all evaluate` (this retrains)")
-    out = []
+    out, pitch = [], {}  # pitch: shard -> {id: F0}, each shard read (and checked) once
     for cid, k in order:
-        dtype = np.dtype(shards.KINDS["pitch"].dtype)
-        f0 = np.fromfile(paths["pitch"][clips.shard[k]], dtype=dtype, count=int(clips.frames[k]),
-                         offset=dtype.itemsize * int(clips.offsets["pitch"][k]))
-        out.append(Clip(cid, texts[cid], manifest.audio_path(ds["root"], ds["audio_dir"], cid), f0))
+        shard = clips.shard[k]
+        if shard not in pitch:
+            meta, tracks = shards.read(Path(paths["pitch"][shard]).with_suffix(""), "pitch")
+            pitch[shard] = dict(zip(meta["ids"], tracks))
+        out.append(Clip(cid, texts[cid], manifest.audio_path(ds["root"], ds["audio_dir"], cid), pitch[shard][cid]))
     return out
 
 

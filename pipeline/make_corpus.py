@@ -23,13 +23,14 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 import soxr
+
+from pipeline.config import atomic_write, atomic_write_text
 
 ESPEAK = "espeak-ng"
 ESPEAK_RATE = 22050  # espeak-ng's own output rate
@@ -123,17 +124,12 @@ def write_atomic(path: Path, pcm: np.ndarray, sample_rate: int, *, comment: str 
     """Write int16 mono audio to path via a temporary file in the same folder + os.replace."""
     fmt = FORMATS[path.suffix[1:]]
     extra = {"compression_level": compression_level} if compression_level is not None else {}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    def write(tmp):
         with sf.SoundFile(tmp, "w", sample_rate, 1, "PCM_16", format=fmt, **extra) as f:
             if comment:
                 f.comment = comment
             f.write(pcm)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic_write(path, write)
 
 
 def _make_clip(path: Path, text: str, voice: str, speed: int, sample_rate: int,
@@ -171,7 +167,7 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
     out = Path(out)
     wavs = out / "wavs"
     wavs.mkdir(parents=True, exist_ok=True)
-    for stale in wavs.glob(".*.tmp"):  # left by a killed run
+    for stale in wavs.glob(".*.tmp[0-9]*"):  # left by a killed run (config.temporary names)
         stale.unlink(missing_ok=True)
 
     t0, total, made = time.perf_counter(), 0, 0
@@ -192,10 +188,7 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
             pool.shutdown(cancel_futures=True)
             raise
 
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".metadata.csv.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-        f.writelines(line + "\n" for _, _, line in rows)
-    os.replace(tmp, out / "metadata.csv")
+    atomic_write_text(out / "metadata.csv", "".join(line + "\n" for _, _, line in rows))
 
     stats = {"clips": len(rows), "made": made, "skipped": len(rows) - made,
              "seconds": round(total / sample_rate, 2)}

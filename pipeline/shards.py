@@ -5,7 +5,9 @@ feed the index statistics, `.stats.npy`):
   .bin   every clip's array, concatenated, raw little-endian `KINDS[K].dtype`, `width` values per
          item; the loader reads it with tf.io.read_file + tf.io.decode_raw alone
   .json  kind, format, provenance, dtype, width, ids, lengths (items per clip), offsets (items),
-         bytes (the .bin's size), rejected ([{id, path, reason}]) and the kind's extras
+         bytes (the .bin's size), checksum (the .bin's FarmHash Fingerprint64 as 16 hex digits: what
+         tf.fingerprint computes, so the loader verifies it in its graph), rejected ([{id, path,
+         reason}]) and the kind's extras
 A new kind is one entry in KINDS (and a rule that writes it with `write`).
 
 Items are tokens for the token-aligned kinds (tokens: Unicode code points of the front end's
@@ -16,6 +18,11 @@ values and the code the content depends on: the loader refuses to mix shards wit
 
 Writes are atomic: `.bin` and `.stats.npy` first, `.json` last, each through a temporary file, so an
 interrupted job leaves no shard that loads (and Snakemake reruns it).
+
+A damaged shard (a .bin whose size or checksum no longer matches its JSON: truncated, overwritten, a
+flipped byte with its mtime kept) is refused by `check`/`read` and by the loader's graph, and
+`intact` reports it to planning (rules/common.smk `repair`), so `snakemake caches` (or `durations`)
+reruns exactly its job.
 """
 import hashlib
 import io
@@ -24,12 +31,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import farmhash
 import numpy as np
 
 from pipeline import config
-from pipeline.errors import PipelineError
+from pipeline.errors import GRAPH_MARK, PipelineError
 
-FORMAT = 2  # bump whenever a shard's layout or meaning changes: every older cache is then refused
+FORMAT = 3  # bump whenever a shard's layout or meaning changes: every older cache is then refused
 HERE = Path(__file__).resolve().parent
 REBUILD = "snakemake --cores all caches"
 
@@ -53,6 +61,7 @@ KINDS = {
     "pitch": Kind("<f4", "frame", "pitch_shard", REBUILD),
     "durations": Kind("<i4", "token", "duration_shard", "snakemake --cores all durations"),
 }
+DAMAGED = GRAPH_MARK  # starts the loader's in-graph assertion message (pipeline/errors.py reads it)
 CACHE_KINDS = ("tokens", "mels", "energy", "pitch")  # what `caches` builds and the index lists
 
 
@@ -63,6 +72,16 @@ def prefix(cache_dir, kind, shard):
 
 def offsets(lengths):
     return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int).tolist() if len(lengths) else []
+
+
+def checksum(data):
+    """FarmHash Fingerprint64 of `data` (bytes) as 16 hex digits: tf.fingerprint's value, little-endian."""
+    return f"{farmhash.fingerprint64(data):016x}"
+
+
+def checksum_int64(hexdigits):
+    """The checksum as the int64 that tf.bitcast(tf.fingerprint(...), tf.int64) gives."""
+    return int(np.array(int(hexdigits, 16), np.uint64).view(np.int64))
 
 
 def _npy_bytes(array):
@@ -83,9 +102,11 @@ def write(out, kind, ids, arrays, *, provenance, width=1, stats=None, rejected=(
     flat = np.concatenate(arrays) if arrays else np.zeros(shape)
     flat = np.ascontiguousarray(flat, dtype=np.dtype(k.dtype))
     assert flat.shape[1:] == shape[1:], f"{kind}: items of shape {flat.shape[1:]}, expected {shape[1:]}"
+    data = flat.tobytes()
     meta = dict(kind=kind, format=FORMAT, provenance=provenance, dtype=k.dtype, width=width, ids=list(ids),
-                lengths=lengths, offsets=offsets(lengths), bytes=int(flat.nbytes), rejected=list(rejected), **extra)
-    config.atomic_write_bytes(out.with_suffix(".bin"), flat.tobytes())
+                lengths=lengths, offsets=offsets(lengths), bytes=len(data), checksum=checksum(data),
+                rejected=list(rejected), **extra)
+    config.atomic_write_bytes(out.with_suffix(".bin"), data)
     if stats is not None:
         config.atomic_write_bytes(out.with_suffix(".stats.npy"), _npy_bytes(np.asarray(stats, np.float64)))
     config.atomic_write_text(out.with_suffix(".json"), json.dumps(meta, indent=1))
@@ -114,13 +135,22 @@ def expected_bytes(meta):
     return sum(meta["lengths"]) * meta["width"] * np.dtype(meta["dtype"]).itemsize
 
 
+def check_provenance(path, kind, got, want, than="the current config"):
+    """The one provenance check: CacheError unless a shard's or the index's provenance `got` for
+    `kind` is `want` (what this code and config would write)."""
+    if got != want:
+        sections = {"tokens": "text:", "mels": "audio:", "energy": "audio:", "pitch": "pitch:", "durations": "aligner:"}
+        raise CacheError(f"{path}: the {kind} cache was built with other settings or code than {than} (its "
+                         f"`{sections[kind]}` section, its code or the espeak-ng version; provenance {got} != {want}); "
+                         f"run `{KINDS[kind].target}`")
+
+
 def check(meta, out, want_provenance=None):
     """CacheError unless the JSON, its provenance and the .bin on disk agree."""
     path = Path(out).with_suffix(".bin")
     target = KINDS[meta["kind"]].target
-    if want_provenance is not None and meta["provenance"] != want_provenance:
-        raise CacheError(f"{path}: built with other settings or code than the index (provenance "
-                         f"{meta['provenance']} != {want_provenance}); run `{target}`")
+    if want_provenance is not None:
+        check_provenance(path, meta["kind"], meta["provenance"], want_provenance, than="the index")
     expected = expected_bytes(meta)
     if meta["bytes"] != expected:
         raise CacheError(f"{path}: its JSON records {meta['bytes']} bytes but its lengths add up to {expected}; "
@@ -134,11 +164,22 @@ def check(meta, out, want_provenance=None):
                          f"run `{target}` (it rebuilds damaged shards)")
 
 
+def damaged(path, target):
+    """The message for a .bin whose checksum does not match its JSON."""
+    return (f"{DAMAGED} {path}: checksum mismatch (the file changed after its job wrote it); "
+            f"run `{target}` (it rebuilds exactly the damaged shards)")
+
+
 def read(out, kind=None):
-    """(meta, [one array per clip]) of a checked shard, with NumPy: for tools and tests."""
+    """(meta, [one array per clip]) of a checked shard (size and checksum), with NumPy: for tools and tests."""
     meta = read_meta(out, kind)
     check(meta, out)
-    flat = np.fromfile(Path(out).with_suffix(".bin"), dtype=np.dtype(meta["dtype"]))
+    path = Path(out).with_suffix(".bin")
+    data = path.read_bytes()
+    if checksum(data) != meta["checksum"]:
+        unverify(path)
+        raise CacheError(damaged(path, KINDS[meta["kind"]].target))
+    flat = np.frombuffer(data, dtype=np.dtype(meta["dtype"]))
     if meta["width"] > 1:
         flat = flat.reshape(-1, meta["width"])
     return meta, [flat[o:o + n] for o, n in zip(meta["offsets"], meta["lengths"])]
@@ -154,31 +195,52 @@ def _files(out):
     return [base + s for s in suffixes]
 
 
+def _stamp(bin_path):
+    """cache/{name}/.verified/{kind}-shard-NNN: what planning last verified of that .bin."""
+    bin_path = Path(bin_path)
+    return bin_path.parent.parent / ".verified" / f"{bin_path.parent.name}-{bin_path.stem}"
+
+
+def unverify(bin_path):
+    """Forget that planning verified this .bin (its checksum failed where it was read), so the next
+    planning hashes it again and reruns its job."""
+    _stamp(bin_path).unlink(missing_ok=True)
+
+
 def intact(*outs):
-    """"ok" when every shard's JSON reads and its .bin has the size the JSON records, else "damaged".
+    """"ok" when every shard's JSON reads and its .bin has the size and checksum the JSON records,
+    else "damaged".
 
     `outs` are the shards one job writes (mel_shard: mels and energy). Planning asks this of every
     shard (rules/common.smk `repair`), so a damaged one is rebuilt by its own job alone. A job none of
     whose files exist is "ok" (it runs anyway, its outputs are missing); a job with some of its files
     missing (a deleted .bin, .stats.npy or energy shard) is "damaged": `cache_index` lists only the
     JSON files of tokens, mels and pitch, so only this check notices the others are gone.
+    A .bin is hashed when its size, mtime, ctime or inode changed since planning last verified it
+    (a stamp in cache/{name}/.verified/): any write to it, even one that puts the mtime back, moves
+    its ctime. Damage that moves nothing (a disk's own bit rot) is caught where the bytes are read
+    (`read`, the loader's graph), which forgets the stamp, so the next planning hashes the file.
     """
-    sizes = {}
-    for out in outs:
-        for f in _files(out):
-            try:
-                sizes[f] = os.stat(f).st_size
-            except FileNotFoundError:
-                sizes[f] = None
-    if all(size is None for size in sizes.values()):
+    present = [os.path.exists(f) for out in outs for f in _files(out)]
+    if not any(present):
         return "ok"
-    if any(size is None for size in sizes.values()):
+    if not all(present):
         return "damaged"
     for out in outs:
         try:
             with open(f"{out}.json", encoding="utf-8") as f:
-                if sizes[f"{out}.bin"] != json.load(f)["bytes"]:
-                    return "damaged"
+                meta = json.load(f)
+            path = f"{out}.bin"
+            st = os.stat(path)
+            if st.st_size != meta["bytes"]:
+                return "damaged"
+            key = f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {meta['checksum']}\n"
+            stamp = _stamp(path)
+            if stamp.is_file() and stamp.read_text(encoding="utf-8") == key:
+                continue
+            if checksum(Path(path).read_bytes()) != meta["checksum"]:
+                return "damaged"
+            config.atomic_write_text(stamp, key)
         except (OSError, ValueError, KeyError, TypeError):
             return "damaged"
     return "ok"

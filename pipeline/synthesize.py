@@ -19,7 +19,9 @@ sentences.json (checkpoint, step, pace, pitch shift, text and length of each sam
 import argparse
 import functools
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -80,9 +82,25 @@ def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
 
 
 def synthesize(cfg, out, log=functools.partial(print, flush=True)):
+    """Every sentence into a temporary folder beside `out`, then moved into `out`, sentences.json
+    last: a failure leaves the previous samples as they were (the rule's one output is sentences.json,
+    so Snakemake deletes nothing else before the job)."""
+    final = Path(out)
+    out = config.temporary(final)
+    try:
+        samples = _synthesize_into(cfg, out, final, log)
+        final.mkdir(parents=True, exist_ok=True)
+        for name in sorted(p.name for p in out.iterdir()):  # sentences.json sorts after NN.npy/wav
+            os.replace(out / name, final / name)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return samples
+
+
+def _synthesize_into(cfg, out, final, log):
+    """Write the samples into folder `out`; what sentences.json records are their paths in `final`."""
     synth = load_synthesizer(cfg, log)
     s, a = cfg["synthesize"], synth.audio
-    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log(f"synthesizing {len(s['sentences'])} sentences from {synth.checkpoint} "
         f"(pace {s['pace']}, pitch shift {s['pitch_shift']} semitones)")
@@ -96,8 +114,8 @@ def synthesize(cfg, out, log=functools.partial(print, flush=True)):
         save_wav(path, np.asarray(audio), a["sample_rate"])
         config.atomic_write_bytes(path.with_suffix(".npy"), _npy_bytes(res["mel"]))
         seconds = res["frames"] * a["hop_length"] / a["sample_rate"]
-        log(f"{path}: {seconds:.2f} s, {res['tokens']} tokens: {sentence!r}")
-        samples.append({"wav": str(path), "mel": str(path.with_suffix(".npy")), "text": sentence,
+        log(f"{final / path.name}: {seconds:.2f} s, {res['tokens']} tokens: {sentence!r}")
+        samples.append({"wav": str(final / path.name), "mel": str(final / f"{i:02d}.npy"), "text": sentence,
                         "frames": res["frames"], "seconds": round(seconds, 3)})
     config.atomic_write_text(out / "sentences.json", json.dumps(
         {"checkpoint": synth.checkpoint, "step": synth.step, "model": synth.model_kind, "pace": s["pace"],

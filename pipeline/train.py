@@ -9,7 +9,8 @@ pipeline/models (docs/models.md): the trainer normalises mel, pitch and energy, 
 its `tts_loss`, and never looks inside. Writes runs/{name}/run.json (what the run carries, written
 when it starts: vocabulary, feature statistics, model/text/audio/pitch config; pipeline/runinfo.py),
 checkpoints/ (tf.train.CheckpointManager: model, optimizer state, step), config.json (the whole
-config), rejected.tsv (every clip this training leaves out), TensorBoard events in runs/{name}/
+config), history.jsonl (every logged loss across reruns: not a Snakemake output, so a failing rerun,
+whose train.json Snakemake deletes first, loses none of it), rejected.tsv (every clip this training leaves out), TensorBoard events in runs/{name}/
 (losses, lr, steps/s, input-wait fraction, mel and alignment images, Griffin-Lim audio),
 alignment.png (the attention, or the durations' hard alignment), and finally the summary --out.
 Each logged loss is the mean over the steps since the previous log line (Keras Mean trackers).
@@ -27,6 +28,7 @@ the other workers save into a temporary folder of their own (every worker takes 
 and all of them restore the chief's latest checkpoint on a rerun.
 """
 import argparse
+import errno
 import functools
 import json
 import math
@@ -41,7 +43,7 @@ import tensorflow as tf
 
 from pipeline import config, data, models, runinfo
 from pipeline import placement as placement_mod
-from pipeline.errors import PipelineError, cli
+from pipeline.errors import PipelineError, cli, disk_full
 
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -71,7 +73,8 @@ class Trainer:
         """`info`: what the run carries (pipeline/runinfo.py: vocab, stats, n_mels); the cache's when None."""
         self.cfg, self.log = cfg, log
         self.index = data.read_index(cfg)
-        info = info or {"vocab": self.index["vocab"], "stats": feature_stats(cfg, self.index), "n_mels": self.index["n_mels"]}
+        info = info or {"vocab": self.index["vocab"], "stats": data.feature_stats(cfg, self.index),
+                        "n_mels": self.index["n_mels"]}
         self.vocab, self.n_mels = info["vocab"], info["n_mels"]
         # the first TensorFlow op: multiworker creates its strategy here; auto may read the last diagnose report
         self.p = placement_mod.resolve(cfg["train"], placement, report=config.report_dir(cfg) / "diagnose.json")
@@ -242,11 +245,6 @@ class Trainer:
         return ({k: v / n for k, v in sums.items()}, *first) if n else (None, None, None)
 
 
-def feature_stats(cfg, index):
-    """{mel_mean, mel_std: (n_mels,); pitch_mean, pitch_std (Hz, voiced frames), energy_mean, energy_std} float32."""
-    return {k: np.asarray(v, np.float32) for k, v in data.feature_stats(cfg, index).items()}
-
-
 def normalise(batch, norm):
     """Mel, pitch (voiced frames only: unvoiced stays 0) and energy to zero mean, unit variance."""
     out = dict(batch, mel=(tf.cast(batch["mel"], tf.float32) - norm["mel_mean"]) / norm["mel_std"])
@@ -305,9 +303,8 @@ def save_alignment_png(align, path, step):
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.imshow(np.asarray(align).T, origin="lower", aspect="auto", interpolation="none")
     ax.set(xlabel="decoder step or frame", ylabel="token", title=f"alignment (validation clip, step {step})")
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=100); plt.close(fig)
-    tmp.replace(path)
+    config.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    plt.close(fig)
 
 
 def check_same_model(cfg, run):
@@ -435,8 +432,33 @@ def validate_and_draw(trainer, step, val_history, log):
     return _write_summaries(trainer, step, val, vbatch, vout) if step else None
 
 
-def run_steps(trainer, manager, tcfg, chief, log):
-    """Steps from the restored one to train.steps: log, validate, checkpoint. (history, val_history, align)."""
+def save_checkpoint(manager, step):
+    """manager.save(step). On a full disk: TensorFlow's half-written ckpt-N_temp/ and ckpt-N.* removed,
+    the previous checkpoint (still the latest) kept, and one line naming the folder."""
+    try:
+        return manager.save(checkpoint_number=step)
+    except (OSError, tf.errors.OpError) as e:
+        if getattr(e, "errno", None) != errno.ENOSPC and "No space left on device" not in str(e):
+            raise
+        folder = Path(manager.directory)
+        for leftover in [*folder.glob(f"ckpt-{step}_temp*"), *folder.glob(f"ckpt-{step}.*")]:
+            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+        raise disk_full(folder / f"ckpt-{step}") from None
+
+
+def past_history(run, step):
+    """The logged losses of earlier runs up to `step` (the restored one), history.jsonl rewritten to
+    them: a run killed after its last checkpoint logged steps that this run trains again."""
+    path = run / "history.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    kept = [r for r in (json.loads(line) for line in lines if line.strip()) if r["step"] <= step]
+    config.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+    return kept
+
+
+def run_steps(trainer, manager, tcfg, chief, log, history_file=None):
+    """Steps from the restored one to train.steps: log, validate, checkpoint. (history, val_history, align).
+    history_file: each logged loss is appended to it too (the chief's runs/{name}/history.jsonl)."""
     step, total = int(trainer.optimizer.iterations.numpy()), tcfg["steps"]
     progress, val_history, align = Progress(trainer, total, tcfg["log_every"], log), [], None
     if step == 0 and chief:  # the untrained model's validation loss: the baseline the curve falls from
@@ -451,12 +473,15 @@ def run_steps(trainer, manager, tcfg, chief, log):
         step += 1
         if step % tcfg["log_every"] == 0 or step == total:
             progress.report(step)
+            if history_file is not None:
+                with open(history_file, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(progress.history[-1]) + "\n")
         if chief and (step % tcfg["summary_every"] == 0 or step == total):
             drawn = validate_and_draw(trainer, step, val_history, log)
             align = align if drawn is None else drawn
             progress.restart_clock()
         if step % tcfg["checkpoint_every"] == 0 or step == total:
-            manager.save(checkpoint_number=step)
+            save_checkpoint(manager, step)
     return step, progress.history, val_history, align
 
 
@@ -494,10 +519,13 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
     manager = restore(trainer, run, log)
     rejected = left_out(cfg, run, "durations" in trainer.needs, log, write=chief)
     resumed_from = int(trainer.optimizer.iterations.numpy())
+    past = past_history(run, resumed_from) if chief else []  # earlier runs' losses: not a Snakemake output
     trainer.measure_copy()
     writer = tf.summary.create_file_writer(str(run)) if chief else tf.summary.create_noop_writer()
     with writer.as_default():
-        step, history, val_history, align = run_steps(trainer, manager, cfg["train"], chief, log)
+        step, history, val_history, align = run_steps(trainer, manager, cfg["train"], chief, log,
+                                                      history_file=run / "history.jsonl" if chief else None)
+    history = past + history
     return finish(cfg, trainer, run, out, manager, (step, history, val_history, align, rejected, resumed_from),
                   started, log)
 

@@ -14,8 +14,6 @@ agree to ~1e-4. The
 starting phase is a fixed table, not a random op, so every runtime starts from the same phase.
 """
 import functools
-import os
-import tempfile
 
 import numpy as np
 import soundfile as sf
@@ -23,6 +21,7 @@ import tensorflow as tf
 
 from pipeline import dft
 from pipeline.audio import LOG_CLAMP, frame_padding, mel_basis
+from pipeline.config import atomic_write
 
 MOMENTUM = 0.99  # fast Griffin-Lim (Perraudin et al. 2013), librosa's default; converges in fewer iterations
 NNLS_ITERS = 50  # refinements of the mel pseudo-inverse (cheap: two (F, K) x (K, M) products each)
@@ -156,13 +155,4 @@ def save_wav(path, audio, sample_rate):
     peak = float(np.max(np.abs(audio))) if audio.size else 0.0
     if peak > 1.0:
         audio = audio * (PEAK / peak)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".wav")
-    os.close(fd)
-    try:
-        sf.write(tmp, audio, int(sample_rate), subtype="PCM_16", format="WAV")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic_write(path, lambda tmp: sf.write(tmp, audio, int(sample_rate), subtype="PCM_16", format="WAV"))

@@ -26,8 +26,11 @@ rule train_aligner:
         "python -m pipeline.align --config {params.config:q} --out {output.summary} --threads {threads} > {log} 2>&1"
 
 
+# Like every cache shard, a damaged duration shard (size or checksum) makes planning write its
+# repair marker (rules/common.smk `repair`), so `snakemake durations` reruns exactly that job.
 rule duration_shard:
     input:
+        repair=repair("durations"),
         aligner=rules.train_aligner.output.summary,
         tokens=CACHE / "tokens/shard-{shard}.json",
         mels=CACHE / "mels/shard-{shard}.json",

@@ -23,7 +23,8 @@ from pipeline import (
 try:
     pconfig.validate(pconfig.normalise(config))
     validate(config, "../configs/schema.yaml")
-    pconfig.check_dataset_paths(config)
+    # paths, espeak-ng voice, model.kind: before any job deletes an output
+    pconfig.preflight(config)
     MANIFEST = pmanifest.load_manifest(config["dataset"], config["cache"]["shards"])
 except (pconfig.ConfigError, pmanifest.DatasetError) as e:
     raise WorkflowError(str(e))

@@ -1,6 +1,7 @@
 # Training from the caches, and synthesis from the latest checkpoint.
-# The checkpoint folder is deliberately not an output: Snakemake deletes outputs before a job
-# runs, and a rerun after an interruption must resume from it. Models that train on durations
+# The checkpoint folder and runs/{name}/history.jsonl (the loss history) are deliberately not
+# outputs: Snakemake deletes outputs before a job runs (and a failed job's), and a rerun after an
+# interruption or a failure must resume from them. Models that train on durations
 # (model.kind fastpitch or a user's own) wait for every duration shard.
 
 
@@ -32,18 +33,14 @@ rule train:
         "python -m pipeline.train --config {params.config:q} --out {output.summary} --threads {threads} 2>&1 | tee {log}"
 
 
+# The one declared output is sentences.json, written last: Snakemake deletes a job's outputs before
+# it runs, and the job writes NN.wav/NN.npy beside a temporary folder first, so a failing synthesize
+# keeps the previous samples.
 rule synthesize:
     input:
         rules.train.output.summary,
     output:
-        wavs=expand(
-            RUN / "samples/{i:02d}.wav",
-            i=range(len(config["synthesize"]["sentences"])),
-        ),
-        mels=expand(
-            RUN / "samples/{i:02d}.npy",
-            i=range(len(config["synthesize"]["sentences"])),
-        ),
+        sentences=RUN / "samples/sentences.json",
     log:
         LOGS / "synthesize.log",
     conda:

@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 import yaml
-from conftest import snakemake, write_config
+from conftest import ROOT, snakemake, write_config
 
 from pipeline import config
 from pipeline.config import ConfigError
@@ -159,3 +159,27 @@ def test_a_job_cannot_read_a_key_its_rule_stripped(corpus):
             read()
     # a config file (not a rule's inline JSON) still gets every default
     assert config.load_config(corpus[1])["synthesize"]["sentences"]
+
+
+def _schema_keys(schema, node, path=()):
+    """Every property path of the schema (through $refs, items and oneOf/anyOf branches)."""
+    if not isinstance(node, dict):
+        return
+    if "$ref" in node:
+        yield from _schema_keys(schema, schema["$defs"][node["$ref"].split("/")[-1]], path)
+    for key, sub in (node.get("properties") or {}).items():
+        yield path + (key,)
+        yield from _schema_keys(schema, sub, path + (key,))
+    for sub in [node.get("items"), node.get("additionalProperties"), *node.get("oneOf", []), *node.get("anyOf", [])]:
+        yield from _schema_keys(schema, sub, path)
+
+
+def test_every_schema_key_is_read_by_some_module():
+    # a key the schema requires but no job reads is a setting the user changes for nothing
+    schema = yaml.safe_load((ROOT / "configs" / "schema.yaml").read_text())
+    sources = [*(ROOT / "pipeline").rglob("*.py"), *(ROOT / "rules").glob("*.smk"), ROOT / "Snakefile"]
+    text = "\n".join(p.read_text(encoding="utf-8") for p in sources if p.name != "config.py")  # config.py reads all
+    keys = sorted(set(_schema_keys(schema, schema)))
+    assert len(keys) > 50
+    unread = [".".join(k) for k in keys if not re.search(rf"""["']{re.escape(k[-1])}["']""", text)]
+    assert unread == [], f"schema keys no module reads (by name): {unread}"

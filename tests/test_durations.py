@@ -113,3 +113,35 @@ def _config_with(p, **sections):
     path = p.tmp / "changed.yaml"
     path.write_text(yaml.safe_dump({**cfg, **sections}))
     return path
+
+
+@pytest.mark.slow
+def test_damaged_duration_shard_fails_the_loader_and_snakemake_durations_rebuilds_exactly_it(project, monkeypatch):
+    import tensorflow as tf
+    from conftest import snakemake
+    from test_staleness import flip_byte
+
+    from pipeline import config as pconfig
+    from pipeline import data, errors
+    path = project.cache / "durations/shard-001.bin"
+    flip_byte(path)  # mtime kept: only the checksum tells
+    cfg = pconfig.load_config(project.config)
+    with pytest.raises(data.CacheError, match=r"shard-001\.bin: checksum mismatch.*snakemake --cores all durations"):
+        shards.read(shards.prefix(project.cache, "durations", 1), "durations")
+    # the loader checks the durations' sums in Python when it builds the dataset (shards.read, so the
+    # checksum too), and in its graph on every read
+    with pytest.raises(data.CacheError, match=r"durations/shard-001\.bin: checksum mismatch.*all durations`"):
+        data.build_dataset(cfg, "train", durations=True)
+    with monkeypatch.context() as m:
+        m.setattr(data, "_check_durations", lambda *args: None)  # past the Python check: the graph's
+        with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+            next(iter(data.build_dataset(cfg, "train", durations=True)))
+    line = errors._one_line(caught.value)
+    assert "durations/shard-001.bin" in line and "run `snakemake --cores all durations`" in line
+    assert plan(project) == {"duration_shard": 1, "durations": 1}  # the command it names has work to do
+    proc = snakemake("durations", "-n", config=project.config)
+    assert "shard=001" in proc.stdout + proc.stderr
+    snakemake("durations", config=project.config)
+    assert plan(project) == {}
+    batch = next(iter(data.build_dataset(cfg, "train", durations=True)))
+    assert (batch["durations"].numpy().sum(1) == batch["mel_lengths"].numpy()).all()

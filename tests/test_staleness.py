@@ -302,6 +302,69 @@ def test_files_the_index_does_not_list_still_rebuild_exactly_their_jobs(built):
     assert rebuild_then_nothing_to_do(built) == jobs_files(("mels", 0), ("mels", 1), ("pitch", 3))
 
 
+def flip_byte(path):
+    """XOR one byte in the middle of `path` and put its mtime back, as bit rot does."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(st.st_size // 2)
+        byte = f.read(1)[0]
+        f.seek(st.st_size // 2)
+        f.write(bytes([byte ^ 0x5A]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_size == st.st_size
+
+
+@pytest.mark.slow
+def test_flipped_bytes_with_mtime_kept_fail_the_loader_and_rebuild_exactly_their_jobs(built):
+    import tensorflow as tf
+
+    from pipeline import config as pconfig
+    from pipeline import data, errors
+    damaged = {"tokens": 0, "mels": 2, "pitch": 3}
+    for kind, shard in damaged.items():
+        flip_byte(built.cache / f"{kind}/shard-{shard:03d}.bin")
+    cfg = pconfig.load_config(built.config)
+    data.load_clips(cfg)  # sizes and JSON agree: only the checksum, read with the bytes, tells
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        next(iter(data.build_dataset(cfg, "train")))
+    line = errors._one_line(caught.value)  # what `python -m pipeline.train` prints as its one line
+    assert line.startswith("damaged cache shard ") and "\n" not in line
+    assert "run `snakemake --cores all caches`" in line
+    named = set(re.findall(r"(\w+)/shard-(\d{3})\.bin", line))
+    assert named and named <= {(k, f"{s:03d}") for k, s in damaged.items()}
+    counts, shards = plan(built.config)
+    assert counts == {"token_shard": 1, "mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "caches": 1}
+    assert shards == {"token_shard": [0], "mel_shard": [2], "pitch_shard": [3]}
+    assert rebuild_then_nothing_to_do(built) == jobs_files(("tokens", 0), ("mels", 2), ("pitch", 3))
+    batches = data.build_dataset(cfg, "train")
+    for _, batch in zip(range(8), batches):  # every shard group read and verified again
+        assert {"tokens", "mel", "pitch", "energy"} <= set(batch)
+
+
+@pytest.mark.slow
+def test_damage_that_planning_missed_is_found_by_the_loader_and_then_rebuilt(built):
+    # planning hashes a .bin only when its size, mtime, ctime or inode moved since it last verified it;
+    # a disk's own bit rot moves none of them: here the stamp is rewritten to the damaged file's stat
+    import tensorflow as tf
+
+    from pipeline import config as pconfig
+    from pipeline import data, errors
+    assert plan(built.config) == NOTHING  # every shard verified and stamped
+    path = built.cache / "mels/shard-001.bin"
+    stamp = built.cache / ".verified/mels-shard-001"
+    checksum = stamp.read_text().split()[-1]
+    flip_byte(path)
+    st = path.stat()
+    stamp.write_text(f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {checksum}\n")
+    assert plan(built.config) == NOTHING  # planning cannot see it
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        next(iter(data.build_dataset(pconfig.load_config(built.config), "train")))
+    assert "mels/shard-001.bin" in errors._one_line(caught.value)  # and forgets the stamp
+    counts, shards = plan(built.config)
+    assert shards == {"mel_shard": [1]}
+    assert rebuild_then_nothing_to_do(built) == jobs_files(("mels", 1))
+
+
 # --- settings ---------------------------------------------------------------------------------
 def _edited_config(p, path, **sections):
     cfg = yaml.safe_load(p.config.read_text())

@@ -22,6 +22,7 @@ that multiple, known from the config alone; a user's kind sets it as `model.opti
 docs/examples/my_tts.py is a user's kind that the tests train.
 """
 import importlib
+import inspect
 import sys
 from pathlib import Path
 
@@ -75,7 +76,28 @@ def _user_builder(kind):
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ModelError(f"model.kind: {module_name!r} has no function {attr!r}")
+    try:
+        inspect.signature(fn).bind(None, None, None)
+    except TypeError:
+        raise ModelError(f"model.kind: {kind!r} does not take (model_cfg, vocab, n_mels) "
+                         f"(its signature is {attr}{_signature(fn)}); see docs/models.md") from None
+    except ValueError:  # a builtin without a signature: the call itself will tell
+        pass
     return fn
+
+
+def _signature(fn):
+    try:
+        return str(inspect.signature(fn))
+    except ValueError:
+        return "(...)"
+
+
+def check_kind(model_cfg):
+    """ModelError unless model.kind is a built-in kind or an importable `function(model_cfg, vocab,
+    n_mels)`: checked when the config is read, before any job starts. Imports a user's module."""
+    if model_cfg["kind"] not in KINDS:
+        _user_builder(model_cfg["kind"])
 
 
 def dummy_batch(n_tokens, n_frames, n_mels):

@@ -1,0 +1,164 @@
+"""Bad input and failures cost no finished work: config values checked before any job starts, a
+failing train or synthesize keeps the previous outputs, a full disk is one line and leaves no
+temporary files. Real Snakemake runs where Snakemake's behaviour (deleting a job's outputs) matters.
+
+    python -m pytest -q tests/test_failures.py
+"""
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+from conftest import ROOT, snakemake
+from test_train import tiny_config
+
+from pipeline import config, errors, shards
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def files(folder):
+    """{relative path: (mtime_ns, size)} of every file under `folder`."""
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.stat().st_size)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def module(name, *args, cwd=ROOT, env=ENV):
+    return subprocess.run([sys.executable, "-m", name, *args], capture_output=True, text=True, cwd=cwd, env=env)
+
+
+# --- checked before any job starts ------------------------------------------------------------
+@pytest.mark.parametrize("override, message", [
+    ("text={language: xx-nonexistent}", "text.language: espeak-ng has no voice 'xx-nonexistent'"),
+    ("model={kind: 'nonexistent.module:build'}", "model.kind: cannot import 'nonexistent.module'"),
+    ("model={kind: 'json:dumps'}", "model.kind: 'json:dumps' does not take (model_cfg, vocab, n_mels)"),
+    ("dataset={root: /nonexistent/corpus}", "dataset.root: folder not found"),
+])
+def test_bad_values_stop_snakemake_before_any_job_deletes_an_output(built_cache, override, message):
+    cache = config.cache_dir(config.load_config(built_cache))
+    before = files(cache)
+    proc = snakemake("--forcerun", "token_shard", "train", "--config", override, config=built_cache, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and message in out, out[-2000:]
+    assert "Select jobs to execute" not in out  # no job started, so none had its outputs deleted
+    assert files(cache) == before
+
+
+def test_yaml_syntax_error_is_one_line_with_file_and_line(tmp_path):
+    bad = tmp_path / "my.yaml"
+    bad.write_text("name: x\ntrain:\n  steps: [1, 2\n  batch_size: 3\n")
+    proc = module("pipeline.config", "--config", str(bad))
+    assert proc.returncode == errors.EXIT_EXPECTED
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {bad}:4:13: not valid YAML: did not find expected ',' or ']' (while parsing a flow sequence)"]
+
+
+@pytest.mark.slow
+def test_a_model_kind_with_the_wrong_signature_is_one_line_from_the_job_too(built_cache, tmp_path):
+    path = tiny_config(built_cache, tmp_path, model={"kind": "json:dumps"})
+    proc = module("pipeline.train", "--config", str(path))
+    assert proc.returncode == errors.EXIT_EXPECTED, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: model.kind: 'json:dumps' does not take (model_cfg, vocab, n_mels)")
+    assert "Traceback" not in proc.stderr
+
+
+# --- failures inside a job --------------------------------------------------------------------
+def samples_of(run):
+    """{name: bytes} of the wavs and mels in runs/{name}/samples."""
+    return {p.name: p.read_bytes() for p in (run / "samples").iterdir() if p.suffix in (".wav", ".npy")}
+
+
+@pytest.mark.slow
+def test_failing_synthesize_and_train_keep_the_samples_loss_history_and_checkpoints(built_cache, tmp_path):
+    good = tiny_config(built_cache, tmp_path, steps=10, checkpoint_every=10)
+    run = config.run_dir(config.load_config(good))
+    snakemake("synthesize", config=good)
+    samples = samples_of(run)
+    assert {"00.wav", "00.npy"} <= set(samples) and (run / "samples/sentences.json").exists()
+    assert [r["step"] for r in json.loads((run / "train.json").read_text())["history"]] == [5, 10]
+
+    # a synthesize that fails inside (a sentence of only spaces): the previous samples stay
+    cfg = yaml.safe_load(good.read_text())
+    sentences = config.load_config(good)["synthesize"]["sentences"]
+    cfg["synthesize"]["sentences"] = [*sentences, "   "]
+    (tmp_path / "bad").mkdir()
+    bad = tmp_path / "bad/config.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    proc = snakemake("synthesize", config=bad, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # Snakemake's own exit status for a failed job
+    assert "rule train" not in proc.stdout + proc.stderr  # training was up to date
+    assert samples_of(run) == samples
+    assert not list(run.glob(".samples.tmp*"))
+
+    # a train that fails inside (the loss diverges): Snakemake deletes train.json, nothing else is lost
+    cfg["synthesize"]["sentences"] = sentences
+    cfg["train"].update(steps=20, learning_rate=1e9)
+    bad.write_text(yaml.safe_dump(cfg))
+    proc = snakemake("synthesize", config=bad, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "loss became" in (tmp_path / "reports/t/logs/train.log").read_text()
+    assert not (run / "train.json").exists()
+    assert [json.loads(line)["step"] for line in (run / "history.jsonl").read_text().splitlines()][:2] == [5, 10]
+    assert (run / "checkpoints/ckpt-10.index").exists()
+    assert samples_of(run) == samples
+
+
+def test_the_loss_history_keeps_earlier_runs_up_to_the_restored_step(tmp_path):
+    from pipeline import train  # TensorFlow, no training
+    (tmp_path / "history.jsonl").write_text("".join(json.dumps({"step": k, "total": 1.0 / k}) + "\n"
+                                                    for k in (5, 10, 15)))  # killed after step 15, ckpt-10
+    assert [r["step"] for r in train.past_history(tmp_path, 10)] == [5, 10]
+    assert (tmp_path / "history.jsonl").read_text().count("\n") == 2  # step 15 is trained again
+
+
+# --- a full disk ------------------------------------------------------------------------------
+def test_full_disk_while_writing_a_shard_is_one_line_and_leaves_no_temporary_file(tmp_path, monkeypatch, capsys):
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "fsync", no_space)
+    out = tmp_path / "cache/t/mels/shard-000"
+
+    @errors.cli
+    def main(argv=None):
+        shards.write(out, "mels", ["a"], [np.zeros((7, 4), np.float16)], provenance="p", width=4)
+
+    with pytest.raises(SystemExit) as exit_:
+        main([])
+    assert exit_.value.code == errors.EXIT_EXPECTED
+    assert capsys.readouterr().err == (f"error: no space left on device writing {out}.bin; free space and rerun\n")
+    assert os.listdir(out.parent) == []  # neither the temporary .shard-000.bin.tmpPID nor a .json
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(built_cache, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        path = tiny_config(built_cache, tmp_path, steps=5, checkpoint_every=5)
+        path.write_text(path.read_text().replace(str(tmp_path / "runs"), str(disk / "runs")))
+        assert module("pipeline.train", "--config", str(path)).returncode == 0
+        ckpt = disk / "runs/t/checkpoints"
+        size = sum(p.stat().st_size for p in ckpt.glob("ckpt-5.*"))
+        free = shutil.disk_usage(disk).free
+        (disk / "filler").write_bytes(b"\0" * (free - size // 2))  # room for logs, not for a checkpoint
+        path.write_text(path.read_text().replace("steps: 5", "steps: 10"))
+        proc = module("pipeline.train", "--config", str(path))
+        assert proc.returncode == errors.EXIT_EXPECTED, proc.stderr[-3000:]
+        assert proc.stderr.strip().splitlines()[-1].startswith("error: no space left on device writing ")
+        assert proc.stderr.strip().splitlines()[-1].endswith("; free space and rerun")
+        assert "Traceback" not in proc.stderr
+        assert not [p for p in disk.rglob("*") if "_temp" in p.name or ".tmp" in p.name]
+        assert not list(ckpt.glob("ckpt-10*"))
+        assert 'model_checkpoint_path: "ckpt-5"' in (ckpt / "checkpoint").read_text()  # still the latest
+        assert (ckpt / "ckpt-5.index").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
