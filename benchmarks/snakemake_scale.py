@@ -60,9 +60,10 @@ def config_for(workdir, root, shards, tag):
     return path, Path(cfg["cache"]["dir"]) / cfg["name"]
 
 
-def snakemake(project, *args, config):
+def snakemake(project, *args, config, scheduler=None):
     cmd = [sys.executable, "-c", common.SNAKEMAKE_WITH_RUSAGE, "--snakefile", project / "Snakefile",
-           "--cores", "2", "--directory", project, *args, "--configfile", config]
+           "--cores", "2", "--directory", project, *args, *(["--scheduler", scheduler] if scheduler else []),
+           "--configfile", config]
     out = config.with_suffix(".rusage.json")
     res = common.run_timed(cmd, cwd=project, env={"BENCH_RUSAGE_OUT": str(out)})
     split = json.loads(out.read_text())
@@ -76,6 +77,8 @@ def main(argv=None):
     p.add_argument("--clips", type=int, default=1024)
     p.add_argument("--plan", type=lambda s: [int(x) for x in s.split(",") if x], default=[128, 512, 1024])
     p.add_argument("--build", type=lambda s: [int(x) for x in s.split(",") if x], default=[48])
+    p.add_argument("--scheduler", choices=["greedy", "ilp"], default=None,
+                   help="Snakemake's --scheduler for the builds (default: the profile's)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -83,6 +86,7 @@ def main(argv=None):
     tag = "x" + str(abs(hash(str(project))) % 10**6)
     root = make_corpus(args.workdir / f"corpus{args.clips}", args.clips)
     result = dict(machine=common.machine_info(), project=str(project), clips=args.clips, plan={}, build={},
+                  scheduler=args.scheduler,
                   load_start=os.getloadavg())
     for shards in args.plan:
         config, cache = config_for(args.workdir, root, shards, tag)
@@ -95,7 +99,7 @@ def main(argv=None):
         config, cache = config_for(args.workdir, root, shards, tag)
         shutil.rmtree(cache, ignore_errors=True)
         t = time.time()
-        r = snakemake(project, "caches", "--quiet", "all", config=config)
+        r = snakemake(project, "caches", "--quiet", "all", config=config, scheduler=args.scheduler)
         r["per_shard_ms"] = round(1000 * r["snakemake_cpu"] / shards, 2)
         r["snakemake_share_of_jobs"] = round(r["snakemake_cpu"] / max(r["jobs_cpu"], 1e-9), 3)
         r["planned_built"] = snakemake(project, "caches", "-n", "--quiet", "rules", config=config)
