@@ -1,4 +1,5 @@
 # Two-stage TTS pipeline: sharded token/mel caches, then training from them, then diagnosis.
+#   snakemake --cores all              # caches, aligner, acoustic model, vocoder, samples, reports
 #   snakemake --cores all train        # the main job on the shipped demo corpus
 #   snakemake -n caches                # shows only the stale shards after a dataset edit
 from snakemake.utils import min_version
@@ -13,6 +14,7 @@ include: "rules/common.smk"
 include: "rules/cache.smk"
 include: "rules/align.smk"
 include: "rules/train.smk"
+include: "rules/vocoder.smk"
 include: "rules/evaluate.smk"
 include: "rules/diagnose.smk"
 include: "rules/export.smk"
@@ -22,6 +24,7 @@ rule all:
     default_target: True
     input:
         rules.train.output,
+        rules.vocoder.input,
         rules.synthesize.output,
         rules.evaluate.output,
         rules.diagnose.output,

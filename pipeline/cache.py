@@ -2,12 +2,12 @@
 
 Each job reads the manifest (pipeline/manifest.py), computes one shard's features and writes them
 in the one shard format (pipeline/shards.py). Mel shards and their energy come from one STFT
-(pipeline/audio.py); pitch from pipeline/pitch.py on the same frame grid; tokens from the text
+(pipeline/audio.py), with the waveform cut to the mel's frame grid (audio shards); pitch from pipeline/pitch.py on the same frame grid; tokens from the text
 front end (pipeline/text.py, one espeak-ng backend per job). Per-clip sums (`.stats.npy`) give
 `index` the train split's mel, energy and voiced-pitch mean/std without a second pass.
 
     python -m pipeline.cache tokens --config CFG --shard 3 --out cache/demo/tokens/shard-003
-    python -m pipeline.cache mels   --config CFG --shard 3 --out cache/demo/mels/shard-003 --energy cache/demo/energy/shard-003
+    python -m pipeline.cache mels   --config CFG --shard 3 --out cache/demo/mels/shard-003 --energy cache/demo/energy/shard-003 --audio cache/demo/audio/shard-003
     python -m pipeline.cache pitch  --config CFG --shard 3 --out cache/demo/pitch/shard-003
     python -m pipeline.cache index  --config CFG --out cache/demo/index.json   # every shard of the config's cache
     python -m pipeline.cache index  --config CFG --tokens T.. --mels M.. --energy-shards E.. --pitch P.. --out I
@@ -90,13 +90,14 @@ def _audio_of_shard(cfg, shard, what, log):
     return signals(), rejected, fail_on_bad
 
 
-def build_mel_shard(cfg, shard, out, energy_out, log=_print):
-    """Mels (float16) and energy (float32) per frame, from one STFT per clip."""
+def build_mel_shard(cfg, shard, out, energy_out, audio_out=None, log=_print):
+    """Mels (float16) and energy (float32) per frame, from one STFT per clip; with `audio_out`, the
+    waveform itself (float32, cut to frames * hop samples: the vocoder's targets on the mel's grid)."""
     a = cfg["audio"]
     basis = audio.mel_basis_memo(Path(out).parent, sample_rate=a["sample_rate"], n_fft=a["n_fft"],
                                  n_mels=a["n_mels"], fmin=a["fmin"], fmax=a["fmax"])
     signals, rejected, fail_on_bad = _audio_of_shard(cfg, shard, "mel", log)
-    ids, mels, energies, mel_sums, energy_sums = [], [], [], [], []
+    ids, mels, energies, mel_sums, energy_sums, waves = [], [], [], [], [], []
     for cid, y in signals:
         spec = audio.stft_magnitude(y, n_fft=a["n_fft"], hop_length=a["hop_length"], win_length=a["win_length"])
         mel = audio.log_mel(spec, basis)                                          # (F, n_mels)
@@ -104,12 +105,17 @@ def build_mel_shard(cfg, shard, out, energy_out, log=_print):
         ids.append(cid)
         mels.append(mel.astype(np.float16))
         energies.append(energy)
+        if audio_out is not None:
+            waves.append(y[:len(mel) * a["hop_length"]])                           # (F * hop,)
         mel_sums.append([mel.sum(0, dtype=np.float64), np.square(mel).sum(0, dtype=np.float64)])
         energy_sums.append([energy.sum(dtype=np.float64), np.square(energy, dtype=np.float64).sum()])
     fail_on_bad()
     n_mels = a["n_mels"]
     frames = sum(len(m) for m in mels)
     seconds = round(frames * a["hop_length"] / a["sample_rate"], 3)
+    if audio_out is not None:
+        shards.write(audio_out, "audio", ids, waves, provenance=shards.provenance("audio", cfg), rejected=rejected,
+                     hop_length=a["hop_length"], sample_rate=a["sample_rate"])
     shards.write(energy_out, "energy", ids, energies, provenance=shards.provenance("energy", cfg),
                  stats=np.asarray(energy_sums, np.float64).reshape(len(ids), 2), rejected=rejected)
     shards.write(out, "mels", ids, mels, provenance=shards.provenance("mels", cfg), width=n_mels,
@@ -266,6 +272,7 @@ def main(argv=None):
     parser.add_argument("--shard", type=int)
     parser.add_argument("--out", required=True, help="shard path without suffix, or index.json")
     parser.add_argument("--energy", help="mels: the energy shard path without suffix")
+    parser.add_argument("--audio", help="mels: the audio shard path without suffix (the waveform on the mel grid)")
     for kind in shards.CACHE_KINDS:
         if kind != "energy":
             parser.add_argument(f"--{kind}", nargs="*", default=[], help=f"index: the {kind} shards")
@@ -285,7 +292,7 @@ def main(argv=None):
     elif args.what == "mels":
         if not args.energy:
             raise config.ConfigError("mels: --energy (the energy shard path) is required")
-        build_mel_shard(cfg, args.shard, args.out, args.energy)
+        build_mel_shard(cfg, args.shard, args.out, args.energy, args.audio)
     else:
         build_pitch_shard(cfg, args.shard, args.out)
 

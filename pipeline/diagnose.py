@@ -6,10 +6,13 @@ step), samples GPU utilisation with NVML, scans the input graph for Python ops, 
 and looks for cycles in the step times. `diagnose()` returns the report dict (its fields are listed
 in docs/architecture.md); pipeline/diagnose_report.py turns it into sentences and files.
 
-Reads the config (`diagnose.steps`, `diagnose.warmup`, `reports_dir`, `name`, and through
-pipeline.train the whole `train:` section); writes {reports_dir}/{name}/diagnose.{json,md,png}.
+Reads the config (`diagnose.steps`, `diagnose.warmup`, `diagnose.target`, `reports_dir`, `name`, and
+through pipeline.train the whole `train:` section; with `diagnose.target: vocoder`, the vocoder's
+segment loader and step from pipeline.train_vocoder and the `vocoder:` section instead); writes
+{reports_dir}/{name}/diagnose.{json,md,png}.
 
     python -m pipeline.diagnose --config configs/config.yaml [--out DIR] [--set diagnose.steps=20]
+    python -m pipeline.diagnose --config configs/config.yaml --set diagnose.target=vocoder
 """
 import argparse
 import collections
@@ -302,6 +305,22 @@ def _diagnose_trainer(cfg, placement):
                     batches=getattr(trainer, "batches", None))
 
 
+def _diagnose_vocoder(cfg):
+    """diagnose.target: vocoder: the segment loader and the vocoder's compiled step (the GAN step when
+    vocoder.gan_start_step is 0, else the spectral one), on the placement's first device."""
+    from pipeline.train_vocoder import VocoderTrainer
+    trainer = VocoderTrainer(cfg)
+    gan = cfg["vocoder"]["gan_start_step"] == 0
+    step_fn = trainer.gan_step if gan else trainer.spectral_step
+    d = cfg["diagnose"]
+    report = diagnose(trainer.dataset("train"), step_fn, steps=d["steps"], warmup=d["warmup"],
+                      device=trainer.device, expected_shapes=1, placement=trainer.p.name,
+                      context={"jit_compile": trainer.p.jit_compile, "mixed_precision": trainer.p.mixed_precision})
+    report["target"] = "vocoder"
+    report["vocoder_step"] = "gan" if gan else "spectral"
+    return report
+
+
 @cli
 def main(argv=None):
     from pipeline import config
@@ -311,9 +330,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     cfg = config.from_args(args)
 
-    report = _diagnose_trainer(cfg, None)
+    vocoder = cfg["diagnose"]["target"] == "vocoder"
+    report = _diagnose_vocoder(cfg) if vocoder else _diagnose_trainer(cfg, None)
     n_gpus = len(tf.config.list_logical_devices("GPU"))  # what pipeline.placement counts
-    if n_gpus >= 2:
+    if vocoder:
+        sentences = ["Placements were not compared: the vocoder trains on one device."]
+    elif n_gpus >= 2:
         results = {report["placement"]: report}
         for name in ("mirrored", "split"):
             if name not in results:

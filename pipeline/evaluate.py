@@ -5,17 +5,22 @@
 
 For each validation clip (held out from training by id hash; at most `evaluate.max_clips`, by id),
 the latest checkpoint speaks the clip's text (`pipeline.synthesize.load_synthesizer`, so every model
-kind works alike), Griffin-Lim turns the mel into audio, and the audio is compared with the recording
+kind works alike), the trained vocoder (runs/{name}/vocoder.json; Griffin-Lim with vocoder.kind
+griffin_lim) turns the mel into audio, and the audio is compared with the recording
 (pipeline/metrics.py): mel-cepstral distortion (MCD, DTW-aligned, c0 excluded), length ratio, and F0
 RMSE on the DTW pairs voiced in both. Every figure has two references beside it: the same measure
-for Griffin-Lim resynthesis of the recording's own mel (the ceiling this vocoder allows) and for
+for Griffin-Lim resynthesis of the recording's own mel (`mcd_db_ceiling`, kept as a reference), the
+trained vocoder's copy-synthesis of it (`mcd_db_vocoder_ceiling`, the ceiling the pipeline allows) and
 the synthesized audio against OTHER clips' recordings (chance: the model says something, not this).
+Wideband PESQ (16 kHz, the `pesq` package) and STOI (`pystoi`) of the synthesized audio (re-timed onto
+the recording along the MCD's DTW path) and of both copy-syntheses against the recording.
 
 Reads the run's own vocabulary and mel statistics (runs/{name}/run.json, through the synthesizer),
 the caches' index (the split), the recordings' F0 from the pitch
 cache (pipeline.pitch makes the synthesized audio's), duration shards where they exist (the
 `aligner` block), the dataset's audio and metadata, runs/{name}/checkpoints; config keys
-`evaluate:`, `audio:`, `pitch:`, `dataset:`, `synthesize:` (what the synthesizer honours), `model:`.
+`evaluate:`, `audio:`, `pitch:`, `dataset:`, `synthesize:` (what the synthesizer honours), `model:`,
+`vocoder:` (kind; the trained one's summary and checkpoint).
 Writes evaluate.json, evaluate.md, evaluate.png (pipeline/evaluate_report.py), the synthesized
 audio it measured (evaluate_audio/{id}.wav) and TensorBoard scalars `evaluate/*` at the
 checkpoint's step in runs/{name}/.
@@ -32,6 +37,7 @@ from pipeline.errors import PipelineError, cli
 
 GL_POWER = 1.0  # Griffin-Lim without the listening sharpening (power 1.5 tilts the spectrum: +4 dB MCD)
 ARRAYS = ("recorded_mel", "synthesized_mel", "path", "synthesized_audio")  # per-clip rows, not in the JSON
+LISTENED = ("synthesized", "vocoder_ceiling", "griffin_lim_ceiling")  # pesq/stoi keys in evaluate.json
 MIN_FRAMES = 2  # a decoder that stops at once still yields a (silent) signal to compare
 
 _print = functools.partial(print, flush=True)
@@ -104,15 +110,24 @@ class Analyser:
     """Audio -> what the measures need: F0 (pipeline.pitch, as the pitch cache) and mel-cepstra, on the
     mel frame grid."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, neural=None):
         self.a, self.pitch, self.iters = cfg["audio"], cfg["pitch"], cfg["evaluate"]["griffin_lim_iters"]
         self.max_seconds = cfg["dataset"]["max_seconds"]
+        self.neural = neural  # the trained vocoder (pipeline.models.vocoders.Vocoder), None: Griffin-Lim
 
-    def vocode(self, log_mel):
+    def griffin_lim(self, log_mel):
         from pipeline.vocoder import griffin_lim
 
         y = np.asarray(griffin_lim(log_mel, iters=self.iters, power=GL_POWER, **self.a))
         return np.pad(y, (0, max(0, MIN_FRAMES * self.a["hop_length"] - len(y))))
+
+    def vocode(self, log_mel):
+        """The pipeline's vocoder: the trained one, or Griffin-Lim without one."""
+        if self.neural is None:
+            return self.griffin_lim(log_mel)
+        y = self.neural(np.pad(log_mel, [(0, max(0, MIN_FRAMES - len(log_mel))), (0, 0)],
+                               constant_values=np.log(audio.LOG_CLAMP)))
+        return np.asarray(y, np.float32)
 
     def f0(self, y):
         sr, hop = self.a["sample_rate"], self.a["hop_length"]
@@ -141,13 +156,26 @@ def compare(clips, synth_mel, analyse, log=_print):
     for clip in clips:
         y = audio.load_audio(clip.audio, sample_rate=a["sample_rate"], max_seconds=analyse.max_seconds)
         mel = audio.mel_spectrogram(y, **a)                                     # (F, n_mels)
-        rec, ceil = analyse(y, clip.f0), analyse(analyse.vocode(mel))
+        y_gl = analyse.griffin_lim(mel)
+        rec, ceil = analyse(y, clip.f0), analyse(y_gl)
         smel = synth_mel(clip.text)                                             # (F', n_mels)
         y_syn = analyse.vocode(smel)
         syn = analyse(y_syn)
         mcd_db, path_ = metrics.mcd(syn["mc"], rec["mc"])
         mcd_ceiling, path_ceiling = metrics.mcd(ceil["mc"], rec["mc"])
-        rows.append({"id": clip.id, "mcd_db": mcd_db, "mcd_db_ceiling": mcd_ceiling,
+        ref = y[:len(mel) * a["hop_length"]]                                    # the recording on the mel grid
+        warped = (y_syn[:len(ref)] if len(smel) == len(mel)   # same length: as it is; else re-timed (DTW)
+                  else metrics.warp_to(y_syn, path_, n_frames=len(mel), hop_length=a["hop_length"]))
+        heard = {"synthesized": warped, "griffin_lim_ceiling": y_gl[:len(ref)]}
+        extra = {}
+        if analyse.neural is not None:
+            y_voc = analyse.vocode(mel)
+            extra["mcd_db_vocoder_ceiling"] = metrics.mcd(analyse(y_voc)["mc"], rec["mc"])[0]
+            heard["vocoder_ceiling"] = y_voc[:len(ref)]
+        for name, sig in heard.items():
+            extra[f"pesq_{name}"] = metrics.pesq_wb(ref, sig, a["sample_rate"])
+            extra[f"stoi_{name}"] = metrics.stoi(ref, sig, a["sample_rate"])
+        rows.append({"id": clip.id, "mcd_db": mcd_db, "mcd_db_ceiling": mcd_ceiling, **extra,
                      "duration_ratio": len(smel) / len(mel),
                      "f0_rmse_hz": _f0_rmse(syn["f0"], rec["f0"], path_),
                      "f0_rmse_hz_ceiling": _f0_rmse(ceil["f0"], rec["f0"], path_ceiling),
@@ -156,8 +184,9 @@ def compare(clips, synth_mel, analyse, log=_print):
                      "recorded_mel": mel, "synthesized_mel": smel, "path": path_, "synthesized_audio": y_syn})
         recorded.append(rec)
         synthesized.append(syn)
-        log(f"{clip.id}: MCD {mcd_db:.2f} dB (ceiling {mcd_ceiling:.2f}), {len(smel)} / {len(mel)} frames: "
-            f"{clip.text!r}")
+        vc = f", vocoder ceiling {extra['mcd_db_vocoder_ceiling']:.2f}" if "mcd_db_vocoder_ceiling" in extra else ""
+        log(f"{clip.id}: MCD {mcd_db:.2f} dB (Griffin-Lim ceiling {mcd_ceiling:.2f}{vc}), {len(smel)} / {len(mel)} "
+            f"frames: {clip.text!r}")
     for i, row in enumerate(rows):  # chance: this clip's synthesis against the other clips' recordings
         others = [metrics.mcd(synthesized[i]["mc"], recorded[j]["mc"])[0] for j in range(len(rows)) if j != i]
         row["mcd_db_other"] = float(np.median(others)) if others else None
@@ -165,21 +194,30 @@ def compare(clips, synth_mel, analyse, log=_print):
                **{k: _median([r[k] for r in rows])
                   for k in ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz",
                             "f0_rmse_hz_ceiling", "f0_gross_error", "f0_gross_error_ceiling")}}
+    if analyse.neural is not None:
+        summary["mcd_db_vocoder_ceiling"] = _median([r["mcd_db_vocoder_ceiling"] for r in rows])
+    for measure in ("pesq", "stoi"):
+        summary[measure] = {name: _median([r.get(f"{measure}_{name}") for r in rows])
+                            for name in LISTENED if any(f"{measure}_{name}" in r for r in rows)}
     return summary, rows
 
 
 def evaluate(cfg, out, log=_print):
     """Measure the latest checkpoint on the validation clips; write the report into `out`."""
     from pipeline.evaluate_report import write_report
+    from pipeline.models import vocoders
     from pipeline.synthesize import load_synthesizer
     from pipeline.vocoder import save_wav
 
     synth = load_synthesizer(cfg, log)  # MissingCheckpoint first: the clearest thing to fix
+    voc = vocoders.load(cfg)
     clips = validation_clips(cfg)
-    log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips")
-    summary, rows = compare(clips, synth.mel, Analyser(cfg), log)
+    log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips, through the "
+        f"{voc.kind} vocoder")
+    summary, rows = compare(clips, synth.mel, Analyser(cfg, voc if voc.model is not None else None), log)
     report = {**summary, "checkpoint": synth.checkpoint, "step": synth.step,
               "model": cfg["model"].get("kind"),
+              "vocoder": {"kind": voc.kind, "steps": voc.steps, "finetune_steps": voc.finetune_steps},
               "griffin_lim_iters": cfg["evaluate"]["griffin_lim_iters"],
               "per_clip": [{k: v for k, v in r.items() if k not in ARRAYS} for r in rows]}
     aligner = aligner_check(cfg)
@@ -204,8 +242,9 @@ def _tensorboard(cfg, report):
 
     writer = tf.summary.create_file_writer(str(config.run_dir(cfg)))
     with writer.as_default():
-        for key in ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz"):
-            if report[key] is not None:
+        for key in ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "mcd_db_vocoder_ceiling", "duration_ratio",
+                    "f0_rmse_hz"):
+            if report.get(key) is not None:
                 tf.summary.scalar(f"evaluate/{key}", report[key], step=report["step"])
     writer.close()
 

@@ -124,3 +124,40 @@ def f0_gross_error(f0_a, f0_b, path):
     if not both.any():
         return None
     return float(np.mean(np.abs(fa[both] / fb[both] - 1.0) > GROSS_PITCH_ERROR))
+
+
+# --- listening-test proxies: PESQ (wideband, 16 kHz) and STOI of a signal against its recording ---
+PESQ_RATE = 16000  # wideband PESQ (ITU-T P.862.2) is defined at 16 kHz
+
+
+def warp_to(y, path, *, n_frames, hop_length):
+    """`y` (frames of hop_length samples) re-timed onto a recording of n_frames frames along a DTW
+    path (i into y's frames, j into the recording's): for each recorded frame, the y frame paired
+    with it; a synthesized clip then has the recording's length, which STOI needs."""
+    frames = np.asarray(y[:len(y) // hop_length * hop_length], np.float32).reshape(-1, hop_length)
+    pick = np.zeros(n_frames, np.int64)
+    pick[path[:, 1]] = path[:, 0]                                    # the last pairing of each recorded frame
+    return frames[np.minimum(pick, len(frames) - 1)].reshape(-1)
+
+
+def pesq_wb(reference, degraded, sample_rate):
+    """Wideband PESQ (MOS-LQO, about 1.0-4.6) of `degraded` against `reference`, both resampled to
+    16 kHz; None when PESQ finds no speech (e.g. a silent output)."""
+    import soxr
+    from pesq import pesq
+    from pesq.cypesq import PesqError
+
+    ref, deg = (soxr.resample(np.asarray(x, np.float32), sample_rate, PESQ_RATE) for x in (reference, degraded))
+    n = min(len(ref), len(deg))
+    try:
+        return float(pesq(PESQ_RATE, ref[:n], deg[:n], "wb"))
+    except PesqError:
+        return None
+
+
+def stoi(reference, degraded, sample_rate):
+    """STOI (0-1) of `degraded` against `reference` (cut to the shorter)."""
+    from pystoi import stoi as _stoi
+
+    n = min(len(reference), len(degraded))
+    return float(_stoi(np.asarray(reference[:n], np.float64), np.asarray(degraded[:n], np.float64), sample_rate))

@@ -12,8 +12,9 @@ A new kind is one entry in KINDS (and a rule that writes it with `write`).
 
 Items are tokens for the token-aligned kinds (tokens: Unicode code points of the front end's
 symbols, the last one the end-of-sequence symbol; durations: mel frames per token, same ids and
-lengths as the token shard) and mel frames for the frame-aligned kinds (mels, energy, pitch: the
-same ids and frame counts, `pipeline.audio.n_frames`). Provenance is a digest of FORMAT, the config
+lengths as the token shard) and mel frames for the frame-aligned kinds (mels, energy, pitch, gta: the
+same ids and frame counts, `pipeline.audio.n_frames`); audio items are samples, frames * hop_length
+a clip (the waveform cut to the mel's frame grid, for the vocoder). Provenance is a digest of FORMAT, the config
 values and the code the content depends on: the loader refuses to mix shards with the index.
 
 Writes are atomic: `.bin` and `.stats.npy` first, `.json` last, each through a temporary file, so an
@@ -60,6 +61,8 @@ KINDS = {
     "energy": Kind("<f4", "frame", "mel_shard", REBUILD),
     "pitch": Kind("<f4", "frame", "pitch_shard", REBUILD),
     "durations": Kind("<i4", "token", "duration_shard", "snakemake --cores all durations"),
+    "audio": Kind("<f4", "sample", "mel_shard", REBUILD),          # frames * hop samples a clip
+    "gta": Kind("<f2", "frame", "gta_shard", "snakemake --cores all vocoder"),  # the acoustic model's mels
 }
 DAMAGED = GRAPH_MARK  # starts the loader's in-graph assertion message (pipeline/errors.py reads it)
 CACHE_KINDS = ("tokens", "mels", "energy", "pitch")  # what `caches` builds and the index lists
@@ -266,14 +269,15 @@ def settings(kind, cfg):
     """The config values a cache kind's content depends on (and all its job reads besides paths)."""
     if kind == "tokens":
         return {"text": dict(cfg["text"])}
-    if kind in ("mels", "energy"):
+    if kind in ("mels", "energy", "audio"):
         return {"audio": dict(cfg["audio"])}
     if kind == "pitch":
         return {"audio": {k: cfg["audio"][k] for k in ("sample_rate", "hop_length")}, "pitch": dict(cfg["pitch"])}
     raise KeyError(kind)
 
 
-CODE = {"tokens": ("text.py", "symbols.py"), "mels": ("audio.py",), "energy": ("audio.py",), "pitch": ("audio.py", "pitch.py")}
+CODE = {"tokens": ("text.py", "symbols.py"), "mels": ("audio.py",), "energy": ("audio.py",), "audio": ("audio.py",),
+        "pitch": ("audio.py", "pitch.py")}
 
 
 def provenance(kind, cfg, espeak=None):

@@ -29,7 +29,8 @@ import tensorflow as tf
 
 from pipeline import config, models, runinfo, text
 from pipeline.errors import MissingCheckpoint, cli
-from pipeline.vocoder import griffin_lim, save_wav
+from pipeline.models import vocoders
+from pipeline.vocoder import save_wav
 
 
 class Synthesizer:
@@ -100,6 +101,7 @@ def synthesize(cfg, out, log=functools.partial(print, flush=True)):
 def _synthesize_into(cfg, out, final, log):
     """Write the samples into folder `out`; what sentences.json records are their paths in `final`."""
     synth = load_synthesizer(cfg, log)
+    vocode = vocoders.load(cfg)  # the run's trained vocoder, or Griffin-Lim with vocoder.kind griffin_lim
     s, a = cfg["synthesize"], synth.audio
     out.mkdir(parents=True, exist_ok=True)
     log(f"synthesizing {len(s['sentences'])} sentences from {synth.checkpoint} "
@@ -109,7 +111,7 @@ def _synthesize_into(cfg, out, final, log):
         res = synth.infer(sentence)
         if res["cut"]:
             log(f"warning: sentence {i} was cut at synthesize.max_seconds = {s['max_seconds']} s")
-        audio = griffin_lim(res["mel"], iters=s["griffin_lim_iters"], **a)
+        audio = vocode(res["mel"])
         path = out / f"{i:02d}.wav"
         save_wav(path, np.asarray(audio), a["sample_rate"])
         config.atomic_write_bytes(path.with_suffix(".npy"), _npy_bytes(res["mel"]))
@@ -119,7 +121,9 @@ def _synthesize_into(cfg, out, final, log):
                         "frames": res["frames"], "seconds": round(seconds, 3)})
     config.atomic_write_text(out / "sentences.json", json.dumps(
         {"checkpoint": synth.checkpoint, "step": synth.step, "model": synth.model_kind, "pace": s["pace"],
-         "pitch_shift": s["pitch_shift"], "samples": samples}, indent=1))
+         "pitch_shift": s["pitch_shift"], "vocoder": {"kind": vocode.kind, "steps": vocode.steps,
+                                                       "finetune_steps": vocode.finetune_steps},
+         "samples": samples}, indent=1))
     return [x["wav"] for x in samples]
 
 

@@ -1,4 +1,5 @@
-# Preprocessing: one token_shard, mel_shard (mels + energy) and pitch_shard job per shard, then the index.
+# Preprocessing: one token_shard, mel_shard (mels + energy + audio on the mel grid) and pitch_shard job per
+# shard, then the index. The audio shards are the vocoder's (rules/vocoder.smk), not the index's.
 # Each job's params carry a digest of just its own rows/files and settings (rules/common.smk); its
 # one input is a repair marker that planning writes when the shard is damaged (truncated .bin).
 
@@ -28,7 +29,7 @@ rule token_shard:
 # clip's file, size and mtime instead, so an added, removed or replaced file reruns its shard.
 rule mel_shard:
     input:
-        repair("mels", "energy"),
+        repair("mels", "energy", "audio"),
     output:
         bin=CACHE / "mels/shard-{shard}.bin",
         index=CACHE / "mels/shard-{shard}.json",
@@ -36,6 +37,8 @@ rule mel_shard:
         energy_bin=CACHE / "energy/shard-{shard}.bin",
         energy_index=CACHE / "energy/shard-{shard}.json",
         energy_stats=CACHE / "energy/shard-{shard}.stats.npy",
+        audio_bin=CACHE / "audio/shard-{shard}.bin",
+        audio_index=CACHE / "audio/shard-{shard}.json",
     log:
         LOGS / "mel_shard/{shard}.log",
     benchmark:
@@ -47,8 +50,9 @@ rule mel_shard:
         clips=mel_clips,
         out=lambda wildcards: CACHE / f"mels/shard-{wildcards.shard}",
         energy=lambda wildcards: CACHE / f"energy/shard-{wildcards.shard}",
+        audio=lambda wildcards: CACHE / f"audio/shard-{wildcards.shard}",
     shell:
-        "python -m pipeline.cache mels --config {params.config:q} --shard {wildcards.shard} --out {params.out} --energy {params.energy} > {log} 2>&1"
+        "python -m pipeline.cache mels --config {params.config:q} --shard {wildcards.shard} --out {params.out} --energy {params.energy} --audio {params.audio} > {log} 2>&1"
 
 
 rule pitch_shard:

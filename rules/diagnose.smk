@@ -18,7 +18,12 @@ rule diagnose:
     resources:
         gpu=gpus_wanted(),
     params:
-        config=config_without("synthesize", "evaluate", "aligner"),
+        config=config_without(
+            "synthesize",
+            "evaluate",
+            "aligner",
+            *(() if config["diagnose"]["target"] == "vocoder" else ("vocoder",)),
+        ),
         out=REPORT,
     shell:
         "python -m pipeline.diagnose --config {params.config:q} --out {params.out} > {log} 2>&1"

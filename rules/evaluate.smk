@@ -5,6 +5,7 @@
 rule evaluate:
     input:
         rules.train.output.summary,
+        VOCODER,
     output:
         json=REPORT / "evaluate.json",
         md=REPORT / "evaluate.md",

@@ -28,6 +28,7 @@ rule export:
             "evaluate",
             "diagnose",
             "reports_dir",
+            "vocoder",
             keep={"synthesize": ["max_seconds", "griffin_lim_iters"]},
         ),
         out=RUN / "export",

@@ -27,6 +27,7 @@ rule train:
             "evaluate",
             "diagnose",
             "aligner",
+            "vocoder",
             keep={"synthesize": ["griffin_lim_iters"]},
         ),
     shell:
@@ -39,6 +40,7 @@ rule train:
 rule synthesize:
     input:
         rules.train.output.summary,
+        VOCODER,
     output:
         sentences=RUN / "samples/sentences.json",
     log:

@@ -32,10 +32,11 @@ def corpus_template(tmp_path_factory):
 
 
 def write_config(tmp, dataset_root, **overrides):
-    """A config file in `tmp` whose caches, runs and reports stay in `tmp`."""
+    """A config file in `tmp` whose caches, runs and reports stay in `tmp`; Griffin-Lim unless a test
+    asks for a vocoder (TINY_VOCODER), so acoustic tests train no vocoder."""
     cfg = {"name": "t", "dataset": {"root": str(dataset_root)},
            "cache": {"dir": str(tmp / "cache"), "shards": 4},
-           "runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports")}
+           "runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports"), "vocoder": {"kind": "griffin_lim"}}
     for key, value in overrides.items():
         section, _, leaf = key.partition("__")
         if leaf:
@@ -95,6 +96,9 @@ def load_json(path):
 
 
 TINY_ALIGNER = {"steps": 30, "batch_size": 4, "d_model": 16, "learning_rate": 0.005, "temperature": 1.0}
+TINY_VOCODER = {"kind": "vocos", "steps": 10, "learning_rate": 0.001, "finetune_steps": 4, "batch_size": 2, "segment_frames": 16,
+                "checkpoint_every": 5, "log_every": 5, "summary_every": 10,
+                "vocos": {"dim": 16, "intermediate_dim": 32, "layers": 1, "kernel": 7}}
 TINY_FASTPITCH = {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 32,
                   "predictor_channels": 16}
 

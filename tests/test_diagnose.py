@@ -315,3 +315,16 @@ def test_cli_with_a_stub_trainer(tmp_path, monkeypatch):
     assert StubTrainer.loop_batches >= 9  # the real loop ran on the trainer's own batches
     assert built == [None] and r["placement_comparison"][0].startswith("Placements were not compared")
     assert (out / "diagnose.png").stat().st_size > 5000 and (out / "diagnose.md").exists()
+
+
+def test_diagnose_target_vocoder_measures_the_segment_loader_and_the_vocoder_step(built_cache):
+    from conftest import TINY_VOCODER
+
+    from pipeline import config
+    cfg = config.load_config(built_cache, {"vocoder": TINY_VOCODER, "diagnose": {"target": "vocoder", "steps": 6,
+                                                                                "warmup": 2}})
+    report = diagnose_mod._diagnose_vocoder(cfg)
+    assert all(k in report for k in FIELDS) and report["target"] == "vocoder"
+    assert report["pyfunc_ops"] == [] and report["traces"] == 1      # one static segment shape, one trace
+    assert report["vocoder_step"] == "spectral" and report["verdict"] in ("input_bound", "compute_bound")
+    assert report["loader"]["examples_per_s"] > 0 and report["combined"]["steps_per_s"] > 0

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT, load_json, planned_jobs, snakemake, write_config
+from conftest import ROOT, TINY_VOCODER, load_json, planned_jobs, snakemake, write_config
 
 from pipeline import audio, config, evaluate, evaluate_report, shards
 
@@ -41,6 +41,10 @@ def test_demo_references_and_verdicts_for_a_perfect_and_a_wrong_model(tmp_path):
     assert perfect["mcd_db"] == pytest.approx(perfect["mcd_db_ceiling"])  # Griffin-Lim is deterministic
     assert perfect["mcd_db_ceiling"] < perfect["mcd_db_other"] - 3.0      # the ceiling row is below chance
     assert perfect["duration_ratio"] == 1.0
+    # without a trained vocoder the synthesized audio is Griffin-Lim's: the same PESQ and STOI as its ceiling
+    assert set(perfect["pesq"]) == set(perfect["stoi"]) == {"synthesized", "griffin_lim_ceiling"}
+    assert perfect["pesq"]["synthesized"] == pytest.approx(perfect["pesq"]["griffin_lim_ceiling"], abs=1e-6)
+    assert 0.6 < perfect["stoi"]["griffin_lim_ceiling"] <= 1.0 and 1.0 <= perfect["pesq"]["griffin_lim_ceiling"] < 4.6
     report = {**perfect, "checkpoint": "ckpt-1", "step": 1, "model": None, "griffin_lim_iters": 16,
               "per_clip": [{k: v for k, v in r.items() if k not in evaluate.ARRAYS} for r in rows]}
     assert evaluate_report.verdict(report).startswith("Near the ceiling")
@@ -54,6 +58,25 @@ def test_demo_references_and_verdicts_for_a_perfect_and_a_wrong_model(tmp_path):
                                 log=lambda *a: None)
     assert wrong["mcd_db"] > wrong["mcd_db_ceiling"] + 3.0
     assert evaluate_report.verdict({**wrong, "mcd_db_other": perfect["mcd_db_other"]}).startswith("At chance")
+
+
+def test_vocoder_rows_beside_griffin_lims():
+    import tensorflow as tf
+
+    from pipeline.models import vocoders
+    cfg = config.load_config(overrides={"evaluate": {"griffin_lim_iters": 16}})
+    mels = {c.text: audio.mel_spectrogram(audio.load_audio(c.audio, sample_rate=22050, max_seconds=20), **cfg["audio"])
+            for c in demo_clips()}
+    tf.random.set_seed(0)
+    untrained = vocoders.Vocoder(cfg, vocoders.build(cfg["vocoder"], cfg["audio"]))  # a real Vocos, no training
+    result, rows = evaluate.compare(demo_clips(), mels.__getitem__, evaluate.Analyser(cfg, untrained),
+                                    log=lambda *a: None)
+    assert set(result["pesq"]) == set(result["stoi"]) == {"synthesized", "vocoder_ceiling", "griffin_lim_ceiling"}
+    # a perfect acoustic model through the vocoder measures as the vocoder's own copy-synthesis
+    assert result["mcd_db"] == pytest.approx(result["mcd_db_vocoder_ceiling"], abs=0.05)
+    assert result["mcd_db_vocoder_ceiling"] > result["mcd_db_ceiling"] + 1.0  # untrained: worse than Griffin-Lim
+    assert result["stoi"]["vocoder_ceiling"] < result["stoi"]["griffin_lim_ceiling"]
+    assert all("mcd_db_vocoder_ceiling" in r and "pesq_vocoder_ceiling" in r for r in rows)
 
 
 def test_verdict_between_and_without_chance():
@@ -125,7 +148,7 @@ def test_snakemake_evaluate_on_a_tiny_trained_model(built_cache, tmp_path):
     path = write_config(tmp_path, cfg["dataset"]["root"], model=TINY_MODEL,
                         train={"batch_size": 4, "buckets": 2, "steps": 10, "checkpoint_every": 10,
                                "summary_every": 1000, "log_every": 5},
-                        synthesize={"max_seconds": 2.0}, evaluate={"griffin_lim_iters": 8})
+                        synthesize={"max_seconds": 2.0}, evaluate={"griffin_lim_iters": 8}, vocoder=TINY_VOCODER)
     path.write_text(path.read_text().replace(str(tmp_path / "cache"), cfg["cache"]["dir"]))  # share the cache
     snakemake("evaluate", config=path)
     cfg = config.load_config(path)
@@ -137,6 +160,13 @@ def test_snakemake_evaluate_on_a_tiny_trained_model(built_cache, tmp_path):
     assert result["mcd_db_ceiling"] < result["mcd_db_other"]
     assert result["mcd_db"] > result["mcd_db_ceiling"]  # 10 steps do not speak
     assert 0 < result["duration_ratio"] and np.isfinite(result["mcd_db"])
+    # through the trained vocoder (10 steps + 4 on GTA mels), with Griffin-Lim's row kept beside it
+    assert result["vocoder"] == {"kind": "vocos", "steps": 10, "finetune_steps": 4}
+    assert np.isfinite(result["mcd_db_vocoder_ceiling"])
+    for measure, low, high in (("pesq", 1.0, 4.7), ("stoi", -1.0, 1.0)):
+        assert set(result[measure]) == {"synthesized", "vocoder_ceiling", "griffin_lim_ceiling"}
+        assert all(v is None or low <= v <= high for v in result[measure].values()), result[measure]
+    assert result["stoi"]["griffin_lim_ceiling"] > 0.5  # Griffin-Lim keeps a recording intelligible
     md = (report_dir / "evaluate.md").read_text()
     assert md.startswith("# Evaluate: 2 validation clips, checkpoint step 10") and "| MCD, dB" in md
     assert (report_dir / "evaluate.png").stat().st_size > 10_000

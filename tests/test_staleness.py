@@ -76,10 +76,10 @@ def rewritten(before, after):
 
 
 def shard_files(kind, shard):
-    """The files one job writes: mel_shard ("mels") writes the energy shard too."""
-    kinds = {"mels": ("mels", "energy")}.get(kind, (kind,))
+    """The files one job writes: mel_shard ("mels") writes the energy and audio shards too."""
+    kinds = {"mels": ("mels", "energy", "audio")}.get(kind, (kind,))
     return sorted(f"{k}/shard-{shard:03d}{s}" for k in kinds
-                  for s in (".bin", ".json") + ((".stats.npy",) if k != "tokens" else ()))
+                  for s in (".bin", ".json") + ((".stats.npy",) if k not in ("tokens", "audio") else ()))
 
 
 def jobs_files(*jobs):
@@ -220,6 +220,8 @@ def test_replace_one_audio_file_rebuilds_its_mel_and_pitch_shard(built):
     for kind in ("mels", "energy", "pitch"):  # the slower speech is what the shards now hold
         meta = json.loads((built.cache / f"{kind}/shard-003.json").read_text())
         assert meta["lengths"][meta["ids"].index(cid)] == n // 256
+    audio = json.loads((built.cache / "audio/shard-003.json").read_text())  # the vocoder's waveform too
+    assert audio["lengths"][audio["ids"].index(cid)] == n // 256 * 256
 
 
 @pytest.mark.slow
@@ -384,6 +386,7 @@ def _edited_config(p, path, **sections):
     ("text", {"language": "en-gb"}, {"token_shard": SHARDS}),
     ("dataset", {"val_fraction": 0.25}, {}),                       # only the statistics change
     ("train", {"steps": 7}, None),                                 # caches do not depend on training
+    ("vocoder", {"segment_frames": 16, "steps": 7}, None),         # nor on the vocoder (the audio cache neither)
 ])
 def test_setting_changes_rebuild_only_what_they_change(built, section, values, stale):
     other = _edited_config(built, built.tmp / "other.yaml", **{section: values})

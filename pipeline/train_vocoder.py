@@ -1,0 +1,262 @@
+"""Train the vocoder from the caches: phase `train` on recorded mels, phase `finetune` on the acoustic
+model's teacher-forced (GTA) mels, starting from phase one's weights.
+
+Reads the mel and audio shards (pipeline/segments.py; `finetune` reads runs/{name}/gta/ instead of
+the mel shards); writes runs/{name}/vocoder/{phase}/ (checkpoints: generator, discriminators, both
+optimizers; TensorBoard losses and audio of a few validation clips) and a summary JSON (`--out`).
+A rerun resumes from the phase's last checkpoint, exactly: the segment stream is a pure function
+of (seed, step), so a run killed with kill -9 and rerun ends with the weights of an uninterrupted one.
+With `--final` the summary also goes to runs/{name}/vocoder.json, what synthesize/evaluate/vocode load.
+
+Spectral losses (the project's mel, L1, + multi-resolution STFT) from step 0; from
+vocoder.gan_start_step on, least-squares GAN losses with multi-period and multi-resolution
+discriminators and feature matching, a second optimizer for the discriminators. Placement, XLA and
+mixed precision follow `train:` (pipeline/placement.py); the vocoder runs on one device.
+
+    python -m pipeline.train_vocoder --config configs/config.yaml --phase train --out runs/demo/vocoder/train.json
+
+Config keys: vocoder.*, audio.*, train.{placement, data_device, model_device, jit_compile,
+mixed_precision, seed}, dataset/cache (via the caches).
+"""
+import argparse
+import functools
+import json
+import math
+import shutil
+import time
+
+import keras
+import tensorflow as tf
+
+from pipeline import config, data, segments, shards
+from pipeline import placement as placement_mod
+from pipeline.errors import MissingCheckpoint, cli
+from pipeline.models import discriminators as D
+from pipeline.models import vocoders
+
+N_AUDIO = 3  # validation clips in TensorBoard
+
+
+class VocoderTrainer:
+    """Generator, discriminators, two optimizers and the compiled steps for one config and phase."""
+
+    def __init__(self, cfg, phase="train", log=print):
+        self.cfg, self.log, self.phase = cfg, log, phase
+        v = cfg["vocoder"]
+        self.p = placement_mod.resolve(cfg["train"], report=config.report_dir(cfg) / "diagnose.json")
+        placement_mod.set_precision_policy(self.p.mixed_precision)
+        keras.utils.set_random_seed(cfg["train"]["seed"])
+        self.device = self.p.devices[0]
+        self.source = "gta" if phase == "finetune" else "recorded"
+        with tf.device(self.device):
+            self.generator = vocoders.build(v, cfg["audio"])
+            self.disc = D.Discriminators()
+            self.disc(tf.zeros([1, v["segment_frames"] * cfg["audio"]["hop_length"]]))
+            self.g_opt = self._optimizer(self.generator)
+            self.d_opt = self._optimizer(self.disc)
+        self.step_var = self.g_opt.iterations
+        self.weights = dict(mel=v["mel_weight"], stft=v["stft_weight"], feature=v["feature_weight"])
+        jit = self.p.jit_compile
+        self.spectral_step = tf.function(self._spectral_step, jit_compile=jit)
+        self.gan_step = tf.function(self._gan_step, jit_compile=jit)
+        log(self.p.describe() + (f"; the vocoder trains on {self.device} alone" if len(self.p.devices) > 1
+                                 or self.p.name in ("split", "mirrored", "multiworker") else ""))
+
+    def _optimizer(self, model):
+        opt = keras.optimizers.AdamW(self.cfg["vocoder"]["learning_rate"], beta_1=0.8, beta_2=0.99,
+                                     weight_decay=0.01, global_clipnorm=1000.0)
+        if self.p.mixed_precision == "float16":
+            opt = keras.optimizers.LossScaleOptimizer(opt)
+        opt.build(model.trainable_variables)
+        return opt
+
+    def dataset(self, split="train", start_step=0, **kw):
+        return segments.build_segments(self.cfg, split, source=self.source, start_step=start_step, log=self.log, **kw)
+
+    def _apply(self, opt, tape, loss, variables):
+        if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+            loss = opt.scale_loss(loss)
+        opt.apply(tape.gradient(loss, variables), variables)
+
+    def _spectral_step(self, batch):
+        with tf.GradientTape() as tape:
+            fake = self.generator(batch["mel"], training=True)
+            total, terms = D.spectral_loss(batch["audio"], fake, self.cfg["audio"], mel_weight=self.weights["mel"],
+                                           stft_weight=self.weights["stft"])
+        self._apply(self.g_opt, tape, total, self.generator.trainable_variables)
+        self.d_opt.iterations.assign_add(0)
+        return {"total": total, **terms}
+
+    def _gan_step(self, batch):
+        real = batch["audio"]
+        fake = self.generator(batch["mel"], training=True)
+        with tf.GradientTape() as tape:
+            d_loss = D.discriminator_loss(self.disc(real), self.disc(tf.stop_gradient(fake)))
+        self._apply(self.d_opt, tape, d_loss, self.disc.trainable_variables)
+        with tf.GradientTape() as tape:
+            fake = self.generator(batch["mel"], training=True)
+            spectral, terms = D.spectral_loss(real, fake, self.cfg["audio"], mel_weight=self.weights["mel"],
+                                              stft_weight=self.weights["stft"])
+            real_outs, fake_outs = self.disc(real), self.disc(fake)
+            adv, fm = D.generator_loss(fake_outs), D.feature_loss(real_outs, fake_outs)
+            total = spectral + adv + self.weights["feature"] * fm
+        self._apply(self.g_opt, tape, total, self.generator.trainable_variables)
+        return {"total": total, **terms, "adversarial": adv, "feature": fm, "discriminator": d_loss}
+
+    def step(self, batch, step):
+        with tf.device(self.device):
+            if step >= self.cfg["vocoder"]["gan_start_step"]:
+                return self.gan_step(batch)
+            return self.spectral_step(batch)
+
+    @property
+    def traces(self):
+        return sum(f.experimental_get_tracing_count() for f in (self.spectral_step, self.gan_step))
+
+
+def _phase_dir(cfg, phase):
+    return config.run_dir(cfg) / "vocoder" / phase
+
+
+def _validate(trainer, step, val, log):
+    """Validation spectral losses over the validation crops, and TensorBoard audio of a few clips."""
+    sums, n, first = {}, 0, None
+    for batch in val:
+        fake = trainer.generator(batch["mel"], training=False)
+        _, terms = D.spectral_loss(batch["audio"], fake, trainer.cfg["audio"], mel_weight=1.0, stft_weight=1.0)
+        for k, v in terms.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+        n += 1
+        first = first or (batch["audio"], fake)
+    if not n:
+        return None
+    sr = trainer.cfg["audio"]["sample_rate"]
+    tf.summary.audio("val/recorded", first[0][:N_AUDIO, :, None], sr, step=step, max_outputs=N_AUDIO)
+    tf.summary.audio("val/vocoded", tf.clip_by_value(first[1][:N_AUDIO, :, None], -1, 1), sr, step=step,
+                     max_outputs=N_AUDIO)
+    out = {k: v / n for k, v in sums.items()}
+    for k, v in out.items():
+        tf.summary.scalar(f"val/{k}", v, step=step)
+    log(f"step {step}: validation mel L1 {out['mel']:.4f}, stft {out['stft']:.4f}")
+    return out
+
+
+def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flush=True)):
+    v = cfg["vocoder"]
+    total = v["steps"] if phase == "train" else v["finetune_steps"]
+    trainer = VocoderTrainer(cfg, phase, log)
+    folder = _phase_dir(cfg, phase)
+    folder.mkdir(parents=True, exist_ok=True)
+    _forget_other_inputs(cfg, phase, folder, log)
+    ckpt = tf.train.Checkpoint(generator=trainer.generator, disc=trainer.disc, g_opt=trainer.g_opt, d_opt=trainer.d_opt)
+    manager = tf.train.CheckpointManager(ckpt, folder / "checkpoints", max_to_keep=2)
+    if manager.latest_checkpoint:
+        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        log(f"resumed from {manager.latest_checkpoint} at step {int(trainer.step_var.numpy())}")
+    elif phase == "finetune":  # start from phase one's final weights (generator and discriminators)
+        first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
+        if first is None:
+            raise MissingCheckpoint(f"{_phase_dir(cfg, 'train')}: no first-phase vocoder; run `snakemake --cores all train_vocoder`")
+        tf.train.Checkpoint(generator=trainer.generator, disc=trainer.disc).restore(first).expect_partial()
+        log(f"fine-tuning from {first}")
+    step = start = int(trainer.step_var.numpy())
+    batches = iter(trainer.dataset("train", start_step=step))
+    val = trainer.dataset("val", batch_size=v["batch_size"]).take(2) if _has_val(cfg) else None
+    writer = tf.summary.create_file_writer(str(folder))
+    history, val_history, waited, t_log, t_start = [], [], 0.0, time.perf_counter(), time.perf_counter()
+    with writer.as_default():
+        while step < total:
+            t0 = time.perf_counter()
+            batch = next(batches)
+            waited += time.perf_counter() - t0
+            terms = trainer.step(batch, step)
+            step += 1
+            if step % v["log_every"] == 0 or step == total:
+                values = {k: float(x) for k, x in terms.items()}
+                interval = time.perf_counter() - t_log
+                rate, wait = (v["log_every"] / interval, waited / interval) if interval > 0 else (0.0, 0.0)
+                for k, x in values.items():
+                    tf.summary.scalar(f"train/{k}", x, step=step)
+                tf.summary.scalar("perf/steps_per_s", rate, step=step)
+                tf.summary.scalar("perf/input_wait_fraction", wait, step=step)
+                done = step / total
+                bar = "=" * int(30 * done) + ">" + " " * (30 - int(30 * done))
+                log(f"vocoder {phase} step {step}/{total} [{bar}] loss {values['total']:.4f} "
+                    f"({', '.join(f'{k} {x:.4f}' for k, x in values.items() if k != 'total')}) "
+                    f"{rate:.2f} steps/s wait {100 * wait:.1f}% eta {(total - step) / rate if rate else 0:.0f}s")
+                if not math.isfinite(values["total"]):
+                    raise FloatingPointError(f"vocoder loss became {values['total']} at step {step}; "
+                                             f"lower vocoder.learning_rate")
+                history.append({"step": step, **values})
+                waited, t_log = 0.0, time.perf_counter()
+            if val is not None and (step % v["summary_every"] == 0 or step == total):
+                result = _validate(trainer, step, val, log)
+                if result:
+                    val_history.append({"step": step, **result})
+                t_log = time.perf_counter()
+            if step % v["checkpoint_every"] == 0 or step == total:
+                manager.save(checkpoint_number=step)
+    if manager.latest_checkpoint is None:  # 0 steps: the untrained (or first-phase) weights
+        manager.save(checkpoint_number=step)
+    summary = {"name": cfg["name"], "kind": v["kind"], "phase": phase, "steps": v["steps"],
+               "finetune_steps": v["finetune_steps"] if phase == "finetune" else 0, "resumed_from": start, "traces": trainer.traces,
+               "seconds": round(time.perf_counter() - t_start, 1), "checkpoint": manager.latest_checkpoint,
+               "placement": trainer.p.describe(), "train_loss": history[-1] if history else None,
+               "val_loss": val_history, "history": history}
+    text = json.dumps(summary, indent=1)
+    config.atomic_write_text(out, text)
+    if final:
+        config.atomic_write_text(vocoders.summary_path(cfg), text)
+    weights = sum(float(tf.reduce_sum(tf.cast(w, tf.float64))) for w in trainer.generator.trainable_variables)
+    log(f"vocoder {phase} done: {step} steps, checkpoint {manager.latest_checkpoint}, weights checksum {weights:.12g}")
+    return summary
+
+
+def _has_val(cfg):
+    return bool(data.load_clips(cfg, "val")[0].ids)
+
+
+def clear(cfg, phase):
+    """Forget a phase's checkpoints."""
+    shutil.rmtree(_phase_dir(cfg, phase) / "checkpoints", ignore_errors=True)
+
+
+RESUMABLE = ("steps", "finetune_steps", "checkpoint_every", "log_every", "summary_every")  # a rerun continues
+
+
+def _forget_other_inputs(cfg, phase, folder, log):
+    """A phase's checkpoints are resumed only when made from the same model settings (and, for
+    `finetune`, the same first phase and GTA mels): more steps continue, anything else restarts."""
+    key = {"vocoder": {k: x for k, x in cfg["vocoder"].items() if k not in RESUMABLE}, "audio": cfg["audio"]}
+    if phase == "finetune":
+        key["from"] = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
+        key["gta"] = [shards.read_meta(segments.gta_prefix(cfg, e["shard"]), "gta")["provenance"]
+                      for e in data.read_index(cfg)["shards"]]
+    text = json.dumps(key, sort_keys=True)
+    marker = folder / "inputs.json"
+    if marker.exists() and marker.read_text() != text and (folder / "checkpoints").exists():
+        log(f"{folder}: made from other settings or inputs; training this phase from its start")
+        clear(cfg, phase)
+    config.atomic_write_text(marker, text)
+
+
+@cli
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Train the vocoder (resumes from the phase's last checkpoint).")
+    config.add_arguments(parser)
+    parser.add_argument("--phase", choices=["train", "finetune"], default="train")
+    parser.add_argument("--out", required=True, help="summary JSON")
+    parser.add_argument("--final", action="store_true", help="also write runs/{name}/vocoder.json")
+    parser.add_argument("--restart", action="store_true", help="discard the phase's checkpoints first")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads for TensorFlow (0: all)")
+    args = parser.parse_args(argv)
+    cfg = config.from_args(args)
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    if args.restart:
+        clear(cfg, args.phase)
+    train_vocoder(cfg, args.phase, args.out, final=args.final)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+# The vocoder: a first phase on the recorded mels (needs only the caches, so it can run beside
+# acoustic training), one gta_shard job per shard (the trained acoustic model, teacher-forced, writes
+# mels with the recorded frame counts), then fine-tuning on those when vocoder.finetune_steps > 0.
+# Checkpoints live in runs/{name}/vocoder/{train,finetune}/ (not outputs: a rerun resumes from them).
+
+
+rule train_vocoder:
+    input:
+        index=rules.cache_index.output.index,
+        audio=shard_files("audio", ".json"),
+        audio_bin=shard_files("audio", ".bin"),
+    output:
+        **vocoder_outputs("train"),
+    log:
+        LOGS / "train_vocoder.log",
+    benchmark:
+        str(REPORT / "benchmarks/train_vocoder.tsv")
+    conda:
+        "../environment.yml"
+    threads: 32
+    resources:
+        gpu=min(gpus_wanted(), 1),
+    params:
+        config=vocoder_settings("train"),
+        final="--final" if FINETUNE == 0 else "",
+    shell:
+        "python -m pipeline.train_vocoder --config {params.config:q} --phase train --out {output.summary} {params.final} --threads {threads} 2>&1 | tee {log}"
+
+
+rule gta_shard:
+    input:
+        acoustic=rules.train.output.summary,
+    output:
+        bin=RUN / "gta/shard-{shard}.bin",
+        index=RUN / "gta/shard-{shard}.json",
+    log:
+        LOGS / "gta_shard/{shard}.log",
+    conda:
+        "../environment.yml"
+    threads: 2
+    params:
+        config=gta_settings,
+        out=lambda wildcards: RUN / f"gta/shard-{wildcards.shard}",
+    shell:
+        "python -m pipeline.gta --config {params.config:q} --shard {wildcards.shard} --out {params.out} > {log} 2>&1"
+
+
+if FINETUNE > 0:
+
+    rule finetune_vocoder:
+        input:
+            first=RUN / "vocoder/train.json",
+            gta=expand(RUN / "gta/shard-{shard}.json", shard=SHARDS),
+        output:
+            **vocoder_outputs("finetune"),
+        log:
+            LOGS / "finetune_vocoder.log",
+        benchmark:
+            str(REPORT / "benchmarks/finetune_vocoder.tsv")
+        conda:
+            "../environment.yml"
+        threads: 32
+        resources:
+            gpu=min(gpus_wanted(), 1),
+        params:
+            config=vocoder_settings("finetune"),
+        shell:
+            "python -m pipeline.train_vocoder --config {params.config:q} --phase finetune --out {output.summary} --final --threads {threads} 2>&1 | tee {log}"
+
+
+rule vocoder:
+    input:
+        VOCODER,
+    localrule: True

@@ -1,0 +1,96 @@
+"""The vocoder's segment loader: Python-free graph, one static shape, exact mel/audio pairing,
+padding of short clips, and the same batches after a resume."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pipeline import audio, config, data
+from pipeline.graphscan import find_pyfunc_ops
+
+
+def _cfg(path, **vocoder):
+    return config.load_config(path, {"vocoder": vocoder} if vocoder else None)
+
+
+def test_segment_graph_holds_no_python_ops_and_has_one_static_shape(built_cache):
+    cfg = _cfg(built_cache, segment_frames=16, batch_size=3)
+    ds = data.build_segments(cfg, "train")
+    assert find_pyfunc_ops(ds) == []
+    planted = ds.map(lambda b: dict(b, audio=tf.numpy_function(lambda a: a, [b["audio"]], tf.float32)))
+    assert any("PyFunc" in op for op in find_pyfunc_ops(planted))  # the scan sees one when there is one
+    hop, n_mels = cfg["audio"]["hop_length"], cfg["audio"]["n_mels"]
+    assert ds.element_spec["mel"].shape == (3, 16, n_mels)
+    assert ds.element_spec["audio"].shape == (3, 16 * hop)
+
+
+def test_each_audio_crop_makes_its_mel_crop_on_interior_frames(built_cache):
+    cfg = _cfg(built_cache, segment_frames=24, batch_size=4)
+    a = cfg["audio"]
+    edge = -(-(a["n_fft"] - a["hop_length"]) // 2 // a["hop_length"]) + 1  # frames that see reflect padding
+    checked = 0
+    for batch in data.build_segments(cfg, "train").take(3):
+        for mel, wav in zip(batch["mel"].numpy(), batch["audio"].numpy()):
+            assert np.any(wav != 0)
+            ours = audio.mel_spectrogram(wav, **a)                                    # (S, n_mels)
+            assert ours.shape == mel.shape
+            inner = slice(edge, len(mel) - edge)
+            # the cache stores float16: equal up to its rounding (~0.008 at |log mel| ~ 11)
+            np.testing.assert_allclose(ours[inner], mel[inner], atol=2e-2)
+            if np.all(mel[inner] > np.log(1e-5) + 1e-3):  # speech throughout: one hop off is far from it
+                shifted = audio.mel_spectrogram(np.roll(wav, a["hop_length"]), **a)
+                assert np.abs(shifted[inner] - mel[inner]).mean() > 10 * np.abs(ours[inner] - mel[inner]).mean()
+                checked += 1
+    assert checked >= 4
+
+
+def test_short_clips_are_padded_not_dropped(built_cache):
+    frames = data.load_clips(_cfg(built_cache), "all")[0].frames
+    S = int(np.median(frames))  # half the clips are shorter than a segment
+    cfg = _cfg(built_cache, segment_frames=S, batch_size=5)
+    lines = []
+    batches = list(data.build_segments(cfg, "all", repeat=False, log=lines.append))
+    assert any("shorter than vocoder.segment_frames" in line and "padded" in line for line in lines)
+    mels = np.concatenate([b["mel"].numpy() for b in batches])
+    wavs = np.concatenate([b["audio"].numpy() for b in batches])
+    assert len(mels) == len(frames)                       # every clip, once
+    hop = cfg["audio"]["hop_length"]
+    for f, mel, wav in zip(frames, mels, wavs):
+        n = min(f, S)
+        assert np.all(mel[n:] == np.float32(np.log(1e-5))) and np.all(wav[n * hop:] == 0)
+        assert np.any(wav[:n * hop] != 0)
+
+
+def test_a_resumed_stream_gives_the_same_batches(built_cache):
+    cfg = _cfg(built_cache, segment_frames=8, batch_size=2)
+    whole = [b["audio"].numpy() for b in data.build_segments(cfg, "train").take(6)]
+    resumed = [b["audio"].numpy() for b in data.build_segments(cfg, "train", start_step=4).take(2)]
+    np.testing.assert_array_equal(np.stack(whole[4:]), np.stack(resumed))
+    assert not np.array_equal(whole[0], whole[1])
+
+
+def test_gta_source_pairs_gta_mels_with_the_same_audio(built_cache, tmp_path):
+    from pipeline import segments, shards
+    cfg = _cfg(built_cache, segment_frames=8, batch_size=4)
+    cfg["runs_dir"] = str(tmp_path)
+    for entry in data.read_index(cfg)["shards"]:  # GTA shards holding the recorded mels, + 1 (a visible change)
+        meta, mels = shards.read(config.cache_dir(cfg) / entry["mels"], "mels")
+        shards.write(segments.gta_prefix(cfg, entry["shard"]), "gta", meta["ids"], [m + 1 for m in mels],
+                     provenance="test", width=meta["width"])
+    recorded = list(data.build_segments(cfg, "train").take(3))
+    gta = list(data.build_segments(cfg, "train", source="gta").take(3))
+    for r, g in zip(recorded, gta):
+        np.testing.assert_array_equal(r["audio"].numpy(), g["audio"].numpy())
+        np.testing.assert_allclose(g["mel"].numpy(), r["mel"].numpy() + 1, atol=1e-2)
+
+
+def test_every_vocoder_kind_gives_frames_times_hop_samples():
+    import tensorflow as tf
+
+    from pipeline.models import vocoders
+    cfg = config.load_config(overrides={"vocoder": {"vocos": {"dim": 16, "intermediate_dim": 32, "layers": 1}}})
+    for kind, size in (("vocos", None), ("hifigan", "v2")):
+        v = dict(cfg["vocoder"], kind=kind, hifigan={"size": size or "v2"})
+        out = vocoders.build(v, cfg["audio"])(tf.zeros([2, 5, cfg["audio"]["n_mels"]]) - 5.0)
+        assert out.shape == (2, 5 * cfg["audio"]["hop_length"]) and out.dtype == tf.float32, kind
+    with pytest.raises(config.ConfigError, match="audio.hop_length"):
+        vocoders.build(dict(cfg["vocoder"], kind="hifigan"), dict(cfg["audio"], hop_length=250))

@@ -1,0 +1,123 @@
+"""The vocoder in the DAG: a real `snakemake synthesize vocoder` on a tiny corpus (aligner, FastPitch,
+Vocos, GTA shards, fine-tuning), then the staleness contract with exact job counts, and
+`pipeline.vocode` on a synthesized NN.npy with its one-line errors.
+
+    python -m pytest -q tests/test_vocoder_rules.py
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import soundfile as sf
+import yaml
+from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, TINY_VOCODER, planned_jobs, snakemake, write_config
+
+from pipeline import config, manifest, shards
+
+pytestmark = pytest.mark.slow
+SHARDS = 4
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, aligned_cache):
+    """The session's aligned corpus (caches, aligner, durations: reused, not rebuilt), a tiny FastPitch
+    and a tiny Vocos in a run folder of this module's own."""
+    tmp = tmp_path_factory.mktemp("vocoder_rules")
+    shared = config.load_config(aligned_cache)
+    root = Path(shared["dataset"]["root"])
+    path = write_config(tmp, root, aligner=TINY_ALIGNER, model={"kind": "fastpitch", "fastpitch": TINY_FASTPITCH},
+                        train={"batch_size": 4, "buckets": 2, "steps": 10, "checkpoint_every": 10, "log_every": 5,
+                               "summary_every": 1000},
+                        synthesize={"sentences": ["The quick brown fox."], "max_seconds": 2.0},
+                        vocoder=TINY_VOCODER)
+    path.write_text(path.read_text().replace(str(tmp / "cache"), shared["cache"]["dir"]))  # share the cache
+    snakemake("synthesize", "vocoder", config=path)
+    cfg = config.load_config(path)
+    return SimpleNamespace(tmp=tmp, root=root, path=path, cfg=cfg, run=config.run_dir(cfg))
+
+
+def test_the_vocoder_phases_and_gta_mels_have_the_recorded_frame_counts(trained):
+    run, cache = trained.run, config.cache_dir(trained.cfg)
+    final = json.loads((run / "vocoder.json").read_text())
+    assert final["kind"] == "vocos" and final["phase"] == "finetune"
+    assert (final["steps"], final["finetune_steps"]) == (10, 4) and final["checkpoint"].endswith("ckpt-4")
+    assert json.loads((run / "vocoder/train.json").read_text())["checkpoint"].endswith("ckpt-10")
+    for k in range(SHARDS):
+        gta = shards.read_meta(run / f"gta/shard-{k:03d}", "gta")
+        mels = shards.read_meta(shards.prefix(cache, "mels", k), "mels")
+        assert gta["ids"] == mels["ids"] and gta["lengths"] == mels["lengths"]  # exactly the recorded frames
+    sentences = json.loads((run / "samples/sentences.json").read_text())
+    assert sentences["vocoder"] == {"kind": "vocos", "steps": 10, "finetune_steps": 4}
+
+
+def test_nothing_changed_means_nothing_to_do(trained):
+    assert planned_jobs(trained.path, "vocoder") == {}
+
+
+def test_new_acoustic_checkpoint_reruns_gta_and_finetuning_not_the_first_phase(trained):
+    assert planned_jobs(trained.path, "vocoder", "--forcerun", "train") == {
+        "train": 1, "gta_shard": SHARDS, "finetune_vocoder": 1, "vocoder": 1}
+
+
+def _edited(trained, name, **vocoder):
+    cfg = yaml.safe_load(trained.path.read_text())
+    cfg["vocoder"] = {**cfg["vocoder"], **vocoder}
+    path = trained.tmp / name
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_a_vocoder_setting_reruns_only_vocoder_jobs(trained):
+    both = {"train_vocoder": 1, "finetune_vocoder": 1, "vocoder": 1}
+    lr = _edited(trained, "lr.yaml", learning_rate=0.002)
+    assert planned_jobs(lr, "vocoder") == both
+    assert planned_jobs(lr, "synthesize") == {"train_vocoder": 1, "finetune_vocoder": 1, "synthesize": 1}
+    assert planned_jobs(_edited(trained, "ft.yaml", finetune_steps=6), "vocoder") == {"finetune_vocoder": 1,
+                                                                                    "vocoder": 1}
+
+
+def test_replacing_one_wav_reruns_its_shard_and_what_learns_from_it(trained):
+    cid = next(line.split("|")[0] for line in (trained.root / "metadata.csv").read_text().splitlines()
+               if manifest.shard_of(line.split("|")[0], SHARDS) == 2)
+    wav = trained.root / "wavs" / f"{cid}.wav"
+    saved = trained.tmp / "saved.wav"
+    shutil.copy2(wav, saved)
+    try:
+        y, sr = sf.read(str(wav))
+        sf.write(str(wav), np.concatenate([y, y[:sr // 2]]), sr, subtype="PCM_16")  # half a second longer
+        counts = planned_jobs(trained.path, "vocoder")
+        assert counts == {"mel_shard": 1, "pitch_shard": 1, "duration_shard": 1, "cache_index": 1, "train": 1,
+                          "train_vocoder": 1, "gta_shard": SHARDS, "finetune_vocoder": 1, "vocoder": 1}
+    finally:
+        os.replace(saved, wav)
+    assert planned_jobs(trained.path, "vocoder") == {}
+
+
+def _vocode(trained, mel, out):
+    return subprocess.run([sys.executable, "-m", "pipeline.vocode", "--config", str(trained.path), "--mel", str(mel),
+                           "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+def test_vocode_a_synthesized_mel_and_its_one_line_errors(trained):
+    mel_path = trained.run / "samples/00.npy"
+    mel = np.load(mel_path)
+    proc = _vocode(trained, mel_path, trained.tmp / "00.wav")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    y, sr = sf.read(str(trained.tmp / "00.wav"))
+    assert sr == 22050 and len(y) == len(mel) * 256 and np.abs(y).max() > 1e-3
+    bad = {"transposed.npy": mel.T, "other_n_mels.npy": mel[:, :64], "decibels.npy": 20 * mel / np.log(10) - 40}
+    for name, array in bad.items():
+        np.save(trained.tmp / name, array)
+    (trained.tmp / "text.npy").write_text("not an array")
+    for name in [*bad, "text.npy", "missing.npy"]:
+        proc = _vocode(trained, trained.tmp / name, trained.tmp / "x.wav")
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 2 and len(lines) == 1 and str(trained.tmp / name) in lines[0], (name, proc.stderr)
+        assert "Traceback" not in proc.stderr and not (trained.tmp / "x.wav").exists()
