@@ -9,15 +9,20 @@ front end (pipeline/text.py, one espeak-ng backend per job). Per-clip sums (`.st
     python -m pipeline.cache tokens --config CFG --shard 3 --out cache/demo/tokens/shard-003
     python -m pipeline.cache mels   --config CFG --shard 3 --out cache/demo/mels/shard-003 --energy cache/demo/energy/shard-003 --audio cache/demo/audio/shard-003
     python -m pipeline.cache pitch  --config CFG --shard 3 --out cache/demo/pitch/shard-003
-    python -m pipeline.cache index  --config CFG --tokens T.. --mels M.. --energy E.. --pitch P.. --out cache/demo/index.json
+    python -m pipeline.cache index  --config CFG --out cache/demo/index.json   # every shard of the config's cache
+    python -m pipeline.cache index  --config CFG --tokens T.. --mels M.. --energy-shards E.. --pitch P.. --out I
 
 Config keys: dataset.*, cache.shards, text.* (tokens), audio.* (mels; pitch reads sample_rate and
 hop_length), pitch.* (pitch).
 """
 import argparse
 import functools
+import importlib
+import importlib.util
 import json
+import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -119,8 +124,31 @@ def build_mel_shard(cfg, shard, out, energy_out, audio_out=None, log=_print):
     log(f"mel shard {shard}: {len(ids)} clips, {seconds:.1f} s of audio, {len(rejected)} rejected")
 
 
+def _light_pyworld():
+    """Import pyworld without its __init__, which imports pkg_resources (0.15-0.35 CPU s, every pitch
+    job) only to set __version__: the package's names come from its compiled module, as __init__'s
+    `from .pyworld import *` gives them, so the F0 tracks are the same bytes."""
+    if "pyworld" in sys.modules:
+        return
+    spec = importlib.util.find_spec("pyworld")
+    if spec is None or not spec.submodule_search_locations:
+        return  # not installed: pitch.f0 raises its own ImportError
+    package = types.ModuleType("pyworld", "PyWorld (compiled module only; see pipeline/cache.py)")
+    package.__path__, package.__spec__ = list(spec.submodule_search_locations), spec
+    sys.modules["pyworld"] = package
+    try:
+        compiled = importlib.import_module("pyworld.pyworld")
+    except ImportError:
+        del sys.modules["pyworld"]
+        return
+    names = getattr(compiled, "__all__", [n for n in vars(compiled) if not n.startswith("_")])
+    package.__dict__.update({n: getattr(compiled, n) for n in names})
+
+
 def build_pitch_shard(cfg, shard, out, log=_print):
     a, p = cfg["audio"], cfg["pitch"]
+    if p["method"] in ("dio", "harvest"):
+        _light_pyworld()
     signals, rejected, fail_on_bad = _audio_of_shard(cfg, shard, "pitch", log)
     ids, tracks, sums = [], [], []
     for cid, y in signals:
@@ -157,6 +185,19 @@ def write_rejected(path, rejected):
     config.atomic_write_text(path, "\n".join(lines) + "\n")
 
 
+def _shard_number(path):
+    """shard-NNN(N) -> NNN(N): shard order, which a plain sort breaks from shard-1000 on."""
+    return int(Path(path).name.split(".")[0].rsplit("-", 1)[1])
+
+
+def shard_paths(cfg):
+    """{kind: [every shard's .json]} of the config's cache, in shard order: what `index` reads when
+    the command line names no shards (a rule cannot: 4 paths a shard overflow the 128 KiB that Linux
+    allows one argument, `bash -c` included, from ~1,000 shards on)."""
+    return {kind: [shards.prefix(config.cache_dir(cfg), kind, k).with_suffix(".json")
+                   for k in range(cfg["cache"]["shards"])] for kind in shards.CACHE_KINDS}
+
+
 def build_index(cfg, paths, out, log=_print):
     """index.json + vocab.json + rejected.tsv from every shard's JSON and per-clip sums.
     `paths`: {kind: [shard paths]} for shards.CACHE_KINDS, in shard order."""
@@ -168,7 +209,7 @@ def build_index(cfg, paths, out, log=_print):
     frames_train = 0
     counts = dict(clips=0, train=0, val=0, rejected=0, seconds=0.0)
     entries, rejected = [], {}
-    for k, group in enumerate(zip(*(sorted(paths[kind]) for kind in shards.CACHE_KINDS))):
+    for k, group in enumerate(zip(*(sorted(paths[kind], key=_shard_number) for kind in shards.CACHE_KINDS))):
         metas = {}
         for kind, p in zip(shards.CACHE_KINDS, group):
             metas[kind] = shards.read_meta(p, kind)
@@ -241,8 +282,8 @@ def main(argv=None):
     # an n_mels edit does not rerun it): the cross-key audio checks would see defaults, so skip them
     cfg = config.from_args(args, check_paths=args.what != "pitch")
     if args.what == "index":
-        build_index(cfg, dict(tokens=args.tokens, mels=args.mels, energy=args.energy_shards, pitch=args.pitch),
-                    args.out)
+        given = dict(tokens=args.tokens, mels=args.mels, energy=args.energy_shards, pitch=args.pitch)
+        build_index(cfg, given if any(given.values()) else shard_paths(cfg), args.out)
         return
     if args.shard is None or not 0 <= args.shard < cfg["cache"]["shards"]:
         raise config.ConfigError(f"--shard must be in 0..{cfg['cache']['shards'] - 1}")

@@ -10,13 +10,13 @@ report the same one-line errors naming the key.
 import argparse
 import copy
 import errno
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
-import jsonschema
 import yaml
 
 from pipeline.errors import PipelineError, cli, disk_full
@@ -100,6 +100,8 @@ def normalise(cfg):
 
 def validate(cfg, source="config"):
     """Raise ConfigError naming the first offending key, e.g. `cache.shards: 0 is less than ...`."""
+    import jsonschema  # ~0.1-0.2 CPU s: only where a config is validated, not in every shard job
+
     errors = sorted(jsonschema.Draft202012Validator(load_schema()).iter_errors(cfg),
                     key=lambda e: list(map(str, e.absolute_path)))
     if not errors:
@@ -112,6 +114,22 @@ def validate(cfg, source="config"):
         key = ".".join([*map(str, e.absolute_path), extra[0]]) if extra else key
         message = f"unknown key (valid keys here: {', '.join(sorted(e.schema.get('properties', {})))})"
     raise ConfigError(f"{source}: {key}: {message}")
+
+
+# Planning (rules/common.smk) validates the whole config once and then sets this variable, which the
+# jobs it starts inherit, to `schema_digest()`. A job whose inline config comes from those rules (a
+# subset of that validated config, merged over the same defaults) then skips the schema: jsonschema
+# is ~0.1-0.2 CPU s of every shard job's ~0.4. Run by hand, or after an edit of the schema or the
+# defaults, a job validates as before.
+VALIDATED_ENV = "PIPELINE_CONFIG_VALIDATED"
+
+
+def schema_digest():
+    """Digest of the schema and the defaults: what a validation made at planning vouches for."""
+    h = hashlib.sha256()
+    for path in (SCHEMA, DEFAULTS):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 class Section(dict):
@@ -176,7 +194,10 @@ def load_config(path=None, overrides=None, check_paths=True):
         inline = user if text.startswith("{") else None
     if overrides:
         cfg = merge(cfg, overrides)
-    cfg = validate(normalise(cfg), source)
+    if inline is not None and not overrides and os.environ.get(VALIDATED_ENV) == schema_digest():
+        cfg = normalise(cfg)  # a rule's sections of the config planning validated
+    else:
+        cfg = validate(normalise(cfg), source)
     if check_paths:
         check_dataset_paths(cfg)
     if inline is not None:

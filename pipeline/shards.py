@@ -188,6 +188,16 @@ def read(out, kind=None):
     return meta, [flat[o:o + n] for o, n in zip(meta["offsets"], meta["lengths"])]
 
 
+STATS_KINDS = ("mels", "energy", "pitch")  # the kinds whose shards carry a .stats.npy
+
+
+def _files(out):
+    # plain strings, not pathlib: planning calls this for every shard of every kind
+    base = str(out)
+    suffixes = (".json", ".bin") + ((".stats.npy",) if os.path.basename(os.path.dirname(base)) in STATS_KINDS else ())
+    return [base + s for s in suffixes]
+
+
 def _stamp(bin_path):
     """cache/{name}/.verified/{kind}-shard-NNN: what planning last verified of that .bin."""
     bin_path = Path(bin_path)
@@ -204,17 +214,26 @@ def intact(*outs):
     """"ok" when every shard's JSON reads and its .bin has the size and checksum the JSON records,
     else "damaged".
 
-    Planning asks this of every shard (rules/common.smk `repair`), so a damaged one is rebuilt by
-    its own job alone. A missing file counts as "ok": its job reruns for the missing output anyway.
+    `outs` are the shards one job writes (mel_shard: mels and energy). Planning asks this of every
+    shard (rules/common.smk `repair`), so a damaged one is rebuilt by its own job alone. A job none of
+    whose files exist is "ok" (it runs anyway, its outputs are missing); a job with some of its files
+    missing (a deleted .bin, .stats.npy or energy shard) is "damaged": `cache_index` lists only the
+    JSON files of tokens, mels and pitch, so only this check notices the others are gone.
     A .bin is hashed when its size, mtime, ctime or inode changed since planning last verified it
     (a stamp in cache/{name}/.verified/): any write to it, even one that puts the mtime back, moves
     its ctime. Damage that moves nothing (a disk's own bit rot) is caught where the bytes are read
     (`read`, the loader's graph), which forgets the stamp, so the next planning hashes the file.
     """
+    present = [os.path.exists(f) for out in outs for f in _files(out)]
+    if not any(present):
+        return "ok"
+    if not all(present):
+        return "damaged"
     for out in outs:
         try:
-            meta = json.loads(Path(out).with_suffix(".json").read_text(encoding="utf-8"))
-            path = Path(out).with_suffix(".bin")
+            with open(f"{out}.json", encoding="utf-8") as f:
+                meta = json.load(f)
+            path = f"{out}.bin"
             st = os.stat(path)
             if st.st_size != meta["bytes"]:
                 return "damaged"
@@ -222,11 +241,9 @@ def intact(*outs):
             stamp = _stamp(path)
             if stamp.is_file() and stamp.read_text(encoding="utf-8") == key:
                 continue
-            if checksum(path.read_bytes()) != meta["checksum"]:
+            if checksum(Path(path).read_bytes()) != meta["checksum"]:
                 return "damaged"
             config.atomic_write_text(stamp, key)
-        except FileNotFoundError:
-            continue  # a missing output reruns its job anyway; "ok" here keeps the value a rebuild leaves
         except (OSError, ValueError, KeyError, TypeError):
             return "damaged"
     return "ok"

@@ -76,17 +76,17 @@ rule pitch_shard:
         "python -m pipeline.cache pitch --config {params.config:q} --shard {wildcards.shard} --out {params.out} > {log} 2>&1"
 
 
-# Every file the loader reads is an input here, .bin included, so a deleted one is rebuilt.
+# The inputs are the JSON files of tokens, mels and pitch alone (3 a shard: each is the last file its
+# job writes, so a rerun shard reruns the index). Listing every .bin, .json and .stats.npy (11 a
+# shard) made Snakemake re-check ~1,400 files as jobs finished. A deleted .bin, .stats.npy or energy
+# file is still rebuilt: planning's repair check (rules/common.smk) reruns a job with a file missing.
+# The job finds the shards from the config: one path per input on its command line would overflow
+# Linux's 128 KiB limit on one argument (`bash -c ...`) from about 1,000 shards on.
 rule cache_index:
     input:
         tokens=shard_files("tokens", ".json"),
         mels=shard_files("mels", ".json"),
-        energy=shard_files("energy", ".json"),
         pitch=shard_files("pitch", ".json"),
-        arrays=[
-            shard_files(kind, ".bin") for kind in ("tokens", "mels", "energy", "pitch")
-        ],
-        stats=[shard_files(kind, ".stats.npy") for kind in ("mels", "energy", "pitch")],
     output:
         index=CACHE / "index.json",
         vocab=CACHE / "vocab.json",
@@ -105,7 +105,7 @@ rule cache_index:
             pitch=config["pitch"],
         ),
     shell:
-        "python -m pipeline.cache index --config {params.config:q} --tokens {input.tokens} --mels {input.mels} --energy-shards {input.energy} --pitch {input.pitch} --out {output.index} > {log} 2>&1"
+        "python -m pipeline.cache index --config {params.config:q} --out {output.index} > {log} 2>&1"
 
 
 rule caches:

@@ -5,6 +5,7 @@
 # Those params are compared with what .snakemake/ recorded: a checkout without that folder (or a run
 # from another --directory) cannot see edits; `snakemake --forcerun caches` rebuilds then.
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,6 +28,8 @@ try:
     MANIFEST = pmanifest.load_manifest(config["dataset"], config["cache"]["shards"])
 except (pconfig.ConfigError, pmanifest.DatasetError) as e:
     raise WorkflowError(str(e))
+# the jobs started from here inherit this and skip re-validating the sections they get
+os.environ[pconfig.VALIDATED_ENV] = pconfig.schema_digest()
 
 NAME = config["name"]
 CACHE = Path(config["cache"]["dir"]) / NAME
@@ -107,8 +110,9 @@ def repair(*kinds):
     size its JSON records (truncated, overwritten), planning writes a fresh marker,
     cache/{name}/.repair/{kind}-NNN, newer than the shard and with new content (Snakemake skips an
     mtime change when the checksum is the same), so the mtime trigger reruns exactly that job. A
-    marker, once made, stays listed so the input set does not change again. Nothing is deleted;
-    a deleted .bin is a missing output of its job (and an input of cache_index), rebuilt anyway.
+    marker, once made, stays listed so the input set does not change again. Nothing is deleted.
+    A job with some of its files deleted (a .bin, a .stats.npy, the energy shard) is damaged too:
+    cache_index lists only the token, mel and pitch JSON files, so no one else would ask for them.
     """
 
     def inputs(wildcards):

@@ -38,7 +38,7 @@ def test_mas_paths_are_monotonic_cover_every_frame_and_give_every_token_a_frame(
 def test_fallback_and_sanity_checks():
     d = even_durations(7, 4)
     assert d.sum() == 4 and len(d) == 7
-    assert "no frame" in check(d, 4, 100)
+    assert "4 mel frames for 7 tokens: the audio is too short" in check(d, 4, 100)
     assert "token 1 lasts 50 frames" in check(np.array([2, 50, 3], np.int32), 55, 40)
     assert check(np.array([2, 5, 3], np.int32), 10, 40) is None
     assert "sum to 10" in check(np.array([2, 5, 3], np.int32), 11, 40)

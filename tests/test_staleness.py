@@ -292,6 +292,18 @@ def test_deleted_and_truncated_shards_rebuild_exactly_their_jobs_and_then_load(b
     assert {"tokens", "mel", "pitch", "energy"} <= set(batch)
 
 
+@pytest.mark.slow
+def test_files_the_index_does_not_list_still_rebuild_exactly_their_jobs(built):
+    # cache_index lists only the token, mel and pitch JSON files; the repair check covers the rest
+    (built.cache / "energy/shard-000.bin").unlink()
+    (built.cache / "pitch/shard-003.stats.npy").unlink()
+    (built.cache / "energy/shard-001.json").unlink()
+    counts, shards = plan(built.config)
+    assert counts == {"mel_shard": 2, "pitch_shard": 1, "cache_index": 1, "caches": 1}
+    assert shards == {"mel_shard": [0, 1], "pitch_shard": [3]}
+    assert rebuild_then_nothing_to_do(built) == jobs_files(("mels", 0), ("mels", 1), ("pitch", 3))
+
+
 def flip_byte(path):
     """XOR one byte in the middle of `path` and put its mtime back, as bit rot does."""
     st = path.stat()

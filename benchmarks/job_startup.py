@@ -1,0 +1,58 @@
+"""Fixed start-up of one shard job: a fresh interpreter importing pipeline.cache, reading a rule's
+inline config and loading pyworld, as a pitch_shard job does before its first clip.
+
+    python benchmarks/job_startup.py                         # this checkout, 10 runs
+    python benchmarks/job_startup.py --against /path/to/older/checkout --runs 10
+
+Runs alternate between the checkouts (same load for both); CPU is user + system of each child
+(getrusage), the median is reported with the load average. This checkout's runs get the
+environment variable planning sets for the jobs it starts (pipeline.config.VALIDATED_ENV); an older
+checkout ignores it.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from pipeline import config  # noqa: E402
+
+INLINE = {"audio": {"hop_length": 256, "sample_rate": 22050}, "cache": {"shards": 8},
+          "dataset": {"audio_dir": "wavs", "bad_audio": "skip", "max_seconds": 20.0, "metadata": "metadata.csv",
+                      "root": "data/demo"}, "pitch": {"fmax": 600.0, "fmin": 65.0, "method": "dio"}}
+CODE = ("import pipeline.cache as c; c.config.load_config({cfg!r}, check_paths=False); "
+        "getattr(c, '_light_pyworld', lambda: None)(); import pyworld")
+
+
+def cpu(cwd, env):
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-c", CODE.format(cfg=json.dumps(INLINE))], check=True, cwd=cwd, env=env)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--against", type=Path, default=None, help="another checkout to compare with")
+    p.add_argument("--runs", type=int, default=10)
+    args = p.parse_args(argv)
+    env = dict(os.environ, **{config.VALIDATED_ENV: config.schema_digest()})
+    plain = {k: v for k, v in os.environ.items() if k != config.VALIDATED_ENV}
+    here, there = [], []
+    for _ in range(args.runs):
+        here.append(cpu(ROOT, env))
+        if args.against:
+            there.append(cpu(args.against, plain))
+    line = f"this checkout: {statistics.median(here):.3f} CPU s"
+    if there:
+        line += f"; {args.against}: {statistics.median(there):.3f} CPU s"
+    print(f"{line} (median of {args.runs}; load average {os.getloadavg()[0]:.1f})")
+
+
+if __name__ == "__main__":
+    main()

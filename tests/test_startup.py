@@ -1,0 +1,76 @@
+"""Shard jobs start light and write the same bytes: a job started by Snakemake skips the schema
+(planning validated the config) and pitch jobs load pyworld without pkg_resources; each shard file
+is byte-identical to the one the full-validation, plain-`import pyworld` path writes."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from pipeline import config
+
+DEMO = {"root": str(ROOT / "data" / "demo"), "metadata": "metadata.csv", "audio_dir": "wavs",
+        "bad_audio": "skip", "max_seconds": 20.0}
+JOBS = {
+    "tokens": {"dataset": {k: DEMO[k] for k in ("root", "metadata", "audio_dir")}, "cache": {"shards": 8},
+               "text": {"cleaners": "english", "frontend": "phonemes", "language": "en-us"}},
+    "mels": {"dataset": DEMO, "cache": {"shards": 8},
+             "audio": {"sample_rate": 22050, "n_fft": 1024, "hop_length": 256, "win_length": 1024,
+                       "n_mels": 80, "fmin": 0, "fmax": 8000}},
+    "pitch": {"dataset": DEMO, "cache": {"shards": 8}, "audio": {"sample_rate": 22050, "hop_length": 256},
+              "pitch": {"method": "dio", "fmin": 65.0, "fmax": 600.0}},
+}
+# the job as it ran before: every module imported the ordinary way, the config validated
+PLAIN = "import sys, jsonschema, pyworld, pkg_resources; from pipeline import cache; cache.main(sys.argv[1:])"
+# the job as Snakemake starts it now, reporting what it imported
+LIGHT = ("import sys; from pipeline import cache\ntry:\n    cache.main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+         "print('IMPORTED', ' '.join(m for m in ('jsonschema', 'pkg_resources', 'pyworld') if m in sys.modules))")
+
+
+def _run(code, what, out, env):
+    args = [what, "--config", json.dumps(JOBS[what]), "--shard", "0", "--out", str(out / what / "shard-000")]
+    if what == "mels":
+        args += ["--energy", str(out / "energy" / "shard-000"), "--audio", str(out / "audio" / "shard-000")]
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("what", ["tokens", "mels", "pitch"])
+def test_a_shard_job_started_by_snakemake_imports_less_and_writes_the_same_bytes(tmp_path, what):
+    planned = dict(os.environ, **{config.VALIDATED_ENV: config.schema_digest()})
+    plain = dict(os.environ)
+    plain.pop(config.VALIDATED_ENV, None)
+    _run(PLAIN, what, tmp_path / "plain", plain)
+    imported = _run(LIGHT, what, tmp_path / "light", planned).split("IMPORTED")[-1].split()
+    assert "jsonschema" not in imported and "pkg_resources" not in imported
+    if what == "pitch":
+        assert "pyworld" in imported  # the extractor really ran
+    kinds = {"tokens": ["tokens"], "mels": ["mels", "energy", "audio"], "pitch": ["pitch"]}[what]
+    compared = 0
+    for kind in kinds:
+        for suffix in (".bin", ".json", ".stats.npy"):
+            before = tmp_path / "plain" / kind / f"shard-000{suffix}"
+            if before.exists():
+                after = tmp_path / "light" / kind / f"shard-000{suffix}"
+                assert after.read_bytes() == before.read_bytes(), f"{kind}/shard-000{suffix} differs"
+                compared += 1
+    assert compared >= 2 * len(kinds)  # each kind's .bin and .json at least
+
+
+def test_a_job_validates_unless_planning_vouched_for_this_schema(monkeypatch, tmp_path):
+    bad = json.dumps({"cache": {"shards": 0}})
+    monkeypatch.delenv(config.VALIDATED_ENV, raising=False)
+    with pytest.raises(config.ConfigError, match="cache.shards"):
+        config.load_config(bad, check_paths=False)
+    monkeypatch.setenv(config.VALIDATED_ENV, "another schema")  # a stale value: validate as before
+    with pytest.raises(config.ConfigError, match="cache.shards"):
+        config.load_config(bad, check_paths=False)
+    monkeypatch.setenv(config.VALIDATED_ENV, config.schema_digest())
+    assert config.load_config(bad, check_paths=False)["cache"]["shards"] == 0  # trusted: planning checked it
+    with pytest.raises(config.ConfigError, match="cache.shards"):  # a file config is always validated
+        path = tmp_path / "c.yaml"
+        path.write_text("cache: {shards: 0}\n")
+        config.load_config(path, check_paths=False)
