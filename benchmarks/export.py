@@ -1,6 +1,7 @@
 """Real-time factor of the exported voice: SavedModel and TFLite next to pipeline.synthesize.
 
-    python benchmarks/export.py                        # demo-size FastPitch, untrained weights, in .bench/export
+    python benchmarks/export.py                        # demo-size FastPitch + Vocos, untrained weights, in .bench/export
+    python benchmarks/export.py --vocoder griffin_lim  # the same with Griffin-Lim in the graph
     python benchmarks/export.py --config my.yaml       # a trained run of yours, exported into --workdir
 
 RTF = wall seconds of one synthesis / seconds of audio it made (token ids -> waveform; the front
@@ -13,7 +14,9 @@ warm RTF <= 0.05 for the SavedModel, its first call <= 2 s, TFLite float32 no sl
 Without --config the benchmark builds the caches of a 24-clip espeak-ng corpus and writes a
 checkpoint of the demo's model sizes (configs/config.yaml) with its initial weights, the duration
 predictor set to 6 frames a token (about real speech at hop 256), so the lengths and the
-compute per second of audio are the demo's; speed does not depend on trained weights.
+compute per second of audio are the demo's; speed does not depend on trained weights. With
+`--vocoder vocos` (the default, as configs/config.yaml) it also writes a demo-size Vocos
+(vocoder.vocos) with its initial weights as the run's final vocoder (runs/{name}/vocoder.json).
 Prints a Markdown table and writes every figure to {workdir}/export.json.
 """
 import argparse
@@ -89,16 +92,17 @@ TFLITE = """
 
 PIPELINE = """
     from pipeline import config
+    from pipeline.models import vocoders
     from pipeline.synthesize import load_synthesizer
-    from pipeline.vocoder import griffin_lim
     cfg = config.load_config({path!r}, check_paths=False)
     state = {{}}
     TEXT = {{tuple(v): k for k, v in IDS.items()}}
     def load():
         state["synth"] = load_synthesizer(cfg, log=lambda *a: None)
+        state["vocode"] = vocoders.load(cfg)        # the run's vocoder, as synthesize loads it
     def call(ids):                                  # as `snakemake synthesize` does per sentence, less the wav
         mel = state["synth"].infer({sentences!r}[TEXT[tuple(ids)]])["mel"]
-        return int(griffin_lim(mel, **cfg["audio"], iters=cfg["synthesize"]["griffin_lim_iters"]).shape[0])
+        return int(state["vocode"](mel).shape[0])
     measure(load, call)
 """
 
@@ -115,15 +119,17 @@ def run_worker(body, *, ids, sample_rate, clean, **fmt):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def demo_run(workdir, log):
-    """A config (demo model sizes) over a 24-clip corpus's caches, with an initial-weights checkpoint."""
+def demo_run(workdir, log, vocoder="vocos"):
+    """A config (demo model sizes) over a 24-clip corpus's caches, with an initial-weights checkpoint
+    (and, unless vocoder is griffin_lim, an initial-weights final vocoder of that kind)."""
     import numpy as np
     import tensorflow as tf
 
     from pipeline import config, data, models, runinfo
     corpus = common.ensure_corpus(workdir / "corpus", 24, fmt="wav", log=log)
-    path = common.bench_config(workdir / "config.yaml", name="export-bench", dataset_root=workdir / "corpus",
-                               workdir=workdir, shards=2, train={"steps": 800})
+    path = common.bench_config(workdir / f"config-{vocoder}.yaml", name="export-bench",
+                               dataset_root=workdir / "corpus", workdir=workdir, shards=2, train={"steps": 800},
+                               vocoder={"kind": vocoder})
     common.snakemake("caches", config=path)
     cfg = config.load_config(path)
     ckpt_dir = config.run_dir(cfg) / "checkpoints"
@@ -139,21 +145,40 @@ def demo_run(workdir, log):
         out.bias.assign([np.log(7.0)])
         runinfo.write(ckpt_dir.parent, runinfo.for_training(cfg, index, stats, ckpt_dir.parent, resuming=False))
         tf.train.CheckpointManager(tf.train.Checkpoint(model=model), ckpt_dir, 1).save(checkpoint_number=1)
+    if vocoder != "griffin_lim":
+        demo_vocoder(cfg)
     return path, corpus
+
+
+def demo_vocoder(cfg):
+    """runs/{name}/vocoder.json and a checkpoint of the config's vocoder (demo sizes) with initial weights."""
+    import tensorflow as tf
+
+    from pipeline import config
+    from pipeline.models import vocoders
+    model = vocoders.build(cfg["vocoder"], cfg["audio"])
+    folder = config.run_dir(cfg) / "vocoder" / "bench" / "checkpoints"
+    shutil.rmtree(folder, ignore_errors=True)
+    checkpoint = tf.train.CheckpointManager(tf.train.Checkpoint(generator=model), folder, 1).save(checkpoint_number=0)
+    summary = {"name": cfg["name"], "kind": cfg["vocoder"]["kind"], "phase": "bench", "steps": 0, "finetune_steps": 0,
+               "checkpoint": checkpoint, "note": "initial weights: speed does not depend on training"}
+    config.atomic_write_text(vocoders.summary_path(cfg), json.dumps(summary, indent=1))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="a trained run's config (default: a demo-size untrained checkpoint)")
     parser.add_argument("--workdir", default=str(common.DEFAULT_WORKDIR / "export"))
+    parser.add_argument("--vocoder", choices=["vocos", "griffin_lim"], default="vocos",
+                        help="the demo run's vocoder (ignored with --config: the run's own)")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir).resolve()
     log = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
     machine = common.machine_info()
     from pipeline import config, export, text
-    path, corpus = (Path(args.config), None) if args.config else demo_run(workdir, log)
+    path, corpus = (Path(args.config), None) if args.config else demo_run(workdir, log, args.vocoder)
     cfg = config.load_config(path, check_paths=False)
-    out = workdir / "exported"
+    out = workdir / f"exported-{cfg['vocoder']['kind']}"
     t0 = time.perf_counter()
     meta = export.export(cfg, out, tflite=True, log=log)
     export_s = time.perf_counter() - t0
@@ -172,8 +197,11 @@ def main(argv=None):
              *(f"{r[k]['rtf']:.3f} ({r[k]['audio_s']:.1f} s)" for k in SENTENCES)]
             for name, r in results.items()]
     print(f"machine: {common.machine_line(machine)}; load average at end {os.getloadavg()[0]:.2f}")
-    print(f"export (SavedModel + 2 TFLite): {export_s:.0f} s; tokens {[len(v) for v in ids.values()]}; "
-          f"Griffin-Lim {meta['vocoder']['iters']} iterations")
+    v = meta["vocoder"]
+    vocoder = f"Griffin-Lim {v['iters']} iterations" if v["kind"] == "griffin_lim" else \
+        f"{v['kind']} ({'trained' if v['steps'] else 'initial weights'})"
+    print(f"export (SavedModel + 2 TFLite): {export_s:.0f} s; tokens {[len(v) for v in ids.values()]}; vocoder {vocoder}; "
+          f"TFLite ops {meta['tflite']['float32']['ops']} {meta['tflite']['float32']['select_tf_ops'] or ''}")
     print(common.table(rows, ["runtime", "import + load s", "first call (medium)",
                               *(f"warm RTF {k} (audio)" for k in SENTENCES)]))
     saved, f32 = results["SavedModel"], results["TFLite float32"]
@@ -181,9 +209,9 @@ def main(argv=None):
     print(f"SavedModel warm RTF <= 0.05: {common.verdict(warm <= 0.05)} (worst {warm:.3f}); first call <= 2 s: "
           f"{common.verdict(saved['first']['wall_s'] <= 2.0)} ({saved['first']['wall_s']:.2f} s); TFLite float32 "
           f"no slower: {common.verdict(all(f32[k]['rtf'] <= saved[k]['rtf'] for k in SENTENCES))}")
-    common.write_json(workdir / "export.json", {"machine": machine, "loadavg_at_end": os.getloadavg(),
-                                                "config": str(path), "corpus": corpus, "export_s": export_s,
-                                                "sentences": SENTENCES, "tokens": ids, "results": results})
+    common.write_json(workdir / f"export-{cfg['vocoder']['kind']}.json", {
+        "machine": machine, "loadavg_at_end": os.getloadavg(), "config": str(path), "corpus": corpus,
+        "export_s": export_s, "vocoder": meta["vocoder"], "sentences": SENTENCES, "tokens": ids, "results": results})
 
 
 if __name__ == "__main__":

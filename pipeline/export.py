@@ -3,7 +3,8 @@
 Reads the latest checkpoint in runs/{name}/checkpoints and what the run carries (runs/{name}/run.json:
 vocabulary, mel statistics, its `audio:` and `model:`; `run_vocabulary`), config keys `train.steps`,
 `synthesize:` (max_seconds, griffin_lim_iters: the exported graph speaks as `snakemake synthesize`
-does) and `export.tflite`.
+does), `vocoder:` (kind and the model's sizes; the trained vocoder from runs/{name}/vocoder.json)
+and `export.tflite`.
 Writes runs/{name}/export/ (or --out), replaced as a whole only once everything is written:
 
   saved_model/          serving signature `synthesize(tokens int32 [1, T], pace float32 [],
@@ -16,13 +17,14 @@ Writes runs/{name}/export/ (or --out), replaced as a whole only once everything 
   model.tflite          with --tflite or `export.tflite: true`: float32, and model_float16.tflite
                         (float16 weights, float32 arithmetic)
 
-The vocoder is chosen by `export_vocoder` alone: Griffin-Lim (pipeline/vocoder.py) today, inside the
-graph; a trained vocoder is not included yet, and export.json says so. The SavedModel runs
-Griffin-Lim on TensorFlow's FFT (the very audio `snakemake synthesize` writes); the TFLite models on
-pipeline.dft's real-FFT pair (TFLite has RFFT2D but no IRFFT; built-in ops only), or its DFT matmuls
-when audio.n_fft is not a power of two. Bad input inside the graph: a token
-id outside the vocabulary or pace <= 0 fails with InvalidArgumentError (tf.debugging); an empty
-token list gives empty audio, shape [1, 0].
+The vocoder is chosen by `export_vocoder` alone, the one `snakemake synthesize` speaks with: the run's
+trained vocoder (runs/{name}/vocoder.json, vocoder.kind vocos or hifigan; its inverse STFT is
+pipeline.dft's matmuls, built-in TFLite ops), or Griffin-Lim (pipeline/vocoder.py) with vocoder.kind
+griffin_lim; export.json says which. Griffin-Lim runs on TensorFlow's FFT in the SavedModel (the very
+audio `snakemake synthesize` writes), on pipeline.dft's real-FFT pair in the TFLite models (TFLite
+has RFFT2D but no IRFFT; built-in ops only), or its DFT matmuls when audio.n_fft is not a power of two.
+Bad input inside the graph: a token id outside the vocabulary or pace <= 0 fails with
+InvalidArgumentError (tf.debugging); an empty token list gives empty audio, shape [1, 0].
 
     python -m pipeline.export --config configs/config.yaml [--out DIR] [--tflite]
     snakemake --cores all export
@@ -40,9 +42,11 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 from pipeline import config, dft, runinfo
+from pipeline.audio import LOG_CLAMP
 from pipeline.errors import PipelineError, cli
 from pipeline.synthesize import load_synthesizer
 from pipeline.vocoder import griffin_lim_graph
@@ -82,14 +86,42 @@ def ids_vocabulary(run=None, config_path=None):
     return run_vocabulary(cfg)["vocab"], f"the vocabulary of run {cfg['name']!r} (not exported yet)"
 
 
+class TrainedVocoder(tf.Module):
+    """The run's trained vocoder (pipeline.models.vocoders) as a graph function: log-mel (F, n_mels) ->
+    audio (F * hop,), the very model `pipeline.vocode` and `snakemake synthesize` call; its weights are
+    tracked, so the SavedModel carries them."""
+
+    def __init__(self, model, hop_length, floor):
+        super().__init__(name="vocoder")
+        self.generator, self._hop, self._floor = model, int(hop_length), float(floor)
+
+    def __call__(self, log_mel):
+        # no frames (an empty token list): run one silent frame (the model's layer norms need one), keep none
+        frames = tf.shape(log_mel)[0]
+        empty = tf.maximum(1 - frames, 0)
+        silence = tf.fill(tf.stack([empty, tf.shape(log_mel)[1]]), self._floor)
+        log_mel = tf.concat([log_mel, silence], 0)  # keeps the static n_mels: TFLite's CONV_2D needs it
+        return self.generator(log_mel[None], training=False)[0, :frames * self._hop]
+
+
 def export_vocoder(cfg, audio, transforms):
     """THE choice of the exported graph's vocoder -> (fn(log_mel (F, n_mels)) -> audio (F * hop,), its
-    export.json entry). Griffin-Lim with `synthesize.griffin_lim_iters`, as `snakemake synthesize` speaks;
-    a trained vocoder plugs in here. audio: the run's mel settings. transforms: "fft" (SavedModel), "rfft" or "dft" (TFLite built-ins)."""
+    export.json entry), the vocoder `snakemake synthesize` speaks with: the run's trained vocoder
+    (runs/{name}/vocoder.json; MissingCheckpoint naming `snakemake --cores all vocoder` when there is none),
+    or Griffin-Lim with `synthesize.griffin_lim_iters` when vocoder.kind is griffin_lim. audio: the run's
+    mel settings. transforms: "fft" (SavedModel), "rfft" or "dft" (TFLite built-ins), for Griffin-Lim; a
+    trained vocoder's inverse STFT is pipeline.dft's matmuls in both."""
+    if cfg["vocoder"]["kind"] != "griffin_lim":
+        from pipeline.models import vocoders
+        trained = vocoders.load(cfg)
+        info = {"kind": trained.kind, "trained": True, "steps": trained.steps,
+                "finetune_steps": trained.finetune_steps, "phase": trained.summary.get("phase"),
+                "checkpoint": trained.summary["checkpoint"], "summary": str(vocoders.summary_path(cfg))}
+        return TrainedVocoder(trained.model, audio["hop_length"], np.log(LOG_CLAMP)), info
     iters = int(cfg["synthesize"]["griffin_lim_iters"])
     fn = functools.partial(griffin_lim_graph, **audio, iters=iters, transforms=transforms)
     info = {"kind": "griffin_lim", "iters": iters, "trained": False,
-            "note": "Griffin-Lim phase recovery inside the graph; a trained vocoder is not included"}
+            "note": "Griffin-Lim phase recovery inside the graph (vocoder.kind: griffin_lim); no trained vocoder"}
     return fn, info
 
 
@@ -247,8 +279,8 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
         _replace_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log(f"exported {synth.checkpoint} (step {synth.step}) to {out}: vocoder {vocoder['kind']} "
-        f"({'trained' if vocoder['trained'] else 'no trained vocoder included'})")
+    trained = f"trained, {vocoder['steps']} + {vocoder['finetune_steps']} steps" if vocoder["trained"] else "untrained"
+    log(f"exported {synth.checkpoint} (step {synth.step}) to {out}: vocoder {vocoder['kind']} ({trained})")
     return meta
 
 

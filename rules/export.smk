@@ -1,11 +1,17 @@
 # Export: the latest checkpoint as one SavedModel (token ids -> waveform) that loads with TensorFlow
 # alone, its vocab.json and export.json, and the TFLite models when export.tflite is true.
-# Only the keys the export reads are passed: new synthesize.sentences do not rerun it.
+# Only the keys the export reads are passed: new synthesize.sentences do not rerun it. With a trained
+# vocoder kind the final vocoder (runs/{name}/vocoder.json) is an input: a new vocoder re-exports.
+
+EXPORT_VOCODER_KEYS = ["kind"] + (
+    [config["vocoder"]["kind"]] if VOCODER else []
+)  # the model's sizes, to build it
 
 
 rule export:
     input:
         rules.train.output.summary,
+        VOCODER,
     output:
         saved_model=directory(RUN / "export/saved_model"),
         vocab=RUN / "export/vocab.json",
@@ -29,7 +35,10 @@ rule export:
             "diagnose",
             "reports_dir",
             "vocoder",
-            keep={"synthesize": ["max_seconds", "griffin_lim_iters"]},
+            keep={
+                "synthesize": ["max_seconds", "griffin_lim_iters"],
+                "vocoder": EXPORT_VOCODER_KEYS,
+            },
         ),
         out=RUN / "export",
     shell:

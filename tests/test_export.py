@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import yaml
-from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, load_json, planned_jobs, snakemake, write_config
+from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, TINY_VOCODER, load_json, planned_jobs, snakemake, write_config
 
 from pipeline import config, text
 
@@ -18,11 +18,11 @@ SENTENCE = "The quick brown fox jumps over the lazy dog."
 SPEAK = dict(max_seconds=3.0, griffin_lim_iters=4, pace=1.25, pitch_shift=2.0)
 
 
-def run_config(cache_config, tmp, **train):
-    """A tiny fastpitch run of its own on an already built cache."""
+def run_config(cache_config, tmp, vocoder=None, **train):
+    """A tiny fastpitch run of its own on an already built cache (Griffin-Lim unless `vocoder` is given)."""
     cfg = config.load_config(cache_config)
     path = write_config(tmp, cfg["dataset"]["root"], model={"kind": "fastpitch", "fastpitch": TINY_FASTPITCH},
-                        aligner=TINY_ALIGNER, synthesize=SPEAK,
+                        aligner=TINY_ALIGNER, synthesize=SPEAK, vocoder=vocoder or {"kind": "griffin_lim"},
                         train={"batch_size": 4, "buckets": 2, "summary_every": 1000, **train})
     path.write_text(path.read_text().replace(str(tmp / "cache"), cfg["cache"]["dir"]))  # share the built cache
     return path
@@ -164,7 +164,7 @@ def test_export_json_and_vocab_json_say_what_was_exported(exported):
     assert meta["run"] == "t" and meta["step"] == 3 and meta["checkpoint"].endswith("ckpt-3")
     assert meta["acoustic"] == {"step": 3, "planned_steps": 100, "finished": False, "summary": None}  # untrained
     assert meta["vocoder"]["kind"] == "griffin_lim" and meta["vocoder"]["trained"] is False
-    assert "not included" in meta["vocoder"]["note"]
+    assert "no trained vocoder" in meta["vocoder"]["note"]
     assert meta["notes"][0].startswith("the acoustic model is exported at step 3 of train.steps 100")
     assert meta["sample_rate"] == 22050 and meta["audio"] == cfg["audio"] and meta["model"] == "fastpitch"
     assert meta["signature"]["inputs"] == {"tokens": "int32 [1, T]", "pace": "float32 []", "pitch_shift": "float32 []"}
@@ -229,3 +229,73 @@ def test_snakemake_export_speaks_as_snakemake_synthesize(aligned_cache, tmp_path
     user["synthesize"]["sentences"] = ["Another sentence."]
     path.write_text(yaml.safe_dump(user))
     assert planned_jobs(path, "export") == {}
+
+
+TRAINED_VOCODER = {**TINY_VOCODER, "steps": 3, "finetune_steps": 0, "checkpoint_every": 3, "summary_every": 3}
+
+
+@pytest.fixture(scope="module")
+def exported_vocos(built_cache, tmp_path_factory):
+    """(config, export folder) of a run with a tiny Vocos trained for 3 steps by pipeline.train_vocoder
+    (its final runs/{name}/vocoder.json), exported with --tflite by the CLI."""
+    tmp = tmp_path_factory.mktemp("export_vocos")
+    path = run_config(built_cache, tmp, vocoder=TRAINED_VOCODER, steps=100)
+    write_untrained_checkpoint(path, step=3)
+    run = config.run_dir(config.load_config(path))
+    for args in (("pipeline.train_vocoder", "--phase", "train", "--out", str(run / "vocoder" / "train.json"), "--final"),
+                 ("pipeline.export", "--tflite")):
+        proc = run_module(*args, "--config", str(path))
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return path, run / "export"
+
+
+def test_saved_model_with_the_trained_vocoder_speaks_as_pipeline_vocode_without_the_package(exported_vocos, tmp_path):
+    import tensorflow as tf
+
+    from pipeline import vocode
+    from pipeline.synthesize import load_synthesizer
+    cfg_path, out = exported_vocos
+    cfg = config.load_config(cfg_path)
+    synth = load_synthesizer(cfg, log=lambda *a: None)
+    mel = synth.infer(SENTENCE, pace=SPEAK["pace"], pitch_shift=SPEAK["pitch_shift"])["mel"]
+    np.save(tmp_path / "mel.npy", mel)
+    vocoded = vocode.vocode(cfg, tmp_path / "mel.npy", tmp_path / "vocoded.wav")   # what pipeline.vocode writes
+    ids = synth.encode(SENTENCE)
+    clean_python(LOAD_AND_SPEAK.format(model=str(out / "saved_model"), ids=ids, n_symbols=len(synth.vocab["symbols"]),
+                                       out=str(tmp_path / "said.npz"), pace=SPEAK["pace"],
+                                       pitch_shift=SPEAK["pitch_shift"]), cwd=tmp_path)
+    said = np.load(tmp_path / "said.npz")
+    np.testing.assert_allclose(said["log_mel"][0], mel, atol=1e-5)
+    assert said["audio"].shape == (1, len(mel) * cfg["audio"]["hop_length"]) and np.abs(vocoded).max() > 0
+    np.testing.assert_allclose(said["audio"][0], vocoded, atol=1e-5 * np.abs(vocoded).max())   # Vocos, not Griffin-Lim
+    wav, _ = sf.read(tmp_path / "vocoded.wav", dtype="float32")
+    peak = np.abs(vocoded).max()
+    np.testing.assert_allclose(wav, vocoded * (0.95 / peak) if peak > 1.0 else vocoded, atol=1.5 / 32768)
+
+    meta = load_json(out / "export.json")
+    summary = load_json(config.run_dir(cfg) / "vocoder.json")
+    assert meta["vocoder"] == {"kind": "vocos", "trained": True, "steps": 3, "finetune_steps": 0, "phase": "train",
+                               "checkpoint": summary["checkpoint"], "summary": str(config.run_dir(cfg) / "vocoder.json")}
+    assert not any(n.startswith("vocoder") for n in meta["notes"])
+    # the TFLite float32 model runs the trained vocoder on built-in ops in tf.lite.Interpreter
+    assert meta["tflite"]["float32"]["ops"] == meta["tflite"]["float16"]["ops"] == "builtin"
+    runner = tf.lite.Interpreter(model_path=str(out / "model.tflite")).get_signature_runner("synthesize")
+    heard = runner(tokens=np.array([ids], np.int32), pace=np.float32(SPEAK["pace"]),
+                   pitch_shift=np.float32(SPEAK["pitch_shift"]))["audio"][0]
+    np.testing.assert_allclose(heard, vocoded, atol=1e-3 * np.abs(vocoded).max())
+    empty = runner(tokens=np.zeros([1, 0], np.int32), pace=np.float32(1.0), pitch_shift=np.float32(0.0))["audio"]
+    assert empty.shape == (1, 0)
+
+
+def test_export_with_a_vocoder_kind_but_no_trained_vocoder_is_one_line_naming_the_vocoder_target(
+        exported_vocos, tmp_path, capsys):
+    from pipeline import export
+    cfg_path, _ = exported_vocos
+    user = yaml.safe_load(cfg_path.read_text())
+    user["vocoder"]["kind"] = "hifigan"                                       # vocoder.json holds a vocos
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(user))
+    with pytest.raises(SystemExit) as stop:
+        export.main(["--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "export")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "snakemake --cores all vocoder" in err, err
+    assert not (tmp_path / "export").exists()

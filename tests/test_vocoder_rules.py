@@ -121,3 +121,29 @@ def test_vocode_a_synthesized_mel_and_its_one_line_errors(trained):
         lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
         assert proc.returncode == 2 and len(lines) == 1 and str(trained.tmp / name) in lines[0], (name, proc.stderr)
         assert "Traceback" not in proc.stderr and not (trained.tmp / "x.wav").exists()
+
+
+def test_snakemake_export_carries_the_final_vocoder_and_a_new_vocoder_reexports(trained):
+    import tensorflow as tf
+
+    from pipeline import text
+    snakemake("export", config=trained.path)
+    out = trained.run / "export"
+    meta = json.loads((out / "export.json").read_text())
+    final = json.loads((trained.run / "vocoder.json").read_text())
+    assert {k: meta["vocoder"][k] for k in ("kind", "trained", "steps", "finetune_steps", "phase", "checkpoint")} == {
+        "kind": "vocos", "trained": True, "steps": 10, "finetune_steps": 4, "phase": "finetune",
+        "checkpoint": final["checkpoint"]}
+    # the SavedModel speaks as `snakemake synthesize` did, through the same trained vocoder
+    ids = text.encode(trained.cfg["synthesize"]["sentences"][0], json.loads((out / "vocab.json").read_text()))
+    voice = tf.saved_model.load(str(out / "saved_model"))                     # held: its variables live on it
+    audio = voice.synthesize(tf.constant([ids], tf.int32), tf.constant(1.0), tf.constant(0.0))["audio"].numpy()[0]
+    wav, _ = sf.read(trained.run / "samples/00.wav", dtype="float32")
+    peak = np.abs(audio).max()
+    assert wav.shape == audio.shape and peak > 1e-3
+    np.testing.assert_allclose(wav, audio * (0.95 / peak) if peak > 1.0 else audio, atol=1.5 / 32768)
+    assert planned_jobs(trained.path, "export") == {}
+    # a new vocoder re-exports; Griffin-Lim needs no vocoder job
+    assert planned_jobs(_edited(trained, "lr.yaml", learning_rate=0.002), "export") == {
+        "train_vocoder": 1, "finetune_vocoder": 1, "export": 1}
+    assert planned_jobs(_edited(trained, "gl.yaml", kind="griffin_lim"), "export") == {"export": 1}
