@@ -157,8 +157,11 @@ def test_snakemake_evaluate_on_a_tiny_trained_model(built_cache, tmp_path):
     assert REPORT_FIELDS <= set(result)
     assert result["clips"] == 2 and result["step"] == 10 and result["checkpoint"].endswith("ckpt-10")
     assert result["model"] == "transformer_tts" and "aligner" not in result  # no duration caches here
-    assert result["mcd_db_ceiling"] < result["mcd_db_other"]
-    assert result["mcd_db"] > result["mcd_db_ceiling"]  # 10 steps do not speak
+    # This corpus is espeak-ng at 22050 Hz, whose energy above the mel's fmax (8 kHz) no vocoder gets
+    # back, so Griffin-Lim's MCD sits near chance here (the 16 kHz demo: 6-8 dB). The trained vocoder's
+    # copy-synthesis and the 10-step model through that same vocoder keep their order:
+    assert result["mcd_db_vocoder_ceiling"] < result["mcd_db_other"]
+    assert result["mcd_db"] > result["mcd_db_vocoder_ceiling"]  # 10 steps do not speak
     assert 0 < result["duration_ratio"] and np.isfinite(result["mcd_db"])
     # through the trained vocoder (10 steps + 4 on GTA mels), with Griffin-Lim's row kept beside it
     assert result["vocoder"] == {"kind": "vocos", "steps": 10, "finetune_steps": 4}
