@@ -216,6 +216,23 @@ def convert_tflite(saved_model, float16=False):
         return flat, {"ops": "builtin+select_tf_ops", "select_tf_ops": named}
 
 
+def check_tflite(flat, voice, vocab):
+    """None when the TFLite model speaks a test sentence as the SavedModel graph does, else the reason.
+    A converter can write a model whose kernels misbehave in the interpreter (all-NaN audio has been
+    seen with transposed convolutions); such a file is left out, never shipped silently."""
+    n = len(vocab["symbols"])
+    ids = [i for i in range(n) if i not in (0, int(vocab["eos_id"]))][:8]
+    tokens, pace, shift = np.array([ids], np.int32), np.float32(1.0), np.float32(0.0)
+    want = np.asarray(voice.synthesize(tf.constant(tokens), tf.constant(pace), tf.constant(shift))["audio"])[0]
+    runner = tf.lite.Interpreter(model_content=flat).get_signature_runner(SIGNATURE)
+    got = runner(tokens=tokens, pace=pace, pitch_shift=shift)["audio"][0]
+    if got.shape != want.shape:
+        return f"tf.lite.Interpreter gave {got.shape[0]} samples for a test sentence, the SavedModel {want.shape[0]}"
+    if not np.isfinite(got).all():
+        return f"tf.lite.Interpreter gave non-finite audio ({int((~np.isfinite(got)).sum())} of {got.size} samples) for a test sentence"
+    return None
+
+
 def _train_state(cfg, step):
     path = config.run_dir(cfg) / "train.json"
     planned = int(cfg["train"]["steps"])
@@ -269,6 +286,11 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
             for kind, name in TFLITE_FILES.items():
                 t0 = time.perf_counter()
                 flat, ops = convert_tflite(tmp / ".dft_model", float16=kind == "float16")
+                refused = check_tflite(flat, voice, run["vocab"])
+                if refused:
+                    meta["tflite"][kind] = {"file": None, "refused": refused, **ops}
+                    log(f"{name}: left out: {refused}; use the SavedModel")
+                    continue
                 (tmp / name).write_bytes(flat)
                 meta["tflite"][kind] = {"file": name, "bytes": len(flat), **ops}
                 log(f"{name}: {len(flat) / 1e6:.1f} MB, {ops['ops']} ops {ops['select_tf_ops'] or ''} "
