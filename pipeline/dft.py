@@ -56,18 +56,24 @@ def _check(n_fft, hop_length, win_length):
         f"need 0 < hop_length ({hop_length}) <= win_length ({win_length}) <= n_fft ({n_fft})"
 
 
-def stft(audio, *, n_fft, hop_length, win_length):
-    """audio float32 [..., n] -> (real, imag) float32 [..., n // hop_length, n_fft // 2 + 1].
-
-    n must exceed the reflect padding, (n_fft - hop_length) / 2 rounded up (two frames at the
-    HiFi-GAN settings); the last n % hop_length samples fall outside the frame grid."""
+def _frames(audio, *, n_fft, hop_length, win_length):
+    """audio float32 [..., n] -> frames [..., n // hop_length, n_fft] on the mel's grid: reflect-padded
+    by (n_fft - hop) / 2 on both sides, uncentred (HiFi-GAN's framing, as pipeline.audio frames)."""
     _check(n_fft, hop_length, win_length)
     audio = tf.convert_to_tensor(audio, tf.float32)
     rank = audio.shape.rank
     assert rank is not None and rank >= 1, f"audio needs a known rank >= 1, got {audio.shape}"
     left, right = frame_padding(n_fft=n_fft, hop_length=hop_length)
     padded = tf.pad(audio, [[0, 0]] * (rank - 1) + [[left, right]], mode="REFLECT")
-    frames = tf.signal.frame(padded, n_fft, hop_length)                     # [..., F, n_fft], F = n // hop
+    return tf.signal.frame(padded, n_fft, hop_length)
+
+
+def stft(audio, *, n_fft, hop_length, win_length):
+    """audio float32 [..., n] -> (real, imag) float32 [..., n // hop_length, n_fft // 2 + 1].
+
+    n must exceed the reflect padding, (n_fft - hop_length) / 2 rounded up (two frames at the
+    HiFi-GAN settings); the last n % hop_length samples fall outside the frame grid."""
+    frames = _frames(audio, n_fft=n_fft, hop_length=hop_length, win_length=win_length)  # [..., F, n_fft]
     forward_real, forward_imag, _, _ = dft_bases(n_fft=n_fft, win_length=win_length)
     return (tf.matmul(frames, tf.constant(forward_real)), tf.matmul(frames, tf.constant(forward_imag)))
 
@@ -101,13 +107,8 @@ def _overlap_trim(frames, *, n_fft, hop_length, win_length):
 def rfft_stft(audio, *, n_fft, hop_length, win_length):
     """stft through tf.signal.rfft: the same (real, imag), O(n log n). TFLite converts it to its built-in
     RFFT2D, which needs n_fft a power of two (fft_ok)."""
-    _check(n_fft, hop_length, win_length)
-    audio = tf.convert_to_tensor(audio, tf.float32)
-    rank = audio.shape.rank
-    assert rank is not None and rank >= 1, f"audio needs a known rank >= 1, got {audio.shape}"
-    left, right = frame_padding(n_fft=n_fft, hop_length=hop_length)
-    padded = tf.pad(audio, [[0, 0]] * (rank - 1) + [[left, right]], mode="REFLECT")
-    frames = tf.signal.frame(padded, n_fft, hop_length) * hann_window(n_fft=n_fft, win_length=win_length)
+    frames = _frames(audio, n_fft=n_fft, hop_length=hop_length, win_length=win_length) \
+        * hann_window(n_fft=n_fft, win_length=win_length)
     spec = tf.signal.rfft(frames)                                           # [..., F, K] complex64
     return tf.math.real(spec), tf.math.imag(spec)
 
