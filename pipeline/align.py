@@ -7,7 +7,8 @@ Reads the cache index and the token and mel shards through the training loader (
 shapes, no Python per example). Config keys: `aligner:` (steps, batch_size, learning_rate, d_model,
 temperature, prior_scaling), train.buckets, train.seed. Writes
 runs/{name}/aligner/aligner.weights.h5 and, last, aligner.json: the steps, the loss history, the
-mel statistics and vocabulary it trained with and the weights' digest (duration shards record it
+mel statistics and vocabulary it trained with, with several speakers (languages) the index's sorted
+`speakers` and `languages` tables its ids index, and the weights' digest (duration shards record it
 as their provenance). The duration shard jobs (pipeline/durations.py) load it with `load_aligner`.
 Training is short and starts from scratch each time: `snakemake --forcerun train_aligner` retrains.
 """
@@ -40,13 +41,21 @@ def loader_config(cfg):
     return out
 
 
+def voice_tables(index):
+    """{"speakers": [...], "languages": [...]} of the index when it has several speakers or languages
+    (the aligner's tables; both recorded in aligner.json), else {} (no table, an aligner.json as before)."""
+    tables = data.voice_tables(index)
+    return tables if data.voice_fields(index) else {}
+
+
 def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
     acfg = cfg["aligner"]
     index = data.read_index(cfg)
     keras.utils.set_random_seed(cfg["train"]["seed"])
     vocab = symbols(index["vocab"])
     mean, std = data.mel_stats(cfg, index)
-    model = aligner_mod.build(acfg, vocab, index["n_mels"])
+    voices = voice_tables(index)  # several speakers / languages: batches carry their ids
+    model = aligner_mod.build(acfg, vocab, index["n_mels"], **voices)
     optimizer = keras.optimizers.Adam(acfg["learning_rate"])
     optimizer.build(model.trainable_variables)
     mel_mean, mel_std = tf.constant(mean), tf.constant(std)
@@ -79,7 +88,7 @@ def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
     info = {"weights": weights.name, "weights_digest": hashlib.sha256(weights.read_bytes()).hexdigest()[:16],
             "steps": acfg["steps"], "seconds": round(time.perf_counter() - t0, 1), "history": history,
             "aligner": acfg, "n_mels": index["n_mels"], "vocab": vocab,
-            "mel_mean": mean.tolist(), "mel_std": std.tolist()}
+            "mel_mean": mean.tolist(), "mel_std": std.tolist(), **voices}
     config.atomic_write_text(out, json.dumps(info, indent=1))
     log(f"aligner: {acfg['steps']} steps in {info['seconds']} s, weights {weights}")
     return info
@@ -92,15 +101,25 @@ def load_aligner(cfg, aligner_json):
         info = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PipelineError(f"{path}: no trained aligner; run `snakemake --cores all aligner`") from None
-    model = aligner_mod.build(info["aligner"], info["vocab"], info["n_mels"])
+    model = aligner_mod.build(info["aligner"], info["vocab"], info["n_mels"], speakers=info.get("speakers", ()),
+                              languages=info.get("languages", ()))
     model.load_weights(str(path.with_name(info["weights"])))
     info["_stats"] = (np.asarray(info["mel_mean"], np.float32), np.asarray(info["mel_std"], np.float32))
     info["_fn"] = tf.function(lambda b: model(b)["log_probs"], reduce_retracing=True)
     return model, info
 
 
-def log_probs(model, info, tokens, mel):
-    """The aligner's log P(token | frame) for one clip: tokens (T,) int, mel (F, n_mels) log-mel -> (F, T) float64."""
+def voice_ids(info, speaker, language):
+    """{"speaker": id, "language": id} for a clip's speaker and language names, as the aligner's
+    batches carried them (ids into aligner.json's tables; only the fields the aligner has); -1 for a
+    name it never saw (log_probs then uses the mean of its vectors)."""
+    tables = {"speaker": (info.get("speakers", []), speaker), "language": (info.get("languages", []), language)}
+    return {f: table.index(name) if name in table else -1 for f, (table, name) in tables.items() if len(table) > 1}
+
+
+def log_probs(model, info, tokens, mel, voices=None):
+    """The aligner's log P(token | frame) for one clip: tokens (T,) int, mel (F, n_mels) log-mel -> (F, T)
+    float64. voices: the clip's `voice_ids` (with several speakers or languages)."""
     T, F = len(tokens), len(mel)
     mean, std = info["_stats"]
     t_pad, f_pad = -(-T // PAD_TOKENS) * PAD_TOKENS, -(-F // PAD_FRAMES) * PAD_FRAMES
@@ -108,8 +127,12 @@ def log_probs(model, info, tokens, mel):
     tok[0, :T] = tokens
     m = np.zeros((1, f_pad, len(mean)), np.float32)
     m[0, :F] = (np.asarray(mel, np.float32) - mean) / std
-    out = info["_fn"]({"tokens": tok, "token_lengths": np.array([T], np.int32), "mel": m,
-                       "mel_lengths": np.array([F], np.int32)})
+    batch = {"tokens": tok, "token_lengths": np.array([T], np.int32), "mel": m,
+             "mel_lengths": np.array([F], np.int32)}
+    for field in ("speaker", "language"):
+        if field in model.needs:  # the aligner has its table
+            batch[field] = np.array([(voices or {}).get(field, -1)], np.int32)
+    out = info["_fn"](batch)
     return out.numpy()[0, :F, :T].astype(np.float64)
 
 

@@ -9,7 +9,11 @@ Reads the aligner (its weights and the mel statistics it trained with, runs/{nam
 this shard's token and mel shards. For each clip the aligner's log-probabilities (frames x tokens)
 go through monotonic alignment search (`mas`, numba, here in the shard job, never in a training
 step): the most likely path in which every token gets at least one frame, tokens in order, and
-every frame exactly one token, so each clip's durations sum to its mel frames exactly. A clip
+every frame exactly one token, so each clip's durations sum to its mel frames exactly. With several
+speakers or languages the aligner hears each clip's speaker and language (names in the token shard,
+ids from aligner.json's tables); a name the aligner never saw (a source added after it was trained:
+a dataset edit does not retrain it) aligns with the mean of its speaker (language) vectors and is
+named in the log. A clip
 whose audio cannot carry its text (fewer frames than tokens; a token longer than
 aligner.max_token_seconds) is still written, to keep the shard 1:1 with its token shard, and listed
 under `rejected` with its reason: the loader leaves it out of training with durations, and the
@@ -78,8 +82,9 @@ def align_shard(cfg, shard, aligner_json, tokens, mels, out, log=print):
     to_id = {ord(s): i for i, s in enumerate(info["vocab"])}  # token shards hold code points
     a = cfg["audio"]
     max_frames = int(cfg["aligner"]["max_token_seconds"] * a["sample_rate"] / a["hop_length"])
-    durations, rejected, frames = [], [], []
-    for cid, points in zip(tok_meta["ids"], tok_arrays):
+    durations, rejected, frames, unseen = [], [], [], set()
+    names = {f: tok_meta.get(f"{f}s") or [""] * len(tok_meta["ids"]) for f in ("speaker", "language")}
+    for i, (cid, points) in enumerate(zip(tok_meta["ids"], tok_arrays)):
         n, mel = len(points), mel_of.get(cid)
         if mel is None:  # rejected audio: the loader skips it; keep the 1:1 layout with the token shard
             durations.append(np.zeros(n, np.int32)); frames.append(0)
@@ -87,7 +92,9 @@ def align_shard(cfg, shard, aligner_json, tokens, mels, out, log=print):
         F = len(mel)
         if F >= n:
             ids = np.array([to_id[int(c)] for c in points], np.int32)
-            d = mas(align.log_probs(model, info, ids, mel))
+            voices = align.voice_ids(info, names["speaker"][i], names["language"][i])
+            unseen.update(f"{f} {names[f][i]!r}" for f, v in voices.items() if v < 0)
+            d = mas(align.log_probs(model, info, ids, mel, voices))
         else:
             d = even_durations(n, F)
         reason = check(d, F, max_frames)
@@ -95,6 +102,9 @@ def align_shard(cfg, shard, aligner_json, tokens, mels, out, log=print):
             rejected.append(dict(id=cid, path=str(tok_path.with_suffix(".json")), stage="durations", reason=reason))
             log(f"rejected {cid}: {reason}")
         durations.append(d); frames.append(F)
+    if unseen:
+        log(f"the aligner never saw {', '.join(sorted(unseen))}: aligned with the mean of its vectors "
+            "(`snakemake --forcerun train_aligner` retrains it on every speaker)")
     provenance = {"aligner": info["weights_digest"], "tokens": shards.file_digest(tok_path.with_suffix(".json")),
                   "mels": shards.file_digest(mel_path.with_suffix(".json"))}
     meta = shards.write(out, "durations", tok_meta["ids"], durations, provenance=provenance, frames=frames,

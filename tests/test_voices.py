@@ -1,6 +1,6 @@
 """Several speakers and languages through the loader, the models, synthesis and evaluation: batches
-carry speaker/language ids (and a single-speaker cache's do not), FastPitch and a user's own model
-get the speaker tables, synthesis per speaker and its one-line errors, per-speaker pitch
+carry speaker/language ids (and a single-speaker cache's do not), FastPitch, the aligner and a user's
+own model get the speaker tables, synthesis per speaker and its one-line errors, per-speaker pitch
 normalisation, the speaker-similarity measure.
 
     python -m pytest -q tests/test_voices.py
@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, load_json, snakemake, write_config
 
-from pipeline import config, data, manifest, metrics, train
+from pipeline import align, config, data, manifest, metrics, shards, train
 from pipeline.graphscan import scan_pyfunc_ops
 
 SPEAKERS = {"anna": "en-us", "bob": "en-us", "cy": "en-gb"}
@@ -78,6 +78,48 @@ def test_batches_carry_speaker_and_language_ids(voices_cache):
     shapes = {tuple(s) for s in data.bucket_shapes(cfg)[1]}
     for batch in balanced.take(4):
         assert (batch["tokens"].shape[1], batch["mel"].shape[1]) in shapes and batch["speaker"].shape == (4,)
+
+
+@pytest.mark.slow
+def test_the_aligner_hears_each_clips_speaker_and_language(voices_cache):
+    cfg = config.load_config(voices_cache)
+    aligner_json = next((config.run_dir(cfg) / "aligner").glob("*/aligner.json"))
+    info = load_json(aligner_json)
+    assert info["speakers"] == ["anna", "bob", "cy"] and info["languages"] == ["en-gb", "en-us"]
+    model, info = align.load_aligner(cfg, aligner_json)
+    assert model.speaker_embedding.input_dim == 3 and model.language_embedding.input_dim == 2
+    assert {"speaker_embedding", "language_embedding"} <= {v.path.split("/")[-2] for v in model.trainable_weights}
+    assert align.voice_ids(info, "cy", "en-gb") == {"speaker": 2, "language": 0}
+    assert align.voice_ids(info, "zed", "fr") == {"speaker": -1, "language": -1}   # a source added since
+    meta, arrays = shards.read(shards.prefix(config.cache_dir(cfg), "tokens", 0), "tokens")
+    mels = dict(zip(*(lambda m, a: (m["ids"], a))(*shards.read(shards.prefix(config.cache_dir(cfg), "mels", 0), "mels"))))
+    to_id = {ord(c): i for i, c in enumerate(info["vocab"])}
+    ids = np.array([to_id[int(c)] for c in arrays[0]], np.int32)
+    mel = mels[meta["ids"][0]]
+    heard = [align.log_probs(model, info, ids, mel, {"speaker": s, "language": 1}) for s in (0, 1, -1)]
+    assert heard[0].shape == (len(mel), len(ids)) and all(np.isfinite(h).all() for h in heard)
+    assert not np.allclose(heard[0], heard[1])                                     # the speaker's vector counts
+    assert not np.allclose(heard[0], align.log_probs(model, info, ids, mel, {"speaker": 0, "language": 0}))
+    # the duration shards were made with each clip's own speaker and language, from this aligner
+    for k in range(cfg["cache"]["shards"]):
+        dmeta, durations = shards.read(shards.prefix(config.cache_dir(cfg), "durations", k), "durations")
+        assert dmeta["provenance"]["aligner"] == info["weights_digest"]
+        assert all(d.sum() == f for d, f in zip(durations, dmeta["frames"]))
+
+
+def test_a_single_speaker_aligner_has_no_voice_table():
+    from pipeline.models import aligner
+    acfg = config.load_config(None, {"aligner": TINY_ALIGNER}, check_paths=False)["aligner"]
+    one = {"speakers": ["lj"], "languages": ["en-us"]}
+    assert align.voice_tables(one) == {}                                           # aligner.json as before
+    model = aligner.build(acfg, ["_", "~", "a", "b"], 8, **align.voice_tables(one))
+    assert model.speaker_embedding is None and model.language_embedding is None
+    assert sorted("/".join(v.path.split("/")[-2:]) for v in model.weights) == [  # the weights of before
+        "embedding/embeddings", "key0/bias", "key0/kernel", "key1/bias", "key1/kernel", "query0/bias",
+        "query0/kernel", "query1/bias", "query1/kernel", "query2/bias", "query2/kernel"]
+    assert model.needs == ("tokens", "token_lengths", "mel", "mel_lengths")
+    two = aligner.build(acfg, ["_", "~", "a", "b"], 8, languages=["de", "en"])      # languages alone
+    assert two.speaker_embedding is None and two.language_embedding.input_dim == 2 and "language" in two.needs
 
 
 def test_a_single_speaker_cache_has_no_speaker_field(built_cache):

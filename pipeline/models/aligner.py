@@ -4,7 +4,9 @@ References: Shih et al. 2021, "RAD-TTS: Parallel Flow-Based TTS with Robust Alig
 Badlani et al. 2022, "One TTS Alignment To Rule Them All" (arXiv:2108.10447), as in NeMo's FastPitch.
 
 A text encoder (embedding + 2 convs) and a mel encoder (3 convs) map tokens and frames into one
-space; the soft alignment of frame f is a softmax over tokens of -temperature * squared distance,
+space (with several languages a learned language vector is added to the token embeddings, with several
+speakers a learned speaker vector to the mel encoder's first hidden layer: one speaker and one language
+make no table and no op); the soft alignment of frame f is a softmax over tokens of -temperature * squared distance,
 times a beta-binomial prior that favours the diagonal early in training. The forward-sum loss is
 the CTC loss of the token sequence 0..T-1 against the frames' log-probabilities (a blank column with
 a fixed small probability added), i.e. the likelihood summed over every monotonic path, so no
@@ -57,19 +59,36 @@ def forward_sum_loss(log_probs, token_lengths, mel_lengths):
     return tf.reduce_mean(loss / tf.cast(token_lengths, tf.float32))
 
 
+def voice_vectors(table, ids):
+    """table's rows for int32 ids (B,); an id < 0 (a speaker or language the aligner never saw, e.g. a
+    source added after it was trained) gets the mean of its rows."""
+    ids = tf.reshape(tf.cast(ids, tf.int32), [-1])
+    rows = table(tf.maximum(ids, 0))                                           # (B, D)
+    mean = tf.reduce_mean(table.embeddings, axis=0, keepdims=True)            # (1, D)
+    return tf.where(tf.expand_dims(ids < 0, -1), mean, rows)
+
+
 class Aligner(keras.Model):
-    """call(batch) -> {"log_probs": (B, F, T) float32 log-softmax over real tokens, prior included}."""
+    """call(batch) -> {"log_probs": (B, F, T) float32 log-softmax over real tokens, prior included}.
+    With several speakers (languages) the batch also holds `speaker` (`language`) int32 (B,)."""
 
     needs = ("tokens", "token_lengths", "mel", "mel_lengths")
 
-    def __init__(self, *, n_symbols, n_mels, d_model, temperature, prior_scaling):
+    def __init__(self, *, n_symbols, n_mels, d_model, temperature, prior_scaling, n_speakers=1, n_languages=1):
         super().__init__(name="aligner")
+        voices = dict(n_speakers=n_speakers, n_languages=n_languages) if n_speakers > 1 or n_languages > 1 else {}
         self.args = dict(n_symbols=n_symbols, n_mels=n_mels, d_model=d_model, temperature=temperature,
-                         prior_scaling=prior_scaling)
+                         prior_scaling=prior_scaling, **voices)  # one speaker and language: as before
         self.n_mels, self.d_model = n_mels, d_model
         self.temperature, self.prior_scaling = float(temperature), float(prior_scaling)
         L = keras.layers
         self.embedding = L.Embedding(n_symbols, d_model, name="embedding")
+        # a speaker's voice changes the frames (the mel encoder's hidden state), a language how the
+        # symbols sound (the token embeddings); one speaker / one language: no table, no op
+        self.speaker_embedding = L.Embedding(n_speakers, 2 * d_model, name="speaker_embedding") if n_speakers > 1 else None
+        self.language_embedding = L.Embedding(n_languages, d_model, name="language_embedding") if n_languages > 1 else None
+        self.needs = Aligner.needs + tuple(f for f, t in (("speaker", self.speaker_embedding),
+                                                          ("language", self.language_embedding)) if t is not None)
         self.key_convs = (L.Conv1D(2 * d_model, 3, padding="same", activation="relu", name="key0"),
                           L.Conv1D(d_model, 1, name="key1"))
         self.query_convs = (L.Conv1D(2 * d_model, 3, padding="same", activation="relu", name="query0"),
@@ -80,6 +99,9 @@ class Aligner(keras.Model):
     def build(self, input_shape=None):
         D = self.d_model
         self.embedding.build((None, None))
+        for table in (self.speaker_embedding, self.language_embedding):
+            if table is not None:
+                table.build((None,))
         self.key_convs[0].build((None, None, D))
         self.key_convs[1].build((None, None, 2 * D))
         self.query_convs[0].build((None, None, self.n_mels))
@@ -93,12 +115,18 @@ class Aligner(keras.Model):
         T, F = tf.shape(tokens)[1], tf.shape(mel)[1]
         token_mask = tf.sequence_mask(token_lengths, T)                        # (B, T)
         frame_mask = tf.sequence_mask(mel_lengths, F)                          # (B, F)
-        k = self.embedding(tokens) * tf.cast(token_mask, tf.float32)[:, :, None]
+        k = self.embedding(tokens)
+        if self.language_embedding is not None:
+            k += voice_vectors(self.language_embedding, batch["language"])[:, None, :]
+        k *= tf.cast(token_mask, tf.float32)[:, :, None]
         for conv in self.key_convs:
             k = conv(k) * tf.cast(token_mask, tf.float32)[:, :, None]          # (B, T, D)
         q = mel * tf.cast(frame_mask, tf.float32)[:, :, None]
-        for conv in self.query_convs:
-            q = conv(q) * tf.cast(frame_mask, tf.float32)[:, :, None]          # (B, F, D)
+        for i, conv in enumerate(self.query_convs):
+            q = conv(q)
+            if i == 0 and self.speaker_embedding is not None:                  # (B, F, 2D) hidden state
+                q += voice_vectors(self.speaker_embedding, batch["speaker"])[:, None, :]
+            q *= tf.cast(frame_mask, tf.float32)[:, :, None]                   # (B, F, D) last
         # squared distances without a (B, F, T, D) tensor: |q|^2 - 2 q.k + |k|^2
         dist = (tf.reduce_sum(q * q, -1)[:, :, None] - 2.0 * tf.matmul(q, k, transpose_b=True)
                 + tf.reduce_sum(k * k, -1)[:, None, :])                        # (B, F, T)
@@ -117,6 +145,9 @@ class Aligner(keras.Model):
         return dict(self.args)
 
 
-def build(aligner_cfg, vocab, n_mels):
+def build(aligner_cfg, vocab, n_mels, *, speakers=(), languages=()):
+    """The aligner for a validated `aligner:` section; `speakers` / `languages`: the cache index's sorted
+    tables (a table each when it lists more than one)."""
     return Aligner(n_symbols=len(vocab), n_mels=n_mels, d_model=aligner_cfg["d_model"],
-                   temperature=aligner_cfg["temperature"], prior_scaling=aligner_cfg["prior_scaling"])
+                   temperature=aligner_cfg["temperature"], prior_scaling=aligner_cfg["prior_scaling"],
+                   n_speakers=max(len(speakers), 1), n_languages=max(len(languages), 1))
