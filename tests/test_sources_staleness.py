@@ -1,6 +1,7 @@
 """The staleness contract with several dataset sources (docs/datasets.md): after a real `snakemake
 durations`, adding a source reruns only the shards that gain clips, one source's `language` only the
-token and duration shards holding its clips, one VCTK transcript one token shard; never the aligner.
+token and duration shards holding its clips, one VCTK transcript one token shard; never the aligner
+(whose speaker table then lacks the new source's speakers: their clips still get durations).
 The index carries the speaker and language tables and per-speaker statistics.
 
     python -m pytest -q tests/test_sources_staleness.py
@@ -130,6 +131,9 @@ def test_adding_a_source_reruns_only_the_shards_that_gain_clips(project):
     assert shards == {"token_shard": gain, "mel_shard": gain, "pitch_shard": gain, "duration_shard": gain}
     changed = _rebuild(project)
     assert sorted({int(f.split("shard-")[1][:3]) for f in changed}) == gain
+    # the aligner (lj, p225, p226) never heard anna: her clips align with the mean speaker vector, said in the log
+    logs = project.tmp / "reports" / "t" / "logs" / "duration_shard"
+    assert all("the aligner never saw speaker 'anna'" in (logs / f"{k:03d}.log").read_text() for k in gain)
 
     index = json.loads((project.cache / "index.json").read_text())
     assert index["speakers"] == ["anna", "lj", "p225", "p226"] and index["languages"] == ["en-us"]
