@@ -9,11 +9,14 @@ Writes runs/{name}/export/ (or --out), replaced as a whole only once everything 
 
   saved_model/          serving signature `synthesize(tokens int32 [1, T], pace float32 [],
                         pitch_shift float32 []) -> {"audio": float32 [1, N]}`: acoustic model, mel
-                        de-normalisation and vocoder in one graph (N = frames * hop_length); and
+                        de-normalisation and vocoder in one graph (N = frames * hop_length); a model
+                        of several speakers (languages) also takes `speaker int32 []` (`language
+                        int32 []`): an index into export.json's `speakers` (`languages`); and
                         `log_mel` (same inputs) -> {"log_mel": float32 [1, frames, n_mels]}
   vocab.json            the ids the model takes: `symbols` in id order, pad/eos ids and the front end
                         (frontend, language, cleaners, espeak-ng version) that makes them
-  export.json           run, checkpoint, step, audio settings, sample rate, vocoder, TFLite ops
+  export.json           run, checkpoint, step, audio settings, sample rate, speakers and languages
+                        (names in id order), the signature's inputs, vocoder, TFLite ops
   model.tflite          with --tflite or `export.tflite: true`: float32, and model_float16.tflite
                         (float16 weights, float32 arithmetic)
 
@@ -23,8 +26,8 @@ pipeline.dft's matmuls, built-in TFLite ops), or Griffin-Lim (pipeline/vocoder.p
 griffin_lim; export.json says which. Griffin-Lim runs on TensorFlow's FFT in the SavedModel (the very
 audio `snakemake synthesize` writes), on pipeline.dft's real-FFT pair in the TFLite models (TFLite
 has RFFT2D but no IRFFT; built-in ops only), or its DFT matmuls when audio.n_fft is not a power of two.
-Bad input inside the graph: a token id outside the vocabulary or pace <= 0 fails with
-InvalidArgumentError (tf.debugging); an empty token list gives empty audio, shape [1, 0].
+Bad input inside the graph: a token, speaker or language id outside its table, or pace <= 0, fails
+with InvalidArgumentError (tf.debugging); an empty token list gives empty audio, shape [1, 0].
 
     python -m pipeline.export --config configs/config.yaml [--out DIR] [--tflite]
     snakemake --cores all export
@@ -32,6 +35,7 @@ InvalidArgumentError (tf.debugging); an empty token list gives empty audio, shap
     import tensorflow as tf                              # nothing else: not this package
     voice = tf.saved_model.load("runs/demo/export/saved_model")
     audio = voice.synthesize(tf.constant([ids], tf.int32), tf.constant(1.0), tf.constant(0.0))["audio"]
+    # several speakers: voice.signatures["synthesize"](tokens=..., pace=..., pitch_shift=..., speaker=tf.constant(2))
 """
 import argparse
 import functools
@@ -127,44 +131,63 @@ def export_vocoder(cfg, audio, transforms):
 
 INPUTS = [tf.TensorSpec([1, None], tf.int32, name="tokens"), tf.TensorSpec([], tf.float32, name="pace"),
           tf.TensorSpec([], tf.float32, name="pitch_shift")]
+VOICE_TABLES = {"speaker": "speakers", "language": "languages"}  # input -> its export.json table
+
+
+def signature_inputs(voices=()):
+    """The signature's inputs: INPUTS, then `speaker` / `language` int32 [] for the voice fields the
+    model takes (only with several speakers / languages: a single-speaker export's signature is INPUTS)."""
+    return INPUTS + [tf.TensorSpec([], tf.int32, name=field) for field in voices]
 
 
 class Voice(tf.Module):
-    """The exported graph: tokens -> acoustic model -> log-mel -> vocoder -> audio, one call."""
+    """The exported graph: tokens -> acoustic model -> log-mel -> vocoder -> audio, one call.
+    voice_sizes: {"speaker": n, "language": n} for the voice inputs the signature takes (in that
+    order; {} for a single-speaker, single-language model)."""
 
-    def __init__(self, model, vocab, mel_mean, mel_std, max_frames, vocoder):
+    def __init__(self, model, vocab, mel_mean, mel_std, max_frames, vocoder, voice_sizes=None):
         super().__init__(name="voice")
         self.model = model
         self._n_symbols, self._eos = len(vocab["symbols"]), int(vocab["eos_id"])
         self._mel_mean = tf.constant(mel_mean, tf.float32)
         self._mel_std = tf.constant(mel_std, tf.float32)
         self._max_frames, self._vocoder = int(max_frames), vocoder
+        self.voice_sizes = dict(voice_sizes or {})
+        self.voices = tuple(self.voice_sizes)
+        spec = signature_inputs(self.voices)
+        self.synthesize = tf.function(self._synthesize, input_signature=spec)
+        self.log_mel = tf.function(self._log_mel_signature, input_signature=spec)
 
-    def _log_mel(self, tokens, pace, pitch_shift):
-        """tokens (1, T) -> log-mel (F, n_mels), as pipeline.synthesize makes it; checks the inputs."""
+    def _log_mel(self, tokens, pace, pitch_shift, voice_ids=()):
+        """tokens (1, T) -> log-mel (F, n_mels), as pipeline.synthesize makes it; checks the inputs.
+        voice_ids: the speaker / language id scalars, in self.voices' order."""
         checks = [tf.debugging.assert_non_negative(tokens, message="tokens: a negative token id"),
                   tf.debugging.assert_less(tokens, self._n_symbols, message="tokens: an id outside the vocabulary "
                                            f"(0..{self._n_symbols - 1}, vocab.json)"),
                   tf.debugging.assert_positive(pace, message="pace must be > 0")]
+        for field, ids in zip(self.voices, voice_ids):
+            n = self.voice_sizes[field]
+            checks += [tf.debugging.assert_non_negative(ids, message=f"{field}: a negative {field} id"),
+                       tf.debugging.assert_less(ids, n, message=f"{field}: an id outside 0..{n - 1} "
+                                                f"(export.json {VOICE_TABLES[field]})")]
         with tf.control_dependencies(checks):  # before the embedding's gather can fail on its own
             tokens, pace = tf.identity(tokens), tf.identity(pace)
+            voice_ids = [tf.reshape(tf.identity(ids), [1]) for ids in voice_ids]
         empty = tf.cast(tf.equal(tf.shape(tokens)[1], 0), tf.int32)
         # no tokens: run one end-of-sequence token (the model needs one) and keep none of its frames
         tokens = tf.pad(tokens, tf.stack([[0, 0], tf.stack([0, empty])]), constant_values=self._eos)
         out = self.model.infer(tokens, tf.shape(tokens)[1:], pace=pace, pitch_shift=pitch_shift,
-                               max_frames=self._max_frames)
+                               max_frames=self._max_frames, **dict(zip(self.voices, voice_ids)))
         frames = out["lengths"][0] * (1 - empty)
         return out["mel"][0, :frames] * self._mel_std + self._mel_mean                 # (F, n_mels)
 
-    @tf.function(input_signature=INPUTS)
-    def synthesize(self, tokens, pace, pitch_shift):
-        """-> {"audio": (1, F * hop_length)}: the serving signature."""
-        return {"audio": self._vocoder(self._log_mel(tokens, pace, pitch_shift))[None]}
+    def _synthesize(self, tokens, pace, pitch_shift, *voice_ids):
+        """-> {"audio": (1, F * hop_length)}: the serving signature (`synthesize`)."""
+        return {"audio": self._vocoder(self._log_mel(tokens, pace, pitch_shift, voice_ids))[None]}
 
-    @tf.function(input_signature=INPUTS)
-    def log_mel(self, tokens, pace, pitch_shift):
-        """-> {"log_mel": (1, F, n_mels)}: the mel the vocoder hears (for another vocoder, or checks)."""
-        return {"log_mel": self._log_mel(tokens, pace, pitch_shift)[None]}
+    def _log_mel_signature(self, tokens, pace, pitch_shift, *voice_ids):
+        """-> {"log_mel": (1, F, n_mels)}: the mel the vocoder hears (`log_mel`: for another vocoder, or checks)."""
+        return {"log_mel": self._log_mel(tokens, pace, pitch_shift, voice_ids)[None]}
 
 
 def build_voice(cfg, transforms="fft", synth=None, log=print):
@@ -177,7 +200,9 @@ def build_voice(cfg, transforms="fft", synth=None, log=print):
         raise ExportError(f"model.kind: {run['model']['kind']!r} cannot be exported yet (fastpitch can: its "
                           "inference is one graph with pace and pitch_shift as tensors)")
     vocoder, info = export_vocoder(cfg, run["audio"], transforms)
-    voice = Voice(synth.model, run["vocab"], run["mel_mean"], run["mel_std"], synth.max_frames, vocoder)
+    tables = {"speaker": synth.speakers, "language": synth.languages}
+    voice = Voice(synth.model, run["vocab"], run["mel_mean"], run["mel_std"], synth.max_frames, vocoder,
+                  voice_sizes={f: len(tables[f]) for f in synth.voiced})  # several speakers / languages only
     return voice, synth, run, info
 
 
@@ -187,12 +212,11 @@ def frozen_module(voice):
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
     frozen = convert_variables_to_constants_v2(voice.synthesize.get_concrete_function())
 
-    class Frozen(tf.Module):
-        @tf.function(input_signature=INPUTS)
-        def synthesize(self, tokens, pace, pitch_shift):
-            return {"audio": tf.nest.flatten(frozen(tokens=tokens, pace=pace, pitch_shift=pitch_shift))[0]}
+    def synthesize(tokens, pace, pitch_shift, *voice_ids):
+        return {"audio": tf.nest.flatten(frozen(tokens, pace, pitch_shift, *voice_ids))[0]}
 
-    module = Frozen()
+    module = tf.Module(name="frozen")
+    module.synthesize = tf.function(synthesize, input_signature=signature_inputs(getattr(voice, "voices", ())))
     module.graph = frozen  # tracked, so the saved function finds it
     return module
 
@@ -223,14 +247,24 @@ def check_tflite(flat, voice, vocab):
     n = len(vocab["symbols"])
     ids = [i for i in range(n) if i not in (0, int(vocab["eos_id"]))][:8]
     tokens, pace, shift = np.array([ids], np.int32), np.float32(1.0), np.float32(0.0)
-    want = np.asarray(voice.synthesize(tf.constant(tokens), tf.constant(pace), tf.constant(shift))["audio"])[0]
+    # several speakers / languages: the last of each (an id other than the default 0)
+    voice_ids = {f: np.int32(n - 1) for f, n in getattr(voice, "voice_sizes", {}).items()}
+    want = np.asarray(voice.synthesize(tf.constant(tokens), tf.constant(pace), tf.constant(shift),
+                                       *map(tf.constant, voice_ids.values()))["audio"])[0]
     runner = tf.lite.Interpreter(model_content=flat).get_signature_runner(SIGNATURE)
-    got = runner(tokens=tokens, pace=pace, pitch_shift=shift)["audio"][0]
+    got = runner(tokens=tokens, pace=pace, pitch_shift=shift, **voice_ids)["audio"][0]
     if got.shape != want.shape:
         return f"tf.lite.Interpreter gave {got.shape[0]} samples for a test sentence, the SavedModel {want.shape[0]}"
     if not np.isfinite(got).all():
         return f"tf.lite.Interpreter gave non-finite audio ({int((~np.isfinite(got)).sum())} of {got.size} samples) for a test sentence"
     return None
+
+
+def signature_description(voices=()):
+    """export.json's `signature.inputs`: {input name: "dtype [shape]"} in the signature's order."""
+    out = {"tokens": "int32 [1, T]", "pace": "float32 []", "pitch_shift": "float32 []"}
+    out.update({f: f"int32 [], an index into {VOICE_TABLES[f]}" for f in voices})
+    return out
 
 
 def _train_state(cfg, step):
@@ -270,8 +304,8 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
             "step": synth.step, "model": run["model"]["kind"], "acoustic": _train_state(cfg, synth.step),
             "sample_rate": a["sample_rate"], "audio": dict(a), "n_mels": run["n_mels"],
             "max_seconds": cfg["synthesize"]["max_seconds"], "max_frames": synth.max_frames,
-            "signature": {"name": SIGNATURE, "inputs": {"tokens": "int32 [1, T]", "pace": "float32 []",
-                                                        "pitch_shift": "float32 []"},
+            "speakers": synth.speakers, "languages": synth.languages,        # names in id order
+            "signature": {"name": SIGNATURE, "inputs": signature_description(voice.voices),
                           "outputs": {"audio": "float32 [1, N], N = frames * hop_length"},
                           "empty_tokens": EMPTY_TOKENS},
             "vocoder": vocoder, "tensorflow": tf.__version__, "tflite": None,

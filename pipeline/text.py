@@ -26,6 +26,7 @@ vocab)` raises it as a TextError naming the characters.
 
 Debug run: python -m pipeline.text "Dr. Smith paid $5.50 on May 1st, 1865."   (--frontend characters)
 The ids an exported model takes: python -m pipeline.text --ids "Hello there." [--run runs/demo | --config my.yaml]
+[--language en-gb] (a model of several languages: the sentence in another of its languages' voice)
 """
 import argparse
 import functools
@@ -437,7 +438,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="Show the cleaned text, symbols and ids of a sentence.")
     parser.add_argument("text")
     parser.add_argument("--frontend", default="phonemes", choices=FRONTENDS)
-    parser.add_argument("--language", default="en-us", help="espeak-ng voice")
+    parser.add_argument("--language", help="espeak-ng voice (default en-us; with --ids: vocab.json's language)")
     parser.add_argument("--cleaners", default="english", choices=sorted(CLEANERS))
     parser.add_argument("--ids", action="store_true",
                         help="print the token ids an exported model takes for the text (a JSON list), with the "
@@ -448,9 +449,10 @@ def main(argv=None):
     if args.ids:
         from pipeline.export import ids_vocabulary  # imports TensorFlow: only here
         vocab, source = ids_vocabulary(run=args.run, config_path=args.config)
-        print(f"ids from {source}", file=sys.stderr)
-        print(json.dumps(encode(args.text, vocab)))
+        print(f"ids from {source}" + (f", voice {args.language}" if args.language else ""), file=sys.stderr)
+        print(json.dumps(encode(args.text, dict(vocab, language=args.language or vocab["language"]))))
         return
+    args.language = args.language or "en-us"
     cfg = dict(frontend=args.frontend, language=args.language, cleaners=args.cleaners)
     symbols, dropped = to_symbols([args.text], cfg)[0]
     reason = problem(args.text, symbols, cfg)

@@ -1,7 +1,7 @@
 """Several speakers and languages through the loader, the models, synthesis and evaluation: batches
 carry speaker/language ids (and a single-speaker cache's do not), FastPitch, the aligner and a user's
 own model get the speaker tables, synthesis per speaker and its one-line errors, per-speaker pitch
-normalisation, the speaker-similarity measure.
+normalisation, the speaker-similarity measure, an export that takes speaker and language ids.
 
     python -m pytest -q tests/test_voices.py
 """
@@ -171,9 +171,16 @@ def _run(module, path, *args, check=True, cwd=ROOT, pythonpath=""):
     return proc
 
 
-@pytest.mark.slow
-def test_fastpitch_with_speakers_trains_and_speaks_each_voice(voices_cache, tmp_path):
+@pytest.fixture(scope="module")
+def voices_run(voices_cache):
+    """voices_cache's config, its FastPitch trained for 10 steps (runs/t)."""
     _run("pipeline.train", voices_cache, "--set", "train.steps=10")
+    return voices_cache
+
+
+@pytest.mark.slow
+def test_fastpitch_with_speakers_trains_and_speaks_each_voice(voices_run, tmp_path):
+    voices_cache = voices_run
     cfg = config.load_config(voices_cache)
     sentences = [{"text": "Hello there.", "speaker": s} for s in SPEAKERS] + \
                 [{"text": "Hello there.", "speaker": "cy", "language": "en-gb"}]
@@ -285,3 +292,34 @@ def test_speaker_balance_on_a_single_speaker_cache_is_an_error(built_cache):
     cfg = config.load_config(built_cache, {"train": {"balance": "speaker"}, "model": {"kind": "transformer_tts"}})
     with pytest.raises(config.ConfigError, match="train.balance: speaker needs several speakers"):
         train.Trainer(cfg)
+
+
+@pytest.mark.slow
+def test_export_takes_speaker_and_language_ids(voices_run, tmp_path, capsys):
+    from pipeline import text
+    from pipeline.synthesize import load_synthesizer
+    cfg = config.load_config(voices_run)
+    _run("pipeline.export", voices_run, "--out", str(tmp_path / "export"), "--tflite")
+    meta = load_json(tmp_path / "export" / "export.json")
+    assert meta["speakers"] == ["anna", "bob", "cy"] and meta["languages"] == ["en-gb", "en-us"]  # id order
+    assert list(meta["signature"]["inputs"]) == ["tokens", "pace", "pitch_shift", "speaker", "language"]
+    assert meta["signature"]["inputs"]["speaker"] == "int32 [], an index into speakers"
+    voice = tf.saved_model.load(str(tmp_path / "export" / "saved_model"))
+    synth = load_synthesizer(cfg, log=lambda *a: None)
+    ids = tf.constant([synth.encode("Hello there.")], tf.int32)
+    args = dict(tokens=ids, pace=tf.constant(1.0), pitch_shift=tf.constant(0.0), language=tf.constant(1))
+    said = [voice.signatures["synthesize"](**args, speaker=tf.constant(s))["audio"].numpy()[0] for s in (0, 1)]
+    assert said[0].shape != said[1].shape or not np.allclose(said[0], said[1])   # two voices, two audios
+    mel = voice.log_mel(ids, args["pace"], args["pitch_shift"], tf.constant(1), tf.constant(1))["log_mel"][0]
+    np.testing.assert_allclose(mel, synth.infer("Hello there.", speaker="bob")["mel"], atol=1e-5)  # as synthesize
+    with pytest.raises(tf.errors.InvalidArgumentError, match="speaker: an id outside 0..2"):
+        voice.signatures["synthesize"](**args, speaker=tf.constant(3))
+    # TFLite: the same inputs, checked in the interpreter before it was written
+    assert meta["tflite"]["float32"]["file"] == "model.tflite" and meta["tflite"]["float32"]["ops"] == "builtin"
+    runner = tf.lite.Interpreter(model_path=str(tmp_path / "export" / "model.tflite")).get_signature_runner("synthesize")
+    heard = runner(tokens=ids.numpy(), pace=np.float32(1.0), pitch_shift=np.float32(0.0), speaker=np.int32(1),
+                   language=np.int32(1))["audio"][0]
+    np.testing.assert_allclose(heard, said[1], atol=1e-3 * np.abs(said[1]).max())   # bob's voice, in TFLite too
+    # the ids of a sentence in another of the model's languages
+    text.main(["--ids", "Hello there.", "--run", str(tmp_path / "export"), "--language", "en-gb"])
+    assert json.loads(capsys.readouterr().out) == synth.encode("Hello there.", "en-gb") != synth.encode("Hello there.")
