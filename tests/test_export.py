@@ -146,7 +146,10 @@ def test_tflite_float32_and_float16_run_in_the_interpreter(exported, reference):
     for kind in ("float32", "float16"):
         runner = tf.lite.Interpreter(model_path=str(out / meta[kind]["file"])).get_signature_runner("synthesize")
         heard[kind] = runner(tokens=tokens, **args)["audio"][0]
-        assert heard[kind].shape == expected.shape
+        # float16 weights can move one token's rounded duration by a frame (seen in about 1 run in 5 with
+        # these random weights): its length may differ by one hop, float32's may not
+        slack = a["hop_length"] if kind == "float16" else 0
+        assert abs(len(heard[kind]) - len(expected)) <= slack and len(heard[kind]) % a["hop_length"] == 0
         assert runner(tokens=np.zeros([1, 0], np.int32), **args)["audio"].shape == (1, 0)
         with pytest.raises(RuntimeError, match="out of bounds"):             # TFLite drops tf.debugging asserts
             runner(tokens=np.array([[10_000]], np.int32), **args)
@@ -154,8 +157,9 @@ def test_tflite_float32_and_float16_run_in_the_interpreter(exported, reference):
     np.testing.assert_allclose(heard["float32"], expected, atol=1e-3 * np.abs(expected).max())
     # float16 weights move the mel a little: compare what is heard, not samples
     # (Griffin-Lim's iterations amplify float16 rounding: 0.2-0.35 mean natural-log gap across runs)
-    mel_gap = np.abs(mel_spectrogram(heard["float16"], **a) - mel_spectrogram(expected, **a)).mean()
-    silence_gap = np.abs(mel_spectrogram(np.zeros_like(expected), **a) - mel_spectrogram(expected, **a)).mean()
+    n = min(len(heard["float16"]), len(expected))
+    mel_gap = np.abs(mel_spectrogram(heard["float16"][:n], **a) - mel_spectrogram(expected[:n], **a)).mean()
+    silence_gap = np.abs(mel_spectrogram(np.zeros(n, np.float32), **a) - mel_spectrogram(expected[:n], **a)).mean()
     assert mel_gap < 0.5 and mel_gap < 0.1 * silence_gap, (mel_gap, silence_gap)
 
 
