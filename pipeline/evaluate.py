@@ -148,7 +148,8 @@ class Analyser:
     def __call__(self, y, f0=None):
         f0 = self.f0(y) if f0 is None else f0
         return {"f0": f0, "mc": metrics.mel_cepstra(y, f0, sample_rate=self.a["sample_rate"],
-                                                    hop_length=self.a["hop_length"], f0_floor=self.pitch["fmin"])}
+                                                    hop_length=self.a["hop_length"], f0_floor=self.pitch["fmin"],
+                                                    fmax=self.a["fmax"])}
 
 
 def _median(values):

@@ -74,7 +74,11 @@ def test_vocoder_rows_beside_griffin_lims():
     assert set(result["pesq"]) == set(result["stoi"]) == {"synthesized", "vocoder_ceiling", "griffin_lim_ceiling"}
     # a perfect acoustic model through the vocoder measures as the vocoder's own copy-synthesis
     assert result["mcd_db"] == pytest.approx(result["mcd_db_vocoder_ceiling"], abs=0.05)
-    assert result["mcd_db_vocoder_ceiling"] > result["mcd_db_ceiling"] + 1.0  # untrained: worse than Griffin-Lim
+    # untrained (the mel's pseudo-inverse magnitude, random phase): the envelope MCD measures is about
+    # Griffin-Lim's, what phase makes of it is not: PESQ and voicing are far worse
+    assert abs(result["mcd_db_vocoder_ceiling"] - result["mcd_db_ceiling"]) < 1.5
+    assert result["pesq"]["vocoder_ceiling"] < result["pesq"]["griffin_lim_ceiling"] - 0.5
+    assert result["f0_gross_error"] > result["f0_gross_error_ceiling"] + 0.1
     assert result["stoi"]["vocoder_ceiling"] < result["stoi"]["griffin_lim_ceiling"]
     assert all("mcd_db_vocoder_ceiling" in r and "pesq_vocoder_ceiling" in r for r in rows)
 

@@ -91,3 +91,25 @@ def test_gross_pitch_error_counts_octave_jumps_among_frames_voiced_in_both():
     b = np.array([100.0, 100.0, 100.0, 120.0, 0.0])   # frame 1 an octave off, frame 2 10 % off
     assert metrics.f0_gross_error(a, b, path) == pytest.approx(1 / 3)
     assert metrics.f0_gross_error(np.zeros(5), b, path) is None
+
+
+def test_mcd_measures_the_band_the_mel_carries():
+    # the demo recordings are 16 kHz: at 22.05 kHz their 8-11 kHz band is empty. A faint hiss there
+    # (1e-5, inaudible next to speech at ~0.7) must not read as distortion when the mel stops at 8 kHz,
+    # while the full-band analysis (fmax None) is dominated by it; a change inside the band still counts.
+    from scipy.signal import butter, sosfiltfilt
+
+    y = recording("LJ001-0016")
+    f0 = pitch_f0(y, SR, HOP)
+    noise = np.random.default_rng(0).standard_normal(len(y)) * 1e-5
+    hiss = sosfiltfilt(butter(12, 8500, "high", fs=SR, output="sos"), noise)
+    muffled = sosfiltfilt(butter(8, 3000, "low", fs=SR, output="sos"), y)
+
+    def dist(z, fmax):
+        kw = dict(sample_rate=SR, hop_length=HOP, f0_floor=PITCH_FMIN, fmax=fmax)
+        return metrics.mcd_aligned(metrics.mel_cepstra(z, f0, **kw), metrics.mel_cepstra(y, f0, **kw))
+
+    assert metrics.analysis_rate(SR, 8000) == 16000 and metrics.analysis_rate(SR, None) == SR
+    assert dist(y + hiss, None) > 5.0                # the empty band dominates a full-band figure
+    assert dist(y + hiss, 8000) < 0.5                # and is out of the mel's band
+    assert dist(muffled, 8000) > 2.0                 # losing 3-8 kHz is distortion either way
