@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from pipeline import make_corpus  # noqa: E402
+from pipeline import config, make_corpus  # noqa: E402
 
 TRANSCRIPTS = ROOT / "data" / "ljspeech_transcripts.csv"
 
@@ -114,3 +115,34 @@ def aligned_cache(tmp_path_factory, corpus_template):
                             train={"batch_size": 4, "buckets": 2})
     snakemake("durations", config=cfg_path)
     return cfg_path
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, aligned_cache):
+    """The session's aligned corpus (caches, aligner, durations: reused, not rebuilt), a tiny FastPitch
+    (10 steps) and a tiny Vocos (10 steps + 4 on GTA mels) trained and synthesized by one real
+    `snakemake synthesize vocoder`, in a run folder of its own. Shared by the vocoder-rule, evaluate and
+    export tests: they may add what a target makes (export, evaluate) but never edit its config or files;
+    a test that must change something works on a copy (e.g. an edited config written beside it)."""
+    tmp = tmp_path_factory.mktemp("trained_run")
+    shared = config.load_config(aligned_cache)
+    root = Path(shared["dataset"]["root"])
+    path = write_config(tmp, root, aligner=TINY_ALIGNER, model={"kind": "fastpitch", "fastpitch": TINY_FASTPITCH},
+                        train={"batch_size": 4, "buckets": 2, "steps": 10, "checkpoint_every": 10, "log_every": 5,
+                               "summary_every": 1000},
+                        synthesize={"sentences": ["The quick brown fox."], "max_seconds": 2.0},
+                        evaluate={"griffin_lim_iters": 8}, vocoder=TINY_VOCODER)
+    path.write_text(path.read_text().replace(str(tmp / "cache"), shared["cache"]["dir"]))  # share the cache
+    snakemake("synthesize", "vocoder", config=path)
+    cfg = config.load_config(path)
+    return SimpleNamespace(tmp=tmp, root=root, path=path, cfg=cfg, run=config.run_dir(cfg))
+
+
+def edited_copy(path, name, **sections):
+    """A copy of config `path` beside it, named `name`, with `sections` ({section: {key: value}}) merged in."""
+    cfg = yaml.safe_load(Path(path).read_text())
+    for section, values in sections.items():
+        cfg[section] = {**cfg.get(section, {}), **values}
+    out = Path(path).parent / name
+    out.write_text(yaml.safe_dump(cfg))
+    return out

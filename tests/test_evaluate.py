@@ -7,20 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
-from conftest import ROOT, TINY_VOCODER, load_json, planned_jobs, snakemake, write_config
+from conftest import ROOT, edited_copy, load_json, planned_jobs, snakemake
 
 from pipeline import audio, config, evaluate, evaluate_report, shards
 
 REPORT_FIELDS = {"clips", "mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz"}
 DEMO_VAL = ["LJ001-0015", "LJ001-0016", "LJ001-0067"]  # the demo's validation clips (by id hash)
 SHORT_VAL = DEMO_VAL[1:]  # its two shortest
-# the autoregressive kind needs no aligner, so the shared cache serves as it is; evaluate reaches every
-# kind through the same pipeline.synthesize.load_synthesizer
-TINY_MODEL = {"kind": "transformer_tts",
-              "transformer_tts": {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64,
-                                  "encoder_conv_layers": 1, "prenet_dim": 32, "postnet_channels": 32,
-                                  "postnet_layers": 2}}
 
 
 def demo_clips():
@@ -147,20 +140,20 @@ def test_aligner_block_shares_of_right_sums_and_monotonic_paths(built_cache, tmp
 
 
 @pytest.mark.slow
-def test_snakemake_evaluate_on_a_tiny_trained_model(built_cache, tmp_path):
-    cfg = config.load_config(built_cache)
-    path = write_config(tmp_path, cfg["dataset"]["root"], model=TINY_MODEL,
-                        train={"batch_size": 4, "buckets": 2, "steps": 10, "checkpoint_every": 10,
-                               "summary_every": 1000, "log_every": 5},
-                        synthesize={"max_seconds": 2.0}, evaluate={"griffin_lim_iters": 8}, vocoder=TINY_VOCODER)
-    path.write_text(path.read_text().replace(str(tmp_path / "cache"), cfg["cache"]["dir"]))  # share the cache
+def test_snakemake_evaluate_on_a_tiny_trained_model(trained_run, tmp_path):
+    # the session's run (conftest.trained_run): FastPitch 10 steps on the aligned corpus, a tiny Vocos
+    # (10 steps + 4 on GTA mels); `snakemake evaluate` runs evaluate alone on it
+    path = trained_run.path
     snakemake("evaluate", config=path)
     cfg = config.load_config(path)
     report_dir = config.report_dir(cfg)
     result = load_json(report_dir / "evaluate.json")
     assert REPORT_FIELDS <= set(result)
     assert result["clips"] == 2 and result["step"] == 10 and result["checkpoint"].endswith("ckpt-10")
-    assert result["model"] == "transformer_tts" and "aligner" not in result  # no duration caches here
+    # the run has duration caches: the aligner block counts every clip's durations, all sound
+    assert result["model"] == "fastpitch"
+    n_clips = len((Path(cfg["dataset"]["root"]) / "metadata.csv").read_text().splitlines())
+    assert result["aligner"] == {"clips": n_clips, "sums_ok": 1.0, "monotonic": 1.0}
     # This corpus is espeak-ng at 22050 Hz, whose energy above the mel's fmax (8 kHz) no vocoder gets
     # back, so Griffin-Lim's MCD sits near chance here (the 16 kHz demo: 6-8 dB). The trained vocoder's
     # copy-synthesis and the 10-step model through that same vocoder keep their order:
@@ -185,9 +178,8 @@ def test_snakemake_evaluate_on_a_tiny_trained_model(built_cache, tmp_path):
                for f in config.run_dir(cfg).glob("events.out.tfevents.*")
                for e in tf.compat.v1.train.summary_iterator(str(f)) for v in e.summary.value if v.tag == "evaluate/mcd_db"]
     assert scalars == [(10, pytest.approx(result["mcd_db"], abs=1e-4))]
-    # nothing left to do; its own config section reruns evaluate alone, not training
+    # nothing left to do; its own config section reruns evaluate alone, not training (an edited copy:
+    # the shared run's config stays as it is)
     assert planned_jobs(path, "evaluate") == {}
-    edited = yaml.safe_load(path.read_text())
-    edited["evaluate"]["max_clips"] = 1
-    path.write_text(yaml.safe_dump(edited))
-    assert planned_jobs(path, "evaluate") == {"evaluate": 1}
+    assert planned_jobs(edited_copy(path, "evaluate_max_clips.yaml", evaluate={"max_clips": 1}), "evaluate") == {
+        "evaluate": 1}

@@ -10,7 +10,17 @@ import numpy as np
 import pytest
 import soundfile as sf
 import yaml
-from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, TINY_VOCODER, load_json, planned_jobs, snakemake, write_config
+from conftest import (
+    ROOT,
+    TINY_ALIGNER,
+    TINY_FASTPITCH,
+    TINY_VOCODER,
+    edited_copy,
+    load_json,
+    planned_jobs,
+    snakemake,
+    write_config,
+)
 
 from pipeline import config, text
 
@@ -208,19 +218,22 @@ def test_export_before_training_is_one_line_naming_what_to_run(built_cache, tmp_
 
 
 @pytest.mark.slow
-def test_snakemake_export_speaks_as_snakemake_synthesize(aligned_cache, tmp_path):
-    path = run_config(aligned_cache, tmp_path, steps=4, checkpoint_every=4)
-    snakemake("export", "synthesize", config=path)
+def test_snakemake_export_speaks_as_snakemake_synthesize(trained_run, tmp_path):
+    # the session's run (conftest.trained_run: FastPitch, a tiny Vocos, `snakemake synthesize` done);
+    # `snakemake export` adds its export folder (Griffin-Lim's export: the `exported` tests above, and
+    # its plan in test_vocoder_rules)
+    path, run = trained_run.path, trained_run.run
+    snakemake("export", config=path)
     cfg = config.load_config(path)
-    run = config.run_dir(cfg)
     meta = load_json(run / "export" / "export.json")
-    assert meta["step"] == 4 and meta["acoustic"]["finished"] and meta["tflite"] is None
-    assert meta["acoustic"]["summary"] == str(run / "train.json") and len(meta["notes"]) == 1  # the vocoder's
+    assert meta["step"] == 10 and meta["acoustic"]["finished"] and meta["tflite"] is None
+    assert meta["acoustic"]["summary"] == str(run / "train.json") and meta["notes"] == []  # finished, trained vocoder
     assert not (run / "export" / "model.tflite").exists()                      # export.tflite: false
     ids = text.encode(cfg["synthesize"]["sentences"][0], load_json(run / "export" / "vocab.json"))
+    pace, pitch_shift = cfg["synthesize"]["pace"], cfg["synthesize"]["pitch_shift"]
     clean_python(LOAD_AND_SPEAK.format(model=str(run / "export" / "saved_model"), ids=ids, n_symbols=10_000,
-                                       out=str(tmp_path / "said.npz"), pace=SPEAK["pace"],
-                                       pitch_shift=SPEAK["pitch_shift"]), cwd=tmp_path)
+                                       out=str(tmp_path / "said.npz"), pace=pace, pitch_shift=pitch_shift),
+                 cwd=tmp_path)
     said = np.load(tmp_path / "said.npz")
     mel = np.load(run / "samples" / "00.npy")                                  # what snakemake synthesize made
     np.testing.assert_allclose(said["log_mel"][0], mel, atol=1e-5)
@@ -228,13 +241,12 @@ def test_snakemake_export_speaks_as_snakemake_synthesize(aligned_cache, tmp_path
     audio = said["audio"][0]
     peak = np.abs(audio).max()
     audio = audio * (0.95 / peak) if peak > 1.0 else audio                     # save_wav's clipping guard
-    assert sr == meta["sample_rate"] and wav.shape == audio.shape
+    assert sr == meta["sample_rate"] and wav.shape == audio.shape and peak > 1e-3
     np.testing.assert_allclose(wav, audio, atol=1.5 / 32768)                  # equal up to 16-bit rounding
-    # new sentences rerun synthesize, not the export
-    user = yaml.safe_load(path.read_text())
-    user["synthesize"]["sentences"] = ["Another sentence."]
-    path.write_text(yaml.safe_dump(user))
-    assert planned_jobs(path, "export") == {}
+    # new sentences rerun synthesize, not the export (an edited copy: the shared run's config stays)
+    other = edited_copy(path, "export_new_sentences.yaml", synthesize={"sentences": ["Another sentence."]})
+    assert planned_jobs(other, "export") == {}
+    assert planned_jobs(other, "synthesize") == {"synthesize": 1}
 
 
 TRAINED_VOCODER = {**TINY_VOCODER, "steps": 3, "finetune_steps": 0, "checkpoint_every": 3, "summary_every": 3}

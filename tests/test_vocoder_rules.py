@@ -1,6 +1,6 @@
-"""The vocoder in the DAG: a real `snakemake synthesize vocoder` on a tiny corpus (aligner, FastPitch,
-Vocos, GTA shards, fine-tuning), then the staleness contract with exact job counts, and
-`pipeline.vocode` on a synthesized NN.npy with its one-line errors.
+"""The vocoder in the DAG: the session's real `snakemake synthesize vocoder` on a tiny corpus (aligner,
+FastPitch, Vocos, GTA shards, fine-tuning: conftest.trained_run), then the staleness contract with
+exact job counts, and `pipeline.vocode` on a synthesized NN.npy with its one-line errors.
 
     python -m pytest -q tests/test_vocoder_rules.py
 """
@@ -9,14 +9,12 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import soundfile as sf
 import yaml
-from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, TINY_VOCODER, planned_jobs, snakemake, write_config
+from conftest import ROOT, planned_jobs, snakemake
 
 from pipeline import config, manifest, shards
 
@@ -24,22 +22,11 @@ pytestmark = pytest.mark.slow
 SHARDS = 4
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, aligned_cache):
-    """The session's aligned corpus (caches, aligner, durations: reused, not rebuilt), a tiny FastPitch
-    and a tiny Vocos in a run folder of this module's own."""
-    tmp = tmp_path_factory.mktemp("vocoder_rules")
-    shared = config.load_config(aligned_cache)
-    root = Path(shared["dataset"]["root"])
-    path = write_config(tmp, root, aligner=TINY_ALIGNER, model={"kind": "fastpitch", "fastpitch": TINY_FASTPITCH},
-                        train={"batch_size": 4, "buckets": 2, "steps": 10, "checkpoint_every": 10, "log_every": 5,
-                               "summary_every": 1000},
-                        synthesize={"sentences": ["The quick brown fox."], "max_seconds": 2.0},
-                        vocoder=TINY_VOCODER)
-    path.write_text(path.read_text().replace(str(tmp / "cache"), shared["cache"]["dir"]))  # share the cache
-    snakemake("synthesize", "vocoder", config=path)
-    cfg = config.load_config(path)
-    return SimpleNamespace(tmp=tmp, root=root, path=path, cfg=cfg, run=config.run_dir(cfg))
+@pytest.fixture
+def trained(trained_run):
+    """The session's trained run (conftest.trained_run): these tests only plan edits (dry runs), restore
+    what they change, and add only `snakemake export`'s own outputs."""
+    return trained_run
 
 
 def test_the_vocoder_phases_and_gta_mels_have_the_recorded_frame_counts(trained):
