@@ -44,35 +44,61 @@ def run_python(code, timeout=600):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-PLACEMENT_RUN = """
-    import json, tensorflow as tf
+PLACEMENTS = [
+    ("cpu", {}), ("split", {}), ("mirrored", {}), ("single", {}), ("auto", {}),
+    ("cpu", {"jit_compile": True, "mixed_precision": "bfloat16"}),  # the GPU defaults, on the CPU
+    ("cpu", {"mixed_precision": "float16"}),                        # pre-Ampere GPUs: loss scaling
+]
+
+# Every placement in one process (one TensorFlow start-up for all): each builds its own trainer
+# (seed, precision policy and trace counter reset by build_trainer) and prints one JSON line, or the
+# traceback that stopped it, so each placement's test fails alone.
+PLACEMENT_RUNS = """
+    import json, traceback, tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     from pipeline import config
     from pipeline.train import build_trainer
-    cfg = config.load_config({path!r}, {{"train": {{"data_device": "/CPU:0", "model_device": "/CPU:1", **{extra!r}}}}})
-    trainer = build_trainer(cfg, placement={placement!r}, log=lambda *a: None)
-    trainer.measure_copy(repeats=1)
-    losses, batches = [], trainer.batches()
-    for i in range({steps}):
-        losses.append(float(trainer.step(next(batches))["total"]))
-    print(json.dumps({{"losses": losses, "traces": trainer.traces, "buckets": trainer.n_buckets,
-                      "placement": trainer.placement, "devices": trainer.p.devices,
-                      "variable_device": trainer.model.trainable_variables[0].value.device,
-                      "copy_ms": trainer.copy_ms, "context": trainer.context(),
-                      "optimizer": type(trainer.optimizer).__name__}}))
+    for placement, extra in {placements!r}:
+        try:
+            cfg = config.load_config({path!r}, {{"train": {{"data_device": "/CPU:0", "model_device": "/CPU:1", **extra}}}})
+            trainer = build_trainer(cfg, placement=placement, log=lambda *a: None)
+            trainer.measure_copy(repeats=1)
+            losses, batches = [], trainer.batches()
+            for i in range({steps}):
+                losses.append(float(trainer.step(next(batches))["total"]))
+            out = {{"losses": losses, "traces": trainer.traces, "buckets": trainer.n_buckets,
+                    "placement": trainer.placement, "devices": trainer.p.devices,
+                    "variable_device": trainer.model.trainable_variables[0].value.device,
+                    "copy_ms": trainer.copy_ms, "context": trainer.context(),
+                    "optimizer": type(trainer.optimizer).__name__}}
+        except Exception:
+            out = {{"error": traceback.format_exc()}}
+        print(json.dumps(out), flush=True)
 """
 
 
+@pytest.fixture(scope="module")
+def placement_runs(built_cache, tmp_path_factory):
+    """40 training steps of the tiny model under each of PLACEMENTS, in one subprocess: [result per placement]."""
+    path = tiny_config(built_cache, tmp_path_factory.mktemp("placements"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(PLACEMENT_RUNS.format(
+        path=str(path), placements=PLACEMENTS, steps=40))], capture_output=True, text=True, env=env, cwd=ROOT,
+        timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(PLACEMENTS), proc.stdout[-2000:] + proc.stderr[-4000:]
+    return results
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("placement, extra", [
-    ("cpu", {}), ("split", {}), ("mirrored", {}), ("single", {}), ("auto", {}),
-    ("cpu", {"jit_compile": True, "mixed_precision": "bfloat16"}),  # the GPU defaults, on the CPU
-    ("cpu", {"mixed_precision": "float16"}),                        # pre-Ampere GPUs: loss scaling
-])
-def test_every_placement_trains_and_traces_once_per_bucket(built_cache, tmp_path, placement, extra):
-    path = tiny_config(built_cache, tmp_path)
-    out = run_python(PLACEMENT_RUN.format(path=str(path), placement=placement, steps=40, extra=extra))
+@pytest.mark.parametrize("i", range(len(PLACEMENTS)), ids=[
+    f"{p}-extra{i}" for i, (p, _) in enumerate(PLACEMENTS)])
+def test_every_placement_trains_and_traces_once_per_bucket(placement_runs, i):
+    placement, extra = PLACEMENTS[i]
+    out = placement_runs[i]
+    assert "error" not in out, out.get("error")
     first, last = np.mean(out["losses"][:5]), np.mean(out["losses"][-5:])
     assert last < 0.7 * first, out["losses"]
     assert out["traces"] <= out["buckets"] + 1
