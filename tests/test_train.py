@@ -1,12 +1,14 @@
 """Training: trace counts, every placement on CPU stand-ins, resume after kill -9, synthesis."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +36,12 @@ def tiny_config(built_cache, tmp_path, model=TINY_MODEL, **train):
     text = path.read_text().replace(str(tmp_path / "cache"), cfg["cache"]["dir"])  # share the built cache
     path.write_text(text)
     return path
+
+
+def latest_checkpoint(folder):
+    """The prefix the `checkpoint` file in `folder` names as the latest (as tf.train.latest_checkpoint)."""
+    name = re.search(r'^model_checkpoint_path: "([^"]+)"', (Path(folder) / "checkpoint").read_text(), re.M).group(1)
+    return str(Path(folder) / name)
 
 
 def run_python(code, timeout=600):
@@ -122,7 +130,8 @@ def _train(path, *extra, check=True):
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=check)
 
 
-def _optimizer_state(path):
+def _optimizer_states(path, *checkpoints):
+    """[{step, slots}] of each checkpoint prefix, each restored into one trainer built from the config."""
     code = f"""
         import json, tensorflow as tf
         from pipeline import config
@@ -130,9 +139,12 @@ def _optimizer_state(path):
         cfg = config.load_config({str(path)!r})
         t = build_trainer(cfg, log=lambda *a: None)
         ckpt = tf.train.Checkpoint(model=t.model, optimizer=t.optimizer)
-        ckpt.restore(tf.train.latest_checkpoint(str(config.run_dir(cfg) / "checkpoints"))).assert_existing_objects_matched()
-        print(json.dumps({{"step": int(t.optimizer.iterations),
-                          "slots": [float(tf.reduce_sum(tf.abs(v))) for v in t.optimizer.variables[1:6]]}}))
+        states = []
+        for prefix in {[str(c) for c in checkpoints]!r}:
+            ckpt.restore(prefix).assert_existing_objects_matched()
+            states.append({{"step": int(t.optimizer.iterations),
+                           "slots": [float(tf.reduce_sum(tf.abs(v))) for v in t.optimizer.variables[1:6]]}})
+        print(json.dumps(states))
     """
     return run_python(code)
 
@@ -150,15 +162,22 @@ def test_rerun_after_kill_resumes_at_the_saved_step_with_optimizer_state(aligned
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    saved = _optimizer_state(path)
-    assert saved["step"] >= 8 and saved["step"] % 4 == 0 and any(saved["slots"])
+    # the latest checkpoint the killed run left, kept aside: its optimizer state is read with the resumed one's
+    latest = Path(latest_checkpoint(ckpt_dir))
+    kept = tmp_path / "killed_at"
+    kept.mkdir()
+    for f in ckpt_dir.glob(latest.name + ".*"):
+        shutil.copy2(f, kept / f.name)
+    step = int(latest.name.split("-")[1])
+    assert step >= 8 and step % 4 == 0
     # resume: the summary says where it continued from, and it ends at train.steps
-    target = saved["step"] + 6
+    target = step + 6
     _train(path, "--set", f"train.steps={target}", "train.checkpoint_every=100")
     summary = load_json(config.run_dir(cfg) / "train.json")
-    assert summary["resumed_from"] == saved["step"] and summary["steps"] == target
+    assert summary["resumed_from"] == step and summary["steps"] == target
     assert summary["history"][-1]["step"] == target
-    after = _optimizer_state(path)
+    saved, after = _optimizer_states(path, kept / latest.name, ckpt_dir / f"ckpt-{target}")
+    assert saved["step"] == step and any(saved["slots"])  # the optimizer state was checkpointed with the model
     assert after["step"] == target and after["slots"] != saved["slots"]
     # already at train.steps: a rerun does no step
     _train(path, "--set", f"train.steps={target}")
