@@ -184,7 +184,10 @@ def compare(clips, synth_mel, analyse, log=_print):
         extra = {}
         if analyse.neural is not None:
             y_voc = analyse.vocode(mel)
-            extra["mcd_db_vocoder_ceiling"] = metrics.mcd(analyse(y_voc)["mc"], rec["mc"])[0]
+            voc = analyse(y_voc)
+            extra["mcd_db_vocoder_ceiling"], path_voc = metrics.mcd(voc["mc"], rec["mc"])
+            extra["f0_rmse_hz_vocoder_ceiling"] = _f0_rmse(voc["f0"], rec["f0"], path_voc)
+            extra["f0_gross_error_vocoder_ceiling"] = metrics.f0_gross_error(voc["f0"], rec["f0"], path_voc)
             heard["vocoder_ceiling"] = y_voc[:len(ref)]
         for name, sig in heard.items():
             extra[f"pesq_{name}"] = metrics.pesq_wb(ref, sig, a["sample_rate"])
@@ -217,7 +220,8 @@ def compare(clips, synth_mel, analyse, log=_print):
         summary["speaker_similarity"] = metrics.speaker_similarity(
             [r["voice"][0] for r in rows], [r["voice"][1] for r in rows], [r["speaker"] for r in rows])
     if analyse.neural is not None:
-        summary["mcd_db_vocoder_ceiling"] = _median([r["mcd_db_vocoder_ceiling"] for r in rows])
+        for k in ("mcd_db_vocoder_ceiling", "f0_rmse_hz_vocoder_ceiling", "f0_gross_error_vocoder_ceiling"):
+            summary[k] = _median([r[k] for r in rows])
     for measure in ("pesq", "stoi"):
         summary[measure] = {name: _median([r.get(f"{measure}_{name}") for r in rows])
                             for name in LISTENED if any(f"{measure}_{name}" in r for r in rows)}

@@ -18,12 +18,24 @@ AT_CHANCE = 0.8      # past four fifths of the gap: no nearer its own sentence t
 PLOT_CLIPS = 3       # clips drawn in evaluate.png
 
 
+def ceiling(report):
+    """The MCD ceiling the synthesized row is held to: the trained vocoder's copy-synthesis when the
+    synthesized audio went through it (the same vocoder), else Griffin-Lim's."""
+    voc = report.get("mcd_db_vocoder_ceiling")
+    return report["mcd_db_ceiling"] if voc is None else voc
+
+
+def _vocoder_name(report):
+    kind = (report.get("vocoder") or {}).get("kind")
+    return "Griffin-Lim" if report.get("mcd_db_vocoder_ceiling") is None or not kind else kind.replace("hifigan", "HiFi-GAN").replace("vocos", "Vocos")
+
+
 def position(report):
     """Where mcd_db lies from the ceiling (0) to chance (1); None without both references."""
-    ceiling, chance = report["mcd_db_ceiling"], report["mcd_db_other"]
-    if chance is None or ceiling is None or chance <= ceiling:
+    ceiling_, chance = ceiling(report), report["mcd_db_other"]
+    if chance is None or ceiling_ is None or chance <= ceiling_:
         return None
-    return (report["mcd_db"] - ceiling) / (chance - ceiling)
+    return (report["mcd_db"] - ceiling_) / (chance - ceiling_)
 
 
 def verdict(report):
@@ -40,7 +52,7 @@ def verdict(report):
                 "sentences' recordings, so the model does not yet say the sentences. Train longer, or check "
                 "the alignment images in TensorBoard.")
     if p <= NEAR_CEILING:
-        return ("Near the ceiling: the synthesized speech is about as close to the recordings as Griffin-Lim "
+        return (f"Near the ceiling: the synthesized speech is about as close to the recordings as {_vocoder_name(report)} "
                 "resynthesis of the recordings themselves; a better vocoder, not more training, is the next gain.")
     return (f"Between chance and the ceiling ({100 * p:.0f} % of the way from the ceiling to chance): the synthesized "
             "speech is nearer its own sentence than other sentences, but short of what the vocoder allows; more "
@@ -70,30 +82,56 @@ def speaker_lines(report):
     return out + [""]
 
 
+def _rows(report):
+    """(label, synthesized, [ceilings...], chance) lines of the summary table; the ceilings are the trained
+    vocoder's copy-synthesis (when there is one) and Griffin-Lim's."""
+    voc = report.get("mcd_db_vocoder_ceiling") is not None
+    ceilings = (["vocoder_ceiling"] if voc else []) + ["ceiling"]
+    pesq, stoi = report.get("pesq") or {}, report.get("stoi") or {}
+    heard = {"vocoder_ceiling": "vocoder_ceiling", "ceiling": "griffin_lim_ceiling"}
+    return [("MCD, dB (lower is better)", _fmt(report["mcd_db"]),
+             [_fmt(report.get(f"mcd_db_{c}")) for c in ceilings], _fmt(report["mcd_db_other"])),
+            ("F0 RMSE, Hz, frames voiced in both", _fmt(report["f0_rmse_hz"], 1),
+             [_fmt(report.get(f"f0_rmse_hz_{c}"), 1) for c in ceilings], ""),
+            ("F0 gross errors (> 20 % off, mostly octave jumps), share of those frames",
+             _pct(report.get("f0_gross_error")), [_pct(report.get(f"f0_gross_error_{c}")) for c in ceilings], ""),
+            ("length, synthesized / recorded", _fmt(report["duration_ratio"]), ["1.00" for _ in ceilings], ""),
+            ("PESQ wideband, 1-4.6 (higher is better)", _fmt(pesq.get("synthesized")),
+             [_fmt(pesq.get(heard[c])) for c in ceilings], ""),
+            ("STOI, 0-1 (higher is better)", _fmt(stoi.get("synthesized"), 3),
+             [_fmt(stoi.get(heard[c]), 3) for c in ceilings], "")], ceilings
+
+
 def markdown(report):
+    name = _vocoder_name(report)
+    rows, ceilings = _rows(report)
+    heads = {"vocoder_ceiling": f"ceiling: {name} copy-synthesis of the recording",
+             "ceiling": "reference: Griffin-Lim copy-synthesis" if len(ceilings) > 1 else
+                        "ceiling: Griffin-Lim copy-synthesis of the recording"}
+    cols = ["measure", f"synthesized (through {name})", *[heads[c] for c in ceilings], "chance (other sentences)"]
     lines = [f"# Evaluate: {report['clips']} validation clips, checkpoint step {report['step']}", "",
-             verdict(report), "",
-             "| measure | synthesized | ceiling (resynthesized recording) | chance (other sentences) |",
-             "|---|---|---|---|",
-             (f"| MCD, dB (lower is better) | {_fmt(report['mcd_db'])} | {_fmt(report['mcd_db_ceiling'])} "
-             f"| {_fmt(report['mcd_db_other'])} |"),
-             (f"| F0 RMSE, Hz, frames voiced in both | {_fmt(report['f0_rmse_hz'], 1)} "
-             f"| {_fmt(report['f0_rmse_hz_ceiling'], 1)} | |"),
-             (f"| F0 gross errors (> 20 % off, mostly octave jumps), share of those frames "
-              f"| {_pct(report.get('f0_gross_error'))} | {_pct(report.get('f0_gross_error_ceiling'))} | |"),
-             f"| length, synthesized / recorded | {_fmt(report['duration_ratio'])} | 1.00 | |", ""]
+             verdict(report), "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join([label, syn, *ceil, chance]) + " |" for label, syn, ceil, chance in rows]
+    lines.append("")
     if "aligner" in report:
         al = report["aligner"]
         lines += [(f"Aligner durations: {al['clips']} clips; {100 * al['sums_ok']:.0f} % sum to their mel frames, "
                   f"{100 * al['monotonic']:.0f} % monotonic."), ""]
     lines += speaker_lines(report)
-    lines += [("Medians over the clips. MCD: mel-cepstral distortion (order 24, c0 excluded) of WORLD envelopes, "
-              "frames paired by DTW; audio from Griffin-Lim "
-              f"({report['griffin_lim_iters']} iterations) for both the synthesized and the ceiling rows. "
-              "Chance compares each synthesized clip with the other clips' recordings."), "",
-              "| clip | MCD dB | ceiling dB | chance dB | length ratio | F0 RMSE Hz |", "|---|---|---|---|---|---|"]
+    voc = len(ceilings) > 1
+    lines += [("Medians over the clips. MCD: mel-cepstral distortion (order 24, c0 excluded) of WORLD envelopes over the "
+              "band the mel carries, frames paired by DTW. The synthesized row is the model's mel through "
+              f"{name if voc else 'Griffin-Lim'}; the ceiling rows resynthesize each recording's own mel "
+              f"({'with the same vocoder, and with ' if voc else 'with '}Griffin-Lim, {report['griffin_lim_iters']} "
+              "iterations). PESQ and STOI compare with the recording sample by sample: for the copy-syntheses they measure "
+              "the vocoder alone; the synthesized audio is re-timed onto the recording along the DTW path, and what "
+              "timing and pitch differences remain count against it as well. Chance compares each synthesized clip "
+              "with the other clips' recordings."), "",
+              f"| clip | MCD dB | {'vocoder ceiling dB | ' if voc else ''}Griffin-Lim ceiling dB | chance dB "
+              "| length ratio | F0 RMSE Hz |", "|---|---|---|---|---|---|" + ("---|" if voc else "")]
     for r in report["per_clip"]:
-        lines.append(f"| {r['id']} | {_fmt(r['mcd_db'])} | {_fmt(r['mcd_db_ceiling'])} | {_fmt(r['mcd_db_other'])} "
+        vc = f"{_fmt(r.get('mcd_db_vocoder_ceiling'))} | " if voc else ""
+        lines.append(f"| {r['id']} | {_fmt(r['mcd_db'])} | {vc}{_fmt(r['mcd_db_ceiling'])} | {_fmt(r['mcd_db_other'])} "
                      f"| {_fmt(r['duration_ratio'])} | {_fmt(r['f0_rmse_hz'], 1)} |")
     model = f"model `{report['model']}`, " if report.get("model") else ""
     lines += ["", (f"{model}checkpoint `{report['checkpoint']}`. evaluate.png: recorded and synthesized mels of the "

@@ -74,6 +74,15 @@ def test_vocoder_rows_beside_griffin_lims():
     assert result["f0_gross_error"] > result["f0_gross_error_ceiling"] + 0.1
     assert result["stoi"]["vocoder_ceiling"] < result["stoi"]["griffin_lim_ceiling"]
     assert all("mcd_db_vocoder_ceiling" in r and "pesq_vocoder_ceiling" in r for r in rows)
+    assert result["f0_gross_error_vocoder_ceiling"] == pytest.approx(result["f0_gross_error"])  # the same audio
+    # evaluate.md: every measure for the synthesized row, both copy-syntheses and chance
+    md = evaluate_report.markdown({**result, "step": 0, "checkpoint": "ckpt-0", "griffin_lim_iters": 16,
+                                   "per_clip": rows, "vocoder": {"kind": "vocos"}})
+    table = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in md.splitlines() if line.startswith("| ")}
+    assert table["measure"][1:4] == ["synthesized (through Vocos)", "ceiling: Vocos copy-synthesis of the recording",
+                                     "reference: Griffin-Lim copy-synthesis"]
+    assert table["PESQ wideband, 1-4.6 (higher is better)"][3] == f"{result['pesq']['griffin_lim_ceiling']:.2f}"
+    assert table["F0 RMSE, Hz, frames voiced in both"][2] == f"{result['f0_rmse_hz_vocoder_ceiling']:.1f}"
 
 
 def test_verdict_between_and_without_chance():
@@ -81,6 +90,10 @@ def test_verdict_between_and_without_chance():
     assert evaluate_report.verdict({**base, "mcd_db": 9.0}).startswith("Between chance and the ceiling")
     assert "50 %" in evaluate_report.verdict({**base, "mcd_db": 9.0})
     assert evaluate_report.verdict({**base, "mcd_db": 9.0, "mcd_db_other": None}).startswith("No chance reference")
+    # through a trained vocoder the model is held to that vocoder's own copy-synthesis, not Griffin-Lim's
+    voc = {**base, "mcd_db_vocoder_ceiling": 4.0, "mcd_db": 4.5, "vocoder": {"kind": "vocos"}}
+    assert evaluate_report.verdict(voc).startswith("Near the ceiling") and "Vocos resynthesis" in evaluate_report.verdict(voc)
+    assert evaluate_report.verdict({**voc, "mcd_db": 8.5}).startswith("Between chance and the ceiling (50 %")
 
 
 def run_module(*args):
