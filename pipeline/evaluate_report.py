@@ -73,7 +73,7 @@ def speaker_lines(report):
         return []
     sim = report.get("speaker_similarity")
     out = [f"Speaker similarity: {_pct(sim['accuracy'])} of {sim['clips']} synthesized clips are nearest their own "
-           f"speaker's recordings (chance {_pct(sim['chance'])}; voice = mean and spread of mel-cepstra and log F0)."
+           f"speaker's recordings (chance {_pct(sim['chance'])}; voice = mean mel-cepstrum, mean and spread of log F0)."
            if sim else "Speaker similarity: n/a (too few validation clips per speaker).", "",
            "| speaker | clips | MCD dB | chance dB | length ratio | F0 RMSE Hz |", "|---|---|---|---|---|---|"]
     for name, r in report["per_speaker"].items():
