@@ -2,6 +2,11 @@
 
     python benchmarks/heldout.py                       # lines 1000-1019 of data/ljspeech_transcripts.csv
     python benchmarks/heldout.py --start 2000 --count 20 --out .bench/heldout
+    python benchmarks/heldout.py --config configs/voices.yaml --speaker en-gb+m1 --language en-gb
+
+With several speakers, --speaker picks the model's voice and espeak-ng speaks the candidates in
+the voice of that name (make_corpus --voices names speakers after their espeak-ng voices; --voice
+overrides it), so each speaker of a multi-speaker model is checked against its own voice.
 
 The demo corpus is espeak-ng speaking the first 90 transcript lines, so espeak-ng's own rendition
 of a sentence is what the model should reproduce. For each of --count sentences the model never
@@ -77,6 +82,9 @@ def main(argv=None):
     parser.add_argument("--start", type=int, default=1000)
     parser.add_argument("--count", type=int, default=20)
     parser.add_argument("--out", default=str(ROOT / ".bench" / "heldout"))
+    parser.add_argument("--speaker", default="", help="the model's speaker (several speakers)")
+    parser.add_argument("--language", default="", help="the model's language (several languages)")
+    parser.add_argument("--voice", default="", help="espeak-ng voice of the candidates (default: --speaker, else text.language)")
     args = parser.parse_args(argv)
     cfg = config.from_args(args)
     a = cfg["audio"]
@@ -87,15 +95,15 @@ def main(argv=None):
     synth = load_synthesizer(cfg, log=lambda *m: None)
     ours, theirs = [], []
     for i, text in enumerate(texts):
-        mel = synth.mel(text)                                                  # (frames, n_mels) log-mel
+        mel = synth.mel(text, speaker=args.speaker, language=args.language)  # (frames, n_mels)
         save_wav(out / f"{i:02d}.wav", np.asarray(griffin_lim(mel, iters=32, **a)), a["sample_rate"])
-        y, sr = make_corpus.speak(text)
+        y, sr = make_corpus.speak(text, voice=args.voice or args.speaker or cfg["text"]["language"])
         sf.write(out / f"{i:02d}.espeak.wav", y, sr)
         ours.append(features(mel))
         theirs.append(features(audio.mel_spectrogram(y, **a)))
     cost = np.array([[dtw_cost(o, t) for t in theirs] for o in ours])          # (ours, candidates)
     ranks = [int((cost[i] < cost[i, i]).sum()) + 1 for i in range(len(texts))]
-    result = {"checkpoint": synth.checkpoint, "sentences": len(texts), "identified": sum(r == 1 for r in ranks),
+    result = {"checkpoint": synth.checkpoint, "speaker": args.speaker, "sentences": len(texts), "identified": sum(r == 1 for r in ranks),
               "mean_rank": float(np.mean(ranks)), "chance": 1 / len(texts),
               "length_ratio": float(np.median([o.shape[1] / t.shape[1] for o, t in zip(ours, theirs)]))}
     transcribe = recogniser()
