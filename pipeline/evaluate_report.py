@@ -18,7 +18,10 @@ AT_CHANCE = 0.8      # past four fifths of the gap: no nearer its own sentence t
 PLOT_CLIPS = 3       # clips drawn in evaluate.png
 
 
-def ceiling(report):
+VOCODER_NAMES = {"vocos": "Vocos", "hifigan": "HiFi-GAN"}
+
+
+def mcd_ceiling(report):
     """The MCD ceiling the synthesized row is held to: the trained vocoder's copy-synthesis when the
     synthesized audio went through it (the same vocoder), else Griffin-Lim's."""
     voc = report.get("mcd_db_vocoder_ceiling")
@@ -26,16 +29,19 @@ def ceiling(report):
 
 
 def _vocoder_name(report):
+    """The vocoder the synthesized row was heard through: Griffin-Lim unless a trained one made it."""
     kind = (report.get("vocoder") or {}).get("kind")
-    return "Griffin-Lim" if report.get("mcd_db_vocoder_ceiling") is None or not kind else kind.replace("hifigan", "HiFi-GAN").replace("vocos", "Vocos")
+    if report.get("mcd_db_vocoder_ceiling") is None or not kind:
+        return "Griffin-Lim"
+    return VOCODER_NAMES.get(kind, kind)
 
 
 def position(report):
     """Where mcd_db lies from the ceiling (0) to chance (1); None without both references."""
-    ceiling_, chance = ceiling(report), report["mcd_db_other"]
-    if chance is None or ceiling_ is None or chance <= ceiling_:
+    ceiling, chance = mcd_ceiling(report), report["mcd_db_other"]
+    if chance is None or ceiling is None or chance <= ceiling:
         return None
-    return (report["mcd_db"] - ceiling_) / (chance - ceiling_)
+    return (report["mcd_db"] - ceiling) / (chance - ceiling)
 
 
 def verdict(report):
