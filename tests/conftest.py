@@ -146,3 +146,16 @@ def edited_copy(path, name, **sections):
     out = Path(path).parent / name
     out.write_text(yaml.safe_dump(cfg))
     return out
+
+
+# The tests that share the session's aligned corpus (aligned_cache, trained_run) run in one xdist
+# worker, in file order, as they would in one process: trained_run's `snakemake synthesize vocoder`
+# remakes the shared duration shards with its own aligner, so test_durations must come first.
+SHARED_ALIGNED = {"test_durations.py", "test_evaluate.py", "test_export.py", "test_rejected.py", "test_train.py",
+                  "test_vocoder_rules.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SHARED_ALIGNED:
+            item.add_marker(pytest.mark.xdist_group("aligned"))
