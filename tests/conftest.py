@@ -18,6 +18,13 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Under pytest-xdist (pyproject.toml: two workers on the 2 cores the suite is sized for) each worker,
+# and every Snakemake run it starts, gets one core's worth: one TensorFlow intra-op thread and
+# `--cores 1`, so two workers do not oversubscribe the cores with spinning thread pools.
+XDIST = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+CORES = "1" if XDIST else "2"
+if XDIST:
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
 from pipeline import config, make_corpus  # noqa: E402
 
@@ -59,7 +66,7 @@ def corpus(tmp_path, corpus_template):
 
 def snakemake(*args, config=None, check=True, cwd=ROOT):
     """Run the real snakemake CLI on this project's Snakefile; returns the CompletedProcess."""
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--cores", "2",
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--cores", CORES,
            "--directory", str(cwd)]
     cmd += list(args)
     if config:  # last: --configfile takes several values and would swallow a target after it
@@ -118,21 +125,22 @@ def aligned_cache(tmp_path_factory, corpus_template):
 
 
 @pytest.fixture(scope="session")
-def trained_run(tmp_path_factory, aligned_cache):
-    """The session's aligned corpus (caches, aligner, durations: reused, not rebuilt), a tiny FastPitch
-    (10 steps) and a tiny Vocos (10 steps + 4 on GTA mels) trained and synthesized by one real
-    `snakemake synthesize vocoder`, in a run folder of its own. Shared by the vocoder-rule, evaluate and
-    export tests: they may add what a target makes (export, evaluate) but never edit its config or files;
-    a test that must change something works on a copy (e.g. an edited config written beside it)."""
+def trained_run(tmp_path_factory, corpus_template):
+    """A corpus of its own, a tiny aligner, a tiny FastPitch (10 steps) and a tiny Vocos (10 steps + 4 on
+    GTA mels) built, trained and synthesized by one real `snakemake synthesize vocoder`. Its own corpus
+    and caches, not the aligned corpus's: the tests that edit that one cannot reach it (nor it them),
+    in whatever order the test files run. Shared by the vocoder-rule, evaluate and export tests (one
+    xdist group, so one build): they may add what a target makes (export, evaluate) but never edit its
+    config or files for good; a test that must change something works on a copy (e.g. an edited config
+    written beside it) or restores it."""
     tmp = tmp_path_factory.mktemp("trained_run")
-    shared = config.load_config(aligned_cache)
-    root = Path(shared["dataset"]["root"])
+    root = tmp / "data"
+    shutil.copytree(corpus_template, root)
     path = write_config(tmp, root, aligner=TINY_ALIGNER, model={"kind": "fastpitch", "fastpitch": TINY_FASTPITCH},
                         train={"batch_size": 4, "buckets": 2, "steps": 10, "checkpoint_every": 10, "log_every": 5,
                                "summary_every": 1000},
                         synthesize={"sentences": ["The quick brown fox."], "max_seconds": 2.0},
                         evaluate={"griffin_lim_iters": 8}, vocoder=TINY_VOCODER)
-    path.write_text(path.read_text().replace(str(tmp / "cache"), shared["cache"]["dir"]))  # share the cache
     snakemake("synthesize", "vocoder", config=path)
     cfg = config.load_config(path)
     return SimpleNamespace(tmp=tmp, root=root, path=path, cfg=cfg, run=config.run_dir(cfg))
@@ -148,14 +156,26 @@ def edited_copy(path, name, **sections):
     return out
 
 
-# The tests that share the session's aligned corpus (aligned_cache, trained_run) run in one xdist
-# worker, in file order, as they would in one process: trained_run's `snakemake synthesize vocoder`
-# remakes the shared duration shards with its own aligner, so test_durations must come first.
-SHARED_ALIGNED = {"test_durations.py", "test_evaluate.py", "test_export.py", "test_rejected.py", "test_train.py",
-                  "test_vocoder_rules.py"}
+
+# pytest-xdist (`-n 2 --dist loadgroup --no-loadscope-reorder`, pyproject.toml) runs each xdist group
+# in one worker, in file order, and hands out the groups in the order they are collected. Each test
+# file is its own group, as with --dist loadfile (module fixtures are built once; the tests of a file
+# that build on each other's edits run in order), except that the files sharing trained_run form one
+# group, so it is trained once, not once per worker. The longest groups go first (measured serially:
+# the trained_run group ~11 min, test_train ~6, ...), so that neither worker is left with a long one
+# at the end.
+TRAINED_RUN = {"test_evaluate.py", "test_export.py", "test_vocoder_rules.py"}
+LONGEST_FIRST = ["trained_run", "test_train.py", "test_voices.py", "test_multiworker.py", "test_staleness.py",
+                 "test_failures.py", "test_slurm.py", "test_sources_staleness.py", "test_durations.py",
+                 "test_train_vocoder.py"]
+
+
+def _group(item):
+    return "trained_run" if item.path.name in TRAINED_RUN else item.path.name
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in SHARED_ALIGNED:
-            item.add_marker(pytest.mark.xdist_group("aligned"))
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: file order within a group
