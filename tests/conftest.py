@@ -18,13 +18,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# Under pytest-xdist (pyproject.toml: two workers on the 2 cores the suite is sized for) each worker,
-# and every Snakemake run it starts, gets one core's worth: one TensorFlow intra-op thread and
-# `--cores 1`, so two workers do not oversubscribe the cores with spinning thread pools.
-XDIST = bool(os.environ.get("PYTEST_XDIST_WORKER"))
-CORES = "1" if XDIST else "2"
-if XDIST:
-    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+# Snakemake's --cores in every test's run, also under two xdist workers: giving each worker one core
+# (--cores 1 and one TensorFlow intra-op thread) was tried and the suite took longer (20 min 42 s).
+CORES = "2"
 
 from pipeline import config, make_corpus  # noqa: E402
 
@@ -174,6 +170,7 @@ def _group(item):
     return "trained_run" if item.path.name in TRAINED_RUN else item.path.name
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the nodeid's @group
 def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
