@@ -153,26 +153,35 @@ def edited_copy(path, name, **sections):
 
 
 
-# pytest-xdist (`-n 2 --dist loadgroup --no-loadscope-reorder`, pyproject.toml) runs each xdist group
-# in one worker, in file order, and hands out the groups in the order they are collected. Each test
-# file is its own group, as with --dist loadfile (module fixtures are built once; the tests of a file
-# that build on each other's edits run in order), except that the files sharing trained_run form one
-# group, so it is trained once, not once per worker. The longest groups go first (measured serially:
-# the trained_run group ~11 min, test_train ~6, ...), so that neither worker is left with a long one
-# at the end.
+# pytest-xdist (`-n 2 --dist loadfile --no-loadscope-reorder`, pyproject.toml) hands each worker a
+# whole test file at a time, in the order collected: module fixtures are built once, and the tests of
+# a file that build on each other's edits run in order. The scheduler below (xdist's loadfile one,
+# grouping by file name) also keeps the files sharing trained_run together, so it is trained once,
+# not once per worker; xdist's own `xdist_group` marker cannot do that with pytest 9 (its hook sets a
+# nodeid attribute pytest 9 no longer reads). The longest files go first (measured serially: the
+# trained_run files ~11 min, test_train ~6, ...), so that neither worker is left with a long one at
+# the end.
 TRAINED_RUN = {"test_evaluate.py", "test_export.py", "test_vocoder_rules.py"}
 LONGEST_FIRST = ["trained_run", "test_train.py", "test_voices.py", "test_multiworker.py", "test_staleness.py",
                  "test_failures.py", "test_slurm.py", "test_sources_staleness.py", "test_durations.py",
                  "test_train_vocoder.py"]
 
 
-def _group(item):
-    return "trained_run" if item.path.name in TRAINED_RUN else item.path.name
+def _group(path):
+    name = Path(path).name
+    return "trained_run" if name in TRAINED_RUN else name
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the nodeid's @group
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
     rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: file order within a group
+    items.sort(key=lambda item: rank.get(_group(item.path), len(rank)))  # stable: file order within a group
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return _group(nodeid.split("::", 1)[0])
+
+    return ByGroup(config, log)
