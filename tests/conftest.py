@@ -18,9 +18,6 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# Snakemake's --cores in every test's run, also under two xdist workers: giving each worker one core
-# (--cores 1 and one TensorFlow intra-op thread) was tried and the suite took longer (20 min 42 s).
-CORES = "2"
 
 from pipeline import config, make_corpus  # noqa: E402
 
@@ -62,7 +59,7 @@ def corpus(tmp_path, corpus_template):
 
 def snakemake(*args, config=None, check=True, cwd=ROOT):
     """Run the real snakemake CLI on this project's Snakefile; returns the CompletedProcess."""
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--cores", CORES,
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--cores", "2",
            "--directory", str(cwd)]
     cmd += list(args)
     if config:  # last: --configfile takes several values and would swallow a target after it
@@ -125,10 +122,10 @@ def trained_run(tmp_path_factory, corpus_template):
     """A corpus of its own, a tiny aligner, a tiny FastPitch (10 steps) and a tiny Vocos (10 steps + 4 on
     GTA mels) built, trained and synthesized by one real `snakemake synthesize vocoder`. Its own corpus
     and caches, not the aligned corpus's: the tests that edit that one cannot reach it (nor it them),
-    in whatever order the test files run. Shared by the vocoder-rule, evaluate and export tests (one
-    xdist group, so one build): they may add what a target makes (export, evaluate) but never edit its
-    config or files for good; a test that must change something works on a copy (e.g. an edited config
-    written beside it) or restores it."""
+    in whatever order the test files run. Shared by the vocoder-rule, evaluate and export tests (kept
+    on one xdist worker by the scheduler below, so it is built once): they may add what a target makes
+    (export, evaluate) but never edit its config or files for good; a test that must change something
+    works on a copy (e.g. an edited config written beside it) or restores it."""
     tmp = tmp_path_factory.mktemp("trained_run")
     root = tmp / "data"
     shutil.copytree(corpus_template, root)
@@ -150,7 +147,6 @@ def edited_copy(path, name, **sections):
     out = Path(path).parent / name
     out.write_text(yaml.safe_dump(cfg))
     return out
-
 
 
 # pytest-xdist (`-n 2 --dist loadfile --no-loadscope-reorder`, pyproject.toml) hands each worker a

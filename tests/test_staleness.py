@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import soundfile as sf
 import yaml
-from conftest import CORES, ROOT, TRANSCRIPTS, snakemake, write_config
+from conftest import ROOT, TRANSCRIPTS, snakemake, write_config
 
 from pipeline import make_corpus, manifest
 
@@ -57,7 +57,7 @@ def plan(config, *extra, project=None):
 
 def run_copy(project, *args, config):
     """The real snakemake CLI on a copied project, run inside it (its own .snakemake/)."""
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(project / "Snakefile"), "--cores", CORES,
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(project / "Snakefile"), "--cores", "2",
            "--directory", str(project), *args, "--configfile", str(config)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=project)
     if proc.returncode != 0:
