@@ -6,10 +6,14 @@
 Reads the cache index and the token and mel shards through the training loader (the same bucket
 shapes, no Python per example). Config keys: `aligner:` (steps, batch_size, learning_rate, d_model,
 temperature, prior_scaling), train.buckets, train.seed. Writes
-runs/{name}/aligner/aligner.weights.h5 and, last, aligner.json: the steps, the loss history, the
-mel statistics and vocabulary it trained with, with several speakers (languages) the index's sorted
-`speakers` and `languages` tables its ids index, and the weights' digest (duration shards record it
-as their provenance). The duration shard jobs (pipeline/durations.py) load it with `load_aligner`.
+runs/{name}/aligner/aligner.weights.h5; aligner.npz, the same weights as plain named arrays, which
+the duration shard jobs (pipeline/durations.py) run through pipeline/models/aligner_numpy.py
+without TensorFlow; and, last, aligner.json: the steps, the loss history, the mel statistics and
+vocabulary it trained with, with several speakers (languages) the index's sorted `speakers` and
+`languages` tables its ids index, and the digests of both weight files (duration shards record the
+first as their provenance; the jobs check the second before they use the arrays).
+`load_aligner` and `log_probs` here are the TensorFlow forward pass of the same model, the reference
+the tests and benchmarks/durations.py compare that one with.
 Training is short and starts from scratch each time: `snakemake --forcerun train_aligner` retrains.
 """
 import argparse
@@ -27,7 +31,7 @@ import tensorflow as tf
 from pipeline import config, data
 from pipeline.errors import PipelineError, cli
 from pipeline.models import aligner as aligner_mod
-from pipeline.models import symbols
+from pipeline.models import aligner_numpy, symbols
 
 PAD_TOKENS, PAD_FRAMES = 16, 64  # inference pads to multiples of these: few traced shapes
 
@@ -83,9 +87,11 @@ def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
                 f"({i / (time.perf_counter() - t0):.1f} steps/s)")
             losses = []
     out = Path(out)
-    weights = out.with_name("aligner.weights.h5")
+    weights, arrays = out.with_name("aligner.weights.h5"), out.with_name("aligner.npz")
     config.atomic_write(weights, lambda tmp: model.save_weights(str(tmp)), suffix=".weights.h5")
+    config.atomic_write(arrays, lambda tmp: np.savez(tmp, **aligner_numpy.arrays_of(model)), suffix=".npz")
     info = {"weights": weights.name, "weights_digest": hashlib.sha256(weights.read_bytes()).hexdigest()[:16],
+            "arrays": arrays.name, "arrays_digest": aligner_numpy.digest(arrays),
             "steps": acfg["steps"], "seconds": round(time.perf_counter() - t0, 1), "history": history,
             "aligner": acfg, "n_mels": index["n_mels"], "vocab": vocab,
             "mel_mean": mean.tolist(), "mel_std": std.tolist(), **voices}
@@ -109,17 +115,9 @@ def load_aligner(cfg, aligner_json):
     return model, info
 
 
-def voice_ids(info, speaker, language):
-    """{"speaker": id, "language": id} for a clip's speaker and language names, as the aligner's
-    batches carried them (ids into aligner.json's tables; only the fields the aligner has); -1 for a
-    name it never saw (log_probs then uses the mean of its vectors)."""
-    tables = {"speaker": (info.get("speakers", []), speaker), "language": (info.get("languages", []), language)}
-    return {f: table.index(name) if name in table else -1 for f, (table, name) in tables.items() if len(table) > 1}
-
-
 def log_probs(model, info, tokens, mel, voices=None):
     """The aligner's log P(token | frame) for one clip: tokens (T,) int, mel (F, n_mels) log-mel -> (F, T)
-    float64. voices: the clip's `voice_ids` (with several speakers or languages)."""
+    float64. voices: the clip's `aligner_numpy.voice_ids` (with several speakers or languages)."""
     T, F = len(tokens), len(mel)
     mean, std = info["_stats"]
     t_pad, f_pad = -(-T // PAD_TOKENS) * PAD_TOKENS, -(-F // PAD_FRAMES) * PAD_FRAMES

@@ -6,8 +6,9 @@
     snakemake --cores all durations
 
 Reads the aligner (its weights and the mel statistics it trained with, runs/{name}/aligner/) and
-this shard's token and mel shards. For each clip the aligner's log-probabilities (frames x tokens)
-go through monotonic alignment search (`mas`, numba, here in the shard job, never in a training
+this shard's token and mel shards. For each clip the aligner's log-probabilities (frames x tokens),
+from its forward pass in NumPy (pipeline/models/aligner_numpy.py: a job that imported TensorFlow
+spent ~5.6 CPU-seconds on that alone, more than aligning its clips), go through monotonic alignment search (`mas`, numba, here in the shard job, never in a training
 step): the most likely path in which every token gets at least one frame, tokens in order, and
 every frame exactly one token, so each clip's durations sum to its mel frames exactly. With several
 speakers or languages the aligner hears each clip's speaker and language (names in the token shard,
@@ -30,6 +31,7 @@ import numpy as np
 
 from pipeline import config, shards
 from pipeline.errors import PipelineError, cli
+from pipeline.models import aligner_numpy
 
 
 @numba.njit(cache=True)
@@ -73,12 +75,12 @@ def check(durations, n_frames, max_frames):
 
 def align_shard(cfg, shard, aligner_json, tokens, mels, out, log=print):
     """Write duration shard `out` (path without suffix) from token and mel shards `tokens`, `mels`."""
-    from pipeline import align  # TensorFlow: only when a shard is aligned
     tok_path, mel_path = Path(tokens).with_suffix(""), Path(mels).with_suffix("")
     tok_meta, tok_arrays = shards.read(tok_path, "tokens")
     mel_meta, mel_arrays = shards.read(mel_path, "mels")
     mel_of = dict(zip(mel_meta["ids"], mel_arrays))
-    model, info = align.load_aligner(cfg, aligner_json)
+    info, weights = aligner_numpy.load(aligner_json)
+    mean, std = info["_stats"]
     to_id = {ord(s): i for i, s in enumerate(info["vocab"])}  # token shards hold code points
     a = cfg["audio"]
     max_frames = int(cfg["aligner"]["max_token_seconds"] * a["sample_rate"] / a["hop_length"])
@@ -92,9 +94,9 @@ def align_shard(cfg, shard, aligner_json, tokens, mels, out, log=print):
         F = len(mel)
         if F >= n:
             ids = np.array([to_id[int(c)] for c in points], np.int32)
-            voices = align.voice_ids(info, names["speaker"][i], names["language"][i])
+            voices = aligner_numpy.voice_ids(info, names["speaker"][i], names["language"][i])
             unseen.update(f"{f} {names[f][i]!r}" for f, v in voices.items() if v < 0)
-            d = mas(align.log_probs(model, info, ids, mel, voices))
+            d = mas(aligner_numpy.log_probs(weights, info, ids, (np.asarray(mel, np.float32) - mean) / std, voices))
         else:
             d = even_durations(n, F)
         reason = check(d, F, max_frames)

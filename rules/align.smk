@@ -13,6 +13,7 @@ rule train_aligner:
     output:
         summary=ALIGNER / "aligner.json",
         weights=ALIGNER / "aligner.weights.h5",
+        arrays=ALIGNER / "aligner.npz",  # the same weights for the duration jobs' NumPy forward pass
     log:
         LOGS / "train_aligner.log",
     benchmark:

@@ -124,3 +124,31 @@ def test_aligner_learns_a_planted_alignment():
 @pytest.mark.parametrize("F", [1, 3])
 def test_mas_single_token(F):
     np.testing.assert_array_equal(mas(np.zeros((F, 1))), [F])
+
+
+@pytest.mark.parametrize("speakers, languages", [((), ()), (("ann", "bob", "cy"), ("en-us", "fr-fr"))])
+def test_numpy_forward_is_the_tensorflow_aligner_to_float32_rounding(speakers, languages):
+    """The duration jobs' forward pass (pipeline/models/aligner_numpy.py) against the model's own call,
+    on random weights: every cell, padding left out, a speaker and language it never saw (-1)."""
+    from pipeline.models import aligner_numpy
+
+    cfg = {"d_model": 16, "temperature": 0.0005, "prior_scaling": 0.05}
+    model = al.build(cfg, [chr(0x61 + i) for i in range(12)], 20, speakers=speakers, languages=languages)
+    init = np.random.default_rng(7)
+    for layer in model.layers:  # non-zero biases too, so a padding mistake would show
+        layer.set_weights([init.normal(0, 0.3, w.shape).astype(np.float32) for w in layer.get_weights()])
+    weights, info = aligner_numpy.arrays_of(model), {"aligner": cfg}
+    rng = np.random.default_rng(5)
+    voices = [{}] if not speakers else [{"speaker": 2, "language": 0}, {"speaker": -1, "language": -1}]
+    for T, F in [(1, 3), (7, 40), (23, 130)]:
+        for v in voices:
+            tokens = rng.integers(1, 12, size=T).astype(np.int32)
+            mel = rng.normal(size=(F, 20)).astype(np.float32)
+            batch = {"tokens": np.pad(tokens, (0, 16 - T % 16))[None], "token_lengths": np.array([T], np.int32),
+                     "mel": np.pad(mel, ((0, 64 - F % 64), (0, 0)))[None], "mel_lengths": np.array([F], np.int32),
+                     **{f: np.array([i], np.int32) for f, i in v.items()}}
+            want = model(batch)["log_probs"].numpy()[0, :F, :T]
+            got = aligner_numpy.log_probs(weights, info, tokens, mel, v)
+            assert got.shape == (F, T) and got.dtype == np.float64
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+            np.testing.assert_array_equal(mas(got), mas(want.astype(np.float64)))

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import yaml
 from conftest import TINY_ALIGNER, planned_jobs
@@ -48,6 +49,65 @@ def test_every_clip_has_durations_summing_to_its_mel_frames(project):
             assert d.min() >= 1 or frames[cid] < len(d), cid  # every token gets a frame when there are enough
             clips += 1
     assert clips == 24
+
+
+@pytest.mark.slow
+def test_duration_shards_are_the_tensorflow_aligners_durations(project):
+    """The jobs run the aligner in NumPy (no TensorFlow start-up); every clip's durations must be the
+    ones the TensorFlow model itself gives (pipeline.align.log_probs, what the jobs ran before)."""
+    from pipeline import align, durations
+    from pipeline.models import aligner_numpy
+
+    aligner_json = next(Path(project.tmp / "runs/t/aligner").glob("*/aligner.json"))
+    model, info = align.load_aligner(None, aligner_json)
+    _, weights = aligner_numpy.load(aligner_json)
+    assert set(weights) == set(aligner_numpy.arrays_of(model))
+    for name, array in aligner_numpy.arrays_of(model).items():  # the .npz holds the .h5's weights
+        np.testing.assert_array_equal(weights[name], array, err_msg=name)
+    to_id = {ord(s): i for i, s in enumerate(info["vocab"])}
+    compared = 0
+    for k in range(SHARDS):
+        _, written = shards.read(shards.prefix(project.cache, "durations", k), "durations")
+        tmeta, tokens = shards.read(shards.prefix(project.cache, "tokens", k), "tokens")
+        mmeta, mels = shards.read(shards.prefix(project.cache, "mels", k), "mels")
+        mel_of = dict(zip(mmeta["ids"], mels))
+        for cid, points, d in zip(tmeta["ids"], tokens, written):
+            if cid not in mel_of or len(mel_of[cid]) < len(points):
+                continue
+            ids = np.array([to_id[int(c)] for c in points], np.int32)
+            np.testing.assert_array_equal(d, durations.mas(align.log_probs(model, info, ids, mel_of[cid])), err_msg=cid)
+            compared += 1
+    assert compared >= 20
+
+
+def test_a_damaged_or_missing_aligner_npz_stops_the_duration_job_with_one_line(project, tmp_path, capsys):
+    from pipeline import durations
+
+    src = next(Path(project.tmp / "runs/t/aligner").glob("*/aligner.json"))
+    folder = tmp_path / "aligner"
+    shutil.copytree(src.parent, folder)
+    args = ["--config", str(project.config), "--shard", "0", "--aligner", str(folder / "aligner.json"),
+            "--tokens", str(shards.prefix(project.cache, "tokens", 0).with_suffix(".json")),
+            "--mels", str(shards.prefix(project.cache, "mels", 0).with_suffix(".json")),
+            "--out", str(tmp_path / "durations/shard-000")]
+
+    def fails(match):
+        with pytest.raises(SystemExit) as caught:
+            durations.main(args)
+        assert caught.value.code != 0
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and match in err and "train_aligner" in err, err
+        assert not (tmp_path / "durations").exists()  # nothing written
+
+    data = (folder / "aligner.npz").read_bytes()
+    (folder / "aligner.npz").write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    fails("digest")
+    (folder / "aligner.npz").unlink()
+    fails("missing")
+    info = json.loads((folder / "aligner.json").read_text())
+    del info["arrays"]
+    (folder / "aligner.json").write_text(json.dumps(info))
+    fails("older version")
 
 
 @pytest.mark.slow

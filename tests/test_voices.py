@@ -18,7 +18,9 @@ import tensorflow as tf
 from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, load_json, snakemake, write_config
 
 from pipeline import align, config, data, manifest, metrics, shards, train
+from pipeline.durations import mas
 from pipeline.graphscan import scan_pyfunc_ops
+from pipeline.models import aligner_numpy
 
 SPEAKERS = {"anna": "en-us", "bob": "en-us", "cy": "en-gb"}
 
@@ -89,8 +91,8 @@ def test_the_aligner_hears_each_clips_speaker_and_language(voices_cache):
     model, info = align.load_aligner(cfg, aligner_json)
     assert model.speaker_embedding.input_dim == 3 and model.language_embedding.input_dim == 2
     assert {"speaker_embedding", "language_embedding"} <= {v.path.split("/")[-2] for v in model.trainable_weights}
-    assert align.voice_ids(info, "cy", "en-gb") == {"speaker": 2, "language": 0}
-    assert align.voice_ids(info, "zed", "fr") == {"speaker": -1, "language": -1}   # a source added since
+    assert aligner_numpy.voice_ids(info, "cy", "en-gb") == {"speaker": 2, "language": 0}
+    assert aligner_numpy.voice_ids(info, "zed", "fr") == {"speaker": -1, "language": -1}   # a source added since
     meta, arrays = shards.read(shards.prefix(config.cache_dir(cfg), "tokens", 0), "tokens")
     mels = dict(zip(*(lambda m, a: (m["ids"], a))(*shards.read(shards.prefix(config.cache_dir(cfg), "mels", 0), "mels"))))
     to_id = {ord(c): i for i, c in enumerate(info["vocab"])}
@@ -100,11 +102,20 @@ def test_the_aligner_hears_each_clips_speaker_and_language(voices_cache):
     assert heard[0].shape == (len(mel), len(ids)) and all(np.isfinite(h).all() for h in heard)
     assert not np.allclose(heard[0], heard[1])                                     # the speaker's vector counts
     assert not np.allclose(heard[0], align.log_probs(model, info, ids, mel, {"speaker": 0, "language": 0}))
-    # the duration shards were made with each clip's own speaker and language, from this aligner
+    # the duration shards were made with each clip's own speaker and language, from this aligner (its
+    # NumPy forward pass in the jobs: the TensorFlow model's durations, clip for clip in shard 0)
     for k in range(cfg["cache"]["shards"]):
         dmeta, durations = shards.read(shards.prefix(config.cache_dir(cfg), "durations", k), "durations")
         assert dmeta["provenance"]["aligner"] == info["weights_digest"]
         assert all(d.sum() == f for d, f in zip(durations, dmeta["frames"]))
+        if k == 0:
+            for i, (cid, points, d) in enumerate(zip(meta["ids"], arrays, durations)):
+                if cid not in mels or len(mels[cid]) < len(points):
+                    continue
+                voices = aligner_numpy.voice_ids(info, meta["speakers"][i], meta["languages"][i])
+                ids = np.array([to_id[int(c)] for c in points], np.int32)
+                want = mas(align.log_probs(model, info, ids, mels[cid], voices))
+                np.testing.assert_array_equal(d, want, err_msg=cid)
 
 
 def test_a_single_speaker_aligner_has_no_voice_table():
