@@ -8,8 +8,8 @@
 Reads the aligner (its weights and the mel statistics it trained with, runs/{name}/aligner/) and
 this shard's token and mel shards. For each clip the aligner's log-probabilities (frames x tokens),
 from its forward pass in NumPy (pipeline/models/aligner_numpy.py: a job that imported TensorFlow
-spent ~5.6 CPU-seconds on that alone, more than aligning its clips), go through monotonic alignment search (`mas`, numba, here in the shard job, never in a training
-step): the most likely path in which every token gets at least one frame, tokens in order, and
+spent ~5.6 CPU-seconds on that alone, more than aligning its clips), go through monotonic
+alignment search (`mas`, numba, here in the shard job, never in a training step): the most likely path in which every token gets at least one frame, tokens in order, and
 every frame exactly one token, so each clip's durations sum to its mel frames exactly. With several
 speakers or languages the aligner hears each clip's speaker and language (names in the token shard,
 ids from aligner.json's tables); a name the aligner never saw (a source added after it was trained:
