@@ -53,6 +53,7 @@ rule duration_shard:
             aligner=config["aligner"],
         ),
         out=lambda wildcards: CACHE / f"durations/shard-{wildcards.shard}",
+        code=DURATION_CODE,
     shell:
         "python -m pipeline.durations --config {params.config:q} --shard {wildcards.shard} --aligner {input.aligner} --tokens {input.tokens} --mels {input.mels} --out {params.out} > {log} 2>&1"
 

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import soundfile as sf
 import yaml
-from conftest import ROOT, TRANSCRIPTS, snakemake, write_config
+from conftest import ROOT, TINY_ALIGNER, TRANSCRIPTS, snakemake, write_config
 
 from pipeline import make_corpus, manifest
 
@@ -79,7 +79,7 @@ def shard_files(kind, shard):
     """The files one job writes: mel_shard ("mels") writes the energy and audio shards too."""
     kinds = {"mels": ("mels", "energy", "audio")}.get(kind, (kind,))
     return sorted(f"{k}/shard-{shard:03d}{s}" for k in kinds
-                  for s in (".bin", ".json") + ((".stats.npy",) if k not in ("tokens", "audio") else ()))
+                  for s in (".bin", ".json") + ((".stats.npy",) if k not in ("tokens", "audio", "durations") else ()))
 
 
 def jobs_files(*jobs):
@@ -458,7 +458,7 @@ def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_templ
     meta = root / "metadata.csv"
     write_lines(meta, read_lines(meta)[:10])  # the code trigger does not need many clips
     n = 2
-    config = write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": n})
+    config = write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": n}, aligner=TINY_ALIGNER)
     cache = tmp_path / "cache" / "t"
     run_copy(project, "caches", config=config)
     assert plan(config, project=project) == NOTHING
@@ -484,6 +484,26 @@ def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_templ
     with open(project / "pipeline" / "models" / "fastpitch.py", "a") as f:
         f.write("\n# a comment\n")
     assert plan(config, project=project) == NOTHING
+
+    # the code that turns the aligner into durations (its NumPy forward pass, MAS) reruns every
+    # duration shard and not the aligner; the aligner's own code retrains it
+    run_copy(project, "durations", config=config)
+
+    def plan_durations():
+        return parse_plan(run_copy(project, "durations", "-n", config=config).stdout)[0]
+
+    assert plan_durations() == {}
+    for module in ("durations.py", "models/aligner_numpy.py"):
+        with open(project / "pipeline" / module, "a") as f:
+            f.write("\n# a comment is a code change too\n")
+        assert plan_durations() == {"duration_shard": n, "durations": 1}, module
+        before = stamps(cache)
+        run_copy(project, "durations", config=config)
+        assert rewritten(before, stamps(cache)) == jobs_files(*(("durations", i) for i in range(n))), module
+        assert plan_durations() == {}
+    with open(project / "pipeline" / "models" / "aligner.py", "a") as f:
+        f.write("\n# a comment\n")
+    assert plan_durations() == {"train_aligner": 1, "duration_shard": n, "durations": 1}
 
 
 # --- shard assignment -------------------------------------------------------------------------
