@@ -18,7 +18,6 @@ Training is short and starts from scratch each time: `snakemake --forcerun train
 """
 import argparse
 import functools
-import hashlib
 import json
 import math
 import time
@@ -28,7 +27,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, data
+from pipeline import config, data, shards
 from pipeline.errors import PipelineError, cli
 from pipeline.models import aligner as aligner_mod
 from pipeline.models import aligner_numpy, symbols
@@ -90,8 +89,8 @@ def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
     weights, arrays = out.with_name("aligner.weights.h5"), out.with_name("aligner.npz")
     config.atomic_write(weights, lambda tmp: model.save_weights(str(tmp)), suffix=".weights.h5")
     config.atomic_write(arrays, lambda tmp: np.savez(tmp, **aligner_numpy.arrays_of(model)), suffix=".npz")
-    info = {"weights": weights.name, "weights_digest": hashlib.sha256(weights.read_bytes()).hexdigest()[:16],
-            "arrays": arrays.name, "arrays_digest": aligner_numpy.digest(arrays),
+    info = {"weights": weights.name, "weights_digest": shards.file_digest(weights),
+            "arrays": arrays.name, "arrays_digest": shards.file_digest(arrays),
             "steps": acfg["steps"], "seconds": round(time.perf_counter() - t0, 1), "history": history,
             "aligner": acfg, "n_mels": index["n_mels"], "vocab": vocab,
             "mel_mean": mean.tolist(), "mel_std": std.tolist(), **voices}

@@ -9,13 +9,13 @@ Reads the aligner (its weights and the mel statistics it trained with, runs/{nam
 this shard's token and mel shards. For each clip the aligner's log-probabilities (frames x tokens),
 from its forward pass in NumPy (pipeline/models/aligner_numpy.py: a job that imported TensorFlow
 spent ~5.6 CPU-seconds on that alone, more than aligning its clips), go through monotonic
-alignment search (`mas`, numba, here in the shard job, never in a training step): the most likely path in which every token gets at least one frame, tokens in order, and
-every frame exactly one token, so each clip's durations sum to its mel frames exactly. With several
-speakers or languages the aligner hears each clip's speaker and language (names in the token shard,
-ids from aligner.json's tables); a name the aligner never saw (a source added after it was trained:
-a dataset edit does not retrain it) aligns with the mean of its speaker (language) vectors and is
-named in the log. A clip
-whose audio cannot carry its text (fewer frames than tokens; a token longer than
+alignment search (`mas`, numba, here in the shard job, never in a training step): the most likely
+path in which every token gets at least one frame, tokens in order, and every frame exactly one
+token, so each clip's durations sum to its mel frames exactly. With several speakers or languages
+the aligner hears each clip's speaker and language (names in the token shard, ids from
+aligner.json's tables); a name the aligner never saw (a source added after it was trained: a
+dataset edit does not retrain it) aligns with the mean of its speaker (language) vectors and is
+named in the log. A clip whose audio cannot carry its text (fewer frames than tokens; a token longer than
 aligner.max_token_seconds) is still written, to keep the shard 1:1 with its token shard, and listed
 under `rejected` with its reason: the loader leaves it out of training with durations, and the
 trainer counts it in its log and lists it in runs/{name}/rejected.tsv.
@@ -80,7 +80,6 @@ def align_shard(cfg, shard, aligner_json, tokens, mels, out, log=print):
     mel_meta, mel_arrays = shards.read(mel_path, "mels")
     mel_of = dict(zip(mel_meta["ids"], mel_arrays))
     info, weights = aligner_numpy.load(aligner_json)
-    mean, std = info["_stats"]
     to_id = {ord(s): i for i, s in enumerate(info["vocab"])}  # token shards hold code points
     a = cfg["audio"]
     max_frames = int(cfg["aligner"]["max_token_seconds"] * a["sample_rate"] / a["hop_length"])
@@ -96,7 +95,7 @@ def align_shard(cfg, shard, aligner_json, tokens, mels, out, log=print):
             ids = np.array([to_id[int(c)] for c in points], np.int32)
             voices = aligner_numpy.voice_ids(info, names["speaker"][i], names["language"][i])
             unseen.update(f"{f} {names[f][i]!r}" for f, v in voices.items() if v < 0)
-            d = mas(aligner_numpy.log_probs(weights, info, ids, (np.asarray(mel, np.float32) - mean) / std, voices))
+            d = mas(aligner_numpy.log_probs(weights, info, ids, mel, voices))
         else:
             d = even_durations(n, F)
         reason = check(d, F, max_frames)

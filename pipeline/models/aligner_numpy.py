@@ -17,10 +17,8 @@ could move one boundary by a frame; every clip of the demo, the multi-speaker de
 corpus gets the same durations from both (tests/test_durations.py, benchmarks/durations.py).
 
     info, weights = load("runs/demo/aligner/KEY/aligner.json")     # checks aligner.npz's digest
-    mean, std = info["_stats"]
-    lp = log_probs(weights, info, tokens, (mel - mean) / std, voice_ids(info, speaker, language))  # (F, T)
+    lp = log_probs(weights, info, tokens, mel, voice_ids(info, speaker, language))  # (F, T)
 """
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -29,8 +27,8 @@ import numba
 import numpy as np
 
 from pipeline.errors import PipelineError
+from pipeline.shards import file_digest
 
-NEG = np.float32(-1e4)  # pipeline/models/aligner.py's NEG: a masked token's log-score
 LAYERS = ("key0", "key1", "query0", "query1", "query2")
 
 
@@ -54,10 +52,6 @@ def arrays_of(model):
     return {k: np.asarray(v, np.float32) for k, v in out.items()}
 
 
-def digest(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-
-
 def load(aligner_json):
     """(aligner.json's dict, its weights as {name: float32 array}) for `log_probs`; PipelineError when
     the arrays are missing (an aligner trained before they were written), damaged or from another
@@ -73,7 +67,7 @@ def load(aligner_json):
     arrays = path.with_name(info["arrays"])
     if not arrays.exists():
         raise PipelineError(f"{arrays}: missing; {retrain}")
-    if digest(arrays) != info["arrays_digest"]:
+    if file_digest(arrays) != info["arrays_digest"]:
         raise PipelineError(f"{arrays}: its digest is not the one {path.name} recorded (damaged, or from "
                             f"another training); {retrain}")
     with np.load(arrays) as f:
@@ -133,18 +127,21 @@ def beta_binomial_log_prior(T, F, scaling):
 
 
 def log_probs(weights, info, tokens, mel, voices=None):
-    """log P(token | frame) for one clip: tokens (T,) int ids, mel (F, n_mels) log-mel normalised with
-    the aligner's statistics -> (F, T) float64. info: aligner.json (its `aligner` section gives the
-    temperature and prior scaling); voices: {"speaker": id, "language": id} (pipeline.align.voice_ids)."""
+    """log P(token | frame) for one clip, as pipeline.align.log_probs computes it in TensorFlow: tokens
+    (T,) int ids, mel (F, n_mels) log-mel -> (F, T) float64. info: `load`'s aligner.json (the mel
+    statistics it normalises with; its `aligner` section gives the temperature and prior scaling);
+    voices: {"speaker": id, "language": id} (`voice_ids`)."""
     voices = voices or {}
     w = weights
+    mean, std = info["_stats"]
+    mel = (np.asarray(mel, np.float32) - mean) / std
     T, F = len(tokens), len(mel)
     k = w["embedding"][np.asarray(tokens)]
     if "language_embedding" in w:
         k = k + _vector(w["language_embedding"], voices.get("language", -1))
     k = _relu(_conv(k, w["key0.kernel"], w["key0.bias"]))
     k = _conv(k, w["key1.kernel"], w["key1.bias"])                             # (T, D)
-    q = _relu(_conv(np.asarray(mel, np.float32), w["query0.kernel"], w["query0.bias"]))
+    q = _relu(_conv(mel, w["query0.kernel"], w["query0.bias"]))
     if "speaker_embedding" in w:
         q = q + _vector(w["speaker_embedding"], voices.get("speaker", -1))
     q = _relu(_conv(q, w["query1.kernel"], w["query1.bias"]))
