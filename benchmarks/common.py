@@ -120,32 +120,33 @@ import atexit, json, os, resource, runpy, sys
 def _dump():
     s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(os.environ["BENCH_RUSAGE_OUT"], "w") as f:
-        json.dump({"self": s.ru_utime + s.ru_stime, "jobs": c.ru_utime + c.ru_stime}, f)
+        json.dump({"self": s.ru_utime + s.ru_stime, "jobs": c.ru_utime + c.ru_stime, "self_maxrss_kib": s.ru_maxrss}, f)
 atexit.register(_dump)
 sys.argv[0] = "snakemake"
 runpy.run_module("snakemake", run_name="__main__", alter_sys=True)
 """
 
 
-def snakemake_cmd(*args, config, python=None):
-    """The real snakemake CLI on this repo's Snakefile, run from the repo root (as the tests do)."""
+def snakemake_cmd(*args, config, python=None, project=ROOT):
+    """The real snakemake CLI on this repo's Snakefile (or `project`'s), run from its root (as the tests do)."""
     head = [sys.executable, "-c", SNAKEMAKE_WITH_RUSAGE] if python == "rusage" else [sys.executable, "-m", "snakemake"]
-    return [*head, "--snakefile", ROOT / "Snakefile", "--cores", "2",
-            "--directory", ROOT, *args, "--configfile", config]  # --configfile last: it takes several values
+    return [*head, "--snakefile", Path(project) / "Snakefile", "--cores", "2",
+            "--directory", project, *args, "--configfile", config]  # --configfile last: it takes several values
 
 
-def snakemake(*args, config, check=True, env=None):
+def snakemake(*args, config, check=True, env=None, project=ROOT):
     """run_timed of a snakemake command, plus `self_cpu` (the Snakemake process) and `jobs_cpu` (its shells and jobs)."""
     fd, path = tempfile.mkstemp(prefix="bench-rusage-", suffix=".json")
     os.close(fd)
     try:
-        res = run_timed(snakemake_cmd(*args, config=config, python="rusage"), check=check,
-                        env={**(env or {}), "BENCH_RUSAGE_OUT": path})
+        res = run_timed(snakemake_cmd(*args, config=config, python="rusage", project=project), check=check,
+                        cwd=project, env={**(env or {}), "BENCH_RUSAGE_OUT": path})
         try:
             split = json.loads(Path(path).read_text())
             res["self_cpu"], res["jobs_cpu"] = split["self"], split["jobs"]
+            res["self_maxrss_mb"] = split["self_maxrss_kib"] / 1024
         except (OSError, ValueError):
-            res["self_cpu"] = res["jobs_cpu"] = None
+            res["self_cpu"] = res["jobs_cpu"] = res["self_maxrss_mb"] = None
     finally:
         os.unlink(path)
     return res

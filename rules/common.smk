@@ -10,8 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-from snakemake.utils import validate
-
 sys.path.insert(0, workflow.basedir)
 from pipeline import (
     config as pconfig,
@@ -23,8 +21,9 @@ from pipeline import (
 )
 
 try:
+    # configs/schema.yaml, with one-line messages naming the key (it sets no defaults, so
+    # snakemake.utils.validate would only check the same schema a second time)
     pconfig.validate(pconfig.normalise(config))
-    validate(config, "../configs/schema.yaml")
     # paths, espeak-ng voice, model.kind: before any job deletes an output
     pconfig.preflight(config)
     if config["dataset"].get("sources") == []:
