@@ -32,10 +32,10 @@ rule all:
 
 
 # Snakemake keeps what parsing made (its modules, these rules, the manifest's row per clip) until it
-# exits. gc.freeze() puts those objects out of the cyclic collector's reach, so neither its full
-# collections while the DAG is built nor the ones at exit walk them again: ~0.5 s of the ~2.4 s of
-# `snakemake -n train` on 13,100 clips (benchmarks/RESULTS.md). Parsing leaves a few dozen
-# unreachable objects, which stay.
+# exits. gc.freeze() (here, and in rules/common.smk before our imports) puts those objects out of the
+# cyclic collector's reach, so neither its full collections while the DAG is built nor the ones at
+# exit walk them again: ~0.5 s of `snakemake -n train` on 13,100 clips (benchmarks/RESULTS.md).
+# Parsing leaves a few dozen unreachable objects, which stay.
 import gc
 
 gc.freeze()

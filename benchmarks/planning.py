@@ -7,8 +7,9 @@ The corpus and config are part b's of benchmarks/preprocess.py (espeak-ng clips 
 {workdir}/corpus, 128 shards, config {workdir}/preprocess/full/config-s128.yaml); its caches are
 built first with this checkout when they are not up to date. Then, for --repeats rounds, each
 command runs once per checkout, the order alternating round by round, so both see the same machine.
-Both checkouts plan against the same caches (the config's paths are absolute); each keeps its own
-.snakemake/ records. Figures: wall time (the target: `-n train` <= 2 s on an idle machine), CPU
+Both checkouts plan against the same caches (the config's paths are absolute), and the baseline
+gets a copy of this checkout's .snakemake/metadata records (Snakemake reads one per output file to
+check params and code; without them it plans faster than any checkout that built the caches). Figures: wall time (the target: `-n train` <= 2 s on an idle machine), CPU
 (Snakemake and everything it started), Snakemake's peak RSS, and the jobs each planned, which must
 agree. Also Snakemake's own floor: `snakemake -n` of a one-rule Snakefile, the same CLI and
 plugins, nothing of ours.
@@ -17,6 +18,7 @@ Figures go to {workdir}/planning.json.
 """
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -75,8 +77,13 @@ def main(argv=None):
     if args.against:
         projects["baseline"] = args.against.resolve()
         out["baseline"] = {"path": str(projects["baseline"]),
-                           "commit": common.run_timed(["git", "rev-parse", "--short", "HEAD"],
-                                                      cwd=projects["baseline"])["out"].strip()}
+                           "commit": common.run_timed(["git", "rev-parse", "--short", "HEAD"], cwd=projects["baseline"],
+                                                      check=False)["out"].strip()}  # "fatal: ..." outside git
+        # Snakemake reads each output's record (.snakemake/metadata) to check params and code: the
+        # baseline gets this checkout's records, or it would plan without reading any, faster than
+        # a user's checkout that built the caches does
+        shutil.copytree(ROOT / ".snakemake" / "metadata", projects["baseline"] / ".snakemake" / "metadata",
+                        dirs_exist_ok=True)
     runs = {(name, target): [] for name in projects for target in ("train", "caches")}
     for target in ("train", "caches"):  # one warm-up each, not counted: the page cache, .snakemake/
         for project in projects.values():

@@ -105,15 +105,16 @@ def audio_files(root, audio_dir):
     What the Snakefile digests per mel shard: an added, removed, renamed or replaced file (even one
     moved in with an older mtime) changes its entry. The preference order is audio_path's.
     """
-    found = {}
+    rank = {ext: k for k, ext in enumerate(AUDIO_EXTENSIONS)}
+    best = {}  # stem: (rank, entry); planning runs this on every clip, so no per-file lists or lambdas
     with os.scandir(Path(root) / audio_dir) as entries:
         for e in entries:
             stem, _, ext = e.name.rpartition(".")
-            if ext in AUDIO_EXTENSIONS and e.is_file():
-                found.setdefault(stem, []).append((AUDIO_EXTENSIONS.index(ext), e))
+            r = rank.get(ext)
+            if r is not None and e.is_file() and (stem not in best or r < best[stem][0]):
+                best[stem] = (r, e)
     out = {}
-    for stem, candidates in found.items():
-        e = min(candidates, key=lambda c: c[0])[1]
+    for stem, (_, e) in best.items():
         st = e.stat()
         out[stem] = f"{e.name}:{st.st_size}:{st.st_mtime_ns}"
     return out

@@ -4,12 +4,16 @@
 # reruns only the shards it touches (Snakemake's params trigger), and `touch metadata.csv` reruns nothing.
 # Those params are compared with what .snakemake/ recorded: a checkout without that folder (or a run
 # from another --directory) cannot see edits; `snakemake --forcerun caches` rebuilds then.
+import gc
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
+# Snakemake's own modules, out of the cyclic collector's reach before ours make garbage (the end
+# of the Snakefile says why)
+gc.freeze()
 sys.path.insert(0, workflow.basedir)
 from pipeline import (
     config as pconfig,
@@ -126,12 +130,16 @@ else:  # one directory scan, not 3 stats a clip
 PROVENANCE = {kind: pshards.provenance(kind, config) for kind in pshards.CACHE_KINDS}
 
 
+# shard: its clips' entries, made once for both mel_shard and pitch_shard
+_CLIP_FILES = {}
+
+
 def _clip_files(kind, shard):
     # each clip's id, the file it resolves to, its size and mtime: adding, removing, renaming or
     # replacing a clip changes this, even a replacement moved in with an older mtime (mv, cp -p)
-    return pshards.digest(
-        PROVENANCE[kind], *(f"{c.id}={AUDIO.get(c.id)}" for c in MANIFEST[int(shard)])
-    )
+    if shard not in _CLIP_FILES:
+        _CLIP_FILES[shard] = [f"{c.id}={AUDIO.get(c.id)}" for c in MANIFEST[int(shard)]]
+    return pshards.digest(PROVENANCE[kind], *_CLIP_FILES[shard])
 
 
 def mel_clips(wildcards):

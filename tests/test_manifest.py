@@ -3,6 +3,7 @@ DatasetError naming file and line (also through `snakemake -n caches`), stable s
 
     python -m pytest -q tests/test_manifest.py
 """
+import os
 import random
 import re
 
@@ -161,3 +162,26 @@ def test_manifest_finds_audio_in_each_container(tmp_path):
         "c1": "c1.wav", "c2": "c2.flac", "c3": "c3.ogg", "c4": None}
     by_shard = manifest.load_manifest({"root": str(tmp_path), "metadata": "metadata.csv"}, 3)
     assert sorted(c.id for v in by_shard.values() for c in v) == ["c1", "c2", "c3", "c4"]
+
+
+def test_the_folder_scan_picks_the_file_audio_path_picks(tmp_path):
+    """What planning digests per mel shard (one scan of the folder) names the file a job reads:
+    .wav before .flac before .ogg whatever the scan order, other files and folders ignored, and
+    a replaced file (same name and size) changes its entry."""
+    (tmp_path / "wavs").mkdir()
+    files = {"a": ("ogg", "flac", "wav"), "b": ("ogg", "flac"), "c": ("flac",), "d": ("ogg",)}
+    for stem, exts in files.items():
+        for ext in exts:
+            (tmp_path / "wavs" / f"{stem}.{ext}").write_bytes(ext.encode())
+    (tmp_path / "wavs" / "e.txt").write_bytes(b"not audio")
+    (tmp_path / "wavs" / "f.wav").mkdir()  # a folder named like audio
+    found = manifest.audio_files(tmp_path, "wavs")
+    assert sorted(found) == ["a", "b", "c", "d"]
+    for stem, entry in found.items():
+        assert entry.split(":")[0] == manifest.audio_path(tmp_path, "wavs", stem).name
+    assert {k: v.split(":")[0] for k, v in found.items()} == {"a": "a.wav", "b": "b.flac", "c": "c.flac", "d": "d.ogg"}
+    path = tmp_path / "wavs" / "b.flac"
+    st = path.stat()
+    path.write_bytes(b"FLAC")  # same size, new content
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert manifest.audio_files(tmp_path, "wavs")["b"] != found["b"]
