@@ -61,13 +61,8 @@ def config_for(workdir, root, shards, tag):
 
 
 def snakemake(project, *args, config, scheduler=None):
-    cmd = [sys.executable, "-c", common.SNAKEMAKE_WITH_RUSAGE, "--snakefile", project / "Snakefile",
-           "--cores", "2", "--directory", project, *args, *(["--scheduler", scheduler] if scheduler else []),
-           "--configfile", config]
-    out = config.with_suffix(".rusage.json")
-    res = common.run_timed(cmd, cwd=project, env={"BENCH_RUSAGE_OUT": str(out)})
-    split = json.loads(out.read_text())
-    return dict(wall=round(res["wall"], 3), snakemake_cpu=round(split["self"], 3), jobs_cpu=round(split["jobs"], 3))
+    res = common.snakemake(*args, *(["--scheduler", scheduler] if scheduler else []), config=config, project=project)
+    return dict(wall=round(res["wall"], 3), snakemake_cpu=round(res["self_cpu"], 3), jobs_cpu=round(res["jobs_cpu"], 3))
 
 
 def main(argv=None):

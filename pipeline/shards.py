@@ -265,6 +265,12 @@ def file_digest(*paths):
     return h.hexdigest()[:16]
 
 
+def code_digest(*modules):
+    """file_digest of pipeline/ modules, e.g. code_digest("audio.py", "models/aligner.py"): the code
+    part of what a shard, the aligner or a duration shard is made by (an edit reruns its jobs)."""
+    return file_digest(*(HERE / m for m in modules))
+
+
 def settings(kind, cfg):
     """The config values a cache kind's content depends on (and all its job reads besides paths)."""
     if kind == "tokens":
@@ -284,7 +290,7 @@ def provenance(kind, cfg, espeak=None):
     """What a shard's content depends on besides its clips: FORMAT, its settings, its code, and for
     phoneme tokens the espeak-ng version (`espeak`, else asked of the library). Imports no librosa,
     so planning stays fast."""
-    parts = [FORMAT, json.dumps(settings(kind, cfg), sort_keys=True), file_digest(*(HERE / c for c in CODE[kind]))]
+    parts = [FORMAT, json.dumps(settings(kind, cfg), sort_keys=True), code_digest(*CODE[kind])]
     if kind == "tokens" and cfg["text"]["frontend"] == "phonemes":
         if espeak is None:
             from pipeline import text

@@ -260,22 +260,12 @@ ALIGNER_KEY = pshards.digest(
     _inline(**_aligner_sections()),
     PROVENANCE["tokens"],
     PROVENANCE["mels"],
-    pshards.file_digest(
-        *(
-            Path(workflow.basedir) / "pipeline" / f
-            for f in ("models/aligner.py", "align.py")
-        )
-    ),
+    pshards.code_digest("models/aligner.py", "align.py"),
 )[:12]
 ALIGNER = RUN / "aligner" / ALIGNER_KEY
 # the code that turns a trained aligner into durations (its NumPy forward pass, MAS): a duration_shard
 # param, so an edit reruns every duration shard and does not retrain the aligner
-DURATION_CODE = pshards.file_digest(
-    *(
-        Path(workflow.basedir) / "pipeline" / f
-        for f in ("durations.py", "models/aligner_numpy.py")
-    )
-)[:12]
+DURATION_CODE = pshards.code_digest("durations.py", "models/aligner_numpy.py")[:12]
 
 
 def train_durations(wildcards):
