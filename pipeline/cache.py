@@ -52,7 +52,7 @@ def _symbols_by_language(clips, text_cfg):
 
 def build_token_shard(cfg, shard, out, log=_print):
     ds = cfg["dataset"]
-    clips = manifest.load_manifest(ds, cfg["cache"]["shards"])[shard]
+    clips = manifest.shard_manifest(ds, cfg["cache"]["shards"], shard, log=log)
     espeak = text.espeak_version() if cfg["text"]["frontend"] == "phonemes" else None
     ids, arrays, rejected, used, dropped, speakers, languages = [], [], [], set(), {}, [], []
     results, voices = _symbols_by_language(clips, cfg["text"])
@@ -82,7 +82,7 @@ def _audio_of_shard(cfg, shard, what, log):
     """(clips' signals as (id, float32 audio) pairs, rejected) of one shard; BadAudio listing every
     bad clip when dataset.bad_audio is fail."""
     ds, a = cfg["dataset"], cfg["audio"]
-    clips = manifest.load_manifest(ds, cfg["cache"]["shards"], strict=False)[shard]
+    clips = manifest.shard_manifest(ds, cfg["cache"]["shards"], shard, strict=False, log=log)
     rejected, start = [], time.time()
 
     def signals():

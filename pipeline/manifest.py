@@ -16,6 +16,7 @@ Shard = sha256(id) mod cache.shards, and split = a second sha256 of the id: neve
 import hashlib
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,3 +160,97 @@ def audio_stamp(path):
     except OSError:
         return None
     return f"{Path(path).name}:{st.st_size}:{st.st_mtime_ns}"
+
+
+# --- each shard job's own clips, written once by the run that starts the jobs -----------------
+# A shard job needs ~100 rows, but reading them from the dataset means reading all of it: every
+# row of metadata.csv parsed and hashed for its shard (every text file, for vctk and libritts).
+# That is O(clips) per job and O(clips x shards) per build: ~0.1 CPU s a job on 13,100 clips, hours
+# on 1,000,000. So the Snakemake run that starts the jobs (rules/common.smk, onstart) writes each
+# shard's clips from the manifest it read anyway, and the jobs read just theirs.
+
+CLIP_LISTS_ENV = "PIPELINE_CLIP_LISTS"  # the folder of the lists, set for the jobs Snakemake starts
+_CLIP_LIST_FORMAT = 1
+
+
+def dataset_names(dataset_cfg):
+    """The files a `dataset:` section reads, as a set of tuples: a clip list written for one
+    dataset is never read for another (a job's section may list fewer sources than planning's)."""
+    if "sources" in dataset_cfg:
+        return {("source", str(s["root"]), str(s.get("format")), str(s.get("name"))) for s in dataset_cfg["sources"]}
+    return {("folder", str(dataset_cfg["root"]), str(dataset_cfg["metadata"]))}
+
+
+def write_clip_lists(manifest, shards, folder, dataset_cfg):
+    """Write {folder}/{generation}/shard-NNN.json for every shard of `manifest` ({shard: clips});
+    the generation is a digest of all of them, so an unchanged dataset writes nothing and an edited
+    one gets a new folder, moved into place whole (a job never sees half of one). Older generations
+    are removed. Returns the generation's folder."""
+    import json
+    import shutil
+    names = sorted(list(n) for n in dataset_names(dataset_cfg))
+    # each clip as its fields in Clip's order (vars(): __init__ sets them in that order), for Clip(*row)
+    rows = [[tuple(vars(c).values()) for c in manifest[k]] for k in range(shards)]
+    h = hashlib.sha256(json.dumps([_CLIP_LIST_FORMAT, shards, names]).encode("utf-8"))
+    for r in rows:  # repr: ~3x cheaper than the JSON, which is made only for a new generation
+        h.update(repr(r).encode("utf-8"))
+    folder = Path(folder)
+    generation = folder / h.hexdigest()[:16]
+    if not generation.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".tmp-{generation.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for k, r in enumerate(rows):
+            payload = json.dumps(r, ensure_ascii=False).encode("utf-8")
+            head = dict(format=_CLIP_LIST_FORMAT, shards=shards, shard=k, dataset=names,
+                        sha256=hashlib.sha256(payload).hexdigest())
+            (tmp / f"shard-{k:03d}.json").write_bytes(json.dumps(head).encode("utf-8") + b"\n" + payload)
+        try:
+            os.rename(tmp, generation)
+        except OSError:  # another run wrote the same generation meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not generation.is_dir():
+                raise
+    for old in folder.iterdir():  # and a killed run's half-written folder, once it is an hour old
+        if old.name != generation.name and (not old.name.startswith(".tmp-")
+                                            or time.time() - old.stat().st_mtime > 3600):
+            shutil.rmtree(old, ignore_errors=True)
+    return generation
+
+
+def read_clip_list(path, dataset_cfg, shards, shard):
+    """The clips of one shard from a list write_clip_lists made, or ValueError saying why it cannot
+    stand for this job's dataset (another dataset or shard count, damaged bytes)."""
+    import json
+    raw = Path(path).read_bytes()
+    head_bytes, _, payload = raw.partition(b"\n")
+    try:
+        head = json.loads(head_bytes)
+    except ValueError:
+        raise ValueError("unreadable header") from None
+    if head.get("format") != _CLIP_LIST_FORMAT or head.get("shards") != shards or head.get("shard") != shard:
+        raise ValueError(f"written for shard {head.get('shard')} of {head.get('shards')}, not {shard} of {shards}")
+    if not dataset_names(dataset_cfg) <= {tuple(n) for n in head.get("dataset", [])}:
+        raise ValueError("written for another dataset")
+    if hashlib.sha256(payload).hexdigest() != head.get("sha256"):
+        raise ValueError("its clips do not match their checksum (damaged)")
+    return [Clip(*row) for row in json.loads(payload)]
+
+
+def shard_manifest(dataset_cfg, shards, shard, *, strict=True, log=print):
+    """One shard's clips, sorted by id: from the list the run wrote (CLIP_LISTS_ENV) when there is
+    one for this dataset, else read from the dataset as load_manifest does. The run that wrote the
+    list read the whole dataset strictly, so the list holds what a strict read gives."""
+    folder = os.environ.get(CLIP_LISTS_ENV)
+    if folder:
+        path = Path(folder) / f"shard-{shard:03d}.json"
+        try:
+            clips = read_clip_list(path, dataset_cfg, shards, shard)
+            log(f"shard {shard}: {len(clips)} clips from {path}")
+            return clips
+        except FileNotFoundError:
+            pass  # a later run replaced that generation: the dataset moved on, read it
+        except (OSError, ValueError, TypeError) as e:
+            log(f"{path}: {e}; reading the dataset instead")
+    return load_manifest(dataset_cfg, shards, strict=strict)[shard]

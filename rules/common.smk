@@ -130,6 +130,29 @@ else:  # one directory scan, not 3 stats a clip
 PROVENANCE = {kind: pshards.provenance(kind, config) for kind in pshards.CACHE_KINDS}
 
 
+def publish_clip_lists():
+    """Before the jobs start: each shard's clips, from the manifest read above, where the shard jobs
+    read theirs (pipeline/manifest.py, shard_manifest) instead of reading the whole dataset each.
+    Unchanged data writes nothing. If it cannot be written, the jobs read the dataset as before.
+    """
+    dataset = {"sources": list(SOURCES.values())} if SOURCES else DS
+    try:
+        folder = pmanifest.write_clip_lists(
+            MANIFEST, config["cache"]["shards"], CACHE / ".clips", dataset
+        )
+    except OSError as e:
+        print(
+            f"clip lists not written ({e}); shard jobs read the dataset",
+            file=sys.stderr,
+        )
+        return
+    os.environ[pmanifest.CLIP_LISTS_ENV] = str(folder.resolve())
+
+
+onstart:
+    publish_clip_lists()
+
+
 # shard: its clips' entries, made once for both mel_shard and pitch_shard
 _CLIP_FILES = {}
 

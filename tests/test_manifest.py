@@ -6,6 +6,7 @@ DatasetError naming file and line (also through `snakemake -n caches`), stable s
 import os
 import random
 import re
+import time
 
 import pytest
 from conftest import snakemake
@@ -185,3 +186,63 @@ def test_the_folder_scan_picks_the_file_audio_path_picks(tmp_path):
     path.write_bytes(b"FLAC")  # same size, new content
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     assert manifest.audio_files(tmp_path, "wavs")["b"] != found["b"]
+
+
+# --- the clip lists a run writes for its shard jobs -------------------------------------------
+def _listed_dataset(tmp_path, n=40):
+    root = tmp_path / "data"
+    root.mkdir()
+    meta = _write(root / "metadata.csv", [f"c{i:03d}|Text number {i}.|text number {i}" for i in range(n)])
+    return {"root": str(root), "metadata": "metadata.csv", "audio_dir": "wavs"}, meta
+
+
+def test_clip_lists_hold_each_shards_clips_and_change_only_with_the_dataset(tmp_path):
+    ds, meta = _listed_dataset(tmp_path)
+    lists = tmp_path / "lists"
+    m = manifest.load_manifest(ds, 4)
+    gen = manifest.write_clip_lists(m, 4, lists, ds)
+    for k in range(4):
+        assert manifest.read_clip_list(gen / f"shard-{k:03d}.json", ds, 4, k) == m[k]
+    written = {p.name: p.stat().st_mtime_ns for p in gen.iterdir()}
+    assert manifest.write_clip_lists(manifest.load_manifest(ds, 4), 4, lists, ds) == gen  # same data: nothing written
+    assert {p.name: p.stat().st_mtime_ns for p in gen.iterdir()} == written
+    lines = meta.read_text().splitlines()
+    lines[5] = "c005|Edited text.|edited text"
+    _write(meta, lines)
+    killed, writing = lists / ".tmp-0123456789abcdef-1", lists / ".tmp-fedcba9876543210-2"
+    killed.mkdir(), writing.mkdir()  # a killed run's half-written folder, an hour old; one being written now
+    os.utime(killed, (time.time() - 7200,) * 2)
+    m2 = manifest.load_manifest(ds, 4)
+    gen2 = manifest.write_clip_lists(m2, 4, lists, ds)
+    assert gen2 != gen and not gen.exists() and sorted(p.name for p in lists.iterdir()) == [writing.name, gen2.name]
+    k = manifest.shard_of("c005", 4)
+    assert [c.text for c in manifest.read_clip_list(gen2 / f"shard-{k:03d}.json", ds, 4, k) if c.id == "c005"] == \
+        ["edited text"]
+    assert manifest.write_clip_lists(manifest.load_manifest(ds, 8), 8, lists, ds) != gen2  # the shard count too
+
+
+def test_a_clip_list_that_cannot_stand_for_the_job_is_not_used(tmp_path, monkeypatch):
+    ds, _ = _listed_dataset(tmp_path)
+    m = manifest.load_manifest(ds, 4)
+    gen = manifest.write_clip_lists(m, 4, tmp_path / "lists", ds)
+    path = gen / "shard-001.json"
+    other = dict(ds, root=str(tmp_path / "elsewhere"))
+    with pytest.raises(ValueError, match="another dataset"):
+        manifest.read_clip_list(path, other, 4, 1)
+    with pytest.raises(ValueError, match="shard 1 of 4, not 1 of 8"):
+        manifest.read_clip_list(path, ds, 8, 1)
+    with pytest.raises(ValueError, match="shard 1 of 4, not 2 of 4"):
+        manifest.read_clip_list(path, ds, 4, 2)
+    raw = path.read_bytes()
+    path.write_bytes(raw.replace(b"Text number", b"Text numbex", 1))  # one byte of one clip's text
+    with pytest.raises(ValueError, match="damaged"):
+        manifest.read_clip_list(path, ds, 4, 1)
+    # a job given that list reads the dataset instead, and says why in its log
+    monkeypatch.setenv(manifest.CLIP_LISTS_ENV, str(gen))
+    said = []
+    assert manifest.shard_manifest(ds, 4, 1, log=said.append) == m[1]
+    assert len(said) == 1 and "damaged" in said[0] and "reading the dataset instead" in said[0]
+    said.clear()
+    assert manifest.shard_manifest(ds, 4, 2, log=said.append) == m[2] and "clips from" in said[0]
+    monkeypatch.setenv(manifest.CLIP_LISTS_ENV, str(tmp_path / "lists" / "gone"))  # replaced by a later run
+    assert manifest.shard_manifest(ds, 4, 2, log=said.append) == m[2]

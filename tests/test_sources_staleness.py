@@ -38,6 +38,15 @@ def make_vctk(root, template, rows):
     return root
 
 
+def make_ljspeech(root, template, lines):
+    """An LJSpeech layout (metadata.csv, wavs/) of some of the template's metadata lines."""
+    (root / "wavs").mkdir(parents=True)
+    for line in lines:
+        shutil.copy(template / "wavs" / f"{line.split('|')[0]}.wav", root / "wavs")
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
 def _sources(p, *, mine=False, language="en-gb"):
     sources = [{"root": str(p.lj), "format": "ljspeech", "speaker": "lj", "language": "en-us"},
                {"root": str(p.vctk), "format": "vctk", "language": language}]
@@ -64,11 +73,7 @@ def mine_shards(p):
 def project(tmp_path_factory, corpus_template):
     tmp = tmp_path_factory.mktemp("sources")
     lines = (corpus_template / "metadata.csv").read_text().splitlines()
-    lj = tmp / "lj"
-    (lj / "wavs").mkdir(parents=True)
-    for line in lines[:8]:
-        shutil.copy(corpus_template / "wavs" / f"{line.split('|')[0]}.wav", lj / "wavs")
-    (lj / "metadata.csv").write_text("\n".join(lines[:8]) + "\n")
+    lj = make_ljspeech(tmp / "lj", corpus_template, lines[:8])
     # two speakers, 3 clips, and a csv corpus of 2 more: each in fewer shards than there are
     vctk = make_vctk(tmp / "vctk", corpus_template, [("p225", 1, lines[10]), ("p225", 2, lines[11]),
                                                      ("p226", 1, lines[12])])

@@ -192,7 +192,13 @@ def test_edit_one_line_text_rebuilds_one_token_shard(built):
     counts, shards = plan(built.config)
     assert counts == {"token_shard": 1, "cache_index": 1, "caches": 1}  # no mel_shard, no pitch_shard
     assert shards == {"token_shard": [2]}
+    tokens_before = (built.cache / "tokens/shard-002.bin").read_bytes()
     assert rebuild_then_nothing_to_do(built) == shard_files("tokens", 2)
+    # the job read its clips from the list the run wrote for it (pipeline/manifest.py), the edited one
+    assert (built.cache / "tokens/shard-002.bin").read_bytes() != tokens_before
+    lists = [p for p in (built.cache / ".clips").iterdir()]
+    assert len(lists) == 1 and f"clips from {lists[0] / 'shard-002.json'}" in \
+        (built.tmp / "reports/t/logs/token_shard/002.log").read_text()
 
 
 def _replace_audio(p, shard, older_mtime=False):

@@ -3,13 +3,14 @@
 is byte-identical to the one the full-validation, plain-`import pyworld` path writes."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT
 
-from pipeline import config
+from pipeline import config, manifest
 
 DEMO = {"root": str(ROOT / "data" / "demo"), "metadata": "metadata.csv", "audio_dir": "wavs",
         "bad_audio": "skip", "max_seconds": 20.0}
@@ -74,3 +75,70 @@ def test_a_job_validates_unless_planning_vouched_for_this_schema(monkeypatch, tm
         path = tmp_path / "c.yaml"
         path.write_text("cache: {shards: 0}\n")
         config.load_config(path, check_paths=False)
+
+
+# --- clips from the run's list, not from the whole dataset ------------------------------------
+def _sources_dataset(tmp_path, corpus_template):
+    """An ljspeech source and a vctk one, made from the template's clips."""
+    from test_sources_staleness import make_ljspeech, make_vctk
+    lines = (corpus_template / "metadata.csv").read_text().splitlines()
+    lj = make_ljspeech(tmp_path / "lj", corpus_template, lines[:12])
+    vctk = make_vctk(tmp_path / "vctk", corpus_template, [("p225", 1, lines[12]), ("p225", 2, lines[13]),
+                                                          ("p226", 1, lines[14]), ("p226", 2, lines[15])])
+    return {"sources": [{"root": str(lj), "format": "ljspeech", "name": "lj", "speaker": "lj", "language": "en-us"},
+                        {"root": str(vctk), "format": "vctk", "name": "vctk", "language": "en-gb"}]}, [
+        lj / "metadata.csv", vctk / "txt"]
+
+
+@pytest.mark.parametrize("form", ["folder", "sources"])
+def test_shard_jobs_given_the_runs_clip_lists_read_no_dataset_text_and_write_the_same_bytes(tmp_path, corpus_template,
+                                                                                            form):
+    shards = 2
+    if form == "folder":
+        root = tmp_path / "data"
+        shutil.copytree(corpus_template, root)
+        planned = {"root": str(root), "metadata": "metadata.csv", "audio_dir": "wavs"}
+        texts = [root / "metadata.csv"]
+    else:
+        planned, texts = _sources_dataset(tmp_path, corpus_template)
+    # what each job's rule gives it (rules/common.smk): mel and pitch jobs get no speaker or language
+    audio_ds = ({"sources": [{k: s[k] for k in ("root", "format", "name")} for s in planned["sources"]]}
+                if form == "sources" else dict(planned))
+    jobs = {"tokens": dict(JOBS["tokens"], dataset=planned),
+            "mels": dict(JOBS["mels"], dataset={**audio_ds, "bad_audio": "skip", "max_seconds": 20.0}),
+            "pitch": dict(JOBS["pitch"], dataset={**audio_ds, "bad_audio": "skip", "max_seconds": 20.0})}
+    env = dict(os.environ, **{config.VALIDATED_ENV: config.schema_digest()})
+    env.pop(manifest.CLIP_LISTS_ENV, None)
+
+    def run_all(out, env):
+        logs = []
+        for what, job in jobs.items():
+            for shard in range(shards):
+                args = [what, "--config", json.dumps(dict(job, cache={"shards": shards})), "--shard", str(shard),
+                        "--out", str(out / what / f"shard-{shard:03d}")]
+                if what == "mels":
+                    args += ["--energy", str(out / "energy" / f"shard-{shard:03d}"),
+                             "--audio", str(out / "audio" / f"shard-{shard:03d}")]
+                proc = subprocess.run([sys.executable, "-m", "pipeline.cache", *args], cwd=ROOT, env=env,
+                                      capture_output=True, text=True)
+                assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+                logs.append(proc.stdout)
+        return logs
+
+    run_all(tmp_path / "read", env)  # each job reads the dataset
+    # as the run does before it starts the jobs (onstart): lists from the manifest planning read
+    folder = manifest.write_clip_lists(manifest.load_manifest(planned, shards), shards, tmp_path / "lists", planned)
+    # the jobs must not read the dataset's text now: metadata.csv is malformed, VCTK's transcripts gone
+    for t in texts:
+        if t.is_dir():
+            t.rename(t.with_name(t.name + ".hidden"))
+        else:
+            t.write_text("this line has no id|column\n")
+    logs = run_all(tmp_path / "listed", dict(env, **{manifest.CLIP_LISTS_ENV: str(folder)}))
+    assert all(f"clips from {folder}" in log for log in logs)
+    compared = 0
+    for f in sorted((tmp_path / "read").rglob("shard-*")):
+        after = tmp_path / "listed" / f.relative_to(tmp_path / "read")
+        assert after.read_bytes() == f.read_bytes(), f"{f.relative_to(tmp_path / 'read')} differs"
+        compared += 1
+    assert compared == shards * (2 + 3 + 2 + 3 + 3)  # tokens, mels, audio, energy, pitch: .bin, .json (.stats.npy)
