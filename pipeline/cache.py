@@ -316,6 +316,24 @@ def build_index(cfg, paths, out, log=_print):
         f"+- {pitch_std:.0f} Hz, {len(speakers)} speaker(s), {counts['rejected']} rejected (listed in {out.parent / 'rejected.tsv'})")
 
 
+def keep_freed_memory():
+    """Let glibc's malloc keep memory a clip's arrays freed, for the next clip, instead of handing it
+    back to the kernel and faulting it in again: by default a buffer over 128 KiB (a clip's samples,
+    DIO's and the STFT's work arrays) is its own mmap, and a freed heap top over 128 KiB is trimmed.
+    Measured on 108-clip shards (benchmarks/clip_lists.py): a pitch job's page faults 68,000 -> 11,000
+    and its kernel time 0.2 -> 0.05 s; a mel job's kernel time drops by a third. The job holds at
+    most 64 MiB it does not use; it computes the same bytes. Elsewhere than glibc, nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs
+    except (OSError, AttributeError):  # musl has no mallopt
+        return
+    mallopt(-1, 64 << 20)  # M_TRIM_THRESHOLD
+    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (32 MiB: glibc's largest on 64-bit)
+
+
 @cli
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Build token, mel (+ energy) and pitch shards and the cache index.")
@@ -333,6 +351,7 @@ def main(argv=None):
     # a pitch job gets audio.sample_rate and hop_length alone (its rule passes no other audio key, so
     # an n_mels edit does not rerun it): the cross-key audio checks would see defaults, so skip them
     cfg = config.from_args(args, check_paths=args.what != "pitch")
+    keep_freed_memory()
     if args.what == "index":
         given = dict(tokens=args.tokens, mels=args.mels, energy=args.energy_shards, pitch=args.pitch)
         build_index(cfg, given if any(given.values()) else shard_paths(cfg), args.out)
