@@ -126,8 +126,13 @@ def test_caches_on_local_slurm_then_one_edit_one_token_job(local_slurm, tmp_path
     plan, jobs = on_slurm(config, local_slurm, since)
     assert {rule: n for rule, n in plan.items() if rule.endswith("_shard")} == {"token_shard": 1}, plan
     assert Counter(rule for rule, _ in jobs) == plan
-    assert [shard for rule, shard in jobs if rule == "token_shard"] == [f"{manifest.shard_of(clip_id, SHARDS):03d}"]
+    k = manifest.shard_of(clip_id, SHARDS)
+    assert [shard for rule, shard in jobs if rule == "token_shard"] == [f"{k:03d}"]
     assert all(s == ("COMPLETED", "0:0") for s in jobs.values()), jobs
+    # the SLURM job read its clips from the list the submitting run wrote (sbatch --export=ALL)
+    lists = list((tmp_path / "cache" / "t" / ".clips").iterdir())
+    assert len(lists) == 1 and f"clips from {lists[0] / f'shard-{k:03d}.json'}" in \
+        (tmp_path / "reports" / "t" / "logs" / "token_shard" / f"{k:03d}.log").read_text()
 
 
 def rules_asking_gpus():
