@@ -56,11 +56,7 @@ def job_command(kind, cfg, shard, out):
         job = dict(dataset=audio_ds, audio=cfg["audio"]) if kind == "mels" else \
             dict(dataset=audio_ds, audio={k: cfg["audio"][k] for k in ("sample_rate", "hop_length")}, pitch=cfg["pitch"])
     job["cache"] = {"shards": cfg["cache"]["shards"]}
-    cmd = [sys.executable, "-m", "pipeline.cache", kind, "--config", json.dumps(job, sort_keys=True),
-           "--shard", str(shard), "--out", str(out / kind / f"shard-{shard:03d}")]
-    if kind == "mels":
-        cmd += ["--energy", str(out / "energy" / f"shard-{shard:03d}"), "--audio", str(out / "audio" / f"shard-{shard:03d}")]
-    return cmd
+    return common.shard_job_command(kind, json.dumps(job, sort_keys=True), shard, out)
 
 
 def part_a(workdir, n_jobs, against, out):

@@ -127,6 +127,18 @@ runpy.run_module("snakemake", run_name="__main__", alter_sys=True)
 """
 
 
+def shard_job_command(kind, job_config, shard, out, *, audio=True):
+    """`python -m pipeline.cache KIND ...` as rules/cache.smk writes it: `job_config` (JSON text) for
+    shard `shard`, its files under `out`/{kind}/; a mel job also writes energy and (with `audio`) the
+    waveform shard."""
+    name = f"shard-{shard:03d}"
+    cmd = [sys.executable, "-m", "pipeline.cache", kind, "--config", job_config, "--shard", str(shard),
+           "--out", str(out / kind / name)]
+    if kind == "mels":
+        cmd += ["--energy", str(out / "energy" / name)] + (["--audio", str(out / "audio" / name)] if audio else [])
+    return cmd
+
+
 def snakemake_cmd(*args, config, python=None, project=ROOT):
     """The real snakemake CLI on this repo's Snakefile (or `project`'s), run from its root (as the tests do)."""
     head = [sys.executable, "-c", SNAKEMAKE_WITH_RUSAGE] if python == "rusage" else [sys.executable, "-m", "snakemake"]

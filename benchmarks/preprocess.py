@@ -144,8 +144,7 @@ def job_startup(corpus, workdir, env):
     out = Path(tempfile.mkdtemp(dir=workdir))
     res = {}
     for kind in ("mels", "tokens", "pitch"):
-        cmd = [sys.executable, "-m", "pipeline.cache", kind, "--config", cfg, "--shard", "0",
-               "--out", str(out / kind / "shard-000")] + (["--energy", str(out / "energy" / "shard-000")] if kind == "mels" else [])
+        cmd = common.shard_job_command(kind, cfg, 0, out, audio=False)
         common.run_timed(cmd, env=env)
         res[kind] = common.run_timed(cmd, env=env)["cpu"]
     interp = common.run_timed([sys.executable, "-c", "pass"], env=env)["cpu"]

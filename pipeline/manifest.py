@@ -14,8 +14,10 @@ Shard = sha256(id) mod cache.shards, and split = a second sha256 of the id: neve
 (salted per process), never row position, so adding rows moves nothing else.
 """
 import hashlib
+import json
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,8 +188,6 @@ def write_clip_lists(manifest, shards, folder, dataset_cfg):
     the generation is a digest of all of them, so an unchanged dataset writes nothing and an edited
     one gets a new folder, moved into place whole (a job never sees half of one). Older generations
     are removed. Returns the generation's folder."""
-    import json
-    import shutil
     names = sorted(list(n) for n in dataset_names(dataset_cfg))
     # each clip as its fields in Clip's order (vars(): __init__ sets them in that order), for Clip(*row)
     rows = [[tuple(vars(c).values()) for c in manifest[k]] for k in range(shards)]
@@ -221,15 +221,16 @@ def write_clip_lists(manifest, shards, folder, dataset_cfg):
 
 def read_clip_list(path, dataset_cfg, shards, shard):
     """The clips of one shard from a list write_clip_lists made, or ValueError saying why it cannot
-    stand for this job's dataset (another dataset or shard count, damaged bytes)."""
-    import json
+    stand for this job's dataset (another format, dataset or shard count, damaged bytes)."""
     raw = Path(path).read_bytes()
     head_bytes, _, payload = raw.partition(b"\n")
     try:
         head = json.loads(head_bytes)
     except ValueError:
         raise ValueError("unreadable header") from None
-    if head.get("format") != _CLIP_LIST_FORMAT or head.get("shards") != shards or head.get("shard") != shard:
+    if head.get("format") != _CLIP_LIST_FORMAT:
+        raise ValueError(f"in format {head.get('format')}, not {_CLIP_LIST_FORMAT}")
+    if head.get("shards") != shards or head.get("shard") != shard:
         raise ValueError(f"written for shard {head.get('shard')} of {head.get('shards')}, not {shard} of {shards}")
     if not dataset_names(dataset_cfg) <= {tuple(n) for n in head.get("dataset", [])}:
         raise ValueError("written for another dataset")

@@ -234,6 +234,9 @@ def test_a_clip_list_that_cannot_stand_for_the_job_is_not_used(tmp_path, monkeyp
     with pytest.raises(ValueError, match="shard 1 of 4, not 2 of 4"):
         manifest.read_clip_list(path, ds, 4, 2)
     raw = path.read_bytes()
+    path.write_bytes(raw.replace(b'"format": 1', b'"format": 0', 1))
+    with pytest.raises(ValueError, match="in format 0, not 1"):
+        manifest.read_clip_list(path, ds, 4, 1)
     path.write_bytes(raw.replace(b"Text number", b"Text numbex", 1))  # one byte of one clip's text
     with pytest.raises(ValueError, match="damaged"):
         manifest.read_clip_list(path, ds, 4, 1)

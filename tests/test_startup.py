@@ -30,10 +30,17 @@ LIGHT = ("import sys; from pipeline import cache\ntry:\n    cache.main(sys.argv[
          "print('IMPORTED', ' '.join(m for m in ('jsonschema', 'pkg_resources', 'pyworld') if m in sys.modules))")
 
 
-def _run(code, what, out, env):
-    args = [what, "--config", json.dumps(JOBS[what]), "--shard", "0", "--out", str(out / what / "shard-000")]
+def _job_args(what, job, shard, out):
+    """`python -m pipeline.cache`'s arguments as the kind's rule gives them, writing under `out`."""
+    name = f"shard-{shard:03d}"
+    args = [what, "--config", json.dumps(job), "--shard", str(shard), "--out", str(out / what / name)]
     if what == "mels":
-        args += ["--energy", str(out / "energy" / "shard-000"), "--audio", str(out / "audio" / "shard-000")]
+        args += ["--energy", str(out / "energy" / name), "--audio", str(out / "audio" / name)]
+    return args
+
+
+def _run(code, what, out, env):
+    args = _job_args(what, JOBS[what], 0, out)
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -114,11 +121,7 @@ def test_shard_jobs_given_the_runs_clip_lists_read_no_dataset_text_and_write_the
         logs = []
         for what, job in jobs.items():
             for shard in range(shards):
-                args = [what, "--config", json.dumps(dict(job, cache={"shards": shards})), "--shard", str(shard),
-                        "--out", str(out / what / f"shard-{shard:03d}")]
-                if what == "mels":
-                    args += ["--energy", str(out / "energy" / f"shard-{shard:03d}"),
-                             "--audio", str(out / "audio" / f"shard-{shard:03d}")]
+                args = _job_args(what, dict(job, cache={"shards": shards}), shard, out)
                 proc = subprocess.run([sys.executable, "-m", "pipeline.cache", *args], cwd=ROOT, env=env,
                                       capture_output=True, text=True)
                 assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
