@@ -1,0 +1,300 @@
+"""Markup for `speak` and `serve`: plain text with inline phonemes, or a small subset of SSML.
+
+Reads a string; writes nothing. `parse(text, ssml=None)` -> a flat list of `Speech`, `Pause` and
+`Boundary` items; `sentences(items)` groups them into sentences (lists of `Speech` and `Pause`), the
+unit `speak --raw` and `serve ?stream=true` send one at a time. docs/speak.md documents the subset.
+
+- Plain text: paragraphs are separated by blank lines; `[[ həlˈoʊ ]]` inserts symbols of the
+  voice's own set (vocab.json) as they are (spaces inside separate words).
+- SSML (ssml=True, or text starting with `<speak`; with ssml=True a text without the `<speak>` root
+  is read as if inside one): `<speak>` root, `<p>`, `<s>`,
+  `<break time="500ms"/>` / `<break strength="strong"/>`, `<prosody rate="..." pitch="...">`,
+  `<phoneme alphabet="ipa" ph="...">word</phoneme>`. Parsed by the standard library's expat with
+  every DTD refused at its first byte (no entity can be declared, so none can be expanded: a
+  "billion laughs" document costs one parser start).
+
+Every error is a MarkupError whose one line starts with the position (line L, column C, 1-based).
+
+    from pipeline import markup
+    markup.sentences(markup.parse('<speak>Hi. <break time="1s"/> [[ həlˈoʊ ]]</speak>'))
+"""
+import math
+import re
+from dataclasses import dataclass
+from xml.parsers import expat
+
+from pipeline.errors import PipelineError
+
+PARAGRAPH_PAUSE = 0.5            # seconds of silence between paragraphs
+MAX_BREAK = 10.0                 # seconds: the longest <break> taken
+RATES = {"x-slow": 0.5, "slow": 0.75, "medium": 1.0, "default": 1.0, "fast": 1.25, "x-fast": 1.75}
+PITCHES = {"x-low": -4.0, "low": -2.0, "medium": 0.0, "default": 0.0, "high": 2.0, "x-high": 4.0}
+STRENGTHS = {"none": 0.0, "x-weak": 0.1, "weak": 0.25, "medium": 0.4, "strong": 0.7, "x-strong": 1.0}
+ELEMENTS = {"speak": None, "p": (), "s": (), "break": ("time", "strength"), "prosody": ("rate", "pitch"),
+            "phoneme": ("alphabet", "ph")}   # element -> the attributes it takes (None: any)
+
+# a sentence ends after . ! ? or … (and closing quotes or brackets) followed by whitespace
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]”’»]*(?=\s)")
+# words after which a period does not end the sentence
+_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "drs", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "no", "co", "ltd",
+                  "gen", "col", "lt", "sgt", "capt", "rev", "hon", "maj", "esq", "ft", "prof", "mt", "fig"}
+_PARAGRAPHS = re.compile(r"\n[ \t\r\f\v]*\n\s*")
+_INLINE = re.compile(r"\[\[|\]\]")
+_TIME = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s)\s*")
+_PERCENT = re.compile(r"\s*([+-]?)(\d+(?:\.\d+)?)\s*%\s*")
+_SEMITONES = re.compile(r"\s*([+-]?\d+(?:\.\d+)?)\s*st\s*")
+
+
+class MarkupError(PipelineError):
+    """Markup that cannot be read; the message starts with its line and column."""
+
+
+@dataclass(frozen=True)
+class Speech:
+    """Text to say: plain text for the front end, or (phonemes=True) the voice's symbols as they are."""
+    text: str
+    phonemes: bool = False
+    rate: float = 1.0      # multiplies the pace (> 1 faster)
+    pitch: float = 0.0     # semitones added to the pitch shift
+    where: str = ""        # "line L, column C" of the text, for errors about it
+
+
+@dataclass(frozen=True)
+class Pause:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Boundary:
+    paragraph: bool = False
+
+
+def is_ssml(text):
+    """True for text that starts as an XML document does (`<speak`, `<?xml`, `<!DOCTYPE`)."""
+    return text.lstrip().startswith(("<speak", "<?xml", "<!"))
+
+
+def parse(text, ssml=None):
+    """The items of `text`: SSML when ssml is True (or None and the text starts with `<speak`)."""
+    if ssml is None:
+        ssml = is_ssml(text)
+    if ssml and not is_ssml(text):        # SSML elements without the root: the <speak> is implied
+        return _Ssml(f"<speak>{text}</speak>", shift=len("<speak>")).items
+    return _Ssml(text).items if ssml else _plain(text)
+
+
+def position(text, offset, line=1, column=1):
+    """'line L, column C' of character `offset` of `text`, which starts at (line, column)."""
+    before = text[:offset]
+    newlines = before.count("\n")
+    if newlines:
+        return f"line {line + newlines}, column {offset - before.rindex(chr(10))}"
+    return f"line {line}, column {column + offset}"
+
+
+def _plain(text):
+    items, start = [], 0
+    for match in [*_PARAGRAPHS.finditer(text), None]:
+        end = match.start() if match else len(text)
+        items += _inline(text[start:end], lambda o, s=start: position(text, s + o))
+        if match:
+            items.append(Boundary(paragraph=True))
+            start = match.end()
+    return items
+
+
+def _inline(text, where, rate=1.0, pitch=0.0):
+    """Speech items of one run of text: `[[ ... ]]` spans become phoneme Speech. where(offset) -> position."""
+    items, pos, inside = [], 0, None
+    for match in _INLINE.finditer(text):
+        if match.group() == "[[":
+            if inside is not None:
+                raise MarkupError(f"{where(match.start())}: '[[' inside phonemes opened at {where(inside)}")
+            items.append(Speech(text[pos:match.start()], False, rate, pitch, where(pos)))
+            inside = match.start()
+        else:
+            if inside is None:
+                raise MarkupError(f"{where(match.start())}: ']]' without an opening '[['")
+            symbols = " ".join(text[inside + 2:match.start()].split())
+            if not symbols:
+                raise MarkupError(f"{where(inside)}: empty phonemes '[[ ]]'")
+            items.append(Speech(symbols, True, rate, pitch, where(inside)))
+            inside = None
+        pos = match.end()
+    if inside is not None:
+        raise MarkupError(f"{where(inside)}: '[[' without a closing ']]'")
+    items.append(Speech(text[pos:], False, rate, pitch, where(pos)))
+    return [item for item in items if item.text.strip()]
+
+
+class _Ssml:
+    """One SSML document -> items (self.items); MarkupError with the position on anything outside the subset."""
+
+    def __init__(self, text, shift=0):
+        self.items, self.stack, self.buffer, self.buffer_at, self.shift = [], [], [], None, shift
+        self.parser = p = expat.ParserCreate()
+        p.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
+        p.StartDoctypeDeclHandler = lambda *a: self._fail("a DTD (<!DOCTYPE>) is not accepted")
+        p.EntityDeclHandler = lambda *a: self._fail("entity declarations are not accepted")
+        p.ExternalEntityRefHandler = lambda *a: self._fail("external entities are not accepted")
+        p.StartElementHandler, p.EndElementHandler = self._start, self._end
+        p.CharacterDataHandler = self._text
+        try:
+            p.Parse(text, True)
+        except expat.ExpatError as e:
+            raise MarkupError(f"line {e.lineno}, column {self._column(e.lineno, e.offset)}: invalid SSML: "
+                              f"{expat.ErrorString(e.code)}") from None
+
+    def _column(self, line, offset):
+        """1-based column of a 0-based expat offset, in the text as given (before an implied <speak>)."""
+        return max(1, offset + 1 - (self.shift if line == 1 else 0))
+
+    def _where(self):
+        line = self.parser.CurrentLineNumber
+        return f"line {line}, column {self._column(line, self.parser.CurrentColumnNumber)}"
+
+    def _fail(self, message):
+        raise MarkupError(f"{self._where()}: {message}")
+
+    def _prosody(self):
+        return self.stack[-1][1:] if self.stack else (1.0, 0.0)
+
+    def _flush(self):
+        if self.buffer:
+            line, column = self.buffer_at
+            run = "".join(self.buffer)
+            self.items += _inline(run, lambda o: position(run, o, line, column), *self._prosody())
+        self.buffer, self.buffer_at = [], None
+
+    def _text(self, data):
+        if self.stack and self.stack[-1][0] == "phoneme":
+            return                                # the word a <phoneme> spells; its ph is said instead
+        if not self.stack:
+            self._fail("text outside <speak>")
+        if self.buffer_at is None:
+            line = self.parser.CurrentLineNumber
+            self.buffer_at = (line, self._column(line, self.parser.CurrentColumnNumber))
+        self.buffer.append(data)
+
+    def _start(self, tag, attrs):
+        if tag not in ELEMENTS:
+            self._fail(f"<{tag}> is not in the supported subset ({', '.join(f'<{t}>' for t in ELEMENTS)})")
+        if (tag == "speak") != (not self.stack):
+            self._fail("<speak> must be the one root element" if tag == "speak" else f"<{tag}> outside <speak>")
+        allowed = ELEMENTS[tag]
+        extra = sorted(a for a in attrs if allowed is not None and a not in allowed)
+        if extra:
+            self._fail(f"<{tag}> takes {', '.join(allowed) or 'no attributes'}, not {', '.join(extra)}")
+        self._flush()
+        rate, pitch = self._prosody()
+        if tag in ("s", "p"):
+            self.items.append(Boundary(paragraph=tag == "p"))
+        elif tag == "break":
+            self.items.append(Pause(self._break(attrs)))
+        elif tag == "prosody":
+            rate *= _rate(attrs.get("rate", "default"), self._fail)
+            pitch += _pitch(attrs.get("pitch", "default"), self._fail)
+        elif tag == "phoneme":
+            if attrs.get("alphabet", "ipa") != "ipa":
+                self._fail(f"<phoneme alphabet={attrs['alphabet']!r}>: only alphabet=\"ipa\" (the voice's symbols)")
+            symbols = " ".join(attrs.get("ph", "").split())
+            if not symbols:
+                self._fail("<phoneme> needs a non-empty ph attribute")
+            self.items.append(Speech(symbols, True, rate, pitch, self._where()))
+        self.stack.append((tag, rate, pitch))
+
+    def _end(self, tag):
+        self._flush()
+        self.stack.pop()
+        if tag in ("s", "p"):
+            self.items.append(Boundary(paragraph=tag == "p"))
+
+    def _break(self, attrs):
+        if "time" in attrs:
+            match = _TIME.fullmatch(attrs["time"])
+            if not match:
+                self._fail(f"<break time={attrs['time']!r}>: a time like \"500ms\" or \"1.5s\"")
+            seconds = float(match.group(1)) / (1000.0 if match.group(2) == "ms" else 1.0)
+            if seconds > MAX_BREAK:
+                self._fail(f"<break time={attrs['time']!r}>: at most {MAX_BREAK:g} s")
+            return seconds
+        strength = attrs.get("strength", "medium")
+        if strength not in STRENGTHS:
+            self._fail(f"<break strength={strength!r}>: one of {', '.join(STRENGTHS)}")
+        return STRENGTHS[strength]
+
+
+def _rate(value, fail):
+    """SSML prosody rate -> a pace factor: a name, a percentage ("150%") or a number ("1.5")."""
+    if value in RATES:
+        return RATES[value]
+    match = _PERCENT.fullmatch(value)
+    try:
+        factor = float(match.group(2)) / 100 if match else float(value)
+    except ValueError:
+        factor = math.nan
+    if (match and match.group(1) == "-") or not 0.25 <= factor <= 4.0:  # also NaN
+        fail(f"<prosody rate={value!r}>: one of {', '.join(RATES)}, or 25%..400%")
+    return factor
+
+
+def _pitch(value, fail):
+    """SSML prosody pitch -> semitones: a name, "+2st" / "-3st", or a relative "+10%" / "-10%"."""
+    if value in PITCHES:
+        return PITCHES[value]
+    semitones, percent = _SEMITONES.fullmatch(value), _PERCENT.fullmatch(value)
+    if semitones:
+        shift = float(semitones.group(1))
+    elif percent and percent.group(1):
+        ratio = 1 + float(percent.group(1) + percent.group(2)) / 100
+        shift = 12 * math.log2(ratio) if ratio > 0 else math.nan
+    else:
+        shift = math.nan
+    if not -12.0 <= shift <= 12.0:
+        fail(f"<prosody pitch={value!r}>: one of {', '.join(PITCHES)}, \"+2st\" / \"-3st\", or \"+10%\" "
+             "(within 12 semitones)")
+    return shift
+
+
+def _ends(text):
+    """Offsets in `text` where a sentence ends (after its punctuation)."""
+    out = []
+    for match in _SENTENCE_END.finditer(text):
+        word = re.search(r"(\S+)$", text[:match.start()])
+        head = word.group(1).lower().lstrip("\"'([“‘«") if word else ""
+        if match.group() == "." and (head in _ABBREVIATIONS or (len(head) == 1 and head.isalpha())):
+            continue                                                 # "Mr. Smith", "J. Smith"
+        out.append(match.end())
+    return out
+
+
+def sentences(items):
+    """Group items into sentences (lists of Speech and Pause): plain text splits after . ! ? …,
+    <s> and <p> and paragraphs end one; a paragraph's first sentence starts with PARAGRAPH_PAUSE."""
+    out, current, paragraph = [], [], False
+
+    def flush():
+        nonlocal current, paragraph
+        if any(isinstance(i, Speech) for i in current) or any(i.seconds > 0 for i in current):
+            if paragraph and out:
+                current.insert(0, Pause(PARAGRAPH_PAUSE))
+            out.append(current)
+            paragraph = False
+        current = []
+
+    for item in items:
+        if isinstance(item, Boundary):
+            flush()
+            paragraph = paragraph or item.paragraph
+        elif isinstance(item, Speech) and not item.phonemes:
+            start = 0
+            for end in _ends(item.text):
+                current.append(Speech(item.text[start:end], False, item.rate, item.pitch, item.where))
+                flush()
+                start = end
+            if item.text[start:].strip():
+                current.append(Speech(item.text[start:], False, item.rate, item.pitch, item.where))
+        else:
+            current.append(item)
+    flush()
+    return [[i for i in s if not isinstance(i, Speech) or i.text.strip()] for s in out]

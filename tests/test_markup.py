@@ -1,0 +1,105 @@
+"""Markup (pipeline/markup.py): sentences, inline phonemes, each SSML element and each markup error."""
+import re
+import time
+
+import pytest
+
+from pipeline.markup import PARAGRAPH_PAUSE, MarkupError, Pause, Speech, parse, sentences
+
+
+def said(text, ssml=None):
+    """Each sentence as a list of ("text" | "ph", words, rate, pitch) and ("pause", seconds)."""
+    out = []
+    for sentence in sentences(parse(text, ssml)):
+        out.append([("pause", i.seconds) if isinstance(i, Pause) else
+                    ("ph" if i.phonemes else "text", " ".join(i.text.split()), i.rate, i.pitch) for i in sentence])
+    return out
+
+
+def test_plain_text_splits_into_sentences_and_paragraphs():
+    text = "Mr. Smith paid $5.50, then left! Did J. R. Doe stay? Yes…\n  \nA new paragraph. Its end"
+    assert said(text) == [[("text", "Mr. Smith paid $5.50, then left!", 1.0, 0.0)],
+                          [("text", "Did J. R. Doe stay?", 1.0, 0.0)],
+                          [("text", "Yes…", 1.0, 0.0)],
+                          [("pause", PARAGRAPH_PAUSE), ("text", "A new paragraph.", 1.0, 0.0)],
+                          [("text", "Its end", 1.0, 0.0)]]
+    assert said("one line\nwrapped. Two") == [[("text", "one line wrapped.", 1.0, 0.0)], [("text", "Two", 1.0, 0.0)]]
+
+
+def test_inline_phonemes_are_kept_as_they_are():
+    assert said("Say [[ təmˈɑːtoʊ  ]] now. [[ haɪ ]]") == [
+        [("text", "Say", 1.0, 0.0), ("ph", "təmˈɑːtoʊ", 1.0, 0.0), ("text", "now.", 1.0, 0.0)],
+        [("ph", "haɪ", 1.0, 0.0)]]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("Hello [[ həlˈoʊ", "line 1, column 7: '[[' without a closing ']]'"),
+    ("Hello\nthere ]] x", "line 2, column 7: ']]' without an opening '[['"),
+    ("a [[ b [[ c ]]", "line 1, column 8: '[[' inside phonemes opened at line 1, column 3"),
+    ("x\n\nab [[  ]]", "line 3, column 4: empty phonemes '[[ ]]'"),
+])
+def test_inline_errors_name_the_position(text, message):
+    with pytest.raises(MarkupError, match="^" + re.escape(message)):
+        parse(text)
+
+
+def test_ssml_elements():
+    doc = """<speak version="1.0" xmlns="http://www.w3.org/2001/10/synthesis">
+    Hello <break time="250ms"/> there. <break strength="strong"/>
+    <prosody rate="150%" pitch="+2st">Quick <prosody rate="slow" pitch="low">and low</prosody></prosody>
+    <phoneme alphabet="ipa" ph="təmˈɑːtoʊ">tomato</phoneme> &amp; [[ haɪ ]]
+    <p><s>First, one</s><s>second</s></p><break time="1.5s"/><prosody pitch="-10%">down</prosody></speak>"""
+    out = said(doc)
+    assert out[0] == [("text", "Hello", 1.0, 0.0), ("pause", 0.25), ("text", "there.", 1.0, 0.0)]
+    assert out[1][0] == ("pause", 0.7)                                       # strength="strong"
+    assert out[1][1:3] == [("text", "Quick", 1.5, 2.0), ("text", "and low", 1.5 * 0.75, 0.0)]  # nested
+    assert out[1][3:] == [("ph", "təmˈɑːtoʊ", 1.0, 0.0), ("text", "&", 1.0, 0.0), ("ph", "haɪ", 1.0, 0.0)]
+    assert out[2] == [("pause", PARAGRAPH_PAUSE), ("text", "First, one", 1.0, 0.0)]   # <p>, then <s>
+    assert out[3] == [("text", "second", 1.0, 0.0)]
+    assert out[4][:2] == [("pause", PARAGRAPH_PAUSE), ("pause", 1.5)]        # after </p>: a new paragraph
+    assert out[4][2][:2] == ("text", "down") and out[4][2][3] == pytest.approx(-1.824, abs=1e-3)
+    assert said("<speak>a</speak>") == said("a", ssml=True) == [[("text", "a", 1.0, 0.0)]]
+    assert said("<speak>a</speak>", ssml=False)[0][0][1] == "<speak>a</speak>"  # plain text when told so
+    with pytest.raises(MarkupError, match="^line 1, column 3: <b> is not"):
+        parse("a <b>c</b>", ssml=True)                                     # the implied root shifts nothing
+
+
+@pytest.mark.parametrize("doc, message", [
+    ("<speak>Hi <b>x</b></speak>", r"line 1, column 11: <b> is not in the supported subset"),
+    ("<speak>Hi\n<break time='5 min'/></speak>", r"line 2, column 1: <break time='5 min'>: a time like"),
+    ("<speak><break time='11s'/></speak>", r"line 1, column 8: <break time='11s'>: at most 10 s"),
+    ("<speak><break strength='huge'/></speak>", r"<break strength='huge'>: one of none"),
+    ("<speak><prosody rate='-20%'>x</prosody></speak>", r"<prosody rate='-20%'>: one of x-slow"),
+    ("<speak><prosody rate='fastest'>x</prosody></speak>", r"<prosody rate='fastest'>"),
+    ("<speak><prosody pitch='200Hz'>x</prosody></speak>", r"<prosody pitch='200Hz'>"),
+    ("<speak><prosody volume='loud'>x</prosody></speak>", r"<prosody> takes rate, pitch, not volume"),
+    ("<speak><phoneme alphabet='x-sampa' ph='h@'>x</phoneme></speak>", r"only alphabet=\"ipa\""),
+    ("<speak><phoneme alphabet='ipa'>x</phoneme></speak>", r"<phoneme> needs a non-empty ph"),
+    ("<speak>Hello <s>there</speak>", r"line 1, column 24: invalid SSML: mismatched tag"),
+    ("<speak>a &nbsp; b</speak>", r"line 1, column 10: invalid SSML: undefined entity"),
+    ("<speak>a</speak><speak>b</speak>", r"invalid SSML: junk after document element"),
+    ("<speak><speak>a</speak></speak>", r"<speak> must be the one root element"),
+    ("<speak>a [[ b </speak>", r"line 1, column 10: '\[\[' without a closing"),
+])
+def test_ssml_errors_name_the_position(doc, message):
+    with pytest.raises(MarkupError, match=f"^{message}" if message.startswith("line") else message):
+        parse(doc)
+
+
+def test_a_markup_bomb_is_refused_at_once():
+    entities = "".join(f'<!ENTITY e{i} "{f"&e{i - 1};" * 10}">' for i in range(1, 30))
+    bomb = f'<?xml version="1.0"?><!DOCTYPE speak [<!ENTITY e0 "ha">{entities}]><speak>&e29;</speak>'
+    t0 = time.perf_counter()
+    for text in (bomb, bomb.replace('<?xml version="1.0"?>', "")):
+        with pytest.raises(MarkupError, match="a DTD .* is not accepted"):
+            parse(text)                                        # recognised as SSML by its start
+    external = '<!DOCTYPE speak SYSTEM "file:///etc/passwd"><speak>x</speak>'
+    with pytest.raises(MarkupError, match="not accepted"):
+        parse(external)
+    assert time.perf_counter() - t0 < 0.1
+
+
+def test_speech_items_carry_their_position():
+    items = parse("<speak>\n  <prosody rate='fast'>Hi [[ haɪ ]]</prosody></speak>")
+    speech = [i for i in items if isinstance(i, Speech)]
+    assert [(i.text.strip(), i.where) for i in speech] == [("Hi", "line 2, column 24"), ("haɪ", "line 2, column 27")]
