@@ -92,14 +92,14 @@ TFLITE = """
 
 PIPELINE = """
     from pipeline import config
-    from pipeline.models import vocoders
+    from pipeline.vocoder import kinds
     from pipeline.synthesize import load_synthesizer
     cfg = config.load_config({path!r}, check_paths=False)
     state = {{}}
     TEXT = {{tuple(v): k for k, v in IDS.items()}}
     def load():
         state["synth"] = load_synthesizer(cfg, log=lambda *a: None)
-        state["vocode"] = vocoders.load(cfg)        # the run's vocoder, as synthesize loads it
+        state["vocode"] = kinds.load(cfg)        # the run's vocoder, as synthesize loads it
     def call(ids):                                  # as `snakemake synthesize` does per sentence, less the wav
         mel = state["synth"].infer({sentences!r}[TEXT[tuple(ids)]])["mel"]
         return int(state["vocode"](mel).shape[0])
@@ -154,15 +154,15 @@ def demo_vocoder(cfg):
     """runs/{name}/vocoder.json and a checkpoint of the config's vocoder (demo sizes) with initial weights."""
     import tensorflow as tf
 
-    from pipeline import config
-    from pipeline.models import vocoders
-    model = vocoders.build(cfg["vocoder"], cfg["audio"])
+    from pipeline import config, files
+    from pipeline.vocoder import kinds
+    model = kinds.build(cfg["vocoder"], cfg["audio"])
     folder = config.run_dir(cfg) / "vocoder" / "bench" / "checkpoints"
     shutil.rmtree(folder, ignore_errors=True)
     checkpoint = tf.train.CheckpointManager(tf.train.Checkpoint(generator=model), folder, 1).save(checkpoint_number=0)
     summary = {"name": cfg["name"], "kind": cfg["vocoder"]["kind"], "phase": "bench", "steps": 0, "finetune_steps": 0,
                "checkpoint": checkpoint, "note": "initial weights: speed does not depend on training"}
-    config.atomic_write_text(vocoders.summary_path(cfg), json.dumps(summary, indent=1))
+    files.atomic_write_text(kinds.summary_path(cfg), json.dumps(summary, indent=1))
 
 
 def main(argv=None):

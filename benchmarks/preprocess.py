@@ -127,10 +127,10 @@ def job_startup(corpus, workdir, env):
     commands on a one-clip corpus (run twice; the second run is kept, so any memo the product keeps
     beside its shards is warm, as it is for all but the first job of a build), less one steady clip.
     Also the interpreter alone and `import pipeline.cache` alone, to show where it goes."""
-    from pipeline import manifest
+    from pipeline import formats, manifest
 
     one = workdir / "corpus" / "one-clip"
-    clip = manifest.read_metadata(corpus / "metadata.csv")[0]
+    clip = formats.read_metadata(corpus / "metadata.csv")[0]
     src = manifest.audio_path(corpus, "wavs", clip.id)
     (one / "wavs").mkdir(parents=True, exist_ok=True)
     dst = one / "wavs" / src.name
@@ -180,7 +180,7 @@ def part_ratio(args, workdir):
     import soundfile as sf
     import yaml
 
-    from pipeline import manifest
+    from pipeline import formats, manifest
 
     corpus = workdir / "corpus" / f"lj-{args.clips}-flac{SR}"
     made = common.ensure_corpus(corpus, args.clips, log=log)
@@ -190,7 +190,7 @@ def part_ratio(args, workdir):
     name = f"ratio{args.clips}"
     cfg_path = common.bench_config(bdir / "config.yaml", name=name, dataset_root=corpus, workdir=bdir, shards=shards)
     cache_dir, report_dir = bdir / "cache" / name, bdir / "reports" / name
-    clips = manifest.read_metadata(corpus / "metadata.csv")
+    clips = formats.read_metadata(corpus / "metadata.csv")
     files = [str(manifest.audio_path(corpus, "wavs", c.id)) for c in clips]
     list_file = bdir / "files.txt"
     list_file.parent.mkdir(parents=True, exist_ok=True)
@@ -401,7 +401,7 @@ def rebuild(cfg_path, full, expect, what):
 
 
 def measure_shards(args, workdir, corpus, shards):
-    from pipeline import manifest
+    from pipeline import formats, manifest
 
     bdir = workdir / "preprocess" / "full"
     name = f"lj{args.full_clips}-s{shards}"
@@ -420,7 +420,7 @@ def measure_shards(args, workdir, corpus, shards):
     nothing, _ = common.planned_jobs(cfg_path, "caches")
 
     meta = corpus / "metadata.csv"
-    clips = manifest.read_metadata(meta)
+    clips = formats.read_metadata(meta)
     victim = clips[len(clips) // 2].id
     audio = manifest.audio_path(corpus, "wavs", victim)
     saved_meta, saved_audio = meta.read_bytes(), audio.read_bytes()

@@ -2,7 +2,7 @@
 
 A perfect acoustic model (the recorded mel itself) goes through both vocoders; evaluate's measures
 (MCD, PESQ wideband at 16 kHz, STOI) against the recording. Reads runs/{name}/vocoder.json (train
-it first: `snakemake --cores all vocoder`, or `python -m pipeline.train_vocoder --phase train --final`).
+it first: `snakemake --cores all vocoder`, or `python -m pipeline.vocoder.train --phase train --final`).
 
     python benchmarks/vocoder.py --config configs/config.yaml [--max-clips 20] [--summary runs/demo/vocoder/train.json]
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline import audio, config, evaluate  # noqa: E402
-from pipeline.models import vocoders  # noqa: E402
+from pipeline.vocoder import kinds  # noqa: E402
 
 
 def main(argv=None):
@@ -25,7 +25,7 @@ def main(argv=None):
     parser.add_argument("--summary", help="a vocoder summary JSON (default runs/{name}/vocoder.json)")
     args = parser.parse_args(argv)
     cfg = config.load_config(args.config, {**config.parse_set(args.set), "evaluate": {"max_clips": args.max_clips}})
-    voc = vocoders.load(cfg, summary=args.summary)
+    voc = kinds.load(cfg, summary=args.summary)
     clips = evaluate.validation_clips(cfg)
     mels = {c.text: audio.mel_from_file(c.audio, cfg["audio"], cfg["dataset"]["max_seconds"]) for c in clips}
     t0 = time.perf_counter()

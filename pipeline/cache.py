@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import audio, config, manifest, pitch, shards, text
+from pipeline import audio, config, files, manifest, pitch, shards, text
 from pipeline.errors import PipelineError, cli
 
 _print = functools.partial(print, flush=True)
@@ -60,7 +60,7 @@ def build_token_shard(cfg, shard, out, log=_print):
         reason = text.problem(c.text, symbols, {**cfg["text"], "language": c.language or cfg["text"]["language"]})
         if reason:
             where = manifest.clip_where(ds, c)
-            rejected.append(dict(id=c.id, path=where, stage="tokens", reason=f"text {c.text!r}: {reason}"))
+            rejected.append(dict(id=c.id, path=where, stage="tokens", reason=f"text {text.shown(c.text)}: {reason}"))
             log(f"rejected {where}: {rejected[-1]['reason']}")
             continue
         ids.append(c.id)
@@ -221,7 +221,7 @@ def write_rejected(path, rejected):
     """rejected.tsv: one row per clip left out (id, shard, stage, path, reason), atomically."""
     lines = ["id\tshard\tstage\tpath\treason"] + [
         f"{r['id']}\t{r['shard']}\t{r['stage']}\t{r['path']}\t{r['reason']}" for r in rejected]
-    config.atomic_write_text(path, "\n".join(lines) + "\n")
+    files.atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def _shard_number(path):
@@ -237,33 +237,20 @@ def shard_paths(cfg):
                    for k in range(cfg["cache"]["shards"])] for kind in shards.CACHE_KINDS}
 
 
-def build_index(cfg, paths, out, log=_print):
-    """index.json + vocab.json + rejected.tsv from every shard's JSON and per-clip sums.
-    `paths`: {kind: [shard paths]} for shards.CACHE_KINDS, in shard order."""
-    out = Path(out)
-    espeak = text.espeak_version() if cfg["text"]["frontend"] == "phonemes" else None
-    want = {k: shards.provenance(k, cfg, espeak=espeak) for k in shards.CACHE_KINDS}
-    n_mels = cfg["audio"]["n_mels"]
-    mel_total, energy_total, pitch_total = np.zeros((2, n_mels)), np.zeros(2), np.zeros(3)
-    frames_train = 0
-    per_speaker = {}  # name -> {clips, train, frames, energy (sum, sum sq), pitch (voiced, sum, sum sq)}
-    languages = set()
-    counts = dict(clips=0, train=0, val=0, rejected=0, seconds=0.0)
-    entries, rejected = [], {}
-    for k, group in enumerate(zip(*(sorted(paths[kind], key=_shard_number) for kind in shards.CACHE_KINDS))):
-        metas = {}
-        for kind, p in zip(shards.CACHE_KINDS, group):
-            metas[kind] = shards.read_meta(p, kind)
-            shards.check_provenance(p, kind, metas[kind]["provenance"], want[kind])
-            for r in metas[kind]["rejected"]:
-                rejected.setdefault(r["id"], dict(r, shard=k, stage=r.get("stage", kind)))
-        stats = {kind: np.load(Path(p).with_suffix(".stats.npy")) for kind, p in zip(shards.CACHE_KINDS, group)
-                 if kind != "tokens"}
-        usable = set(metas["tokens"]["ids"]) & set(metas["energy"]["ids"]) & set(metas["pitch"]["ids"])
-        short = _short_clips(metas, usable)
-        for cid, reason in short.items():
-            rejected.setdefault(cid, dict(id=cid, shard=k, stage="index", path=str(group[1]) + ".json", reason=reason))
-        usable -= set(short)
+class _Totals:
+    """Running sums over every shard's clips for the index: counts, and the feature statistics of the
+    training clips (overall and per speaker)."""
+
+    def __init__(self, n_mels, val_fraction):
+        self.val_fraction = val_fraction
+        self.mel, self.energy, self.pitch = np.zeros((2, n_mels)), np.zeros(2), np.zeros(3)
+        self.frames = 0
+        self.per_speaker = {}  # name -> {clips, train, frames, energy (sum, sum sq), pitch (voiced, sum, sum sq)}
+        self.languages = set()
+        self.counts = dict(clips=0, train=0, val=0, rejected=0, seconds=0.0)
+
+    def add_shard(self, metas, stats, usable):
+        """Adds one shard's usable clips; (clips, validation clips) of the shard."""
         at = {kind: {cid: i for i, cid in enumerate(metas[kind]["ids"])} for kind in ("energy", "pitch", "tokens")}
         tok = metas["tokens"]
         n = val = 0
@@ -272,33 +259,70 @@ def build_index(cfg, paths, out, log=_print):
                 continue
             n += 1
             speaker = tok["speakers"][at["tokens"][cid]]
-            languages.add(tok["languages"][at["tokens"][cid]])
-            sp = per_speaker.setdefault(speaker, dict(clips=0, train=0, frames=0, energy=np.zeros(2), pitch=np.zeros(3)))
+            self.languages.add(tok["languages"][at["tokens"][cid]])
+            sp = self.per_speaker.setdefault(speaker, dict(clips=0, train=0, frames=0, energy=np.zeros(2),
+                                                           pitch=np.zeros(3)))
             sp["clips"] += 1
-            if manifest.is_validation(cid, cfg["dataset"]["val_fraction"]):
+            if manifest.is_validation(cid, self.val_fraction):
                 val += 1
                 continue
-            mel_total += stats["mels"][i]
-            energy_total += stats["energy"][at["energy"][cid]]
-            pitch_total += stats["pitch"][at["pitch"][cid]]
-            frames_train += metas["mels"]["lengths"][i]
+            energy, pitch = stats["energy"][at["energy"][cid]], stats["pitch"][at["pitch"][cid]]
+            frames = metas["mels"]["lengths"][i]
+            self.mel += stats["mels"][i]
+            self.energy += energy
+            self.pitch += pitch
+            self.frames += frames
             sp["train"] += 1
-            sp["frames"] += metas["mels"]["lengths"][i]
-            sp["energy"] += stats["energy"][at["energy"][cid]]
-            sp["pitch"] += stats["pitch"][at["pitch"][cid]]
-        counts["clips"] += n; counts["val"] += val; counts["train"] += n - val
-        counts["seconds"] += metas["mels"]["seconds"]
+            sp["frames"] += frames
+            sp["energy"] += energy
+            sp["pitch"] += pitch
+        self.counts["clips"] += n; self.counts["val"] += val; self.counts["train"] += n - val
+        self.counts["seconds"] += metas["mels"]["seconds"]
+        return n, val
+
+
+def _read_group(k, group, want, rejected):
+    """One shard's metadata and per-clip sums (every kind), checked against the wanted provenance;
+    its rejected and too-short clips go into `rejected`. -> (metas, stats, usable ids, short ids)."""
+    metas = {}
+    for kind, p in zip(shards.CACHE_KINDS, group):
+        metas[kind] = shards.read_meta(p, kind)
+        shards.check_provenance(p, kind, metas[kind]["provenance"], want[kind])
+        for r in metas[kind]["rejected"]:
+            rejected.setdefault(r["id"], dict(r, shard=k, stage=r.get("stage", kind)))
+    stats = {kind: np.load(Path(p).with_suffix(".stats.npy")) for kind, p in zip(shards.CACHE_KINDS, group)
+             if kind != "tokens"}
+    usable = set(metas["tokens"]["ids"]) & set(metas["energy"]["ids"]) & set(metas["pitch"]["ids"])
+    short = _short_clips(metas, usable)
+    for cid, reason in short.items():
+        rejected.setdefault(cid, dict(id=cid, shard=k, stage="index", path=str(group[1]) + ".json", reason=reason))
+    return metas, stats, usable - set(short), short
+
+
+def build_index(cfg, paths, out, log=_print):
+    """index.json + vocab.json + rejected.tsv from every shard's JSON and per-clip sums.
+    `paths`: {kind: [shard paths]} for shards.CACHE_KINDS, in shard order."""
+    out = Path(out)
+    espeak = text.espeak_version() if cfg["text"]["frontend"] == "phonemes" else None
+    want = {k: shards.provenance(k, cfg, espeak=espeak) for k in shards.CACHE_KINDS}
+    n_mels = cfg["audio"]["n_mels"]
+    totals = _Totals(n_mels, cfg["dataset"]["val_fraction"])
+    entries, rejected = [], {}
+    for k, group in enumerate(zip(*(sorted(paths[kind], key=_shard_number) for kind in shards.CACHE_KINDS))):
+        metas, stats, usable, short = _read_group(k, group, want, rejected)
+        n, val = totals.add_shard(metas, stats, usable)
         entries.append(dict(shard=k, clips=n, val=val, excluded=sorted(short),
                             **{kind: str(Path(p).with_suffix("").relative_to(out.parent))
                                for kind, p in zip(shards.CACHE_KINDS, group)}))
+    counts, frames_train = totals.counts, totals.frames
     counts["rejected"] = len(rejected)
     if frames_train == 0:
         raise PipelineError(f"no training clips in {_dataset_name(cfg['dataset'])}: every clip was rejected or in validation "
                             f"(see {out.parent / 'rejected.tsv'})")
-    mel_mean, mel_std = _mean_std(mel_total, frames_train)
-    energy_mean, energy_std = _mean_std(energy_total, frames_train)
-    pitch_mean, pitch_std = _mean_std(pitch_total[1:], pitch_total[0])
-    speakers = speaker_statistics(per_speaker, (pitch_mean, pitch_std), (energy_mean, energy_std))
+    mel_mean, mel_std = _mean_std(totals.mel, frames_train)
+    energy_mean, energy_std = _mean_std(totals.energy, frames_train)
+    pitch_mean, pitch_std = _mean_std(totals.pitch[1:], totals.pitch[0])
+    speakers = speaker_statistics(totals.per_speaker, (pitch_mean, pitch_std), (energy_mean, energy_std))
     vocab = text.vocabulary(cfg["text"], espeak=espeak)
     counts["seconds"] = round(counts["seconds"], 2)
     index = dict(name=cfg["name"], format=shards.FORMAT, provenance=want, n_mels=n_mels, audio=cfg["audio"],
@@ -306,11 +330,11 @@ def build_index(cfg, paths, out, log=_print):
                  mel_mean=mel_mean.round(6).tolist(), mel_std=mel_std.round(6).tolist(),
                  pitch_mean=round(float(pitch_mean), 4), pitch_std=round(float(pitch_std), 4),
                  energy_mean=round(float(energy_mean), 6), energy_std=round(float(energy_std), 6),
-                 vocab=vocab, speakers=sorted(speakers), languages=sorted(languages), speaker_stats=speakers,
+                 vocab=vocab, speakers=sorted(speakers), languages=sorted(totals.languages), speaker_stats=speakers,
                  shards=entries)
     write_rejected(out.parent / "rejected.tsv", rejected.values())
-    config.atomic_write_text(out.parent / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False))
-    config.atomic_write_text(out, json.dumps(index, indent=1, ensure_ascii=False))
+    files.atomic_write_text(out.parent / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False))
+    files.atomic_write_text(out, json.dumps(index, indent=1, ensure_ascii=False))
     log(f"index: {counts['clips']} clips ({counts['train']} train, {counts['val']} validation), "
         f"{counts['seconds'] / 3600:.2f} h of audio, {len(vocab['symbols'])} symbols, pitch {pitch_mean:.0f} "
         f"+- {pitch_std:.0f} Hz, {len(speakers)} speaker(s), {counts['rejected']} rejected (listed in {out.parent / 'rejected.tsv'})")

@@ -9,21 +9,25 @@ report the same one-line errors naming the key.
 """
 import argparse
 import copy
-import errno
 import hashlib
 import json
+import math
 import os
-import shutil
-import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 
-from pipeline.errors import PipelineError, cli, disk_full
+from pipeline.errors import PipelineError, cli
+from pipeline.files import atomic_write, atomic_write_text  # noqa: F401  (audio.py and align.py write through here: their bytes are cache and aligner digests)
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULTS = ROOT / "configs" / "config.yaml"
-SCHEMA = ROOT / "configs" / "schema.yaml"
+# configs/ beside the package in a checkout (or an editable install); inside it, as pipeline/configs/,
+# in a wheel (`pip install .`: pyproject.toml ships configs/*.yaml as that package data)
+CONFIGS = next((d for d in (ROOT / "configs", Path(__file__).resolve().parent / "configs")
+                if (d / "schema.yaml").is_file()), ROOT / "configs")
+DEFAULTS = CONFIGS / "config.yaml"
+SCHEMA = CONFIGS / "schema.yaml"
 
 
 class ConfigError(PipelineError):
@@ -33,12 +37,37 @@ class ConfigError(PipelineError):
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: every job reads the defaults and schema
 
 
+class UniqueKeyLoader(_LOADER):
+    """YAML that refuses a key given twice in one mapping, where PyYAML keeps the last one silently
+    (a second `train:` section would drop the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice (first on line {seen[key] + 1}); "
+                        "YAML would keep only the last", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path):
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.load(f, Loader=_LOADER)
+            data = yaml.load(f, Loader=UniqueKeyLoader)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: a folder, not a config file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start + 1})") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from None
     except yaml.YAMLError as e:
         raise ConfigError(yaml_problem(path, e)) from None
     if data is None:
@@ -98,13 +127,62 @@ def normalise(cfg):
     return cfg
 
 
-def validate(cfg, source="config"):
-    """Raise ConfigError naming the first offending key, e.g. `cache.shards: 0 is less than ...`."""
+def check_finite(node, where=""):
+    """ConfigError naming the first number that is NaN, infinite (YAML's .nan and .inf, JSON's NaN)
+    or an integer beyond a float's range: the schema's ranges cannot catch those (every comparison
+    with NaN is false), and one would reach a job as NaN mels, a NaN pace or a MemoryError."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            check_finite(value, f"{where}.{key}" if where else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            check_finite(value, f"{where}[{i}]")
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{where}: {node} is not a finite number")
+    elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > sys.float_info.max:
+        raise ConfigError(f"{where}: an integer of {len(hex(node)) - 2} hex digits is beyond any usable range")
+
+
+def check_rules(cfg):
+    """The rules between keys that the schema cannot state; ConfigError naming the key."""
+    a, p = cfg["audio"], cfg["pitch"]
+    nyquist = a["sample_rate"] / 2
+    if a["fmax"] > nyquist:
+        raise ConfigError(f"audio.fmax: {a['fmax']} is above the Nyquist frequency {nyquist}")
+    if a["fmin"] >= a["fmax"]:
+        raise ConfigError(f"audio.fmin: {a['fmin']} must be below audio.fmax {a['fmax']}")
+    if a["win_length"] > a["n_fft"]:
+        raise ConfigError(f"audio.win_length: {a['win_length']} is longer than audio.n_fft {a['n_fft']}")
+    if a["hop_length"] > a["win_length"]:
+        raise ConfigError(f"audio.hop_length: {a['hop_length']} is longer than audio.win_length {a['win_length']} "
+                          f"(frames would skip samples; hop <= win_length <= n_fft)")
+    if p["fmax"] > nyquist:
+        raise ConfigError(f"pitch.fmax: {p['fmax']} is above the Nyquist frequency {nyquist}")
+    if p["fmin"] >= p["fmax"]:
+        raise ConfigError(f"pitch.fmin: {p['fmin']} must be below pitch.fmax {p['fmax']}")
+    for kind in ("fastpitch", "transformer_tts"):
+        m = cfg["model"][kind]
+        if m["d_model"] % m["heads"]:
+            raise ConfigError(f"model.{kind}.heads: {m['heads']} does not divide model.{kind}.d_model "
+                              f"{m['d_model']} (each head takes d_model / heads channels)")
+
+
+def validate(cfg, source="config", rules=True):
+    """Raise ConfigError naming the first offending key, e.g. `cache.shards: 0 is less than ...`:
+    non-finite numbers first, then the schema, then the rules between keys (`check_rules`; not for
+    a job's inline config, whose sections a rule may have trimmed to a few keys, merged over
+    defaults that need not match them: planning checked the whole config)."""
     import jsonschema  # ~0.1-0.2 CPU s: only where a config is validated, not in every shard job
 
+    try:
+        check_finite(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
     errors = sorted(jsonschema.Draft202012Validator(load_schema()).iter_errors(cfg),
                     key=lambda e: list(map(str, e.absolute_path)))
     if not errors:
+        if rules:
+            check_rules(cfg)
         return cfg
     e = errors[0]
     key = ".".join(str(p) for p in e.absolute_path) or "(top level)"
@@ -175,6 +253,30 @@ def restrict(cfg, given, where=""):
     return Section(out, set(cfg) - set(given), where)
 
 
+def _unique_pairs(where):
+    """A json object_pairs_hook refusing a key given twice in one object (json keeps the last)."""
+    def pairs_hook(pairs):
+        out = {}
+        for key, value in pairs:
+            if key in out:
+                raise ConfigError(f"{where}: key {key!r} given twice; JSON would keep only the last")
+            out[key] = value
+        return out
+    return pairs_hook
+
+
+def inline_json(text):
+    """The mapping of an inline JSON config (as Snakemake rules pass it); ConfigError saying where
+    it is malformed, or which key it gives twice."""
+    try:
+        user = json.loads(text, object_pairs_hook=_unique_pairs("inline config"))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"inline config: not valid JSON at column {e.colno}: {e.msg}") from None
+    if not isinstance(user, dict):
+        raise ConfigError(f"inline config: the top level must be a mapping of keys, got {type(user).__name__}")
+    return user
+
+
 def load_config(path=None, overrides=None, check_paths=True):
     """The validated config dict: defaults <- file or inline JSON at `path` <- `overrides` dict.
 
@@ -188,7 +290,7 @@ def load_config(path=None, overrides=None, check_paths=True):
     inline = None
     if path is not None:
         text = str(path).strip()
-        user = json.loads(text) if text.startswith("{") else _read_yaml(path)
+        user = inline_json(text) if text.startswith("{") else _read_yaml(path)
         cfg = merge(cfg, user)
         source = "inline config" if text.startswith("{") else str(path)
         inline = user if text.startswith("{") else None
@@ -197,12 +299,23 @@ def load_config(path=None, overrides=None, check_paths=True):
     if inline is not None and not overrides and os.environ.get(VALIDATED_ENV) == schema_digest():
         cfg = normalise(cfg)  # a rule's sections of the config planning validated
     else:
-        cfg = validate(normalise(cfg), source)
+        cfg = validate(normalise(cfg), source, rules=inline is None)
     if check_paths:
         check_dataset_paths(cfg)
     if inline is not None:
         cfg = restrict(cfg, merge(inline, overrides or {}))
     return cfg
+
+
+def check_configfiles(paths):
+    """The config files Snakemake read itself (the Snakefile's `configfile:` and each --configfile,
+    `workflow.configfiles`) read again as load_config reads a file: Snakemake's loader keeps the
+    last of a key given twice without a word. ConfigError naming the file, line and key."""
+    for path in paths:
+        try:
+            json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=_unique_pairs(path))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            _read_yaml(path)  # not JSON: YAML (its errors are one line too)
 
 
 def check_dataset_paths(cfg):
@@ -221,46 +334,6 @@ def check_dataset_paths(cfg):
         audio = root / ds["audio_dir"]
         if not audio.is_dir():
             raise ConfigError(f"dataset.audio_dir: folder not found: {audio}")
-    a = cfg["audio"]
-    if a["fmax"] > a["sample_rate"] / 2:
-        raise ConfigError(f"audio.fmax: {a['fmax']} is above the Nyquist frequency {a['sample_rate'] / 2}")
-    if a["fmin"] >= a["fmax"]:
-        raise ConfigError(f"audio.fmin: {a['fmin']} must be below audio.fmax {a['fmax']}")
-    if a["win_length"] > a["n_fft"]:
-        raise ConfigError(f"audio.win_length: {a['win_length']} is longer than audio.n_fft {a['n_fft']}")
-    p = cfg["pitch"]
-    if p["fmax"] > a["sample_rate"] / 2:
-        raise ConfigError(f"pitch.fmax: {p['fmax']} is above the Nyquist frequency {a['sample_rate'] / 2}")
-    if p["fmin"] >= p["fmax"]:
-        raise ConfigError(f"pitch.fmin: {p['fmin']} must be below pitch.fmax {p['fmax']}")
-
-
-def espeak_voices():
-    """The voice names espeak-ng (and so phonemizer's espeak backend) accepts, from `espeak-ng --voices`
-    (about 20 ms; phonemizer's own check costs half a second of imports); None without the program."""
-    program = shutil.which("espeak-ng")
-    if program is None:
-        return None
-    listing = subprocess.run([program, "--voices"], capture_output=True, text=True, check=False).stdout
-    return {line.split()[1] for line in listing.splitlines()[1:] if len(line.split()) > 1}
-
-
-def preflight(cfg):
-    """What can be checked before any job starts (Snakemake calls this when it reads the config, so a
-    bad value starts no job and so deletes no output): the dataset paths, the espeak-ng voice of
-    text.language for the phonemes front end, and a user's model.kind (it imports and takes
-    (model_cfg, vocab, n_mels)). ConfigError naming the key."""
-    check_dataset_paths(cfg)
-    if cfg["text"]["frontend"] == "phonemes":
-        voices = espeak_voices()
-        language = cfg["text"]["language"]
-        if voices is not None and language not in voices:
-            close = sorted(v for v in voices if v.split("-")[0] == language.split("-")[0])
-            raise ConfigError(f"text.language: espeak-ng has no voice {language!r}"
-                              + (f" (voices of that language: {', '.join(close)})" if close else "")
-                              + "; `espeak-ng --voices` lists them")
-    from pipeline import models  # imports this module: not at the top
-    models.check_kind(cfg["model"])
 
 
 def parse_set(items):
@@ -274,7 +347,12 @@ def parse_set(items):
         *parents, leaf = key.split(".")
         for p in parents:
             node = node.setdefault(p, {})
-        node[leaf] = yaml.safe_load(value)
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {p} was set to a value above, not a section")
+        try:
+            node[leaf] = yaml.load(value, Loader=UniqueKeyLoader)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {item!r}: the value is {yaml_problem('', e).split(': ', 1)[1]}") from None
     return out
 
 
@@ -300,44 +378,6 @@ def run_dir(cfg):
 
 def report_dir(cfg):
     return Path(cfg["reports_dir"]) / cfg["name"]
-
-
-def temporary(path, suffix=""):
-    """The temporary name beside `path` that atomic writes use: `.NAME.tmpPID[suffix]`."""
-    path = Path(path)
-    return path.with_name(f".{path.name}.tmp{os.getpid()}{suffix}")
-
-
-def atomic_write(path, write, suffix=""):
-    """The one atomic write: `write(tmp)` writes a temporary file beside `path` (named by
-    `temporary`; `suffix` for writers that insist on one), which is then renamed to `path`, so
-    readers never see half a file. On any failure the temporary file is removed; a full disk
-    (ENOSPC) becomes one line naming `path` (pipeline.errors.DiskFull)."""
-    path = Path(path)
-    tmp = temporary(path, suffix)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            raise disk_full(path) from None
-        raise
-
-
-def atomic_write_bytes(path, data):
-    """`data` to `path` atomically (and durably: fsync before the rename)."""
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    atomic_write(path, write)
-
-
-def atomic_write_text(path, text):
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 @cli

@@ -34,7 +34,6 @@ import tensorflow as tf
 
 from pipeline import config, manifest, multiworker_data, shards
 from pipeline.models import frame_multiple
-from pipeline.segments import build_segments  # noqa: F401  (the vocoder's crops, pipeline/segments.py)
 from pipeline.shards import CacheError  # noqa: F401  (re-exported: callers catch data.CacheError)
 
 PAD_LOG_MEL = float(np.log(1e-5))  # padded frames look like silence to the model

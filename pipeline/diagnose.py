@@ -8,7 +8,7 @@ in docs/architecture.md); pipeline/diagnose_report.py turns it into sentences an
 
 Reads the config (`diagnose.steps`, `diagnose.warmup`, `diagnose.target`, `reports_dir`, `name`, and
 through pipeline.train the whole `train:` section; with `diagnose.target: vocoder`, the vocoder's
-segment loader and step from pipeline.train_vocoder and the `vocoder:` section instead); writes
+segment loader and step from pipeline.vocoder.train and the `vocoder:` section instead); writes
 {reports_dir}/{name}/diagnose.{json,md,png}.
 
     python -m pipeline.diagnose --config configs/config.yaml [--out DIR] [--set diagnose.steps=20]
@@ -228,6 +228,16 @@ def verdict_of(retracing, wait_fraction, loader, step):
     return "compute_bound"
 
 
+THRESHOLDS = {"input_bound_wait": INPUT_BOUND_WAIT, "highly_input_bound_wait": HIGHLY_INPUT_BOUND_WAIT,
+              "retrace_slack": RETRACE_SLACK}
+
+
+def _oscillation_fields(walls_ms, period, sources):
+    return {"oscillation": bool(sources), "oscillation_period": period,
+            "oscillation_phase_ms": phase_medians(walls_ms, period) if period else None,
+            "oscillation_sources": sources}
+
+
 def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=None,
              gpu_sampler=None, placement=None, context=None, batches=None):
     """Measure loader, step and the real loop; return the report dict (fields in docs/architecture.md).
@@ -266,10 +276,7 @@ def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=No
         "pyfunc_ops": [pyfunc_line(e) for e in pyfuncs],
         "pyfunc_locations": pyfuncs,
         "step_time_cv": cv(walls_ms),
-        "oscillation": bool(osc_sources),
-        "oscillation_period": period,
-        "oscillation_phase_ms": phase_medians(walls_ms, period) if period else None,
-        "oscillation_sources": osc_sources,
+        **_oscillation_fields(walls_ms, period, osc_sources),
         "traces": traces,
         "traces_during_diagnose": traces - traces_before if traces is not None else None,
         "expected_shapes": expected_shapes,
@@ -284,8 +291,7 @@ def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=No
         "context": dict(context or {}),
         "steps": steps,
         "warmup": warmup,
-        "thresholds": {"input_bound_wait": INPUT_BOUND_WAIT, "highly_input_bound_wait": HIGHLY_INPUT_BOUND_WAIT,
-                       "retrace_slack": RETRACE_SLACK},
+        "thresholds": dict(THRESHOLDS),
         "notes": notes,
     }
     report["recommendations"] = recommend(report)
@@ -308,7 +314,7 @@ def _diagnose_trainer(cfg, placement):
 def _diagnose_vocoder(cfg):
     """diagnose.target: vocoder: the segment loader and the vocoder's compiled step (the GAN step when
     vocoder.gan_start_step is 0, else the spectral one), on the placement's first device."""
-    from pipeline.train_vocoder import VocoderTrainer
+    from pipeline.vocoder.train import VocoderTrainer
     trainer = VocoderTrainer(cfg)
     gan = cfg["vocoder"]["gan_start_step"] == 0
     step_fn = trainer.gan_step if gan else trainer.spectral_step

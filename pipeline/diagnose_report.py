@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import atomic_write_bytes, atomic_write_text
+from pipeline.files import atomic_write_bytes, atomic_write_text
 
 # --- oscillation --------------------------------------------------------------------------
 OSC_MIN_SAMPLES = 8         # fewer points cannot show four cycles of even period 2

@@ -35,6 +35,7 @@ class DiskFull(PipelineError):
 
 
 GRAPH_MARK = "damaged cache shard"  # pipeline.shards.DAMAGED: how the loader's graph assertion starts
+ON_DAMAGED = []  # callbacks(bin_path) for a shard the loader found damaged; pipeline.shards adds `unverify`
 
 
 def disk_full(path):
@@ -49,9 +50,9 @@ def _one_line(e):
     if GRAPH_MARK in text:  # tf.debugging.Assert: "assertion failed: [mark] [[b'path' ...]] [: ...]"
         body = text[text.index(GRAPH_MARK):].split("\n")[0]
         body = re.sub(r"[\[\]]|b'|b\"|'|\"|\s*\{\{node.*", "", body)
-        from pipeline import shards  # imports this module
         for path in re.findall(r"\S+\.bin", body):
-            shards.unverify(path)  # so planning hashes it again, whatever its timestamps say
+            for forget in ON_DAMAGED:
+                forget(path)  # shards.unverify: planning hashes it again, whatever its timestamps say
         return re.sub(r"\s+", " ", body).replace(" :", ":").strip()
     return None
 

@@ -125,10 +125,10 @@ class Analyser:
     def __init__(self, cfg, neural=None):
         self.a, self.pitch, self.iters = cfg["audio"], cfg["pitch"], cfg["evaluate"]["griffin_lim_iters"]
         self.max_seconds = cfg["dataset"]["max_seconds"]
-        self.neural = neural  # the trained vocoder (pipeline.models.vocoders.Vocoder), None: Griffin-Lim
+        self.neural = neural  # the trained vocoder (pipeline.models.kinds.Vocoder), None: Griffin-Lim
 
     def griffin_lim(self, log_mel):
-        from pipeline.vocoder import griffin_lim
+        from pipeline.vocoder.griffin_lim import griffin_lim
 
         y = np.asarray(griffin_lim(log_mel, iters=self.iters, power=GL_POWER, **self.a))
         return np.pad(y, (0, max(0, MIN_FRAMES * self.a["hop_length"] - len(y))))
@@ -231,12 +231,12 @@ def compare(clips, synth_mel, analyse, log=_print):
 def evaluate(cfg, out, log=_print):
     """Measure the latest checkpoint on the validation clips; write the report into `out`."""
     from pipeline.evaluate_report import write_report
-    from pipeline.models import vocoders
     from pipeline.synthesize import load_synthesizer
-    from pipeline.vocoder import save_wav
+    from pipeline.vocoder import kinds
+    from pipeline.vocoder.griffin_lim import save_wav
 
     synth = load_synthesizer(cfg, log)  # MissingCheckpoint first: the clearest thing to fix
-    voc = vocoders.load(cfg)
+    voc = kinds.load(cfg)
     clips = validation_clips(cfg)
     log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips, through the "
         f"{voc.kind} vocoder")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import atomic_write_bytes, atomic_write_text
+from pipeline.files import atomic_write_bytes, atomic_write_text
 
 NEAR_CEILING = 0.25  # within a quarter of the ceiling-to-chance gap: as good as this vocoder allows
 AT_CHANCE = 0.8      # past four fifths of the gap: no nearer its own sentence than to others

@@ -1,7 +1,7 @@
 """Export a trained run as one TensorFlow graph, token ids -> waveform, loadable without this package.
 
 Reads the latest checkpoint in runs/{name}/checkpoints and what the run carries (runs/{name}/run.json:
-vocabulary, mel statistics, its `audio:` and `model:`; `run_vocabulary`), config keys `train.steps`,
+vocabulary, mel statistics, its `audio:` and `model:`; `runinfo.run_vocabulary`), config keys `train.steps`,
 `synthesize:` (max_seconds, griffin_lim_iters: the exported graph speaks as `snakemake synthesize`
 does), `vocoder:` (kind and the model's sizes; the trained vocoder from runs/{name}/vocoder.json)
 and `export.tflite`.
@@ -22,12 +22,14 @@ Writes runs/{name}/export/ (or --out), replaced as a whole only once everything 
 
 The vocoder is chosen by `export_vocoder` alone, the one `snakemake synthesize` speaks with: the run's
 trained vocoder (runs/{name}/vocoder.json, vocoder.kind vocos or hifigan; its inverse STFT is
-pipeline.dft's matmuls, built-in TFLite ops), or Griffin-Lim (pipeline/vocoder.py) with vocoder.kind
+pipeline.dft's matmuls, built-in TFLite ops), or Griffin-Lim (pipeline/vocoder/griffin_lim.py) with vocoder.kind
 griffin_lim; export.json says which. Griffin-Lim runs on TensorFlow's FFT in the SavedModel (the very
 audio `snakemake synthesize` writes), on pipeline.dft's real-FFT pair in the TFLite models (TFLite
 has RFFT2D but no IRFFT; built-in ops only), or its DFT matmuls when audio.n_fft is not a power of two.
-Bad input inside the graph: a token, speaker or language id outside its table, or pace <= 0, fails
-with InvalidArgumentError (tf.debugging); an empty token list gives empty audio, shape [1, 0].
+Bad input inside the graph: a token, speaker or language id outside its table, a pace that is not a
+finite number in 0.1..10 (synthesize.pace's range; > 1 speaks faster) or a pitch_shift that is not a
+finite number in -24..24 semitones, fails with InvalidArgumentError (tf.debugging); an empty token
+list gives empty audio, shape [1, 0].
 
     python -m pipeline.export --config configs/config.yaml [--out DIR] [--tflite]
     snakemake --cores all export
@@ -52,8 +54,8 @@ import tensorflow as tf
 from pipeline import config, dft, runinfo
 from pipeline.audio import LOG_CLAMP
 from pipeline.errors import PipelineError, cli
-from pipeline.synthesize import load_synthesizer
-from pipeline.vocoder import griffin_lim_graph
+from pipeline.synthesize import PACE, PITCH_SHIFT, load_synthesizer
+from pipeline.vocoder.griffin_lim import griffin_lim_graph
 
 SIGNATURE = "synthesize"
 TFLITE_FILES = {"float32": "model.tflite", "float16": "model_float16.tflite"}
@@ -64,34 +66,8 @@ class ExportError(PipelineError):
     """A run that cannot be exported as it is; the message says what to change or run."""
 
 
-def run_vocabulary(cfg):
-    """What the run's model was trained with -> {vocab, n_mels, mel_mean, mel_std, audio, model}: THE one
-    place export reads them, from the run's own runs/{name}/run.json (pipeline/runinfo.py), as
-    pipeline.synthesize does; MissingCheckpoint naming `train` when the run has none."""
-    info = runinfo.load(config.run_dir(cfg))
-    return {"vocab": info["vocab"], "n_mels": int(info["n_mels"]), "mel_mean": info["stats"]["mel_mean"],
-            "mel_std": info["stats"]["mel_std"], "audio": dict(info["config"]["audio"]),
-            "model": info["config"]["model"]}
-
-
-def ids_vocabulary(run=None, config_path=None):
-    """(vocab, where it came from) for `pipeline.text --ids`: {run}/vocab.json or {run}/export/vocab.json
-    when `run` is given; else the config's run's export/vocab.json; else, before any export, the
-    run's own vocabulary (run_vocabulary)."""
-    if run is not None:
-        for path in (Path(run) / "vocab.json", Path(run) / "export" / "vocab.json"):
-            if path.is_file():
-                return json.loads(path.read_text(encoding="utf-8")), str(path)
-        raise ExportError(f"--run {run}: no vocab.json there nor in its export/; run `snakemake export` first")
-    cfg = config.load_config(config_path, check_paths=False)
-    path = config.run_dir(cfg) / "export" / "vocab.json"
-    if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8")), str(path)
-    return run_vocabulary(cfg)["vocab"], f"the vocabulary of run {cfg['name']!r} (not exported yet)"
-
-
 class TrainedVocoder(tf.Module):
-    """The run's trained vocoder (pipeline.models.vocoders) as a graph function: log-mel (F, n_mels) ->
+    """The run's trained vocoder (pipeline.vocoder.kinds) as a graph function: log-mel (F, n_mels) ->
     audio (F * hop,), the very model `pipeline.vocode` and `snakemake synthesize` call; its weights are
     tracked, so the SavedModel carries them."""
 
@@ -116,11 +92,11 @@ def export_vocoder(cfg, audio, transforms):
     mel settings. transforms: "fft" (SavedModel), "rfft" or "dft" (TFLite built-ins), for Griffin-Lim; a
     trained vocoder's inverse STFT is pipeline.dft's matmuls in both."""
     if cfg["vocoder"]["kind"] != "griffin_lim":
-        from pipeline.models import vocoders
-        trained = vocoders.load(cfg)
+        from pipeline.vocoder import kinds
+        trained = kinds.load(dict(cfg, audio=dict(audio)))  # the run's audio settings, as synthesize uses
         info = {"kind": trained.kind, "trained": True, "steps": trained.steps,
                 "finetune_steps": trained.finetune_steps, "phase": trained.summary.get("phase"),
-                "checkpoint": trained.summary["checkpoint"], "summary": str(vocoders.summary_path(cfg))}
+                "checkpoint": trained.summary["checkpoint"], "summary": str(kinds.summary_path(cfg))}
         return TrainedVocoder(trained.model, audio["hop_length"], np.log(LOG_CLAMP)), info
     iters = int(cfg["synthesize"]["griffin_lim_iters"])
     fn = functools.partial(griffin_lim_graph, **audio, iters=iters, transforms=transforms)
@@ -138,6 +114,13 @@ def signature_inputs(voices=()):
     """The signature's inputs: INPUTS, then `speaker` / `language` int32 [] for the voice fields the
     model takes (only with several speakers / languages: a single-speaker export's signature is INPUTS)."""
     return INPUTS + [tf.TensorSpec([], tf.int32, name=field) for field in voices]
+
+
+def _in_range(x, bounds, what):
+    """An assertion that scalar `x` is finite and within `bounds` (InvalidArgumentError naming it)."""
+    lo, hi = bounds
+    ok = tf.logical_and(tf.math.is_finite(x), tf.logical_and(x >= lo, x <= hi))  # False for NaN
+    return tf.debugging.Assert(ok, [f"{what} in {lo:g}..{hi:g}; got", x])
 
 
 class Voice(tf.Module):
@@ -164,14 +147,15 @@ class Voice(tf.Module):
         checks = [tf.debugging.assert_non_negative(tokens, message="tokens: a negative token id"),
                   tf.debugging.assert_less(tokens, self._n_symbols, message="tokens: an id outside the vocabulary "
                                            f"(0..{self._n_symbols - 1}, vocab.json)"),
-                  tf.debugging.assert_positive(pace, message="pace must be > 0")]
+                  _in_range(pace, PACE, "pace must be > 0: a finite number"),
+                  _in_range(pitch_shift, PITCH_SHIFT, "pitch_shift must be a finite number of semitones")]
         for field, ids in zip(self.voices, voice_ids):
             n = self.voice_sizes[field]
             checks += [tf.debugging.assert_non_negative(ids, message=f"{field}: a negative {field} id"),
                        tf.debugging.assert_less(ids, n, message=f"{field}: an id outside 0..{n - 1} "
                                                 f"(export.json {VOICE_TABLES[field]})")]
         with tf.control_dependencies(checks):  # before the embedding's gather can fail on its own
-            tokens, pace = tf.identity(tokens), tf.identity(pace)
+            tokens, pace, pitch_shift = tf.identity(tokens), tf.identity(pace), tf.identity(pitch_shift)
             voice_ids = [tf.reshape(tf.identity(ids), [1]) for ids in voice_ids]
         empty = tf.cast(tf.equal(tf.shape(tokens)[1], 0), tf.int32)
         # no tokens: run one end-of-sequence token (the model needs one) and keep none of its frames
@@ -193,7 +177,7 @@ class Voice(tf.Module):
 def build_voice(cfg, transforms="fft", synth=None, log=print):
     """(Voice, synthesizer, vocabulary, vocoder info) for the run's latest checkpoint."""
     synth = synth or load_synthesizer(cfg, log)
-    run = run_vocabulary(cfg)
+    run = runinfo.run_vocabulary(cfg)
     if synth.vocab["symbols"] != run["vocab"]["symbols"]:
         raise ExportError(f"{synth.checkpoint}: its vocabulary differs from the run's; retrain or rebuild the caches")
     if run["model"]["kind"] != "fastpitch":

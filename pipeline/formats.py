@@ -1,7 +1,7 @@
 """Corpus formats: one small reader per layout, looked up by name (`dataset.sources[].format`).
 
 Each reader takes a source (`{root, format, name, speaker, language}`, see configs/config.yaml)
-and returns its rows as manifest.Clip (id, text, speaker, language, audio file, file:line):
+and returns its rows as Clip (id, text, speaker, language, audio file, file:line):
   ljspeech  {root}/metadata.csv (id|text|normalized_text) + {root}/wavs/{id}.{wav,flac,ogg};
             one speaker: the source's `speaker`, else its name
   vctk      {root}/txt/{speaker}/{id}.txt + {root}/wav48_silence_trimmed/{speaker}/{id}_mic1.flac
@@ -18,9 +18,67 @@ is a DatasetError naming both files), source names unique.
 """
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.manifest import _ID, AUDIO_EXTENSIONS, Clip, DatasetError, read_metadata
+from pipeline.errors import PipelineError
+from pipeline.registry import Registry
+
+AUDIO_EXTENSIONS = ("wav", "flac", "ogg")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # ids become file names: no separators, no ".."
+
+
+class DatasetError(PipelineError):
+    """A problem in the dataset's files; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Clip:
+    id: str
+    text: str        # the column the text front end reads (normalized_text when present)
+    line: str        # the raw metadata line (single folder) or the row's fields, for digests
+    lineno: int
+    speaker: str = ""     # "" in the single-folder form: its one speaker
+    language: str = ""    # espeak-ng voice; "": text.language
+    audio: str = ""       # the audio file (sources); "": found by audio_path (single folder)
+    where: str = ""       # file and line for messages (sources)
+    source: str = ""      # the source's name (sources)
+
+
+def read_metadata(path):
+    """The clips of a metadata.csv, in file order; DatasetError on the first malformed line."""
+    path = Path(path)
+    raw = path.read_bytes()
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    clips, seen = [], {}
+    for lineno, line_bytes in enumerate(raw.split(b"\n"), start=1):
+        line_bytes = line_bytes.rstrip(b"\r")
+        if not line_bytes.strip():
+            continue
+        try:
+            line = line_bytes.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DatasetError(f"{path}:{lineno}: not UTF-8 (byte {e.start + 1} of the line)") from None
+        cols = line.split("|")
+        if len(cols) not in (2, 3):
+            raise DatasetError(f"{path}:{lineno}: expected 2 or 3 columns separated by '|' "
+                               f"(id|text|normalized_text), found {len(cols)}")
+        clip_id = cols[0].strip()
+        if not _ID.match(clip_id):
+            raise DatasetError(f"{path}:{lineno}: id {clip_id!r} is not a plain file name "
+                               "(letters, digits, '_', '-', '.'; no path separators)")
+        text = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
+        if not text:
+            raise DatasetError(f"{path}:{lineno}: empty text for id {clip_id!r}")
+        if clip_id in seen:
+            raise DatasetError(f"{path}:{lineno}: duplicate id {clip_id!r} (first on line {seen[clip_id]})")
+        seen[clip_id] = lineno
+        clips.append(Clip(clip_id, text, line, lineno))
+    if not clips:
+        raise DatasetError(f"{path}: no clips (the file is empty)")
+    return clips
+
 
 CSV_COLUMNS = ("audio_file", "text", "speaker", "language")
 _LANGUAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")  # an espeak-ng language code, no variant
@@ -80,6 +138,8 @@ def _subfolders(folder):
 
 def read_ljspeech(root, src, name, strict):
     speaker = src.get("speaker") or name
+    if not (root / "metadata.csv").is_file():
+        raise DatasetError(f"{root / 'metadata.csv'}: not found (an ljspeech source holds metadata.csv and wavs/)")
     audio = _scan_audio(root / "wavs")
     return [Clip(c.id, c.text, c.line, c.lineno, speaker, src.get("language") or "",
                  audio.get(c.id, str(root / "wavs" / f"{c.id}.wav")), f"{root / 'metadata.csv'}:{c.lineno}")
@@ -120,6 +180,18 @@ def read_libritts(root, src, name, strict):
     return out
 
 
+def inside_root(root, relative, where):
+    """root / relative for a path that a data row names: DatasetError unless it is relative and stays
+    inside the source's root, with no `..` part (the rule for every path data gives, docs/datasets.md).
+    Symbolic links inside the root are followed: a wavs/ that links to another disk is the corpus
+    owner's choice, where a row naming /etc/... or ../ is not."""
+    path = Path(relative)
+    if path.is_absolute() or path.drive or ".." in path.parts or "\\" in relative:
+        raise DatasetError(f"{where} {relative!r}: must be a path relative to the source's root {root}, "
+                           "without '..' (absolute paths and paths leaving the root are refused)")
+    return root / path
+
+
 def read_csv(root, src, name, strict):
     path = root / "metadata.csv"
     try:
@@ -147,9 +219,9 @@ def read_csv(root, src, name, strict):
         where = f"{path}:{lineno}"
         if not row["audio_file"] or not row["text"]:
             raise DatasetError(f"{where}: empty {'audio_file' if not row['audio_file'] else 'text'} field")
-        audio = root / row["audio_file"]
+        audio = inside_root(root, row["audio_file"], f"{where}: audio_file")
         cid = audio.name.rpartition(".")[0] or audio.name
-        if not _ID.match(cid) or ".." in Path(row["audio_file"]).parts:
+        if not _ID.match(cid):
             raise DatasetError(f"{where}: audio_file {row['audio_file']!r} is not a plain file name under {root}")
         speaker = row.get("speaker") or src.get("speaker") or ""
         language = row.get("language") or src.get("language") or ""
@@ -160,14 +232,17 @@ def read_csv(root, src, name, strict):
     return out
 
 
-FORMATS = {"ljspeech": read_ljspeech, "vctk": read_vctk, "libritts": read_libritts, "csv": read_csv}
+FORMATS = Registry("dataset.sources[].format", DatasetError, what="format", read=None)  # read(root, src, name, strict) -> [Clip]
+FORMATS.add("ljspeech", read=read_ljspeech)
+FORMATS.add("vctk", read=read_vctk)
+FORMATS.add("libritts", read=read_libritts)
+FORMATS.add("csv", read=read_csv)
 
 
 def read_source(src, i=None, strict=True):
     """The clips of one source, ids prefixed with its name, in the reader's order."""
     key = f"dataset.sources[{i}]" if i is not None else "dataset.sources[]"
-    if src.get("format") not in FORMATS:
-        raise DatasetError(f"{key}.format: unknown format {src.get('format')!r}; valid: {', '.join(FORMATS)}")
+    read = FORMATS.get(src.get("format"), key=f"{key}.format").read
     root = Path(src["root"])
     if not root.is_dir():
         raise DatasetError(f"{key}.root: folder not found: {root}")
@@ -176,10 +251,10 @@ def read_source(src, i=None, strict=True):
         if src.get("speaker"):
             check_speaker(src["speaker"], f"{key}.speaker")
         check_language(src.get("language"), f"{key}.language")
-    clips = FORMATS[src["format"]](root, src, name, strict)
+    clips = read(root, src, name, strict)
     if not clips:
         raise DatasetError(f"{key}.root: {root} holds no clips in the {src['format']} layout "
-                           f"({FORMATS[src['format']].__name__} in pipeline/formats.py)")
+                           f"({read.__name__} in pipeline/formats.py)")
     out = []
     for c in clips:
         cid = f"{name}-{c.id}"

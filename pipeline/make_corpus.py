@@ -39,7 +39,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from pipeline.config import atomic_write, atomic_write_text
+from pipeline.files import atomic_write, atomic_write_text
 
 ESPEAK = "espeak-ng"
 ESPEAK_RATE = 22050  # espeak-ng's own output rate
@@ -176,7 +176,7 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
     out = Path(out)
     wavs = out / "wavs"
     wavs.mkdir(parents=True, exist_ok=True)
-    for stale in wavs.glob(".*.tmp[0-9]*"):  # left by a killed run (config.temporary names)
+    for stale in wavs.glob(".*.tmp[0-9]*"):  # left by a killed run (files.temporary names)
         stale.unlink(missing_ok=True)
 
     t0, total, made = time.perf_counter(), 0, 0

@@ -16,33 +16,11 @@ Shard = sha256(id) mod cache.shards, and split = a second sha256 of the id: neve
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import PipelineError
-
-AUDIO_EXTENSIONS = ("wav", "flac", "ogg")
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # ids become file names: no separators, no ".."
-
-
-class DatasetError(PipelineError):
-    """A problem in the dataset's files; the message names the file and line."""
-
-
-@dataclass(frozen=True)
-class Clip:
-    id: str
-    text: str        # the column the text front end reads (normalized_text when present)
-    line: str        # the raw metadata line (single folder) or the row's fields, for digests
-    lineno: int
-    speaker: str = ""     # "" in the single-folder form: its one speaker
-    language: str = ""    # espeak-ng voice; "": text.language
-    audio: str = ""       # the audio file (sources); "": found by audio_path (single folder)
-    where: str = ""       # file and line for messages (sources)
-    source: str = ""      # the source's name (sources)
+from pipeline.formats import AUDIO_EXTENSIONS, Clip, read_metadata, read_sources
 
 
 def _stable_int(*parts):
@@ -55,41 +33,6 @@ def shard_of(clip_id, shards):
 
 def is_validation(clip_id, val_fraction):
     return _stable_int("split", clip_id) / 2**64 < val_fraction
-
-
-def read_metadata(path):
-    """The clips of a metadata.csv, in file order; DatasetError on the first malformed line."""
-    path = Path(path)
-    raw = path.read_bytes()
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    clips, seen = [], {}
-    for lineno, line_bytes in enumerate(raw.split(b"\n"), start=1):
-        line_bytes = line_bytes.rstrip(b"\r")
-        if not line_bytes.strip():
-            continue
-        try:
-            line = line_bytes.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DatasetError(f"{path}:{lineno}: not UTF-8 (byte {e.start + 1} of the line)") from None
-        cols = line.split("|")
-        if len(cols) not in (2, 3):
-            raise DatasetError(f"{path}:{lineno}: expected 2 or 3 columns separated by '|' "
-                               f"(id|text|normalized_text), found {len(cols)}")
-        clip_id = cols[0].strip()
-        if not _ID.match(clip_id):
-            raise DatasetError(f"{path}:{lineno}: id {clip_id!r} is not a plain file name "
-                               "(letters, digits, '_', '-', '.'; no path separators)")
-        text = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
-        if not text:
-            raise DatasetError(f"{path}:{lineno}: empty text for id {clip_id!r}")
-        if clip_id in seen:
-            raise DatasetError(f"{path}:{lineno}: duplicate id {clip_id!r} (first on line {seen[clip_id]})")
-        seen[clip_id] = lineno
-        clips.append(Clip(clip_id, text, line, lineno))
-    if not clips:
-        raise DatasetError(f"{path}: no clips (the file is empty)")
-    return clips
 
 
 def audio_path(root, audio_dir, clip_id):
@@ -137,8 +80,7 @@ def load_manifest(dataset_cfg, shards, *, strict=True):
     """Read the dataset once: {shard: sorted clips}. strict=False: sources' rows need no speaker
     or language (what mel and pitch jobs read, whose sources carry neither)."""
     if "sources" in dataset_cfg:
-        from pipeline import formats
-        return shard_clips(formats.read_sources(dataset_cfg["sources"], strict=strict), shards)
+        return shard_clips(read_sources(dataset_cfg["sources"], strict=strict), shards)
     meta = Path(dataset_cfg["root"]) / dataset_cfg["metadata"]
     return shard_clips(read_metadata(meta), shards)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import config
+from pipeline import config, files
 from pipeline.errors import MissingCheckpoint, PipelineError
 
 FORMAT = 1
@@ -48,7 +48,7 @@ def describe(cfg, index, stats):
 
 
 def write(run_dir, info):
-    config.atomic_write_text(path(run_dir), json.dumps(info, indent=1, ensure_ascii=False))
+    files.atomic_write_text(path(run_dir), json.dumps(info, indent=1, ensure_ascii=False))
 
 
 def _read(run_dir):
@@ -129,3 +129,29 @@ def for_training(cfg, index, stats, run_dir, resuming, log=print):
     if saved["stats"] != now["stats"]:
         log(f"resuming with the run's own feature statistics ({path(run_dir)}); the cache's have changed since")
     return saved
+
+
+def run_vocabulary(cfg):
+    """What the run's model was trained with -> {vocab, n_mels, mel_mean, mel_std, audio, model}: THE one
+    place export reads them, from the run's own runs/{name}/run.json (pipeline/runinfo.py), as
+    pipeline.synthesize does; MissingCheckpoint naming `train` when the run has none."""
+    info = load(config.run_dir(cfg))
+    return {"vocab": info["vocab"], "n_mels": int(info["n_mels"]), "mel_mean": info["stats"]["mel_mean"],
+            "mel_std": info["stats"]["mel_std"], "audio": dict(info["config"]["audio"]),
+            "model": info["config"]["model"]}
+
+
+def ids_vocabulary(run=None, config_path=None):
+    """(vocab, where it came from) for `pipeline.text --ids`: {run}/vocab.json or {run}/export/vocab.json
+    when `run` is given; else the config's run's export/vocab.json; else, before any export, the
+    run's own vocabulary (run_vocabulary)."""
+    if run is not None:
+        for p in (Path(run) / "vocab.json", Path(run) / "export" / "vocab.json"):
+            if p.is_file():
+                return json.loads(p.read_text(encoding="utf-8")), str(p)
+        raise PipelineError(f"--run {run}: no vocab.json there nor in its export/; run `snakemake export` first")
+    cfg = config.load_config(config_path, check_paths=False)
+    p = config.run_dir(cfg) / "export" / "vocab.json"
+    if p.is_file():
+        return json.loads(p.read_text(encoding="utf-8")), str(p)
+    return run_vocabulary(cfg)["vocab"], f"the vocabulary of run {cfg['name']!r} (not exported yet)"

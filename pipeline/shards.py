@@ -35,8 +35,8 @@ from pathlib import Path
 import farmhash
 import numpy as np
 
-from pipeline import config
-from pipeline.errors import GRAPH_MARK, PipelineError
+from pipeline import files
+from pipeline.errors import GRAPH_MARK, ON_DAMAGED, PipelineError
 
 FORMAT = 3  # bump whenever a shard's layout or meaning changes: every older cache is then refused
 HERE = Path(__file__).resolve().parent
@@ -109,10 +109,10 @@ def write(out, kind, ids, arrays, *, provenance, width=1, stats=None, rejected=(
     meta = dict(kind=kind, format=FORMAT, provenance=provenance, dtype=k.dtype, width=width, ids=list(ids),
                 lengths=lengths, offsets=offsets(lengths), bytes=len(data), checksum=checksum(data),
                 rejected=list(rejected), **extra)
-    config.atomic_write_bytes(out.with_suffix(".bin"), data)
+    files.atomic_write_bytes(out.with_suffix(".bin"), data)
     if stats is not None:
-        config.atomic_write_bytes(out.with_suffix(".stats.npy"), _npy_bytes(np.asarray(stats, np.float64)))
-    config.atomic_write_text(out.with_suffix(".json"), json.dumps(meta, indent=1))
+        files.atomic_write_bytes(out.with_suffix(".stats.npy"), _npy_bytes(np.asarray(stats, np.float64)))
+    files.atomic_write_text(out.with_suffix(".json"), json.dumps(meta, indent=1))
     return meta
 
 
@@ -210,6 +210,9 @@ def unverify(bin_path):
     _stamp(bin_path).unlink(missing_ok=True)
 
 
+ON_DAMAGED.append(unverify)
+
+
 def intact(*outs):
     """"ok" when every shard's JSON reads and its .bin has the size and checksum the JSON records,
     else "damaged".
@@ -243,7 +246,7 @@ def intact(*outs):
                 continue
             if checksum(Path(path).read_bytes()) != meta["checksum"]:
                 return "damaged"
-            config.atomic_write_text(stamp, key)
+            files.atomic_write_text(stamp, key)
         except (OSError, ValueError, KeyError, TypeError):
             return "damaged"
     return "ok"

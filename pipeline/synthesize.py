@@ -30,10 +30,25 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, models, runinfo, text
+from pipeline import config, files, models, runinfo, text
 from pipeline.errors import MissingCheckpoint, PipelineError, cli
-from pipeline.models import vocoders
-from pipeline.vocoder import save_wav
+from pipeline.vocoder import kinds
+from pipeline.vocoder.griffin_lim import save_wav
+
+PACE = (0.1, 10.0)           # synthesize.pace's range (configs/schema.yaml): > 1 speaks faster
+PITCH_SHIFT = (-24.0, 24.0)  # synthesize.pitch_shift's, in semitones; the exported graph checks both too
+
+
+def check_prosody(pace, pitch_shift, prefix=""):
+    """PipelineError naming {prefix}pace or {prefix}pitch_shift unless each is a finite number in its
+    range (a NaN pitch shift gives NaN audio, a pace near 0 or infinite an endless or empty clip)."""
+    for key, value, (lo, hi) in (("pace", pace, PACE), ("pitch_shift", pitch_shift, PITCH_SHIFT)):
+        try:
+            ok = lo <= float(value) <= hi  # False for NaN
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise PipelineError(f"{prefix}{key}: {value!r} must be a finite number in {lo:g}..{hi:g}")
 
 
 class Synthesizer:
@@ -75,12 +90,15 @@ class Synthesizer:
     def infer(self, sentence, pace=None, pitch_shift=None, speaker="", language="", where="synthesize"):
         """The model's outputs for one sentence (one compiled call), mel denormalised to log-mel."""
         s = self.cfg["synthesize"]
+        check_prosody(*(s[k] if v is None else v for k, v in (("pace", pace), ("pitch_shift", pitch_shift))),
+                      prefix="synthesize." if pace is None and pitch_shift is None else "")
+        pace = s["pace"] if pace is None else pace
+        pitch_shift = s["pitch_shift"] if pitch_shift is None else pitch_shift
         s_id, l_id, language = self.voice(speaker, language, where)
         ids = self.encode(sentence, language)
         ids_of = {"speaker": s_id, "language": l_id}
         out = self.model.infer(tf.constant([ids], tf.int32), tf.constant([len(ids)], tf.int32),
-                               pace=s["pace"] if pace is None else pace,
-                               pitch_shift=s["pitch_shift"] if pitch_shift is None else pitch_shift,
+                               pace=pace, pitch_shift=pitch_shift,
                                max_frames=self.max_frames, **{f: tf.constant([ids_of[f]], tf.int32) for f in self.voiced})
         n = int(out["lengths"][0])
         mel = out["mel"][0, :n].numpy().astype(np.float32) * self.std + self.mean   # (frames, n_mels) log-mel
@@ -92,6 +110,19 @@ class Synthesizer:
         return self.infer(sentence, speaker=speaker, language=language)["mel"]
 
 
+def note_audio_differences(cfg, info, run, log):
+    """One log line when the config's `audio:` differs from the run's own (run.json): the run's mel
+    grid and rate are what its model learned, so synthesis and export use them, never the config's."""
+    if "audio" not in cfg:  # a Snakemake job given no audio section
+        return
+    mine, theirs = info["config"]["audio"], cfg["audio"]
+    moved = [f"audio.{k} {theirs.get(k)!r} (the run's: {mine.get(k)!r})" for k in sorted(set(mine) | set(theirs))
+             if mine.get(k) != theirs.get(k)]
+    if moved:
+        log(f"note: the config gives {', '.join(moved)}; using the run's own audio settings ({runinfo.path(run)}), "
+            "which its model was trained with")
+
+
 def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
     """The Synthesizer of the latest checkpoint in runs/{name}/checkpoints (MissingCheckpoint if none),
     built from what the run carries (runs/{name}/run.json)."""
@@ -100,6 +131,7 @@ def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
     if latest is None:
         raise MissingCheckpoint(f"{run / 'checkpoints'}: no checkpoint; train first (`snakemake --cores all train`)")
     info = runinfo.load(run)
+    note_audio_differences(cfg, info, run, log)
     model_cfg = info["config"]["model"]
     model = models.build(model_cfg, info["vocab"], info["n_mels"], **runinfo.voice_tables(info))
     r = models.frame_multiple(model_cfg)
@@ -113,7 +145,7 @@ def synthesize(cfg, out, log=functools.partial(print, flush=True)):
     last: a failure leaves the previous samples as they were (the rule's one output is sentences.json,
     so Snakemake deletes nothing else before the job)."""
     final = Path(out)
-    out = config.temporary(final)
+    out = files.temporary(final)
     try:
         samples = _synthesize_into(cfg, out, final, log)
         final.mkdir(parents=True, exist_ok=True)
@@ -131,7 +163,8 @@ def _synthesize_into(cfg, out, final, log):
     sentences = [x if isinstance(x, dict) else {"text": x} for x in s["sentences"]]
     for i, x in enumerate(sentences):  # every voice checked before anything is written
         synth.voice(x.get("speaker", ""), x.get("language", ""), f"synthesize.sentences[{i}]")
-    vocode = vocoders.load(cfg)  # the run's trained vocoder, or Griffin-Lim with vocoder.kind griffin_lim
+    # the run's trained vocoder, or Griffin-Lim with vocoder.kind griffin_lim: on the run's own audio settings
+    vocode = kinds.load(dict(cfg, audio=dict(a)))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log(f"synthesizing {len(s['sentences'])} sentences from {synth.checkpoint} "
@@ -146,13 +179,13 @@ def _synthesize_into(cfg, out, final, log):
         audio = vocode(res["mel"])
         path = out / f"{i:02d}.wav"
         save_wav(path, np.asarray(audio), a["sample_rate"])
-        config.atomic_write_bytes(path.with_suffix(".npy"), _npy_bytes(res["mel"]))
+        files.atomic_write_bytes(path.with_suffix(".npy"), _npy_bytes(res["mel"]))
         seconds = res["frames"] * a["hop_length"] / a["sample_rate"]
         log(f"{final / path.name}: {seconds:.2f} s, {res['tokens']} tokens: {sentence!r}")
         samples.append({"wav": str(final / path.name), "mel": str(final / f"{i:02d}.npy"), "text": sentence,
                         "speaker": res["speaker"], "language": res["language"],
                         "frames": res["frames"], "seconds": round(seconds, 3)})
-    config.atomic_write_text(out / "sentences.json", json.dumps(
+    files.atomic_write_text(out / "sentences.json", json.dumps(
         {"checkpoint": synth.checkpoint, "step": synth.step, "model": synth.model_kind, "pace": s["pace"],
          "pitch_shift": s["pitch_shift"], "vocoder": {"kind": vocode.kind, "steps": vocode.steps,
                                                        "finetune_steps": vocode.finetune_steps},

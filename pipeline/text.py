@@ -97,6 +97,9 @@ _GROUPED_RE = re.compile(r"\b\d{1,3}(?:,\d{3})+(?:\.\d+)?\b")
 _DECIMAL_RE = re.compile(r"\b\d+\.\d+\b")
 _ORDINAL_RE = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b", re.IGNORECASE)
 _NUMBER_RE = re.compile(r"\d+")
+# A number as the cleaners read it: digits with grouping commas and decimal points.
+_NUMBER_RUN_RE = re.compile(r"\d[\d,.]*")
+MAX_DIGITS = 100  # a longer number is refused (problem), not read out: no one says 5,000 digits
 
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
          "fourteen fifteen sixteen seventeen eighteen nineteen").split()
@@ -214,8 +217,16 @@ def expand_abbreviations(text: str) -> str:
     return text
 
 
+def longest_number(text: str) -> int:
+    """How many digits the longest number in `text` holds (grouping commas and points included)."""
+    return max((sum(c.isdigit() for c in m.group(0)) for m in _NUMBER_RUN_RE.finditer(text)), default=0)
+
+
 def expand_numbers(text: str) -> str:
-    """Spell out money, grouped numbers, decimals, ordinals, years and cardinals."""
+    """Spell out money, grouped numbers, decimals, ordinals, years and cardinals (text holding a
+    number of more than MAX_DIGITS digits stays as it is: `problem` refuses it)."""
+    if longest_number(text) > MAX_DIGITS:
+        return text
     text = _MONEY_SCALE_RE.sub(_money_scale_to_words, text)
     text = _DOLLARS_RE.sub(lambda m: _money_to_words(*m.groups(), "dollar", "dollars",
                                                      "cent", "cents"), text)
@@ -332,7 +343,8 @@ def to_symbols(lines, text_cfg):
     """[(symbols, dropped)] per line: the front end's symbol string and how many characters it
     dropped (pad and eos characters always; characters front end: punctuation and symbols outside
     its inventory; letters outside it are kept, for `problem` to name)."""
-    cleaned = [clean_text(line, text_cfg["cleaners"]) for line in lines]
+    # a line `problem` refuses for its number is neither cleaned nor phonemized
+    cleaned = [clean_text(line, text_cfg["cleaners"]) if longest_number(line) <= MAX_DIGITS else "" for line in lines]
     if text_cfg["frontend"] == "characters":
         allowed = set(CHARACTERS)
         keep = lambda c: c in allowed or unicodedata.category(c).startswith("L")  # noqa: E731
@@ -367,12 +379,20 @@ def foreign_characters(line, language):
     return out
 
 
+def shown(line, limit=120):
+    """`line` quoted for a message, its middle elided when longer than `limit` characters."""
+    return repr(line) if len(line) <= limit else f"{line[:limit // 2]!r}...{line[-limit // 4:]!r} ({len(line)} characters)"
+
+
 def _named(chars):
     return " ".join(f"{c!r} ({unicodedata.name(c, f'U+{ord(c):04X}').lower()})" for c in chars)
 
 
 def problem(line, symbols, text_cfg):
     """Why `line`, whose front-end symbols are `symbols`, cannot be trained on or spoken; None when it can."""
+    digits = longest_number(line)
+    if digits > MAX_DIGITS:
+        return f"a number of {digits} digits (more than {MAX_DIGITS} are not read out; write it in words)"
     foreign = foreign_characters(line, text_cfg["language"])
     if foreign:
         return (f"{_named(foreign)} not in the script of text.language {text_cfg['language']} "
@@ -404,7 +424,7 @@ def encode(text: str, vocab: dict) -> list[int]:
     symbols, _ = to_symbols([text], cfg)[0]
     reason = problem(text, symbols, cfg)
     if reason:
-        raise TextError(f"{text!r}: {reason}")
+        raise TextError(f"{shown(text)}: {reason}")
     if vocab["frontend"] == "phonemes" and vocab.get("espeak") not in (None, espeak_version()):
         logging.getLogger(__name__).warning("espeak-ng %s phonemizes this text; the model was trained on %s",
                                             espeak_version(), vocab["espeak"])
@@ -447,7 +467,7 @@ def main(argv=None):
     parser.add_argument("--config", help="with --ids: the config whose run to use (default configs/config.yaml)")
     args = parser.parse_args(argv)
     if args.ids:
-        from pipeline.export import ids_vocabulary  # imports TensorFlow: only here
+        from pipeline.runinfo import ids_vocabulary  # reads the config: only here
         vocab, source = ids_vocabulary(run=args.run, config_path=args.config)
         print(f"ids from {source}" + (f", voice {args.language}" if args.language else ""), file=sys.stderr)
         print(json.dumps(encode(args.text, dict(vocab, language=args.language or vocab["language"]))))
@@ -457,7 +477,7 @@ def main(argv=None):
     symbols, dropped = to_symbols([args.text], cfg)[0]
     reason = problem(args.text, symbols, cfg)
     if reason:
-        raise TextError(f"{args.text!r}: {reason}")
+        raise TextError(f"{shown(args.text)}: {reason}")
     print(clean_text(args.text, args.cleaners))
     print(symbols + (f"   ({dropped} characters dropped)" if dropped else ""))
     if args.frontend == "phonemes":

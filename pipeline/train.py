@@ -32,6 +32,7 @@ import errno
 import functools
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -41,7 +42,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, data, models, runinfo
+from pipeline import config, data, files, models, runinfo
 from pipeline import placement as placement_mod
 from pipeline.errors import PipelineError, cli, disk_full
 
@@ -278,7 +279,7 @@ def _image(x):
 
 
 def _write_summaries(trainer, step, val, batch, out):
-    from pipeline.vocoder import griffin_lim
+    from pipeline.vocoder.griffin_lim import griffin_lim
     mean, std = trainer.stats["mel_mean"], trainer.stats["mel_std"]
     n = int(batch["mel_lengths"][0]); t = int(batch["token_lengths"][0])
     target = (batch["mel"][0, :n].numpy().astype(np.float32))
@@ -311,7 +312,7 @@ def save_alignment_png(align, path, step):
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.imshow(np.asarray(align).T, origin="lower", aspect="auto", interpolation="none")
     ax.set(xlabel="decoder step or frame", ylabel="token", title=f"alignment (validation clip, step {step})")
-    config.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    files.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     plt.close(fig)
 
 
@@ -351,18 +352,56 @@ def start_run(cfg, run, log):
 
 def record_run(cfg, run, info):
     """The chief's record of what makes this run: config.json (the whole config) and run.json."""
-    config.atomic_write_text(run / "config.json", json.dumps(cfg, indent=1))
+    files.atomic_write_text(run / "config.json", json.dumps(cfg, indent=1))
     runinfo.write(run, info)
+
+
+def _finite_checkpoint(path):
+    """True when every floating-point tensor saved in checkpoint `path` is finite."""
+    reader = tf.train.load_checkpoint(path)
+    return all(np.isfinite(reader.get_tensor(name)).all()
+               for name, dtype in reader.get_variable_to_dtype_map().items() if dtype.is_floating)
+
+
+def set_aside_diverged(folder, chief, log):
+    """The newest checkpoint in `folder` holding only finite numbers (None if none): a run trained
+    before checkpoints were checked may have saved diverged ones. The chief moves those to
+    `folder`/diverged/ and points the checkpoint state at the finite one (none: a fresh start)."""
+    latest = tf.train.latest_checkpoint(str(folder))
+    if latest is None or _finite_checkpoint(latest):  # the usual case: one read of the newest
+        return latest
+    state = tf.train.get_checkpoint_state(str(folder))
+    paths = [p for p in state.all_model_checkpoint_paths if tf.io.gfile.exists(p + ".index")]
+    paths = paths if latest in paths else [*paths, latest]
+    keep = list(paths)
+    while keep and not _finite_checkpoint(keep[-1]):
+        keep.pop()
+    bad = paths[len(keep):]
+    if bad and chief:
+        aside = Path(folder) / "diverged"
+        aside.mkdir(exist_ok=True)
+        for path in bad:
+            for f in Path(path).parent.glob(Path(path).name + ".*"):
+                os.replace(f, aside / f.name)
+        if keep:  # the state file as CheckpointManager writes it, names relative to the folder
+            files.atomic_write_text(Path(folder) / "checkpoint", "".join(
+                [f'model_checkpoint_path: "{Path(keep[-1]).name}"\n',
+                 *(f'all_model_checkpoint_paths: "{Path(p).name}"\n' for p in keep)]))
+        else:
+            os.replace(Path(folder) / "checkpoint", aside / "checkpoint")
+        log(f"set aside {len(bad)} checkpoint(s) holding non-finite weights in {aside}; resuming from "
+            f"{keep[-1] if keep else 'step 0'}")
+    return keep[-1] if keep else None
 
 
 def restore(trainer, run, log):
     """The checkpoint manager (the chief's into run/checkpoints, a worker's into a temporary folder:
-    every worker takes part in a save) after restoring the chief's latest checkpoint, if any."""
+    every worker takes part in a save) after restoring the chief's latest finite checkpoint, if any."""
     ckpt = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer)
     chief = trainer.p.chief
+    latest = set_aside_diverged(run / "checkpoints", chief, log)  # every worker resumes from the chief's
     save_dir = run / "checkpoints" if chief else Path(tempfile.mkdtemp(prefix=f"worker-{trainer.p.worker[0]}-"))
     manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=3)
-    latest = tf.train.latest_checkpoint(run / "checkpoints")  # every worker resumes from the chief's
     if latest:
         ckpt.restore(latest).assert_existing_objects_matched()
         log(f"resumed from {latest} at step {int(trainer.optimizer.iterations.numpy())}")
@@ -424,10 +463,39 @@ class Progress:
         self.log(f"step {step}/{self.total} [{bar}] loss {values['total']:.4f} ({_terms(values)}) lr {lr:.2e} "
                  f"{rate:.2f} steps/s wait {100 * wait_frac:.1f}% eta {eta:.0f}s")
         if not math.isfinite(values["total"]):
-            raise FloatingPointError(f"loss became {values['total']} at step {step}; lower train.learning_rate")
+            raise NonFinite(f"the loss became {values['total']} by step {step}")
         self.history.append({"step": step, "steps": steps, **values})
         self.steps, self.waited = 0, 0.0
         self.restart_clock()
+
+
+class NonFinite(Exception):
+    """The loss or the weights became NaN or infinite; run_steps turns it into Diverged."""
+
+
+class Diverged(PipelineError):
+    """Training diverged: nothing non-finite was saved; the message names the checkpoint a rerun
+    resumes from and the setting to lower."""
+
+
+def check_finite_state(trainer, progress, step):
+    """NonFinite unless the weights and optimizer state a checkpoint would hold, and the loss of the
+    steps since the last log line, are all finite: a diverged model is never saved."""
+    pending = progress.trackers.get("total")
+    if progress.steps and pending is not None and not math.isfinite(float(pending.result())):
+        raise NonFinite(f"the loss became {float(pending.result())} by step {step}")
+    variables = [v for v in [*trainer.model.variables, *trainer.optimizer.variables] if v.dtype.is_floating]
+    if not bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])):
+        raise NonFinite(f"the weights became non-finite by step {step}")
+
+
+def diverged(cause, manager, tcfg):
+    """The one line for a diverged run: what happened, where a rerun resumes, what to change."""
+    latest = manager.latest_checkpoint
+    resume = (f"a rerun resumes from {latest}, the last checkpoint (all finite)" if latest
+              else "no checkpoint was saved, so a rerun starts from step 0")
+    return Diverged(f"training diverged: {cause}; nothing non-finite was saved and {resume}: lower "
+                    f"train.learning_rate (now {tcfg['learning_rate']:g}) and rerun")
 
 
 def validate_and_draw(trainer, step, val_history, log):
@@ -460,7 +528,7 @@ def past_history(run, step):
     path = run / "history.jsonl"
     lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
     kept = [r for r in (json.loads(line) for line in lines if line.strip()) if r["step"] <= step]
-    config.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+    files.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
 
 
@@ -473,23 +541,29 @@ def run_steps(trainer, manager, tcfg, chief, log, history_file=None):
         validate_and_draw(trainer, 0, val_history, log)
         progress.restart_clock()
     batches = trainer.batches()
-    while step < total:
-        t0 = time.perf_counter()
-        batch = next(batches)
-        waited = time.perf_counter() - t0
-        progress.update(trainer.step(batch), waited)
-        step += 1
-        if step % tcfg["log_every"] == 0 or step == total:
-            progress.report(step)
-            if history_file is not None:
-                with open(history_file, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(progress.history[-1]) + "\n")
-        if chief and (step % tcfg["summary_every"] == 0 or step == total):
-            drawn = validate_and_draw(trainer, step, val_history, log)
-            align = align if drawn is None else drawn
-            progress.restart_clock()
-        if step % tcfg["checkpoint_every"] == 0 or step == total:
-            save_checkpoint(manager, step)
+    try:
+        while step < total:
+            t0 = time.perf_counter()
+            batch = next(batches)
+            waited = time.perf_counter() - t0
+            progress.update(trainer.step(batch), waited)
+            step += 1
+            if step % tcfg["log_every"] == 0 or step == total:
+                progress.report(step)
+                if history_file is not None:
+                    with open(history_file, "a", encoding="utf-8") as f:
+                        f.write(json.dumps(progress.history[-1]) + "\n")
+            saving = step % tcfg["checkpoint_every"] == 0 or step == total
+            if saving:
+                check_finite_state(trainer, progress, step)  # before validation draws a diverged model
+            if chief and (step % tcfg["summary_every"] == 0 or step == total):
+                drawn = validate_and_draw(trainer, step, val_history, log)
+                align = align if drawn is None else drawn
+                progress.restart_clock()
+            if saving:
+                save_checkpoint(manager, step)
+    except NonFinite as e:
+        raise diverged(str(e), manager, tcfg) from None
     return step, progress.history, val_history, align
 
 
@@ -510,7 +584,7 @@ def finish(cfg, trainer, run, out, manager, result, started, log):
                "seconds": round(time.perf_counter() - started, 1), "checkpoint": manager.latest_checkpoint,
                "left_out": rejected, "train_loss": history[-1] if history else None, "val_loss": val_history,
                "history": history}
-    config.atomic_write_text(out, json.dumps(summary, indent=1))
+    files.atomic_write_text(out, json.dumps(summary, indent=1))
     trainer.wait_for_all()
     log(f"done: {step} steps, checkpoint {manager.latest_checkpoint}, summary {out}, weights checksum {weights:.12g}")
     return summary

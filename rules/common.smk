@@ -17,9 +17,11 @@ gc.freeze()
 sys.path.insert(0, workflow.basedir)
 from pipeline import (
     config as pconfig,
+    files as pfiles,
     formats as pformats,
     manifest as pmanifest,
     models as pmodels,
+    preflight as ppreflight,
     shards as pshards,
     text as ptext,
 )
@@ -29,9 +31,9 @@ try:
     # snakemake.utils.validate would only check the same schema a second time)
     pconfig.validate(pconfig.normalise(config))
     # paths, espeak-ng voice, model.kind: before any job deletes an output
-    pconfig.preflight(config)
+    ppreflight.preflight(config)
     if config["dataset"].get("sources") == []:
-        raise pmanifest.DatasetError(
+        raise pformats.DatasetError(
             "dataset.sources: lists no source (remove the key for the single-folder form)"
         )
     MANIFEST = pmanifest.load_manifest(config["dataset"], config["cache"]["shards"])
@@ -42,7 +44,7 @@ try:
             ptext.espeak_languages(),
             config["text"]["language"],
         )
-except (pconfig.ConfigError, pmanifest.DatasetError, ptext.TextError) as e:
+except (pconfig.ConfigError, pformats.DatasetError, ptext.TextError) as e:
     raise WorkflowError(str(e))
 # the jobs started from here inherit this and skip re-validating the sections they get
 os.environ[pconfig.VALIDATED_ENV] = pconfig.schema_digest()
@@ -191,7 +193,7 @@ def repair(*kinds):
             )
             != "ok"
         ):
-            pconfig.atomic_write_text(
+            pfiles.atomic_write_text(
                 marker, f"damaged shard found at {time.time_ns()}\n"
             )
         return [marker] if marker.exists() else []

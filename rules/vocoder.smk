@@ -24,7 +24,7 @@ rule train_vocoder:
         config=vocoder_settings("train"),
         final="--final" if FINETUNE == 0 else "",
     shell:
-        "python -m pipeline.train_vocoder --config {params.config:q} --phase train --out {output.summary} {params.final} --threads {threads} 2>&1 | tee {log}"
+        "python -m pipeline.vocoder.train --config {params.config:q} --phase train --out {output.summary} {params.final} --threads {threads} 2>&1 | tee {log}"
 
 
 rule gta_shard:
@@ -42,7 +42,7 @@ rule gta_shard:
         config=gta_settings,
         out=lambda wildcards: RUN / f"gta/shard-{wildcards.shard}",
     shell:
-        "python -m pipeline.gta --config {params.config:q} --shard {wildcards.shard} --out {params.out} > {log} 2>&1"
+        "python -m pipeline.vocoder.gta --config {params.config:q} --shard {wildcards.shard} --out {params.out} > {log} 2>&1"
 
 
 if FINETUNE > 0:
@@ -65,7 +65,7 @@ if FINETUNE > 0:
         params:
             config=vocoder_settings("finetune"),
         shell:
-            "python -m pipeline.train_vocoder --config {params.config:q} --phase finetune --out {output.summary} --final --threads {threads} 2>&1 | tee {log}"
+            "python -m pipeline.vocoder.train --config {params.config:q} --phase finetune --out {output.summary} --final --threads {threads} 2>&1 | tee {log}"
 
 
 rule vocoder:

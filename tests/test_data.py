@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 from conftest import write_config
 
-from pipeline import audio, config, data, manifest, models, shards, text
+from pipeline import audio, config, data, formats, manifest, models, shards, text
 from pipeline.graphscan import find_pyfunc_ops
 
 
@@ -27,7 +27,7 @@ def test_loader_graph_holds_no_python_ops(built_cache):
 def test_loader_returns_the_cached_arrays(built_cache, group_bytes):
     cfg = _cfg(built_cache)
     ids = data.clip_ids(cfg, "all")
-    rows = {c.id: c for c in manifest.read_metadata(built_cache.parent / "data" / "metadata.csv")}
+    rows = {c.id: c for c in formats.read_metadata(built_cache.parent / "data" / "metadata.csv")}
     ds = data.build_dataset(cfg, "all", with_clip_index=True, group_bytes=group_bytes)
     seen = []
     r = models.frame_multiple(cfg["model"])

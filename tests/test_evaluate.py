@@ -56,12 +56,12 @@ def test_demo_references_and_verdicts_for_a_perfect_and_a_wrong_model(tmp_path):
 def test_vocoder_rows_beside_griffin_lims():
     import tensorflow as tf
 
-    from pipeline.models import vocoders
+    from pipeline.vocoder import kinds
     cfg = config.load_config(overrides={"evaluate": {"griffin_lim_iters": 16}})
     mels = {c.text: audio.mel_spectrogram(audio.load_audio(c.audio, sample_rate=22050, max_seconds=20), **cfg["audio"])
             for c in demo_clips()}
     tf.random.set_seed(0)
-    untrained = vocoders.Vocoder(cfg, vocoders.build(cfg["vocoder"], cfg["audio"]))  # a real Vocos, no training
+    untrained = kinds.Vocoder(cfg, kinds.build(cfg["vocoder"], cfg["audio"]))  # a real Vocos, no training
     result, rows = evaluate.compare(demo_clips(), mels.__getitem__, evaluate.Analyser(cfg, untrained),
                                     log=lambda *a: None)
     assert set(result["pesq"]) == set(result["stoi"]) == {"synthesized", "vocoder_ceiling", "griffin_lim_ceiling"}

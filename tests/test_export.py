@@ -12,51 +12,19 @@ import soundfile as sf
 import yaml
 from conftest import (
     ROOT,
-    TINY_ALIGNER,
-    TINY_FASTPITCH,
+    SPEAK,
     TINY_VOCODER,
     edited_copy,
     load_json,
     planned_jobs,
+    run_config,
     snakemake,
-    write_config,
+    write_untrained_checkpoint,
 )
 
 from pipeline import config, text
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
-SPEAK = dict(max_seconds=3.0, griffin_lim_iters=4, pace=1.25, pitch_shift=2.0)
-
-
-def run_config(cache_config, tmp, vocoder=None, **train):
-    """A tiny fastpitch run of its own on an already built cache (Griffin-Lim unless `vocoder` is given)."""
-    cfg = config.load_config(cache_config)
-    path = write_config(tmp, cfg["dataset"]["root"], model={"kind": "fastpitch", "fastpitch": TINY_FASTPITCH},
-                        aligner=TINY_ALIGNER, synthesize=SPEAK, vocoder=vocoder or {"kind": "griffin_lim"},
-                        train={"batch_size": 4, "buckets": 2, "summary_every": 1000, **train})
-    path.write_text(path.read_text().replace(str(tmp / "cache"), cfg["cache"]["dir"]))  # share the built cache
-    return path
-
-
-def write_untrained_checkpoint(path, step):
-    """A checkpoint and run.json as the trainer writes them, with no training step: initial weights,
-    the cache's statistics, and a duration predictor biased to about 5 frames a token so it speaks."""
-    import tensorflow as tf
-
-    from pipeline import data, models, runinfo
-    cfg = config.load_config(path)
-    index = data.read_index(cfg)
-    stats = data.feature_stats(cfg, index)
-    tf.keras.utils.set_random_seed(0)  # the same initial weights every run: the float16 gap below depends on them
-    model = models.build(cfg["model"], index["vocab"], index["n_mels"])
-    model(models.dummy_batch(8, 16, index["n_mels"]))
-    model.adapt(stats)
-    model.duration_predictor.out.bias.assign([np.log(6.0)])
-    run = config.run_dir(cfg)
-    runinfo.write(run, runinfo.for_training(cfg, index, stats, run, resuming=False))
-    tf.train.CheckpointManager(tf.train.Checkpoint(model=model), run / "checkpoints", 1).save(checkpoint_number=step)
-
-
 def clean_python(code, cwd):
     """Run code in a fresh interpreter that cannot import `pipeline`: isolated mode (-I: no PYTHONPATH,
     no current directory on sys.path), started in a folder outside the repository."""
@@ -87,7 +55,7 @@ def exported(built_cache, tmp_path_factory):
 def reference(exported):
     """pipeline.synthesize's mel and Griffin-Lim audio for SENTENCE at SPEAK's pace and pitch shift."""
     from pipeline.synthesize import load_synthesizer
-    from pipeline.vocoder import griffin_lim
+    from pipeline.vocoder.griffin_lim import griffin_lim
     cfg = config.load_config(exported[0])
     synth = load_synthesizer(cfg, log=lambda *a: None)
     mel = synth.infer(SENTENCE, pace=SPEAK["pace"], pitch_shift=SPEAK["pitch_shift"])["mel"]
@@ -97,12 +65,8 @@ def reference(exported):
 
 LOAD_AND_SPEAK = """
     import json, sys
+    sys.modules["pipeline"] = None  # unimportable even where `pip install .` put it in site-packages
     import numpy as np, tensorflow as tf
-    try:
-        import pipeline
-        sys.exit("pipeline is importable here")
-    except ImportError:
-        pass
     voice = tf.saved_model.load({model!r})
     args = (tf.constant([{ids}], tf.int32), tf.constant({pace}), tf.constant({pitch_shift}))
     audio = voice.synthesize(*args)["audio"].numpy()
@@ -111,9 +75,13 @@ LOAD_AND_SPEAK = """
     np.savez({out!r}, audio=audio, served=served, log_mel=log_mel)
     empty = voice.synthesize(tf.zeros([1, 0], tf.int32), args[1], args[2])["audio"].shape.as_list()
     errors = {{}}
-    for name, call in (("id", ([[{n_symbols}]], 1.0)), ("negative", ([[-1]], 1.0)), ("pace", ([{ids}], 0.0))):
+    nan, inf = float("nan"), float("inf")
+    for name, call in (("id", ([[{n_symbols}]], 1.0, 0.0)), ("negative", ([[-1]], 1.0, 0.0)),
+                       ("pace", ([{ids}], 0.0, 0.0)), ("pace_tiny", ([{ids}], 1e-9, 0.0)),
+                       ("pace_inf", ([{ids}], inf, 0.0)), ("pace_nan", ([{ids}], nan, 0.0)),
+                       ("shift_nan", ([{ids}], 1.0, nan)), ("shift_inf", ([{ids}], 1.0, -inf))):
         try:
-            voice.synthesize(tf.constant(call[0], tf.int32), tf.constant(call[1]), tf.constant(0.0))
+            voice.synthesize(tf.constant(call[0], tf.int32), tf.constant(call[1]), tf.constant(call[2]))
             errors[name] = None
         except tf.errors.InvalidArgumentError as e:
             errors[name] = str(e)
@@ -139,6 +107,10 @@ def test_saved_model_speaks_as_pipeline_synthesize_without_the_package(exported,
     assert "an id outside the vocabulary" in res["errors"]["id"]               # from the graph, not garbage
     assert "a negative token id" in res["errors"]["negative"]
     assert "pace must be > 0" in res["errors"]["pace"]
+    for name in ("pace_tiny", "pace_inf", "pace_nan"):                          # not empty or endless audio
+        assert "pace must be > 0: a finite number in 0.1..10" in res["errors"][name], res["errors"]
+    for name in ("shift_nan", "shift_inf"):                                     # not NaN audio
+        assert "pitch_shift must be a finite number of semitones in -24..24" in res["errors"][name], res["errors"]
 
 
 def test_tflite_float32_and_float16_run_in_the_interpreter(exported, reference):
@@ -256,13 +228,13 @@ TRAINED_VOCODER = {**TINY_VOCODER, "steps": 3, "finetune_steps": 0, "checkpoint_
 
 @pytest.fixture(scope="module")
 def exported_vocos(built_cache, tmp_path_factory):
-    """(config, export folder) of a run with a tiny Vocos trained for 3 steps by pipeline.train_vocoder
+    """(config, export folder) of a run with a tiny Vocos trained for 3 steps by pipeline.vocoder.train
     (its final runs/{name}/vocoder.json), exported with --tflite by the CLI."""
     tmp = tmp_path_factory.mktemp("export_vocos")
     path = run_config(built_cache, tmp, vocoder=TRAINED_VOCODER, steps=100)
     write_untrained_checkpoint(path, step=3)
     run = config.run_dir(config.load_config(path))
-    for args in (("pipeline.train_vocoder", "--phase", "train", "--out", str(run / "vocoder" / "train.json"), "--final"),
+    for args in (("pipeline.vocoder.train", "--phase", "train", "--out", str(run / "vocoder" / "train.json"), "--final"),
                  ("pipeline.export", "--tflite")):
         proc = run_module(*args, "--config", str(path))
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -272,8 +244,8 @@ def exported_vocos(built_cache, tmp_path_factory):
 def test_saved_model_with_the_trained_vocoder_speaks_as_pipeline_vocode_without_the_package(exported_vocos, tmp_path):
     import tensorflow as tf
 
-    from pipeline import vocode
     from pipeline.synthesize import load_synthesizer
+    from pipeline.vocoder import vocode
     cfg_path, out = exported_vocos
     cfg = config.load_config(cfg_path)
     synth = load_synthesizer(cfg, log=lambda *a: None)

@@ -12,7 +12,7 @@ import soundfile as sf
 from conftest import snakemake, write_config
 
 from pipeline import formats, manifest
-from pipeline.manifest import DatasetError
+from pipeline.formats import DatasetError
 
 TEXTS = ["Please call Stella.", "Ask her to bring these things.", "Six spoons of fresh snow peas."]
 

@@ -11,8 +11,8 @@ import time
 import pytest
 from conftest import snakemake
 
-from pipeline import manifest
-from pipeline.manifest import DatasetError
+from pipeline import formats, manifest
+from pipeline.formats import DatasetError
 
 
 def _write(path, lines, newline="\n", bom=False, encoding="utf-8"):
@@ -30,7 +30,7 @@ def test_bom_crlf_and_two_or_three_columns(tmp_path):
                 ("a3", "Text kept when the third column is empty"), ("a4", "Doctor Who")]
     for newline in ("\n", "\r\n"):
         for bom in (False, True):
-            clips = manifest.read_metadata(_write(tmp_path / "m.csv", lines, newline, bom))
+            clips = formats.read_metadata(_write(tmp_path / "m.csv", lines, newline, bom))
             assert [(c.id, c.text) for c in clips] == expected
             assert [c.lineno for c in clips] == [1, 2, 3, 4]
             assert [c.line for c in clips] == lines  # no "\r", no BOM in what is digested
@@ -39,12 +39,12 @@ def test_bom_crlf_and_two_or_three_columns(tmp_path):
 def test_blank_lines_and_a_missing_final_newline(tmp_path):
     path = tmp_path / "m.csv"
     path.write_bytes(b"a1|one\n\n  \na2|two")
-    clips = manifest.read_metadata(path)
+    clips = formats.read_metadata(path)
     assert [(c.id, c.text, c.lineno) for c in clips] == [("a1", "one", 1), ("a2", "two", 4)]
 
 
 def test_non_ascii_text_is_kept(tmp_path):
-    clips = manifest.read_metadata(_write(tmp_path / "m.csv", ["a1|Café — naïve|Café — naïve"]))
+    clips = formats.read_metadata(_write(tmp_path / "m.csv", ["a1|Café — naïve|Café — naïve"]))
     assert clips[0].text == "Café — naïve"
 
 
@@ -77,7 +77,7 @@ def test_malformed_line_names_file_and_line(tmp_path, kind):
     for newline in (b"\n", b"\r\n"):
         path, words = _malformed(tmp_path, kind, newline)
         with pytest.raises(DatasetError) as e:
-            manifest.read_metadata(path)
+            formats.read_metadata(path)
         message = str(e.value)
         assert _names_file_and_line(message, path, 3), message
         assert all(w.lower() in message.lower() for w in words), message
@@ -87,7 +87,7 @@ def test_empty_metadata_is_an_error(tmp_path):
     path = tmp_path / "metadata.csv"
     path.write_bytes(b"\xef\xbb\xbf\r\n")
     with pytest.raises(DatasetError, match=re.escape(str(path))):
-        manifest.read_metadata(path)
+        formats.read_metadata(path)
 
 
 @pytest.mark.slow
@@ -121,7 +121,7 @@ def test_shards_are_balanced_and_independent_of_row_order():
     assert sum(counts) == 2000
     assert all(200 <= c <= 300 for c in counts), counts  # 250 +- 3 standard deviations
 
-    clips = [manifest.Clip(cid, "text", f"{cid}|text", n) for n, cid in enumerate(IDS, 1)]
+    clips = [formats.Clip(cid, "text", f"{cid}|text", n) for n, cid in enumerate(IDS, 1)]
     shuffled = clips[:]
     random.Random(1).shuffle(shuffled)
     a, b = manifest.shard_clips(clips, shards), manifest.shard_clips(shuffled, shards)
@@ -130,7 +130,7 @@ def test_shards_are_balanced_and_independent_of_row_order():
 
 
 def test_empty_shards_are_listed():
-    out = manifest.shard_clips([manifest.Clip("a1", "t", "a1|t", 1)], 16)
+    out = manifest.shard_clips([formats.Clip("a1", "t", "a1|t", 1)], 16)
     assert sorted(out) == list(range(16)) and sum(len(v) for v in out.values()) == 1
 
 

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from pipeline import audio, config, data
 from pipeline.graphscan import find_pyfunc_ops
+from pipeline.vocoder.segments import build_segments
 
 
 def _cfg(path, **vocoder):
@@ -14,7 +15,7 @@ def _cfg(path, **vocoder):
 
 def test_segment_graph_holds_no_python_ops_and_has_one_static_shape(built_cache):
     cfg = _cfg(built_cache, segment_frames=16, batch_size=3)
-    ds = data.build_segments(cfg, "train")
+    ds = build_segments(cfg, "train")
     assert find_pyfunc_ops(ds) == []
     planted = ds.map(lambda b: dict(b, audio=tf.numpy_function(lambda a: a, [b["audio"]], tf.float32)))
     assert any("PyFunc" in op for op in find_pyfunc_ops(planted))  # the scan sees one when there is one
@@ -28,7 +29,7 @@ def test_each_audio_crop_makes_its_mel_crop_on_interior_frames(built_cache):
     a = cfg["audio"]
     edge = -(-(a["n_fft"] - a["hop_length"]) // 2 // a["hop_length"]) + 1  # frames that see reflect padding
     checked = 0
-    for batch in data.build_segments(cfg, "train").take(3):
+    for batch in build_segments(cfg, "train").take(3):
         for mel, wav in zip(batch["mel"].numpy(), batch["audio"].numpy()):
             assert np.any(wav != 0)
             ours = audio.mel_spectrogram(wav, **a)                                    # (S, n_mels)
@@ -48,7 +49,7 @@ def test_short_clips_are_padded_not_dropped(built_cache):
     S = int(np.median(frames))  # half the clips are shorter than a segment
     cfg = _cfg(built_cache, segment_frames=S, batch_size=5)
     lines = []
-    batches = list(data.build_segments(cfg, "all", repeat=False, log=lines.append))
+    batches = list(build_segments(cfg, "all", repeat=False, log=lines.append))
     assert any("shorter than vocoder.segment_frames" in line and "padded" in line for line in lines)
     mels = np.concatenate([b["mel"].numpy() for b in batches])
     wavs = np.concatenate([b["audio"].numpy() for b in batches])
@@ -62,22 +63,23 @@ def test_short_clips_are_padded_not_dropped(built_cache):
 
 def test_a_resumed_stream_gives_the_same_batches(built_cache):
     cfg = _cfg(built_cache, segment_frames=8, batch_size=2)
-    whole = [b["audio"].numpy() for b in data.build_segments(cfg, "train").take(6)]
-    resumed = [b["audio"].numpy() for b in data.build_segments(cfg, "train", start_step=4).take(2)]
+    whole = [b["audio"].numpy() for b in build_segments(cfg, "train").take(6)]
+    resumed = [b["audio"].numpy() for b in build_segments(cfg, "train", start_step=4).take(2)]
     np.testing.assert_array_equal(np.stack(whole[4:]), np.stack(resumed))
     assert not np.array_equal(whole[0], whole[1])
 
 
 def test_gta_source_pairs_gta_mels_with_the_same_audio(built_cache, tmp_path):
-    from pipeline import segments, shards
+    from pipeline import shards
+    from pipeline.vocoder import segments
     cfg = _cfg(built_cache, segment_frames=8, batch_size=4)
     cfg["runs_dir"] = str(tmp_path)
     for entry in data.read_index(cfg)["shards"]:  # GTA shards holding the recorded mels, + 1 (a visible change)
         meta, mels = shards.read(config.cache_dir(cfg) / entry["mels"], "mels")
         shards.write(segments.gta_prefix(cfg, entry["shard"]), "gta", meta["ids"], [m + 1 for m in mels],
                      provenance="test", width=meta["width"])
-    recorded = list(data.build_segments(cfg, "train").take(3))
-    gta = list(data.build_segments(cfg, "train", source="gta").take(3))
+    recorded = list(build_segments(cfg, "train").take(3))
+    gta = list(build_segments(cfg, "train", source="gta").take(3))
     for r, g in zip(recorded, gta):
         np.testing.assert_array_equal(r["audio"].numpy(), g["audio"].numpy())
         np.testing.assert_allclose(g["mel"].numpy(), r["mel"].numpy() + 1, atol=1e-2)
@@ -86,11 +88,11 @@ def test_gta_source_pairs_gta_mels_with_the_same_audio(built_cache, tmp_path):
 def test_every_vocoder_kind_gives_frames_times_hop_samples():
     import tensorflow as tf
 
-    from pipeline.models import vocoders
+    from pipeline.vocoder import kinds
     cfg = config.load_config(overrides={"vocoder": {"vocos": {"dim": 16, "intermediate_dim": 32, "layers": 1}}})
     for kind, size in (("vocos", None), ("hifigan", "v2")):
         v = dict(cfg["vocoder"], kind=kind, hifigan={"size": size or "v2"})
-        out = vocoders.build(v, cfg["audio"])(tf.zeros([2, 5, cfg["audio"]["n_mels"]]) - 5.0)
+        out = kinds.build(v, cfg["audio"])(tf.zeros([2, 5, cfg["audio"]["n_mels"]]) - 5.0)
         assert out.shape == (2, 5 * cfg["audio"]["hop_length"]) and out.dtype == tf.float32, kind
     with pytest.raises(config.ConfigError, match="audio.hop_length"):
-        vocoders.build(dict(cfg["vocoder"], kind="hifigan"), dict(cfg["audio"], hop_length=250))
+        kinds.build(dict(cfg["vocoder"], kind="hifigan"), dict(cfg["audio"], hop_length=250))

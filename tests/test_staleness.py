@@ -23,7 +23,7 @@ import soundfile as sf
 import yaml
 from conftest import ROOT, TINY_ALIGNER, TRANSCRIPTS, snakemake, write_config
 
-from pipeline import make_corpus, manifest
+from pipeline import formats, make_corpus, manifest
 
 SHARDS = 4
 _COUNT = re.compile(r"^\s*(\w+)\s+(\d+)\s*$")
@@ -544,7 +544,7 @@ def test_shard_assignment_does_not_depend_on_row_order_or_count(tmp_path):
     def assignment(rows, name):
         path = tmp_path / name
         write_lines(path, rows)
-        return {c.id: shard for shard, clips in manifest.shard_clips(manifest.read_metadata(path), 8).items()
+        return {c.id: shard for shard, clips in manifest.shard_clips(formats.read_metadata(path), 8).items()
                 for c in clips}
 
     a = assignment(small, "small.csv")

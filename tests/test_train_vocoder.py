@@ -18,7 +18,7 @@ SETTINGS = ["vocoder.kind=vocos", "vocoder.steps=8", "vocoder.checkpoint_every=4
 
 
 def _cmd(config, runs):
-    return [sys.executable, "-m", "pipeline.train_vocoder", "--config", str(config), "--phase", "train",
+    return [sys.executable, "-m", "pipeline.vocoder.train", "--config", str(config), "--phase", "train",
             "--out", str(runs / "train.json"), "--set", *SETTINGS, f"runs_dir={runs}"]
 
 
@@ -65,17 +65,17 @@ def test_vocoder_resumes_exactly_after_kill_9(built_cache, tmp_path):
 
 
 def _loaded_vocoder_is_the_trained_one(config_path, runs, checkpoint):
-    """vocode/synthesize/evaluate (vocoders.load: the generator alone) and fine-tuning (generator and
+    """vocode/synthesize/evaluate (kinds.load: the generator alone) and fine-tuning (generator and
     discriminators alone) restore every weight the training loop saved."""
     from pipeline import config
-    from pipeline.models import vocoders
-    from pipeline.train_vocoder import VocoderTrainer
+    from pipeline.vocoder import kinds
+    from pipeline.vocoder.train import VocoderTrainer
 
     cfg = config.load_config(config_path, config.parse_set(SETTINGS + [f"runs_dir={runs}"]))
     full = VocoderTrainer(cfg)
     tf.train.Checkpoint(generator=full.generator, disc=full.disc, g_opt=full.g_opt,
                         d_opt=full.d_opt).restore(checkpoint).assert_existing_objects_matched()
-    loaded = vocoders.load(cfg, summary=runs / "train.json").model
+    loaded = kinds.load(cfg, summary=runs / "train.json").model
     partial = VocoderTrainer(cfg)
     tf.train.Checkpoint(generator=partial.generator, disc=partial.disc).restore(checkpoint).expect_partial()
     for a, b, c in zip(full.generator.weights, loaded.weights, partial.generator.weights):

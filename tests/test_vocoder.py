@@ -6,7 +6,7 @@ import pytest
 import soundfile as sf
 
 from pipeline.audio import mel_spectrogram
-from pipeline.vocoder import griffin_lim, save_wav
+from pipeline.vocoder.griffin_lim import griffin_lim, save_wav
 
 AUDIO = dict(sample_rate=22050, n_fft=1024, hop_length=256, win_length=1024, n_mels=80, fmin=0, fmax=8000)
 
@@ -65,7 +65,7 @@ def test_graph_transforms_agree_and_match_the_eager_call(harmonic):
     matmuls or real-FFT pair (TFLite built-ins) the same audio to float tolerance, for any frame count."""
     import tensorflow as tf
 
-    from pipeline.vocoder import griffin_lim_graph
+    from pipeline.vocoder.griffin_lim import griffin_lim_graph
     target = log_mel(harmonic)[:40]
     eager = griffin_lim(target, **AUDIO, iters=8).numpy()
     spec = tf.TensorSpec([None, AUDIO["n_mels"]], tf.float32)

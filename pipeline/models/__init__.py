@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 
 from pipeline.config import ConfigError
+from pipeline.registry import Registry
 
-KINDS = ("fastpitch", "transformer_tts")
 BATCH_FIELDS = ("tokens", "token_lengths", "mel", "mel_lengths", "pitch", "energy", "durations", "speaker", "language")
 VOICE_FIELDS = ("speaker", "language")  # in a batch only with several speakers / languages
 INTERFACE = ("needs", "tts_loss", "infer")
@@ -38,6 +38,17 @@ INTERFACE = ("needs", "tts_loss", "infer")
 
 class ModelError(ConfigError):
     """A model kind that cannot be loaded or does not keep the interface."""
+
+
+# module: where its `build(model_cfg, vocab, n_mels, ...)` lives (imported when a model is built: TensorFlow);
+# needs_durations: `train` first makes the aligner's durations; frame_multiple(model_cfg): the loader pads
+# frame counts to it. A user's own "package.module:function" is no entry: it needs durations in case its
+# `needs` lists them, and sets `model.options.frame_multiple`.
+KINDS = Registry("model.kind", ModelError, what="kind", module=None, needs_durations=True,
+                 frame_multiple=lambda model_cfg: 1)
+KINDS.add("fastpitch", module="pipeline.models.fastpitch")
+KINDS.add("transformer_tts", module="pipeline.models.transformer_tts", needs_durations=False,
+          frame_multiple=lambda model_cfg: int(model_cfg["transformer_tts"]["reduction"]))
 
 
 def symbols(vocab):
@@ -49,20 +60,18 @@ def frame_multiple(model_cfg):
     """Padded frame counts must be a multiple of this, from the config alone (Snakemake and the loader
     need it before any model exists): transformer_tts's `reduction`, a user's kind's
     `model.options.frame_multiple` (default 1). The trainer checks a model's own `frame_multiple` against it."""
-    if model_cfg["kind"] == "transformer_tts":
-        return int(model_cfg["transformer_tts"]["reduction"])
-    if model_cfg["kind"] not in KINDS:
-        value = model_cfg.get("options", {}).get("frame_multiple", 1)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ModelError(f"model.options.frame_multiple: {value!r} is not a positive integer")
-        return value
-    return 1
+    if model_cfg["kind"] in KINDS:
+        return KINDS.get(model_cfg["kind"]).frame_multiple(model_cfg)
+    value = model_cfg.get("options", {}).get("frame_multiple", 1)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ModelError(f"model.options.frame_multiple: {value!r} is not a positive integer")
+    return value
 
 
 def needs_durations(model_cfg):
     """Whether `train` must first make the aligner's durations (from the config alone, for Snakemake):
     fastpitch does, transformer_tts does not, a user's own kind gets them in case its `needs` lists them."""
-    return model_cfg["kind"] != "transformer_tts"
+    return KINDS.get(model_cfg["kind"]).needs_durations if model_cfg["kind"] in KINDS else True
 
 
 def _user_builder(kind):
@@ -125,17 +134,10 @@ def build(model_cfg, vocab, n_mels, *, speakers=(), languages=()):
     list; the builder always gets the list) and the mel channels;
     `speakers` / `languages`: the run's sorted tables, for the kinds (and user functions) that take them."""
     kind = model_cfg["kind"]
-    if kind in ("fastpitch", "transformer_tts") and model_cfg.get("options"):
+    if kind in KINDS and model_cfg.get("options"):
         raise ModelError(f"model.options: {sorted(model_cfg['options'])} are for a user's own model kind; "
                          f"{kind!r} is configured under model.{kind}")
-    if kind == "fastpitch":
-        from pipeline.models import fastpitch
-        fn = fastpitch.build
-    elif kind == "transformer_tts":
-        from pipeline.models import transformer_tts
-        fn = transformer_tts.build
-    else:
-        fn = _user_builder(kind)
+    fn = importlib.import_module(KINDS.get(kind).module).build if kind in KINDS else _user_builder(kind)
     voices = {k: list(v) for k, v in (("speakers", speakers), ("languages", languages)) if _takes(fn, k)}
     model = fn(model_cfg, symbols(vocab), n_mels, **voices)
     missing = [name for name in INTERFACE if not hasattr(model, name)]

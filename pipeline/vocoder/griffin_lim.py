@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from pipeline import dft
 from pipeline.audio import LOG_CLAMP, frame_padding, mel_basis
-from pipeline.config import atomic_write
+from pipeline.files import atomic_write
 
 MOMENTUM = 0.99  # fast Griffin-Lim (Perraudin et al. 2013), librosa's default; converges in fewer iterations
 NNLS_ITERS = 50  # refinements of the mel pseudo-inverse (cheap: two (F, K) x (K, M) products each)

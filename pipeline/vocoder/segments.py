@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from pipeline import config, shards
 from pipeline.audio import LOG_CLAMP
+from pipeline.data import load_clips, read_index
 from pipeline.shards import CacheError
 
 PAD_LOG_MEL = float(np.log(LOG_CLAMP))  # padding is silence, as in the acoustic loader
@@ -77,8 +78,6 @@ def build_segments(cfg, split="train", *, source="recorded", repeat=None, start_
     repeat = split == "train" if repeat is None else repeat
     hop, n_mels = cfg["audio"]["hop_length"], cfg["audio"]["n_mels"]
     S, B = cfg["vocoder"]["segment_frames"], batch_size or cfg["vocoder"]["batch_size"]
-    from pipeline.data import load_clips, read_index  # here: pipeline.data re-exports this function
-
     index = read_index(cfg)
     clips, paths = load_clips(cfg, split, index)
     if not clips.ids:

@@ -6,7 +6,7 @@ Reads the token, mel, energy, pitch (and duration) shards of one shard and the a
 latest checkpoint (runs/{name}/checkpoints); writes runs/{name}/gta/shard-NNN.{bin,json} (kind
 `gta`, float16 log-mel, the mel shard's ids and lengths) whose provenance names the checkpoint.
 
-    python -m pipeline.gta --config configs/config.yaml --shard 3 --out runs/demo/gta/shard-003
+    python -m pipeline.vocoder.gta --config configs/config.yaml --shard 3 --out runs/demo/gta/shard-003
 
 Config keys: model.*, audio.n_mels, cache.*, dataset.* (via the caches), synthesize.max_seconds.
 """

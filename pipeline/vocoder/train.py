@@ -1,7 +1,7 @@
 """Train the vocoder from the caches: phase `train` on recorded mels, phase `finetune` on the acoustic
 model's teacher-forced (GTA) mels, starting from phase one's weights.
 
-Reads the mel and audio shards (pipeline/segments.py; `finetune` reads runs/{name}/gta/ instead of
+Reads the mel and audio shards (pipeline/vocoder/segments.py; `finetune` reads runs/{name}/gta/ instead of
 the mel shards); writes runs/{name}/vocoder/{phase}/ (checkpoints: generator, discriminators, both
 optimizers; TensorBoard losses and audio of a few validation clips) and a summary JSON (`--out`).
 A rerun resumes from the phase's last checkpoint, exactly: the segment stream is a pure function
@@ -13,7 +13,7 @@ vocoder.gan_start_step on, least-squares GAN losses with multi-period and multi-
 discriminators and feature matching, a second optimizer for the discriminators. Placement, XLA and
 mixed precision follow `train:` (pipeline/placement.py); the vocoder runs on one device.
 
-    python -m pipeline.train_vocoder --config configs/config.yaml --phase train --out runs/demo/vocoder/train.json
+    python -m pipeline.vocoder.train --config configs/config.yaml --phase train --out runs/demo/vocoder/train.json
 
 Config keys: vocoder.*, audio.*, train.{placement, data_device, model_device, jit_compile,
 mixed_precision, seed}, dataset/cache (via the caches).
@@ -28,11 +28,11 @@ import time
 import keras
 import tensorflow as tf
 
-from pipeline import config, data, segments, shards
+from pipeline import config, data, files, shards
 from pipeline import placement as placement_mod
 from pipeline.errors import MissingCheckpoint, cli
-from pipeline.models import discriminators as D
-from pipeline.models import vocoders
+from pipeline.vocoder import discriminators as D
+from pipeline.vocoder import kinds, segments
 
 N_AUDIO = 3  # validation clips in TensorBoard
 
@@ -49,7 +49,7 @@ class VocoderTrainer:
         self.device = self.p.devices[0]
         self.source = "gta" if phase == "finetune" else "recorded"
         with tf.device(self.device):
-            self.generator = vocoders.build(v, cfg["audio"])
+            self.generator = kinds.build(v, cfg["audio"])
             self.disc = D.Discriminators()
             self.disc(tf.zeros([1, v["segment_frames"] * cfg["audio"]["hop_length"]]))
             self.g_opt = self._optimizer(self.generator)
@@ -204,9 +204,9 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
                "placement": trainer.p.describe(), "train_loss": history[-1] if history else None,
                "val_loss": val_history, "history": history}
     text = json.dumps(summary, indent=1)
-    config.atomic_write_text(out, text)
+    files.atomic_write_text(out, text)
     if final:
-        config.atomic_write_text(vocoders.summary_path(cfg), text)
+        files.atomic_write_text(kinds.summary_path(cfg), text)
     weights = sum(float(tf.reduce_sum(tf.cast(w, tf.float64))) for w in trainer.generator.trainable_variables)
     log(f"vocoder {phase} done: {step} steps, checkpoint {manager.latest_checkpoint}, weights checksum {weights:.12g}")
     return summary
@@ -237,7 +237,7 @@ def _forget_other_inputs(cfg, phase, folder, log):
     if marker.exists() and marker.read_text() != text and (folder / "checkpoints").exists():
         log(f"{folder}: made from other settings or inputs; training this phase from its start")
         clear(cfg, phase)
-    config.atomic_write_text(marker, text)
+    files.atomic_write_text(marker, text)
 
 
 @cli

@@ -1,12 +1,12 @@
 """The vocoders behind one interface, picked by `vocoder.kind` (docs/vocoder.md).
 
-    from pipeline.models import vocoders
-    gen = vocoders.build(cfg["vocoder"], cfg["audio"])   # a keras.Model: mel [B, F, n_mels] -> audio [B, F*hop]
-    vocode = vocoders.load(cfg)                          # the run's final trained vocoder (or Griffin-Lim)
+    from pipeline.vocoder import kinds
+    gen = kinds.build(cfg["vocoder"], cfg["audio"])   # a keras.Model: mel [B, F, n_mels] -> audio [B, F*hop]
+    vocode = kinds.load(cfg)                          # the run's final trained vocoder (or Griffin-Lim)
     audio = vocode(log_mel)                              # (F, n_mels) natural-log mel -> float32 (F*hop,)
 
 Kinds: `vocos` (vocos.py), `hifigan` (hifigan.py, V1/V2 by vocoder.hifigan.size), `griffin_lim`
-(pipeline/vocoder.py, no training).
+(pipeline/vocoder/griffin_lim.py, no training).
 A trainable kind is `build(vocoder_cfg, audio_cfg) -> keras.Model` taking the caches' log-mel
 (float32, unnormalised) and returning float32 audio of exactly F * hop_length samples; the
 spectral, adversarial and feature-matching losses are shared (discriminators.py).
@@ -20,17 +20,22 @@ import tensorflow as tf
 
 from pipeline import config
 from pipeline.errors import MissingCheckpoint
-from pipeline.models import hifigan, vocos
+from pipeline.registry import Registry
+from pipeline.vocoder import hifigan, vocos
 
-TRAINED = {"vocos": vocos.build, "hifigan": hifigan.build}
+# build(vocoder_cfg, audio_cfg) -> keras.Model for the trained kinds; None: no training (Griffin-Lim)
+KINDS = Registry("vocoder.kind", config.ConfigError, what="kind", build=None)
+KINDS.add("vocos", build=vocos.build)
+KINDS.add("hifigan", build=hifigan.build)
+KINDS.add("griffin_lim")
 
 
 def build(vocoder_cfg, audio_cfg):
-    kind = vocoder_cfg["kind"]
-    if kind not in TRAINED:
-        raise config.ConfigError(f"vocoder.kind: {kind!r} has no trainable model in this version "
-                                 f"(available: {', '.join(TRAINED)}, griffin_lim)")
-    model = TRAINED[kind](vocoder_cfg, audio_cfg)
+    kind = KINDS.get(vocoder_cfg["kind"])
+    if kind.build is None:
+        raise config.ConfigError(f"vocoder.kind: {kind.name!r} has no trainable model "
+                                 f"(trained kinds: {', '.join(k for k in KINDS if KINDS.get(k).build)})")
+    model = kind.build(vocoder_cfg, audio_cfg)
     model(tf.zeros([1, 8, audio_cfg["n_mels"]]))  # create the variables
     return model
 
@@ -58,7 +63,7 @@ class Vocoder:
     def __call__(self, log_mel):
         log_mel = np.asarray(log_mel, np.float32)
         if self.model is None:
-            from pipeline.vocoder import griffin_lim
+            from pipeline.vocoder.griffin_lim import griffin_lim
             return griffin_lim(log_mel, **self.cfg["audio"], iters=self.cfg["synthesize"]["griffin_lim_iters"]).numpy()
         return self._call(tf.constant(log_mel[None]))[0].numpy()
 
@@ -66,7 +71,7 @@ class Vocoder:
 def load(cfg, summary=None):
     """The run's final vocoder from runs/{name}/vocoder.json, or Griffin-Lim with vocoder.kind griffin_lim.
     MissingCheckpoint naming the file and what to run when it is not trained yet."""
-    if cfg["vocoder"]["kind"] == "griffin_lim":
+    if KINDS.get(cfg["vocoder"]["kind"]).build is None:
         return Vocoder(cfg)
     path = summary or summary_path(cfg)
     try:
