@@ -103,6 +103,51 @@ TINY_VOCODER = {"kind": "vocos", "steps": 10, "learning_rate": 0.001, "finetune_
 TINY_FASTPITCH = {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 32,
                   "predictor_channels": 16}
 
+SPEAK = dict(max_seconds=3.0, griffin_lim_iters=4, pace=1.25, pitch_shift=2.0)  # the synthesize: of run_config
+
+
+def run_config(cache_config, tmp, vocoder=None, **train):
+    """A tiny fastpitch run of its own on an already built cache (Griffin-Lim unless `vocoder` is given)."""
+    cfg = config.load_config(cache_config)
+    path = write_config(tmp, cfg["dataset"]["root"], model={"kind": "fastpitch", "fastpitch": TINY_FASTPITCH},
+                        aligner=TINY_ALIGNER, synthesize=SPEAK, vocoder=vocoder or {"kind": "griffin_lim"},
+                        train={"batch_size": 4, "buckets": 2, "summary_every": 1000, **train})
+    path.write_text(path.read_text().replace(str(tmp / "cache"), cfg["cache"]["dir"]))  # share the built cache
+    return path
+
+
+def write_untrained_checkpoint(path, step):
+    """A checkpoint and run.json as the trainer writes them, with no training step: initial weights,
+    the cache's statistics, and a duration predictor biased to about 5 frames a token so it speaks."""
+    import numpy as np
+    import tensorflow as tf
+
+    from pipeline import data, models, runinfo
+    cfg = config.load_config(path)
+    index = data.read_index(cfg)
+    stats = data.feature_stats(cfg, index)
+    tf.keras.utils.set_random_seed(0)  # the same initial weights every run: the float16 gap below depends on them
+    model = models.build(cfg["model"], index["vocab"], index["n_mels"])
+    model(models.dummy_batch(8, 16, index["n_mels"]))
+    model.adapt(stats)
+    model.duration_predictor.out.bias.assign([np.log(6.0)])
+    run = config.run_dir(cfg)
+    runinfo.write(run, runinfo.for_training(cfg, index, stats, run, resuming=False))
+    tf.train.CheckpointManager(tf.train.Checkpoint(model=model), run / "checkpoints", 1).save(checkpoint_number=step)
+
+
+@pytest.fixture(scope="session")
+def exported_voice(built_cache, tmp_path_factory):
+    """An export folder (no TFLite) of an untrained seeded run on built_cache, made by `python -m
+    pipeline.export`: the voice `speak` and `serve` load (test_speak.py, test_serve.py)."""
+    tmp = tmp_path_factory.mktemp("voice")
+    path = run_config(built_cache, tmp, steps=100)
+    write_untrained_checkpoint(path, step=3)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.export", "--config", str(path)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return config.run_dir(config.load_config(path)) / "export"
+
 
 @pytest.fixture(scope="session")
 def aligned_cache(tmp_path_factory, corpus_template):
@@ -157,7 +202,8 @@ def edited_copy(path, name, **sections):
 # nodeid attribute pytest 9 no longer reads). The longest files go first (measured serially: the
 # trained_run files ~11 min, test_train ~6, ...), so that neither worker is left with a long one at
 # the end.
-TRAINED_RUN = {"test_evaluate.py", "test_export.py", "test_vocoder_rules.py"}
+TRAINED_RUN = {"test_evaluate.py", "test_export.py", "test_vocoder_rules.py", "test_rules_safety.py",
+               "test_speak.py", "test_serve.py"}  # these two: built_cache and exported_voice, built once
 LONGEST_FIRST = ["trained_run", "test_train.py", "test_voices.py", "test_multiworker.py", "test_staleness.py",
                  "test_failures.py", "test_slurm.py", "test_sources_staleness.py", "test_durations.py",
                  "test_train_vocoder.py"]

@@ -1,0 +1,124 @@
+"""Speak text with an exported voice: a wav file, or raw PCM on standard output sentence by sentence.
+
+Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py) and the text: the
+arguments, else standard input. Writes `--out F.wav` (16-bit mono at the voice's rate, written
+atomically once all is said) or, with `--raw`, 16-bit little-endian mono PCM at the voice's rate on
+standard output, each sentence as soon as it is ready (standard input is read a paragraph at a time,
+so a paragraph is spoken while the next is typed). Nothing but audio goes to standard output: every
+log line goes to standard error. Markup (docs/speak.md): `[[ ... ]]` inline phonemes, and SSML with
+`--ssml` or text starting with `<speak>`. Bad input: one line `error: ...` and exit status 2.
+
+    python -m pipeline.speak --voice runs/demo/export --out hello.wav "Hello there. How are you?"
+    python -m pipeline.speak --voice runs/demo/export --raw < book.txt | aplay -r 22050 -f S16_LE -c 1
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+from pipeline import markup
+from pipeline.errors import cli
+from pipeline.voice import PACE_RANGE, PITCH_RANGE, Voice, VoiceError, check_number, write_wav
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def _raw_stdout():
+    """A private copy of standard output for the PCM; file descriptor 1 then points at standard error,
+    so a stray print (ours, a library's, TensorFlow's C++) can never corrupt the audio stream."""
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    return out
+
+
+def paragraphs(stream):
+    """The text of a stream one paragraph at a time (blank lines between); an SSML document whole."""
+    lines = []
+    for line in stream:
+        if not lines and not line.strip():
+            continue
+        if not lines and markup.is_ssml(line):
+            yield line + stream.read()
+            return
+        if line.strip():
+            lines.append(line)
+        else:
+            yield "".join(lines)
+            lines = []
+    if lines:
+        yield "".join(lines)
+
+
+def speak(voice, texts, args, out):
+    """Say each text (a paragraph, or the whole input); out: the raw PCM file, or None to collect.
+    -> (int16 chunks collected, sentences, seconds to the first audio)."""
+    chunks, sentences, first, t0 = [], 0, None, time.perf_counter()
+    options = dict(ssml=True if args.ssml else None, pace=args.pace, pitch_shift=args.pitch_shift,
+                   speaker=args.speaker, language=args.language)
+    for n, source in enumerate(texts):
+        request = voice.prepare(source, **options)
+        for i, pcm in enumerate(voice.sentences_audio(request)):
+            if n and not i:   # paragraphs read one by one: the pause markup puts between paragraphs
+                pcm = np.concatenate([np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.int16), pcm])
+            if out is None:
+                chunks.append(pcm)
+            else:
+                out.write(pcm.astype("<i2").tobytes())
+            first = first if first is not None else time.perf_counter() - t0
+            sentences += 1
+    return chunks, sentences, first
+
+
+@cli
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Speak text with an exported voice (runs/{name}/export).")
+    parser.add_argument("--voice", required=True, help="the export folder (runs/{name}/export)")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", help="write a 16-bit mono wav here")
+    where.add_argument("--raw", action="store_true",
+                       help="16-bit little-endian mono PCM at the voice's rate on standard output, sentence by sentence")
+    parser.add_argument("--speaker", help="a speaker of the voice (GET /voices or export.json speakers; default the first)")
+    parser.add_argument("--language", help="a language of the voice (default the voice's own)")
+    parser.add_argument("--pace", type=float, default=1.0, help="> 1 speaks faster (0.25..4, default 1)")
+    parser.add_argument("--pitch-shift", type=float, default=0.0, help="semitones (-12..12, default 0)")
+    parser.add_argument("--ssml", action="store_true", help="the text is SSML (docs/speak.md)")
+    parser.add_argument("text", nargs="*", help="the text (default: standard input)")
+    args = parser.parse_args(argv)
+    check_number("--pace", args.pace, *PACE_RANGE)             # the cheap checks before the model loads
+    check_number("--pitch-shift", args.pitch_shift, *PITCH_RANGE)
+    if args.text:
+        markup.parse(" ".join(args.text), True if args.ssml else None)
+    out = _raw_stdout() if args.raw else None
+    voice = Voice(args.voice, log=log)
+    log(f"voice {args.voice}: loaded in {voice.load_seconds:.2f} s ({voice.sample_rate} Hz)")
+    if args.text:
+        texts = [" ".join(args.text)]
+    elif args.raw and not args.ssml:
+        texts = paragraphs(sys.stdin)
+    else:
+        texts = [sys.stdin.read()]
+    t0 = time.perf_counter()
+    try:
+        chunks, sentences, first = speak(voice, texts, args, out)
+    except BrokenPipeError:            # the reader went away (`| head -c ...`): nothing left to say
+        return
+    if not sentences:
+        raise VoiceError("no text to speak (give TEXT or standard input)")
+    wall = time.perf_counter() - t0
+    if out is None:
+        pcm = np.concatenate(chunks)
+        write_wav(args.out, pcm, voice.sample_rate)
+        seconds = len(pcm) / voice.sample_rate
+        log(f"wrote {args.out}: {sentences} sentence(s), {seconds:.2f} s of audio in {wall:.2f} s "
+            f"(real-time factor {wall / max(seconds, 1e-9):.3f})")
+    else:
+        log(f"{sentences} sentence(s) in {wall:.2f} s, first audio after {first:.3f} s")
+
+
+if __name__ == "__main__":
+    main()

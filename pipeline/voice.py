@@ -1,0 +1,289 @@
+"""An exported voice, ready to speak: load an export folder, turn (marked-up) text into ids, and
+synthesize it sentence by sentence. Shared by `python -m pipeline.speak` and `python -m pipeline.serve`.
+
+Reads an export folder (runs/{name}/export, pipeline/export.py): saved_model/ (its `synthesize`
+signature), vocab.json (the symbols and the front end that makes them) and export.json
+(sample_rate, max_seconds and max_frames, speakers, languages). Writes nothing (write_wav writes a
+wav where asked). Imports TensorFlow, NumPy and the text front end (pipeline/text.py,
+pipeline/symbols.py) only: no training module, no config.
+
+The graph stops at max_frames (export.json; `synthesize.max_seconds` of the run), so a longer call
+would be cut. Each sentence is therefore split ahead of the call into pieces that fit (at clause
+punctuation, then between words) by the voice's seconds per symbol, measured once at load on
+CALIBRATION (so the same text always gives the same audio), and a piece whose audio still reaches
+max_frames is split in two and said again: nothing is ever cut.
+
+    from pipeline.voice import Voice
+    voice = Voice("runs/demo/export")
+    request = voice.prepare("Hello there. How are you?", pace=1.1)
+    for pcm in voice.sentences_audio(request): ...        # int16 [samples], one array per sentence
+"""
+import io
+import json
+import math
+import re
+import threading
+import time
+import wave
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from pipeline import markup, text
+from pipeline.errors import PipelineError
+
+PACE_RANGE = (0.25, 4.0)          # > 1 speaks faster; also the range of pace x prosody rate
+PITCH_RANGE = (-12.0, 12.0)       # semitones; pitch_shift + prosody pitch within twice that
+CALIBRATION = "The quick brown fox jumps over the lazy dog."   # said at load: the voice's seconds per symbol
+MARGIN = 1.25                     # the estimate's safety factor: pieces planned to fill at most 1/MARGIN
+_FRONT_END = threading.Lock()     # espeak-ng (through phonemizer) is one library state per process
+# clause punctuation between words: where an over-long sentence is split first
+_CLAUSE = re.compile(r"(?<=[,;:—…])\s+")
+
+
+class VoiceError(PipelineError):
+    """A voice folder, text or option the voice cannot take; one line naming it."""
+
+
+@dataclass
+class Request:
+    """What to say: sentences, each a list of ("pause", seconds) and ("speech", symbols, pace, pitch)
+    parts, and the speaker / language inputs of the signature."""
+    sentences: list
+    inputs: dict = field(default_factory=dict)
+
+
+def _read_json(path):
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise VoiceError(f"{path}: not found; --voice takes an export folder (runs/{{name}}/export, made by "
+                         "`snakemake --cores all export`)") from None
+    except (OSError, ValueError) as e:
+        raise VoiceError(f"{path}: cannot be read ({e})") from None
+
+
+def check_number(name, value, low, high):
+    """value as a float when it is a finite number in [low, high], else VoiceError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise VoiceError(f"{name}: a number, not {value!r}")
+    if not math.isfinite(value) or not low <= value <= high:
+        raise VoiceError(f"{name}: {value!r} is outside {low:g}..{high:g}")
+    return float(value)
+
+
+def to_int16(audio):
+    """float audio in [-1, 1] -> int16 PCM (non-finite samples become 0)."""
+    audio = np.nan_to_num(np.asarray(audio, np.float32), nan=0.0, posinf=0.0, neginf=0.0)
+    return (np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+def wav_bytes(pcm, sample_rate):
+    """A 16-bit mono wav file of int16 samples, as bytes."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(int(sample_rate))
+        w.writeframes(np.ascontiguousarray(pcm, "<i2").tobytes())
+    return out.getvalue()
+
+
+def write_wav(path, pcm, sample_rate):
+    """Write int16 samples as a wav at `path`, atomically (temporary file, then rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(wav_bytes(pcm, sample_rate))
+    tmp.replace(path)
+
+
+def split_symbols(symbols, limit):
+    """Pieces of at most `limit` symbols that join back into `symbols`: split after clause punctuation
+    first, then between words, a single word over the limit anywhere."""
+    symbols = symbols.strip()
+    if len(symbols) <= limit:
+        return [symbols] if symbols else []
+    units = []
+    for clause in _CLAUSE.split(symbols):
+        if len(clause) <= limit:
+            units.append(clause)
+            continue
+        words = [w[i:i + limit] for w in clause.split() for i in range(0, len(w), limit)]
+        units += _pack(words, limit)
+    return _pack(units, limit)
+
+
+def _pack(units, limit):
+    out = []
+    for unit in units:
+        if out and len(out[-1]) + 1 + len(unit) <= limit:
+            out[-1] = f"{out[-1]} {unit}"
+        else:
+            out.append(unit)
+    return out
+
+
+def halves(symbols):
+    """Two pieces split at the word boundary nearest the middle, or None for one word."""
+    middle, spaces = len(symbols) / 2, [i for i, c in enumerate(symbols) if c == " "]
+    if not spaces:
+        return None
+    cut = min(spaces, key=lambda i: abs(i - middle))
+    return [symbols[:cut].strip(), symbols[cut + 1:].strip()]
+
+
+class Voice:
+    """An export folder loaded: `prepare` text, then `sentences_audio` (a generator) or `audio`."""
+
+    def __init__(self, folder, log=None):
+        folder = Path(folder)
+        t0 = time.perf_counter()
+        self.meta, self.vocab = _read_json(folder / "export.json"), _read_json(folder / "vocab.json")
+        if not (folder / "saved_model").is_dir():
+            raise VoiceError(f"{folder / 'saved_model'}: not found; export the voice again (snakemake --cores all export)")
+        try:
+            self.sample_rate = int(self.meta["sample_rate"])
+            hop = int(self.meta["audio"]["hop_length"])
+            self.max_seconds = float(self.meta["max_seconds"])
+            self.max_samples = int(self.meta.get("max_frames") or self.max_seconds * self.sample_rate / hop) * hop
+            self.symbols = [s for s in self.vocab["symbols"] if s not in (text.PAD, text.EOS)]
+        except (KeyError, TypeError, ValueError) as e:
+            raise VoiceError(f"{folder}: export.json / vocab.json lack {e}; export the voice again") from None
+        self.speakers = list(self.meta.get("speakers") or [])
+        self.languages = list(self.meta.get("languages") or [])
+        self.model = tf.saved_model.load(str(folder / "saved_model"))
+        self._fn = self.model.signatures["synthesize"]
+        self._inputs = set(self._fn.structured_input_signature[1])
+        self._sps = self._seconds_per_symbol()   # also the graph's one-time start, here rather than in a request
+        self.load_seconds = time.perf_counter() - t0
+        if self.vocab.get("frontend") == "phonemes" and self.vocab.get("espeak") not in (None, text.espeak_version()):
+            (log or (lambda *a: None))(f"espeak-ng {text.espeak_version()} phonemizes the text; the voice was "
+                                       f"trained on {self.vocab['espeak']}: some words may sound different")
+
+    def _seconds_per_symbol(self):
+        """Seconds of audio per symbol at pace 1 on CALIBRATION (or as much of it as max_frames holds), times
+        MARGIN (at least 10 ms)."""
+        inputs, language = self._voice_inputs(None, None)
+        symbols = self._front_end([CALIBRATION], language)[0] or " ".join(self.symbols[:40])
+        while True:
+            samples = len(self._call(symbols, 1.0, 0.0, inputs))
+            if samples < self.max_samples or not halves(symbols):
+                return MARGIN * max(samples / self.sample_rate / len(symbols), 0.01)
+            symbols = halves(symbols)[0]                   # cut at max_frames: measure on its first half
+
+    def describe(self):
+        """{"speakers", "languages", "sample_rate"} (a voice of one speaker: its name, or [])."""
+        return {"speakers": self.speakers, "languages": self.languages or [self.vocab.get("language")],
+                "sample_rate": self.sample_rate}
+
+    def _voice_inputs(self, speaker, language):
+        """(signature inputs, front-end language) for a speaker / language name (None: the default)."""
+        if speaker is not None and speaker not in self.speakers:
+            known = ", ".join(self.speakers) or "none: it has one speaker"
+            raise VoiceError(f"speaker: unknown speaker {speaker!r}; this voice's speakers: {known}")
+        known = self.languages or [self.vocab["language"]]
+        if language is not None and language not in known:
+            raise VoiceError(f"language: unknown language {language!r}; this voice's languages: {', '.join(known)}")
+        if language is None:
+            language = self.vocab["language"] if self.vocab["language"] in known else known[0]
+        ids = {"speaker": self.speakers.index(speaker) if speaker is not None else 0,
+               "language": self.languages.index(language) if self.languages else 0}
+        return {k: tf.constant(v, tf.int32) for k, v in ids.items() if k in self._inputs}, language
+
+    def prepare(self, source, *, ssml=None, pace=1.0, pitch_shift=0.0, speaker=None, language=None):
+        """A Request for marked-up text (pipeline/markup.py): every check (options, markup, unknown
+        phonemes, text the front end cannot say) is made here, before any audio."""
+        pace = check_number("pace", pace, *PACE_RANGE)
+        pitch_shift = check_number("pitch_shift", pitch_shift, *PITCH_RANGE)
+        inputs, language = self._voice_inputs(speaker, language)
+        sentences = markup.sentences(markup.parse(source, ssml))
+        plain = [i for s in sentences for i in s if isinstance(i, markup.Speech) and not i.phonemes]
+        symbols = dict(zip(plain, self._front_end([i.text for i in plain], language)))
+        out = []
+        for sentence in sentences:
+            parts = []
+            for item in sentence:
+                if isinstance(item, markup.Pause):
+                    parts.append(("pause", item.seconds))
+                    continue
+                said = self._check_phonemes(item) if item.phonemes else symbols[item]
+                if not said:
+                    continue
+                p = check_number(f"{item.where}: pace {pace:g} x prosody rate {item.rate:g}", pace * item.rate,
+                                 *PACE_RANGE)
+                q = check_number(f"{item.where}: pitch shift {pitch_shift:g} + prosody pitch {item.pitch:g}",
+                                 pitch_shift + item.pitch, 2 * PITCH_RANGE[0], 2 * PITCH_RANGE[1])
+                if parts and parts[-1][0] == "speech" and parts[-1][2:] == (p, q):  # one call per prosody
+                    parts[-1] = ("speech", f"{parts[-1][1]} {said}", p, q)
+                else:
+                    parts.append(("speech", said, p, q))
+            if parts:
+                out.append(parts)
+        if not any(part[0] == "speech" for s in out for part in s):
+            raise VoiceError("no text to speak" if not source.strip() else f"{source[:40]!r}: nothing to say")
+        return Request(out, inputs)
+
+    def _front_end(self, texts, language):
+        """The symbols of each plain text ("" for punctuation alone); VoiceError for text it cannot say."""
+        cfg = {"frontend": self.vocab["frontend"], "language": language, "cleaners": self.vocab["cleaners"]}
+        with _FRONT_END:
+            said = text.to_symbols(texts, cfg) if texts else []
+        out = []
+        for line, (symbols, _) in zip(texts, said):
+            if text.says_nothing(symbols):
+                out.append("")
+                continue
+            reason = text.problem(line, symbols, cfg)
+            if reason:
+                raise VoiceError(f"{line.strip()[:60]!r}: {reason}")
+            out.append(symbols)
+        return out
+
+    def _check_phonemes(self, item):
+        known = set(self.symbols)
+        unknown = sorted({c for c in item.text if c not in known})
+        if unknown:
+            raise VoiceError(f"{item.where}: phoneme(s) {' '.join(unknown)} not in this voice's symbols (vocab.json): "
+                             f"{' '.join(s for s in self.symbols if s != ' ')}")
+        return item.text
+
+    def _call(self, symbols, pace, pitch, inputs):
+        """One graph call -> float32 audio [N]."""
+        tokens = tf.constant([text.ids_of(symbols, self.vocab)], tf.int32)
+        out = self._fn(tokens=tokens, pace=tf.constant(pace, tf.float32), pitch_shift=tf.constant(pitch, tf.float32),
+                       **inputs)
+        return out["audio"][0].numpy()
+
+    def _speech(self, symbols, pace, pitch, inputs):
+        """float32 audio of one run of symbols, split so no call reaches max_frames."""
+        limit = max(4, int(self.max_seconds * pace / self._sps))
+        queue, out = split_symbols(symbols, limit), []
+        while queue:
+            piece = queue.pop(0)
+            audio = self._call(piece, pace, pitch, inputs)
+            if len(audio) >= self.max_samples and halves(piece):   # cut at max_frames: say it in two
+                queue[:0] = halves(piece)
+                continue
+            out.append(audio)
+        return out
+
+    def sentence_audio(self, parts, inputs):
+        """int16 audio of one prepared sentence."""
+        out = []
+        for part in parts:
+            if part[0] == "pause":
+                out.append(np.zeros(int(round(part[1] * self.sample_rate)), np.float32))
+            else:
+                out += self._speech(part[1], part[2], part[3], inputs)
+        return to_int16(np.concatenate(out) if out else np.zeros(0, np.float32))
+
+    def sentences_audio(self, request):
+        """int16 audio per sentence, each as soon as it is made."""
+        for parts in request.sentences:
+            yield self.sentence_audio(parts, request.inputs)
+
+    def audio(self, request):
+        """All of a request's audio, int16."""
+        return np.concatenate(list(self.sentences_audio(request)))

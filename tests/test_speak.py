@@ -1,0 +1,171 @@
+"""`python -m pipeline.speak` and pipeline/voice.py on a real exported voice (conftest's exported_voice):
+sentence splitting that never reaches max_frames, markup through the voice, raw PCM streamed sentence by
+sentence in order, a wav file, one-line errors, and the command run with the training modules unimportable."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import wave
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from pipeline import markup
+from pipeline.voice import Voice, VoiceError, split_symbols
+
+# what neither speak nor serve may import: training, data, models, vocoders, caches, export, config, Snakemake
+BLOCKED = ("pipeline.train", "pipeline.data", "pipeline.models", "pipeline.vocoder", "pipeline.cache",
+           "pipeline.export", "pipeline.synthesize", "pipeline.config", "pipeline.align", "pipeline.durations",
+           "pipeline.evaluate", "pipeline.runinfo", "snakemake", "librosa", "soundfile", "matplotlib", "yaml")
+LONG = ("the quick brown fox jumps over the lazy dog and then runs far away into the dark green forest where "
+        "nobody has ever seen it again since that long and strange summer day")
+
+
+def blocked_command(module, *args):
+    """argv of a Python process that runs `python -m module args` with BLOCKED unimportable."""
+    code = textwrap.dedent(f"""
+        import runpy, sys
+        for name in {BLOCKED!r}:
+            sys.modules[name] = None          # `import name` now raises ImportError
+        sys.argv = [{module!r}, *{list(args)!r}]
+        runpy.run_module({module!r}, run_name="__main__", alter_sys=True)
+    """)
+    return [sys.executable, "-c", code]
+
+
+def child_env():
+    return dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+
+
+@pytest.fixture(scope="module")
+def voice(exported_voice):
+    return Voice(exported_voice)
+
+
+def recorded_calls(voice, monkeypatch):
+    """Record (symbols, samples) of every graph call the voice makes (the calls themselves are real)."""
+    calls, call = [], voice._call
+
+    def recording(symbols, *args):
+        audio = call(symbols, *args)
+        calls.append((symbols, len(audio)))
+        return audio
+    monkeypatch.setattr(voice, "_call", recording)
+    return calls
+
+
+def test_split_symbols_prefers_clauses_then_words():
+    assert split_symbols("ab cd, ef gh; ij", 9) == ["ab cd,", "ef gh; ij"]
+    assert split_symbols("ab cd, ef gh; ij", 8) == ["ab cd,", "ef gh;", "ij"]
+    assert split_symbols("ab cd ef gh ij kl", 8) == ["ab cd ef", "gh ij kl"]
+    assert split_symbols("abcdefghij", 4) == ["abcd", "efgh", "ij"]            # one word over the limit
+    assert split_symbols("short one", 40) == ["short one"]
+
+
+def test_a_long_sentence_is_never_cut_at_max_seconds(voice, monkeypatch):
+    max_samples = voice.max_samples
+    whole = voice._call(voice.prepare(LONG).sentences[0][0][1], 1.0, 0.0, {})
+    assert len(whole) == max_samples                   # said in one call, the graph cuts it at max_frames
+    calls = recorded_calls(voice, monkeypatch)
+    request = voice.prepare(LONG + ", and so on, for ever and ever.")
+    audio = voice.audio(request)
+    assert len(calls) >= 3 and all(n < max_samples for _, n in calls)       # no call reached max_frames
+    assert len(audio) == sum(n for _, n in calls) > 2 * max_samples          # all of it, longer than the limit
+    assert " ".join(s for s, _ in calls) == request.sentences[0][0][1]      # every symbol, once, in order
+    assert calls[-2][0].endswith(",")                                       # split after a clause first
+    calls.clear()
+    monkeypatch.setattr(voice, "_sps", 0.001)          # an estimate far too short: the whole sentence is cut ...
+    audio_again = voice.audio(voice.prepare(LONG))
+    said = [n for _, n in calls if n < max_samples]
+    assert calls[0][1] == max_samples and len(said) >= 4                      # ... and said again in halves
+    assert len(audio_again) == sum(said) > 2 * max_samples
+
+
+def test_markup_through_the_voice(voice, monkeypatch):
+    sr = voice.sample_rate
+    calls = recorded_calls(voice, monkeypatch)
+    plain = voice.audio(voice.prepare("Hello there."))
+    paused = voice.audio(voice.prepare('<speak>Hello <break time="500ms"/> there.</speak>'))
+    assert len(paused) == pytest.approx(len(plain) + 0.5 * sr, abs=60 * 256)  # the break's silence, ~ +0.5 s
+    slow = voice.audio(voice.prepare('<speak><prosody rate="50%" pitch="+3st">Hello there.</prosody></speak>'))
+    np.testing.assert_array_equal(slow, voice.audio(voice.prepare("Hello there.", pace=0.5, pitch_shift=3.0)))
+    assert len(slow) > 1.3 * len(plain)
+    calls.clear()
+    voice.audio(voice.prepare("Say [[ təmˈɑːtoʊ ]]. Then more."))
+    assert calls[0][0].endswith(" təmˈɑːtoʊ") and len(calls) == 2            # the symbols as they are
+    with pytest.raises(VoiceError, match=r"line 1, column 5: phoneme\(s\) Q Ж not in this voice's symbols .*: a b c"):
+        voice.prepare("Say [[ QЖ ]]")
+    with pytest.raises(markup.MarkupError, match="line 1, column 8: <audio> is not in the supported subset"):
+        voice.prepare("<speak><audio src='x'/></speak>")
+    for bad in ({"pace": float("nan")}, {"pace": -1.0}, {"pace": 100.0}, {"pitch_shift": float("inf")},
+                {"speaker": "nobody"}, {"language": "xx"}):
+        with pytest.raises(VoiceError, match=f"^{next(iter(bad))}: "):
+            voice.prepare("Hello.", **bad)
+    with pytest.raises(VoiceError, match=r"^line 1, column 29: pace 3 x prosody rate 2: 6.0 is outside 0.25..4$"):
+        voice.prepare('<speak><prosody rate="200%">fast</prosody></speak>', pace=3.0)
+
+
+def test_raw_streams_each_sentence_as_it_is_ready_without_the_training_modules(voice, exported_voice):
+    first, second = "Hello there. How are you today?", "Fine, thank you."
+    expected = [voice.sentence_audio(s, {}) for text in (first, second) for s in voice.prepare(text).sentences]
+    proc = subprocess.Popen(blocked_command("pipeline.speak", "--voice", str(exported_voice), "--raw"),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(),
+                            cwd=ROOT)
+    try:
+        proc.stdin.write(f"{first}\n\n".encode())
+        proc.stdin.flush()                 # the second paragraph is not written yet: the first must come out
+        head = read_exactly(proc.stdout, 2 * (len(expected[0]) + len(expected[1])))
+        proc.stdin.write(f"{second}\n".encode())
+        proc.stdin.close()
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()[-3000:]
+    finally:
+        proc.kill()
+    got = np.frombuffer(head + rest, "<i2")
+    pause = np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.int16)
+    want = np.concatenate([expected[0], expected[1], pause, expected[2]])
+    assert len(got) == len(want) and np.abs(got.astype(int) - want).max() <= 2   # the sentences, in order
+    assert "3 sentence(s)" in proc.stderr.read().decode()                     # logs on stderr, not stdout
+
+
+def read_exactly(stream, n, timeout=120):
+    out, t0 = b"", time.monotonic()
+    while len(out) < n:
+        chunk = stream.read1(n - len(out))
+        assert chunk, f"the stream ended after {len(out)} of {n} bytes"
+        assert time.monotonic() - t0 < timeout
+        out += chunk
+    return out
+
+
+def test_wav_file_and_one_line_errors(voice, exported_voice, tmp_path, capsys):
+    from pipeline import speak
+    out = tmp_path / "said.wav"
+    speak.main(["--voice", str(exported_voice), "--out", str(out), "--pace", "1.2", "Hello there.", "Goodbye."])
+    with wave.open(str(out)) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (voice.sample_rate, 1, 2)
+        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+    want = voice.audio(voice.prepare("Hello there. Goodbye.", pace=1.2))
+    assert len(pcm) == len(want) and np.abs(pcm.astype(int) - want).max() <= 2 and np.abs(pcm).max() > 0
+    assert "wrote" in capsys.readouterr().err
+    for argv, message in ((["--out", str(tmp_path / "x.wav"), "Say [[ Q ]]"], "phoneme(s) Q not in this voice's"),
+                          (["--out", str(tmp_path / "x.wav"), "--ssml", "<speak>hi"],
+                           "line 1, column 10: invalid SSML: no element found"),
+                          (["--out", str(tmp_path / "x.wav"), "--pace", "nan", "Hello."], "--pace: nan is outside 0.25..4")):
+        with pytest.raises(SystemExit) as exit_:
+            speak.main(["--voice", str(exported_voice), *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and err[-1].startswith("error: ") and message in err[-1], err
+    assert not (tmp_path / "x.wav").exists()
+    with pytest.raises(SystemExit):
+        speak.main(["--voice", str(tmp_path), "--out", str(tmp_path / "x.wav"), "Hello."])
+    assert f"{tmp_path / 'export.json'}: not found" in capsys.readouterr().err
+
+
+def test_voice_description(voice, exported_voice):
+    meta = json.loads((exported_voice / "export.json").read_text())
+    assert voice.describe() == {"speakers": meta["speakers"], "languages": meta["languages"],
+                                "sample_rate": meta["sample_rate"]}
