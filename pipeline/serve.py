@@ -1,0 +1,303 @@
+"""An HTTP voice server on an exported voice (Starlette on uvicorn), with a page to type and listen.
+
+Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py); writes nothing. Binds
+127.0.0.1 unless `--host` says otherwise.
+
+  GET  /                      one page: a text box, speaker and pace controls, a play button, an audio player
+  GET  /health                {"status": "ok"}
+  GET  /voices                {"speakers": [...], "languages": [...], "sample_rate": 22050}
+  POST /synthesize            JSON {"text", "speaker"?, "language"?, "pace"?, "pitch_shift"?, "ssml"?}
+                              -> audio/wav (16-bit mono); at most MAX_WAV_SECONDS of audio
+  POST /synthesize?stream=true  -> chunked audio/L16;rate=SR;channels=1 (16-bit big-endian PCM,
+                              RFC 2586), one chunk per sentence as soon as it is ready
+
+Every error is a JSON {"error": "<one line>"} with a 4xx/5xx status: 400 bad JSON, field or markup,
+404/405, 408 a body not sent within `--client-timeout` seconds, 413 a body over MAX_BODY bytes, 503
+when the queue is full (`--workers` model calls at a time, `--queue` more waiting). A connection
+that has not sent a whole request head within `--client-timeout` is closed; an idle keep-alive one after
+KEEP_ALIVE seconds (uvicorn's timeout_keep_alive); at most CONNECTIONS connections at once.
+
+    python -m pipeline.serve --voice runs/demo/export [--host 127.0.0.1] [--port 8050]
+    curl -s localhost:8050/synthesize -d '{"text": "Hello there."}' -o hello.wav
+"""
+import argparse
+import functools
+import json
+import sys
+import traceback
+
+import anyio
+import numpy as np
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from pipeline.errors import PipelineError, cli
+from pipeline.voice import Voice, wav_bytes
+
+MAX_BODY = 100_000           # bytes of a request body
+MAX_WAV_SECONDS = 600.0      # audio of one non-streamed answer (longer: ?stream=true)
+CLIENT_TIMEOUT = 10.0        # seconds to send a request head, and then its body (--client-timeout)
+KEEP_ALIVE = 5               # seconds an idle keep-alive connection stays open
+CONNECTIONS = 256            # uvicorn's limit_concurrency (beyond: its own plain 503)
+FIELDS = ("text", "speaker", "language", "pace", "pitch_shift", "ssml")
+
+
+class ClientError(Exception):
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+def error(status, message):
+    return JSONResponse({"error": " ".join(str(message).split())[:500]}, status_code=status)
+
+
+class Gate:
+    """A bounded queue in front of `workers` model calls: admit() refuses (503) beyond workers + queue."""
+
+    def __init__(self, workers, queue):
+        self.limiter, self.capacity, self.admitted = anyio.CapacityLimiter(workers), workers + queue, 0
+
+    def admit(self):
+        if self.admitted >= self.capacity:
+            raise ClientError(503, f"busy: {self.admitted} requests in progress or queued; retry later")
+        self.admitted += 1
+        released = False
+
+        def release():
+            nonlocal released
+            if not released:
+                released, self.admitted = True, self.admitted - 1
+        return release
+
+    async def run(self, fn, *args):
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+
+async def read_body(request, timeout):
+    """The request body, at most MAX_BODY bytes, sent within `timeout` seconds."""
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+        raise ClientError(413 if length.isdigit() else 400, f"body over {MAX_BODY} bytes" if length.isdigit()
+                          else "bad Content-Length")
+    body = bytearray()
+    try:
+        with anyio.fail_after(timeout):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_BODY:
+                    raise ClientError(413, f"body over {MAX_BODY} bytes")
+    except TimeoutError:
+        raise ClientError(408, f"the body was not sent within {timeout:g} s") from None
+    return bytes(body)
+
+
+def parse_fields(body):
+    """The JSON body's fields (only FIELDS; text a non-empty string) -> dict; ClientError 400 otherwise."""
+    try:
+        fields = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ClientError(400, f"the body is not JSON: {e}") from None
+    if not isinstance(fields, dict):
+        raise ClientError(400, 'the body must be a JSON object {"text": ...}')
+    unknown = sorted(set(fields) - set(FIELDS))
+    if unknown:
+        raise ClientError(400, f"unknown field(s) {', '.join(map(repr, unknown))}; fields: {', '.join(FIELDS)}")
+    if not isinstance(fields.get("text"), str) or not fields["text"].strip():
+        raise ClientError(400, 'text: a non-empty string is required')
+    for key in ("speaker", "language"):
+        if fields.get(key) is not None and not isinstance(fields[key], str):
+            raise ClientError(400, f"{key}: a string (GET /voices lists them)")
+    if fields.get("ssml") is not None and not isinstance(fields["ssml"], bool):
+        raise ClientError(400, "ssml: true or false")
+    return {"source": fields["text"], "speaker": fields.get("speaker"), "language": fields.get("language"),
+            "ssml": fields.get("ssml"), "pace": 1.0 if fields.get("pace") is None else fields["pace"],
+            "pitch_shift": 0.0 if fields.get("pitch_shift") is None else fields["pitch_shift"]}
+
+
+class PcmStream(StreamingResponse):
+    """A streamed answer that gives its place in the queue back however it ends (done, or the client gone)."""
+
+    def __init__(self, content, release, **kwargs):
+        super().__init__(content, **kwargs)
+        self.release = release
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        except (ClientDisconnect, OSError):
+            pass
+        finally:
+            self.release()
+
+
+def json_errors(handler):
+    """Every failure of a handler as a JSON error: ClientError and PipelineError (bad text, markup,
+    speaker) as 4xx, anything else as 500 with its traceback on standard error."""
+    @functools.wraps(handler)
+    async def wrapper(request):
+        try:
+            return await handler(request)
+        except ClientError as e:
+            return error(e.status, e)
+        except PipelineError as e:
+            return error(400, e)
+        except ClientDisconnect:
+            return error(400, "the client went away")
+        except Exception as e:
+            traceback.print_exc(file=sys.stderr)
+            return error(500, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    return wrapper
+
+
+def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT):
+    """The Starlette app of a loaded Voice."""
+    gate = Gate(workers, queue)
+
+    async def synthesize(request):
+        stream = request.query_params.get("stream", "false").lower()
+        if stream not in ("true", "false", "1", "0"):
+            raise ClientError(400, "stream: true or false")
+        fields = parse_fields(await read_body(request, client_timeout))
+        release = gate.admit()
+        try:
+            prepared = await gate.run(functools.partial(voice.prepare, **fields))
+            sentences = voice.sentences_audio(prepared)
+            if stream in ("true", "1"):
+                async def chunks():
+                    while (pcm := await gate.run(next, sentences, None)) is not None:
+                        yield pcm.astype(">i2").tobytes()
+                media = f"audio/L16;rate={voice.sample_rate};channels=1"
+                response = PcmStream(chunks(), release, media_type=media)   # releases when the stream ends
+                release = None
+                return response
+            pcm, total = [], 0
+            while (chunk := await gate.run(next, sentences, None)) is not None:
+                pcm.append(chunk)
+                total += len(chunk)
+                if total > MAX_WAV_SECONDS * voice.sample_rate:
+                    raise ClientError(413, f"over {MAX_WAV_SECONDS:g} s of audio: ask with ?stream=true")
+            return Response(wav_bytes(np.concatenate(pcm), voice.sample_rate), media_type="audio/wav")
+        finally:
+            if release is not None:
+                release()
+
+    async def health(request):
+        return JSONResponse({"status": "ok"})
+
+    async def voices(request):
+        return JSONResponse(voice.describe())
+
+    async def page(request):
+        return HTMLResponse(PAGE)
+
+    async def http_error(request, exc):
+        return error(exc.status_code, exc.detail)
+
+    routes = [Route("/", page, methods=["GET"]), Route("/health", health, methods=["GET"]),
+              Route("/voices", voices, methods=["GET"]),
+              Route("/synthesize", json_errors(synthesize), methods=["POST"])]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+class Protocol(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection that has no request under way `timeout` s after it
+    opened or after its last answer (uvicorn times out only idle keep-alive connections, so a client
+    that sends half a request head and stalls would hold its socket for ever)."""
+    timeout = CLIENT_TIMEOUT
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self._arm()
+
+    def on_response_complete(self):
+        super().on_response_complete()
+        self._arm()
+
+    def connection_lost(self, exc):
+        if getattr(self, "_head_timer", None) is not None:
+            self._head_timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self):
+        if getattr(self, "_head_timer", None) is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(self.timeout, self._stalled)
+
+    def _stalled(self):
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and not self.transport.is_closing():
+            self.transport.close()
+
+
+@cli
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Serve an exported voice over HTTP (and a page to try it).")
+    parser.add_argument("--voice", required=True, help="the export folder (runs/{name}/export)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8050)
+    parser.add_argument("--workers", type=int, default=2, help="model calls at a time (default 2)")
+    parser.add_argument("--queue", type=int, default=32, help="requests waiting beyond those; more get 503 (default 32)")
+    parser.add_argument("--client-timeout", type=float, default=CLIENT_TIMEOUT,
+                        help=f"seconds a client has to send a request head, then its body (default {CLIENT_TIMEOUT:g})")
+    args = parser.parse_args(argv)
+    if args.workers < 1 or args.queue < 0 or not 0 < args.client_timeout < 3600:
+        raise PipelineError("--workers must be >= 1, --queue >= 0 and --client-timeout in (0, 3600)")
+    voice = Voice(args.voice, log=lambda *a: print(*a, file=sys.stderr, flush=True))
+    app = build_app(voice, args.workers, args.queue, args.client_timeout)
+    protocol = type("Protocol", (Protocol,), {"timeout": args.client_timeout})
+    print(f"voice {args.voice} loaded in {voice.load_seconds:.2f} s; serving http://{args.host}:{args.port}/",
+          file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, host=args.host, port=args.port, http=protocol, log_level="warning",
+                            timeout_keep_alive=KEEP_ALIVE, limit_concurrency=CONNECTIONS, timeout_graceful_shutdown=5,
+                            h11_max_incomplete_event_size=16_384)
+    uvicorn.Server(config).run()
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Voice</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>body{font:16px sans-serif;max-width:42em;margin:2em auto;padding:0 1em}textarea{width:100%;height:8em}
+label{margin-right:1em}#status{color:#555;min-height:1.5em}</style></head>
+<body><h1>Voice</h1>
+<textarea id="text" aria-label="text">Hello there. How are you today?</textarea>
+<p><label>Speaker <select id="speaker"></select></label>
+<label>Pace <input id="pace" type="range" min="0.5" max="2" step="0.05" value="1">
+<output id="pace-value">1</output></label>
+<label><input id="ssml" type="checkbox"> SSML</label></p>
+<p><button id="play">Play</button></p>
+<p id="status"></p>
+<audio id="audio" controls></audio>
+<script>
+const $ = (id) => document.getElementById(id);
+$("pace").oninput = () => { $("pace-value").textContent = $("pace").value; };
+fetch("voices").then((r) => r.json()).then((v) => {
+  for (const name of (v.speakers.length ? v.speakers : [""])) {
+    const o = document.createElement("option"); o.value = name; o.textContent = name || "(the voice)";
+    $("speaker").appendChild(o);
+  }
+});
+$("play").onclick = async () => {
+  const body = {text: $("text").value, pace: parseFloat($("pace").value), ssml: $("ssml").checked};
+  if ($("speaker").value) body.speaker = $("speaker").value;
+  $("status").textContent = "speaking...";
+  const r = await fetch("synthesize", {method: "POST", headers: {"Content-Type": "application/json"},
+                                       body: JSON.stringify(body)});
+  if (!r.ok) { $("status").textContent = "error: " + (await r.json()).error; return; }
+  const audio = await r.blob();
+  $("audio").src = URL.createObjectURL(audio);
+  $("audio").dataset.bytes = audio.size;
+  $("status").textContent = "";
+  $("audio").play().catch(() => {});
+};
+</script></body></html>
+"""
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""`python -m pipeline.serve` as a real process on a free loopback port, with the training modules made
+unimportable: every endpoint, every error as one-line JSON, the queue's 503, stalled and vanishing
+clients, and the page driven by headless Chromium (skipped, with the reason, without it)."""
+import http.client
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import wave
+from io import BytesIO
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from test_speak import blocked_command, child_env
+
+LONG = " ".join(f"Sentence number {n} is here, and it is not very short." for n in range(1, 7))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(port, method, path, body=None, headers=None, timeout=120):
+    """(status, headers dict, body bytes) of one request."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def server(exported_voice):
+    """The server (1 model call at a time, 1 more queued, 2 s for a client to send a request), started
+    with pipeline.train/data/models/vocoder/cache/export/config, Snakemake, librosa ... unimportable."""
+    port = free_port()
+    argv = blocked_command("pipeline.serve", "--voice", str(exported_voice), "--port", str(port), "--workers", "1",
+                           "--queue", "1", "--client-timeout", "2")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            try:
+                if call(port, "GET", "/health", timeout=5)[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the server did not answer /health"
+            time.sleep(0.3)
+        yield SimpleNamespace(port=port, proc=proc, url=f"http://127.0.0.1:{port}/")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_health_voices_and_page(server, exported_voice):
+    assert call(server.port, "GET", "/health")[::2] == (200, b'{"status":"ok"}')
+    meta = json.loads((exported_voice / "export.json").read_text())
+    status, headers, body = call(server.port, "GET", "/voices")
+    assert status == 200 and json.loads(body) == {"speakers": meta["speakers"], "languages": meta["languages"],
+                                                  "sample_rate": meta["sample_rate"]}
+    status, headers, body = call(server.port, "GET", "/")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    assert all(part in body.decode() for part in ('<textarea id="text"', 'id="speaker"', 'id="pace"', 'id="play"',
+                                                  '<audio id="audio"'))
+
+
+def stream(port, body, first_only=False):
+    """(status line, headers, [chunks]) of POST /synthesize?stream=true read off the socket, chunk by chunk."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST /synthesize?stream=true HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    f = sock.makefile("rb")
+    status = f.readline().decode().strip()
+    headers = {}
+    while (line := f.readline().strip()):
+        key, _, value = line.decode().partition(":")
+        headers[key.lower()] = value.strip()
+    chunks = []
+    while (size := int(f.readline().strip(), 16)):
+        chunks.append(f.read(size))
+        f.readline()
+        if first_only:
+            break
+    sock.close()
+    return status, headers, chunks
+
+
+def test_synthesize_wav_and_a_stream_of_one_chunk_per_sentence(server):
+    text = {"text": "Hello there. How are you today? Fine.", "pace": 1.1, "pitch_shift": -1.0}
+    status, headers, body = call(server.port, "POST", "/synthesize", text)
+    assert status == 200 and headers["content-type"] == "audio/wav"
+    with wave.open(BytesIO(body)) as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 22050)
+        wav = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+    assert len(wav) > 22050 and np.abs(wav).max() > 0
+    status, headers, chunks = stream(server.port, text)
+    assert status == "HTTP/1.1 200 OK" and headers["transfer-encoding"] == "chunked"
+    assert headers["content-type"] == "audio/L16;rate=22050;channels=1"
+    assert len(chunks) == 3 and all(len(c) > 0 for c in chunks)              # one chunk per sentence
+    np.testing.assert_array_equal(np.frombuffer(b"".join(chunks), ">i2"), wav)  # L16: big-endian, the same audio
+
+
+BOMB = ('<?xml version="1.0"?><!DOCTYPE speak [<!ENTITY a "aaaaaaaaaa">'
+        + "".join(f'<!ENTITY {c} "{f"&{p};" * 10}">' for p, c in zip("abcdefgh", "bcdefghi")) + "]><speak>&i;</speak>")
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ('{"text": "Hello', 400, "the body is not JSON"),
+    ('{"text": "Hello", "pace": NaN}', 400, "pace: nan is outside 0.25..4"),
+    ({"text": "Hello", "pace": -1}, 400, "pace: -1 is outside 0.25..4"),
+    ({"text": "Hello", "pace": 1e308}, 400, "pace: 1e+308 is outside"),
+    ({"text": "Hello", "pitch_shift": "up"}, 400, "pitch_shift: a number, not 'up'"),
+    ({"text": "Hello", "speaker": "nobody"}, 400, "speaker: unknown speaker 'nobody'"),
+    ({"text": "Hello", "language": "xx"}, 400, "language: unknown language 'xx'"),
+    ({"text": "Hello", "volume": 2}, 400, "unknown field(s) 'volume'"),
+    ({"text": ""}, 400, "text: a non-empty string is required"),
+    ({"text": "Hello", "ssml": "yes"}, 400, "ssml: true or false"),
+    (["Hello"], 400, "the body must be a JSON object"),
+    ("[" * 50_000, 400, "the body is not JSON"),
+    ({"text": "Say [[ Q ]]"}, 400, "line 1, column 5: phoneme(s) Q not in this voice's symbols"),
+    ({"text": "<speak>Hi <b>x</b></speak>"}, 400, "line 1, column 11: <b> is not in the supported subset"),
+    ({"text": "Hi <break time='1s'/>", "ssml": True}, 200, None),
+    ({"text": BOMB}, 400, "a DTD (<!DOCTYPE>) is not accepted"),
+    ({"text": "x" * 120_000}, 413, "body over 100000 bytes"),
+])
+def test_bad_requests_get_one_line_json_errors(server, body, status, message):
+    got, headers, answer = call(server.port, "POST", "/synthesize", body)
+    assert got == status, answer[:300]
+    if message:
+        assert headers["content-type"] == "application/json" and b"\n" not in answer
+        assert message in json.loads(answer)["error"]
+
+
+def test_other_errors_and_the_server_stays_up(server):
+    for method, path, status in (("GET", "/synthesize", 405), ("GET", "/nope", 404), ("POST", "/health", 405)):
+        got, headers, answer = call(server.port, method, path)
+        assert got == status and "error" in json.loads(answer)
+    got, _, answer = call(server.port, "POST", "/synthesize?stream=maybe", {"text": "Hi"})
+    assert got == 400 and json.loads(answer) == {"error": "stream: true or false"}
+    assert call(server.port, "GET", "/health")[0] == 200 and server.proc.poll() is None
+
+
+def test_a_full_queue_answers_503(server):
+    results = []
+
+    def ask():
+        results.append(call(server.port, "POST", "/synthesize", {"text": LONG}))
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    statuses = sorted(r[0] for r in results)
+    assert statuses[0] == 200 and statuses[-1] == 503, statuses           # 1 running + 1 queued, the rest 503
+    busy = [json.loads(r[2])["error"] for r in results if r[0] == 503]
+    assert all(e.startswith("busy: 2 requests in progress or queued") for e in busy)
+    assert call(server.port, "POST", "/synthesize", {"text": "Hi."})[0] == 200   # the places were given back
+
+
+def test_stalled_and_vanishing_clients_are_dropped(server):
+    half = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    half.sendall(b"POST /synthesize HTTP/1.1\r\nHost: x\r\nContent-Le")              # half a head, then nothing
+    slow = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    slow.sendall(b"POST /synthesize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"text\": ")  # half a body
+    t0 = time.monotonic()
+    assert half.recv(1000) == b""                                                     # closed by the server
+    answer = b""
+    while not answer.endswith(b"}") and (data := slow.recv(1000)):
+        answer += data
+    answer = answer.decode()
+    assert answer.startswith("HTTP/1.1 408") and "the body was not sent within 2 s" in answer
+    assert time.monotonic() - t0 < 15
+    for _ in range(2):                                      # leave mid-stream: the queue place must come back
+        status, _, chunks = stream(server.port, {"text": LONG}, first_only=True)
+        assert status.endswith("200 OK") and len(chunks) == 1
+    for _ in range(2):
+        assert call(server.port, "POST", "/synthesize", {"text": "Still here."})[0] == 200
+    assert call(server.port, "GET", "/health")[0] == 200 and server.proc.poll() is None
+
+
+def test_the_page_speaks_in_a_browser(server):
+    """Headless Chromium types a sentence, presses play, and its audio element loads the sound."""
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver_path):
+        pytest.skip("Debian's chromium and chromium-driver are not installed (install.sh installs them as root)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (requirements.txt)")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--autoplay-policy=no-user-gesture-required", "--mute-audio"):
+        options.add_argument(arg)
+    browser = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+    try:
+        browser.get(server.url)
+        box = browser.find_element(By.ID, "text")
+        box.clear()
+        box.send_keys("Hello from the browser.")
+        WebDriverWait(browser, 30).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#speaker option"))
+        browser.find_element(By.ID, "play").click()
+        state = "const a = document.getElementById('audio'); return [a.readyState, a.duration, a.dataset.bytes || 0]"
+        WebDriverWait(browser, 60).until(lambda b: b.execute_script(state)[0] >= 1)   # HAVE_METADATA or more
+        ready, duration, size = browser.execute_script(state)
+        assert duration > 0.3 and int(size) > 44 * 2, (ready, duration, size)   # a wav of real length
+        assert browser.find_element(By.ID, "status").text == ""
+    finally:
+        browser.quit()
