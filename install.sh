@@ -16,6 +16,16 @@ if ! command -v espeak-ng >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep li
 fi
 python3 -m pip install -q --disable-pip-version-check -r requirements.txt
 
+# --- headless Chromium (tests/test_serve.py drives the voice server's page with it) -----------------
+# Debian's chromium and chromium-driver; without root they are not installed and that one test skips.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    echo "install.sh: not root, so no chromium / chromium-driver: the browser test of tests/test_serve.py will skip" >&2
+  fi
+fi
+
 # --- SLURM on localhost (tests/test_slurm.py, scripts/local-slurm.sh) ---------------------------
 # munge, slurmctld, slurmd, slurmdbd, slurm-client and mariadb-server from Debian's packages, so
 # that the SLURM test runs; it needs root, and skips without these packages (about 35 s).
