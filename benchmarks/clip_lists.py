@@ -47,7 +47,7 @@ def log(*a):
 
 
 def job_command(kind, cfg, shard, out):
-    """The shell command of the kind's rule (rules/cache.smk), with the config sections rules/common.smk passes."""
+    """The shell command of the kind's rule (rules/cache.smk), with the config sections rules/functions/cache.smk passes."""
     ds = cfg["dataset"]
     if kind == "tokens":
         job = dict(dataset={k: ds[k] for k in ("root", "metadata", "audio_dir")}, text=cfg["text"])

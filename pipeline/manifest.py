@@ -110,7 +110,7 @@ def audio_stamp(path):
 # A shard job needs ~100 rows, but reading them from the dataset means reading all of it: every
 # row of metadata.csv parsed and hashed for its shard (every text file, for vctk and libritts).
 # That is O(clips) per job and O(clips x shards) per build: ~0.1 CPU s a job on 13,100 clips, hours
-# on 1,000,000. So the Snakemake run that starts the jobs (rules/common.smk, onstart) writes each
+# on 1,000,000. So the Snakemake run that starts the jobs (rules/functions/cache.smk, onstart) writes each
 # shard's clips from the manifest it read anyway, and the jobs read just theirs.
 
 CLIP_LISTS_ENV = "PIPELINE_CLIP_LISTS"  # the folder of the lists, set for the jobs Snakemake starts

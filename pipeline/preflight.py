@@ -2,13 +2,14 @@
 config (rules/common.smk), so a bad value starts no job and so deletes no output.
 
 Checks the dataset paths, that espeak-ng has the voice of `text.language` (phonemes front end), and
-that `model.kind` loads (a user's own kind is imported and must take (model_cfg, vocab, n_mels)).
-Each failure is a ConfigError naming the key.
+that `model.kind` loads (a user's own kind is imported and must take (model_cfg, vocab, n_mels)), and
+that a trained run of the same `name` was made with the config's text, audio and pitch settings (else
+planning would rebuild its caches in place). Each failure is one line naming the key.
 """
 import shutil
 import subprocess
 
-from pipeline import config, models
+from pipeline import config, models, runinfo
 
 
 def espeak_voices():
@@ -36,3 +37,4 @@ def preflight(cfg):
                               + (f" (voices of that language: {', '.join(close)})" if close else "")
                               + "; `espeak-ng --voices` lists them")
     models.check_kind(cfg["model"])
+    runinfo.check_unchanged(cfg)

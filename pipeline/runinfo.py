@@ -104,11 +104,33 @@ def changes(saved, now):
     for table in ("speakers", "languages"):  # a speaker's id is its position: a new table moves them
         if saved.get(table, []) != now[table] and len(now[table]) + len(saved.get(table, [])) > 2:
             out.append(f"the {table} changed ({', '.join(saved.get(table, [])) or 'none'} -> {', '.join(now[table])})")
+    return out + setting_changes(saved, now["config"])
+
+
+def setting_changes(saved, cfg):
+    """Sentences naming each text, audio or pitch key of the config that differs from what the run
+    recorded in run.json (`saved`): the settings its caches, vocabulary and weights were made with."""
+    out = []
     for section in ("text", "audio", "pitch"):
-        a, b = saved["config"].get(section, {}), now["config"][section]
+        a, b = saved["config"].get(section, {}), json.loads(json.dumps(cfg[section]))
         keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         out += [f"{section}.{k} changed ({a.get(k)!r} -> {b.get(k)!r})" for k in keys]
     return out
+
+
+def check_unchanged(cfg):
+    """RunChanged, before any job runs, when the config's text, audio or pitch settings differ from those
+    of the trained run of the same `name`: planning would otherwise rebuild the caches in place and
+    delete the run's train.json before `train` refused. Nothing to check before a run exists."""
+    run = config.run_dir(cfg)
+    saved = _read(run)
+    if saved is None:
+        return
+    diff = setting_changes(saved, cfg)
+    if diff:
+        raise RunChanged(f"{path(run)}: run {cfg['name']!r} was trained with other settings: {'; '.join(diff)}. "
+                         f"Nothing was run. Give this configuration another `name` (--config name=...) to build it "
+                         f"beside the trained run, restore the settings, or delete {run} to train anew")
 
 
 def for_training(cfg, index, stats, run_dir, resuming, log=print):

@@ -22,7 +22,7 @@ interrupted job leaves no shard that loads (and Snakemake reruns it).
 
 A damaged shard (a .bin whose size or checksum no longer matches its JSON: truncated, overwritten, a
 flipped byte with its mtime kept) is refused by `check`/`read` and by the loader's graph, and
-`intact` reports it to planning (rules/common.smk `repair`), so `snakemake caches` (or `durations`)
+`intact` reports it to planning (rules/functions/cache.smk `repair`), so `snakemake caches` (or `durations`)
 reruns exactly its job.
 """
 import hashlib
@@ -218,7 +218,7 @@ def intact(*outs):
     else "damaged".
 
     `outs` are the shards one job writes (mel_shard: mels and energy). Planning asks this of every
-    shard (rules/common.smk `repair`), so a damaged one is rebuilt by its own job alone. A job none of
+    shard (rules/functions/cache.smk `repair`), so a damaged one is rebuilt by its own job alone. A job none of
     whose files exist is "ok" (it runs anyway, its outputs are missing); a job with some of its files
     missing (a deleted .bin, .stats.npy or energy shard) is "damaged": `cache_index` lists only the
     JSON files of tokens, mels and pitch, so only this check notices the others are gone.

@@ -7,6 +7,9 @@
 # checked when its input is ancient). `snakemake --forcerun train_aligner` retrains on purpose.
 
 
+include: "functions/align.smk"
+
+
 rule train_aligner:
     input:
         index=ancient(str(rules.cache_index.output.index)),  # str(): ancient() flags its argument in place
@@ -24,11 +27,11 @@ rule train_aligner:
     params:
         config=aligner_settings,
     shell:
-        "python -m pipeline.align --config {params.config:q} --out {output.summary} --threads {threads} > {log} 2>&1"
+        "python -m pipeline.align --config {params.config:q} --out {output.summary:q} --threads {threads} > {log:q} 2>&1"
 
 
 # Like every cache shard, a damaged duration shard (size or checksum) makes planning write its
-# repair marker (rules/common.smk `repair`), so `snakemake durations` reruns exactly that job.
+# repair marker (rules/functions/cache.smk `repair`), so `snakemake durations` reruns exactly that job.
 rule duration_shard:
     input:
         repair=repair("durations"),
@@ -55,7 +58,7 @@ rule duration_shard:
         out=lambda wildcards: CACHE / f"durations/shard-{wildcards.shard}",
         code=DURATION_CODE,
     shell:
-        "python -m pipeline.durations --config {params.config:q} --shard {wildcards.shard} --aligner {input.aligner} --tokens {input.tokens} --mels {input.mels} --out {params.out} > {log} 2>&1"
+        "python -m pipeline.durations --config {params.config:q} --shard {wildcards.shard} --aligner {input.aligner:q} --tokens {input.tokens:q} --mels {input.mels:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule aligner:

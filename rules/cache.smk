@@ -1,7 +1,10 @@
 # Preprocessing: one token_shard, mel_shard (mels + energy + audio on the mel grid) and pitch_shard job per
 # shard, then the index. The audio shards are the vocoder's (rules/vocoder.smk), not the index's.
-# Each job's params carry a digest of just its own rows/files and settings (rules/common.smk); its
+# Each job's params carry a digest of just its own rows/files and settings (rules/functions/cache.smk); its
 # one input is a repair marker that planning writes when the shard is damaged (truncated .bin).
+
+
+include: "functions/cache.smk"
 
 
 rule token_shard:
@@ -21,7 +24,7 @@ rule token_shard:
         rows=token_rows,
         out=lambda wildcards: CACHE / f"tokens/shard-{wildcards.shard}",
     shell:
-        "python -m pipeline.cache tokens --config {params.config:q} --shard {wildcards.shard} --out {params.out} > {log} 2>&1"
+        "python -m pipeline.cache tokens --config {params.config:q} --shard {wildcards.shard} --out {params.out:q} > {log:q} 2>&1"
 
 
 # No audio file is an input: Snakemake re-stats every input of every ready job whenever a job
@@ -52,7 +55,7 @@ rule mel_shard:
         energy=lambda wildcards: CACHE / f"energy/shard-{wildcards.shard}",
         audio=lambda wildcards: CACHE / f"audio/shard-{wildcards.shard}",
     shell:
-        "python -m pipeline.cache mels --config {params.config:q} --shard {wildcards.shard} --out {params.out} --energy {params.energy} --audio {params.audio} > {log} 2>&1"
+        "python -m pipeline.cache mels --config {params.config:q} --shard {wildcards.shard} --out {params.out:q} --energy {params.energy:q} --audio {params.audio:q} > {log:q} 2>&1"
 
 
 rule pitch_shard:
@@ -73,13 +76,13 @@ rule pitch_shard:
         clips=pitch_clips,
         out=lambda wildcards: CACHE / f"pitch/shard-{wildcards.shard}",
     shell:
-        "python -m pipeline.cache pitch --config {params.config:q} --shard {wildcards.shard} --out {params.out} > {log} 2>&1"
+        "python -m pipeline.cache pitch --config {params.config:q} --shard {wildcards.shard} --out {params.out:q} > {log:q} 2>&1"
 
 
 # The inputs are the JSON files of tokens, mels and pitch alone (3 a shard: each is the last file its
 # job writes, so a rerun shard reruns the index). Listing every .bin, .json and .stats.npy (11 a
 # shard) made Snakemake re-check ~1,400 files as jobs finished. A deleted .bin, .stats.npy or energy
-# file is still rebuilt: planning's repair check (rules/common.smk) reruns a job with a file missing.
+# file is still rebuilt: planning's repair check (rules/functions/cache.smk) reruns a job with a file missing.
 # The job finds the shards from the config: one path per input on its command line would overflow
 # Linux's 128 KiB limit on one argument (`bash -c ...`) from about 1,000 shards on.
 rule cache_index:
@@ -105,7 +108,7 @@ rule cache_index:
             pitch=config["pitch"],
         ),
     shell:
-        "python -m pipeline.cache index --config {params.config:q} --out {output.index} > {log} 2>&1"
+        "python -m pipeline.cache index --config {params.config:q} --out {output.index:q} > {log:q} 2>&1"
 
 
 rule caches:

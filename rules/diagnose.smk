@@ -26,4 +26,4 @@ rule diagnose:
         ),
         out=REPORT,
     shell:
-        "python -m pipeline.diagnose --config {params.config:q} --out {params.out} > {log} 2>&1"
+        "python -m pipeline.diagnose --config {params.config:q} --out {params.out:q} > {log:q} 2>&1"

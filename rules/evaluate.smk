@@ -23,4 +23,4 @@ rule evaluate:
         config=config_without("diagnose"),
         out=REPORT,
     shell:
-        "python -m pipeline.evaluate --config {params.config:q} --out {params.out} > {log} 2>&1"
+        "python -m pipeline.evaluate --config {params.config:q} --out {params.out:q} > {log:q} 2>&1"

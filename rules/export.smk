@@ -42,4 +42,4 @@ rule export:
         ),
         out=RUN / "export",
     shell:
-        "python -m pipeline.export --config {params.config:q} --out {params.out} > {log} 2>&1"
+        "python -m pipeline.export --config {params.config:q} --out {params.out:q} > {log:q} 2>&1"

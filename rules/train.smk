@@ -5,6 +5,9 @@
 # (model.kind fastpitch or a user's own) wait for every duration shard.
 
 
+include: "functions/train.smk"
+
+
 rule train:
     input:
         index=rules.cache_index.output.index,
@@ -31,7 +34,7 @@ rule train:
             keep={"synthesize": ["griffin_lim_iters"]},
         ),
     shell:
-        "python -m pipeline.train --config {params.config:q} --out {output.summary} --threads {threads} 2>&1 | tee {log}"
+        "python -m pipeline.train --config {params.config:q} --out {output.summary:q} --threads {threads} 2>&1 | tee {log:q}"
 
 
 # The one declared output is sentences.json, written last: Snakemake deletes a job's outputs before
@@ -54,4 +57,4 @@ rule synthesize:
         config=config_without("evaluate", "diagnose", "reports_dir"),
         out=RUN / "samples",
     shell:
-        "python -m pipeline.synthesize --config {params.config:q} --out {params.out} > {log} 2>&1"
+        "python -m pipeline.synthesize --config {params.config:q} --out {params.out:q} > {log:q} 2>&1"

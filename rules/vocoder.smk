@@ -4,11 +4,20 @@
 # Checkpoints live in runs/{name}/vocoder/{train,finetune}/ (not outputs: a rerun resumes from them).
 
 
+include: "functions/vocoder.smk"
+
+
 rule train_vocoder:
     input:
         index=rules.cache_index.output.index,
         audio=shard_files("audio", ".json"),
         audio_bin=shard_files("audio", ".bin"),
+        # F0 from the pitch cache for the kinds registered with uses_f0 (pipeline/vocoder/kinds.py)
+        pitch=(
+            shard_files("pitch", ".json", ".bin")
+            if config["vocoder"]["kind"] in ("source_filter",)
+            else []
+        ),
     output:
         **vocoder_outputs("train"),
     log:
@@ -24,7 +33,7 @@ rule train_vocoder:
         config=vocoder_settings("train"),
         final="--final" if FINETUNE == 0 else "",
     shell:
-        "python -m pipeline.vocoder.train --config {params.config:q} --phase train --out {output.summary} {params.final} --threads {threads} 2>&1 | tee {log}"
+        "python -m pipeline.vocoder.train --config {params.config:q} --phase train --out {output.summary:q} {params.final} --threads {threads} 2>&1 | tee {log:q}"
 
 
 rule gta_shard:
@@ -42,7 +51,7 @@ rule gta_shard:
         config=gta_settings,
         out=lambda wildcards: RUN / f"gta/shard-{wildcards.shard}",
     shell:
-        "python -m pipeline.vocoder.gta --config {params.config:q} --shard {wildcards.shard} --out {params.out} > {log} 2>&1"
+        "python -m pipeline.vocoder.gta --config {params.config:q} --shard {wildcards.shard} --out {params.out:q} > {log:q} 2>&1"
 
 
 if FINETUNE > 0:
@@ -51,6 +60,11 @@ if FINETUNE > 0:
         input:
             first=RUN / "vocoder/train.json",
             gta=expand(RUN / "gta/shard-{shard}.json", shard=SHARDS),
+            pitch=(
+                shard_files("pitch", ".json", ".bin")
+                if config["vocoder"]["kind"] in ("source_filter",)
+                else []
+            ),
         output:
             **vocoder_outputs("finetune"),
         log:
@@ -65,7 +79,7 @@ if FINETUNE > 0:
         params:
             config=vocoder_settings("finetune"),
         shell:
-            "python -m pipeline.vocoder.train --config {params.config:q} --phase finetune --out {output.summary} --final --threads {threads} 2>&1 | tee {log}"
+            "python -m pipeline.vocoder.train --config {params.config:q} --phase finetune --out {output.summary:q} --final --threads {threads} 2>&1 | tee {log:q}"
 
 
 rule vocoder:

@@ -108,7 +108,7 @@ def test_shard_jobs_given_the_runs_clip_lists_read_no_dataset_text_and_write_the
         texts = [root / "metadata.csv"]
     else:
         planned, texts = _sources_dataset(tmp_path, corpus_template)
-    # what each job's rule gives it (rules/common.smk): mel and pitch jobs get no speaker or language
+    # what each job's rule gives it (rules/functions/cache.smk): mel and pitch jobs get no speaker or language
     audio_ds = ({"sources": [{k: s[k] for k in ("root", "format", "name")} for s in planned["sources"]]}
                 if form == "sources" else dict(planned))
     jobs = {"tokens": dict(JOBS["tokens"], dataset=planned),

@@ -1,0 +1,136 @@
+# Input and params functions of the caches (rules/cache.smk): each shard job's settings, its rows' and audio files' digests,
+# the clip lists the shard jobs read, and the repair of a damaged shard.
+
+
+def _shard_sources(shard, keys):
+    """The sources holding clips of this shard, with just `keys`: adding a source, or changing one
+    source's language, changes only the settings of the shards holding its clips."""
+    names = sorted({c.source for c in MANIFEST[int(shard)]})
+    return [{k: SOURCES[n][k] for k in keys if k in SOURCES[n]} for n in names]
+
+
+def token_settings(wildcards):
+    if SOURCES:
+        dataset = {
+            "sources": _shard_sources(
+                wildcards.shard, ("root", "format", "name", "speaker", "language")
+            )
+        }
+    else:
+        dataset = {k: DS[k] for k in ("root", "metadata", "audio_dir")}
+    return _inline(
+        dataset=dataset,
+        cache={"shards": config["cache"]["shards"]},
+        text=config["text"],
+    )
+
+
+def token_rows(wildcards):
+    clips = MANIFEST[int(wildcards.shard)]
+    return pshards.digest(PROVENANCE["tokens"], *(c.line for c in clips))
+
+
+def _audio_job_dataset(shard):
+    # val_fraction only changes cache_index (the statistics), never a mel or a pitch track;
+    # a source's speaker and language never change audio
+    if SOURCES:
+        return {
+            "bad_audio": DS["bad_audio"],
+            "max_seconds": DS["max_seconds"],
+            "sources": _shard_sources(shard, ("root", "format", "name")),
+        }
+    return {k: v for k, v in DS.items() if k != "val_fraction"}
+
+
+def mel_settings(wildcards):
+    return _inline(
+        dataset=_audio_job_dataset(wildcards.shard),
+        cache={"shards": config["cache"]["shards"]},
+        audio=config["audio"],
+    )
+
+
+def pitch_settings(wildcards):
+    return _inline(
+        dataset=_audio_job_dataset(wildcards.shard),
+        cache={"shards": config["cache"]["shards"]},
+        **pshards.settings("pitch", config),
+    )
+
+
+if SOURCES:  # each clip names its own file
+    AUDIO = {
+        c.id: pmanifest.audio_stamp(c.audio) for cs in MANIFEST.values() for c in cs
+    }
+else:  # one directory scan, not 3 stats a clip
+    AUDIO = pmanifest.audio_files(DS["root"], DS["audio_dir"])
+PROVENANCE = {kind: pshards.provenance(kind, config) for kind in pshards.CACHE_KINDS}
+
+
+def publish_clip_lists():
+    """Before the jobs start: each shard's clips, from the manifest read above, where the shard jobs
+    read theirs (pipeline/manifest.py, shard_manifest) instead of reading the whole dataset each.
+    Unchanged data writes nothing. If it cannot be written, the jobs read the dataset as before.
+    """
+    dataset = {"sources": list(SOURCES.values())} if SOURCES else DS
+    try:
+        folder = pmanifest.write_clip_lists(
+            MANIFEST, config["cache"]["shards"], CACHE / ".clips", dataset
+        )
+    except OSError as e:
+        print(
+            f"clip lists not written ({e}); shard jobs read the dataset",
+            file=sys.stderr,
+        )
+        return
+    os.environ[pmanifest.CLIP_LISTS_ENV] = str(folder.resolve())
+
+
+onstart:
+    publish_clip_lists()
+
+
+# shard: its clips' entries, made once for both mel_shard and pitch_shard
+_CLIP_FILES = {}
+
+
+def _clip_files(kind, shard):
+    # each clip's id, the file it resolves to, its size and mtime: adding, removing, renaming or
+    # replacing a clip changes this, even a replacement moved in with an older mtime (mv, cp -p)
+    if shard not in _CLIP_FILES:
+        _CLIP_FILES[shard] = [f"{c.id}={AUDIO.get(c.id)}" for c in MANIFEST[int(shard)]]
+    return pshards.digest(PROVENANCE[kind], *_CLIP_FILES[shard])
+
+
+def mel_clips(wildcards):
+    return _clip_files("mels", wildcards.shard)
+
+
+def pitch_clips(wildcards):
+    return _clip_files("pitch", wildcards.shard)
+
+
+def repair(*kinds):
+    """Input function that makes a damaged shard's job stale: when a shard's .bin no longer has the
+    size its JSON records (truncated, overwritten), planning writes a fresh marker,
+    cache/{name}/.repair/{kind}-NNN, newer than the shard and with new content (Snakemake skips an
+    mtime change when the checksum is the same), so the mtime trigger reruns exactly that job. A
+    marker, once made, stays listed so the input set does not change again. Nothing is deleted.
+    A job with some of its files deleted (a .bin, a .stats.npy, the energy shard) is damaged too:
+    cache_index lists only the token, mel and pitch JSON files, so no one else would ask for them.
+    """
+
+    def inputs(wildcards):
+        marker = CACHE / ".repair" / f"{kinds[0]}-{wildcards.shard}"
+        if (
+            pshards.intact(
+                *(pshards.prefix(CACHE, kind, wildcards.shard) for kind in kinds)
+            )
+            != "ok"
+        ):
+            pfiles.atomic_write_text(
+                marker, f"damaged shard found at {time.time_ns()}\n"
+            )
+        return [marker] if marker.exists() else []
+
+    return inputs

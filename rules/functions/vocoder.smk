@@ -1,0 +1,50 @@
+# Input and params functions of the vocoder (rules/vocoder.smk): each phase's settings and outputs, the GTA shards' settings.
+
+
+_CACHE_SECTIONS = (
+    "name",
+    "dataset",
+    "cache",
+    "audio",
+    "text",
+    "pitch",
+)  # what reading the index checks
+_PLACEMENT = (
+    "placement",
+    "data_device",
+    "model_device",
+    "jit_compile",
+    "mixed_precision",
+    "seed",
+)
+
+
+def vocoder_outputs(phase):
+    """train_vocoder writes the final runs/{name}/vocoder.json itself when there is no fine-tuning."""
+    out = {"summary": RUN / f"vocoder/{phase}.json"}
+    if phase == "finetune" or FINETUNE == 0:
+        out["final"] = RUN / "vocoder.json"
+    return out
+
+
+def vocoder_settings(phase):
+    """The first phase does not see finetune_steps, so changing it reruns fine-tuning alone."""
+    v = dict(config["vocoder"])
+    if phase == "train":
+        v.pop("finetune_steps")
+
+    def params(wildcards):
+        return _inline(
+            **{k: config[k] for k in _CACHE_SECTIONS + ("runs_dir", "reports_dir")},
+            train={k: config["train"][k] for k in _PLACEMENT},
+            vocoder=v,
+        )
+
+    return params
+
+
+def gta_settings(wildcards):
+    return _inline(
+        **{k: config[k] for k in _CACHE_SECTIONS + ("runs_dir", "model")},
+        synthesize={"max_seconds": config["synthesize"]["max_seconds"]},
+    )

@@ -1,0 +1,51 @@
+"""What the rules let a config do to the machine and to finished work: a path key never runs as shell,
+and a setting changed under a trained run is refused before any job runs."""
+import os
+
+import yaml
+from conftest import edited_copy, load_json, snakemake, write_config
+
+from pipeline import config
+
+
+def test_a_cache_dir_with_spaces_and_shell_syntax_is_a_folder_name_not_a_command(corpus, tmp_path):
+    root, _ = corpus
+    marker = tmp_path / "injected"
+    odd = tmp_path / f"my cache;touch$IFS{marker};#"  # what `cache={dir: ...}` on the command line can hold
+    path = write_config(tmp_path, root, cache={"dir": str(odd), "shards": 2})
+    proc = snakemake("caches", config=path, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not marker.exists()
+    index = load_json(odd / "t" / "index.json")
+    assert index["counts"]["clips"] == 24 and (odd / "t" / "mels" / "shard-001.bin").is_file()
+
+
+def _stamps(run):
+    return {p: p.stat().st_mtime_ns for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def test_an_audio_change_under_a_trained_run_is_refused_before_any_job_runs(trained_run):
+    cache = config.cache_dir(trained_run.cfg)
+    before = _stamps(trained_run.run) | _stamps(cache)
+    hop = trained_run.cfg["audio"]["hop_length"]
+    edited = edited_copy(trained_run.path, "hop.yaml", audio={"hop_length": hop // 2, "win_length": hop * 2})
+    for extra in (("-n",), ()):  # planning alone, and a real run: neither starts a job
+        proc = snakemake("train", *extra, config=edited, check=False)
+        assert proc.returncode != 0
+        line = [x for x in proc.stderr.splitlines() if "audio.hop_length changed" in x]
+        assert line and f"({hop!r} -> {hop // 2!r})" in line[0] and "Nothing was run" in line[0], proc.stderr[-2000:]
+        assert "name" in line[0] and str(trained_run.run) in line[0]
+    assert _stamps(trained_run.run) | _stamps(cache) == before
+    assert (trained_run.run / "train.json").is_file()
+
+
+def test_the_same_change_under_another_name_plans_beside_the_trained_run(trained_run):
+    cfg = yaml.safe_load(trained_run.path.read_text())
+    cfg["name"] = "t-hop"
+    cfg["audio"] = {**cfg.get("audio", {}), "hop_length": 128, "win_length": 512}
+    edited = trained_run.path.parent / "hop-named.yaml"
+    edited.write_text(yaml.safe_dump(cfg))
+    proc = snakemake("caches", "-n", "--quiet", "rules", config=edited, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "mel_shard" in proc.stdout + proc.stderr
+    assert not os.path.exists(trained_run.run.parent / "t-hop")
