@@ -87,7 +87,7 @@ def test_no_function_in_the_package_is_longer_than_60_lines():
     assert long == []
 
 
-_CITED = re.compile(r"`((?:pipeline|rules|configs|docs|tests|benchmarks|scripts|profiles|data)/[\w./-]+)`")
+_CITED = re.compile(r"`((?:pipeline|rules|configs|docs|tests|benchmarks|scripts|profiles|data/demo)/[\w./-]+)`")
 
 
 def test_every_file_the_readme_and_docs_cite_exists():
@@ -101,11 +101,11 @@ def test_every_file_the_readme_and_docs_cite_exists():
 def test_every_plug_point_is_one_registry_whose_entries_declare_their_properties():
     import pytest
 
-    from pipeline import config, formats, models
+    from pipeline import config, formats, models, pitch
     from pipeline.registry import Registry
     from pipeline.vocoder import kinds
     for registry, key in ((models.KINDS, "model.kind"), (kinds.KINDS, "vocoder.kind"),
-                          (formats.FORMATS, "dataset.sources[].format")):
+                          (formats.FORMATS, "dataset.sources[].format"), (pitch.METHODS, "pitch.method")):
         assert isinstance(registry, Registry) and registry.key == key and len(registry) >= 2
         assert all(set(vars(registry.get(name))) == {"name", *registry.properties} for name in registry)
     assert not models.needs_durations({"kind": "transformer_tts"}) and models.needs_durations({"kind": "fastpitch"})
