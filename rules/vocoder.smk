@@ -7,6 +7,13 @@
 include: "functions/vocoder.smk"
 
 
+from pipeline.vocoder import inputs as pvinputs
+
+# said before any job runs, dry runs too: each phase whose checkpoints a changed setting sets aside
+for _note in pvinputs.notes(config):
+    print(_note, file=sys.stderr)
+
+
 rule train_vocoder:
     input:
         index=rules.cache_index.output.index,

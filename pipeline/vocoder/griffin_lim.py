@@ -13,7 +13,11 @@ exported SavedModel and TFLite model, pipeline/export.py): "fft" transforms give
 agree to ~1e-4. The
 starting phase is a fixed table, not a random op, so every runtime starts from the same phase.
 """
+import errno
 import functools
+import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 import soundfile as sf
@@ -28,6 +32,8 @@ NNLS_ITERS = 50  # refinements of the mel pseudo-inverse (cheap: two (F, K) x (K
 PEAK = 0.95      # clipping audio is scaled to this peak before 16-bit conversion
 TINY = 1e-7      # divisions' floor; float16 holds it (1e-10 would round to 0 in a float16 TFLite model: 0/0)
 PHASE_FRAMES = 64  # rows of the fixed random starting phase, repeated over longer mels
+WAV_BLOCK = 1 << 18  # samples save_wav converts and writes at a time
+FULL_DISK_BYTES = 1 << 20  # a write that fails with less free than this failed for want of space
 
 
 def _window_fn(n_fft, win_length):
@@ -149,10 +155,25 @@ def griffin_lim(log_mel, *, sample_rate, n_fft, hop_length, win_length, n_mels, 
     return _griffin_lim(log_mel, tf.constant(iters), tf.constant(float(power)), audio)
 
 
+def _write_wav(tmp, audio, sample_rate, scale):
+    """16-bit PCM into `tmp` a block at a time (a long wav is never converted whole), then fsync. A full
+    disk, which libsndfile reports only as a "System error", becomes OSError ENOSPC."""
+    try:
+        with sf.SoundFile(tmp, "w", int(sample_rate), 1, subtype="PCM_16", format="WAV") as f:
+            for start in range(0, len(audio), WAV_BLOCK):
+                f.write(audio[start:start + WAV_BLOCK] * np.float32(scale))
+    except (sf.LibsndfileError, AssertionError):
+        if shutil.disk_usage(Path(tmp).parent).free < FULL_DISK_BYTES:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp)) from None
+        raise
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+
+
 def save_wav(path, audio, sample_rate):
-    """Write 16-bit PCM atomically (temp file + rename); audio that would clip is scaled to a 0.95 peak."""
+    """Write 16-bit PCM atomically (temp file + rename); audio that would clip is scaled to a 0.95 peak.
+    A full disk is one line naming `path` (pipeline.errors.DiskFull), the temporary file removed."""
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
     peak = float(np.max(np.abs(audio))) if audio.size else 0.0
-    if peak > 1.0:
-        audio = audio * (PEAK / peak)
-    atomic_write(path, lambda tmp: sf.write(tmp, audio, int(sample_rate), subtype="PCM_16", format="WAV"))
+    scale = PEAK / peak if peak > 1.0 else 1.0
+    atomic_write(path, lambda tmp: _write_wav(tmp, audio, sample_rate, scale))
