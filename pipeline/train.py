@@ -16,7 +16,10 @@ alignment.png (the attention, or the durations' hard alignment), and finally the
 Each logged loss is the mean over the steps since the previous log line (Keras Mean trackers).
 A rerun after an interruption (kill -9 included) continues at the saved step with the saved
 optimizer state and the run's own vocabulary and statistics until train.steps; a vocabulary or a
-text/audio/pitch setting that changed under the checkpoints is a one-line error naming it.
+text/audio/pitch setting that changed under the checkpoints is a one-line error naming it. A loss or
+weights that turn NaN or infinite stop the run with one line (Diverged) before anything non-finite is
+saved, naming the checkpoint a rerun resumes from; a checkpoint the run diverged from again, right
+after resuming, or one that older code saved non-finite, is moved to checkpoints/diverged/.
 
 `train()` reads as its steps: start_run (resume or start: the run's info), build_trainer,
 record_run, restore, left_out, run_steps (Progress: log lines; validate_and_draw), finish.
@@ -363,34 +366,44 @@ def _finite_checkpoint(path):
                for name, dtype in reader.get_variable_to_dtype_map().items() if dtype.is_floating)
 
 
+def _checkpoints(folder):
+    """The checkpoints the state file in `folder` lists, oldest first, whose files exist."""
+    state = tf.train.get_checkpoint_state(str(folder))
+    return [p for p in (state.all_model_checkpoint_paths if state else []) if tf.io.gfile.exists(p + ".index")]
+
+
+def set_aside(folder, bad, why, log):
+    """Move checkpoints `bad` of `folder` into `folder`/diverged/ (kept, not deleted) and point the
+    state file at the newest one left (none left: no state file, a fresh start). -> that one or None."""
+    keep = [p for p in _checkpoints(folder) if p not in bad]
+    aside = Path(folder) / "diverged"
+    aside.mkdir(exist_ok=True)
+    for path in bad:
+        for f in Path(path).parent.glob(Path(path).name + ".*"):
+            os.replace(f, aside / f.name)
+    if keep:  # the state file as CheckpointManager writes it, names relative to the folder
+        files.atomic_write_text(Path(folder) / "checkpoint", "".join(
+            [f'model_checkpoint_path: "{Path(keep[-1]).name}"\n',
+             *(f'all_model_checkpoint_paths: "{Path(p).name}"\n' for p in keep)]))
+    else:
+        os.replace(Path(folder) / "checkpoint", aside / "checkpoint")
+    log(f"set aside {', '.join(Path(p).name for p in bad)} ({why}) in {aside}; the latest checkpoint is now "
+        f"{keep[-1] if keep else 'none (a rerun starts from step 0)'}")
+    return keep[-1] if keep else None
+
+
 def set_aside_diverged(folder, chief, log):
     """The newest checkpoint in `folder` holding only finite numbers (None if none): a run trained
-    before checkpoints were checked may have saved diverged ones. The chief moves those to
-    `folder`/diverged/ and points the checkpoint state at the finite one (none: a fresh start)."""
+    before checkpoints were checked may have saved diverged ones; the chief sets those aside."""
     latest = tf.train.latest_checkpoint(str(folder))
     if latest is None or _finite_checkpoint(latest):  # the usual case: one read of the newest
         return latest
-    state = tf.train.get_checkpoint_state(str(folder))
-    paths = [p for p in state.all_model_checkpoint_paths if tf.io.gfile.exists(p + ".index")]
-    paths = paths if latest in paths else [*paths, latest]
-    keep = list(paths)
+    keep = [p for p in _checkpoints(folder) if p != latest]
     while keep and not _finite_checkpoint(keep[-1]):
         keep.pop()
-    bad = paths[len(keep):]
-    if bad and chief:
-        aside = Path(folder) / "diverged"
-        aside.mkdir(exist_ok=True)
-        for path in bad:
-            for f in Path(path).parent.glob(Path(path).name + ".*"):
-                os.replace(f, aside / f.name)
-        if keep:  # the state file as CheckpointManager writes it, names relative to the folder
-            files.atomic_write_text(Path(folder) / "checkpoint", "".join(
-                [f'model_checkpoint_path: "{Path(keep[-1]).name}"\n',
-                 *(f'all_model_checkpoint_paths: "{Path(p).name}"\n' for p in keep)]))
-        else:
-            os.replace(Path(folder) / "checkpoint", aside / "checkpoint")
-        log(f"set aside {len(bad)} checkpoint(s) holding non-finite weights in {aside}; resuming from "
-            f"{keep[-1] if keep else 'step 0'}")
+    bad = [p for p in [*_checkpoints(folder), latest] if p not in keep]
+    if chief:
+        set_aside(folder, list(dict.fromkeys(bad)), "non-finite weights", log)
     return keep[-1] if keep else None
 
 
@@ -484,18 +497,26 @@ def check_finite_state(trainer, progress, step):
     pending = progress.trackers.get("total")
     if progress.steps and pending is not None and not math.isfinite(float(pending.result())):
         raise NonFinite(f"the loss became {float(pending.result())} by step {step}")
-    variables = [v for v in [*trainer.model.variables, *trainer.optimizer.variables] if v.dtype.is_floating]
-    if not bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])):
+    values = [tf.convert_to_tensor(v) for v in [*trainer.model.variables, *trainer.optimizer.variables]]
+    if not all(bool(tf.reduce_all(tf.math.is_finite(x))) for x in values if x.dtype.is_floating):
         raise NonFinite(f"the weights became non-finite by step {step}")
 
 
-def diverged(cause, manager, tcfg):
-    """The one line for a diverged run: what happened, where a rerun resumes, what to change."""
+def diverged(cause, manager, tcfg, resumed, log):
+    """The one line for a diverged run: what happened, where a rerun resumes, what to change. A run
+    that diverged again from the checkpoint it resumed, before saving another, sets that one aside
+    (finite, but a model already blowing up), so each rerun on the advice starts further back."""
     latest = manager.latest_checkpoint
-    resume = (f"a rerun resumes from {latest}, the last checkpoint (all finite)" if latest
-              else "no checkpoint was saved, so a rerun starts from step 0")
-    return Diverged(f"training diverged: {cause}; nothing non-finite was saved and {resume}: lower "
-                    f"train.learning_rate (now {tcfg['learning_rate']:g}) and rerun")
+    again = ""
+    if latest is not None and latest == resumed:
+        again = f"it diverged again from {Path(latest).name}, now set aside in {Path(latest).parent / 'diverged'}; "
+        latest = set_aside(Path(latest).parent, [latest], "diverged again after resuming from it", log)
+    resume = (f"nothing non-finite was saved, {again}a rerun resumes from {latest}, the last checkpoint (all finite)"
+              if latest else f"nothing non-finite was saved, {again}no checkpoint is left, so a rerun starts from step 0"
+              if again else "no checkpoint was saved, so a rerun starts from step 0")
+    advice = (f"rerun (lowering train.learning_rate, now {tcfg['learning_rate']:g}, further if it diverges again)"
+              if again else f"lower train.learning_rate (now {tcfg['learning_rate']:g}) and rerun")
+    return Diverged(f"training diverged: {cause}; {resume}: {advice}")
 
 
 def validate_and_draw(trainer, step, val_history, log):
@@ -536,6 +557,7 @@ def run_steps(trainer, manager, tcfg, chief, log, history_file=None):
     """Steps from the restored one to train.steps: log, validate, checkpoint. (history, val_history, align).
     history_file: each logged loss is appended to it too (the chief's runs/{name}/history.jsonl)."""
     step, total = int(trainer.optimizer.iterations.numpy()), tcfg["steps"]
+    resumed = manager.latest_checkpoint  # the checkpoint this run started from (None: step 0)
     progress, val_history, align = Progress(trainer, total, tcfg["log_every"], log), [], None
     if step == 0 and chief:  # the untrained model's validation loss: the baseline the curve falls from
         validate_and_draw(trainer, 0, val_history, log)
@@ -563,7 +585,7 @@ def run_steps(trainer, manager, tcfg, chief, log, history_file=None):
             if saving:
                 save_checkpoint(manager, step)
     except NonFinite as e:
-        raise diverged(str(e), manager, tcfg) from None
+        raise diverged(str(e), manager, tcfg, resumed if chief else None, log) from None
     return step, progress.history, val_history, align
 
 
