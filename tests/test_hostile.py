@@ -1,0 +1,301 @@
+"""A hostile user's probes, each one line naming the key or file, none losing finished work: non-finite
+numbers and cross-key rules in the config, a key given twice, unreadable config files, a 5,000-digit
+number, paths in the data, a 2-hour clip, a diverging run, pace and pitch shift in synthesis, the run's
+own audio settings, configs shipped with the package.
+
+    python -m pytest -q tests/test_hostile.py
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+
+import numpy as np
+import pytest
+import soundfile as sf
+import yaml
+from conftest import ROOT, run_config, write_untrained_checkpoint
+from test_train import tiny_config
+
+from pipeline import audio, cache, config, errors, formats, shards, text
+from pipeline.config import ConfigError
+
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def one_line_error(main, argv, capsys):
+    """The one stderr line of a `@cli` main that fails as expected (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == errors.EXIT_EXPECTED
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+# --- the config: every number finite, rules between keys, each key once ------------------------
+@pytest.mark.parametrize("section, key, value", [
+    ("audio", "fmax", ".nan"), ("pitch", "fmax", ".nan"), ("synthesize", "pitch_shift", ".nan"),
+    ("synthesize", "max_seconds", ".inf"), ("synthesize", "pace", ".nan"), ("train", "learning_rate", ".inf"),
+    ("dataset", "max_seconds", "-.inf"), ("aligner", "temperature", ".nan"), ("audio", "fmin", ".nan"),
+])
+def test_nan_and_inf_are_refused_naming_the_key(tmp_path, section, key, value):
+    path = tmp_path / "my.yaml"
+    path.write_text(f"{section}:\n  {key}: {value}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: {section}\.{key}: -?(nan|inf) is not a finite number$"):
+        config.load_config(path, check_paths=False)
+
+
+def test_nan_in_free_form_keys_inline_json_and_set_is_refused_too(capsys):
+    with pytest.raises(ConfigError, match=r"model\.options\.scale: nan is not a finite number"):
+        config.load_config('{"model": {"options": {"scale": NaN}}}', check_paths=False)
+    line = one_line_error(config.main, ["--set", "synthesize.max_seconds=.inf"], capsys)
+    assert line.endswith("synthesize.max_seconds: inf is not a finite number")
+
+
+@pytest.mark.parametrize("sections, key", [
+    ({"audio": {"hop_length": 2048}}, "audio.hop_length: 2048 is longer than audio.win_length 1024"),
+    ({"audio": {"hop_length": 512, "win_length": 256}}, "audio.hop_length: 512 is longer than audio.win_length 256"),
+    ({"model": {"fastpitch": {"heads": 3, "d_model": 32}}}, "model.fastpitch.heads: 3 does not divide "
+                                                             "model.fastpitch.d_model 32"),
+    ({"model": {"transformer_tts": {"heads": 3, "d_model": 32}}}, "model.transformer_tts.heads: 3 does not divide"),
+])
+def test_cross_key_rules_are_one_line_before_any_job(tmp_path, sections, key):
+    path = tmp_path / "my.yaml"
+    path.write_text(yaml.safe_dump(sections))
+    with pytest.raises(ConfigError, match="^" + key):
+        config.load_config(path, check_paths=False)
+
+
+def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path):
+    path = tmp_path / "my.yaml"
+    path.write_text("name: x\ntrain:\n  steps: 3\naudio:\n  n_mels: 80\ntrain:\n  batch_size: 2\n")
+    message = f"{path}:6:1: not valid YAML: key 'train' given twice (first on line 2)"
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        config.load_config(path, check_paths=False)
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):  # what Snakemake's --configfile read
+        config.check_configfiles([config.DEFAULTS, path])
+    nested = tmp_path / "nested.json"
+    nested.write_text('{"train": {"steps": 3, "steps": 4}}')
+    with pytest.raises(ConfigError, match=f"^{nested}: key 'steps' given twice"):
+        config.check_configfiles([nested])
+    with pytest.raises(ConfigError, match="^inline config: key 'steps' given twice"):
+        config.load_config('{"train": {"steps": 3, "steps": 4}}', check_paths=False)
+    config.check_configfiles([config.DEFAULTS, ROOT / "configs" / "ljspeech.yaml"])  # the shipped ones are fine
+
+
+def test_config_files_that_cannot_be_read_are_one_line(tmp_path, capsys):
+    latin = tmp_path / "latin1.yaml"
+    latin.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    folder = tmp_path / "folder.yaml"
+    folder.mkdir()
+    cases = {(str(folder),): f"error: {folder}: a folder, not a config file",
+             (str(latin),): f"error: {latin}: not UTF-8 text (byte 10)",
+             ('{"train": {"steps": 3}',): "error: inline config: not valid JSON at column 23",
+             ('[1, 2]',): "error: config file not found: [1, 2]",
+             (str(latin), "--set", "train.steps=[1"): "error: --set 'train.steps=[1': the value is not valid YAML"}
+    for (path, *more), want in cases.items():
+        assert one_line_error(config.main, ["--config", path, *more], capsys).startswith(want)
+
+
+# --- text and data: per clip, each path inside its source --------------------------------------
+def test_a_5000_digit_number_is_refused_by_the_front_end_and_rejects_its_clip_alone(corpus, capsys):
+    number = "7" * 5000
+    line = one_line_error(text.main, ["--frontend", "characters", f"I owe you {number} dollars."], capsys)
+    assert "a number of 5000 digits (more than 100 are not read out" in line and len(line) < 400
+    root, path = corpus
+    metadata = root / "metadata.csv"
+    rows = metadata.read_text(encoding="utf-8").splitlines()
+    victim = rows[3].split("|")[0]
+    rows[3] = f"{victim}|It cost {number} pounds.|It cost {number} pounds."
+    metadata.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    cfg = config.load_config(path, {"cache": {"shards": 1}})
+    out = shards.prefix(config.cache_dir(cfg), "tokens", 0)
+    cache.build_token_shard(cfg, 0, out, log=lambda *a: None)
+    meta = shards.read_meta(out, "tokens")
+    assert len(meta["ids"]) == len(rows) - 1 and victim not in meta["ids"]
+    [rejected] = meta["rejected"]
+    assert rejected["id"] == victim and rejected["path"].endswith("metadata.csv:4")
+    assert "a number of 5000 digits" in rejected["reason"]
+
+
+def test_an_ljspeech_source_without_metadata_is_one_line(tmp_path):
+    (tmp_path / "wavs").mkdir()
+    with pytest.raises(formats.DatasetError, match=f"^{tmp_path / 'metadata.csv'}: not found"):
+        formats.read_source({"root": str(tmp_path), "format": "ljspeech"}, 0)
+
+
+@pytest.mark.parametrize("audio_file", ["/etc/secret.wav", "../outside.wav", "wavs/../../outside.wav",
+                                        "wavs\\..\\x.wav"])
+def test_a_csv_row_cannot_name_audio_outside_its_source(tmp_path, audio_file):
+    root = tmp_path / "corpus"
+    (root / "wavs").mkdir(parents=True)
+    (root / "metadata.csv").write_text(f"audio_file|text|speaker\nwavs/a.wav|Hello there.|ann\n"
+                                       f"{audio_file}|Hello again.|ann\n")
+    with pytest.raises(formats.DatasetError, match=rf"^{root / 'metadata.csv'}:3: audio_file '.+': must be a path "
+                                                   "relative to the source's root"):
+        formats.read_source({"root": str(root), "format": "csv"}, 0)
+
+
+def test_a_csv_row_may_name_a_file_in_a_subfolder_and_a_linked_folder(tmp_path):
+    elsewhere = tmp_path / "disk2"
+    elsewhere.mkdir()
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "wavs").symlink_to(elsewhere)  # a corpus whose audio lives on another disk
+    (root / "metadata.csv").write_text("audio_file|text|speaker\nwavs/a.wav|Hello there.|ann\n")
+    [clip] = formats.read_source({"root": str(root), "format": "csv"}, 0)
+    assert clip.audio == str(root / "wavs" / "a.wav")
+
+
+def test_a_long_clip_is_refused_by_its_header_before_it_is_decoded(tmp_path):
+    path = tmp_path / "long.wav"
+    sr, minutes = 8000, 10
+    with sf.SoundFile(str(path), "w", samplerate=sr, channels=1, subtype="PCM_16") as f:
+        second = (0.1 * np.sin(np.arange(sr) * 0.05)).astype(np.float32)
+        for _ in range(minutes * 60):
+            f.write(second)
+    tracemalloc.start()
+    try:
+        with pytest.raises(audio.BadAudio, match=r"too long \(600\.0 s > dataset\.max_seconds 10\)"):
+            audio.load_audio(path, sample_rate=sr, max_seconds=10)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000, f"{peak / 1e6:.1f} MB allocated to refuse it (decoded whole, it takes ~40 MB)"
+
+
+# --- synthesis: pace and pitch shift checked, the run's own audio settings ----------------------
+@pytest.fixture(scope="module")
+def untrained_run(built_cache, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile_run")
+    path = run_config(built_cache, tmp, steps=100)
+    write_untrained_checkpoint(path, step=3)
+    return path
+
+
+def test_synthesis_refuses_a_nan_pace_or_pitch_shift_per_call(untrained_run):
+    from pipeline.synthesize import load_synthesizer
+    synth = load_synthesizer(config.load_config(untrained_run), log=lambda *a: None)
+    for kwargs, message in (({"pace": float("nan")}, "pace: nan must be a finite number in 0.1..10"),
+                            ({"pace": 1e-9}, "pace: 1e-09 must be a finite number in 0.1..10"),
+                            ({"pitch_shift": float("inf")}, "pitch_shift: inf must be a finite number in -24..24")):
+        with pytest.raises(errors.PipelineError, match=f"^{message}$"):
+            synth.infer("Hello there.", **kwargs)
+
+
+def test_synthesis_speaks_at_the_runs_audio_settings_whatever_the_config_says(untrained_run, tmp_path):
+    from pipeline import synthesize
+    cfg = config.load_config(untrained_run, {"audio": {"hop_length": 200},
+                                             "synthesize": {"sentences": ["Hello there."]}})
+    logged = []
+    synthesize.synthesize(cfg, tmp_path / "samples", log=logged.append)
+    said = json.loads((tmp_path / "samples" / "sentences.json").read_text())["samples"][0]
+    wav, sr = sf.read(said["wav"])
+    assert sr == 22050 and len(wav) == said["frames"] * 256  # the run's hop, not the config's 200
+    assert any("audio.hop_length 200 (the run's: 256)" in line for line in logged), logged
+
+
+# --- a diverging run saves nothing non-finite, and its advice works -----------------------------
+DIVERGE = """
+    import json, sys
+    from pipeline import config, errors, train
+    for path in sys.argv[1:]:  # one process: TensorFlow is imported once
+        cfg = config.load_config(path)
+        logged, out = [], {{}}
+        try:
+            train.train(cfg, config.run_dir(cfg) / "train.json", log=logged.append)
+        except errors.PipelineError as e:
+            out["error"] = str(e)
+        folder = config.run_dir(cfg) / "checkpoints"
+        out["checkpoints"] = {{p.rsplit("/", 1)[1]: bool(train._finite_checkpoint(p)) for p in train._checkpoints(folder)}}
+        print(json.dumps(out))
+        if "error" not in out:
+            break
+"""
+
+
+@pytest.mark.slow
+def test_a_diverging_run_saves_no_nan_and_its_advice_works_when_followed(built_cache, tmp_path):
+    # checkpoint_every below log_every: a save comes before the loss is logged (and checked)
+    wild = tiny_config(built_cache, tmp_path, steps=3, checkpoint_every=1, log_every=3, learning_rate=1e39,
+                       warmup_steps=0, buckets=1)
+    calm = wild.with_name("calm.yaml")
+    calm.write_text(wild.read_text().replace("learning_rate: 1.0e+39", "learning_rate: 0.001"))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(DIVERGE.format()), str(wild), str(calm)],
+                          capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = [json.loads(line) for line in proc.stdout.strip().splitlines()]
+    assert first["error"] == ("training diverged: the weights became non-finite by step 1; no checkpoint was saved, "
+                              "so a rerun starts from step 0: lower train.learning_rate (now 1e+39) and rerun"), first
+    assert first["checkpoints"] == {}  # not the NaN weights of step 1
+    assert "error" not in second and second["checkpoints"] == {"ckpt-1": True, "ckpt-2": True, "ckpt-3": True}
+
+
+def test_a_checkpoint_a_run_diverges_from_again_is_set_aside_so_the_next_rerun_starts_further_back(tmp_path):
+    import tensorflow as tf
+
+    from pipeline import train
+    folder = tmp_path / "checkpoints"
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(w=tf.Variable([1e30, 2.0])), folder, max_to_keep=3)
+    for step in (1, 2):
+        manager.save(checkpoint_number=step)  # finite, but (say) a model already blowing up
+    tcfg = {"learning_rate": 0.001}
+    logged = []
+    again = train.diverged("the loss became nan by step 3", manager, tcfg, str(folder / "ckpt-2"), logged.append)
+    assert str(again) == (f"training diverged: the loss became nan by step 3; nothing non-finite was saved, it "
+                          f"diverged again from ckpt-2, now set aside in {folder / 'diverged'}; a rerun resumes from "
+                          f"{folder / 'ckpt-1'}, the last checkpoint (all finite): rerun (lowering "
+                          "train.learning_rate, now 0.001, further if it diverges again)")
+    assert tf.train.latest_checkpoint(folder) == str(folder / "ckpt-1") and (folder / "diverged/ckpt-2.index").exists()
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(w=tf.Variable([1.0, 2.0])), folder, max_to_keep=3)
+    first = train.diverged("the loss became nan by step 9", manager, tcfg, None, logged.append)  # saved since
+    assert "a rerun resumes from " + str(folder / "ckpt-1") in str(first) and "again" not in str(first)
+
+
+def test_checkpoints_an_older_run_saved_non_finite_are_set_aside_not_resumed(tmp_path):
+    import tensorflow as tf
+
+    from pipeline import train
+    folder = tmp_path / "checkpoints"
+    weights = tf.Variable([1.0, 2.0])
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(w=weights), folder, max_to_keep=3)
+    for step, value in ((1, 1.0), (2, 2.0), (3, float("nan")), (4, float("inf"))):
+        weights.assign([value, 2.0])
+        manager.save(checkpoint_number=step)
+    logged = []
+    latest = train.set_aside_diverged(folder, chief=True, log=logged.append)
+    assert latest == str(folder / "ckpt-2") == tf.train.latest_checkpoint(folder)
+    assert train._checkpoints(folder) == [str(folder / "ckpt-2")]
+    assert sorted(p.name for p in (folder / "diverged").glob("*.index")) == ["ckpt-3.index", "ckpt-4.index"]
+    assert logged == [f"set aside ckpt-3, ckpt-4 (non-finite weights) in {folder / 'diverged'}; the latest checkpoint "
+                      f"is now {folder / 'ckpt-2'}"]
+
+
+# --- `pip install .`: the wheel carries every folder of the package and the configs -------------
+def test_the_wheel_carries_every_package_folder_and_the_configs(tmp_path):
+    import shutil
+    import zipfile
+    src = tmp_path / "src"
+    for name in ("pipeline", "configs"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
+                           "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [wheel] = (tmp_path / "dist").glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    folders = {str(p.parent.relative_to(ROOT)) for p in (ROOT / "pipeline").rglob("__init__.py")}
+    assert {f"{f}/__init__.py" for f in folders} <= names  # pipeline, pipeline/models, pipeline/vocoder, ...
+    assert {f"pipeline/configs/{p.name}" for p in (ROOT / "configs").glob("*.yaml")} <= names
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)  # as installed: no configs/ beside the package
+    code = "from pipeline import config; print(config.DEFAULTS); print(config.load_config(check_paths=False)['name'])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env=dict(ENV, PYTHONPATH=str(site)), timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [str(site / "pipeline" / "configs" / "config.yaml"), "demo"]
