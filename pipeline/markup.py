@@ -18,6 +18,7 @@ Every error is a MarkupError whose one line starts with the position (line L, co
     from pipeline import markup
     markup.sentences(markup.parse('<speak>Hi. <break time="1s"/> [[ həlˈoʊ ]]</speak>'))
 """
+import bisect
 import math
 import re
 from dataclasses import dataclass
@@ -83,20 +84,21 @@ def parse(text, ssml=None):
     return _Ssml(text).items if ssml else _plain(text)
 
 
-def position(text, offset, line=1, column=1):
-    """'line L, column C' of character `offset` of `text`, which starts at (line, column)."""
-    before = text[:offset]
-    newlines = before.count("\n")
-    if newlines:
-        return f"line {line + newlines}, column {offset - before.rindex(chr(10))}"
-    return f"line {line}, column {column + offset}"
+def locator(text, line=1, column=1):
+    """where(offset) -> 'line L, column C' of a character of `text`, which starts at (line, column)."""
+    starts = [0] + [m.end() for m in re.finditer("\n", text)]
+
+    def where(offset):
+        n = bisect.bisect_right(starts, offset) - 1
+        return f"line {line + n}, column {offset - starts[n] + (column if n == 0 else 1)}"
+    return where
 
 
 def _plain(text):
-    items, start = [], 0
+    items, start, where = [], 0, locator(text)
     for match in [*_PARAGRAPHS.finditer(text), None]:
         end = match.start() if match else len(text)
-        items += _inline(text[start:end], lambda o, s=start: position(text, s + o))
+        items += _inline(text[start:end], lambda o, s=start: where(s + o))
         if match:
             items.append(Boundary(paragraph=True))
             start = match.end()
@@ -163,7 +165,7 @@ class _Ssml:
         if self.buffer:
             line, column = self.buffer_at
             run = "".join(self.buffer)
-            self.items += _inline(run, lambda o: position(run, o, line, column), *self._prosody())
+            self.items += _inline(run, locator(run, line, column), *self._prosody())
         self.buffer, self.buffer_at = [], None
 
     def _text(self, data):
@@ -260,8 +262,10 @@ def _ends(text):
     """Offsets in `text` where a sentence ends (after its punctuation)."""
     out = []
     for match in _SENTENCE_END.finditer(text):
-        word = re.search(r"(\S+)$", text[:match.start()])
-        head = word.group(1).lower().lstrip("\"'([“‘«") if word else ""
+        begin = match.start()
+        while begin > 0 and not text[begin - 1].isspace():   # back to the start of the word (not a regex
+            begin -= 1                                         # over the whole text before: that is quadratic)
+        head = text[begin:match.start()].lower().lstrip("\"'([“‘«")
         if match.group() == "." and (head in _ABBREVIATIONS or (len(head) == 1 and head.isalpha())):
             continue                                                 # "Mr. Smith", "J. Smith"
         out.append(match.end())

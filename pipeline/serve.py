@@ -9,7 +9,8 @@ Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py); writes
   POST /synthesize            JSON {"text", "speaker"?, "language"?, "pace"?, "pitch_shift"?, "ssml"?}
                               -> audio/wav (16-bit mono); at most MAX_WAV_SECONDS of audio
   POST /synthesize?stream=true  -> chunked audio/L16;rate=SR;channels=1 (16-bit big-endian PCM,
-                              RFC 2586), one chunk per sentence as soon as it is ready
+                              RFC 2586), one chunk per sentence as soon as it is ready; a later
+                              sentence the front end cannot say ends it without the final chunk
 
 Every error is a JSON {"error": "<one line>"} with a 4xx/5xx status: 400 bad JSON, field or markup,
 404/405, 408 a body not sent within `--client-timeout` seconds, 413 a body over MAX_BODY bytes, 503
@@ -120,6 +121,11 @@ def parse_fields(body):
             "pitch_shift": 0.0 if fields.get("pitch_shift") is None else fields["pitch_shift"]}
 
 
+class StreamStopped(Exception):
+    """A streamed answer stopped part way (a later sentence the front end cannot say): the connection
+    closes without the final chunk, so the client sees the answer is incomplete."""
+
+
 class PcmStream(StreamingResponse):
     """A streamed answer that gives its place in the queue back however it ends (done, or the client gone)."""
 
@@ -130,7 +136,7 @@ class PcmStream(StreamingResponse):
     async def __call__(self, scope, receive, send):
         try:
             await super().__call__(scope, receive, send)
-        except (ClientDisconnect, OSError):
+        except (ClientDisconnect, OSError, StreamStopped):
             pass
         finally:
             self.release()
@@ -164,14 +170,18 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT):
         if stream not in ("true", "false", "1", "0"):
             raise ClientError(400, "stream: true or false")
         fields = parse_fields(await read_body(request, client_timeout))
-        release = gate.admit()
+        release, streamed = gate.admit(), stream in ("true", "1")
         try:
-            prepared = await gate.run(functools.partial(voice.prepare, **fields))
+            prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=streamed))
             sentences = voice.sentences_audio(prepared)
-            if stream in ("true", "1"):
+            if streamed:
                 async def chunks():
-                    while (pcm := await gate.run(next, sentences, None)) is not None:
-                        yield pcm.astype(">i2").tobytes()
+                    try:
+                        while (pcm := await gate.run(next, sentences, None)) is not None:
+                            yield pcm.astype(">i2").tobytes()
+                    except PipelineError as e:
+                        print(f"a stream stopped: {e}", file=sys.stderr, flush=True)
+                        raise StreamStopped() from None
                 media = f"audio/L16;rate={voice.sample_rate};channels=1"
                 response = PcmStream(chunks(), release, media_type=media)   # releases when the stream ends
                 release = None

@@ -61,7 +61,7 @@ def speak(voice, texts, args, out):
     options = dict(ssml=True if args.ssml else None, pace=args.pace, pitch_shift=args.pitch_shift,
                    speaker=args.speaker, language=args.language)
     for n, source in enumerate(texts):
-        request = voice.prepare(source, **options)
+        request = voice.prepare(source, **options, lazy=out is not None)   # raw: each sentence as it comes
         for i, pcm in enumerate(voice.sentences_audio(request)):
             if n and not i:   # paragraphs read one by one: the pause markup puts between paragraphs
                 pcm = np.concatenate([np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.int16), pcm])

@@ -50,9 +50,14 @@ class VoiceError(PipelineError):
 @dataclass
 class Request:
     """What to say: sentences, each a list of ("pause", seconds) and ("speech", symbols, pace, pitch)
-    parts, and the speaker / language inputs of the signature."""
+    parts (lazy: markup sentences, made into parts as each is said), the speaker / language inputs of
+    the signature, and the front end's language, pace and pitch shift."""
     sentences: list
     inputs: dict = field(default_factory=dict)
+    language: str = ""
+    pace: float = 1.0
+    pitch_shift: float = 0.0
+    lazy: bool = False
 
 
 def _read_json(path):
@@ -192,15 +197,37 @@ class Voice:
                "language": self.languages.index(language) if self.languages else 0}
         return {k: tf.constant(v, tf.int32) for k, v in ids.items() if k in self._inputs}, language
 
-    def prepare(self, source, *, ssml=None, pace=1.0, pitch_shift=0.0, speaker=None, language=None):
-        """A Request for marked-up text (pipeline/markup.py): every check (options, markup, unknown
-        phonemes, text the front end cannot say) is made here, before any audio."""
+    def prepare(self, source, *, ssml=None, pace=1.0, pitch_shift=0.0, speaker=None, language=None, lazy=False):
+        """A Request for marked-up text (pipeline/markup.py). Every check (options, markup, unknown
+        phonemes, prosody out of range, text the front end cannot say) is made here, before any
+        audio; lazy=True leaves the front end (espeak-ng, ~2-10 ms a sentence) to each sentence as
+        it is said, so a stream starts at once however long the text, and a sentence the front end
+        cannot say stops it there."""
         pace = check_number("pace", pace, *PACE_RANGE)
         pitch_shift = check_number("pitch_shift", pitch_shift, *PITCH_RANGE)
         inputs, language = self._voice_inputs(speaker, language)
         sentences = markup.sentences(markup.parse(source, ssml))
+        for item in (i for s in sentences for i in s if isinstance(i, markup.Speech)):
+            if item.phonemes:
+                self._check_phonemes(item)
+            check_number(f"{item.where}: pace {pace:g} x prosody rate {item.rate:g}", pace * item.rate, *PACE_RANGE)
+            check_number(f"{item.where}: pitch shift {pitch_shift:g} + prosody pitch {item.pitch:g}",
+                         pitch_shift + item.pitch, 2 * PITCH_RANGE[0], 2 * PITCH_RANGE[1])
+        request = Request(sentences, inputs, language, pace, pitch_shift, lazy=lazy)
+        if lazy:
+            said = any(isinstance(i, markup.Speech) for s in sentences for i in s)
+        else:
+            request.sentences = [parts for parts in self._parts(sentences, request) if parts]
+            said = any(part[0] == "speech" for parts in request.sentences for part in parts)
+        if not said:
+            raise VoiceError("no text to speak" if not source.strip() else f"{source[:40]!r}: nothing to say")
+        return request
+
+    def _parts(self, sentences, request):
+        """Each markup sentence as parts: ("pause", seconds) and ("speech", symbols, pace, pitch), one
+        speech part per run of one prosody (one front-end call for all of them)."""
         plain = [i for s in sentences for i in s if isinstance(i, markup.Speech) and not i.phonemes]
-        symbols = dict(zip(plain, self._front_end([i.text for i in plain], language)))
+        symbols = dict(zip(plain, self._front_end([i.text for i in plain], request.language)))
         out = []
         for sentence in sentences:
             parts = []
@@ -208,22 +235,16 @@ class Voice:
                 if isinstance(item, markup.Pause):
                     parts.append(("pause", item.seconds))
                     continue
-                said = self._check_phonemes(item) if item.phonemes else symbols[item]
+                said = item.text if item.phonemes else symbols[item]
+                p, q = request.pace * item.rate, request.pitch_shift + item.pitch
                 if not said:
                     continue
-                p = check_number(f"{item.where}: pace {pace:g} x prosody rate {item.rate:g}", pace * item.rate,
-                                 *PACE_RANGE)
-                q = check_number(f"{item.where}: pitch shift {pitch_shift:g} + prosody pitch {item.pitch:g}",
-                                 pitch_shift + item.pitch, 2 * PITCH_RANGE[0], 2 * PITCH_RANGE[1])
-                if parts and parts[-1][0] == "speech" and parts[-1][2:] == (p, q):  # one call per prosody
+                if parts and parts[-1][0] == "speech" and parts[-1][2:] == (p, q):
                     parts[-1] = ("speech", f"{parts[-1][1]} {said}", p, q)
                 else:
                     parts.append(("speech", said, p, q))
-            if parts:
-                out.append(parts)
-        if not any(part[0] == "speech" for s in out for part in s):
-            raise VoiceError("no text to speak" if not source.strip() else f"{source[:40]!r}: nothing to say")
-        return Request(out, inputs)
+            out.append(parts)
+        return out
 
     def _front_end(self, texts, language):
         """The symbols of each plain text ("" for punctuation alone); VoiceError for text it cannot say."""
@@ -281,8 +302,10 @@ class Voice:
 
     def sentences_audio(self, request):
         """int16 audio per sentence, each as soon as it is made."""
-        for parts in request.sentences:
-            yield self.sentence_audio(parts, request.inputs)
+        for sentence in request.sentences:
+            parts = self._parts([sentence], request)[0] if request.lazy else sentence
+            if parts:
+                yield self.sentence_audio(parts, request.inputs)
 
     def audio(self, request):
         """All of a request's audio, int16."""

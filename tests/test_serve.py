@@ -116,6 +116,15 @@ def test_synthesize_wav_and_a_stream_of_one_chunk_per_sentence(server):
     np.testing.assert_array_equal(np.frombuffer(b"".join(chunks), ">i2"), wav)  # L16: big-endian, the same audio
 
 
+def test_a_stream_stops_at_a_sentence_the_voice_cannot_say(server):
+    text = {"text": "Hello there. Привет, мир. Goodbye."}                   # Cyrillic: not an en-us voice's script
+    status, _, answer = call(server.port, "POST", "/synthesize", text)
+    assert status == 400 and "not in the script of text.language en-us" in json.loads(answer)["error"]
+    with pytest.raises(ValueError):                                          # the stream: cut, no final chunk
+        stream(server.port, text)
+    assert call(server.port, "GET", "/health")[0] == 200
+
+
 BOMB = ('<?xml version="1.0"?><!DOCTYPE speak [<!ENTITY a "aaaaaaaaaa">'
         + "".join(f'<!ENTITY {c} "{f"&{p};" * 10}">' for p, c in zip("abcdefgh", "bcdefghi")) + "]><speak>&i;</speak>")
 
