@@ -161,7 +161,7 @@ def test_a_long_clip_is_refused_by_its_header_before_it_is_decoded(tmp_path):
     tracemalloc.start()
     try:
         with pytest.raises(audio.BadAudio, match=r"too long \(600\.0 s > dataset\.max_seconds 10\)"):
-            audio.load_audio(path, sample_rate=sr, max_seconds=10)
+            cache.load_clip(path, sample_rate=sr, max_seconds=10)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
