@@ -6,7 +6,9 @@
 Ground truth: speech re-synthesised by WORLD (pyworld). Each clip (espeak-ng voices en-us+f3 and
 en-gb-scotland+f4 (female), en-us+m3 and en-gb-x-rp (male) speaking LJSpeech lines, and CMU ARCTIC's
 arctic_a0007, a real recording shipped inside the pysptk wheel, when pysptk is installed) is
-analysed with Harvest (its octave slips mended: `cleaned`), CheapTrick and D4C. The known F0 is that
+analysed with Harvest (a second pass within 0.75 x its first pass's lower quartile .. 1.5 x its
+upper quartile, the speaker's range, and its remaining octave slips mended: `cleaned`), CheapTrick
+and D4C. The known F0 is that
 track smoothed over 35 ms in log-frequency and shifted by a few semitones (a different shift per
 clip), voiced where Harvest found voicing, the frame is within 40 dB of the clip's loudest and D4C
 calls its 0-1 kHz band mostly periodic (runs shorter than 25 ms dropped); WORLD then synthesises the
@@ -72,12 +74,18 @@ def _runs(mask):
 
 def cleaned(f0):
     """Harvest's track with its own slips mended: a voiced frame more than 20 % from the median of
-    the 75 ms around it (an octave error, mostly) takes its run's interpolated log-F0 instead."""
-    out = f0.copy()
+    the 75 ms around it, or more than 45 % from that of the voiced frames within 150 ms (an octave
+    slip that lasts), takes its run's interpolated log-F0 instead. Left in, the envelope analysed at
+    the slipped F0 keeps the recording's own harmonics: the re-synthesis's pitch would be ambiguous
+    where the truth is not."""
+    out, voiced = f0.copy(), np.flatnonzero(f0 > 0)
+    log_all = np.log(f0[voiced])
+    wide = np.array([np.median(log_all[np.abs(voiced - i) <= 30]) for i in voiced])  # ±150 ms
+    wide_of = dict(zip(voiced, wide))
     for a, b in _runs(f0 > 0):
         log_f = np.log(f0[a:b])
         med = np.array([np.median(log_f[max(0, i - 7):i + 8]) for i in range(b - a)])
-        good = np.abs(log_f - med) < np.log(1.2)
+        good = (np.abs(log_f - med) < np.log(1.2)) & (np.abs(log_f - [wide_of[i] for i in range(a, b)]) < np.log(1.45))
         if good.any():
             out[a:b] = np.exp(np.interp(np.arange(b - a), np.flatnonzero(good), log_f[good]))
     return out
@@ -102,6 +110,8 @@ def resynthesise(y, shift, rng):
     """(clean signal, noisy signal, truth per mel frame) of one recording, re-synthesised by WORLD."""
     import pyworld
     f0, t = pyworld.harvest(y, SR, f0_floor=FMIN, f0_ceil=FMAX, frame_period=WORLD_MS)
+    q25, q75 = np.percentile(f0[f0 > 0], [25, 75])  # a second pass in the speaker's range (Hirst's 0.75 q1, 1.5 q3)
+    f0, t = pyworld.harvest(y, SR, f0_floor=max(FMIN, 0.75 * q25), f0_ceil=min(FMAX, 1.5 * q75), frame_period=WORLD_MS)
     f0 = cleaned(f0)  # the envelope and aperiodicity are analysed at the mended F0
     sp, ap = pyworld.cheaptrick(y, f0, t, SR), pyworld.d4c(y, f0, t, SR)
     track = known_track(f0, sp, ap, shift)

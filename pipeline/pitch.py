@@ -8,8 +8,8 @@ re-synthesised by WORLD with a known F0, benchmarks/RESULTS.md has the figures):
   - praat:   Praat's autocorrelation method (`praat-parselmouth`, To Pitch (ac)): the default, fewer
              gross and voicing errors than DIO, clean and at 20 dB SNR, at about DIO's CPU
   - dio:     pyworld's DIO refined by StoneMask (WORLD vocoder)
-  - swiftf0: SwiftF0's small CNN (ONNX, shipped in the `swift-f0` wheel): fewest gross errors on
-             clean speech, about 2.3x DIO's CPU; searches 46.875..2093.75 Hz only
+  - swiftf0: SwiftF0's small CNN (ONNX, shipped in the `swift-f0` wheel): the fewest gross errors,
+             but 2-3x DIO's CPU; searches 46.875..2093.75 Hz only
   - harvest: pyworld's Harvest: tens of times DIO's CPU
   - pyin:    librosa's probabilistic YIN: as slow, and the most voicing errors
 
