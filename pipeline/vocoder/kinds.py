@@ -10,23 +10,55 @@ Kinds: `vocos` (vocos.py), `hifigan` (hifigan.py, V1/V2 by vocoder.hifigan.size)
 A trainable kind is `build(vocoder_cfg, audio_cfg) -> keras.Model` taking the caches' log-mel
 (float32, unnormalised) and returning float32 audio of exactly F * hop_length samples; the
 spectral, adversarial and feature-matching losses are shared (discriminators.py).
+
+`load` builds the trained vocoder from the `audio:` and `vocoder:` sections its summary records
+(runs/{name}/vocoder.json), never the config's (one note on stderr names what the config gives
+otherwise); a mel longer than CHUNK_FRAMES goes through in chunks with the kind's `context` frames
+on both sides: the same audio, in memory bounded by the chunk (docs/vocoder.md, "Limits and errors").
 """
 import json
+import math
 import os
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config
-from pipeline.errors import MissingCheckpoint
+from pipeline import config, runinfo
+from pipeline.errors import MissingCheckpoint, PipelineError
 from pipeline.registry import Registry
-from pipeline.vocoder import hifigan, vocos
+from pipeline.vocoder import hifigan, inputs, vocos
 
 # build(vocoder_cfg, audio_cfg) -> keras.Model for the trained kinds; None: no training (Griffin-Lim)
-KINDS = Registry("vocoder.kind", config.ConfigError, what="kind", build=None)
-KINDS.add("vocos", build=vocos.build)
-KINDS.add("hifigan", build=hifigan.build)
+# context(vocoder_cfg, audio_cfg): mel frames each side that one output frame depends on (long mels are
+# vocoded in chunks with that much context: the same audio, bounded memory); None: vocoded whole
+KINDS = Registry("vocoder.kind", config.ConfigError, what="kind", build=None, context=None)
+CHUNK_FRAMES = 2048  # mel frames per chunk when vocoding a long mel (pipeline.vocode; docs/vocoder.md)
+
+
+def _vocos_context(vocoder_cfg, audio_cfg):
+    """The embedding conv (kernel 7), each ConvNeXt block's depthwise conv, then the inverse STFT's
+    overlapping windows (n_fft / hop frames), and a frame to spare."""
+    v = vocoder_cfg["vocos"]
+    return 3 + v["layers"] * (v["kernel"] // 2) + math.ceil(audio_cfg["n_fft"] / audio_cfg["hop_length"]) + 1
+
+
+def _hifigan_context(vocoder_cfg, audio_cfg):
+    """Input conv (kernel 7), then per upsampling stage one input sample each side (transposed conv) and
+    the widest residual block's reach at that stage's rate, the output conv (kernel 7), and a frame to spare."""
+    reach = max(hifigan.KERNELS) // 2 * (sum(hifigan.DILATIONS) + len(hifigan.DILATIONS))  # samples at its rate
+    frames, rate = 3.0, 1
+    for u in hifigan.RATES.get(audio_cfg["hop_length"], ()):
+        frames += 1 / rate
+        rate *= u
+        frames += reach / rate
+    return math.ceil(frames + 3 / rate) + 1
+
+
+KINDS.add("vocos", build=vocos.build, context=_vocos_context)
+KINDS.add("hifigan", build=hifigan.build, context=_hifigan_context)
 KINDS.add("griffin_lim")
 
 
@@ -49,41 +81,134 @@ def step_of(checkpoint):
     return int(re.search(r"ckpt-(\d+)$", str(checkpoint)).group(1))
 
 
+def chunked(run, frames, hop, context, chunk_frames):
+    """float32 audio (frames * hop,) from `run(start, stop)`, the audio of mel frames [start, stop): one
+    call for at most `chunk_frames` frames (or `context` None), else one per chunk of `chunk_frames`
+    frames, each run with `context` frames more on both sides and trimmed back to its own frames."""
+    if context is None or chunk_frames is None or frames <= chunk_frames:
+        return np.asarray(run(0, frames), np.float32)
+    out = np.empty(frames * hop, np.float32)
+    for start in range(0, frames, chunk_frames):
+        stop = min(start + chunk_frames, frames)
+        a, b = max(0, start - context), min(frames, stop + context)
+        out[start * hop:stop * hop] = run(a, b)[(start - a) * hop:(stop - a) * hop]
+    return out
+
+
 class Vocoder:
     """A callable log-mel (F, n_mels) -> float32 audio (F*hop,), with `.kind`, `.steps`, `.finetune_steps`."""
 
     def __init__(self, cfg, model=None, summary=None):
         self.cfg, self.model, self.kind = cfg, model, cfg["vocoder"]["kind"]
+        self.audio = cfg["audio"]  # the settings it was trained with (load: the run's own)
+        context = KINDS.get(self.kind).context
+        self.context = None if context is None else context(cfg["vocoder"], self.audio)
         self.summary = summary or {}
         self.steps = self.summary.get("steps", 0)
         self.finetune_steps = self.summary.get("finetune_steps", 0)
         if model is not None:
             self._call = tf.function(lambda m: model(m, training=False), reduce_retracing=True)
 
-    def __call__(self, log_mel):
+    def __call__(self, log_mel, chunk_frames=CHUNK_FRAMES):
+        """A mel longer than `chunk_frames` goes through in chunks, each with `self.context` frames of
+        context each side, trimmed off: the unchunked audio (to float rounding) in bounded memory."""
         log_mel = np.asarray(log_mel, np.float32)
         if self.model is None:
             from pipeline.vocoder.griffin_lim import griffin_lim
-            return griffin_lim(log_mel, **self.cfg["audio"], iters=self.cfg["synthesize"]["griffin_lim_iters"]).numpy()
-        return self._call(tf.constant(log_mel[None]))[0].numpy()
+            return griffin_lim(log_mel, **self.audio, iters=self.cfg["synthesize"]["griffin_lim_iters"]).numpy()
+        return chunked(lambda a, b: self._call(tf.constant(log_mel[None, a:b]))[0].numpy(), len(log_mel),
+                       self.audio["hop_length"], self.context, chunk_frames)
 
 
-def load(cfg, summary=None):
-    """The run's final vocoder from runs/{name}/vocoder.json, or Griffin-Lim with vocoder.kind griffin_lim.
+def _note(line):
+    print(line, file=sys.stderr, flush=True)
+
+
+def read_summary(path):
+    """A vocoder summary (runs/{name}/vocoder.json, vocoder/{phase}.json) as a dict; MissingCheckpoint when
+    there is none, one line naming the file and what to run when it is damaged."""
+    try:
+        info = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MissingCheckpoint(f"{path}: no trained vocoder; run `snakemake --cores all vocoder`") from None
+    except (OSError, ValueError) as e:  # a folder, not UTF-8, not JSON (JSONDecodeError)
+        info = e
+    if not isinstance(info, dict) or not isinstance(info.get("checkpoint"), str):
+        why = str(info).splitlines()[0][:120] if isinstance(info, Exception) else "no checkpoint named in it"
+        raise PipelineError(f"{path}: damaged vocoder summary ({why}); delete it and run `snakemake --cores all "
+                            f"vocoder`, which writes it again from the last checkpoint") from None
+    return info
+
+
+def trained_settings(cfg, info, path):
+    """(audio, vocoder settings, where they were read): what the vocoder of summary `info` (read from
+    `path`) was trained with. A summary from before summaries recorded them: its phase's inputs.json
+    (pipeline/vocoder/inputs.py), else the run's run.json for `audio:` and the config for `vocoder:`."""
+    if isinstance(info.get("audio"), dict) and isinstance(info.get("vocoder"), dict):
+        return info["audio"], info["vocoder"], str(path)
+    folder = Path(info["checkpoint"]).parent.parent
+    made = inputs.read(folder)
+    if made is not None:
+        return made["audio"], {**cfg["vocoder"], **made["vocoder"]}, str(inputs.path(folder))
+    run = config.run_dir(cfg)
+    try:
+        return runinfo.load(run)["config"]["audio"], cfg["vocoder"], str(runinfo.path(run))
+    except MissingCheckpoint:
+        return cfg["audio"], cfg["vocoder"], "the config"
+
+
+def trained_audio(cfg, summary=None):
+    """The `audio:` settings the run's vocoder was trained with (trained_settings; the config's for
+    Griffin-Lim), read without building it: what its input mel must match."""
+    if KINDS.get(cfg["vocoder"]["kind"]).build is None:
+        return cfg["audio"]
+    path = summary or summary_path(cfg)
+    return trained_settings(cfg, read_summary(path), path)[0]
+
+
+def _differences(cfg, audio, vocoder_cfg):
+    """'key given (the vocoder's: used)' for each audio setting, and each setting of the kind's own
+    section (vocoder.vocos, ...), where the config differs from what the vocoder was trained with."""
+    given, kind = cfg.get("audio", audio), vocoder_cfg["kind"]
+    pairs = [(f"audio.{k}", given.get(k), audio.get(k)) for k in sorted(set(audio) | set(given))]
+    mine, theirs = vocoder_cfg.get(kind), cfg["vocoder"].get(kind)
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        pairs += [(f"vocoder.{kind}.{k}", theirs.get(k), mine.get(k)) for k in sorted(set(mine) | set(theirs))]
+    return [f"{key} {a!r} (the vocoder's: {b!r})" for key, a, b in pairs if a != b]
+
+
+def _restore(model, checkpoint, where, kind):
+    """The generator's weights from `checkpoint`, every one of them; one line when they do not fit."""
+    try:
+        status = tf.train.Checkpoint(generator=model).restore(checkpoint)
+        status.assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.OpError) as e:
+        raise PipelineError(f"{checkpoint}: does not fit the {kind} vocoder built with the settings of {where} "
+                            f"({str(e).splitlines()[0][:240]}); set vocoder.{kind} to the sizes it was trained "
+                            f"with, or run `snakemake --cores all vocoder` to train one with these") from None
+    status.expect_partial()  # the discriminators and optimizers stay in the file
+
+
+def load(cfg, summary=None, log=_note):
+    """The run's final vocoder from runs/{name}/vocoder.json (or `summary`), built with the `audio:` and
+    `vocoder:` settings it was trained with (trained_settings), whatever the config says: one `log`
+    line (stderr) names what the config gives otherwise. Griffin-Lim with vocoder.kind griffin_lim.
     MissingCheckpoint naming the file and what to run when it is not trained yet."""
     if KINDS.get(cfg["vocoder"]["kind"]).build is None:
         return Vocoder(cfg)
     path = summary or summary_path(cfg)
-    try:
-        info = json.loads(open(path, encoding="utf-8").read())
-    except FileNotFoundError:
-        raise MissingCheckpoint(f"{path}: no trained vocoder; run `snakemake --cores all vocoder`") from None
+    info = read_summary(path)
     if info.get("kind") != cfg["vocoder"]["kind"]:
         raise MissingCheckpoint(f"{path}: a {info.get('kind')} vocoder, the config says vocoder.kind "
                                 f"{cfg['vocoder']['kind']}; run `snakemake --cores all vocoder`")
     if not os.path.exists(f"{info['checkpoint']}.index"):
         raise MissingCheckpoint(f"{path}: its checkpoint {info['checkpoint']} is gone (pruned or deleted); "
                                 f"run `snakemake --cores all vocoder`")
-    model = build(cfg["vocoder"], cfg["audio"])
-    tf.train.Checkpoint(generator=model).restore(info["checkpoint"]).expect_partial()
-    return Vocoder(cfg, model, info)
+    audio, vocoder_cfg, where = trained_settings(cfg, info, path)
+    moved = _differences(cfg, audio, vocoder_cfg)
+    if moved:
+        log(f"note: the config gives {', '.join(moved)}; using the vocoder's own settings ({where}), "
+            f"which it was trained with")
+    model = build(vocoder_cfg, audio)
+    _restore(model, info["checkpoint"], where, vocoder_cfg["kind"])
+    return Vocoder(dict(cfg, audio=dict(audio), vocoder=vocoder_cfg), model, info)

@@ -32,7 +32,7 @@ from pipeline import config, data, files, shards
 from pipeline import placement as placement_mod
 from pipeline.errors import MissingCheckpoint, cli
 from pipeline.vocoder import discriminators as D
-from pipeline.vocoder import kinds, segments
+from pipeline.vocoder import inputs, kinds, segments
 
 N_AUDIO = 3  # validation clips in TensorBoard
 
@@ -202,7 +202,8 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
                "finetune_steps": v["finetune_steps"] if phase == "finetune" else 0, "resumed_from": start, "traces": trainer.traces,
                "seconds": round(time.perf_counter() - t_start, 1), "checkpoint": manager.latest_checkpoint,
                "placement": trainer.p.describe(), "train_loss": history[-1] if history else None,
-               "val_loss": val_history, "history": history}
+               "val_loss": val_history, "history": history,
+               "audio": cfg["audio"], "vocoder": cfg["vocoder"]}  # what it was trained with: kinds.load builds from these
     text = json.dumps(summary, indent=1)
     files.atomic_write_text(out, text)
     if final:
@@ -221,23 +222,16 @@ def clear(cfg, phase):
     shutil.rmtree(_phase_dir(cfg, phase) / "checkpoints", ignore_errors=True)
 
 
-RESUMABLE = ("steps", "finetune_steps", "checkpoint_every", "log_every", "summary_every")  # a rerun continues
-
-
 def _forget_other_inputs(cfg, phase, folder, log):
     """A phase's checkpoints are resumed only when made from the same model settings (and, for
-    `finetune`, the same first phase and GTA mels): more steps continue, anything else restarts."""
-    key = {"vocoder": {k: x for k, x in cfg["vocoder"].items() if k not in RESUMABLE}, "audio": cfg["audio"]}
+    `finetune`, the same first phase and GTA mels): more steps continue; other inputs set them aside
+    and restart (pipeline/vocoder/inputs.py), and inputs seen before resume their set."""
+    key = inputs.settings(cfg)
     if phase == "finetune":
         key["from"] = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
         key["gta"] = [shards.read_meta(segments.gta_prefix(cfg, e["shard"]), "gta")["provenance"]
                       for e in data.read_index(cfg)["shards"]]
-    text = json.dumps(key, sort_keys=True)
-    marker = folder / "inputs.json"
-    if marker.exists() and marker.read_text() != text and (folder / "checkpoints").exists():
-        log(f"{folder}: made from other settings or inputs; training this phase from its start")
-        clear(cfg, phase)
-    files.atomic_write_text(marker, text)
+    inputs.switch(folder, key, log)
 
 
 @cli

@@ -2,12 +2,20 @@
 a mel cut out of a cache) through the run's trained vocoder (Griffin-Lim with vocoder.kind
 griffin_lim) into a 16-bit wav of F * hop_length samples.
 
-Reads runs/{name}/vocoder.json and its checkpoint; config keys audio.*, vocoder.kind,
-synthesize.griffin_lim_iters (Griffin-Lim only).
+The vocoder runs with the `audio:` and `vocoder:` settings it was trained with (recorded in
+runs/{name}/vocoder.json; one note on stderr when the config gives others): its rate, hop and
+n_mels, not the config's. Long mels go through in chunks of kinds.CHUNK_FRAMES frames with context
+(the same audio in bounded memory); a mel above MAX_FRAMES frames (Griffin-Lim: GRIFFIN_LIM_MAX_FRAMES,
+which it cannot chunk) is refused from its header, before it is read. Bad input is one line.
+
+Reads runs/{name}/vocoder.json and its checkpoint; config keys audio.* (Griffin-Lim; a trained vocoder
+uses its own), vocoder.kind, synthesize.griffin_lim_iters (Griffin-Lim only).
 
     python -m pipeline.vocode --config configs/config.yaml --mel runs/demo/samples/00.npy --out 00.wav
 """
 import argparse
+import os
+from pathlib import Path
 
 import numpy as np
 
@@ -17,28 +25,58 @@ from pipeline.errors import PipelineError, cli
 from pipeline.vocoder import kinds
 from pipeline.vocoder.griffin_lim import save_wav
 
+MAX_FRAMES = 1_000_000  # ~3 h at 22,050 Hz with hop 256: ~1 GB of float32 audio, the most vocode holds
+GRIFFIN_LIM_MAX_FRAMES = 20_000  # ~4 min at 22,050 Hz / 256: Griffin-Lim iterates over the whole spectrogram
+
 
 class MelError(PipelineError):
     """A mel file the vocoder cannot take; the message names the file."""
 
 
-def read_mel(path, audio_cfg):
-    """(F, n_mels) float32 log-mel from `path`, or MelError naming the file and what is wrong."""
+def check_out(out):
+    """Before any work: `out` must be a file path whose folder exists or can be made, and is writable."""
+    out = Path(out)
+    if out.is_dir():
+        raise PipelineError(f"--out {out}: a folder; give the path of the .wav to write")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise PipelineError(f"--out {out}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PipelineError(f"--out {out}: {parent} is not writable")
+
+
+def _load(path):
+    """The array in `path` mapped, not read (a header claiming a huge shape costs nothing), or MelError."""
     try:
-        mel = np.load(path, allow_pickle=False)
+        mel = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise MelError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise MelError(f"{path}: not a .npy array ({str(e).splitlines()[0]})") from None
+    except (OSError, ValueError, EOFError) as e:
+        raise MelError(f"{path}: not a .npy array ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    if not isinstance(mel, np.ndarray):  # an .npz archive
+        raise MelError(f"{path}: not a .npy array (an archive of several)")
+    return mel
+
+
+def read_mel(path, audio_cfg, max_frames=MAX_FRAMES):
+    """(F, n_mels) float32 log-mel from `path`, or MelError naming the file and what is wrong. n_mels:
+    audio_cfg's (the vocoder's own); more than `max_frames` frames is refused before reading them."""
+    mel = _load(path)
     n_mels = audio_cfg["n_mels"]
     if mel.ndim != 2 or not np.issubdtype(mel.dtype, np.floating):
         raise MelError(f"{path}: a {mel.dtype} array of shape {mel.shape}, expected a float log-mel [frames, {n_mels}]")
+    if mel.shape[0] > max_frames:
+        raise MelError(f"{path}: {mel.shape[0]:,} frames, more than this vocoder takes ({max_frames:,}, "
+                       f"{max_frames * audio_cfg['hop_length'] / audio_cfg['sample_rate'] / 60:.0f} min); cut it into parts")
     if mel.shape[1] != n_mels:
         hint = " (transposed? the frames come first)" if mel.shape[0] == n_mels else ""
-        raise MelError(f"{path}: {mel.shape[1]} mel bands, the config's audio.n_mels is {n_mels}{hint}: "
+        raise MelError(f"{path}: {mel.shape[1]} mel bands, the vocoder's audio.n_mels is {n_mels}{hint}: "
                        f"a mel made with other audio: settings")
     if mel.shape[0] == 0:
         raise MelError(f"{path}: no frames")
+    mel = np.array(mel, np.float32)
     if not np.all(np.isfinite(mel)):
         raise MelError(f"{path}: holds NaN or infinite values")
     floor = np.log(LOG_CLAMP)
@@ -46,15 +84,22 @@ def read_mel(path, audio_cfg):
     if mel.min() < floor - 3.0 or mel.max() > 8.0:
         raise MelError(f"{path}: values {mel.min():.2f}..{mel.max():.2f} are not a natural-log mel clamped at "
                        f"log({LOG_CLAMP}) = {floor:.2f} (a dB or normalised mel? made with other audio: settings?)")
-    return mel.astype(np.float32)
+    return mel
 
 
-def vocode(cfg, mel_path, out):
-    mel = read_mel(mel_path, cfg["audio"])
+def vocode(cfg, mel_path, out, chunk_frames=kinds.CHUNK_FRAMES):
+    check_out(out)
+    trained = kinds.KINDS.get(cfg["vocoder"]["kind"]).build is not None
+    # the vocoder's own settings (the n_mels it takes, the rate it speaks at), read before it is built
+    mel = read_mel(mel_path, kinds.trained_audio(cfg), MAX_FRAMES if trained else GRIFFIN_LIM_MAX_FRAMES)
     voc = kinds.load(cfg)
-    audio = voc(mel)
-    save_wav(out, audio, cfg["audio"]["sample_rate"])
-    print(f"{out}: {len(audio) / cfg['audio']['sample_rate']:.2f} s from {mel_path} ({len(mel)} frames) "
+    audio_cfg = voc.audio
+    audio = voc(mel, chunk_frames=chunk_frames)
+    try:
+        save_wav(out, audio, audio_cfg["sample_rate"])
+    except OSError as e:  # a full disk is pipeline.errors.DiskFull already
+        raise PipelineError(f"--out {out}: cannot write it ({e.strerror or e})") from None
+    print(f"{out}: {len(audio) / audio_cfg['sample_rate']:.2f} s from {mel_path} ({len(mel)} frames) "
           f"through the {voc.kind} vocoder" + (f" ({voc.steps} + {voc.finetune_steps} steps)" if voc.model else ""),
           flush=True)
     return audio

@@ -1,0 +1,217 @@
+"""The vocoder against a hostile user: a config that disagrees with what the vocoder was trained with,
+older or damaged summaries, a changed `vocoder:` setting under trained checkpoints, bad --out paths,
+a full disk, and mels too long or malformed. Each is the vocoder's own settings, or one line.
+
+A tiny Vocos "trained" for 0 steps by pipeline.vocoder.train (its initial weights, its summary and
+runs/{name}/vocoder.json written as the trainer writes them) stands in for a trained one.
+
+    python -m pytest -q tests/test_vocoder_hostile.py
+"""
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import uuid
+
+import numpy as np
+import pytest
+import soundfile as sf
+import tensorflow as tf
+from conftest import TINY_VOCODER, run_config, snakemake
+
+from pipeline import config, data, runinfo
+from pipeline.errors import PipelineError
+from pipeline.vocoder import inputs, kinds, train, vocode
+
+VOCOS = {**TINY_VOCODER, "steps": 0, "finetune_steps": 0, "vocos": {**TINY_VOCODER["vocos"], "layers": 2}}
+
+
+@pytest.fixture(scope="module")
+def tiny(built_cache, tmp_path_factory):
+    """(config path, config, a log-mel .npy of 60 frames) of a run whose vocoder is a tiny untrained Vocos."""
+    tmp = tmp_path_factory.mktemp("vocoder_hostile")
+    path = run_config(built_cache, tmp, vocoder=VOCOS)
+    cfg = config.load_config(path)
+    train.train_vocoder(cfg, "train", config.run_dir(cfg) / "vocoder" / "train.json", final=True, log=lambda *a: None)
+    mel = np.clip(np.random.default_rng(0).normal(-5.0, 2.0, (60, cfg["audio"]["n_mels"])), np.log(1e-5), 2.0)
+    np.save(tmp / "mel.npy", mel.astype(np.float32))
+    return path, cfg, tmp / "mel.npy"
+
+
+def _vocode(capsys, *argv):
+    """(exit status, stderr lines) of `python -m pipeline.vocode ARGV`, in this process."""
+    capsys.readouterr()
+    try:
+        vocode.main([str(a) for a in argv])
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    return code, capsys.readouterr().err.splitlines()
+
+
+def _one_line(code, err, *fragments):
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    assert all(f in err[0] for f in fragments), (fragments, err)
+
+
+def test_vocode_speaks_at_the_vocoders_own_settings_whatever_the_config_says(tiny, tmp_path, capsys):
+    path, cfg, mel = tiny
+    summary = json.loads((config.run_dir(cfg) / "vocoder.json").read_text())
+    assert summary["audio"] == cfg["audio"] and summary["vocoder"]["vocos"] == VOCOS["vocos"]
+    code, err = _vocode(capsys, "--config", path, "--mel", mel, "--out", tmp_path / "plain.wav")
+    assert code == 0 and err == [], err
+    # another rate, n_mels and model width in the config: the vocoder still speaks as it was trained
+    code, err = _vocode(capsys, "--config", path, "--mel", mel, "--out", tmp_path / "moved.wav", "--set",
+                        "audio.sample_rate=16000", "audio.n_mels=64", "vocoder.vocos.dim=32")
+    assert code == 0 and len(err) == 1, err
+    assert err[0].startswith("note: the config gives audio.n_mels 64 (the vocoder's: 80), audio.sample_rate 16000 "
+                             "(the vocoder's: 22050), vocoder.vocos.dim 32 (the vocoder's: 16); using the vocoder's "
+                             f"own settings ({config.run_dir(cfg) / 'vocoder.json'})"), err
+    plain, sr = sf.read(tmp_path / "plain.wav", dtype="float32")
+    moved, moved_sr = sf.read(tmp_path / "moved.wav", dtype="float32")
+    assert sr == moved_sr == 22050 and len(moved) == 60 * 256 and np.abs(plain).max() > 1e-4
+    np.testing.assert_array_equal(moved, plain)
+
+
+@contextlib.contextmanager
+def _moved_aside(*paths):
+    """Rename `paths` away for the block (the module's run is shared), then back."""
+    saved = [(p, p.with_name(p.name + ".aside")) for p in paths if p.exists()]
+    for p, aside in saved:
+        os.replace(p, aside)
+    try:
+        yield
+    finally:
+        for p, aside in saved:
+            os.replace(aside, p)
+
+
+def test_an_older_summary_uses_the_phases_inputs_then_run_json_then_the_config(tiny, tmp_path):
+    _, cfg, _ = tiny
+    run = config.run_dir(cfg)
+    old = {k: v for k, v in json.loads((run / "vocoder.json").read_text()).items() if k not in ("audio", "vocoder")}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    other = dict(cfg, audio=dict(cfg["audio"], sample_rate=16000))
+    logged = []
+    voc = kinds.load(other, summary=tmp_path / "old.json", log=logged.append)
+    assert voc.audio == cfg["audio"] and len(logged) == 1 and str(run / "vocoder/train/inputs.json") in logged[0]
+    index = data.read_index(cfg)
+    runinfo.write(run, runinfo.describe(cfg, index, data.feature_stats(cfg, index)))
+    try:
+        with _moved_aside(run / "vocoder/train/inputs.json"):
+            assert kinds.trained_settings(other, old, tmp_path / "old.json") == (
+                cfg["audio"], other["vocoder"], str(runinfo.path(run)))
+    finally:
+        runinfo.path(run).unlink()
+    with _moved_aside(run / "vocoder/train/inputs.json"):
+        # nothing recorded: the config's settings, as before summaries recorded them
+        assert kinds.trained_settings(other, old, tmp_path / "old.json") == (other["audio"], other["vocoder"], "the config")
+        # and a config whose sizes do not fit the checkpoint: one line naming it and the section
+        wide = dict(cfg, vocoder={**cfg["vocoder"], "vocos": {**cfg["vocoder"]["vocos"], "dim": 32}})
+        with pytest.raises(PipelineError, match=r"ckpt-0: does not fit the vocos vocoder built with the settings "
+                                                r"of the config \(.*shape.*\); set vocoder.vocos to the sizes"):
+            kinds.load(wide, summary=tmp_path / "old.json")
+
+
+@pytest.fixture
+def mount(tmp_path):
+    """mount(options) -> a fresh tmpfs folder with those mount options (root only), unmounted after."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small file system needs root")
+    made = []
+
+    def make(options):
+        folder = tmp_path / f"mnt-{uuid.uuid4().hex[:6]}"
+        folder.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+        if proc.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+        made.append(folder)
+        return folder
+    yield make
+    for folder in made:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_vocode_bad_out_damaged_summary_and_full_disk_are_one_line(tiny, tmp_path, capsys, mount):
+    path, cfg, mel = tiny
+    args = ("--config", path, "--mel", mel, "--out")
+    _one_line(*_vocode(capsys, *args, tmp_path), f"--out {tmp_path}: a folder; give the path of the .wav")
+    (tmp_path / "file").write_text("")
+    _one_line(*_vocode(capsys, *args, tmp_path / "file/x.wav"), f"{tmp_path / 'file'} is a file, not a folder")
+    read_only = mount("ro,size=64k")
+    _one_line(*_vocode(capsys, *args, read_only / "x.wav"), f"--out {read_only / 'x.wav'}: {read_only} is not writable")
+    full = mount("size=16k")  # 60 frames are 30 kB of 16-bit audio
+    _one_line(*_vocode(capsys, *args, full / "x.wav"), f"no space left on device writing {full / 'x.wav'}; free space")
+    assert os.listdir(full) == []                                              # no temporary file left behind
+    summary = config.run_dir(cfg) / "vocoder.json"
+    saved = summary.read_bytes()
+    try:
+        summary.write_bytes(saved[:len(saved) // 2])                          # cut short, as a full disk leaves it
+        _one_line(*_vocode(capsys, *args, tmp_path / "x.wav"), f"{summary}: damaged vocoder summary (",
+                  "delete it and run `snakemake --cores all vocoder`")
+    finally:
+        summary.write_bytes(saved)
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_absurd_mels_are_refused_from_their_header_naming_the_limit(tiny, tmp_path, capsys):
+    path, _, _ = tiny
+    huge = tmp_path / "huge.npy"  # sparse on disk: the refusal reads its header alone
+    np.lib.format.open_memmap(huge, mode="w+", dtype=np.float32, shape=(vocode.MAX_FRAMES + 1, 80)).flush()
+    _one_line(*_vocode(capsys, "--config", path, "--mel", huge, "--out", tmp_path / "x.wav"),
+              f"{huge}: 1,000,001 frames, more than this vocoder takes (1,000,000, ")
+    gl = np.lib.format.open_memmap(tmp_path / "gl.npy", mode="w+", dtype=np.float32,
+                                   shape=(vocode.GRIFFIN_LIM_MAX_FRAMES + 1, 80))
+    gl.flush()
+    _one_line(*_vocode(capsys, "--config", path, "--mel", tmp_path / "gl.npy", "--out", tmp_path / "x.wav", "--set",
+                       "vocoder.kind=griffin_lim"), "20,001 frames, more than this vocoder takes (20,000, ")
+    np.savez(tmp_path / "two.npz", a=np.zeros((4, 80)), b=np.zeros(3))
+    _one_line(*_vocode(capsys, "--config", path, "--mel", tmp_path / "two.npz", "--out", tmp_path / "x.wav"),
+              f"{tmp_path / 'two.npz'}: not a .npy array")
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_a_long_mel_vocodes_in_chunks_to_the_unchunked_audio(frames=130, chunk=40):
+    cfg = config.load_config(None, {"vocoder": VOCOS}, check_paths=False)
+    tf.keras.utils.set_random_seed(0)
+    voc = kinds.Vocoder(cfg, kinds.build(cfg["vocoder"], cfg["audio"]))       # untrained: any weights will do
+    mel = np.random.default_rng(1).normal(-5.0, 2.0, (frames, cfg["audio"]["n_mels"])).astype(np.float32)
+    whole = voc(mel, chunk_frames=None)
+    chunked = voc(mel, chunk_frames=chunk)                                     # 3-4 chunks and their seams
+    assert whole.shape == chunked.shape == (frames * 256,) and np.abs(whole).max() > 1e-3
+    np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-5 * np.abs(whole).max())
+    voc.context = 0                                                            # without context the seams show
+    assert np.abs(voc(mel, chunk_frames=chunk) - whole).max() > 1e-2 * np.abs(whole).max()
+
+
+def _weights(checkpoint):
+    reader = tf.train.load_checkpoint(str(checkpoint))
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+
+
+def test_a_changed_vocoder_setting_is_announced_at_planning_and_its_checkpoints_kept(tiny, tmp_path):
+    path, cfg, _ = tiny
+    run = config.run_dir(cfg)
+    folder, lr = run / "vocoder/train", cfg["vocoder"]["learning_rate"]
+    changed = dict(cfg, vocoder={**cfg["vocoder"], "learning_rate": 2 * lr})
+    assert inputs.notes(cfg) == [] and inputs.notes(dict(cfg, vocoder={**cfg["vocoder"], "finetune_steps": 5})) == []
+    note = (f"note: vocoder.learning_rate {lr!r} -> {2 * lr!r} since the vocoder's train phase was trained: its job "
+            f"sets {folder / 'checkpoints'} aside and trains that phase from its start")
+    assert inputs.notes(changed) == [note]
+    (tmp_path / "lr.yaml").write_text(path.read_text().replace(f"learning_rate: {lr}", f"learning_rate: {2 * lr}"))
+    dry = snakemake("vocoder", "-n", config=tmp_path / "lr.yaml")                 # the dry run says so
+    assert note in dry.stdout + dry.stderr, dry.stderr[-3000:]
+    weights = _weights(folder / "checkpoints/ckpt-0")
+    logged = []
+    inputs.switch(folder, inputs.settings(changed), logged.append)            # what the train job does first
+    assert not (folder / "checkpoints").exists() and len(logged) == 1 and "set aside in" in logged[0]
+    shutil.copytree(folder / "set_aside" / os.listdir(folder / "set_aside")[0] / "checkpoints",
+                    folder / "checkpoints")                                   # as if trained anew with it
+    assert inputs.notes(cfg)[0].endswith("(a set made with these settings is kept aside: it resumes from that)")
+    inputs.switch(folder, inputs.settings(cfg), logged.append)                # the old setting back: resumed
+    assert "resuming from the checkpoints set aside" in logged[-1] and inputs.notes(cfg) == []
+    kept = _weights(folder / "checkpoints/ckpt-0")
+    assert kept.keys() == weights.keys() and len(kept) > 10
+    assert all(np.array_equal(kept[k], weights[k]) for k in kept)
