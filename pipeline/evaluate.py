@@ -1,4 +1,4 @@
-"""Does the trained model say the sentences? MCD, duration and F0 of held-out clips, with references.
+"""Does the trained model say the sentences? MCD, F0, PESQ, STOI, MOS and WER of held-out clips, with references.
 
     python -m pipeline.evaluate --config configs/config.yaml [--out reports/demo]
     snakemake --cores all evaluate
@@ -13,14 +13,18 @@ for Griffin-Lim resynthesis of the recording's own mel (`mcd_db_ceiling`, kept a
 trained vocoder's copy-synthesis of it (`mcd_db_vocoder_ceiling`, the ceiling the pipeline allows) and
 the synthesized audio against OTHER clips' recordings (chance: the model says something, not this).
 Wideband PESQ (16 kHz, the `pesq` package) and STOI (`pystoi`) of the synthesized audio (re-timed onto
-the recording along the MCD's DTW path) and of both copy-syntheses against the recording.
+the recording along the MCD's DTW path) and of both copy-syntheses against the recording. What a
+listener hears, for the recording, both copy-syntheses and the synthesized audio as they are (at
+16 kHz): naturalness by a MOS predictor (DNSMOS P.835 overall, `speechmos`; chance: the recording's
+spectrogram with random phase) and the word error rate of an offline recognizer (pocketsphinx en-us,
+English clips only; chance: the recording's transcript against the other clips' sentences).
 
 Reads the run's own vocabulary and mel statistics (runs/{name}/run.json, through the synthesizer),
 the caches' index (the split), the recordings' F0 from the pitch
 cache (pipeline.pitch makes the synthesized audio's), duration shards where they exist (the
 `aligner` block), the dataset's audio and metadata, runs/{name}/checkpoints; config keys
-`evaluate:`, `audio:`, `pitch:`, `dataset:`, `synthesize:` (what the synthesizer honours), `model:`,
-`vocoder:` (kind; the trained one's summary and checkpoint).
+`evaluate:`, `audio:`, `pitch:`, `dataset:`, `text:` (language: WER for English only), `synthesize:`
+(what the synthesizer honours), `model:`, `vocoder:` (kind; the trained one's summary and checkpoint).
 Writes evaluate.json, evaluate.md, evaluate.png (pipeline/evaluate_report.py), the synthesized
 audio it measured (evaluate_audio/{id}.wav) and TensorBoard scalars `evaluate/*` at the
 checkpoint's step in runs/{name}/.
@@ -36,8 +40,9 @@ from pipeline import audio, config, manifest, metrics, pitch, shards
 from pipeline.errors import PipelineError, cli
 
 GL_POWER = 1.0  # Griffin-Lim without the listening sharpening (power 1.5 tilts the spectrum: +4 dB MCD)
-ARRAYS = ("recorded_mel", "synthesized_mel", "path", "synthesized_audio", "voice")  # per-clip rows, not in the JSON
+ARRAYS = ("recorded_mel", "synthesized_mel", "path", "synthesized_audio", "voice", "signals")  # rows, not in the JSON
 LISTENED = ("synthesized", "vocoder_ceiling", "griffin_lim_ceiling")  # pesq/stoi keys in evaluate.json
+SIGNALS = ("recording", *LISTENED)  # mos/wer keys in evaluate.json: the recording is scored too
 MIN_FRAMES = 2  # a decoder that stops at once still yields a (silent) signal to compare
 
 _print = functools.partial(print, flush=True)
@@ -124,7 +129,7 @@ class Analyser:
 
     def __init__(self, cfg, neural=None):
         self.a, self.pitch, self.iters = cfg["audio"], cfg["pitch"], cfg["evaluate"]["griffin_lim_iters"]
-        self.max_seconds = cfg["dataset"]["max_seconds"]
+        self.max_seconds, self.language = cfg["dataset"]["max_seconds"], cfg["text"]["language"]
         self.neural = neural  # the trained vocoder (pipeline.models.kinds.Vocoder), None: Griffin-Lim
 
     def griffin_lim(self, log_mel):
@@ -145,6 +150,18 @@ class Analyser:
         sr, hop = self.a["sample_rate"], self.a["hop_length"]
         return pitch.f0(y, sample_rate=sr, hop_length=hop, n_frames=audio.n_frames(len(y), hop), **self.pitch)
 
+    def listen(self, signals, text, language=""):
+        """{mos_NAME, wer_NAME, heard_NAME} for each named signal: the MOS predictor's naturalness, and
+        what the recognizer heard with its WER against `text`. No WER where the clip's language (else
+        text.language) is not English: the recognizer knows en-us only."""
+        sr, out = self.a["sample_rate"], {}
+        for name, y in signals.items():
+            out[f"mos_{name}"] = metrics.naturalness(y, sr)
+            if (language or self.language).lower().startswith("en"):
+                out[f"heard_{name}"] = metrics.transcribe(y, sr)
+                out[f"wer_{name}"] = metrics.wer(text, out[f"heard_{name}"])
+        return out
+
     def __call__(self, y, f0=None):
         f0 = self.f0(y) if f0 is None else f0
         return {"f0": f0, "mc": metrics.mel_cepstra(y, f0, sample_rate=self.a["sample_rate"],
@@ -157,58 +174,82 @@ def _median(values):
     return float(np.median(values)) if values else None
 
 
+def _fmt(v):
+    return "n/a" if v is None else f"{v:.2f}"
+
+
 def _f0_rmse(f0_a, f0_b, path):
     rmse, frames = metrics.f0_rmse(f0_a, f0_b, path)
     return rmse if frames else None  # None: no frame voiced in both
 
 
-def compare(clips, synth_mel, analyse, log=_print):
-    """Per-clip rows and the summary fields of evaluate.json. `synth_mel(text)` -> log-mel."""
-    a = analyse.a
-    recorded, synthesized, rows = [], [], []
-    for clip in clips:
-        y = audio.load_audio(clip.audio, sample_rate=a["sample_rate"], max_seconds=analyse.max_seconds)
-        mel = audio.mel_spectrogram(y, **a)                                     # (F, n_mels)
-        y_gl = analyse.griffin_lim(mel)
-        rec, ceil = analyse(y, clip.f0), analyse(y_gl)
-        smel = synth_mel(clip.text, speaker=clip.speaker, language=clip.language) if clip.speaker \
-            else synth_mel(clip.text)                                           # (F', n_mels)
-        y_syn = analyse.vocode(smel)
-        syn = analyse(y_syn)
-        mcd_db, path_ = metrics.mcd(syn["mc"], rec["mc"])
-        mcd_ceiling, path_ceiling = metrics.mcd(ceil["mc"], rec["mc"])
-        ref = y[:len(mel) * a["hop_length"]]                                    # the recording on the mel grid
-        warped = (y_syn[:len(ref)] if len(smel) == len(mel)   # same length: as it is; else re-timed (DTW)
-                  else metrics.warp_to(y_syn, path_, n_frames=len(mel), hop_length=a["hop_length"]))
-        heard = {"synthesized": warped, "griffin_lim_ceiling": y_gl[:len(ref)]}
-        extra = {}
-        if analyse.neural is not None:
-            y_voc = analyse.vocode(mel)
-            voc = analyse(y_voc)
-            extra["mcd_db_vocoder_ceiling"], path_voc = metrics.mcd(voc["mc"], rec["mc"])
-            extra["f0_rmse_hz_vocoder_ceiling"] = _f0_rmse(voc["f0"], rec["f0"], path_voc)
-            extra["f0_gross_error_vocoder_ceiling"] = metrics.f0_gross_error(voc["f0"], rec["f0"], path_voc)
-            heard["vocoder_ceiling"] = y_voc[:len(ref)]
-        for name, sig in heard.items():
-            extra[f"pesq_{name}"] = metrics.pesq_wb(ref, sig, a["sample_rate"])
-            extra[f"stoi_{name}"] = metrics.stoi(ref, sig, a["sample_rate"])
-        rows.append({"id": clip.id, "mcd_db": mcd_db, "mcd_db_ceiling": mcd_ceiling, **extra,
-                     "duration_ratio": len(smel) / len(mel),
-                     "f0_rmse_hz": _f0_rmse(syn["f0"], rec["f0"], path_),
-                     "f0_rmse_hz_ceiling": _f0_rmse(ceil["f0"], rec["f0"], path_ceiling),
-                     "f0_gross_error": metrics.f0_gross_error(syn["f0"], rec["f0"], path_),
-                     "f0_gross_error_ceiling": metrics.f0_gross_error(ceil["f0"], rec["f0"], path_ceiling),
-                     "recorded_mel": mel, "synthesized_mel": smel, "path": path_, "synthesized_audio": y_syn,
-                     "speaker": clip.speaker,
-                     "voice": (metrics.speaker_feature(rec["mc"], rec["f0"]), metrics.speaker_feature(syn["mc"], syn["f0"]))})
-        recorded.append(rec)
-        synthesized.append(syn)
-        vc = f", vocoder ceiling {extra['mcd_db_vocoder_ceiling']:.2f}" if "mcd_db_vocoder_ceiling" in extra else ""
-        log(f"{clip.id}: MCD {mcd_db:.2f} dB (Griffin-Lim ceiling {mcd_ceiling:.2f}{vc}), {len(smel)} / {len(mel)} "
-            f"frames: {clip.text!r}")
-    for i, row in enumerate(rows):  # chance: this clip's synthesis against the other clips' recordings
-        others = [metrics.mcd(synthesized[i]["mc"], recorded[j]["mc"])[0] for j in range(len(rows)) if j != i]
-        row["mcd_db_other"] = float(np.median(others)) if others else None
+def _listened(ref, heard, sample_rate):
+    """pesq_{name}, stoi_{name} of each signal in `heard` against the recording `ref` (same length)."""
+    out = {}
+    for name, sig in heard.items():
+        out[f"pesq_{name}"] = metrics.pesq_wb(ref, sig, sample_rate)
+        out[f"stoi_{name}"] = metrics.stoi(ref, sig, sample_rate)
+    return out
+
+
+def _vocoder_ceiling(voc, rec):
+    """The trained vocoder's copy-synthesis against the recording: MCD and F0 figures."""
+    mcd_db, path_ = metrics.mcd(voc["mc"], rec["mc"])
+    return {"mcd_db_vocoder_ceiling": mcd_db, "f0_rmse_hz_vocoder_ceiling": _f0_rmse(voc["f0"], rec["f0"], path_),
+            "f0_gross_error_vocoder_ceiling": metrics.f0_gross_error(voc["f0"], rec["f0"], path_)}
+
+
+def measure_clip(clip, synth_mel, analyse):
+    """(row, recorded analysis, synthesized analysis) of one clip: the row holds every per-clip figure,
+    the analyses are what the chance level compares across clips."""
+    a, sr = analyse.a, analyse.a["sample_rate"]
+    y = audio.load_audio(clip.audio, sample_rate=sr, max_seconds=analyse.max_seconds)
+    mel = audio.mel_spectrogram(y, **a)                                         # (F, n_mels)
+    y_gl = analyse.griffin_lim(mel)
+    rec, ceil = analyse(y, clip.f0), analyse(y_gl)
+    smel = synth_mel(clip.text, speaker=clip.speaker, language=clip.language) if clip.speaker \
+        else synth_mel(clip.text)                                               # (F', n_mels)
+    y_syn = analyse.vocode(smel)
+    syn = analyse(y_syn)
+    mcd_db, path_ = metrics.mcd(syn["mc"], rec["mc"])
+    mcd_ceiling, path_ceiling = metrics.mcd(ceil["mc"], rec["mc"])
+    ref = y[:len(mel) * a["hop_length"]]                                        # the recording on the mel grid
+    warped = (y_syn[:len(ref)] if len(smel) == len(mel)   # same length: as it is; else re-timed (DTW)
+              else metrics.warp_to(y_syn, path_, n_frames=len(mel), hop_length=a["hop_length"]))
+    heard = {"synthesized": warped, "griffin_lim_ceiling": y_gl[:len(ref)]}     # sample by sample (PESQ, STOI)
+    signals = {"recording": ref, "synthesized": y_syn, "griffin_lim_ceiling": y_gl}  # as heard (MOS, WER)
+    extra = {}
+    if analyse.neural is not None:
+        y_voc = analyse.vocode(mel)
+        extra.update(_vocoder_ceiling(analyse(y_voc), rec))
+        heard["vocoder_ceiling"], signals["vocoder_ceiling"] = y_voc[:len(ref)], y_voc
+    extra.update(_listened(ref, heard, sr))
+    extra.update(analyse.listen(signals, clip.text, clip.language))
+    extra["mos_chance"] = metrics.naturalness(metrics.speech_shaped_noise(ref, sr), sr)
+    row = {"id": clip.id, "text": clip.text, "mcd_db": mcd_db, "mcd_db_ceiling": mcd_ceiling, **extra,
+           "duration_ratio": len(smel) / len(mel),
+           "f0_rmse_hz": _f0_rmse(syn["f0"], rec["f0"], path_),
+           "f0_rmse_hz_ceiling": _f0_rmse(ceil["f0"], rec["f0"], path_ceiling),
+           "f0_gross_error": metrics.f0_gross_error(syn["f0"], rec["f0"], path_),
+           "f0_gross_error_ceiling": metrics.f0_gross_error(ceil["f0"], rec["f0"], path_ceiling),
+           "recorded_mel": mel, "synthesized_mel": smel, "path": path_, "synthesized_audio": y_syn,
+           "signals": (sr, signals), "speaker": clip.speaker,
+           "voice": (metrics.speaker_feature(rec["mc"], rec["f0"]), metrics.speaker_feature(syn["mc"], syn["f0"]))}
+    return row, rec, syn
+
+
+def _chance(rows, recorded, synthesized, texts):
+    """Each row's chance levels: its synthesis's MCD against the other clips' recordings, and the
+    recognizer's transcript of its recording scored against the other clips' sentences."""
+    for i, row in enumerate(rows):
+        others = [j for j in range(len(rows)) if j != i]
+        row["mcd_db_other"] = _median([metrics.mcd(synthesized[i]["mc"], recorded[j]["mc"])[0] for j in others])
+        if "heard_recording" in row:
+            row["wer_chance"] = _median([metrics.wer(texts[j], row["heard_recording"]) for j in others])
+
+
+def summarise(rows, vocoder):
+    """evaluate.json's summary fields: medians over the rows (and per speaker with several)."""
     figures = ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz", "f0_rmse_hz_ceiling",
                "f0_gross_error", "f0_gross_error_ceiling")
     summary = {"clips": len(rows), **{k: _median([r[k] for r in rows]) for k in figures}}
@@ -219,13 +260,32 @@ def compare(clips, synth_mel, analyse, log=_print):
                                   for s in speakers}
         summary["speaker_similarity"] = metrics.speaker_similarity(
             [r["voice"][0] for r in rows], [r["voice"][1] for r in rows], [r["speaker"] for r in rows])
-    if analyse.neural is not None:
+    if vocoder:
         for k in ("mcd_db_vocoder_ceiling", "f0_rmse_hz_vocoder_ceiling", "f0_gross_error_vocoder_ceiling"):
             summary[k] = _median([r[k] for r in rows])
-    for measure in ("pesq", "stoi"):
+    for measure, names in (("pesq", LISTENED), ("stoi", LISTENED), ("mos", SIGNALS), ("wer", SIGNALS)):
         summary[measure] = {name: _median([r.get(f"{measure}_{name}") for r in rows])
-                            for name in LISTENED if any(f"{measure}_{name}" in r for r in rows)}
-    return summary, rows
+                            for name in names if any(f"{measure}_{name}" in r for r in rows)}
+    for measure in ("mos", "wer"):
+        summary[f"{measure}_chance"] = _median([r.get(f"{measure}_chance") for r in rows])
+    return summary
+
+
+def compare(clips, synth_mel, analyse, log=_print):
+    """Per-clip rows and the summary fields of evaluate.json. `synth_mel(text)` -> log-mel."""
+    recorded, synthesized, rows = [], [], []
+    for clip in clips:
+        row, rec, syn = measure_clip(clip, synth_mel, analyse)
+        rows.append(row)
+        recorded.append(rec)
+        synthesized.append(syn)
+        vc = f", vocoder ceiling {row['mcd_db_vocoder_ceiling']:.2f}" if "mcd_db_vocoder_ceiling" in row else ""
+        mos, wer = row.get("mos_synthesized"), row.get("wer_synthesized")
+        log(f"{clip.id}: MCD {row['mcd_db']:.2f} dB (Griffin-Lim ceiling {row['mcd_db_ceiling']:.2f}{vc}), "
+            f"{len(row['synthesized_mel'])} / {len(row['recorded_mel'])} frames, MOS {_fmt(mos)}, WER {_fmt(wer)}: "
+            f"{clip.text!r}")
+    _chance(rows, recorded, synthesized, [clip.text for clip in clips])
+    return summarise(rows, analyse.neural is not None), rows
 
 
 def evaluate(cfg, out, log=_print):
@@ -258,9 +318,11 @@ def evaluate(cfg, out, log=_print):
     for r in rows:
         save_wav(listen / f"{r['id']}.wav", r["synthesized_audio"], cfg["audio"]["sample_rate"])
     _tensorboard(cfg, report)
-    log(f"MCD {report['mcd_db']:.2f} dB; ceiling {report['mcd_db_ceiling']:.2f}, chance "
-        f"{report['mcd_db_other'] if report['mcd_db_other'] is None else round(report['mcd_db_other'], 2)}; "
-        f"report in {out}")
+    mos, wer = report["mos"], report["wer"]
+    log(f"MCD {report['mcd_db']:.2f} dB; ceiling {report['mcd_db_ceiling']:.2f}, chance {_fmt(report['mcd_db_other'])}; "
+        f"MOS {_fmt(mos.get('synthesized'))} (recording {_fmt(mos.get('recording'))}, chance {_fmt(report['mos_chance'])}); "
+        f"WER {_fmt(wer.get('synthesized'))} (recording {_fmt(wer.get('recording'))}, chance "
+        f"{_fmt(report['wer_chance'])}); report in {out}")
     return report
 
 
@@ -274,6 +336,10 @@ def _tensorboard(cfg, report):
                     "f0_rmse_hz"):
             if report.get(key) is not None:
                 tf.summary.scalar(f"evaluate/{key}", report[key], step=report["step"])
+        for measure in ("mos", "wer"):  # evaluate/mos_synthesized, evaluate/wer_vocoder_ceiling, ...
+            for name, value in (report.get(measure) or {}).items():
+                if value is not None:
+                    tf.summary.scalar(f"evaluate/{measure}_{name}", value, step=report["step"])
     writer.close()
 
 

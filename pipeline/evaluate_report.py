@@ -16,6 +16,13 @@ from pipeline.files import atomic_write_bytes, atomic_write_text
 NEAR_CEILING = 0.25  # within a quarter of the ceiling-to-chance gap: as good as this vocoder allows
 AT_CHANCE = 0.8      # past four fifths of the gap: no nearer its own sentence than to others
 PLOT_CLIPS = 3       # clips drawn in evaluate.png
+HEARD_CLIPS = 3      # clips whose transcripts evaluate.md quotes
+SPECTRUM_HZ = 2000   # top of evaluate.png's spectrogram panel: the band where voiced harmonics show
+SPECTRUM_FFT = 2048  # 10.8 Hz bins at 22.05 kHz: harmonics 100 Hz apart lie 9 bins apart
+SPECTRUM_DB = 80     # dynamic range drawn, below the loudest bin of the four
+# the spectrogram panel, left to right: (key in a row's signals, title)
+PANEL = (("recording", "recording"), ("griffin_lim_ceiling", "Griffin-Lim copy"),
+         ("vocoder_ceiling", "{vocoder} copy"), ("synthesized", "TTS through {vocoder}"))
 
 
 VOCODER_NAMES = {"vocos": "Vocos", "hifigan": "HiFi-GAN"}
@@ -88,6 +95,45 @@ def speaker_lines(report):
     return out + [""]
 
 
+def listener_lines(report):
+    """The listener table: naturalness (MOS predictor) and WER for the recording, the synthesized audio,
+    both copy-syntheses and chance; [] when the report has neither."""
+    mos, wer = report.get("mos") or {}, report.get("wer") or {}
+    if not mos and not wer:
+        return []
+    name, voc = _vocoder_name(report), "vocoder_ceiling" in mos
+    names = ["recording", "synthesized", *(["vocoder_ceiling"] if voc else []), "griffin_lim_ceiling"]
+    heads = ["recording (the ceiling)", f"synthesized (through {name})",
+             *([f"{name} copy-synthesis"] if voc else []), "Griffin-Lim copy-synthesis", "chance"]
+    lines = ["| listener measure | " + " | ".join(heads) + " |", "|" + "---|" * (len(heads) + 1),
+             "| naturalness: DNSMOS P.835 overall, 1-5 (higher is better) | "
+             + " | ".join(_fmt(mos.get(n)) for n in names)
+             + f" | {_fmt(report.get('mos_chance'))} (the recording's spectrogram with random phase) |",
+             "| word error rate, pocketsphinx en-us (lower is better) | "
+             + " | ".join(_fmt(wer.get(n)) for n in names)
+             + f" | {_fmt(report.get('wer_chance'))} (the recording's transcript against the other sentences) |", ""]
+    return lines + [(
+        "Both judge each signal as it is heard (16 kHz), with no reference signal: the recording's column is what "
+        "they make of the real voice, the ceiling a model can reach; chance is what they make of a signal that "
+        "carries nothing of this sentence. The MOS predictor (trained on noisy and denoised human speech) rewards "
+        "clean, smooth audio, so a muffled synthesis can score well: read it beside MCD, WER and the 0-2 kHz "
+        "spectrograms in evaluate.png. The recognizer was trained on human speech: on a synthetic voice its WER is "
+        "high even for the recording, so compare with the recording's, not with 0. No WER for clips in a language "
+        "other than English."), ""]
+
+
+def heard_lines(report):
+    """What the recognizer heard in the first clips, beside their sentences."""
+    clips = [r for r in report["per_clip"] if "heard_recording" in r][:HEARD_CLIPS]
+    if not clips:
+        return []
+    lines = ["| clip | sentence | recognizer on the recording | on the synthesized audio |", "|---|---|---|---|"]
+    for r in clips:
+        cells = [r.get("text", ""), r["heard_recording"], r.get("heard_synthesized", "")]
+        lines.append(f"| {r['id']} | " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return lines + [""]
+
+
 def _rows(report):
     """(label, synthesized, [ceilings...], chance) lines of the summary table; the ceilings are the trained
     vocoder's copy-synthesis (when there is one) and Griffin-Lim's."""
@@ -123,7 +169,7 @@ def markdown(report):
         al = report["aligner"]
         lines += [(f"Aligner durations: {al['clips']} clips; {100 * al['sums_ok']:.0f} % sum to their mel frames, "
                   f"{100 * al['monotonic']:.0f} % monotonic."), ""]
-    lines += speaker_lines(report)
+    lines += listener_lines(report) + speaker_lines(report)
     voc = len(ceilings) > 1
     lines += [("Medians over the clips. MCD: mel-cepstral distortion (order 24, c0 excluded) of WORLD envelopes over the "
               "band the mel carries, frames paired by DTW. The synthesized row is the model's mel through "
@@ -134,27 +180,48 @@ def markdown(report):
               "timing and pitch differences remain count against it as well. Chance compares each synthesized clip "
               "with the other clips' recordings."), "",
               f"| clip | MCD dB | {'vocoder ceiling dB | ' if voc else ''}Griffin-Lim ceiling dB | chance dB "
-              "| length ratio | F0 RMSE Hz |", "|---|---|---|---|---|---|" + ("---|" if voc else "")]
+              "| length ratio | F0 RMSE Hz | MOS synthesized (recording) | WER synthesized (recording) |",
+              "|---|---|---|---|---|---|---|---|" + ("---|" if voc else "")]
     for r in report["per_clip"]:
         vc = f"{_fmt(r.get('mcd_db_vocoder_ceiling'))} | " if voc else ""
         lines.append(f"| {r['id']} | {_fmt(r['mcd_db'])} | {vc}{_fmt(r['mcd_db_ceiling'])} | {_fmt(r['mcd_db_other'])} "
-                     f"| {_fmt(r['duration_ratio'])} | {_fmt(r['f0_rmse_hz'], 1)} |")
+                     f"| {_fmt(r['duration_ratio'])} | {_fmt(r['f0_rmse_hz'], 1)} "
+                     f"| {_fmt(r.get('mos_synthesized'))} ({_fmt(r.get('mos_recording'))}) "
+                     f"| {_fmt(r.get('wer_synthesized'))} ({_fmt(r.get('wer_recording'))}) |")
     model = f"model `{report['model']}`, " if report.get("model") else ""
-    lines += ["", (f"{model}checkpoint `{report['checkpoint']}`. evaluate.png: recorded and synthesized mels of the "
-              "first clips and the DTW path that pairs their frames (a straight diagonal = same timing); "
-                   "evaluate_audio/ holds the synthesized audio measured."), ""]
+    lines += [""] + heard_lines(report) + [(
+        f"{model}checkpoint `{report['checkpoint']}`. evaluate.png: recorded and synthesized mels of the first clips "
+        "and the DTW path that pairs their frames (a straight diagonal = same timing), and the first clip's 0-2 kHz "
+        "spectrograms (recording, copy-syntheses, TTS), where a voice's harmonics show as parallel lines; "
+        "evaluate_audio/ holds the synthesized audio measured."), ""]
     return "\n".join(lines)
 
 
-def figure(rows):
-    """PNG bytes: per clip, recorded mel | synthesized mel | DTW path."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _spectrogram(y, sample_rate):
+    """(bins, frames) dB magnitude of `y` from 0 to SPECTRUM_HZ, and that top frequency."""
+    import librosa
 
-    rows = rows[:PLOT_CLIPS]
-    fig, axes = plt.subplots(len(rows), 3, figsize=(15, 3.2 * len(rows)), squeeze=False,
-                             gridspec_kw={"width_ratios": [2, 2, 1]})
+    spec = np.abs(librosa.stft(np.asarray(y, np.float32), n_fft=SPECTRUM_FFT, hop_length=SPECTRUM_FFT // 8))
+    keep = np.fft.rfftfreq(SPECTRUM_FFT, 1.0 / sample_rate) <= SPECTRUM_HZ
+    return 20 * np.log10(spec[keep] + 1e-6), (keep.sum() - 1) * sample_rate / SPECTRUM_FFT
+
+
+def spectrogram_panel(axes, row, vocoder):
+    """The row's signals side by side, 0-2 kHz on a linear axis, one colour scale for all."""
+    sample_rate, signals = row["signals"]
+    shown = [(key, title.format(vocoder=vocoder)) for key, title in PANEL if key in signals]
+    specs = {key: _spectrogram(signals[key], sample_rate) for key, _ in shown}
+    top = max(spec.max() for spec, _ in specs.values())
+    for ax, (key, title) in zip(axes, shown):
+        spec, hz = specs[key]
+        ax.imshow(spec, origin="lower", aspect="auto", vmin=top - SPECTRUM_DB, vmax=top, cmap="magma",
+                  extent=[0, len(signals[key]) / sample_rate, 0, hz], interpolation="nearest")
+        ax.set_title(f"{row['id']} {title}")
+        ax.set_xlabel("s")
+    axes[0].set_ylabel("Hz")
+
+
+def _mel_panels(axes, rows):
     for ax, r in zip(axes, rows):
         lo = min(r["recorded_mel"].min(), r["synthesized_mel"].min())
         hi = max(r["recorded_mel"].max(), r["synthesized_mel"].max())
@@ -169,7 +236,23 @@ def figure(rows):
         ax[2].set_title(f"DTW path, MCD {r['mcd_db']:.1f} dB")
         ax[2].set_xlabel("recorded frame (analysis)")
         ax[2].set_ylabel("synthesized frame (analysis)")
-    fig.tight_layout()
+
+
+def figure(rows, vocoder="vocoder"):
+    """PNG bytes: per clip, recorded mel | synthesized mel | DTW path; below, the first clip's 0-2 kHz
+    spectrograms (recording, Griffin-Lim copy, vocoder copy, TTS) where the rows carry their signals."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = rows[:PLOT_CLIPS]
+    spectra = bool(rows) and "signals" in rows[0]
+    fig = plt.figure(figsize=(15, 3.2 * (len(rows) + spectra)), layout="constrained")
+    mels, below = fig.subfigures(2, 1, height_ratios=[len(rows), 1]) if spectra else (fig, None)
+    _mel_panels(mels.subplots(len(rows), 3, squeeze=False, gridspec_kw={"width_ratios": [2, 2, 1]}), rows)
+    if spectra:
+        shown = sum(key in rows[0]["signals"][1] for key, _ in PANEL)
+        spectrogram_panel(below.subplots(1, shown, sharey=True, squeeze=False)[0], rows[0], vocoder)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)
@@ -182,7 +265,7 @@ def write_report(report, rows, out):
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "evaluate.json", json.dumps(report, indent=1, default=_json_default) + "\n")
     atomic_write_text(out / "evaluate.md", markdown(report))
-    atomic_write_bytes(out / "evaluate.png", figure(rows))
+    atomic_write_bytes(out / "evaluate.png", figure(rows, _vocoder_name(report)))
 
 
 def _json_default(v):

@@ -19,6 +19,8 @@ checks the mel-cepstra against pysptk. Frames sit on the mel grid: frame i is ce
     rmse = f0_rmse(f0_synth, f0_recorded, path)
 """
 import functools
+import re
+from pathlib import Path
 
 import numpy as np
 
@@ -222,3 +224,101 @@ def speaker_similarity(recorded, synthesized, speakers):
     if not total:
         return None
     return {"accuracy": hits / total, "chance": 1 / len(names), "clips": total}
+
+
+# --- what a listener hears: naturalness (a MOS predictor) and intelligibility (an offline recognizer) ---
+LISTEN_RATE = 16000   # DNSMOS and pocketsphinx's en-us model both take 16 kHz audio
+DNSMOS_SECONDS = 9.01  # DNSMOS scores 9.01 s windows (speechmos.dnsmos.INPUT_LENGTH)
+# pocketsphinx: batch CMN (each clip normalised on its own, so a clip's words never depend on the
+# clip decoded before it); a narrower search than the default, no second pass: 0.2 instead of
+# 0.6 CPU s per audio second, the same WER on the demo's recordings (0.82 against 0.83)
+RECOGNIZER = {"samprate": LISTEN_RATE, "cmn": "batch", "maxhmmpf": 1500, "fwdflat": False, "loglevel": "FATAL"}
+_NOT_A_WORD_RE = re.compile(r"[^a-z']+")  # what WER's word lists drop (punctuation, hyphens, digits left over)
+
+
+def to_listen_rate(y, sample_rate):
+    """float32 audio at 16 kHz within [-1, 1], as the predictor and the recognizer take it."""
+    import soxr
+
+    y = np.asarray(y, np.float32)
+    if sample_rate != LISTEN_RATE:
+        y = soxr.resample(y, sample_rate, LISTEN_RATE, quality="HQ")
+    return np.clip(y, -1.0, 1.0)
+
+
+@functools.lru_cache(maxsize=1)
+def _dnsmos():
+    """speechmos's DNSMOS P.835 (its ONNX weights ship inside the wheel), on one onnxruntime thread each."""
+    import onnxruntime as ort
+    from speechmos import dnsmos
+
+    folder = Path(dnsmos.__file__).parent / "dnsmos_models"
+    model = dnsmos.DNSMOS.__new__(dnsmos.DNSMOS)  # its __init__ opens sessions on every core
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    model.primary_model_path = str(folder / "sig_bak_ovr.onnx")
+    model.onnx_sess, model.p808_onnx_sess = (
+        ort.InferenceSession(str(folder / name), options, providers=["CPUExecutionProvider"])
+        for name in ("sig_bak_ovr.onnx", "model_v8.onnx"))
+    return model
+
+
+def naturalness(y, sample_rate):
+    """DNSMOS P.835 overall quality (OVRL, a MOS on 1-5) of mono audio; None for a silent signal.
+    A clip shorter than the model's 9.01 s window is repeated to fill one window (DNSMOS's own script
+    repeats it to twice its length or more and averages windows shifted by 1 s: 5-8x the cost, the
+    same clip within about 0.1); a longer clip is scored as DNSMOS does, windows 1 s apart, averaged."""
+    x = to_listen_rate(y, sample_rate)
+    if not np.abs(x).max(initial=0.0) > 1e-4:
+        return None
+    x = np.resize(x, max(len(x), int(DNSMOS_SECONDS * LISTEN_RATE)))  # np.resize repeats the signal
+    score = float(_dnsmos()(x, LISTEN_RATE, False)["ovrl_mos"])
+    return score if np.isfinite(score) else None
+
+
+def speech_shaped_noise(y, sample_rate, *, seed=0):
+    """`y` with its short-time magnitude kept and its phase replaced by random phase: noise with the
+    recording's spectrum and loudness, frame by frame, and no speech in it (the MOS predictor's floor)."""
+    import librosa
+
+    spec = librosa.stft(np.asarray(y, np.float32), n_fft=1024, hop_length=256)
+    phase = np.exp(2j * np.pi * np.random.default_rng(seed).random(spec.shape))
+    return librosa.istft(np.abs(spec) * phase, hop_length=256, length=len(y)).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=1)
+def _decoder():
+    from pocketsphinx import Decoder  # its en-us acoustic model, dictionary and language model ship in the wheel
+
+    return Decoder(**RECOGNIZER)
+
+
+def transcribe(y, sample_rate):
+    """What pocketsphinx's en-us model hears in mono audio: lower-case words ("" for none)."""
+    pcm = (to_listen_rate(y, sample_rate) * 32767).astype(np.int16).tobytes()
+    decoder = _decoder()
+    decoder.start_utt()
+    decoder.process_raw(pcm, full_utt=True)
+    decoder.end_utt()
+    hyp = decoder.hyp()
+    return hyp.hypstr if hyp is not None else ""
+
+
+def words(text):
+    """A transcript as WER compares it: the english cleaners (lower case, numbers and abbreviations as
+    words), then only letters and apostrophes, one space between words."""
+    from pipeline.text import clean_text
+
+    cleaned = _NOT_A_WORD_RE.sub(" ", clean_text(text, "english"))
+    return " ".join(w.strip("'") for w in cleaned.split() if w.strip("'"))
+
+
+def wer(reference, hypothesis):
+    """Word error rate of `hypothesis` against `reference`, both normalised by `words`:
+    (substitutions + deletions + insertions) / reference words; None when the reference has no word."""
+    import jiwer
+
+    ref, hyp = words(reference), words(hypothesis)
+    if not ref:
+        return None
+    return float(jiwer.wer(ref, hyp)) if hyp else 1.0

@@ -9,11 +9,22 @@ import numpy as np
 import pytest
 from conftest import ROOT, edited_copy, load_json, planned_jobs, snakemake
 
-from pipeline import audio, config, evaluate, evaluate_report, shards
+from pipeline import audio, config, evaluate, evaluate_report, manifest, shards
 
-REPORT_FIELDS = {"clips", "mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz"}
-DEMO_VAL = ["LJ001-0015", "LJ001-0016", "LJ001-0067"]  # the demo's validation clips (by id hash)
-SHORT_VAL = DEMO_VAL[1:]  # its two shortest
+REPORT_FIELDS = {"clips", "mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz",
+                 "mos", "wer", "mos_chance", "wer_chance"}
+# the demo's validation clips (by id hash, dataset.val_fraction 0.1); of the 24-clip test corpus's ids
+# only LJ001-0015 and LJ001-0016 are among them
+DEMO_VAL = ["LJ001-0015", "LJ001-0016", "LJ001-0058", "LJ001-0067", "LJ001-0068", "LJ001-0078", "LJ001-0083",
+            "LJ001-0087", "LJ001-0088"]
+SHORT_VAL = ["LJ001-0016", "LJ001-0067"]  # two short ones
+
+
+def test_the_demo_evaluates_at_least_eight_held_out_clips():
+    cfg = config.load_config()
+    ids = [line.split("|")[0] for line in (ROOT / "data" / "demo" / "metadata.csv").read_text().splitlines()]
+    held_out = sorted(cid for cid in ids if manifest.is_validation(cid, cfg["dataset"]["val_fraction"]))
+    assert held_out == DEMO_VAL and min(len(held_out), cfg["evaluate"]["max_clips"]) >= 8
 
 
 def demo_clips():
@@ -38,6 +49,13 @@ def test_demo_references_and_verdicts_for_a_perfect_and_a_wrong_model(tmp_path):
     assert set(perfect["pesq"]) == set(perfect["stoi"]) == {"synthesized", "griffin_lim_ceiling"}
     assert perfect["pesq"]["synthesized"] == pytest.approx(perfect["pesq"]["griffin_lim_ceiling"], abs=1e-6)
     assert 0.6 < perfect["stoi"]["griffin_lim_ceiling"] <= 1.0 and 1.0 <= perfect["pesq"]["griffin_lim_ceiling"] < 4.6
+    # what a listener hears: the recording, and the same Griffin-Lim audio twice, scored alike
+    assert set(perfect["mos"]) == set(perfect["wer"]) == {"recording", "synthesized", "griffin_lim_ceiling"}
+    assert perfect["mos"]["synthesized"] == pytest.approx(perfect["mos"]["griffin_lim_ceiling"])
+    assert perfect["wer"]["synthesized"] == perfect["wer"]["griffin_lim_ceiling"]
+    assert 1.0 <= perfect["mos_chance"] < perfect["mos"]["recording"] - 0.4 <= 5.0  # random phase: no voice
+    assert perfect["wer_chance"] >= 0.8    # another sentence's words: (nearly) all wrong
+    assert all(r["heard_recording"] and 0 <= r["wer_recording"] <= 2 for r in rows)  # what it heard, per clip
     report = {**perfect, "checkpoint": "ckpt-1", "step": 1, "model": None, "griffin_lim_iters": 16,
               "per_clip": [{k: v for k, v in r.items() if k not in evaluate.ARRAYS} for r in rows]}
     assert evaluate_report.verdict(report).startswith("Near the ceiling")
@@ -50,6 +68,8 @@ def test_demo_references_and_verdicts_for_a_perfect_and_a_wrong_model(tmp_path):
     wrong, _ = evaluate.compare(demo_clips(), lambda t: mels[texts[1 - texts.index(t)]], analyse,
                                 log=lambda *a: None)
     assert wrong["mcd_db"] > wrong["mcd_db_ceiling"] + 3.0
+    # the recognizer hears the other sentence in it: (nearly) every word wrong, well past the right one's
+    assert wrong["wer"]["synthesized"] >= 0.8 and wrong["wer"]["synthesized"] > perfect["wer"]["synthesized"] + 0.2
     assert evaluate_report.verdict({**wrong, "mcd_db_other": perfect["mcd_db_other"]}).startswith("At chance")
 
 
@@ -65,6 +85,8 @@ def test_vocoder_rows_beside_griffin_lims():
     result, rows = evaluate.compare(demo_clips(), mels.__getitem__, evaluate.Analyser(cfg, untrained),
                                     log=lambda *a: None)
     assert set(result["pesq"]) == set(result["stoi"]) == {"synthesized", "vocoder_ceiling", "griffin_lim_ceiling"}
+    assert set(result["mos"]) == set(result["wer"]) == {"recording", "synthesized", "vocoder_ceiling",
+                                                        "griffin_lim_ceiling"}
     # a perfect acoustic model through the vocoder measures as the vocoder's own copy-synthesis
     assert result["mcd_db"] == pytest.approx(result["mcd_db_vocoder_ceiling"], abs=0.05)
     # untrained (the mel's pseudo-inverse magnitude, random phase): the envelope MCD measures is about
@@ -83,6 +105,14 @@ def test_vocoder_rows_beside_griffin_lims():
                                      "reference: Griffin-Lim copy-synthesis"]
     assert table["PESQ wideband, 1-4.6 (higher is better)"][3] == f"{result['pesq']['griffin_lim_ceiling']:.2f}"
     assert table["F0 RMSE, Hz, frames voiced in both"][2] == f"{result['f0_rmse_hz_vocoder_ceiling']:.1f}"
+    # the listener table: the recording, the synthesized audio, both copy-syntheses and chance, in that order
+    assert table["listener measure"][1:] == ["recording (the ceiling)", "synthesized (through Vocos)",
+                                             "Vocos copy-synthesis", "Griffin-Lim copy-synthesis", "chance |"]
+    mos = table["naturalness: DNSMOS P.835 overall, 1-5 (higher is better)"]
+    assert mos[1:5] == [f"{result['mos'][k]:.2f}" for k in evaluate.SIGNALS]
+    assert mos[5].startswith(f"{result['mos_chance']:.2f} (the recording's spectrogram with random phase)")
+    wer = table["word error rate, pocketsphinx en-us (lower is better)"]
+    assert wer[1:5] == [f"{result['wer'][k]:.2f}" for k in evaluate.SIGNALS]
 
 
 def test_verdict_between_and_without_chance():
@@ -179,9 +209,17 @@ def test_snakemake_evaluate_on_a_tiny_trained_model(trained_run, tmp_path):
     for measure, low, high in (("pesq", 1.0, 4.7), ("stoi", -1.0, 1.0)):
         assert set(result[measure]) == {"synthesized", "vocoder_ceiling", "griffin_lim_ceiling"}
         assert all(v is None or low <= v <= high for v in result[measure].values()), result[measure]
+    # what a listener hears, for the recording too: every figure there and finite, over the same 2 clips
+    for measure, low, high in (("mos", 1.0, 5.0), ("wer", 0.0, 10.0)):
+        assert set(result[measure]) == {"recording", "synthesized", "vocoder_ceiling", "griffin_lim_ceiling"}
+        assert all(low <= v <= high for v in result[measure].values()), result[measure]
+        assert low <= result[f"{measure}_chance"] <= high
+        assert all(f"{measure}_synthesized" in clip for clip in result["per_clip"])
+    assert result["mos"]["recording"] > result["mos_chance"]
     assert result["stoi"]["griffin_lim_ceiling"] > 0.5  # Griffin-Lim keeps a recording intelligible
     md = (report_dir / "evaluate.md").read_text()
     assert md.startswith("# Evaluate: 2 validation clips, checkpoint step 10") and "| MCD, dB" in md
+    assert "| naturalness: DNSMOS" in md and "| word error rate, pocketsphinx" in md
     assert (report_dir / "evaluate.png").stat().st_size > 10_000
     assert (report_dir / "benchmarks" / "evaluate.tsv").exists()
     assert sorted(p.name for p in (report_dir / "evaluate_audio").iterdir()) == ["LJ001-0015.wav", "LJ001-0016.wav"]
