@@ -18,8 +18,9 @@ A rerun after an interruption (kill -9 included) continues at the saved step wit
 optimizer state and the run's own vocabulary and statistics until train.steps; a vocabulary or a
 text/audio/pitch setting that changed under the checkpoints is a one-line error naming it. A loss or
 weights that turn NaN or infinite stop the run with one line (Diverged) before anything non-finite is
-saved, naming the checkpoint a rerun resumes from; a checkpoint the run diverged from again, right
-after resuming, or one that older code saved non-finite, is moved to checkpoints/diverged/.
+saved, naming the checkpoint a rerun resumes from; a checkpoint the run diverges from again right
+after resuming, at a lower train.learning_rate than before (checkpoints/diverged.json), or one that
+older code saved non-finite, is moved to checkpoints/diverged/.
 
 `train()` reads as its steps: start_run (resume or start: the run's info), build_trainer,
 record_run, restore, left_out, run_steps (Progress: log lines; validate_and_draw), finish.
@@ -502,20 +503,35 @@ def check_finite_state(trainer, progress, step):
         raise NonFinite(f"the weights became non-finite by step {step}")
 
 
-def diverged(cause, manager, tcfg, resumed, log):
-    """The one line for a diverged run: what happened, where a rerun resumes, what to change. A run
-    that diverged again from the checkpoint it resumed, before saving another, sets that one aside
-    (finite, but a model already blowing up), so each rerun on the advice starts further back."""
-    latest = manager.latest_checkpoint
-    again = ""
-    if latest is not None and latest == resumed:
-        again = f"it diverged again from {Path(latest).name}, now set aside in {Path(latest).parent / 'diverged'}; "
-        latest = set_aside(Path(latest).parent, [latest], "diverged again after resuming from it", log)
+DIVERGED_FROM = "diverged.json"  # in checkpoints/: the checkpoint a run last diverged after, and at what rate
+
+
+def diverged(cause, manager, tcfg, resumed, chief, log):
+    """The one line for a diverged run: what happened, where a rerun resumes, what to change. A run that
+    diverges again right after resuming checkpoint C, at a lower train.learning_rate than the run that
+    diverged after C, was given C already blowing up (finite, but past saving): C is set aside in
+    checkpoints/diverged/, so following the advice starts further back instead of failing forever. A
+    higher or equal rate keeps C (the rate is the likelier cause)."""
+    latest, lr, again = manager.latest_checkpoint, float(tcfg["learning_rate"]), ""
+    if chief and latest is not None:
+        folder = Path(latest).parent
+        marker = folder / DIVERGED_FROM
+        try:
+            before = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            before = {}
+        if latest == resumed and before.get("checkpoint") == Path(latest).name and lr < before.get("learning_rate", 0):
+            again = (f"it diverged again from {Path(latest).name} at a lower rate than before "
+                     f"({before['learning_rate']:g}), so that checkpoint is set aside in {folder / 'diverged'}; ")
+            latest = set_aside(folder, [latest], "diverged again after resuming from it", log)
+            marker.unlink(missing_ok=True)
+        else:
+            files.atomic_write_text(marker, json.dumps({"checkpoint": Path(latest).name, "learning_rate": lr}))
     resume = (f"nothing non-finite was saved, {again}a rerun resumes from {latest}, the last checkpoint (all finite)"
               if latest else f"nothing non-finite was saved, {again}no checkpoint is left, so a rerun starts from step 0"
               if again else "no checkpoint was saved, so a rerun starts from step 0")
-    advice = (f"rerun (lowering train.learning_rate, now {tcfg['learning_rate']:g}, further if it diverges again)"
-              if again else f"lower train.learning_rate (now {tcfg['learning_rate']:g}) and rerun")
+    advice = (f"rerun (lowering train.learning_rate, now {lr:g}, further if it diverges again)" if again
+              else f"lower train.learning_rate (now {lr:g}) and rerun")
     return Diverged(f"training diverged: {cause}; {resume}: {advice}")
 
 
@@ -585,7 +601,7 @@ def run_steps(trainer, manager, tcfg, chief, log, history_file=None):
             if saving:
                 save_checkpoint(manager, step)
     except NonFinite as e:
-        raise diverged(str(e), manager, tcfg, resumed if chief else None, log) from None
+        raise diverged(str(e), manager, tcfg, resumed, chief, log) from None
     return step, progress.history, val_history, align
 
 

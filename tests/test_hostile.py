@@ -235,7 +235,7 @@ def test_a_diverging_run_saves_no_nan_and_its_advice_works_when_followed(built_c
     assert "error" not in second and second["checkpoints"] == {"ckpt-1": True, "ckpt-2": True, "ckpt-3": True}
 
 
-def test_a_checkpoint_a_run_diverges_from_again_is_set_aside_so_the_next_rerun_starts_further_back(tmp_path):
+def test_a_checkpoint_a_run_diverges_from_again_at_a_lower_rate_is_set_aside_so_reruns_start_further_back(tmp_path):
     import tensorflow as tf
 
     from pipeline import train
@@ -243,17 +243,22 @@ def test_a_checkpoint_a_run_diverges_from_again_is_set_aside_so_the_next_rerun_s
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(w=tf.Variable([1e30, 2.0])), folder, max_to_keep=3)
     for step in (1, 2):
         manager.save(checkpoint_number=step)  # finite, but (say) a model already blowing up
-    tcfg = {"learning_rate": 0.001}
-    logged = []
-    again = train.diverged("the loss became nan by step 3", manager, tcfg, str(folder / "ckpt-2"), logged.append)
-    assert str(again) == (f"training diverged: the loss became nan by step 3; nothing non-finite was saved, it "
-                          f"diverged again from ckpt-2, now set aside in {folder / 'diverged'}; a rerun resumes from "
-                          f"{folder / 'ckpt-1'}, the last checkpoint (all finite): rerun (lowering "
-                          "train.learning_rate, now 0.001, further if it diverges again)")
-    assert tf.train.latest_checkpoint(folder) == str(folder / "ckpt-1") and (folder / "diverged/ckpt-2.index").exists()
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(w=tf.Variable([1.0, 2.0])), folder, max_to_keep=3)
-    first = train.diverged("the loss became nan by step 9", manager, tcfg, None, logged.append)  # saved since
-    assert "a rerun resumes from " + str(folder / "ckpt-1") in str(first) and "again" not in str(first)
+    ckpt = {k: str(folder / f"ckpt-{k}") for k in (1, 2)}
+    cause, logged = "the loss became nan by step 3", []
+    # the run that saved them diverged at 1e9: a rerun resumes from ckpt-2
+    first = train.diverged(cause, manager, {"learning_rate": 1e9}, None, True, logged.append)
+    assert str(first).endswith(f"a rerun resumes from {ckpt[2]}, the last checkpoint (all finite): lower "
+                               "train.learning_rate (now 1e+09) and rerun")
+    # resumed from ckpt-2 at the same rate, diverged before saving: the rate, not ckpt-2, is to blame
+    same = train.diverged(cause, manager, {"learning_rate": 1e9}, ckpt[2], True, logged.append)
+    assert str(same) == str(first) and tf.train.latest_checkpoint(folder) == ckpt[2]
+    # the advice followed (0.001 < 1e9) and it diverged again from ckpt-2: set aside, the rerun starts at ckpt-1
+    again = train.diverged(cause, manager, {"learning_rate": 0.001}, ckpt[2], True, logged.append)
+    assert str(again) == (f"training diverged: {cause}; nothing non-finite was saved, it diverged again from ckpt-2 "
+                          f"at a lower rate than before (1e+09), so that checkpoint is set aside in "
+                          f"{folder / 'diverged'}; a rerun resumes from {ckpt[1]}, the last checkpoint (all finite): "
+                          "rerun (lowering train.learning_rate, now 0.001, further if it diverges again)")
+    assert tf.train.latest_checkpoint(folder) == ckpt[1] and (folder / "diverged/ckpt-2.index").exists()
 
 
 def test_checkpoints_an_older_run_saved_non_finite_are_set_aside_not_resumed(tmp_path):
