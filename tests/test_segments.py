@@ -22,6 +22,37 @@ def test_segment_graph_holds_no_python_ops_and_has_one_static_shape(built_cache)
     hop, n_mels = cfg["audio"]["hop_length"], cfg["audio"]["n_mels"]
     assert ds.element_spec["mel"].shape == (3, 16, n_mels)
     assert ds.element_spec["audio"].shape == (3, 16 * hop)
+    assert ds.element_spec["f0"].shape == (3, 16) and ds.element_spec["f0"].dtype == tf.float32
+
+
+def _cached(cfg, kind):
+    """{clip id: array} of every shard of cache `kind`."""
+    from pipeline import shards
+    out = {}
+    for entry in data.read_index(cfg)["shards"]:
+        meta, arrays = shards.read(config.cache_dir(cfg) / entry[kind], kind)
+        out.update(zip(meta["ids"], arrays))
+    return out
+
+
+def test_each_f0_crop_is_the_pitch_cache_on_its_mel_crops_frames(built_cache):
+    cfg = _cfg(built_cache, segment_frames=12, batch_size=4)
+    mels, pitch = _cached(cfg, "mels"), _cached(cfg, "pitch")
+    where = {}  # a cached mel frame's bytes -> (clip, frame): where a crop was cut from
+    for cid, mel in mels.items():
+        for t in range(len(mel)):
+            where.setdefault(mel[t].astype(np.float32).tobytes(), (cid, t))
+    found = voiced = 0
+    for batch in build_segments(cfg, "train").take(4):
+        for mel, f0 in zip(batch["mel"].numpy(), batch["f0"].numpy()):
+            cid, t = where[mel[0].tobytes()]
+            n = min(12, len(mels[cid]) - t)
+            np.testing.assert_array_equal(mel[:n], mels[cid][t:t + n].astype(np.float32))  # the crop we found
+            np.testing.assert_array_equal(f0[:n], pitch[cid][t:t + n])               # its F0, frame for frame
+            assert np.all(f0[n:] == 0)                                                # padding is unvoiced
+            found += 1
+            voiced += int(np.any(f0 > 0) and np.any(f0 == 0) or np.all(f0 > 0))
+    assert found == 16 and voiced >= 8  # real F0 tracks, not zeros
 
 
 def test_each_audio_crop_makes_its_mel_crop_on_interior_frames(built_cache):

@@ -3,13 +3,17 @@
     from pipeline.vocoder import kinds
     gen = kinds.build(cfg["vocoder"], cfg["audio"])   # a keras.Model: mel [B, F, n_mels] -> audio [B, F*hop]
     vocode = kinds.load(cfg)                          # the run's final trained vocoder (or Griffin-Lim)
-    audio = vocode(log_mel)                              # (F, n_mels) natural-log mel -> float32 (F*hop,)
+    audio = vocode(log_mel, f0=None)                     # (F, n_mels) natural-log mel [+ (F,) F0 Hz] -> float32 (F*hop,)
 
-Kinds: `vocos` (vocos.py), `hifigan` (hifigan.py, V1/V2 by vocoder.hifigan.size), `griffin_lim`
+Kinds: `vocos` (vocos.py), `hifigan` (hifigan.py, V1/V2 by vocoder.hifigan.size), `source_filter`
+(source_filter.py: F0-driven harmonic + noise sources, a network for the filter), `griffin_lim`
 (pipeline/vocoder/griffin_lim.py, no training).
 A trainable kind is `build(vocoder_cfg, audio_cfg) -> keras.Model` taking the caches' log-mel
 (float32, unnormalised) and returning float32 audio of exactly F * hop_length samples; the
-spectral, adversarial and feature-matching losses are shared (discriminators.py).
+spectral, adversarial and feature-matching losses are shared (discriminators.py). A kind registered
+with `uses_f0=True` also takes `f0=` (B, F) Hz, 0 unvoiced (None: its own estimate from the mel),
+and may define `auxiliary_loss(mel, f0) -> (loss, terms)`, added to its training loss; the other
+kinds are called without F0, which they do not use.
 
 `load` builds the trained vocoder from the `audio:` and `vocoder:` sections its summary records
 (runs/{name}/vocoder.json), never the config's (one note on stderr names what the config gives
@@ -29,12 +33,13 @@ import tensorflow as tf
 from pipeline import config, runinfo
 from pipeline.errors import MissingCheckpoint, PipelineError
 from pipeline.registry import Registry
-from pipeline.vocoder import hifigan, inputs, vocos
+from pipeline.vocoder import hifigan, inputs, source_filter, vocos
 
-# build(vocoder_cfg, audio_cfg) -> keras.Model for the trained kinds; None: no training (Griffin-Lim)
+# build(vocoder_cfg, audio_cfg) -> keras.Model for the trained kinds; None: no training (Griffin-Lim);
+# uses_f0: the model takes f0= (training reads the pitch cache; synthesis passes the acoustic model's)
 # context(vocoder_cfg, audio_cfg): mel frames each side that one output frame depends on (long mels are
 # vocoded in chunks with that much context: the same audio, bounded memory); None: vocoded whole
-KINDS = Registry("vocoder.kind", config.ConfigError, what="kind", build=None, context=None)
+KINDS = Registry("vocoder.kind", config.ConfigError, what="kind", build=None, uses_f0=False, context=None)
 CHUNK_FRAMES = 2048  # mel frames per chunk when vocoding a long mel (pipeline.vocode; docs/vocoder.md)
 
 
@@ -59,6 +64,7 @@ def _hifigan_context(vocoder_cfg, audio_cfg):
 
 KINDS.add("vocos", build=vocos.build, context=_vocos_context)
 KINDS.add("hifigan", build=hifigan.build, context=_hifigan_context)
+KINDS.add("source_filter", build=source_filter.build, uses_f0=True)
 KINDS.add("griffin_lim")
 
 
@@ -81,6 +87,11 @@ def step_of(checkpoint):
     return int(re.search(r"ckpt-(\d+)$", str(checkpoint)).group(1))
 
 
+def uses_f0(vocoder_cfg):
+    """Whether `vocoder.kind` takes F0 (its training reads the pitch cache)."""
+    return KINDS.get(vocoder_cfg["kind"]).uses_f0
+
+
 def chunked(run, frames, hop, context, chunk_frames):
     """float32 audio (frames * hop,) from `run(start, stop)`, the audio of mel frames [start, stop): one
     call for at most `chunk_frames` frames (or `context` None), else one per chunk of `chunk_frames`
@@ -96,11 +107,14 @@ def chunked(run, frames, hop, context, chunk_frames):
 
 
 class Vocoder:
-    """A callable log-mel (F, n_mels) -> float32 audio (F*hop,), with `.kind`, `.steps`, `.finetune_steps`."""
+    """A callable (log-mel (F, n_mels), f0=None (F,) Hz) -> float32 audio (F*hop,), with `.kind`,
+    `.steps`, `.finetune_steps`, `.uses_f0`. Kinds without F0 ignore `f0`; with F0 and none given,
+    the model's own F0 head estimates it from the mel."""
 
     def __init__(self, cfg, model=None, summary=None):
         self.cfg, self.model, self.kind = cfg, model, cfg["vocoder"]["kind"]
         self.audio = cfg["audio"]  # the settings it was trained with (load: the run's own)
+        self.uses_f0 = uses_f0(cfg["vocoder"])
         context = KINDS.get(self.kind).context
         self.context = None if context is None else context(cfg["vocoder"], self.audio)
         self.summary = summary or {}
@@ -108,16 +122,32 @@ class Vocoder:
         self.finetune_steps = self.summary.get("finetune_steps", 0)
         if model is not None:
             self._call = tf.function(lambda m: model(m, training=False), reduce_retracing=True)
+            if self.uses_f0:
+                self._call_f0 = tf.function(lambda m, f: model(m, f0=f, training=False), reduce_retracing=True)
 
-    def __call__(self, log_mel, chunk_frames=CHUNK_FRAMES):
+    def __call__(self, log_mel, f0=None, chunk_frames=CHUNK_FRAMES):
         """A mel longer than `chunk_frames` goes through in chunks, each with `self.context` frames of
         context each side, trimmed off: the unchunked audio (to float rounding) in bounded memory."""
         log_mel = np.asarray(log_mel, np.float32)
         if self.model is None:
             from pipeline.vocoder.griffin_lim import griffin_lim
             return griffin_lim(log_mel, **self.audio, iters=self.cfg["synthesize"]["griffin_lim_iters"]).numpy()
-        return chunked(lambda a, b: self._call(tf.constant(log_mel[None, a:b]))[0].numpy(), len(log_mel),
-                       self.audio["hop_length"], self.context, chunk_frames)
+        if self.uses_f0 and f0 is not None:
+            f0 = np.asarray(f0, np.float32)
+            if f0.shape != log_mel.shape[:1]:
+                raise ValueError(f"f0 has shape {f0.shape}, the mel {len(log_mel)} frames: one F0 per frame")
+            run = lambda a, b: self._call_f0(tf.constant(log_mel[None, a:b]), tf.constant(f0[None, a:b]))  # noqa: E731
+        else:
+            run = lambda a, b: self._call(tf.constant(log_mel[None, a:b]))  # noqa: E731
+        return chunked(lambda a, b: run(a, b)[0].numpy(), len(log_mel), self.audio["hop_length"], self.context,
+                       chunk_frames)
+
+    def voiced_f0(self, log_mel, f0):
+        """(F,) another model's F0 gated by this vocoder's voicing head (f0 as it is for kinds without one)."""
+        if self.model is None or not self.uses_f0 or f0 is None:
+            return f0
+        mel = tf.constant(np.asarray(log_mel, np.float32)[None])
+        return self.model.voiced_f0(mel, tf.constant(np.asarray(f0, np.float32)[None]))[0].numpy()
 
 
 def _note(line):

@@ -1,16 +1,17 @@
-"""The vocoder's input pipeline: random hop-aligned (mel, audio) crops from the shard caches.
+"""The vocoder's input pipeline: random hop-aligned (mel, audio, F0) crops from the shard caches.
 
-`build_segments(cfg, split)` reads the mel (or GTA) shards and the audio shards (the waveform cut to
-the mel's frame grid, written by mel_shard) with tf.io.read_file + tf.io.decode_raw, once, and
-makes every batch by gathers alone: no Python op, one static shape [B, S, n_mels] / [B, S*hop]
-(S = vocoder.segment_frames, B = vocoder.batch_size), so a compiled step traces once.
+`build_segments(cfg, split)` reads the mel (or GTA) shards, the audio shards (the waveform cut to
+the mel's frame grid, written by mel_shard) and the pitch shards (F0 in Hz per mel frame, 0
+unvoiced) with tf.io.read_file + tf.io.decode_raw, once, and makes every batch by gathers alone: no
+Python op, one static shape [B, S, n_mels] / [B, S*hop] / [B, S] (S = vocoder.segment_frames,
+B = vocoder.batch_size), so a compiled step traces once.
 
 Training batches are a pure function of (train.seed, step): batch i picks B clips and one crop
 start each with stateless random numbers, so a run resumed at step i (`start_step=i`) sees exactly
-the batches an uninterrupted run would. Crop t of a clip is frames [t, t+S) of its mel and samples
+the batches an uninterrupted run would. Crop t of a clip is frames [t, t+S) of its mel and F0 and samples
 [t*hop, (t+S)*hop) of its audio: `pipeline.audio` computes that mel from those samples on every
 interior frame (the edge frames see reflect padding instead of their neighbours). A clip shorter
-than S frames is padded (mel with log(1e-5), silence; audio with zeros), never dropped; how many
+than S frames is padded (mel with log(1e-5), silence; audio with zeros; F0 0), never dropped; how many
 were padded is logged when the dataset is built. The validation split (repeat=False) gives each
 clip once, its middle crop, in batches of up to B.
 
@@ -65,9 +66,69 @@ def _offsets(cfg, index, clips, kind, prefix_of, length_of):
     return out + np.array([rebase[p] for p in clips.shard], np.int64), files
 
 
+def _cached_offsets(paths, kind, clips, item_bytes):
+    """(offset of each clip in the concatenated `kind` shards of its split, [those shards' .bin paths])."""
+    present = sorted(set(clips.shard.tolist()))
+    sizes = np.cumsum([0] + [shards.read_meta(Path(paths[kind][p]).with_suffix(""))["bytes"] // item_bytes
+                             for p in present])
+    base = dict(zip(present, sizes))
+    return clips.offsets[kind] + np.array([base[p] for p in clips.shard], np.int64), [paths[kind][p] for p in present]
+
+
+def _sources(cfg, split, source, log):
+    """(Clips of the split, {"mel", "audio", "f0"}: (per-clip offsets, shard .bin files)) of the caches."""
+    index = read_index(cfg)
+    clips, paths = load_clips(cfg, split, index)
+    if not clips.ids:
+        raise CacheError(f"{config.cache_dir(cfg)}: no clips in the {split!r} split")
+    root, hop, n_mels = config.cache_dir(cfg), cfg["audio"]["hop_length"], cfg["audio"]["n_mels"]
+    where = {"f0": _cached_offsets(paths, "pitch", clips, 4)}                        # float32 Hz per frame
+    if source == "recorded":
+        where["mel"] = _cached_offsets(paths, "mels", clips, 2 * n_mels)             # float16 frames
+    else:
+        where["mel"] = _offsets(cfg, index, clips, "gta", lambda k: gta_prefix(cfg, k), lambda f: f)
+    where["audio"] = _offsets(cfg, index, clips, "audio", lambda k: shards.prefix(root, "audio", k), lambda f: f * hop)
+    S = cfg["vocoder"]["segment_frames"]
+    short = int(np.sum(clips.frames < S))
+    if short:
+        log(f"segments: {short} of {len(clips.ids)} {split} clips are shorter than vocoder.segment_frames {S}: "
+            f"padded (mel with silence, audio with zeros, F0 unvoiced)")
+    return clips, where
+
+
+def _read(files, dtype):
+    """The files' bytes, concatenated, as one flat tensor of `dtype` (read_file + decode_raw: no Python op)."""
+    blobs = tf.map_fn(tf.io.read_file, tf.constant([str(f) for f in files]), fn_output_signature=tf.string)
+    return tf.io.decode_raw(tf.strings.reduce_join(blobs), dtype)
+
+
+def _cropper(table, S, hop):
+    """crops(mel, wav, f0, idx, u) -> one batch dict: clip rows `idx` (b,), crop starts at `u` (b,) in [0, 1)
+    of each clip's room; frames [t, t+S) of mel and f0 and samples [t*hop, (t+S)*hop) of the audio,
+    by the same start t, so the three stay paired."""
+    def crops(mel, wav, f0, idx, u):
+        rows = tf.gather(table, idx)                                                  # (b, 4) mel, audio, f0, frames
+        frames = rows[:, 3]
+        start = tf.cast(u * tf.cast(tf.maximum(frames - S, 0) + 1, tf.float32), tf.int64)  # (b,)
+        start = tf.minimum(start, tf.maximum(frames - S, 0))
+        t = tf.range(S, dtype=tf.int64)[None]                                         # (1, S)
+        keep = t < (frames - start)[:, None]                                          # (b, S)
+        fi = tf.where(keep, rows[:, :1] + start[:, None] + t, 0)
+        m = tf.where(keep[..., None], tf.cast(tf.gather(mel, fi), tf.float32), PAD_LOG_MEL)  # (b, S, n_mels)
+        pi = tf.where(keep, rows[:, 2:3] + start[:, None] + t, 0)
+        p = tf.where(keep, tf.gather(f0, pi), 0.0)                                    # (b, S) Hz, padding unvoiced
+        s = tf.range(S * hop, dtype=tf.int64)[None]                                   # (1, S*hop)
+        keep_s = s < ((frames - start) * hop)[:, None]
+        si = tf.where(keep_s, rows[:, 1:2] + start[:, None] * hop + s, 0)
+        a = tf.where(keep_s, tf.gather(wav, si), 0.0)                                 # (b, S*hop)
+        return {"mel": m, "audio": a, "f0": p}
+    return crops
+
+
 def build_segments(cfg, split="train", *, source="recorded", repeat=None, start_step=0, batch_size=None,
                    log=_print):
-    """tf.data.Dataset of dict batches `mel` float32 [B, S, n_mels], `audio` float32 [B, S*hop].
+    """tf.data.Dataset of dict batches `mel` float32 [B, S, n_mels], `audio` float32 [B, S*hop] and
+    `f0` float32 [B, S] (Hz from the pitch cache, 0 unvoiced), the three from the same crop.
 
     split: "train", "val" or "all"; source: "recorded" (the mel caches) or "gta" (runs/{name}/gta);
     repeat (default: split == "train"): endless stateless-random crops from `start_step` on, else
@@ -78,61 +139,23 @@ def build_segments(cfg, split="train", *, source="recorded", repeat=None, start_
     repeat = split == "train" if repeat is None else repeat
     hop, n_mels = cfg["audio"]["hop_length"], cfg["audio"]["n_mels"]
     S, B = cfg["vocoder"]["segment_frames"], batch_size or cfg["vocoder"]["batch_size"]
-    index = read_index(cfg)
-    clips, paths = load_clips(cfg, split, index)
-    if not clips.ids:
-        raise CacheError(f"{config.cache_dir(cfg)}: no clips in the {split!r} split")
-    root = config.cache_dir(cfg)
-    if source == "recorded":
-        mel_files = [paths["mels"][p] for p in sorted(set(clips.shard.tolist()))]
-        present = sorted(set(clips.shard.tolist()))
-        sizes = np.cumsum([0] + [shards.read_meta(Path(paths["mels"][p]).with_suffix(""))["bytes"] // (2 * n_mels)
-                                 for p in present])
-        base = dict(zip(present, sizes))
-        mel_off = clips.offsets["mels"] + np.array([base[p] for p in clips.shard], np.int64)
-    else:
-        mel_off, mel_files = _offsets(cfg, index, clips, "gta", lambda k: gta_prefix(cfg, k), lambda f: f)
-    audio_off, audio_files = _offsets(cfg, index, clips, "audio", lambda k: shards.prefix(root, "audio", k),
-                                      lambda f: f * hop)
-    short = int(np.sum(clips.frames < S))
-    if short:
-        log(f"segments: {short} of {len(clips.ids)} {split} clips are shorter than vocoder.segment_frames {S}: "
-            f"padded (mel with silence, audio with zeros)")
-
-    table = tf.constant(np.stack([mel_off, audio_off, clips.frames], 1), tf.int64)   # (clips, 3)
+    clips, where = _sources(cfg, split, source, log)
+    table = tf.constant(np.stack([where["mel"][0], where["audio"][0], where["f0"][0], clips.frames], 1), tf.int64)
     n_clips, seed = len(clips.ids), cfg["train"]["seed"]
-
-    def read(files, dt):
-        blobs = tf.map_fn(tf.io.read_file, tf.constant(files), fn_output_signature=tf.string)
-        return tf.io.decode_raw(tf.strings.reduce_join(blobs), dt)
-
-    def crops(mel, wav, idx, u):
-        """idx (b,) clip rows, u (b,) in [0, 1): where in the clip the crop starts."""
-        rows = tf.gather(table, idx)                                                  # (b, 3)
-        frames = rows[:, 2]
-        start = tf.cast(u * tf.cast(tf.maximum(frames - S, 0) + 1, tf.float32), tf.int64)  # (b,)
-        start = tf.minimum(start, tf.maximum(frames - S, 0))
-        t = tf.range(S, dtype=tf.int64)[None]                                         # (1, S)
-        keep = t < (frames - start)[:, None]                                          # (b, S)
-        fi = tf.where(keep, rows[:, :1] + start[:, None] + t, 0)
-        m = tf.where(keep[..., None], tf.cast(tf.gather(mel, fi), tf.float32), PAD_LOG_MEL)  # (b, S, n_mels)
-        s = tf.range(S * hop, dtype=tf.int64)[None]                                   # (1, S*hop)
-        keep_s = s < ((frames - start) * hop)[:, None]
-        si = tf.where(keep_s, rows[:, 1:2] + start[:, None] * hop + s, 0)
-        a = tf.where(keep_s, tf.gather(wav, si), 0.0)                                 # (b, S*hop)
-        return {"mel": m, "audio": a}
+    crops = _cropper(table, S, hop)
 
     def from_arrays(_):
-        mel = tf.reshape(read(mel_files, tf.float16), [-1, n_mels])                       # (all frames, n_mels)
-        wav = read(audio_files, tf.float32)                                           # (all samples,)
+        mel = tf.reshape(_read(where["mel"][1], tf.float16), [-1, n_mels])           # (all frames, n_mels)
+        wav = _read(where["audio"][1], tf.float32)                                    # (all samples,)
+        f0 = _read(where["f0"][1], tf.float32)                                        # (all frames,)
         if repeat:
             def batch(step):
                 idx = tf.random.stateless_uniform([B], seed=tf.stack([seed, step]), maxval=n_clips, dtype=tf.int64)
                 u = tf.random.stateless_uniform([B], seed=tf.stack([seed + 1, step]))
-                return crops(mel, wav, idx, u)
+                return crops(mel, wav, f0, idx, u)
             steps = tf.data.Dataset.range(start_step, np.iinfo(np.int64).max)
             return steps.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         rows = tf.data.Dataset.range(n_clips).batch(B)
-        return rows.map(lambda idx: crops(mel, wav, idx, tf.fill(tf.shape(idx), 0.5)))
+        return rows.map(lambda idx: crops(mel, wav, f0, idx, tf.fill(tf.shape(idx), 0.5)))
 
     return tf.data.Dataset.range(1).flat_map(from_arrays).prefetch(tf.data.AUTOTUNE)

@@ -1,9 +1,10 @@
 """Train the vocoder from the caches: phase `train` on recorded mels, phase `finetune` on the acoustic
 model's teacher-forced (GTA) mels, starting from phase one's weights.
 
-Reads the mel and audio shards (pipeline/vocoder/segments.py; `finetune` reads runs/{name}/gta/ instead of
-the mel shards); writes runs/{name}/vocoder/{phase}/ (checkpoints: generator, discriminators, both
-optimizers; TensorBoard losses and audio of a few validation clips) and a summary JSON (`--out`).
+Reads the mel, audio and pitch shards (pipeline/vocoder/segments.py: F0 for the kinds that use it;
+`finetune` reads runs/{name}/gta/ instead of the mel shards); writes runs/{name}/vocoder/{phase}/
+(checkpoints: generator, discriminators, both optimizers; TensorBoard losses and audio of a few
+validation clips) and a summary JSON (`--out`).
 A rerun resumes from the phase's last checkpoint, exactly: the segment stream is a pure function
 of (seed, step), so a run killed with kill -9 and rerun ends with the weights of an uninterrupted one.
 With `--final` the summary also goes to runs/{name}/vocoder.json, what synthesize/evaluate/vocode load.
@@ -48,6 +49,7 @@ class VocoderTrainer:
         keras.utils.set_random_seed(cfg["train"]["seed"])
         self.device = self.p.devices[0]
         self.source = "gta" if phase == "finetune" else "recorded"
+        self.uses_f0 = kinds.uses_f0(v)
         with tf.device(self.device):
             self.generator = kinds.build(v, cfg["audio"])
             self.disc = D.Discriminators()
@@ -78,28 +80,43 @@ class VocoderTrainer:
             loss = opt.scale_loss(loss)
         opt.apply(tape.gradient(loss, variables), variables)
 
+    def _generate(self, batch):
+        """The generator's audio for a batch: with the batch's F0 (the pitch cache's) for kinds that use F0."""
+        if self.uses_f0:
+            return self.generator(batch["mel"], f0=batch["f0"], training=True)
+        return self.generator(batch["mel"], training=True)
+
+    def _auxiliary(self, batch):
+        """(loss, terms) of the kind's own extra loss (source_filter: its F0 head), (0, {}) for the others."""
+        if not hasattr(self.generator, "auxiliary_loss"):
+            return 0.0, {}
+        return self.generator.auxiliary_loss(batch["mel"], batch["f0"])
+
     def _spectral_step(self, batch):
         with tf.GradientTape() as tape:
-            fake = self.generator(batch["mel"], training=True)
+            fake = self._generate(batch)
             total, terms = D.spectral_loss(batch["audio"], fake, self.cfg["audio"], mel_weight=self.weights["mel"],
                                            stft_weight=self.weights["stft"])
+            aux, aux_terms = self._auxiliary(batch)
+            total, terms = total + aux, {**terms, **aux_terms}
         self._apply(self.g_opt, tape, total, self.generator.trainable_variables)
         self.d_opt.iterations.assign_add(0)
         return {"total": total, **terms}
 
     def _gan_step(self, batch):
         real = batch["audio"]
-        fake = self.generator(batch["mel"], training=True)
+        fake = self._generate(batch)
         with tf.GradientTape() as tape:
             d_loss = D.discriminator_loss(self.disc(real), self.disc(tf.stop_gradient(fake)))
         self._apply(self.d_opt, tape, d_loss, self.disc.trainable_variables)
         with tf.GradientTape() as tape:
-            fake = self.generator(batch["mel"], training=True)
+            fake = self._generate(batch)
             spectral, terms = D.spectral_loss(real, fake, self.cfg["audio"], mel_weight=self.weights["mel"],
                                               stft_weight=self.weights["stft"])
             real_outs, fake_outs = self.disc(real), self.disc(fake)
             adv, fm = D.generator_loss(fake_outs), D.feature_loss(real_outs, fake_outs)
-            total = spectral + adv + self.weights["feature"] * fm
+            aux, aux_terms = self._auxiliary(batch)
+            total, terms = spectral + adv + self.weights["feature"] * fm + aux, {**terms, **aux_terms}
         self._apply(self.g_opt, tape, total, self.generator.trainable_variables)
         return {"total": total, **terms, "adversarial": adv, "feature": fm, "discriminator": d_loss}
 
@@ -122,7 +139,8 @@ def _validate(trainer, step, val, log):
     """Validation spectral losses over the validation crops, and TensorBoard audio of a few clips."""
     sums, n, first = {}, 0, None
     for batch in val:
-        fake = trainer.generator(batch["mel"], training=False)
+        fake = trainer.generator(batch["mel"], f0=batch["f0"], training=False) if trainer.uses_f0 \
+            else trainer.generator(batch["mel"], training=False)
         _, terms = D.spectral_loss(batch["audio"], fake, trainer.cfg["audio"], mel_weight=1.0, stft_weight=1.0)
         for k, v in terms.items():
             sums[k] = sums.get(k, 0.0) + float(v)
@@ -148,17 +166,7 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
     folder = _phase_dir(cfg, phase)
     folder.mkdir(parents=True, exist_ok=True)
     _forget_other_inputs(cfg, phase, folder, log)
-    ckpt = tf.train.Checkpoint(generator=trainer.generator, disc=trainer.disc, g_opt=trainer.g_opt, d_opt=trainer.d_opt)
-    manager = tf.train.CheckpointManager(ckpt, folder / "checkpoints", max_to_keep=2)
-    if manager.latest_checkpoint:
-        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        log(f"resumed from {manager.latest_checkpoint} at step {int(trainer.step_var.numpy())}")
-    elif phase == "finetune":  # start from phase one's final weights (generator and discriminators)
-        first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
-        if first is None:
-            raise MissingCheckpoint(f"{_phase_dir(cfg, 'train')}: no first-phase vocoder; run `snakemake --cores all train_vocoder`")
-        tf.train.Checkpoint(generator=trainer.generator, disc=trainer.disc).restore(first).expect_partial()
-        log(f"fine-tuning from {first}")
+    manager = _checkpoints(cfg, phase, trainer, folder, log)
     step = start = int(trainer.step_var.numpy())
     batches = iter(trainer.dataset("train", start_step=step))
     val = trainer.dataset("val", batch_size=v["batch_size"]).take(2) if _has_val(cfg) else None
@@ -172,22 +180,7 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
             terms = trainer.step(batch, step)
             step += 1
             if step % v["log_every"] == 0 or step == total:
-                values = {k: float(x) for k, x in terms.items()}
-                interval = time.perf_counter() - t_log
-                rate, wait = (v["log_every"] / interval, waited / interval) if interval > 0 else (0.0, 0.0)
-                for k, x in values.items():
-                    tf.summary.scalar(f"train/{k}", x, step=step)
-                tf.summary.scalar("perf/steps_per_s", rate, step=step)
-                tf.summary.scalar("perf/input_wait_fraction", wait, step=step)
-                done = step / total
-                bar = "=" * int(30 * done) + ">" + " " * (30 - int(30 * done))
-                log(f"vocoder {phase} step {step}/{total} [{bar}] loss {values['total']:.4f} "
-                    f"({', '.join(f'{k} {x:.4f}' for k, x in values.items() if k != 'total')}) "
-                    f"{rate:.2f} steps/s wait {100 * wait:.1f}% eta {(total - step) / rate if rate else 0:.0f}s")
-                if not math.isfinite(values["total"]):
-                    raise FloatingPointError(f"vocoder loss became {values['total']} at step {step}; "
-                                             f"lower vocoder.learning_rate")
-                history.append({"step": step, **values})
+                history.append(_report(phase, step, total, terms, v["log_every"], waited, t_log, log))
                 waited, t_log = 0.0, time.perf_counter()
             if val is not None and (step % v["summary_every"] == 0 or step == total):
                 result = _validate(trainer, step, val, log)
@@ -211,6 +204,43 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
     weights = sum(float(tf.reduce_sum(tf.cast(w, tf.float64))) for w in trainer.generator.trainable_variables)
     log(f"vocoder {phase} done: {step} steps, checkpoint {manager.latest_checkpoint}, weights checksum {weights:.12g}")
     return summary
+
+
+def _checkpoints(cfg, phase, trainer, folder, log):
+    """The phase's CheckpointManager, its last checkpoint restored (a rerun resumes), or for a new
+    `finetune`, the first phase's final weights (generator and discriminators) loaded."""
+    ckpt = tf.train.Checkpoint(generator=trainer.generator, disc=trainer.disc, g_opt=trainer.g_opt, d_opt=trainer.d_opt)
+    manager = tf.train.CheckpointManager(ckpt, folder / "checkpoints", max_to_keep=2)
+    if manager.latest_checkpoint:
+        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        log(f"resumed from {manager.latest_checkpoint} at step {int(trainer.step_var.numpy())}")
+    elif phase == "finetune":
+        first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
+        if first is None:
+            raise MissingCheckpoint(f"{_phase_dir(cfg, 'train')}: no first-phase vocoder; run `snakemake --cores all train_vocoder`")
+        tf.train.Checkpoint(generator=trainer.generator, disc=trainer.disc).restore(first).expect_partial()
+        log(f"fine-tuning from {first}")
+    return manager
+
+
+def _report(phase, step, total, terms, every, waited, t_log, log):
+    """Log and write to TensorBoard the loss terms at `step` and the rate since `t_log`; -> the history row.
+    FloatingPointError when the loss is no longer finite."""
+    values = {k: float(x) for k, x in terms.items()}
+    interval = time.perf_counter() - t_log
+    rate, wait = (every / interval, waited / interval) if interval > 0 else (0.0, 0.0)
+    for k, x in values.items():
+        tf.summary.scalar(f"train/{k}", x, step=step)
+    tf.summary.scalar("perf/steps_per_s", rate, step=step)
+    tf.summary.scalar("perf/input_wait_fraction", wait, step=step)
+    done = step / total
+    bar = "=" * int(30 * done) + ">" + " " * (30 - int(30 * done))
+    log(f"vocoder {phase} step {step}/{total} [{bar}] loss {values['total']:.4f} "
+        f"({', '.join(f'{k} {x:.4f}' for k, x in values.items() if k != 'total')}) "
+        f"{rate:.2f} steps/s wait {100 * wait:.1f}% eta {(total - step) / rate if rate else 0:.0f}s")
+    if not math.isfinite(values["total"]):
+        raise FloatingPointError(f"vocoder loss became {values['total']} at step {step}; lower vocoder.learning_rate")
+    return {"step": step, **values}
 
 
 def _has_val(cfg):
