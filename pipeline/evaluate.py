@@ -138,13 +138,18 @@ class Analyser:
         y = np.asarray(griffin_lim(log_mel, iters=self.iters, power=GL_POWER, **self.a))
         return np.pad(y, (0, max(0, MIN_FRAMES * self.a["hop_length"] - len(y))))
 
-    def vocode(self, log_mel):
-        """The pipeline's vocoder: the trained one, or Griffin-Lim without one."""
+    def vocode(self, log_mel, f0=None, gate=False):
+        """The pipeline's vocoder: the trained one, or Griffin-Lim without one. f0 (F,) Hz for a vocoder
+        that uses F0 (None: its own F0 head's); gate: voiced only where its voicing head hears voicing
+        (a TTS model's pitch, as synthesize uses it)."""
         if self.neural is None:
             return self.griffin_lim(log_mel)
-        y = self.neural(np.pad(log_mel, [(0, max(0, MIN_FRAMES - len(log_mel))), (0, 0)],
-                               constant_values=np.log(audio.LOG_CLAMP)))
-        return np.asarray(y, np.float32)
+        pad = max(0, MIN_FRAMES - len(log_mel))
+        log_mel = np.pad(log_mel, [(0, pad), (0, 0)], constant_values=np.log(audio.LOG_CLAMP))
+        if f0 is not None:
+            f0 = np.pad(np.asarray(f0, np.float32), (0, pad))
+            f0 = self.neural.voiced_f0(log_mel, f0) if gate else f0
+        return np.asarray(self.neural(log_mel, f0=f0), np.float32)
 
     def f0(self, y):
         sr, hop = self.a["sample_rate"], self.a["hop_length"]
@@ -209,7 +214,8 @@ def measure_clip(clip, synth_mel, analyse):
     rec, ceil = analyse(y, clip.f0), analyse(y_gl)
     smel = synth_mel(clip.text, speaker=clip.speaker, language=clip.language) if clip.speaker \
         else synth_mel(clip.text)                                               # (F', n_mels)
-    y_syn = analyse.vocode(smel)
+    smel, sf0 = smel if isinstance(smel, tuple) else (smel, None)              # (log-mel, F0 Hz or None)
+    y_syn = analyse.vocode(smel, sf0, gate=True)
     syn = analyse(y_syn)
     mcd_db, path_ = metrics.mcd(syn["mc"], rec["mc"])
     mcd_ceiling, path_ceiling = metrics.mcd(ceil["mc"], rec["mc"])
@@ -220,7 +226,7 @@ def measure_clip(clip, synth_mel, analyse):
     signals = {"recording": ref, "synthesized": y_syn, "griffin_lim_ceiling": y_gl}  # as heard (MOS, WER)
     extra = {}
     if analyse.neural is not None:
-        y_voc = analyse.vocode(mel)
+        y_voc = analyse.vocode(mel, rec["f0"] if len(rec["f0"]) == len(mel) else None)  # the recording's F0
         extra.update(_vocoder_ceiling(analyse(y_voc), rec))
         heard["vocoder_ceiling"], signals["vocoder_ceiling"] = y_voc[:len(ref)], y_voc
     extra.update(_listened(ref, heard, sr))
@@ -272,7 +278,8 @@ def summarise(rows, vocoder):
 
 
 def compare(clips, synth_mel, analyse, log=_print):
-    """Per-clip rows and the summary fields of evaluate.json. `synth_mel(text)` -> log-mel."""
+    """Per-clip rows and the summary fields of evaluate.json. `synth_mel(text)` -> log-mel, or (log-mel,
+    F0 Hz per frame or None) for a vocoder that uses F0."""
     recorded, synthesized, rows = [], [], []
     for clip in clips:
         row, rec, syn = measure_clip(clip, synth_mel, analyse)
@@ -300,7 +307,7 @@ def evaluate(cfg, out, log=_print):
     clips = validation_clips(cfg)
     log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips, through the "
         f"{voc.kind} vocoder")
-    summary, rows = compare(clips, synth.mel, Analyser(cfg, voc if voc.model is not None else None), log)
+    summary, rows = compare(clips, synth.mel_f0, Analyser(cfg, voc if voc.model is not None else None), log)
     if "speaker_similarity" in summary:
         log(f"speaker similarity {summary['speaker_similarity']}")
     report = {**summary, "checkpoint": synth.checkpoint, "step": synth.step,

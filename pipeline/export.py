@@ -54,7 +54,7 @@ import tensorflow as tf
 from pipeline import config, dft, runinfo
 from pipeline.audio import LOG_CLAMP
 from pipeline.errors import PipelineError, cli
-from pipeline.synthesize import PACE, PITCH_SHIFT, load_synthesizer
+from pipeline.synthesize import PACE, PITCH_SHIFT, frame_f0, load_synthesizer
 from pipeline.vocoder.griffin_lim import griffin_lim_graph
 
 SIGNATURE = "synthesize"
@@ -71,17 +71,24 @@ class TrainedVocoder(tf.Module):
     audio (F * hop,), the very model `pipeline.vocode` and `snakemake synthesize` call; its weights are
     tracked, so the SavedModel carries them."""
 
-    def __init__(self, model, hop_length, floor):
+    def __init__(self, model, hop_length, floor, uses_f0=False):
         super().__init__(name="vocoder")
         self.generator, self._hop, self._floor = model, int(hop_length), float(floor)
+        self._uses_f0 = bool(uses_f0)
 
-    def __call__(self, log_mel):
+    def __call__(self, log_mel, f0=None):
+        """f0 (F,) Hz: the acoustic model's (synthesize.frame_f0), for a kind that uses F0, gated by its
+        voicing head as `snakemake synthesize` does; None: the vocoder's own F0 head's."""
         # no frames (an empty token list): run one silent frame (the model's layer norms need one), keep none
         frames = tf.shape(log_mel)[0]
         empty = tf.maximum(1 - frames, 0)
         silence = tf.fill(tf.stack([empty, tf.shape(log_mel)[1]]), self._floor)
         log_mel = tf.concat([log_mel, silence], 0)  # keeps the static n_mels: TFLite's CONV_2D needs it
-        return self.generator(log_mel[None], training=False)[0, :frames * self._hop]
+        if not self._uses_f0:
+            return self.generator(log_mel[None], training=False)[0, :frames * self._hop]
+        if f0 is not None:
+            f0 = self.generator.voiced_f0(log_mel[None], tf.concat([f0, tf.zeros([empty])], 0)[None])
+        return self.generator(log_mel[None], f0=f0, training=False)[0, :frames * self._hop]
 
 
 def export_vocoder(cfg, audio, transforms):
@@ -97,9 +104,12 @@ def export_vocoder(cfg, audio, transforms):
         info = {"kind": trained.kind, "trained": True, "steps": trained.steps,
                 "finetune_steps": trained.finetune_steps, "phase": trained.summary.get("phase"),
                 "checkpoint": trained.summary["checkpoint"], "summary": str(kinds.summary_path(cfg))}
-        return TrainedVocoder(trained.model, audio["hop_length"], np.log(LOG_CLAMP)), info
+        info["f0"] = "the acoustic model's pitch (Hz, pitch_shift applied), voiced where the vocoder's head " \
+            "hears voicing" if trained.uses_f0 else None
+        return TrainedVocoder(trained.model, audio["hop_length"], np.log(LOG_CLAMP), trained.uses_f0), info
     iters = int(cfg["synthesize"]["griffin_lim_iters"])
-    fn = functools.partial(griffin_lim_graph, **audio, iters=iters, transforms=transforms)
+    gl = functools.partial(griffin_lim_graph, **audio, iters=iters, transforms=transforms)
+    fn = lambda log_mel, f0=None: gl(log_mel)  # noqa: E731 (no use for F0)
     info = {"kind": "griffin_lim", "iters": iters, "trained": False,
             "note": "Griffin-Lim phase recovery inside the graph (vocoder.kind: griffin_lim); no trained vocoder"}
     return fn, info
@@ -141,9 +151,10 @@ class Voice(tf.Module):
         self.synthesize = tf.function(self._synthesize, input_signature=spec)
         self.log_mel = tf.function(self._log_mel_signature, input_signature=spec)
 
-    def _log_mel(self, tokens, pace, pitch_shift, voice_ids=()):
+    def _log_mel(self, tokens, pace, pitch_shift, voice_ids=(), with_f0=False):
         """tokens (1, T) -> log-mel (F, n_mels), as pipeline.synthesize makes it; checks the inputs.
-        voice_ids: the speaker / language id scalars, in self.voices' order."""
+        voice_ids: the speaker / language id scalars, in self.voices' order. with_f0: -> (log-mel,
+        F0 (F,) Hz per frame or None: pipeline.synthesize.frame_f0)."""
         checks = [tf.debugging.assert_non_negative(tokens, message="tokens: a negative token id"),
                   tf.debugging.assert_less(tokens, self._n_symbols, message="tokens: an id outside the vocabulary "
                                            f"(0..{self._n_symbols - 1}, vocab.json)"),
@@ -163,11 +174,15 @@ class Voice(tf.Module):
         out = self.model.infer(tokens, tf.shape(tokens)[1:], pace=pace, pitch_shift=pitch_shift,
                                max_frames=self._max_frames, **dict(zip(self.voices, voice_ids)))
         frames = out["lengths"][0] * (1 - empty)
-        return out["mel"][0, :frames] * self._mel_std + self._mel_mean                 # (F, n_mels)
+        mel = out["mel"][0, :frames] * self._mel_std + self._mel_mean                  # (F, n_mels)
+        if not with_f0:
+            return mel
+        f0 = frame_f0(self.model, out, voice_ids[0] if "speaker" in self.voices[:1] else None)
+        return mel, None if f0 is None else f0[0, :frames]                             # (F,) Hz
 
     def _synthesize(self, tokens, pace, pitch_shift, *voice_ids):
         """-> {"audio": (1, F * hop_length)}: the serving signature (`synthesize`)."""
-        return {"audio": self._vocoder(self._log_mel(tokens, pace, pitch_shift, voice_ids))[None]}
+        return {"audio": self._vocoder(*self._log_mel(tokens, pace, pitch_shift, voice_ids, with_f0=True))[None]}
 
     def _log_mel_signature(self, tokens, pace, pitch_shift, *voice_ids):
         """-> {"log_mel": (1, F, n_mels)}: the mel the vocoder hears (`log_mel`: for another vocoder, or checks)."""

@@ -10,7 +10,8 @@ trained with; never the current cache index, which may have been rebuilt since),
 sentence is text, or {text, speaker, language} overriding synthesize.speaker and .language; an
 unknown speaker or language is a one-line error listing the run's. Any model kind works: each
 sentence is one compiled `model.infer` call (docs/models.md), never a Python loop over frames.
-Writes NN.wav (Griffin-Lim, TensorFlow STFT ops), NN.npy (the log-mel, float32 (frames, n_mels),
+Writes NN.wav (the run's vocoder, or Griffin-Lim; a vocoder that uses F0 gets the model's pitch per
+frame in Hz, `frame_f0`, where its own voicing head hears voicing), NN.npy (the log-mel, float32 (frames, n_mels),
 the project's HiFi-GAN-compatible mel, so any HiFi-GAN trained on it can voice it) and
 sentences.json (checkpoint, step, pace, pitch shift, text and length of each sample).
 
@@ -32,9 +33,11 @@ import tensorflow as tf
 
 from pipeline import config, files, models, runinfo, text
 from pipeline.errors import MissingCheckpoint, PipelineError, cli
+from pipeline.models.fastpitch import regulate_length
 from pipeline.vocoder import kinds
 from pipeline.vocoder.griffin_lim import save_wav
 
+F0_SMOOTH_FRAMES = 5  # a TTS model's token pitch is a staircase: averaged over ~60 ms, a contour
 PACE = (0.1, 10.0)           # synthesize.pace's range (configs/schema.yaml): > 1 speaks faster
 PITCH_SHIFT = (-24.0, 24.0)  # synthesize.pitch_shift's, in semitones; the exported graph checks both too
 
@@ -49,6 +52,26 @@ def check_prosody(pace, pitch_shift, prefix=""):
             ok = False
         if not ok:
             raise PipelineError(f"{prefix}{key}: {value!r} must be a finite number in {lo:g}..{hi:g}")
+
+
+def frame_f0(model, out, speaker=None):
+    """F0 in Hz per mel frame, float32 (B, F), from `model.infer`'s outputs: its token pitch (normalised,
+    pitch_shift applied) de-normalised with the model's own pitch statistics (per speaker with several;
+    `speaker` (B,) int32), expanded by the durations exactly as the mel is, and averaged over
+    F0_SMOOTH_FRAMES frames; None for a model that predicts no pitch (transformer_tts). Graph ops only
+    (the export runs it). Voicing is not decided here: the pitch is per token and its normalised 0 is
+    the mean pitch, not silence; the vocoder's voicing head decides it from the mel (`voiced_f0`)."""
+    stats = getattr(model, "pitch_stats", None)
+    if stats is None or "pitch" not in out or "durations" not in out:
+        return None
+    if len(stats.shape) == 2:  # per speaker
+        rows = tf.gather(stats, tf.zeros([1], tf.int32) if speaker is None else speaker)    # (B, 2)
+        mean, std = rows[:, :1], rows[:, 1:]
+    else:
+        mean, std = stats[0], stats[1]
+    hz = tf.maximum(tf.cast(out["pitch"], tf.float32) * std + mean, 0.0)                 # (B, T)
+    f0 = regulate_length(hz[..., None], out["durations"], tf.shape(out["mel"])[1])      # (B, F, 1)
+    return tf.nn.avg_pool1d(f0, F0_SMOOTH_FRAMES, 1, "SAME")[..., 0]                   # (B, F)
 
 
 class Synthesizer:
@@ -102,12 +125,18 @@ class Synthesizer:
                                max_frames=self.max_frames, **{f: tf.constant([ids_of[f]], tf.int32) for f in self.voiced})
         n = int(out["lengths"][0])
         mel = out["mel"][0, :n].numpy().astype(np.float32) * self.std + self.mean   # (frames, n_mels) log-mel
-        return {"mel": mel, "frames": n, "cut": n >= self.max_frames, "tokens": len(ids),
+        f0 = frame_f0(self.model, out, tf.constant([s_id], tf.int32))
+        return {"mel": mel, "f0": None if f0 is None else f0[0, :n].numpy(), "frames": n, "cut": n >= self.max_frames, "tokens": len(ids),
                 "speaker": self.speakers[s_id] if self.speakers else "", "language": language}
 
     def mel(self, sentence, speaker="", language=""):
         """Log-mel (frames, n_mels) float32 for `sentence`, honouring synthesize.pace and pitch_shift."""
         return self.infer(sentence, speaker=speaker, language=language)["mel"]
+
+    def mel_f0(self, sentence, speaker="", language=""):
+        """(log-mel (frames, n_mels), F0 Hz (frames,) or None: frame_f0) for `sentence`."""
+        res = self.infer(sentence, speaker=speaker, language=language)
+        return res["mel"], res["f0"]
 
 
 def note_audio_differences(cfg, info, run, log):
@@ -176,7 +205,7 @@ def _synthesize_into(cfg, out, final, log):
                           where=f"synthesize.sentences[{i}]")
         if res["cut"]:
             log(f"warning: sentence {i} was cut at synthesize.max_seconds = {s['max_seconds']} s")
-        audio = vocode(res["mel"])
+        audio = vocode(res["mel"], f0=vocode.voiced_f0(res["mel"], res["f0"]))  # F0: the model's, voicing: the vocoder's
         path = out / f"{i:02d}.wav"
         save_wav(path, np.asarray(audio), a["sample_rate"])
         files.atomic_write_bytes(path.with_suffix(".npy"), _npy_bytes(res["mel"]))

@@ -11,7 +11,10 @@ which it cannot chunk) is refused from its header, before it is read. Bad input 
 Reads runs/{name}/vocoder.json and its checkpoint; config keys audio.* (Griffin-Lim; a trained vocoder
 uses its own), vocoder.kind, synthesize.griffin_lim_iters (Griffin-Lim only).
 
-    python -m pipeline.vocode --config configs/config.yaml --mel runs/demo/samples/00.npy --out 00.wav
+    python -m pipeline.vocode --config configs/config.yaml --mel runs/demo/samples/00.npy [--f0 F0.npy] --out 00.wav
+
+`--f0`: F0 in Hz per mel frame (0 unvoiced) for vocoder.kind source_filter; without it, that
+vocoder's own F0 + voicing head estimates F0 from the mel. Other kinds ignore it.
 """
 import argparse
 import os
@@ -87,14 +90,28 @@ def read_mel(path, audio_cfg, max_frames=MAX_FRAMES):
     return mel
 
 
-def vocode(cfg, mel_path, out, chunk_frames=kinds.CHUNK_FRAMES):
+def read_f0(path, frames):
+    """(frames,) float32 F0 in Hz (0: unvoiced) from `path`, one value per mel frame, or MelError naming the file."""
+    f0 = _load(path)
+    if f0.ndim != 1 or not np.issubdtype(f0.dtype, np.number) or len(f0) != frames:
+        raise MelError(f"{path}: a {f0.dtype} array of shape {f0.shape}, expected F0 in Hz [{frames}] "
+                       f"(one value per mel frame, 0 where unvoiced)")
+    f0 = np.array(f0, np.float32)
+    if not np.all(np.isfinite(f0)) or f0.min() < 0 or f0.max() > 20000:
+        raise MelError(f"{path}: values {f0.min():.1f}..{f0.max():.1f} are not F0 in Hz (finite, >= 0, 0 where unvoiced)")
+    return f0
+
+
+def vocode(cfg, mel_path, out, chunk_frames=kinds.CHUNK_FRAMES, f0_path=None):
+    """`f0_path`: F0 per frame (.npy, Hz, 0 unvoiced) for kinds that use F0; None: their own F0 head's."""
     check_out(out)
     trained = kinds.KINDS.get(cfg["vocoder"]["kind"]).build is not None
     # the vocoder's own settings (the n_mels it takes, the rate it speaks at), read before it is built
     mel = read_mel(mel_path, kinds.trained_audio(cfg), MAX_FRAMES if trained else GRIFFIN_LIM_MAX_FRAMES)
     voc = kinds.load(cfg)
     audio_cfg = voc.audio
-    audio = voc(mel, chunk_frames=chunk_frames)
+    f0 = read_f0(f0_path, len(mel)) if f0_path else None
+    audio = voc(mel, f0=f0, chunk_frames=chunk_frames)
     try:
         save_wav(out, audio, audio_cfg["sample_rate"])
     except OSError as e:  # a full disk is pipeline.errors.DiskFull already
@@ -110,9 +127,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="A log-mel .npy through the run's vocoder into a wav.")
     config.add_arguments(parser)
     parser.add_argument("--mel", required=True, help="log-mel [frames, n_mels] .npy")
+    parser.add_argument("--f0", help="F0 in Hz per mel frame [frames] .npy, 0 unvoiced (vocoder.kind source_filter; "
+                        "default: its own F0 head's estimate from the mel; other kinds ignore it)")
     parser.add_argument("--out", required=True, help="the wav to write")
     args = parser.parse_args(argv)
-    vocode(config.from_args(args, check_paths=False), args.mel, args.out)
+    vocode(config.from_args(args, check_paths=False), args.mel, args.out, f0_path=args.f0)
 
 
 if __name__ == "__main__":
