@@ -32,6 +32,8 @@ from pipeline import (
 try:
     # configs/schema.yaml, with one-line messages naming the key (it sets no defaults, so
     # snakemake.utils.validate would only check the same schema a second time)
+    # a key given twice in a --configfile (YAML keeps the last silently)
+    pconfig.check_configfiles(workflow.configfiles)
     pconfig.validate(pconfig.normalise(config))
     # paths, espeak-ng voice, model.kind, a trained run's settings: before any job deletes an output
     ppreflight.preflight(config)

@@ -49,3 +49,12 @@ def test_the_same_change_under_another_name_plans_beside_the_trained_run(trained
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "mel_shard" in proc.stdout + proc.stderr
     assert not os.path.exists(trained_run.run.parent / "t-hop")
+
+
+def test_a_configfile_with_a_key_given_twice_is_refused_before_planning(tmp_path, corpus):
+    root, path = corpus
+    text = path.read_text()
+    path.write_text(text + "train:\n  steps: 3\ntrain:\n  batch_size: 2\n")
+    proc = snakemake("-n", "caches", config=path, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "'train' given twice" in out and str(path) in out, out[-2000:]
