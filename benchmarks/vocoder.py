@@ -73,7 +73,9 @@ def main(argv=None):
     out = {"clips": result["clips"], "vocoder": {"kind": voc.kind, "steps": voc.steps,
                                                  "finetune_steps": voc.finetune_steps},
            "mcd_db_griffin_lim": result["mcd_db_ceiling"], "mcd_db_vocoder": result["mcd_db_vocoder_ceiling"],
-           "pesq": result["pesq"], "stoi": result["stoi"], "vocoder_real_time_factor": round(rtf, 4)}
+           "pesq": result["pesq"], "stoi": result["stoi"], "mos": result.get("mos"), "wer": result.get("wer"),
+           "f0_gross_error_vocoder": result.get("f0_gross_error_vocoder_ceiling"),
+           "vocoder_real_time_factor": round(rtf, 4)}
     print(json.dumps(out, indent=1))
 
 

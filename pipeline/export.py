@@ -87,7 +87,7 @@ class TrainedVocoder(tf.Module):
         if not self._uses_f0:
             return self.generator(log_mel[None], training=False)[0, :frames * self._hop]
         if f0 is not None:
-            f0 = self.generator.voiced_f0(log_mel[None], tf.concat([f0, tf.zeros([empty])], 0)[None])
+            f0 = self.generator.voiced_f0(log_mel[None], tf.expand_dims(tf.concat([f0, tf.zeros([empty])], 0), 0))
         return self.generator(log_mel[None], f0=f0, training=False)[0, :frames * self._hop]
 
 

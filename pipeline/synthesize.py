@@ -70,8 +70,8 @@ def frame_f0(model, out, speaker=None):
     else:
         mean, std = stats[0], stats[1]
     hz = tf.maximum(tf.cast(out["pitch"], tf.float32) * std + mean, 0.0)                 # (B, T)
-    f0 = regulate_length(hz[..., None], out["durations"], tf.shape(out["mel"])[1])      # (B, F, 1)
-    return tf.nn.avg_pool1d(f0, F0_SMOOTH_FRAMES, 1, "SAME")[..., 0]                   # (B, F)
+    f0 = regulate_length(tf.expand_dims(hz, -1), out["durations"], tf.shape(out["mel"])[1])      # (B, F, 1)
+    return tf.nn.avg_pool1d(f0, F0_SMOOTH_FRAMES, 1, "SAME")[:, :, 0]                   # (B, F)
 
 
 class Synthesizer:

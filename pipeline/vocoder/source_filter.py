@@ -54,8 +54,9 @@ def upsample_f0(f0, hop_length):
     w = tf.constant(np.where(second, (j - hop_length / 2.0) / hop_length,
                              1.0 + (j - hop_length / 2.0) / hop_length).astype(np.float32))  # (hop,)
     half = tf.constant(second)[None, None]                                          # (1, 1, hop)
-    left = tf.where(half, padded[:, 1:-1, None], padded[:, :-2, None])             # (B, F, hop)
-    right = tf.where(half, padded[:, 2:, None], padded[:, 1:-1, None])
+    col = lambda x: tf.expand_dims(x, -1)  # noqa: E731 (B, F, 1): no new-axis slices, which TFLite's built-ins lack
+    left = tf.where(half, col(padded[:, 1:-1]), col(padded[:, :-2]))               # (B, F, hop)
+    right = tf.where(half, col(padded[:, 2:]), col(padded[:, 1:-1]))
     v_left, v_right = tf.cast(left > 0, tf.float32), tf.cast(right > 0, tf.float32)
     left, right = tf.where(left > 0, left, right), tf.where(right > 0, right, left)  # hold across voicing edges
     return left + w * (right - left), v_left + w * (v_right - v_left)
@@ -76,7 +77,7 @@ def frame_offsets(totals):
     padded = tf.pad(totals, [[0, 0], [0, (PHASE_BLOCK - n % PHASE_BLOCK) % PHASE_BLOCK]])
     blocks = tf.reshape(padded, [tf.shape(totals)[0], -1, PHASE_BLOCK])            # (B, F / block, block)
     starts = _wrapped_cumsum(tf.math.floormod(tf.reduce_sum(blocks, 2), TWO_PI), 1)  # (B, F / block)
-    offsets = tf.math.floormod(starts[..., None] + _wrapped_cumsum(blocks, 2), TWO_PI)
+    offsets = tf.math.floormod(tf.expand_dims(starts, -1) + _wrapped_cumsum(blocks, 2), TWO_PI)
     return tf.reshape(offsets, [tf.shape(totals)[0], -1])[:, :n]
 
 
@@ -88,7 +89,7 @@ def phase(freq, sample_rate):
     inc = freq * (TWO_PI / sample_rate)                                              # (B, F, hop)
     within = tf.cumsum(inc, axis=2, exclusive=True)                                  # phase since the frame's start
     offsets = frame_offsets(tf.math.floormod(tf.reduce_sum(inc, 2), TWO_PI))       # (B, F)
-    return tf.math.floormod(offsets[..., None] + within, TWO_PI)
+    return tf.math.floormod(tf.expand_dims(offsets, -1) + within, TWO_PI)
 
 
 def harmonic_source(f0, *, sample_rate, hop_length, limit):
@@ -110,17 +111,20 @@ def harmonic_source(f0, *, sample_rate, hop_length, limit):
 class F0Head(keras.layers.Layer):
     """log-mel (B, F, n_mels) -> (log(F0 / F0_REFERENCE), voicing logit), each (B, F)."""
 
+    N_CONVS = 3
+
     def __init__(self, dim, **kwargs):
         super().__init__(**kwargs)
-        self.convs = [keras.layers.Conv1D(dim, 5, padding="same", activation="gelu", name=f"conv{i}") for i in range(3)]
+        for i in range(self.N_CONVS):  # attributes, not a list: a generator-only checkpoint restores them by name
+            setattr(self, f"conv{i}", keras.layers.Conv1D(dim, 5, padding="same", activation="gelu"))
         self.out = keras.layers.Dense(2, dtype="float32")
 
     def call(self, mel):
         x = mel
-        for conv in self.convs:
-            x = conv(x)
+        for i in range(self.N_CONVS):
+            x = getattr(self, f"conv{i}")(x)
         y = self.out(tf.cast(x, tf.float32))
-        return y[..., 0], y[..., 1]
+        return y[:, :, 0], y[:, :, 1]
 
 
 class SourceFilter(keras.Model):
@@ -171,15 +175,15 @@ class SourceFilter(keras.Model):
         f0 = tf.cast(f0, tf.float32)
         voiced = tf.cast(f0 > 0, tf.float32)
         log_f0 = tf.math.log(tf.maximum(f0, 1.0) / F0_REFERENCE) * voiced
-        x = self.norm_in(self.embed(tf.concat([mel, log_f0[..., None], voiced[..., None]], -1)))
+        x = self.norm_in(self.embed(tf.concat([mel, tf.expand_dims(log_f0, -1), tf.expand_dims(voiced, -1)], -1)))
         for i in range(self.n_blocks):
             x = getattr(self, f"block{i}")(x)
         gains = self.head(tf.cast(self.norm_out(x), tf.float32))                  # (B, F, 2K)
         envelope = tf.math.log(tf.maximum(tf.matmul(tf.exp(mel), self.inverse), LOG_CLAMP))  # (B, F, K)
         # a harmonic of amplitude A gives an STFT peak A * sum(window) / 2, while the mel's envelope is
         # the band's mean magnitude, about that peak * (the window's spectral width / F0): scale by F0
-        harm = envelope + gains[..., :self.n_bins] + (tf.math.log(tf.maximum(f0, 1.0)) + self.peak_scale)[..., None]
-        noise = envelope + gains[..., self.n_bins:]
+        harm = envelope + gains[:, :, :self.n_bins] + tf.expand_dims(tf.math.log(tf.maximum(f0, 1.0)) + self.peak_scale, -1)
+        noise = envelope + gains[:, :, self.n_bins:]
         harm = tf.exp(tf.minimum(harm, MAX_LOG_MAGNITUDE)) * self.band
         noise = tf.exp(tf.minimum(noise, MAX_LOG_MAGNITUDE)) * self.band
         a = self.audio_cfg

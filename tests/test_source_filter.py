@@ -1,0 +1,178 @@
+"""The source-filter vocoder (pipeline/vocoder/source_filter.py): a coherent harmonic source from F0,
+no harmonics where unvoiced, none above Nyquist or audio.fmax, the F0 head trained in the vocoder's
+own job, the exported graph speaking as in-process synthesis, and the pitch cache as an input of the
+vocoder jobs that read it."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pipeline import config
+from pipeline.vocoder import kinds
+from pipeline.vocoder import source_filter as sf
+
+SR, HOP = 22050, 256
+TINY = {"dim": 16, "intermediate_dim": 32, "layers": 1, "kernel": 7, "f0_head_dim": 16, "f0_weight": 1.0}
+
+
+def _source(f0, limit=8000.0):
+    return sf.harmonic_source(tf.constant(np.asarray(f0, np.float32)[None]), sample_rate=SR, hop_length=HOP,
+                              limit=limit).numpy()[0]
+
+
+@pytest.mark.parametrize("hz, frames", [(150.0, 40), (217.3, 2600)])  # 2600 frames: 30 s, float32 phase kept
+def test_a_constant_f0_is_one_coherent_harmonic_series(hz, frames):
+    y = _source(np.full(frames, hz))
+    assert y.shape == (frames * HOP,)
+    k = np.arange(1, int(np.ceil(8000.0 / hz)))                                      # every harmonic below 8 kHz
+    w = np.clip(8000.0 / hz - k, 0, 1)                              # the top one fading out towards 8 kHz
+    n = np.arange(frames * HOP, dtype=np.float64)
+    inc = np.float64(np.float32(hz) * np.float32(2 * np.pi / SR))                   # the float32 step it takes
+    start = n[:20 * HOP]
+    np.testing.assert_allclose(y[:20 * HOP], np.cos(inc * np.outer(start, k)) @ w, atol=0.01 * len(k))
+    end = n[-20 * HOP:]                      # after 30 s: each harmonic still at the exact series' phase
+    drift = np.angle(np.exp(-1j * inc * np.outer(end, k)).T @ y[-20 * HOP:])      # (harmonics,) radians
+    assert np.all(np.abs(drift) < 0.005 * k + 0.01)  # ~0.0013 k measured; one float32 cumsum: ~0.025 k
+    steps = np.abs(np.diff(y[:40 * HOP]))                                             # across frame boundaries
+    assert steps[HOP - 1::HOP].max() <= steps.max() + 1e-6
+    spectrum = np.abs(np.fft.rfft(y[:8192] * np.hanning(8192)))
+    freqs = np.fft.rfftfreq(8192, 1 / SR)
+    peaks = freqs[[i for i in range(1, len(spectrum) - 1) if spectrum[i] >= spectrum[i - 1]
+                   and spectrum[i] >= spectrum[i + 1] and spectrum[i] > 0.1 * spectrum.max()]]
+    np.testing.assert_allclose(peaks / hz, np.round(peaks / hz), atol=0.02)           # peaks at k*F0 only
+    assert len(peaks) == len(k)
+
+
+def test_unvoiced_frames_give_no_harmonics():
+    f0 = np.r_[np.full(10, 140.0), np.zeros(20), np.full(10, 140.0)]
+    y = _source(f0)
+    assert np.all(y[11 * HOP:29 * HOP] == 0)                    # unvoiced, beyond the one-hop fade
+    assert np.abs(y[:9 * HOP]).max() > 10 and np.abs(y[31 * HOP:]).max() > 10
+    assert np.all(_source(np.zeros(30)) == 0)
+
+
+def _model(fmax=8000):
+    cfg = config.load_config(overrides={"audio": {"fmax": fmax}})
+    v = dict(cfg["vocoder"], kind="source_filter", source_filter=TINY)
+    tf.keras.utils.set_random_seed(0)
+    return kinds.build(v, cfg["audio"]), cfg["audio"]
+
+
+def _harmonicity(y, hz):
+    """Mean spectrum at k*F0 over the mean half-way between: ~1 for noise, well above for harmonics."""
+    spectrum = np.abs(np.fft.rfft(y * np.hanning(len(y))))
+    at = lambda f: spectrum[np.round(f * len(y) / SR).astype(int)]  # noqa: E731
+    k = np.arange(2, int(3000 / hz))
+    return at(k * hz).mean() / at((k + 0.5) * hz).mean()
+
+
+def test_voiced_frames_sound_harmonic_and_unvoiced_ones_do_not():
+    model, a = _model()
+    mel = tf.fill([1, 80, a["n_mels"]], -4.0)                    # a flat envelope
+    voiced = model(mel, f0=tf.fill([1, 80], 180.0)).numpy()[0]
+    unvoiced = model(mel, f0=tf.zeros([1, 80])).numpy()[0]
+    assert voiced.shape == unvoiced.shape == (80 * a["hop_length"],)
+    assert _harmonicity(voiced, 180.0) > 3 and _harmonicity(unvoiced, 180.0) < 1.6
+    assert np.abs(unvoiced).max() > 0                           # the noise source still speaks
+
+
+def test_nothing_above_nyquist_or_fmax():
+    limit = 4000.0
+    glide = np.linspace(90.0, 600.0, 60)                         # harmonics sweep up to the limit and out
+    y = _source(glide, limit=limit)
+    spectrum = np.abs(np.fft.rfft(y * np.hanning(len(y)))) ** 2
+    freqs = np.fft.rfftfreq(len(y), 1 / SR)
+    assert spectrum[freqs > limit + 100].sum() < 1e-5 * spectrum.sum()
+    nyquist = _source(np.full(30, 3000.0), limit=SR / 2)         # 3 kHz: harmonics at 3..9 kHz, none at 12
+    spectrum = np.abs(np.fft.rfft(nyquist * np.hanning(len(nyquist)))) ** 2
+    freqs = np.fft.rfftfreq(len(nyquist), 1 / SR)
+    assert spectrum[np.abs(freqs - 9000) < 50].sum() > 0.1 * spectrum.sum() / 3     # the 3rd harmonic is there
+    assert spectrum[freqs > SR / 2 - 1500].sum() < 1e-5 * spectrum.sum()            # no 4th (12 kHz) folded back
+    model, a = _model(fmax=limit)
+    out = model(tf.fill([1, 60, a["n_mels"]], -3.0), f0=tf.constant(glide[None], tf.float32)).numpy()[0]
+    spectrum = np.abs(np.fft.rfft(out * np.hanning(len(out)))) ** 2
+    freqs = np.fft.rfftfreq(len(out), 1 / SR)
+    assert spectrum[freqs > limit + 100].sum() < 1e-4 * spectrum.sum()            # harmonics and noise alike
+
+
+SF_VOCODER = {"kind": "source_filter", "steps": 120, "finetune_steps": 0, "batch_size": 4, "segment_frames": 16,
+              "learning_rate": 0.003, "checkpoint_every": 120, "log_every": 40, "summary_every": 1000,
+              "source_filter": TINY}
+
+
+@pytest.fixture(scope="module")
+def sf_run(built_cache, tmp_path_factory):
+    """A tiny source-filter vocoder trained by the real `train_vocoder` job (120 steps) on built_cache,
+    beside an untrained seeded FastPitch: (config path, config)."""
+    from conftest import run_config, snakemake, write_untrained_checkpoint
+    path = run_config(built_cache, tmp_path_factory.mktemp("sf"), vocoder=SF_VOCODER, steps=100)
+    write_untrained_checkpoint(path, step=3)
+    snakemake("train_vocoder", config=path)
+    return path, config.load_config(path)
+
+
+def test_the_f0_head_learns_voicing_in_the_vocoders_own_job(sf_run):
+    from pipeline import data, shards
+    _, cfg = sf_run
+    voc = kinds.load(cfg)
+    hits = total = voiced = 0
+    for entry in data.read_index(cfg)["shards"]:
+        root = config.cache_dir(cfg)
+        (_, mels), (_, pitch) = shards.read(root / entry["mels"], "mels"), shards.read(root / entry["pitch"], "pitch")
+        for mel, f0 in zip(mels, pitch):
+            _, p = voc.model.estimate_f0(tf.constant(mel[None].astype(np.float32)))
+            hits += int(np.sum((p.numpy()[0] > 0.5) == (f0 > 0)))
+            total, voiced = total + len(f0), voiced + int(np.sum(f0 > 0))
+    majority = max(voiced, total - voiced) / total
+    assert hits / total > max(0.8, majority + 0.05), (hits / total, majority)
+
+
+def test_vocode_takes_f0_or_estimates_it(sf_run, tmp_path):
+    from pipeline import data, shards
+    from pipeline.vocoder import vocode
+    _, cfg = sf_run
+    entry = data.read_index(cfg)["shards"][0]
+    _, mels = shards.read(config.cache_dir(cfg) / entry["mels"], "mels")
+    _, pitch = shards.read(config.cache_dir(cfg) / entry["pitch"], "pitch")
+    np.save(tmp_path / "mel.npy", mels[0].astype(np.float32))
+    np.save(tmp_path / "f0.npy", pitch[0])
+    own = vocode.vocode(cfg, tmp_path / "mel.npy", tmp_path / "own.wav")
+    given = vocode.vocode(cfg, tmp_path / "mel.npy", tmp_path / "given.wav", f0_path=tmp_path / "f0.npy")
+    assert own.shape == given.shape == (len(mels[0]) * cfg["audio"]["hop_length"],)
+    assert np.isfinite(own).all() and np.abs(own - given).max() > 1e-3      # the given F0 is heard
+    np.save(tmp_path / "short.npy", pitch[0][:-1])
+    with pytest.raises(vocode.MelError, match="short.npy"):
+        vocode.vocode(cfg, tmp_path / "mel.npy", tmp_path / "x.wav", f0_path=tmp_path / "short.npy")
+
+
+def test_export_speaks_as_in_process_synthesis(sf_run, tmp_path):
+    from pipeline import export, synthesize
+    _, cfg = sf_run
+    meta = export.export(cfg, tmp_path / "export", tflite=True, log=lambda *a: None)
+    assert meta["vocoder"]["kind"] == "source_filter" and meta["vocoder"]["f0"]
+    assert meta["tflite"]["float32"]["ops"] == "builtin" and meta["tflite"]["float32"]["file"]
+    synth = synthesize.load_synthesizer(cfg, log=lambda *a: None)
+    sentence, s = "The quick brown fox.", cfg["synthesize"]
+    res = synth.infer(sentence)
+    voc = kinds.load(cfg)
+    want = voc(res["mel"], f0=voc.voiced_f0(res["mel"], res["f0"]))           # what `snakemake synthesize` writes
+    voice = tf.saved_model.load(str(tmp_path / "export" / "saved_model"))
+    got = voice.synthesize(tf.constant([synth.encode(sentence)], tf.int32), tf.constant(float(s["pace"])),
+                           tf.constant(float(s["pitch_shift"])))["audio"].numpy()[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=1e-3 * np.abs(want).max() + 1e-6)
+    assert res["f0"] is not None and np.any(voc.voiced_f0(res["mel"], res["f0"]) == 0) is not None
+
+
+def test_a_pitch_change_reruns_the_vocoder_and_a_vocoder_change_only_the_vocoder(sf_run):
+    from conftest import edited_copy, planned_jobs
+    path, cfg = sf_run
+    assert planned_jobs(path, "vocoder") == {}
+    run_json = config.run_dir(cfg) / "run.json"  # the acoustic run's guard refuses other pitch: settings
+    run_json.rename(run_json.with_suffix(".aside"))
+    try:
+        pitch = planned_jobs(edited_copy(path, "pitch.yaml", pitch={"fmin": 70.0}), "vocoder")
+    finally:
+        run_json.with_suffix(".aside").rename(run_json)
+    assert pitch.get("train_vocoder") == 1 and pitch.get("pitch_shard") == 4 and "mel_shard" not in pitch
+    vocoder = planned_jobs(edited_copy(path, "vocoder.yaml", vocoder={"learning_rate": 0.002}), "vocoder")
+    assert vocoder.get("train_vocoder") == 1 and not {"pitch_shard", "mel_shard", "token_shard"} & set(vocoder)
