@@ -77,7 +77,7 @@ def test_vocoder_rows_beside_griffin_lims():
     import tensorflow as tf
 
     from pipeline.vocoder import kinds
-    cfg = config.load_config(overrides={"evaluate": {"griffin_lim_iters": 16}})
+    cfg = config.load_config(overrides={"evaluate": {"griffin_lim_iters": 16}, "vocoder": {"kind": "vocos"}})
     mels = {c.text: audio.mel_spectrogram(audio.load_audio(c.audio, sample_rate=22050, max_seconds=20), **cfg["audio"])
             for c in demo_clips()}
     tf.random.set_seed(0)

@@ -267,7 +267,8 @@ def test_saved_model_with_the_trained_vocoder_speaks_as_pipeline_vocode_without_
     meta = load_json(out / "export.json")
     summary = load_json(config.run_dir(cfg) / "vocoder.json")
     assert meta["vocoder"] == {"kind": "vocos", "trained": True, "steps": 3, "finetune_steps": 0, "phase": "train",
-                               "checkpoint": summary["checkpoint"], "summary": str(config.run_dir(cfg) / "vocoder.json")}
+                               "checkpoint": summary["checkpoint"], "summary": str(config.run_dir(cfg) / "vocoder.json"),
+                               "f0": None}  # a Vocos takes no F0
     assert not any(n.startswith("vocoder") for n in meta["notes"])
     # the TFLite float32 model runs the trained vocoder on built-in ops in tf.lite.Interpreter
     assert meta["tflite"]["float32"]["ops"] == meta["tflite"]["float16"]["ops"] == "builtin"

@@ -31,9 +31,10 @@ def test_an_audio_change_under_a_trained_run_is_refused_before_any_job_runs(trai
     edited = edited_copy(trained_run.path, "hop.yaml", audio={"hop_length": hop // 2, "win_length": hop * 2})
     for extra in (("-n",), ()):  # planning alone, and a real run: neither starts a job
         proc = snakemake("train", *extra, config=edited, check=False)
+        out = proc.stdout + proc.stderr
         assert proc.returncode != 0
-        line = [x for x in proc.stderr.splitlines() if "audio.hop_length changed" in x]
-        assert line and f"({hop!r} -> {hop // 2!r})" in line[0] and "Nothing was run" in line[0], proc.stderr[-2000:]
+        line = [x for x in out.splitlines() if "audio.hop_length changed" in x]
+        assert line and f"({hop!r} -> {hop // 2!r})" in line[0] and "Nothing was run" in line[0], out[-3000:]
         assert "name" in line[0] and str(trained_run.run) in line[0]
     assert _stamps(trained_run.run) | _stamps(cache) == before
     assert (trained_run.run / "train.json").is_file()
