@@ -92,11 +92,37 @@ def load_clip(path, *, sample_rate, max_seconds):
     return audio.load_audio(path, sample_rate=sample_rate, max_seconds=max_seconds)
 
 
-def _audio_of_shard(cfg, shard, what, log):
-    """(clips' signals as (id, float32 audio) pairs, rejected) of one shard; BadAudio listing every
-    bad clip when dataset.bad_audio is fail."""
+def _shard_clips(cfg, shard, log):
+    return manifest.shard_manifest(cfg["dataset"], cfg["cache"]["shards"], shard, strict=False, log=log)
+
+
+def decode_key(cfg, clips):
+    """What a shard's decoded waveforms depend on: each clip's file (name, size, mtime_ns), the decode
+    settings and the decoding code. The mel job records it in the audio shard it writes; the pitch
+    job reads that shard only when its own key is the same, so it never reads audio that its clips
+    no longer have (a replaced wav, a changed hop), whichever job Snakemake ran first."""
     ds, a = cfg["dataset"], cfg["audio"]
-    clips = manifest.shard_manifest(ds, cfg["cache"]["shards"], shard, strict=False, log=log)
+    stamps = []
+    for c in clips:
+        path = manifest.clip_audio(ds, c)
+        stamps.append(f"{c.id}={manifest.audio_stamp(path) if path else None}")
+    return shards.digest(shards.code_digest("audio.py", "cache.py"), a["sample_rate"], a["hop_length"],
+                         ds["max_seconds"], *stamps)
+
+
+def _bad_audio_check(ds, shard, what, rejected):
+    """A callable raising BadAudio listing every bad clip when dataset.bad_audio is fail."""
+    def fail_on_bad():
+        if rejected and ds["bad_audio"] == "fail":
+            listing = "; ".join(f"{r['path']}: {r['reason']}" for r in rejected)
+            raise audio.BadAudio(f"{what} shard {shard}: {len(rejected)} bad clip(s) with dataset.bad_audio: fail: {listing}")
+    return fail_on_bad
+
+
+def _audio_of_shard(cfg, shard, what, log, clips):
+    """(clips' signals as (id, float32 audio) pairs, rejected, fail_on_bad) of one shard, decoded
+    from its files; fail_on_bad raises BadAudio listing every bad clip when dataset.bad_audio is fail."""
+    ds, a = cfg["dataset"], cfg["audio"]
     rejected, start = [], time.time()
 
     def signals():
@@ -118,12 +144,32 @@ def _audio_of_shard(cfg, shard, what, log):
                 rate = i / max(time.time() - start, 1e-9)
                 log(f"{what} shard {shard}: {i}/{len(clips)} clips, {rate:.1f} clips/s, eta {(len(clips) - i) / rate:.0f} s")
 
-    def fail_on_bad():
-        if rejected and ds["bad_audio"] == "fail":
-            listing = "; ".join(f"{r['path']}: {r['reason']}" for r in rejected)
-            raise audio.BadAudio(f"{what} shard {shard}: {len(rejected)} bad clip(s) with dataset.bad_audio: fail: {listing}")
+    return signals(), rejected, _bad_audio_check(ds, shard, what, rejected)
 
-    return signals(), rejected, fail_on_bad
+
+def _cached_audio(cfg, shard, path, key, log):
+    """The signals, rejected and fail_on_bad of `_audio_of_shard`, read from the audio shard at `path`
+    when the mel job that wrote it decoded exactly these clips (`key`, decode_key); None when it is
+    missing, from other clips or settings, or being rewritten (a checksum that does not match yet):
+    the caller decodes the clips itself. Either way the F0 tracks are the same bytes (pitch.f0 reads
+    only the frames' samples, and the audio shard holds exactly those)."""
+    try:
+        meta = shards.read_meta(path, "audio")
+        if meta.get("decoded") != key:
+            log(f"pitch shard {shard}: {Path(path).name} is not of these clips' files or settings: decoding them")
+            return None
+        data = Path(path).with_suffix(".bin").read_bytes()
+    except (shards.CacheError, OSError) as e:
+        log(f"pitch shard {shard}: no audio shard to read ({e}): decoding the clips")
+        return None
+    if len(data) != meta["bytes"] or shards.checksum(data) != meta["checksum"]:
+        log(f"pitch shard {shard}: {Path(path).name} does not match its JSON (being rewritten?): decoding the clips")
+        return None
+    flat = np.frombuffer(data, np.float32)
+    signals = ((cid, flat[o:o + n]) for cid, o, n in zip(meta["ids"], meta["offsets"], meta["lengths"]))
+    rejected = [dict(r, stage="pitch") for r in meta["rejected"]]
+    log(f"pitch shard {shard}: {len(meta['ids'])} clips from {Path(path).with_suffix('.bin')}")
+    return signals, rejected, _bad_audio_check(cfg["dataset"], shard, "pitch", rejected)
 
 
 def build_mel_shard(cfg, shard, out, energy_out, audio_out=None, log=_print):
@@ -132,7 +178,9 @@ def build_mel_shard(cfg, shard, out, energy_out, audio_out=None, log=_print):
     a = cfg["audio"]
     basis = audio.mel_basis_memo(Path(out).parent, sample_rate=a["sample_rate"], n_fft=a["n_fft"],
                                  n_mels=a["n_mels"], fmin=a["fmin"], fmax=a["fmax"])
-    signals, rejected, fail_on_bad = _audio_of_shard(cfg, shard, "mel", log)
+    clips = _shard_clips(cfg, shard, log)
+    key = decode_key(cfg, clips)  # before decoding: a file replaced meanwhile is not vouched for
+    signals, rejected, fail_on_bad = _audio_of_shard(cfg, shard, "mel", log, clips)
     ids, mels, energies, mel_sums, energy_sums, waves = [], [], [], [], [], []
     for cid, y in signals:
         spec = audio.stft_magnitude(y, n_fft=a["n_fft"], hop_length=a["hop_length"], win_length=a["win_length"])
@@ -151,7 +199,7 @@ def build_mel_shard(cfg, shard, out, energy_out, audio_out=None, log=_print):
     seconds = round(frames * a["hop_length"] / a["sample_rate"], 3)
     if audio_out is not None:
         shards.write(audio_out, "audio", ids, waves, provenance=shards.provenance("audio", cfg), rejected=rejected,
-                     hop_length=a["hop_length"], sample_rate=a["sample_rate"])
+                     hop_length=a["hop_length"], sample_rate=a["sample_rate"], decoded=key)
     shards.write(energy_out, "energy", ids, energies, provenance=shards.provenance("energy", cfg),
                  stats=np.asarray(energy_sums, np.float64).reshape(len(ids), 2), rejected=rejected)
     shards.write(out, "mels", ids, mels, provenance=shards.provenance("mels", cfg), width=n_mels,
@@ -181,11 +229,15 @@ def _light_pyworld():
     package.__dict__.update({n: getattr(compiled, n) for n in names})
 
 
-def build_pitch_shard(cfg, shard, out, log=_print):
+def build_pitch_shard(cfg, shard, out, audio_shard=None, log=_print):
+    """F0 per frame of one shard's clips, from the audio shard the mel job wrote when it holds exactly
+    these clips' waveforms (one decode per clip), else decoded here (the same bytes either way)."""
     a, p = cfg["audio"], cfg["pitch"]
     if p["method"] in ("dio", "harvest"):
         _light_pyworld()
-    signals, rejected, fail_on_bad = _audio_of_shard(cfg, shard, "pitch", log)
+    clips = _shard_clips(cfg, shard, log)
+    cached = audio_shard and _cached_audio(cfg, shard, audio_shard, decode_key(cfg, clips), log)
+    signals, rejected, fail_on_bad = cached or _audio_of_shard(cfg, shard, "pitch", log, clips)
     ids, tracks, sums = [], [], []
     for cid, y in signals:
         f = pitch.f0(y, sample_rate=a["sample_rate"], hop_length=a["hop_length"],
@@ -380,7 +432,8 @@ def main(argv=None):
     parser.add_argument("--shard", type=int)
     parser.add_argument("--out", required=True, help="shard path without suffix, or index.json")
     parser.add_argument("--energy", help="mels: the energy shard path without suffix")
-    parser.add_argument("--audio", help="mels: the audio shard path without suffix (the waveform on the mel grid)")
+    parser.add_argument("--audio", help="mels: the audio shard path to write, without suffix (the waveform on the mel "
+                                        "grid); pitch: the one to read when it holds this shard's clips")
     for kind in shards.CACHE_KINDS:
         if kind != "energy":
             parser.add_argument(f"--{kind}", nargs="*", default=[], help=f"index: the {kind} shards")
@@ -403,7 +456,7 @@ def main(argv=None):
             raise config.ConfigError("mels: --energy (the energy shard path) is required")
         build_mel_shard(cfg, args.shard, args.out, args.energy, args.audio)
     else:
-        build_pitch_shard(cfg, args.shard, args.out)
+        build_pitch_shard(cfg, args.shard, args.out, args.audio)
 
 
 if __name__ == "__main__":

@@ -130,8 +130,11 @@ def method_of(name, fmin, fmax):
 
 
 def f0(y, *, sample_rate, hop_length, n_frames, fmin, fmax, method):
-    """(n_frames,) float32 F0 in Hz of mono audio `y`, 0 on unvoiced frames, voiced within fmin..fmax."""
+    """(n_frames,) float32 F0 in Hz of mono audio `y`, 0 on unvoiced frames, voiced within fmin..fmax.
+    Only the frames' samples count, y[:n_frames * hop_length] (what the audio shard holds and the
+    vocoder trains on), so the track is the same from a decoded clip or from the audio cache."""
     track = method_of(method, fmin, fmax).track
+    y = y[:n_frames * hop_length]
     out = np.nan_to_num(np.asarray(track(y, sample_rate, hop_length, n_frames, fmin, fmax), np.float64)[:n_frames],
                         nan=0.0, posinf=0.0, neginf=0.0)
     out[(out < fmin * 0.5) | (out > fmax * 2)] = 0.0  # StoneMask can push a frame far off: call it unvoiced

@@ -46,6 +46,7 @@ rule mel_shard:
         LOGS / "mel_shard/{shard}.log",
     benchmark:
         str(REPORT / "benchmarks/mel_shard/{shard}.tsv")
+    priority: 1
     conda:
         "../environment.yml"
     params:
@@ -58,6 +59,12 @@ rule mel_shard:
         "python -m pipeline.cache mels --config {params.config:q} --shard {wildcards.shard} --out {params.out:q} --energy {params.energy:q} --audio {params.audio:q} > {log:q} 2>&1"
 
 
+# The pitch job reads the waveforms the mel job put in the audio shard, when that shard records the
+# same clip files and decode settings (pipeline/cache.py, decode_key), else decodes the clips itself:
+# the same F0 bytes either way. The audio shard is not an input: an n_mels or fmax edit reruns the mel
+# jobs and must not rerun pitch, and Snakemake's ancient() would hide the pitch job's own reasons
+# (its params) whenever the mel job reruns too. mel_shard's priority starts the mel jobs first, so
+# with fewer cores than jobs the pitch jobs find their audio shards written.
 rule pitch_shard:
     input:
         repair("pitch"),
@@ -75,8 +82,9 @@ rule pitch_shard:
         config=pitch_settings,
         clips=pitch_clips,
         out=lambda wildcards: CACHE / f"pitch/shard-{wildcards.shard}",
+        audio=lambda wildcards: CACHE / f"audio/shard-{wildcards.shard}",
     shell:
-        "python -m pipeline.cache pitch --config {params.config:q} --shard {wildcards.shard} --out {params.out:q} > {log:q} 2>&1"
+        "python -m pipeline.cache pitch --config {params.config:q} --shard {wildcards.shard} --out {params.out:q} --audio {params.audio:q} > {log:q} 2>&1"
 
 
 # The inputs are the JSON files of tokens, mels and pitch alone (3 a shard: each is the last file its

@@ -104,6 +104,38 @@ def test_built_cache_contents(built_cache):
     assert (cache_dir / "rejected.tsv").read_text().splitlines() == ["id\tshard\tstage\tpath\treason"]
 
 
+@pytest.mark.slow
+def test_pitch_job_reads_the_mel_jobs_audio_shard_only_when_it_holds_these_clips(built_cache, tmp_path):
+    """One decode per clip: the pitch job takes the waveforms from the audio shard the mel job wrote,
+    and decodes the clips itself when that shard is of other files or settings or does not match its
+    JSON (a mel job rewriting it): the same F0 bytes on every path."""
+    cfg = config.load_config(built_cache)
+    cache_dir = config.cache_dir(cfg)
+    built = shards.read(shards.prefix(cache_dir, "pitch", 1), "pitch")[1]
+    copy = tmp_path / "audio" / "shard-001"
+    copy.parent.mkdir()
+    for suffix in (".json", ".bin"):
+        shutil.copy(shards.prefix(cache_dir, "audio", 1).with_suffix(suffix), copy.with_suffix(suffix))
+
+    def pitch_job(name):
+        said = []
+        cache.build_pitch_shard(cfg, 1, tmp_path / name, audio_shard=copy, log=said.append)
+        assert [t.tolist() for t in shards.read(tmp_path / name, "pitch")[1]] == [t.tolist() for t in built]
+        return " ".join(said)
+
+    assert f"clips from {copy.with_suffix('.bin')}" in pitch_job("read")
+    meta = json.loads(copy.with_suffix(".json").read_text())
+    copy.with_suffix(".json").write_text(json.dumps(dict(meta, decoded="another file or hop")))
+    assert "is not of these clips' files or settings: decoding them" in pitch_job("other_files")
+    copy.with_suffix(".json").write_text(json.dumps(meta))
+    data = bytearray(copy.with_suffix(".bin").read_bytes())
+    data[100] ^= 0xFF
+    copy.with_suffix(".bin").write_bytes(bytes(data))
+    assert "does not match its JSON (being rewritten?): decoding the clips" in pitch_job("rewritten")
+    copy.with_suffix(".json").unlink()
+    assert "no audio shard to read" in pitch_job("missing")
+
+
 def test_line_that_phonemizes_to_nothing_is_rejected_with_its_reason(tmp_path, corpus_template):
     root = tmp_path / "data"
     shutil.copytree(corpus_template, root)
