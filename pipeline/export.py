@@ -158,7 +158,7 @@ class Voice(tf.Module):
         checks = [tf.debugging.assert_non_negative(tokens, message="tokens: a negative token id"),
                   tf.debugging.assert_less(tokens, self._n_symbols, message="tokens: an id outside the vocabulary "
                                            f"(0..{self._n_symbols - 1}, vocab.json)"),
-                  _in_range(pace, PACE, "pace must be > 0: a finite number"),
+                  _in_range(pace, PACE, "pace must be a finite number"),
                   _in_range(pitch_shift, PITCH_SHIFT, "pitch_shift must be a finite number of semitones")]
         for field, ids in zip(self.voices, voice_ids):
             n = self.voice_sizes[field]

@@ -137,16 +137,25 @@ def write_untrained_checkpoint(path, step):
 
 
 @pytest.fixture(scope="session")
-def exported_voice(built_cache, tmp_path_factory):
-    """An export folder (no TFLite) of an untrained seeded run on built_cache, made by `python -m
-    pipeline.export`: the voice `speak` and `serve` load (test_speak.py, test_serve.py)."""
+def exported_run(built_cache, tmp_path_factory):
+    """(config path, export folder) of an untrained seeded run on built_cache (step 3 of 100),
+    exported with --tflite by `python -m pipeline.export`: what test_export.py checks, and the voice
+    `speak` and `serve` load (test_speak.py, test_serve.py). One export for the three files (one
+    worker: TRAINED_RUN below); tests may read it, never change it."""
     tmp = tmp_path_factory.mktemp("voice")
     path = run_config(built_cache, tmp, steps=100)
     write_untrained_checkpoint(path, step=3)
-    proc = subprocess.run([sys.executable, "-m", "pipeline.export", "--config", str(path)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = subprocess.run([sys.executable, "-m", "pipeline.export", "--config", str(path), "--tflite"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return config.run_dir(config.load_config(path)) / "export"
+    return path, config.run_dir(config.load_config(path)) / "export"
+
+
+@pytest.fixture(scope="session")
+def exported_voice(exported_run):
+    """The export folder of exported_run: the voice `speak` and `serve` load."""
+    return exported_run[1]
 
 
 @pytest.fixture(scope="session")
