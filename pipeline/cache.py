@@ -155,18 +155,18 @@ def _cached_audio(cfg, shard, path, key, log):
     only the frames' samples, and the audio shard holds exactly those)."""
     try:
         meta = shards.read_meta(path, "audio")
-        if meta.get("decoded") != key:
-            log(f"pitch shard {shard}: {Path(path).name} is not of these clips' files or settings: decoding them")
-            return None
-        data = Path(path).with_suffix(".bin").read_bytes()
-    except (shards.CacheError, OSError) as e:
+    except shards.CacheError as e:
         log(f"pitch shard {shard}: no audio shard to read ({e}): decoding the clips")
         return None
-    if len(data) != meta["bytes"] or shards.checksum(data) != meta["checksum"]:
-        log(f"pitch shard {shard}: {Path(path).name} does not match its JSON (being rewritten?): decoding the clips")
+    if meta.get("decoded") != key:
+        log(f"pitch shard {shard}: {Path(path).name} is not of these clips' files or settings: decoding them")
         return None
-    flat = np.frombuffer(data, np.float32)
-    signals = ((cid, flat[o:o + n]) for cid, o, n in zip(meta["ids"], meta["offsets"], meta["lengths"]))
+    try:
+        waves = shards.arrays(meta, path)
+    except shards.CacheError as e:
+        log(f"pitch shard {shard}: {Path(path).name} does not match its JSON (being rewritten?): decoding the clips ({e})")
+        return None
+    signals = zip(meta["ids"], waves)
     rejected = [dict(r, stage="pitch") for r in meta["rejected"]]
     log(f"pitch shard {shard}: {len(meta['ids'])} clips from {Path(path).with_suffix('.bin')}")
     return signals, rejected, _bad_audio_check(cfg["dataset"], shard, "pitch", rejected)

@@ -176,6 +176,12 @@ def damaged(path, target):
 def read(out, kind=None):
     """(meta, [one array per clip]) of a checked shard (size and checksum), with NumPy: for tools and tests."""
     meta = read_meta(out, kind)
+    return meta, arrays(meta, out)
+
+
+def arrays(meta, out):
+    """[one array per clip] of shard `out` whose JSON `meta` was read already, after checking its
+    .bin's size and checksum (CacheError otherwise)."""
     check(meta, out)
     path = Path(out).with_suffix(".bin")
     data = path.read_bytes()
@@ -185,7 +191,7 @@ def read(out, kind=None):
     flat = np.frombuffer(data, dtype=np.dtype(meta["dtype"]))
     if meta["width"] > 1:
         flat = flat.reshape(-1, meta["width"])
-    return meta, [flat[o:o + n] for o, n in zip(meta["offsets"], meta["lengths"])]
+    return [flat[o:o + n] for o, n in zip(meta["offsets"], meta["lengths"])]
 
 
 STATS_KINDS = ("mels", "energy", "pitch")  # the kinds whose shards carry a .stats.npy
