@@ -1,8 +1,11 @@
-"""Fixed start-up of one shard job: a fresh interpreter importing pipeline.cache, reading a rule's
-inline config and loading pyworld, as a pitch_shard job does before its first clip.
+"""Fixed start-up of one job: a fresh interpreter importing pipeline.cache, reading a rule's inline
+config and loading pyworld, as a pitch_shard job does before its first clip (`--job pitch`); or
+importing pipeline.train (TensorFlow and Keras with it) and getting the mel filterbank, as a TensorFlow job
+does (`--job tensorflow`).
 
     python benchmarks/job_startup.py                         # this checkout, 10 runs
     python benchmarks/job_startup.py --against /path/to/older/checkout --runs 10
+    python benchmarks/job_startup.py --job tensorflow --against /path/to/older/checkout
 
 Runs alternate between the checkouts (same load for both); CPU is user + system of each child
 (getrusage), the median is reported with the load average. This checkout's runs get the
@@ -27,11 +30,16 @@ INLINE = {"audio": {"hop_length": 256, "sample_rate": 22050}, "cache": {"shards"
                       "root": "data/demo"}, "pitch": {"fmax": 600.0, "fmin": 65.0, "method": "dio"}}
 CODE = ("import pipeline.cache as c; c.config.load_config({cfg!r}, check_paths=False); "
         "getattr(c, '_light_pyworld', lambda: None)(); import pyworld")
+# a TensorFlow job before its first step: the trainer's imports and the mel filterbank (training summaries,
+# vocoders and synthesis all build it)
+TF_JOB = ("import pipeline.train; from pipeline import audio; "
+          "audio.mel_basis(sample_rate=22050, n_fft=1024, n_mels=80, fmin=0, fmax=8000)")
+JOBS = {"pitch": CODE.format(cfg=json.dumps(INLINE)), "tensorflow": TF_JOB}
 
 
-def cpu(cwd, env):
+def cpu(cwd, env, code=JOBS["pitch"]):
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-c", CODE.format(cfg=json.dumps(INLINE))], check=True, cwd=cwd, env=env)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=cwd, env=env)
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
 
@@ -40,15 +48,16 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--against", type=Path, default=None, help="another checkout to compare with")
     p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--job", choices=sorted(JOBS), default="pitch", help="whose start-up (default: pitch)")
     args = p.parse_args(argv)
     env = dict(os.environ, **{config.VALIDATED_ENV: config.schema_digest()})
     plain = {k: v for k, v in os.environ.items() if k != config.VALIDATED_ENV}
     here, there = [], []
     for _ in range(args.runs):
-        here.append(cpu(ROOT, env))
+        here.append(cpu(ROOT, env, JOBS[args.job]))
         if args.against:
-            there.append(cpu(args.against, plain))
-    line = f"this checkout: {statistics.median(here):.3f} CPU s"
+            there.append(cpu(args.against, plain, JOBS[args.job]))
+    line = f"{args.job} job, this checkout: {statistics.median(here):.3f} CPU s"
     if there:
         line += f"; {args.against}: {statistics.median(there):.3f} CPU s"
     print(f"{line} (median of {args.runs}; load average {os.getloadavg()[0]:.1f})")

@@ -36,5 +36,26 @@ class _QuietTensorFlow:
         pass
 
 
+class _KerasWithoutScikitLearn:
+    """Keras imports scikit-learn while it loads, for its scikit-learn wrappers (keras.wrappers), when
+    scikit-learn is installed (librosa depends on it): 1.7 of the 8 CPU seconds every TensorFlow process
+    spends importing TensorFlow and Keras. The pipeline uses none of those wrappers, so Keras's
+    `import sklearn` fails (Keras then treats scikit-learn as absent); any other module, librosa
+    included, imports scikit-learn as usual."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "sklearn":
+            return None
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__", "").startswith(("importlib", "_frozen_importlib")):
+            frame = frame.f_back  # importlib's own frames, up to the module whose `import sklearn` this is
+        if frame is not None and frame.f_globals.get("__name__", "").startswith("keras.src.wrappers"):
+            raise ModuleNotFoundError("scikit-learn is not loaded for Keras's wrappers (pipeline/__init__.py)",
+                                      name=name)
+        return None
+
+
+if "keras" not in sys.modules:
+    sys.meta_path.insert(0, _KerasWithoutScikitLearn())
 if QUIET and "tensorflow" not in sys.modules:
     sys.meta_path.insert(0, _QuietTensorFlow())

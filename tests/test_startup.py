@@ -145,3 +145,23 @@ def test_shard_jobs_given_the_runs_clip_lists_read_no_dataset_text_and_write_the
         assert after.read_bytes() == f.read_bytes(), f"{f.relative_to(tmp_path / 'read')} differs"
         compared += 1
     assert compared == shards * (2 + 3 + 2 + 3 + 3)  # tokens, mels, audio, energy, pitch: .bin, .json (.stats.npy)
+
+
+# --- TensorFlow jobs: Keras without scikit-learn ------------------------------------------------
+KERAS_START = """
+import sys
+{first}
+print(sorted(m for m in ('sklearn', 'tensorflow', 'keras') if m in sys.modules))
+print(sys.modules['keras.src.wrappers.fixes'].sklearn)
+import librosa.segment, sklearn.cluster  # what needs scikit-learn still has it
+print(sklearn.cluster.KMeans.__name__)
+"""
+
+
+@pytest.mark.parametrize("first", ["import pipeline.train", "import pipeline, keras",
+                                   "import pipeline, tensorflow as tf"])
+def test_a_tensorflow_job_starts_without_scikit_learn_and_librosa_still_has_it(first):
+    proc = subprocess.run([sys.executable, "-c", KERAS_START.format(first=first)], cwd=ROOT,
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["['keras', 'tensorflow']", "None", "KMeans"]
