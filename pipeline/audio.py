@@ -33,28 +33,49 @@ class BadAudio(PipelineError):
     """A clip that cannot become a mel; the message says why (reported, or fatal with bad_audio: fail)."""
 
 
-@functools.lru_cache(maxsize=8)
-def mel_basis(*, sample_rate, n_fft, n_mels, fmin, fmax):
-    """(n_mels, n_fft // 2 + 1) float32 slaney filterbank, built once per setting."""
-    import librosa  # here, not at the top: importing it costs a shard job ~1 CPU-second
+def _librosa_mel_basis(*, sample_rate, n_fft, n_mels, fmin, fmax):
+    import librosa  # here, not at the top: importing it costs a job ~1.5 CPU s
 
     return librosa.filters.mel(sr=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax,
                                htk=False, norm="slaney").astype(np.float32)
 
 
-def mel_basis_memo(folder, *, sample_rate, n_fft, n_mels, fmin, fmax):
-    """mel_basis through a .npy memo in `folder`, keyed by the settings and librosa's version,
-    so that only the first of a build's shard jobs imports librosa."""
+def memo_folder():
+    """Where mel_basis keeps its memo: $XDG_CACHE_HOME/tts-pipeline (default ~/.cache/tts-pipeline)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tts-pipeline"
+
+
+@functools.lru_cache(maxsize=8)
+def mel_basis(*, sample_rate, n_fft, n_mels, fmin, fmax):
+    """(n_mels, n_fft // 2 + 1) float32: librosa's slaney filterbank, built once per setting and kept
+    in a memo file (memo_folder()), so that a job (training, synthesis, a vocoder) does not import
+    librosa to get it; computed each time where that folder cannot be written."""
+    return mel_basis_memo(memo_folder(), sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin,
+                          fmax=fmax, strict=False)
+
+
+def mel_basis_memo(folder, *, sample_rate, n_fft, n_mels, fmin, fmax, strict=True):
+    """librosa's slaney filterbank through a .npy memo in `folder`, keyed by the settings and librosa's
+    version, so that only the first job imports librosa. A memo that does not load as the expected
+    finite float32 array is made again. strict=False: a memo that cannot be written is skipped."""
     params = dict(sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
     key = hashlib.sha256(json.dumps({**params, "librosa": version("librosa")}, sort_keys=True).encode()).hexdigest()
     path = Path(folder) / f".mel_basis-{key[:16]}.npy"
     try:
-        return np.load(path)
+        basis = np.load(path)
+        if basis.dtype == np.float32 and basis.shape == (n_mels, n_fft // 2 + 1) and np.isfinite(basis).all():
+            return basis
     except (OSError, ValueError):
-        basis = mel_basis(**params)
-        from pipeline.config import atomic_write  # imports jsonschema and yaml: only when a memo is made
+        pass
+    basis = _librosa_mel_basis(**params)
+    from pipeline.errors import DiskFull
+    from pipeline.files import atomic_write  # only when a memo is made
+    try:
         atomic_write(path, lambda tmp: np.save(tmp, basis), suffix=".npy")
-        return basis
+    except (OSError, DiskFull):
+        if strict:
+            raise
+    return basis
 
 
 def n_frames(n_samples, hop_length):

@@ -4,10 +4,15 @@ sqrt(re^2 + im^2 + 1e-9), slaney filterbank, log clamp 1e-5) on real espeak-ng s
 
     python -m pytest -q tests/test_audio.py
 """
+import os
+import subprocess
+import sys
+
 import librosa
 import numpy as np
 import pytest
 import soundfile as sf
+from conftest import ROOT
 
 from pipeline import audio
 
@@ -106,3 +111,30 @@ def test_mel_from_file_reads_and_keeps_the_signal(corpus_template, tmp_path):
     sf.write(tmp_path / "short.wav", y[len(y) // 2:len(y) // 2 + 255], SR)  # speech, under one hop
     with pytest.raises(audio.BadAudio, match="too short"):
         audio.mel_from_file(tmp_path / "short.wav", SETTINGS["default"], max_seconds=20.0)
+
+
+MEL = dict(sample_rate=16000, n_fft=512, n_mels=40, fmin=20.0, fmax=7000.0)
+
+
+def test_mel_basis_is_librosas_kept_in_a_memo_a_later_job_reads_without_librosa(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    audio.mel_basis.cache_clear()
+    expected = librosa.filters.mel(sr=16000, n_fft=512, n_mels=40, fmin=20.0, fmax=7000.0).astype(np.float32)
+    assert np.array_equal(audio.mel_basis(**MEL), expected)
+    [memo] = (tmp_path / "tts-pipeline").iterdir()
+    assert np.array_equal(np.load(memo), expected)
+    # a later job (a fresh interpreter) reads the memo and never imports librosa
+    code = ("import sys; from pipeline import audio; b = audio.mel_basis(**%r); "
+            "print(b.shape, 'librosa' in sys.modules)" % MEL)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path), PYTHONPATH=str(ROOT)))
+    assert proc.stdout.split() == ["(40,", "257)", "False"], proc.stderr[-2000:]
+    # a damaged memo is made again; a folder that cannot be written still gives the filterbank
+    memo.write_bytes(memo.read_bytes()[:200])
+    audio.mel_basis.cache_clear()
+    assert np.array_equal(audio.mel_basis(**MEL), expected) and np.array_equal(np.load(memo), expected)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
+    (tmp_path / "a-file").write_text("not a folder")
+    audio.mel_basis.cache_clear()
+    assert np.array_equal(audio.mel_basis(**MEL), expected)
+    audio.mel_basis.cache_clear()
