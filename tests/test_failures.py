@@ -76,7 +76,7 @@ def samples_of(run):
 
 @pytest.mark.slow
 def test_failing_synthesize_and_train_keep_the_samples_loss_history_and_checkpoints(built_cache, tmp_path):
-    good = tiny_config(built_cache, tmp_path, steps=10, checkpoint_every=10)
+    good = tiny_config(built_cache, tmp_path, steps=10, checkpoint_every=10, buckets=1)
     run = config.run_dir(config.load_config(good))
     snakemake("synthesize", config=good)
     samples = samples_of(run)
@@ -143,7 +143,7 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(built_cache
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)]).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
     try:
-        path = tiny_config(built_cache, tmp_path, steps=5, checkpoint_every=5)
+        path = tiny_config(built_cache, tmp_path, steps=5, checkpoint_every=5, buckets=1)
         path.write_text(path.read_text().replace(str(tmp_path / "runs"), str(disk / "runs")))
         assert module("pipeline.train", "--config", str(path)).returncode == 0
         ckpt = disk / "runs/t/checkpoints"
