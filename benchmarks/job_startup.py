@@ -37,7 +37,7 @@ TF_JOB = ("import pipeline.train; from pipeline import audio; "
 JOBS = {"pitch": CODE.format(cfg=json.dumps(INLINE)), "tensorflow": TF_JOB}
 
 
-def cpu(cwd, env, code=JOBS["pitch"]):
+def cpu(cwd, env, code):
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=cwd, env=env)
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -48,19 +48,13 @@ def memo_folder():
 @functools.lru_cache(maxsize=8)
 def mel_basis(*, sample_rate, n_fft, n_mels, fmin, fmax):
     """(n_mels, n_fft // 2 + 1) float32: librosa's slaney filterbank, built once per setting and kept
-    in a memo file (memo_folder()), so that a job (training, synthesis, a vocoder) does not import
-    librosa to get it; computed each time where that folder cannot be written."""
-    return mel_basis_memo(memo_folder(), sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin,
-                          fmax=fmax, strict=False)
-
-
-def mel_basis_memo(folder, *, sample_rate, n_fft, n_mels, fmin, fmax, strict=True):
-    """librosa's slaney filterbank through a .npy memo in `folder`, keyed by the settings and librosa's
-    version, so that only the first job imports librosa. A memo that does not load as the expected
-    finite float32 array is made again. strict=False: a memo that cannot be written is skipped."""
+    in a .npy memo in memo_folder(), keyed by the settings and librosa's version, so that only the
+    first job (a shard job, training, synthesis, a vocoder) imports librosa to get it. A memo that does
+    not load as the expected finite float32 array is made again; where the folder cannot be written,
+    each job computes the filterbank."""
     params = dict(sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
     key = hashlib.sha256(json.dumps({**params, "librosa": version("librosa")}, sort_keys=True).encode()).hexdigest()
-    path = Path(folder) / f".mel_basis-{key[:16]}.npy"
+    path = memo_folder() / f".mel_basis-{key[:16]}.npy"
     try:
         basis = np.load(path)
         if basis.dtype == np.float32 and basis.shape == (n_mels, n_fft // 2 + 1) and np.isfinite(basis).all():
@@ -73,8 +67,7 @@ def mel_basis_memo(folder, *, sample_rate, n_fft, n_mels, fmin, fmax, strict=Tru
     try:
         atomic_write(path, lambda tmp: np.save(tmp, basis), suffix=".npy")
     except (OSError, DiskFull):
-        if strict:
-            raise
+        pass  # a memo is a saving, never a reason to fail
     return basis
 
 

@@ -176,8 +176,8 @@ def build_mel_shard(cfg, shard, out, energy_out, audio_out=None, log=_print):
     """Mels (float16) and energy (float32) per frame, from one STFT per clip; with `audio_out`, the
     waveform itself (float32, cut to frames * hop samples: the vocoder's targets on the mel's grid)."""
     a = cfg["audio"]
-    basis = audio.mel_basis_memo(Path(out).parent, sample_rate=a["sample_rate"], n_fft=a["n_fft"],
-                                 n_mels=a["n_mels"], fmin=a["fmin"], fmax=a["fmax"])
+    basis = audio.mel_basis(sample_rate=a["sample_rate"], n_fft=a["n_fft"], n_mels=a["n_mels"], fmin=a["fmin"],
+                            fmax=a["fmax"])
     clips = _shard_clips(cfg, shard, log)
     key = decode_key(cfg, clips)  # before decoding: a file replaced meanwhile is not vouched for
     signals, rejected, fail_on_bad = _audio_of_shard(cfg, shard, "mel", log, clips)
