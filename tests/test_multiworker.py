@@ -161,7 +161,7 @@ class _Launcher:
 
 @pytest.mark.slow
 def test_a_killed_worker_stops_the_launcher_and_a_rerun_resumes_at_the_saved_step(built_cache, tmp_path):
-    path = tiny_config(built_cache, tmp_path, steps=400, checkpoint_every=4, log_every=1)
+    path = tiny_config(built_cache, tmp_path, steps=400, checkpoint_every=4, log_every=1, buckets=1)
     ckpts = config.run_dir(config.load_config(path)) / "checkpoints"
     first = _Launcher("--workers", "2", "--", "--config", str(path))
     pid1 = int(first.wait_for(r"launch: worker 1 pid (\d+)").group(1))
