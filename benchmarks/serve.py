@@ -4,7 +4,7 @@
     python benchmarks/serve.py --voice runs/demo/export # a trained voice of yours
 
 Without --voice the benchmark makes the voice benchmarks/export.py measures: the demo's FastPitch and
-Vocos sizes with initial weights (the duration predictor set to 6 frames a token, about real speech),
+vocoder (--vocoder, default the product's default, source_filter) sizes with initial weights (the duration predictor set to 6 frames a token, about real speech),
 exported as `snakemake export` does; speed does not depend on trained weights.
 
 Server (`python -m pipeline.serve`, its defaults: 2 model calls at a time, 32 queued, on a free
@@ -255,11 +255,11 @@ def speak_raw(voice, sample_rate):
             "rtf_after_load": (times["end"] - times["loaded"]) / audio_s, "log": lines[-1]}
 
 
-def demo_voice(workdir):
+def demo_voice(workdir, vocoder):
     from benchmarks.export import demo_run
     from pipeline import config, export
-    path, _ = demo_run(workdir, log, "vocos")
-    out = workdir / "voice"
+    path, _ = demo_run(workdir, log, vocoder)
+    out = workdir / f"voice-{vocoder}"
     if not (out / "export.json").is_file():
         export.export(config.load_config(path, check_paths=False), out, tflite=False, log=log)
     return out
@@ -287,11 +287,13 @@ def report(res):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--voice", help="an export folder (default: a demo-size voice made in --workdir)")
+    parser.add_argument("--vocoder", default="source_filter", choices=["source_filter", "vocos", "hifigan", "griffin_lim"],
+                        help="the demo-size voice's vocoder kind, without --voice")
     parser.add_argument("--workdir", default=str(common.DEFAULT_WORKDIR / "serve"))
     parser.add_argument("--workers", type=int, default=2, help="the server's --workers (model calls at a time)")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir).resolve()
-    voice = Path(args.voice) if args.voice else demo_voice(workdir)
+    voice = Path(args.voice) if args.voice else demo_voice(workdir, args.vocoder)
     sample_rate = json.loads((voice / "export.json").read_text())["sample_rate"]
     machine, load_start = common.machine_info(), os.getloadavg()[0]
     log("speak --raw ...")
