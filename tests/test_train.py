@@ -46,14 +46,6 @@ def latest_checkpoint(folder):
     return str(Path(folder) / name)
 
 
-def run_python(code, timeout=600):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 PLACEMENTS = [
     ("cpu", {}), ("split", {}), ("mirrored", {}), ("single", {}), ("auto", {}),
     ("cpu", {"jit_compile": True, "mixed_precision": "bfloat16"}),  # the GPU defaults, on the CPU
@@ -201,19 +193,13 @@ def test_snakemake_train_then_synthesize_writes_wavs(built_cache, tmp_path):
         mel = np.load(run / "samples" / f"{i:02d}.npy")  # the log-mel the wav was vocoded from
         assert mel.shape[1] == cfg["audio"]["n_mels"] and len(audio) == len(mel) * cfg["audio"]["hop_length"]
     assert load_json(run / "samples" / "sentences.json")["checkpoint"].endswith("ckpt-20")
-    # the same synthesis as an API, for other stages (evaluate)
-    synth = run_python(f"""
-        import json
-        from pipeline import config
-        from pipeline.synthesize import load_synthesizer
-        synth = load_synthesizer(config.load_config({str(path)!r}), log=lambda *a: None)
-        mel = synth.mel("A short test sentence.")
-        print(json.dumps({{"step": synth.step, "checkpoint": synth.checkpoint, "shape": list(mel.shape),
-                          "dtype": str(mel.dtype), "finite": bool((abs(mel) < 1e6).all())}}))
-    """)
-    assert synth["step"] == 20 and synth["checkpoint"].endswith("ckpt-20")
-    assert synth["shape"][0] > 0 and synth["shape"][1] == cfg["audio"]["n_mels"]
-    assert synth["dtype"] == "float32" and synth["finite"]
+    # the same synthesis as an API, for other stages (evaluate), in this process
+    from pipeline.synthesize import load_synthesizer
+    synth = load_synthesizer(cfg, log=lambda *a: None)
+    mel = synth.mel("A short test sentence.")
+    assert synth.step == 20 and synth.checkpoint.endswith("ckpt-20")
+    assert mel.shape[0] > 0 and mel.shape[1] == cfg["audio"]["n_mels"]
+    assert mel.dtype == np.float32 and np.isfinite(mel).all()
     # the checkpoints survive a forced rerun of train (they are not a rule output)
     assert list((run / "checkpoints").glob("ckpt-20.index"))
 
@@ -258,21 +244,14 @@ def test_fastpitch_trains_from_the_durations_and_speaks_at_every_pace(aligned_ca
     assert after["total"] < 0.6 * before["total"] and after["mel"] < 0.9 * before["mel"], summary["val_loss"]
     assert summary["traces"] <= len(summary["buckets"]) + 1
     assert (config.run_dir(cfg) / "alignment.png").stat().st_size > 1000  # the durations' alignment
-    out = run_python(f"""
-        import json
-        from pipeline import config
-        from pipeline.synthesize import load_synthesizer, synthesize
-        cfg = config.load_config({str(path)!r}, {{"synthesize": {{"max_seconds": 30.0}}}})
-        synth = load_synthesizer(cfg, log=lambda *a: None)
-        text = "The quick brown fox jumps over the lazy dog."
-        lengths = {{pace: len(synth.infer(text, pace=pace)["mel"]) for pace in (0.5, 1.0, 2.0)}}
-        paths = synthesize(cfg, {str(tmp_path / "samples")!r}, log=lambda *a: None)
-        print(json.dumps({{"lengths": lengths, "paths": paths, "step": synth.step}}))
-    """)
-    n = {float(k): v for k, v in out["lengths"].items()}
-    assert out["step"] == 60 and n[1.0] > 10
+    from pipeline.synthesize import load_synthesizer, synthesize  # in this process, as evaluate calls them
+    cfg = config.load_config(path, {"synthesize": {"max_seconds": 30.0}})
+    synth = load_synthesizer(cfg, log=lambda *a: None)
+    text = "The quick brown fox jumps over the lazy dog."
+    n = {pace: len(synth.infer(text, pace=pace)["mel"]) for pace in (0.5, 1.0, 2.0)}
+    assert synth.step == 60 and n[1.0] > 10
     assert abs(n[0.5] / n[1.0] - 2.0) <= 0.2 and abs(n[2.0] / n[1.0] - 0.5) <= 0.05, n
-    for wav in out["paths"]:
+    for wav in synthesize(cfg, tmp_path / "samples", log=lambda *a: None):
         audio, sr = sf.read(wav)
         mel = np.load(wav.replace(".wav", ".npy"))
         assert mel.shape[1] == cfg["audio"]["n_mels"] and len(audio) == len(mel) * cfg["audio"]["hop_length"]
