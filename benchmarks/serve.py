@@ -4,8 +4,9 @@
     python benchmarks/serve.py --voice runs/demo/export # a trained voice of yours
 
 Without --voice the benchmark makes the voice benchmarks/export.py measures: the demo's FastPitch and
-vocoder (--vocoder, default the product's default, source_filter) sizes with initial weights (the duration predictor set to 6 frames a token, about real speech),
-exported as `snakemake export` does; speed does not depend on trained weights.
+vocoder (--vocoder, default source_filter, the product's default) sizes with initial weights (the
+duration predictor set to 6 frames a token, about real speech), exported as `snakemake export` does;
+speed does not depend on trained weights.
 
 Server (`python -m pipeline.serve`, its defaults: 2 model calls at a time, 32 queued, on a free
 127.0.0.1 port; the clients are threads of this process, over loopback only):
