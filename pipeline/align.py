@@ -31,6 +31,7 @@ from pipeline import config, data, shards
 from pipeline.errors import PipelineError, cli
 from pipeline.models import aligner as aligner_mod
 from pipeline.models import aligner_numpy, symbols
+from pipeline.train import traced_once_update
 
 PAD_TOKENS, PAD_FRAMES = 16, 64  # inference pads to multiples of these: few traced shapes
 
@@ -61,6 +62,7 @@ def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
     model = aligner_mod.build(acfg, vocab, index["n_mels"], **voices)
     optimizer = keras.optimizers.Adam(acfg["learning_rate"])
     optimizer.build(model.trainable_variables)
+    update, _ = traced_once_update(optimizer, model.trainable_variables)  # the step's two traces share it
     mel_mean, mel_std = tf.constant(mean), tf.constant(std)
 
     @tf.function(reduce_retracing=True)
@@ -70,7 +72,7 @@ def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
             loss, _ = model.tts_loss(model(batch, training=True), batch)
         grads = tape.gradient(loss, model.trainable_variables)
         grads, _ = tf.clip_by_global_norm(grads, 1.0)
-        optimizer.apply(grads, model.trainable_variables)
+        update(grads)
         return loss
 
     batches = iter(data.build_dataset(loader_config(cfg), "train"))

@@ -66,6 +66,20 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"peak": self.peak, "warmup_steps": self.warmup_steps}
 
 
+def traced_once_update(optimizer, variables):
+    """The optimizer's update of `variables` as a tf.function of its own, traced once: (apply, function).
+
+    Its inputs (one dense gradient per variable) have the variables' shapes whatever the batch's, so a
+    step traced again for another bucket shape calls it instead of building the optimizer's ops again
+    (about half a trace). apply(grads), called inside that step, makes an embedding's IndexedSlices
+    dense, as Adam uses them. Under a tf.distribute strategy the update stays in strategy.run."""
+    function = tf.function(lambda grads: optimizer.apply(grads, variables))
+
+    def apply(grads):
+        return function([tf.convert_to_tensor(g) for g in grads])
+    return apply, function
+
+
 def _to_device(batch, device):
     with tf.device(device):
         return {k: tf.identity(v) for k, v in batch.items()}
@@ -170,14 +184,11 @@ class Trainer:
     def _make_step(self):
         variables = self.model.trainable_variables
         if self.p.strategy is None:
-            # The update is a function of its own, traced once: its inputs (one gradient per variable,
-            # dense) have the variables' shapes whatever the bucket, so each further bucket's trace of
-            # the step reuses it instead of tracing the optimizer's ops again (about half a trace).
-            self.update = update = tf.function(lambda grads: self.optimizer.apply(grads, variables))
+            update, self.update = traced_once_update(self.optimizer, variables)  # each bucket's trace reuses it
 
             def step(batch):
                 grads, terms = self._grads(batch)
-                update([tf.convert_to_tensor(g) for g in grads])  # an embedding's IndexedSlices: dense, as Adam uses them
+                update(grads)
                 return terms
             with tf.device(self.p.model_device):
                 return tf.function(step, jit_compile=self.p.jit_compile)
