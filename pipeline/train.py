@@ -116,8 +116,11 @@ class Trainer:
             if hasattr(self.model, "adapt"):
                 self.model.adapt(self.stats)
             tcfg = cfg["train"]
+            # Under a strategy the step clips the replicas' summed gradient itself (_make_step): Keras
+            # would clip each replica's share before its all-reduce.
+            clip = None if self.p.strategy else tcfg["grad_clip"]
             opt = keras.optimizers.AdamW(learning_rate=WarmupSchedule(tcfg["learning_rate"], tcfg["warmup_steps"]),
-                                         weight_decay=1e-6, beta_2=0.98, global_clipnorm=tcfg["grad_clip"])
+                                         weight_decay=1e-6, beta_2=0.98, global_clipnorm=clip)
             if self.p.mixed_precision == "float16":
                 opt = keras.optimizers.LossScaleOptimizer(opt)  # float16 gradients underflow without it
             opt.build(self.model.trainable_variables)  # slots exist before a restore fills them
@@ -195,10 +198,22 @@ class Trainer:
         # mirrored: XLA compiles each replica's forward/backward; the all-reduce and update run outside it
         grads_fn = tf.function(self._grads, jit_compile=self.p.jit_compile)
         strategy = self.p.strategy
+        clip = self.cfg["train"]["grad_clip"]
 
         def replica_step(batch):
             grads, terms = grads_fn(batch)
-            self.optimizer.apply(grads, variables)
+            grads = [tf.convert_to_tensor(g) for g in grads]
+            # Clipped by the global norm of the summed gradient, as one device clips the whole batch's
+            # (Keras's global_clipnorm would clip each replica's share before summing): every replica
+            # scales its share by the same factor, and optimizer.apply sums them.
+            total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+            norm = tf.linalg.global_norm(total)
+            if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+                norm = norm / tf.cast(self.optimizer.dynamic_scale, norm.dtype)  # the loss scale's
+            # A non-finite sum (a float16 overflow on any replica) makes every replica's share NaN, so the
+            # loss-scale optimizer skips the step on all replicas alike, never on one while another sums.
+            factor = tf.where(tf.math.is_finite(norm), clip / tf.maximum(norm, clip), float("nan"))
+            self.optimizer.apply([g * tf.cast(factor, g.dtype) for g in grads], variables)
             return terms
 
         @tf.function

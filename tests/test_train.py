@@ -78,6 +78,32 @@ PLACEMENT_RUNS = """
         except Exception:
             out = {{"error": traceback.format_exc()}}
         print(json.dumps(out), flush=True)
+    # Clipping under a strategy: one step of cpu and of mirrored on one global batch whose frames and
+    # tokens are all real (each replica's masked mean then weighs its half as the batch's mean does),
+    # no dropout, and a clip far under the gradient's norm: the same weights after it.
+    try:
+        cfg = config.load_config({path!r}, {{"train": {{"grad_clip": 1e-3, "model_device": "/CPU:1"}},
+                                         "model": {{"transformer_tts": {{"dropout": 0.0, "prenet_dropout": 0.0}}}}}})
+        weights, batch = {{}}, None
+        for placement in ("cpu", "mirrored"):
+            trainer = build_trainer(cfg, placement=placement, log=lambda *a: None)
+            if batch is None:
+                batch = next(iter(trainer.build_dataset("train")))
+                batch = dict(batch, mel_lengths=tf.fill(tf.shape(batch["mel_lengths"]), tf.shape(batch["mel"])[1]),
+                             token_lengths=tf.fill(tf.shape(batch["token_lengths"]), tf.shape(batch["tokens"])[1]))
+            given = batch
+            if trainer.p.strategy is not None:  # split over the two replicas, as the loader's batches are
+                given = next(iter(trainer.p.strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch))))
+            before = tf.concat([tf.reshape(v, [-1]) for v in trainer.model.trainable_variables], 0).numpy()
+            trainer.step(given)
+            after = tf.concat([tf.reshape(v, [-1]) for v in trainer.model.trainable_variables], 0).numpy()
+            weights[placement] = (before, after)
+        (b0, a0), (b1, a1) = weights["cpu"], weights["mirrored"]
+        out = {{"clipping": {{"start_diff": float(abs(b0 - b1).max()), "step_diff": float(abs(a0 - a1).max()),
+                             "step_size": float(abs(a0 - b0).max())}}}}
+    except Exception:
+        out = {{"clipping": {{"error": traceback.format_exc()}}}}
+    print(json.dumps(out), flush=True)
 """
 
 
@@ -92,8 +118,8 @@ def placement_runs(built_cache, tmp_path_factory):
         timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == len(PLACEMENTS), proc.stdout[-2000:] + proc.stderr[-4000:]
-    return results
+    assert len(results) == len(PLACEMENTS) + 1, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return results  # one per placement, then {"clipping": ...}
 
 
 @pytest.mark.slow
@@ -122,6 +148,17 @@ def test_every_placement_trains_and_traces_once_per_bucket(placement_runs, i):
         assert out["context"]["jit_compile"] and out["context"]["mixed_precision"] == "bfloat16"
     if extra.get("mixed_precision") == "float16":
         assert out["optimizer"] == "LossScaleOptimizer"
+
+
+@pytest.mark.slow
+def test_mirrored_clips_the_summed_gradient_as_one_device_clips_the_batch(placement_runs):
+    # Keras's global_clipnorm clips each replica's share before its all-reduce: the step then differs
+    # from one device's wherever the shares' norms differ. The trainer clips the sum itself.
+    out = placement_runs[-1]["clipping"]
+    assert "error" not in out, out.get("error")
+    assert out["start_diff"] == 0.0  # the same initial weights (seed) under both placements
+    assert out["step_size"] > 1e-5   # the step moved the weights
+    assert out["step_diff"] < 0.01 * out["step_size"], out
 
 
 def _train(path, *extra, check=True):
