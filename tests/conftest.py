@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import snakemake_cli
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,9 +59,9 @@ def corpus(tmp_path, corpus_template):
 
 
 def snakemake(*args, config=None, check=True, cwd=ROOT):
-    """Run the real snakemake CLI on this project's Snakefile; returns the CompletedProcess."""
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--cores", "2",
-           "--directory", str(cwd)]
+    """Run the real snakemake CLI on this project's Snakefile; returns the CompletedProcess (snakemake_cli
+    says how it is started)."""
+    cmd = ["--snakefile", str(ROOT / "Snakefile"), "--cores", "2", "--directory", str(cwd)]
     if Path(cwd) == ROOT:
         # Tests on both xdist workers share the project's .snakemake/ while writing to their own
         # temporary caches. Snakemake's unlock deletes the whole .snakemake/locks/ folder, so a run
@@ -70,7 +71,7 @@ def snakemake(*args, config=None, check=True, cwd=ROOT):
     cmd += list(args)
     if config:  # last: --configfile takes several values and would swallow a target after it
         cmd += ["--configfile", str(config)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    proc = snakemake_cli.run(cmd, cwd)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc

@@ -19,6 +19,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import snakemake_cli
 import soundfile as sf
 import yaml
 from conftest import ROOT, TINY_ALIGNER, TRANSCRIPTS, snakemake, write_config
@@ -57,9 +58,8 @@ def plan(config, *extra, project=None):
 
 def run_copy(project, *args, config):
     """The real snakemake CLI on a copied project, run inside it (its own .snakemake/)."""
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(project / "Snakefile"), "--cores", "2",
-           "--directory", str(project), *args, "--configfile", str(config)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=project)
+    proc = snakemake_cli.run(["--snakefile", str(project / "Snakefile"), "--cores", "2", "--directory", str(project),
+                              *args, "--configfile", str(config)], project)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
