@@ -1,6 +1,7 @@
 """Bad input and failures cost no finished work: config values checked before any job starts, a
-failing train or synthesize keeps the previous outputs, a full disk is one line and leaves no
-temporary files. Real Snakemake runs where Snakemake's behaviour (deleting a job's outputs) matters.
+full disk is one line and leaves no temporary files, a checkpoint interrupted by one keeps the
+previous one. Real Snakemake runs where Snakemake's behaviour (deleting a job's outputs) matters.
+A failing train or synthesize keeping the previous outputs: tests/test_train.py, on the run it trains.
 
     python -m pytest -q tests/test_failures.py
 """
@@ -13,7 +14,6 @@ import sys
 
 import numpy as np
 import pytest
-import yaml
 from conftest import ROOT, snakemake
 from test_train import tiny_config
 
@@ -69,46 +69,7 @@ def test_a_model_kind_with_the_wrong_signature_is_one_line_from_the_job_too(buil
 
 
 # --- failures inside a job --------------------------------------------------------------------
-def samples_of(run):
-    """{name: bytes} of the wavs and mels in runs/{name}/samples."""
-    return {p.name: p.read_bytes() for p in (run / "samples").iterdir() if p.suffix in (".wav", ".npy")}
-
-
-@pytest.mark.slow
-def test_failing_synthesize_and_train_keep_the_samples_loss_history_and_checkpoints(built_cache, tmp_path):
-    good = tiny_config(built_cache, tmp_path, steps=10, checkpoint_every=10, buckets=1)
-    run = config.run_dir(config.load_config(good))
-    snakemake("synthesize", config=good)
-    samples = samples_of(run)
-    assert {"00.wav", "00.npy"} <= set(samples) and (run / "samples/sentences.json").exists()
-    assert [r["step"] for r in json.loads((run / "train.json").read_text())["history"]] == [5, 10]
-
-    # a synthesize that fails inside (a sentence of only spaces): the previous samples stay
-    cfg = yaml.safe_load(good.read_text())
-    sentences = config.load_config(good)["synthesize"]["sentences"]
-    cfg["synthesize"]["sentences"] = [*sentences, "   "]
-    (tmp_path / "bad").mkdir()
-    bad = tmp_path / "bad/config.yaml"
-    bad.write_text(yaml.safe_dump(cfg))
-    proc = snakemake("synthesize", config=bad, check=False)
-    assert proc.returncode == 1, proc.stderr[-3000:]  # Snakemake's own exit status for a failed job
-    assert "rule train" not in proc.stdout + proc.stderr  # training was up to date
-    assert samples_of(run) == samples
-    assert not list(run.glob(".samples.tmp*"))
-
-    # a train that fails inside (the loss diverges): Snakemake deletes train.json, nothing else is lost
-    cfg["synthesize"]["sentences"] = sentences
-    cfg["train"].update(steps=20, learning_rate=1e9)
-    bad.write_text(yaml.safe_dump(cfg))
-    proc = snakemake("synthesize", config=bad, check=False)
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "loss became" in (tmp_path / "reports/t/logs/train.log").read_text()
-    assert not (run / "train.json").exists()
-    assert [json.loads(line)["step"] for line in (run / "history.jsonl").read_text().splitlines()][:2] == [5, 10]
-    assert (run / "checkpoints/ckpt-10.index").exists()
-    assert samples_of(run) == samples
-
-
+# (a failing `snakemake synthesize` and `train` on a trained run: tests/test_train.py, which trains that run)
 def test_the_loss_history_keeps_earlier_runs_up_to_the_restored_step(tmp_path):
     from pipeline import train  # TensorFlow, no training
     (tmp_path / "history.jsonl").write_text("".join(json.dumps({"step": k, "total": 1.0 / k}) + "\n"

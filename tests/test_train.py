@@ -1,4 +1,5 @@
-"""Training: trace counts, every placement on CPU stand-ins, resume after kill -9, synthesis."""
+"""Training: trace counts, every placement on CPU stand-ins, resume after kill -9, synthesis, and a
+failing train or synthesize that keeps the samples, loss history and checkpoints the run had made."""
 import json
 import os
 import re
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+import yaml
 from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, load_json, snakemake, write_config
 
 from pipeline import config
@@ -46,10 +48,12 @@ def latest_checkpoint(folder):
     return str(Path(folder) / name)
 
 
+# The precision variants train one bucket: tracing once per bucket is the placements' subject, and an
+# XLA compilation of the step costs ~25 CPU s a bucket here.
 PLACEMENTS = [
     ("cpu", {}), ("split", {}), ("mirrored", {}), ("single", {}), ("auto", {}),
-    ("cpu", {"jit_compile": True, "mixed_precision": "bfloat16"}),  # the GPU defaults, on the CPU
-    ("cpu", {"mixed_precision": "float16"}),                        # pre-Ampere GPUs: loss scaling
+    ("cpu", {"jit_compile": True, "mixed_precision": "bfloat16", "buckets": 1}),  # the GPU defaults, on the CPU
+    ("cpu", {"mixed_precision": "float16", "buckets": 1}),                        # pre-Ampere GPUs: loss scaling
 ]
 
 # Every placement in one process (one TensorFlow start-up for all): each builds its own trainer
@@ -213,10 +217,20 @@ def test_rerun_after_kill_resumes_at_the_saved_step_with_optimizer_state(aligned
     assert load_json(config.run_dir(cfg) / "train.json")["resumed_from"] == target
 
 
-@pytest.mark.slow
-def test_snakemake_train_then_synthesize_writes_wavs(built_cache, tmp_path):
-    path = tiny_config(built_cache, tmp_path, steps=20, checkpoint_every=10, summary_every=10, buckets=1)
+@pytest.fixture(scope="module")
+def synthesized(built_cache, tmp_path_factory):
+    """A tiny model trained (20 steps, checkpoints at 10 and 20) and its samples written by one real
+    `snakemake synthesize`: (config path, its folder). Read by the next test; the one after it makes
+    train and synthesize fail on purpose, so it comes last."""
+    tmp = tmp_path_factory.mktemp("synthesized")
+    path = tiny_config(built_cache, tmp, steps=20, checkpoint_every=10, summary_every=10, buckets=1)
     snakemake("synthesize", config=path)
+    return path, tmp
+
+
+@pytest.mark.slow
+def test_snakemake_train_then_synthesize_writes_wavs(synthesized):
+    path, _ = synthesized
     cfg = config.load_config(path)
     run = config.run_dir(cfg)
     summary = load_json(run / "train.json")
@@ -239,6 +253,44 @@ def test_snakemake_train_then_synthesize_writes_wavs(built_cache, tmp_path):
     assert mel.dtype == np.float32 and np.isfinite(mel).all()
     # the checkpoints survive a forced rerun of train (they are not a rule output)
     assert list((run / "checkpoints").glob("ckpt-20.index"))
+
+def samples_of(run):
+    """{name: bytes} of the wavs and mels in runs/{name}/samples."""
+    return {p.name: p.read_bytes() for p in (run / "samples").iterdir() if p.suffix in (".wav", ".npy")}
+
+
+@pytest.mark.slow
+def test_failing_synthesize_and_train_keep_the_samples_loss_history_and_checkpoints(synthesized, tmp_path):
+    # Snakemake deletes a failed job's outputs: what the run had made before must survive that
+    good, folder = synthesized
+    run = config.run_dir(config.load_config(good))
+    samples = samples_of(run)
+    assert {"00.wav", "00.npy"} <= set(samples) and (run / "samples/sentences.json").exists()
+    assert [r["step"] for r in load_json(run / "train.json")["history"]] == [5, 10, 15, 20]
+
+    # a synthesize that fails inside (a sentence of only spaces): the previous samples stay
+    cfg = yaml.safe_load(good.read_text())
+    sentences = config.load_config(good)["synthesize"]["sentences"]
+    cfg["synthesize"]["sentences"] = [*sentences, "   "]
+    bad = tmp_path / "config.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    proc = snakemake("synthesize", config=bad, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # Snakemake's own exit status for a failed job
+    assert "rule train" not in proc.stdout + proc.stderr  # training was up to date
+    assert samples_of(run) == samples
+    assert not list(run.glob(".samples.tmp*"))
+
+    # a train that fails inside (the loss diverges): Snakemake deletes train.json, nothing else is lost
+    cfg["synthesize"]["sentences"] = sentences
+    cfg["train"].update(steps=40, learning_rate=1e9)
+    bad.write_text(yaml.safe_dump(cfg))
+    proc = snakemake("synthesize", config=bad, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "loss became" in (folder / "reports/t/logs/train.log").read_text()
+    assert not (run / "train.json").exists()
+    assert [json.loads(line)["step"] for line in (run / "history.jsonl").read_text().splitlines()][:4] == [5, 10, 15, 20]
+    assert (run / "checkpoints/ckpt-20.index").exists()
+    assert samples_of(run) == samples
 
 
 REPORT_FIELDS = {"verdict", "input_wait_fraction", "loader", "step", "combined", "pyfunc_ops", "step_time_cv",
