@@ -13,13 +13,11 @@ import yaml
 from conftest import (
     ROOT,
     SPEAK,
-    TINY_VOCODER,
     edited_copy,
     load_json,
     planned_jobs,
     run_config,
     snakemake,
-    write_untrained_checkpoint,
 )
 
 from pipeline import config, text
@@ -219,22 +217,15 @@ def test_snakemake_export_speaks_as_snakemake_synthesize(trained_run, tmp_path):
     assert planned_jobs(other, "synthesize") == {"synthesize": 1}
 
 
-TRAINED_VOCODER = {**TINY_VOCODER, "steps": 3, "finetune_steps": 0, "checkpoint_every": 3, "summary_every": 3}
-
-
 @pytest.fixture(scope="module")
-def exported_vocos(built_cache, tmp_path_factory):
-    """(config, export folder) of a run with a tiny Vocos trained for 3 steps by pipeline.vocoder.train
-    (its final runs/{name}/vocoder.json), exported with --tflite by the CLI."""
-    tmp = tmp_path_factory.mktemp("export_vocos")
-    path = run_config(built_cache, tmp, vocoder=TRAINED_VOCODER, steps=100)
-    write_untrained_checkpoint(path, step=3)
-    run = config.run_dir(config.load_config(path))
-    for args in (("pipeline.vocoder.train", "--phase", "train", "--out", str(run / "vocoder" / "train.json"), "--final"),
-                 ("pipeline.export", "--tflite")):
-        proc = run_module(*args, "--config", str(path))
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return path, run / "export"
+def exported_vocos(trained_run, tmp_path_factory):
+    """(config, export folder) of the session's trained run (conftest.trained_run: FastPitch and a tiny
+    Vocos, its final runs/{name}/vocoder.json after fine-tuning), exported with --tflite by the CLI
+    into a folder of this module's own (`snakemake export` writes the run's)."""
+    out = tmp_path_factory.mktemp("export_vocos") / "export"
+    proc = run_module("pipeline.export", "--tflite", "--config", str(trained_run.path), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return trained_run.path, out
 
 
 def test_saved_model_with_the_trained_vocoder_speaks_as_pipeline_vocode_without_the_package(exported_vocos, tmp_path):
@@ -262,7 +253,7 @@ def test_saved_model_with_the_trained_vocoder_speaks_as_pipeline_vocode_without_
 
     meta = load_json(out / "export.json")
     summary = load_json(config.run_dir(cfg) / "vocoder.json")
-    assert meta["vocoder"] == {"kind": "vocos", "trained": True, "steps": 3, "finetune_steps": 0, "phase": "train",
+    assert meta["vocoder"] == {"kind": "vocos", "trained": True, "steps": 10, "finetune_steps": 4, "phase": "finetune",
                                "checkpoint": summary["checkpoint"], "summary": str(config.run_dir(cfg) / "vocoder.json"),
                                "f0": None}  # a Vocos takes no F0
     assert not any(n.startswith("vocoder") for n in meta["notes"])

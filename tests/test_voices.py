@@ -5,6 +5,7 @@ normalisation, the speaker-similarity measure, an export that takes speaker and 
 
     python -m pytest -q tests/test_voices.py
 """
+import importlib
 import json
 import os
 import shutil
@@ -201,6 +202,12 @@ def _run(module, path, *args, check=True, cwd=ROOT, pythonpath=""):
     return proc
 
 
+def _main(module, path, *args):
+    """`python -m module --config path *args` as its main in this process, which has TensorFlow already
+    (a subprocess would import it again: ~6 CPU s). The fixture below trains in its own process."""
+    importlib.import_module(module).main(["--config", str(path), *map(str, args)])
+
+
 @pytest.fixture(scope="module")
 def voices_run(voices_cache):
     """voices_cache's config, its FastPitch trained for 10 steps (runs/t)."""
@@ -217,7 +224,7 @@ def test_fastpitch_with_speakers_trains_and_speaks_each_voice(voices_run, tmp_pa
     over = tmp_path / "over.yaml"
     over.write_text(json.dumps({**json.loads(json.dumps(cfg)), "synthesize": {**cfg["synthesize"],
                                                                               "sentences": sentences}}))
-    _run("pipeline.synthesize", over, "--out", str(tmp_path / "samples"))
+    _main("pipeline.synthesize", over, "--out", tmp_path / "samples")
     samples = load_json(tmp_path / "samples" / "sentences.json")["samples"]
     assert [(x["speaker"], x["language"]) for x in samples] == [("anna", "en-us"), ("bob", "en-us"), ("cy", "en-us"),
                                                                 ("cy", "en-gb")]
@@ -241,8 +248,8 @@ def test_fastpitch_with_speakers_trains_and_speaks_each_voice(voices_run, tmp_pa
     assert not (tmp_path / "bad" / "00.wav").exists() and not (tmp_path / "zed").exists()  # checked first
 
     # evaluate: every figure per speaker, and the speaker similarity with its chance level
-    _run("pipeline.evaluate", voices_cache, "--out", str(tmp_path / "report"), "--set", "evaluate.max_clips=9",
-         "evaluate.griffin_lim_iters=4")
+    _main("pipeline.evaluate", voices_cache, "--out", tmp_path / "report", "--set", "evaluate.max_clips=9",
+          "evaluate.griffin_lim_iters=4")
     report = load_json(tmp_path / "report" / "evaluate.json")
     per = report["per_speaker"]
     assert set(per) == set(SPEAKERS) and sum(r["clips"] for r in per.values()) == report["clips"] == 7
@@ -332,7 +339,8 @@ def test_export_takes_speaker_and_language_ids(voices_run, tmp_path, capsys):
     from pipeline import text
     from pipeline.synthesize import load_synthesizer
     cfg = config.load_config(voices_run)
-    _run("pipeline.export", voices_run, "--out", str(tmp_path / "export"), "--tflite")
+    _main("pipeline.export", voices_run, "--out", tmp_path / "export", "--tflite")
+    capsys.readouterr()  # the export's log: text --ids below prints the one line read
     meta = load_json(tmp_path / "export" / "export.json")
     assert meta["speakers"] == ["anna", "bob", "cy"] and meta["languages"] == ["en-gb", "en-us"]  # id order
     assert list(meta["signature"]["inputs"]) == ["tokens", "pace", "pitch_shift", "speaker", "language"]
