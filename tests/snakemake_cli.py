@@ -73,6 +73,17 @@ def _start():
     return proc, os.fdopen(requests_w, "w"), os.fdopen(replies_r, "r")
 
 
+def _stop():
+    """End the helper (and forget it): a later run starts another."""
+    global _server
+    if _server is not None:
+        proc, requests, replies = _server
+        _server = None
+        proc.kill()
+        proc.wait()
+        requests.close(), replies.close()
+
+
 def run(argv, cwd):
     """`python -m snakemake *argv` in `cwd` with this process's environment: a CompletedProcess whose
     stdout and stderr are text, and whose `cpu_s` is the CPU seconds it and its jobs used."""
@@ -81,21 +92,19 @@ def run(argv, cwd):
         out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         open(out, "w").close(), open(err, "w").close()
         job = {"argv": [str(a) for a in argv], "cwd": str(cwd), "env": dict(os.environ), "stdout": out, "stderr": err}
-        for _attempt in (0, 1):
-            if _server is None or _server[0].poll() is not None:
-                _server = _start()
-            proc, requests, replies = _server
-            try:
-                requests.write(json.dumps(job) + "\n")
-                requests.flush()
-                reply = replies.readline()
-            except BrokenPipeError:
-                reply = ""
-            if reply:
-                break
-            _server = None  # the helper died: start another once
-        else:
-            raise RuntimeError("the snakemake helper process died twice")
+        if _server is None or _server[0].poll() is not None:
+            _stop()
+            _server = _start()
+        try:
+            _server[1].write(json.dumps(job) + "\n")
+            _server[1].flush()
+            reply = _server[2].readline()
+        except BaseException:  # e.g. a test's timeout: this run's late reply would answer the next one
+            _stop()
+            raise
+        if not reply:
+            _stop()
+            raise RuntimeError(f"the snakemake helper process died running snakemake {' '.join(job['argv'])}")
         with open(out, encoding="utf-8", errors="replace") as f, open(err, encoding="utf-8", errors="replace") as g:
             code, cpu = json.loads(reply)
             done = subprocess.CompletedProcess([sys.executable, "-m", "snakemake", *job["argv"]], code, f.read(), g.read())
