@@ -36,7 +36,9 @@ for line in requests:
             os.environ.update(job["env"])
             for fd, path, mode in ((0, os.devnull, os.O_RDONLY), (1, job["stdout"], os.O_WRONLY),
                                    (2, job["stderr"], os.O_WRONLY)):
-                os.dup2(os.open(path, mode), fd)
+                opened = os.open(path, mode)
+                os.dup2(opened, fd)
+                os.close(opened)
             sys.argv = [MAIN, *job["argv"]]
             try:
                 snakemake.cli.main(job["argv"])

@@ -254,6 +254,7 @@ def test_snakemake_train_then_synthesize_writes_wavs(synthesized):
     # the checkpoints survive a forced rerun of train (they are not a rule output)
     assert list((run / "checkpoints").glob("ckpt-20.index"))
 
+
 def samples_of(run):
     """{name: bytes} of the wavs and mels in runs/{name}/samples."""
     return {p.name: p.read_bytes() for p in (run / "samples").iterdir() if p.suffix in (".wav", ".npy")}
