@@ -36,26 +36,34 @@ class _QuietTensorFlow:
         pass
 
 
-class _KerasWithoutScikitLearn:
-    """Keras imports scikit-learn while it loads, for its scikit-learn wrappers (keras.wrappers), when
-    scikit-learn is installed (librosa depends on it): 1.7 of the 8 CPU seconds every TensorFlow process
-    spends importing TensorFlow and Keras. The pipeline uses none of those wrappers, so Keras's
-    `import sklearn` fails (Keras then treats scikit-learn as absent); any other module, librosa
-    included, imports scikit-learn as usual."""
+# What Keras imports while it loads, only for features the pipeline never uses, each inside its own
+# `try: import X / except ImportError` (Keras then treats X as absent): the module Keras would load and
+# the Keras modules whose import of it fails. Importing TensorFlow and Keras: 8.1 CPU s with all three,
+# 6.5 without scikit-learn, 5.2 without any (benchmarks/job_startup.py --job tensorflow). Any other module, librosa, Snakemake's reports and the
+# pipeline's own figures included, imports them as usual, later, when it needs them.
+KERAS_SKIPS = {
+    "sklearn": "keras.src.wrappers",                  # scikit-learn wrappers (librosa depends on scikit-learn)
+    "pandas": "keras.src.trainers.data_adapters",     # model.fit on DataFrames
+    "matplotlib": "keras.src.visualization",          # image-gallery plots; pyplot alone is ~0.6 s
+}
+
+
+class _KerasWithoutExtras:
+    """A meta path finder that fails the imports KERAS_SKIPS names, made by the Keras modules it names."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != "sklearn":
+        importer = KERAS_SKIPS.get(name)
+        if importer is None:
             return None
         frame = sys._getframe(1)
         while frame is not None and frame.f_globals.get("__name__", "").startswith(("importlib", "_frozen_importlib")):
-            frame = frame.f_back  # importlib's own frames, up to the module whose `import sklearn` this is
-        if frame is not None and frame.f_globals.get("__name__", "").startswith("keras.src.wrappers"):
-            raise ModuleNotFoundError("scikit-learn is not loaded for Keras's wrappers (pipeline/__init__.py)",
-                                      name=name)
+            frame = frame.f_back  # importlib's own frames, up to the module whose `import` this is
+        if frame is not None and frame.f_globals.get("__name__", "").startswith(importer):
+            raise ModuleNotFoundError(f"{name} is not loaded for {importer} (pipeline/__init__.py)", name=name)
         return None
 
 
 if "keras" not in sys.modules:
-    sys.meta_path.insert(0, _KerasWithoutScikitLearn())
+    sys.meta_path.insert(0, _KerasWithoutExtras())
 if QUIET and "tensorflow" not in sys.modules:
     sys.meta_path.insert(0, _QuietTensorFlow())

@@ -147,21 +147,26 @@ def test_shard_jobs_given_the_runs_clip_lists_read_no_dataset_text_and_write_the
     assert compared == shards * (2 + 3 + 2 + 3 + 3)  # tokens, mels, audio, energy, pitch: .bin, .json (.stats.npy)
 
 
-# --- TensorFlow jobs: Keras without scikit-learn ------------------------------------------------
+# --- TensorFlow jobs: Keras without scikit-learn, pandas and matplotlib ------------------------
 KERAS_START = """
 import sys
 {first}
-print(sorted(m for m in ('sklearn', 'tensorflow', 'keras') if m in sys.modules))
-print(sys.modules['keras.src.wrappers.fixes'].sklearn)
-import librosa.segment, sklearn.cluster  # what needs scikit-learn still has it
-print(sklearn.cluster.KMeans.__name__)
+print(sorted(m for m in ('sklearn', 'pandas', 'matplotlib', 'tensorflow', 'keras') if m in sys.modules))
+print(sys.modules['keras.src.wrappers.fixes'].sklearn, sys.modules['keras.src.visualization.plot_image_gallery'].plt,
+      sys.modules['keras.src.trainers.data_adapters.array_slicing'].pandas)
+import librosa.segment, sklearn.cluster, pandas  # what needs them still has them
+print(sklearn.cluster.KMeans.__name__, pandas.DataFrame.__name__)
+from pipeline import train
+train.save_alignment_png([[1.0, 0.0], [0.0, 1.0]], sys.argv[1], step=1)  # the pipeline's own figures draw
 """
 
 
 @pytest.mark.parametrize("first", ["import pipeline.train", "import pipeline, keras",
                                    "import pipeline, tensorflow as tf"])
-def test_a_tensorflow_job_starts_without_scikit_learn_and_librosa_still_has_it(first):
-    proc = subprocess.run([sys.executable, "-c", KERAS_START.format(first=first)], cwd=ROOT,
+def test_a_tensorflow_job_starts_without_kerass_extras_and_the_rest_still_has_them(first, tmp_path):
+    png = tmp_path / "alignment.png"
+    proc = subprocess.run([sys.executable, "-c", KERAS_START.format(first=first), str(png)], cwd=ROOT,
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == ["['keras', 'tensorflow']", "None", "KMeans"]
+    assert proc.stdout.splitlines() == ["['keras', 'tensorflow']", "None None None", "KMeans DataFrame"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
