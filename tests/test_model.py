@@ -46,7 +46,7 @@ def policy():
     keras.mixed_precision.set_global_policy("float32")
 
 
-def train_step_fn(model, optimizer, compile=True, jit_compile=False):
+def train_step_fn(model, optimizer, compile=True):
     def step(batch):
         with tf.GradientTape() as tape:
             outputs = model(batch, training=True)
@@ -55,7 +55,7 @@ def train_step_fn(model, optimizer, compile=True, jit_compile=False):
         grads = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
         return terms
-    return tf.function(step, jit_compile=jit_compile) if compile else step
+    return tf.function(step) if compile else step
 
 
 def test_shapes_dtypes_and_loss_terms():
@@ -115,12 +115,12 @@ def test_tiny_model_overfits_one_batch():
     assert last < 0.5 * first, f"loss {first:.3f} -> {last:.3f}"
 
 
-def test_jit_compiled_step_under_mixed_bfloat16(policy):
+def test_step_under_mixed_bfloat16(policy):
+    # eager: the step compiled by XLA under mixed bfloat16 is the placements' (tests/test_train.py)
     policy("mixed_bfloat16")
-    small = dict(decoder_layers=1, encoder_conv_layers=1, postnet_layers=2)  # XLA compile time grows with size
-    model = TransformerTTS(**{**TINY, **small, "prenet_dropout": 0.5, "dropout": 0.1})
+    model = TransformerTTS(**{**TINY, "prenet_dropout": 0.5, "dropout": 0.1})
     assert model.mel_out.compute_dtype == "bfloat16" and model.mel_out.kernel.dtype == "float32"
-    step = train_step_fn(model, keras.optimizers.SGD(1e-2), jit_compile=True)  # SGD: less to compile
+    step = train_step_fn(model, keras.optimizers.SGD(1e-2), compile=False)
     batch = make_batch(mel_dtype=tf.float16)
     before = [v.numpy() for v in model.trainable_variables]
     terms = [step(batch) for _ in range(2)][-1]

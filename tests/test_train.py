@@ -58,18 +58,39 @@ PLACEMENTS = [
 
 # Every placement in one process (one TensorFlow start-up for all): each builds its own trainer
 # (seed, precision policy and trace counter reset by build_trainer) and prints one JSON line, or the
-# traceback that stopped it, so each placement's test fails alone.
+# traceback that stopped it, so each placement's test fails alone. No dropout, and a gradient clip far
+# under the gradient's norm (Adam's steps barely notice it): before training, the plain cpu and mirrored
+# trainers each take one step on one global batch whose frames and tokens are all real (each replica's
+# masked mean then weighs its half as the batch's mean does); the same weights after it show that
+# clipping under a strategy clips the summed gradient. That step's batch has a bucket's shape: no trace
+# of its own.
 PLACEMENT_RUNS = """
     import json, traceback, tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     from pipeline import config
     from pipeline.train import build_trainer
+    flat = lambda trainer: tf.concat([tf.reshape(v, [-1]) for v in trainer.model.trainable_variables], 0).numpy()
+    batch, clipping = None, {{}}
     for placement, extra in {placements!r}:
         try:
-            cfg = config.load_config({path!r}, {{"train": {{"data_device": "/CPU:0", "model_device": "/CPU:1", **extra}}}})
+            cfg = config.load_config({path!r}, {{
+                "train": {{"data_device": "/CPU:0", "model_device": "/CPU:1", "grad_clip": 1e-3, **extra}},
+                "model": {{"transformer_tts": {{"dropout": 0.0, "prenet_dropout": 0.0}}}}}})
             trainer = build_trainer(cfg, placement=placement, log=lambda *a: None)
             trainer.measure_copy(repeats=1)
+            if placement in ("cpu", "mirrored") and not extra:
+                if batch is None:
+                    batch = next(iter(trainer.build_dataset("train")))
+                    batch = dict(batch, mel_lengths=tf.fill(tf.shape(batch["mel_lengths"]), tf.shape(batch["mel"])[1]),
+                                 token_lengths=tf.fill(tf.shape(batch["token_lengths"]), tf.shape(batch["tokens"])[1]))
+                given = batch
+                if trainer.p.strategy is not None:  # split over the two replicas, as the loader's batches are
+                    given = next(iter(trainer.p.strategy.experimental_distribute_dataset(
+                        tf.data.Dataset.from_tensors(batch))))
+                before = flat(trainer)
+                trainer.step(given)
+                clipping[placement] = (before, flat(trainer))
             losses, batches = [], trainer.batches()
             for i in range({steps} if placement != "auto" else 0):  # auto resolves to cpu here: trained above
                 losses.append(float(trainer.step(next(batches))["total"]))
@@ -82,27 +103,8 @@ PLACEMENT_RUNS = """
         except Exception:
             out = {{"error": traceback.format_exc()}}
         print(json.dumps(out), flush=True)
-    # Clipping under a strategy: one step of cpu and of mirrored on one global batch whose frames and
-    # tokens are all real (each replica's masked mean then weighs its half as the batch's mean does),
-    # no dropout, and a clip far under the gradient's norm: the same weights after it.
     try:
-        cfg = config.load_config({path!r}, {{"train": {{"grad_clip": 1e-3, "model_device": "/CPU:1"}},
-                                         "model": {{"transformer_tts": {{"dropout": 0.0, "prenet_dropout": 0.0}}}}}})
-        weights, batch = {{}}, None
-        for placement in ("cpu", "mirrored"):
-            trainer = build_trainer(cfg, placement=placement, log=lambda *a: None)
-            if batch is None:
-                batch = next(iter(trainer.build_dataset("train")))
-                batch = dict(batch, mel_lengths=tf.fill(tf.shape(batch["mel_lengths"]), tf.shape(batch["mel"])[1]),
-                             token_lengths=tf.fill(tf.shape(batch["token_lengths"]), tf.shape(batch["tokens"])[1]))
-            given = batch
-            if trainer.p.strategy is not None:  # split over the two replicas, as the loader's batches are
-                given = next(iter(trainer.p.strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch))))
-            before = tf.concat([tf.reshape(v, [-1]) for v in trainer.model.trainable_variables], 0).numpy()
-            trainer.step(given)
-            after = tf.concat([tf.reshape(v, [-1]) for v in trainer.model.trainable_variables], 0).numpy()
-            weights[placement] = (before, after)
-        (b0, a0), (b1, a1) = weights["cpu"], weights["mirrored"]
+        (b0, a0), (b1, a1) = clipping["cpu"], clipping["mirrored"]
         out = {{"clipping": {{"start_diff": float(abs(b0 - b1).max()), "step_diff": float(abs(a0 - a1).max()),
                              "step_size": float(abs(a0 - b0).max())}}}}
     except Exception:
@@ -114,7 +116,7 @@ PLACEMENT_RUNS = """
 @pytest.fixture(scope="module")
 def placement_runs(built_cache, tmp_path_factory):
     """40 training steps of the tiny model under each of PLACEMENTS (auto: built only, it resolves to cpu
-    here), in one subprocess: [result per placement]."""
+    here), in one subprocess: [result per placement, then {"clipping": ...}]."""
     path = tiny_config(built_cache, tmp_path_factory.mktemp("placements"))
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(PLACEMENT_RUNS.format(
@@ -138,7 +140,7 @@ def test_every_placement_trains_and_traces_once_per_bucket(placement_runs, i):
         assert out["context"]["jit_compile"] is False and out["context"]["mixed_precision"] == "off"
         return
     first, last = np.mean(out["losses"][:5]), np.mean(out["losses"][-5:])
-    assert last < 0.7 * first, out["losses"]
+    assert last < 0.8 * first, out["losses"]  # ~0.7 without dropout here; a step that does not train stays ~1
     assert out["traces"] <= out["buckets"] + 1
     if placement != "mirrored":  # the optimizer's update is traced once, whatever the bucket (strategies: per trace)
         assert out["update_traces"] == 1, out
