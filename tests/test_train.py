@@ -214,8 +214,10 @@ def test_rerun_after_kill_resumes_at_the_saved_step_with_optimizer_state(aligned
     saved, after = _optimizer_states(kept / latest.name, ckpt_dir / f"ckpt-{target}")
     assert saved["step"] == step and any(saved["slots"])  # the optimizer state was checkpointed with the model
     assert after["step"] == target and after["slots"] != saved["slots"]
-    # already at train.steps: a rerun does no step
-    _train(path, "--set", f"train.steps={target}")
+    # already at train.steps: a rerun does no step (the command's main() in this process, which has
+    # TensorFlow already: the two runs above were the command's own processes)
+    from pipeline.train import main as train_main
+    train_main(["--config", str(path), "--set", f"train.steps={target}"])
     assert load_json(config.run_dir(cfg) / "train.json")["resumed_from"] == target
 
 

@@ -92,7 +92,8 @@ def _vocode(trained, mel, out):
                           env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3"))
 
 
-def test_vocode_a_synthesized_mel_and_its_one_line_errors(trained):
+def test_vocode_a_synthesized_mel_and_its_one_line_errors(trained, capsys):
+    from pipeline.vocoder.vocode import main as vocode_main
     mel_path = trained.run / "samples/00.npy"
     mel = np.load(mel_path)
     proc = _vocode(trained, mel_path, trained.tmp / "00.wav")
@@ -103,11 +104,17 @@ def test_vocode_a_synthesized_mel_and_its_one_line_errors(trained):
     for name, array in bad.items():
         np.save(trained.tmp / name, array)
     (trained.tmp / "text.npy").write_text("not an array")
+    # bad input: the command's main() in this process (the command above showed it runs as a process),
+    # each error one line naming the file, exit 2, nothing written
     for name in [*bad, "text.npy", "missing.npy"]:
-        proc = _vocode(trained, trained.tmp / name, trained.tmp / "x.wav")
-        lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-        assert proc.returncode == 2 and len(lines) == 1 and str(trained.tmp / name) in lines[0], (name, proc.stderr)
-        assert "Traceback" not in proc.stderr and not (trained.tmp / "x.wav").exists()
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stop:
+            vocode_main(["--config", str(trained.path), "--mel", str(trained.tmp / name), "--out",
+                         str(trained.tmp / "x.wav")])
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert stop.value.code == 2 and len(lines) == 1 and str(trained.tmp / name) in lines[0], (name, err)
+        assert "Traceback" not in err and not (trained.tmp / "x.wav").exists()
 
 
 def test_snakemake_export_carries_the_final_vocoder_and_a_new_vocoder_reexports(trained):
