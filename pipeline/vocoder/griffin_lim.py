@@ -138,9 +138,13 @@ def griffin_lim_graph(log_mel, *, sample_rate, n_fft, hop_length, win_length, n_
     return _phase_recovery(sharpened * scale, iters, stft, istft)[:length]    # same energy: level unchanged
 
 
-@tf.function(reduce_retracing=True)
-def _griffin_lim(log_mel, iters, power, audio):
-    return griffin_lim_graph(log_mel, **audio, iters=iters, power=power)
+@functools.lru_cache(maxsize=None)
+def _griffin_lim(audio):
+    """The graph for one `audio:` setting (sorted items), traced once for every mel length."""
+    audio = dict(audio)
+    return tf.function(lambda log_mel, iters, power: griffin_lim_graph(log_mel, **audio, iters=iters, power=power),
+                       input_signature=[tf.TensorSpec([None, audio["n_mels"]], tf.float32),
+                                        tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32)])
 
 
 def griffin_lim(log_mel, *, sample_rate, n_fft, hop_length, win_length, n_mels, fmin, fmax, iters=32,
@@ -152,7 +156,7 @@ def griffin_lim(log_mel, *, sample_rate, n_fft, hop_length, win_length, n_mels, 
     assert log_mel.shape.rank == 2 and log_mel.shape[1] == n_mels, f"expected (F, {n_mels}), got {log_mel.shape}"
     audio = dict(sample_rate=sample_rate, n_fft=n_fft, hop_length=hop_length, win_length=win_length,
                  n_mels=n_mels, fmin=fmin, fmax=fmax)
-    return _griffin_lim(log_mel, tf.constant(iters), tf.constant(float(power)), audio)
+    return _griffin_lim(tuple(sorted(audio.items())))(log_mel, tf.constant(iters, tf.int32), tf.constant(float(power)))
 
 
 def _write_wav(tmp, audio, sample_rate, scale):

@@ -120,10 +120,11 @@ class Vocoder:
         self.summary = summary or {}
         self.steps = self.summary.get("steps", 0)
         self.finetune_steps = self.summary.get("finetune_steps", 0)
-        if model is not None:
-            self._call = tf.function(lambda m: model(m, training=False), reduce_retracing=True)
+        if model is not None:  # one trace for every mel length (chunks, sentences, clips)
+            mel, f0 = tf.TensorSpec([1, None, self.audio["n_mels"]], tf.float32), tf.TensorSpec([1, None], tf.float32)
+            self._call = tf.function(lambda m: model(m, training=False), input_signature=[mel])
             if self.uses_f0:
-                self._call_f0 = tf.function(lambda m, f: model(m, f0=f, training=False), reduce_retracing=True)
+                self._call_f0 = tf.function(lambda m, f: model(m, f0=f, training=False), input_signature=[mel, f0])
 
     def __call__(self, log_mel, f0=None, chunk_frames=CHUNK_FRAMES):
         """A mel longer than `chunk_frames` goes through in chunks, each with `self.context` frames of
