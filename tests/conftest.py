@@ -214,20 +214,20 @@ def edited_copy(path, name, **sections):
 # whole test file at a time, in the order collected: module fixtures are built once, and the tests of
 # a file that build on each other's edits run in order. The scheduler below (xdist's loadfile one,
 # grouping by file name) also keeps the files sharing trained_run together, so it is trained once,
-# not once per worker; xdist's own `xdist_group` marker cannot do that with pytest 9 (its hook sets a
-# nodeid attribute pytest 9 no longer reads). The longest files go first (measured serially: the
-# trained_run files ~11 min, test_train ~6, ...), so that neither worker is left with a long one at
-# the end.
+# not once per worker, and the files sharing aligned_cache with test_train.py go with it; xdist's own
+# `xdist_group` marker cannot do that with pytest 9 (its hook sets a nodeid attribute pytest 9 no
+# longer reads). The longest files go first (measured serially: the trained_run files ~11 min,
+# test_train ~6, ...), so that neither worker is left with a long one at the end.
 TRAINED_RUN = {"test_evaluate.py", "test_export.py", "test_vocoder_rules.py", "test_rules_safety.py",
                "test_speak.py", "test_serve.py"}  # these two: built_cache and exported_voice, built once
+ALIGNED = {"test_durations.py", "test_rejected.py"}  # with test_train.py: aligned_cache built once (~26 CPU s)
 LONGEST_FIRST = ["trained_run", "test_train.py", "test_voices.py", "test_multiworker.py", "test_staleness.py",
-                 "test_failures.py", "test_slurm.py", "test_sources_staleness.py", "test_durations.py",
-                 "test_train_vocoder.py"]
+                 "test_failures.py", "test_slurm.py", "test_sources_staleness.py", "test_train_vocoder.py"]
 
 
 def _group(path):
     name = Path(path).name
-    return "trained_run" if name in TRAINED_RUN else name
+    return "trained_run" if name in TRAINED_RUN else "test_train.py" if name in ALIGNED else name
 
 
 def pytest_collection_modifyitems(config, items):
