@@ -39,8 +39,8 @@ class _QuietTensorFlow:
 # What Keras imports while it loads, only for features the pipeline never uses, each inside its own
 # `try: import X / except ImportError` (Keras then treats X as absent): the module Keras would load and
 # the Keras modules whose import of it fails. Importing TensorFlow and Keras: 8.1 CPU s with all three,
-# 6.5 without scikit-learn, 5.2 without any (benchmarks/job_startup.py --job tensorflow). Any other module, librosa, Snakemake's reports and the
-# pipeline's own figures included, imports them as usual, later, when it needs them.
+# 6.5 without scikit-learn, 5.2 without any (benchmarks/job_startup.py --job tensorflow). Any other
+# module, librosa and the pipeline's own figures included, imports them as usual when it needs them.
 KERAS_SKIPS = {
     "sklearn": "keras.src.wrappers",                  # scikit-learn wrappers (librosa depends on scikit-learn)
     "pandas": "keras.src.trainers.data_adapters",     # model.fit on DataFrames

@@ -129,8 +129,8 @@ class Trainer:
         self.val_dataset = self.build_dataset("val") if self.has_val else None  # built once, iterated per validation
         self.update = None  # the optimizer's update, a function of its own where it can be (_make_step)
         self.step = self._make_step()
-        # Validation runs eagerly-shaped, not compiled: one trace for every bucket and the last, smaller
-        # batch (each shape's own trace cost ~1-4 s of start-up, for a few batches a validation).
+        # Validation is not XLA-compiled: one trace with every dimension unknown serves every bucket and
+        # the last, smaller batch (a trace per shape cost ~1-4 s of start-up each, for a few batches).
         relaxed = None if self.val_dataset is None else [tf.nest.map_structure(
             lambda s: tf.TensorSpec([None] * s.shape.rank, s.dtype), self.val_dataset.element_spec)]
         self._eval = tf.function(self._forward, input_signature=relaxed, reduce_retracing=True)
