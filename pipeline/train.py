@@ -131,9 +131,8 @@ class Trainer:
         self.step = self._make_step()
         # Validation is not XLA-compiled: one trace with every dimension unknown serves every bucket and
         # the last, smaller batch (a trace per shape cost ~1-4 s of start-up each, for a few batches).
-        relaxed = None if self.val_dataset is None else [tf.nest.map_structure(
-            lambda s: tf.TensorSpec([None] * s.shape.rank, s.dtype), self.val_dataset.element_spec)]
-        self._eval = tf.function(self._forward, input_signature=relaxed, reduce_retracing=True)
+        self._eval = None if self.val_dataset is None else tf.function(self._forward, input_signature=[
+            tf.nest.map_structure(lambda s: tf.TensorSpec([None] * s.shape.rank, s.dtype), self.val_dataset.element_spec)])
         self.log(self.p.describe())
 
     # --- construction -------------------------------------------------------------------------
