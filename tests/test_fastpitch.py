@@ -106,6 +106,9 @@ def test_infer_pace_scales_lengths_and_pitch_shift_moves_pitch_in_semitones():
     np.testing.assert_allclose(hz_up / hz, 2.0, rtol=1e-4)                   # an octave up
     with pytest.raises(ValueError, match="pace"):
         model.infer(tokens, lengths, pace=0.0, max_frames=10)
+    two = model.infer(tf.constant([[3, 4, 5, 0], [6, 7, 8, 9]]), tf.constant([3, 4]), max_frames=1000)
+    assert two["lengths"].numpy().tolist() == [18, 24]  # another batch and length: the same graph
+    assert model._infer.experimental_get_tracing_count() == 1
 
 
 def test_checkpoint_restores_every_weight_including_pitch_stats(tmp_path):

@@ -255,12 +255,14 @@ class FastPitch(keras.Model):
         if not tf.is_tensor(pace) and pace <= 0:  # a tensor (an exported graph) is checked by its caller
             raise ValueError(f"pace must be > 0, got {pace}")
         tokens = tf.convert_to_tensor(tokens, tf.int32)
-        return self._infer(tokens, tf.convert_to_tensor(token_lengths, tf.int32), tf.cast(pace, tf.float32),
-                           tf.cast(pitch_shift, tf.float32), tf.cast(max_frames, tf.int32), voice_ids(speaker, tokens),
-                           voice_ids(language, tokens))
+        # eagerly: one compiled graph for every batch and length; inside a caller's trace (export),
+        # the ops themselves, shaped by that caller's signature
+        infer = self._infer_ops if tf.inside_function() else self._infer
+        return infer(tokens, tf.convert_to_tensor(token_lengths, tf.int32), tf.cast(pace, tf.float32),
+                     tf.cast(pitch_shift, tf.float32), tf.cast(max_frames, tf.int32), voice_ids(speaker, tokens),
+                     voice_ids(language, tokens))
 
-    @tf.function(reduce_retracing=True)
-    def _infer(self, tokens, token_lengths, pace, pitch_shift, max_frames, speaker, language):
+    def _infer_ops(self, tokens, token_lengths, pace, pitch_shift, max_frames, speaker, language):
         h, mask = self.encode(tokens, token_lengths, speaker=speaker, language=language)
         frames_f = tf.maximum(tf.exp(self.duration_predictor(h, mask)) - 1.0, 0.0) / pace       # (B, T)
         frames_f *= tf.cast(mask, tf.float32)
@@ -281,6 +283,12 @@ class FastPitch(keras.Model):
         mel = self.decode(regulate_length(h, durations, n_frames), lengths)
         return {"mel": mel, "lengths": lengths, "durations": durations, "pitch": pitch * tf.cast(mask, tf.float32),
                 "energy": energy}
+
+    _infer = tf.function(_infer_ops, input_signature=[
+        tf.TensorSpec([None, None], tf.int32, name="tokens"), tf.TensorSpec([None], tf.int32, name="token_lengths"),
+        tf.TensorSpec([], tf.float32, name="pace"), tf.TensorSpec([], tf.float32, name="pitch_shift"),
+        tf.TensorSpec([], tf.int32, name="max_frames"), tf.TensorSpec([None], tf.int32, name="speaker"),
+        tf.TensorSpec([None], tf.int32, name="language")])
 
     def get_config(self):
         return dict(self.args)
