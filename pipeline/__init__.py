@@ -11,6 +11,14 @@ import sys
 # log level is then 3 (errors still raise in Python). `TF_CPP_MIN_LOG_LEVEL=0 snakemake ...` shows all.
 QUIET = os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3") != "0"
 
+# TensorFlow uses oneDNN's CPU kernels by default only on CPUs with AVX-512 VNNI, AVX-512 BF16 or AMX.
+# AVX2 CPUs (many AMD EPYC and Ryzen parts, older Xeons) get Eigen's kernels. On a 2-core AVX2 EPYC,
+# oneDNN made the demo's FastPitch step 1.2-1.4x faster and the source-filter vocoder's 1.6-2.2x
+# faster (benchmarks/cpu_kernels.py; docs/scaling.md, "CPU kernels"). So every pipeline job, and
+# every process it starts, turns oneDNN on, unless the environment already sets it
+# (`TF_ENABLE_ONEDNN_OPTS=0`). TensorFlow reads the variable when it loads.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
 
 class _QuietTensorFlow:
     # a meta path finder and loader by protocol; importlib.abc itself costs every job ~40 ms of imports

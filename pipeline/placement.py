@@ -55,7 +55,17 @@ class Placement:
     def describe(self):
         return (f"placement {self.name} ({self.reason}); data on {self.data_device}, model on "
                 f"{', '.join(self.devices)}; XLA {'on' if self.jit_compile else 'off'}; "
-                f"mixed precision {self.mixed_precision}")
+                f"mixed precision {self.mixed_precision}; CPU kernels {cpu_kernels()}")
+
+
+def cpu_kernels():
+    """TensorFlow's CPU kernels in this process: "oneDNN" or "Eigen" (TF_ENABLE_ONEDNN_OPTS, which
+    pipeline/__init__.py turns on unless the environment set it; docs/scaling.md, "CPU kernels")."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:  # a TensorFlow without this module: say so rather than guess
+        return "unknown"
+    return "oneDNN" if _pywrap_util_port.IsMklEnabled() else "Eigen"
 
 
 def _logical(kind):

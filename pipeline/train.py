@@ -241,7 +241,8 @@ class Trainer:
     def context(self):
         return {"placement": self.p.name, "jit_compile": self.p.jit_compile,
                 "mixed_precision": self.p.mixed_precision, "copy_ms": self.copy_ms,
-                "buckets": self.n_buckets, "devices": self.p.devices, "worker": list(self.p.worker)}
+                "buckets": self.n_buckets, "devices": self.p.devices, "worker": list(self.p.worker),
+                "cpu_kernels": placement_mod.cpu_kernels()}
 
     def batches(self):
         """Training batches ready for the step. With split, each batch is copied to the model

@@ -3,6 +3,7 @@
 is byte-identical to the one the full-validation, plain-`import pyworld` path writes."""
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -147,7 +148,8 @@ def test_shard_jobs_given_the_runs_clip_lists_read_no_dataset_text_and_write_the
     assert compared == shards * (2 + 3 + 2 + 3 + 3)  # tokens, mels, audio, energy, pitch: .bin, .json (.stats.npy)
 
 
-# --- TensorFlow jobs: Keras without scikit-learn, pandas and matplotlib ------------------------
+# --- TensorFlow jobs: Keras without scikit-learn, pandas and matplotlib; oneDNN kernels --------
+X86 = ("x86_64", "AMD64")  # where TensorFlow's CPU kernels can be oneDNN's
 KERAS_START = """
 import sys
 {first}
@@ -158,6 +160,8 @@ import librosa.segment, sklearn.cluster, pandas  # what needs them still has the
 print(sklearn.cluster.KMeans.__name__, pandas.DataFrame.__name__)
 from pipeline import train
 train.save_alignment_png([[1.0, 0.0], [0.0, 1.0]], sys.argv[1], step=1)  # the pipeline's own figures draw
+from pipeline.placement import cpu_kernels
+print(cpu_kernels())
 """
 
 
@@ -165,8 +169,15 @@ train.save_alignment_png([[1.0, 0.0], [0.0, 1.0]], sys.argv[1], step=1)  # the p
                                    "import pipeline, tensorflow as tf"])
 def test_a_tensorflow_job_starts_without_kerass_extras_and_the_rest_still_has_them(first, tmp_path):
     png = tmp_path / "alignment.png"
+    # oneDNN's CPU kernels: on wherever the pipeline is imported before TensorFlow, unless the
+    # environment says otherwise (the last case); this test process's own setting is not passed on
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    if first.endswith("as tf"):
+        env["TF_ENABLE_ONEDNN_OPTS"] = "0"
     proc = subprocess.run([sys.executable, "-c", KERAS_START.format(first=first), str(png)], cwd=ROOT,
-                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                          capture_output=True, text=True, env=dict(env, PYTHONPATH=str(ROOT)))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == ["['keras', 'tensorflow']", "None None None", "KMeans DataFrame"]
+    kernels = "Eigen" if "TF_ENABLE_ONEDNN_OPTS" in env else "oneDNN" if platform.machine() in X86 else None
+    assert proc.stdout.splitlines()[:3] == ["['keras', 'tensorflow']", "None None None", "KMeans DataFrame"]
+    assert proc.stdout.splitlines()[3] == kernels or kernels is None
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
