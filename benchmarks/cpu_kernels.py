@@ -16,7 +16,6 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,9 +25,8 @@ SETTINGS = {"Eigen": "0", "oneDNN": "1"}
 def measure(config_path, steps):
     """One process's figures: {"fastpitch_ms", "vocoder_ms", "kernels"} (median ms per step)."""
     sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-    import numpy as np
     import tensorflow as tf
-    from step import one_batch_per_bucket
+    from step import one_batch_per_bucket, time_variant
 
     from pipeline import config, placement
     from pipeline.train import build_trainer
@@ -36,21 +34,12 @@ def measure(config_path, steps):
 
     cfg = config.load_config(config_path)
 
-    def median_ms(step, batches):
-        for b in batches:  # warm-up: one trace per shape
-            float(step(b)["total"])
-        times = []
-        for i in range(steps):
-            t = time.perf_counter()
-            float(step(batches[i % len(batches)])["total"])  # .numpy() waits for the step
-            times.append(time.perf_counter() - t)
-        return 1000 * float(np.median(times))
-
     trainer = build_trainer(config.merge(cfg, {"train": {"jit_compile": False}}), log=lambda *a: None)
-    fastpitch = median_ms(trainer.step, one_batch_per_bucket(trainer))
+    # step.py's timing: one warm-up call per shape, then the median of `steps` calls
+    fastpitch = time_variant(trainer.step, one_batch_per_bucket(trainer), steps)["median_ms"]
     vocoder = VocoderTrainer(cfg, log=lambda *a: None)
     batch = next(iter(vocoder.dataset("train")))
-    voc = median_ms(lambda b: vocoder.step(b, 0), [batch])
+    voc = time_variant(lambda b: vocoder.step(b, 0), [batch], steps)["median_ms"]
     return {"fastpitch_ms": fastpitch, "vocoder_ms": voc, "kernels": placement.cpu_kernels(), "tf": tf.__version__}
 
 
