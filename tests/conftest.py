@@ -63,9 +63,9 @@ def snakemake(*args, config=None, check=True, cwd=ROOT):
     says how it is started)."""
     cmd = ["--snakefile", str(ROOT / "Snakefile"), "--cores", "2", "--directory", str(cwd)]
     if Path(cwd) == ROOT:
-        # Tests on both xdist workers share the project's .snakemake/ while writing to their own
+        # Tests on every xdist worker share the project's .snakemake/ while writing to their own
         # temporary caches. Snakemake's unlock deletes the whole .snakemake/locks/ folder, so a run
-        # finishing on one worker can remove it under the other's lock write (FileNotFoundError on
+        # finishing on one worker can remove it under another's lock write (FileNotFoundError on
         # locks/0.input.lock). The outputs never overlap, so these runs take no lock.
         cmd.append("--nolock")
     cmd += list(args)
@@ -210,14 +210,14 @@ def edited_copy(path, name, **sections):
     return out
 
 
-# pytest-xdist (`-n 2 --dist loadfile --no-loadscope-reorder`, pyproject.toml) hands each worker a
+# pytest-xdist (`-n 3 --dist loadfile --no-loadscope-reorder`, pyproject.toml) hands each worker a
 # whole test file at a time, in the order collected: module fixtures are built once, and the tests of
 # a file that build on each other's edits run in order. The scheduler below (xdist's loadfile one,
 # grouping by file name) also keeps the files sharing trained_run together, so it is trained once,
 # not once per worker, and the files sharing aligned_cache with test_train.py go with it; xdist's own
 # `xdist_group` marker cannot do that with pytest 9 (its hook sets a nodeid attribute pytest 9 no
 # longer reads). The longest files go first (measured serially: the trained_run files ~11 min,
-# test_train ~6, ...), so that neither worker is left with a long one at the end.
+# test_train ~6, ...), so that no worker is left with a long one at the end.
 TRAINED_RUN = {"test_evaluate.py", "test_export.py", "test_vocoder_rules.py", "test_rules_safety.py",
                "test_speak.py", "test_serve.py"}  # these two: built_cache and exported_voice, built once
 ALIGNED = {"test_durations.py", "test_rejected.py"}  # with test_train.py: aligned_cache built once (~26 CPU s)
