@@ -7,7 +7,10 @@
 include: "functions/vocoder.smk"
 
 
-from pipeline.vocoder import inputs as pvinputs
+from pipeline.vocoder import inputs as pvinputs, kinds as pvkinds
+
+# the kinds registered with uses_f0 train on F0 from the pitch cache (pipeline/vocoder/kinds.py)
+VOCODER_USES_F0 = pvkinds.uses_f0(config["vocoder"])
 
 # said before any job runs, dry runs too: each phase whose checkpoints a changed setting sets aside
 for _note in pvinputs.notes(config):
@@ -19,12 +22,7 @@ rule train_vocoder:
         index=rules.cache_index.output.index,
         audio=shard_files("audio", ".json"),
         audio_bin=shard_files("audio", ".bin"),
-        # F0 from the pitch cache for the kinds registered with uses_f0 (pipeline/vocoder/kinds.py)
-        pitch=(
-            shard_files("pitch", ".json", ".bin")
-            if config["vocoder"]["kind"] in ("source_filter",)
-            else []
-        ),
+        pitch=shard_files("pitch", ".json", ".bin") if VOCODER_USES_F0 else [],
     output:
         **vocoder_outputs("train"),
     log:
@@ -67,11 +65,7 @@ if FINETUNE > 0:
         input:
             first=RUN / "vocoder/train.json",
             gta=expand(RUN / "gta/shard-{shard}.json", shard=SHARDS),
-            pitch=(
-                shard_files("pitch", ".json", ".bin")
-                if config["vocoder"]["kind"] in ("source_filter",)
-                else []
-            ),
+            pitch=shard_files("pitch", ".json", ".bin") if VOCODER_USES_F0 else [],
         output:
             **vocoder_outputs("finetune"),
         log:

@@ -12,13 +12,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 
 import numpy as np
 import pytest
 import soundfile as sf
 import tensorflow as tf
-from conftest import TINY_VOCODER, run_config, snakemake
+from conftest import ROOT, TINY_VOCODER, run_config, snakemake
 
 from pipeline import config, data, runinfo
 from pipeline.errors import PipelineError
@@ -171,6 +172,29 @@ def test_absurd_mels_are_refused_from_their_header_naming_the_limit(tiny, tmp_pa
     _one_line(*_vocode(capsys, "--config", path, "--mel", tmp_path / "two.npz", "--out", tmp_path / "x.wav"),
               f"{tmp_path / 'two.npz'}: not a .npy array")
     assert not (tmp_path / "x.wav").exists()
+
+
+PROBE = """import sys
+from pipeline.vocoder.vocode import main
+try:
+    main(sys.argv[1:])
+finally:
+    print("tensorflow loaded:", "tensorflow" in sys.modules)
+"""
+
+
+def test_vocode_answers_bad_input_before_tensorflow_loads(tiny, tmp_path):
+    # a real process: the bad --out, the run's vocoder summary and the mel file are checked before the
+    # vocoder (and TensorFlow, ~5 s) loads, so a typo costs a fraction of a second
+    path, _, mel = tiny
+    np.save(tmp_path / "transposed.npy", np.load(mel).T)
+    for argv, fragment in ((["--mel", tmp_path / "missing.npy", "--out", tmp_path / "x.wav"], "missing.npy: no such file"),
+                           (["--mel", tmp_path / "transposed.npy", "--out", tmp_path / "x.wav"], "(transposed?"),
+                           (["--mel", mel, "--out", tmp_path], "a folder; give the path of the .wav")):
+        proc = subprocess.run([sys.executable, "-c", PROBE, "--config", str(path), *map(str, argv)], capture_output=True,
+                              text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+        assert proc.returncode == 2 and proc.stdout.strip() == "tensorflow loaded: False", (proc.stdout, proc.stderr)
+        assert proc.stderr.startswith("error: ") and fragment in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
 def test_a_long_mel_vocodes_in_chunks_to_the_unchunked_audio(frames=130, chunk=40):

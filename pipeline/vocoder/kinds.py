@@ -19,7 +19,12 @@ kinds are called without F0, which they do not use.
 (runs/{name}/vocoder.json), never the config's (one note on stderr names what the config gives
 otherwise); a mel longer than CHUNK_FRAMES goes through in chunks with the kind's `context` frames
 on both sides: the same audio, in memory bounded by the chunk (docs/vocoder.md, "Limits and errors").
+
+Importing this module loads no TensorFlow: each kind's module (and TensorFlow with it) is imported
+when a model is first built, so the registry, `trained_audio` and the vocode command's checks of its
+input answer in a fraction of a second, and Snakemake's planning can ask `uses_f0`.
 """
+import importlib
 import json
 import math
 import os
@@ -28,12 +33,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
 from pipeline import config, runinfo
 from pipeline.errors import MissingCheckpoint, PipelineError
 from pipeline.registry import Registry
-from pipeline.vocoder import hifigan, inputs, source_filter, vocos
+from pipeline.vocoder import inputs
 
 # build(vocoder_cfg, audio_cfg) -> keras.Model for the trained kinds; None: no training (Griffin-Lim);
 # uses_f0: the model takes f0= (training reads the pitch cache; synthesis passes the acoustic model's)
@@ -41,6 +45,14 @@ from pipeline.vocoder import hifigan, inputs, source_filter, vocos
 # vocoded in chunks with that much context: the same audio, bounded memory); None: vocoded whole
 KINDS = Registry("vocoder.kind", config.ConfigError, what="kind", build=None, uses_f0=False, context=None)
 CHUNK_FRAMES = 2048  # mel frames per chunk when vocoding a long mel (pipeline.vocode; docs/vocoder.md)
+
+
+def _builder(module):
+    """The `build` of pipeline/vocoder/{module}.py, imported (TensorFlow with it) when first called."""
+    def build(vocoder_cfg, audio_cfg):
+        return importlib.import_module(f"pipeline.vocoder.{module}").build(vocoder_cfg, audio_cfg)
+    build.__qualname__ = f"{module}.build"
+    return build
 
 
 def _vocos_context(vocoder_cfg, audio_cfg):
@@ -53,6 +65,7 @@ def _vocos_context(vocoder_cfg, audio_cfg):
 def _hifigan_context(vocoder_cfg, audio_cfg):
     """Input conv (kernel 7), then per upsampling stage one input sample each side (transposed conv) and
     the widest residual block's reach at that stage's rate, the output conv (kernel 7), and a frame to spare."""
+    from pipeline.vocoder import hifigan
     reach = max(hifigan.KERNELS) // 2 * (sum(hifigan.DILATIONS) + len(hifigan.DILATIONS))  # samples at its rate
     frames, rate = 3.0, 1
     for u in hifigan.RATES.get(audio_cfg["hop_length"], ()):
@@ -62,13 +75,14 @@ def _hifigan_context(vocoder_cfg, audio_cfg):
     return math.ceil(frames + 3 / rate) + 1
 
 
-KINDS.add("vocos", build=vocos.build, context=_vocos_context)
-KINDS.add("hifigan", build=hifigan.build, context=_hifigan_context)
-KINDS.add("source_filter", build=source_filter.build, uses_f0=True)
+KINDS.add("vocos", build=_builder("vocos"), context=_vocos_context)
+KINDS.add("hifigan", build=_builder("hifigan"), context=_hifigan_context)
+KINDS.add("source_filter", build=_builder("source_filter"), uses_f0=True)
 KINDS.add("griffin_lim")
 
 
 def build(vocoder_cfg, audio_cfg):
+    import tensorflow as tf
     kind = KINDS.get(vocoder_cfg["kind"])
     if kind.build is None:
         raise config.ConfigError(f"vocoder.kind: {kind.name!r} has no trainable model "
@@ -121,6 +135,7 @@ class Vocoder:
         self.steps = self.summary.get("steps", 0)
         self.finetune_steps = self.summary.get("finetune_steps", 0)
         if model is not None:  # one trace for every mel length (chunks, sentences, clips)
+            import tensorflow as tf
             mel, f0 = tf.TensorSpec([1, None, self.audio["n_mels"]], tf.float32), tf.TensorSpec([1, None], tf.float32)
             self._call = tf.function(lambda m: model(m, training=False), input_signature=[mel])
             if self.uses_f0:
@@ -130,16 +145,16 @@ class Vocoder:
         """A mel longer than `chunk_frames` goes through in chunks, each with `self.context` frames of
         context each side, trimmed off: the unchunked audio (to float rounding) in bounded memory."""
         log_mel = np.asarray(log_mel, np.float32)
-        if self.model is None:
+        if self.model is None:  # Griffin-Lim
             from pipeline.vocoder.griffin_lim import griffin_lim
             return griffin_lim(log_mel, **self.audio, iters=self.cfg["synthesize"]["griffin_lim_iters"]).numpy()
         if self.uses_f0 and f0 is not None:
             f0 = np.asarray(f0, np.float32)
             if f0.shape != log_mel.shape[:1]:
                 raise ValueError(f"f0 has shape {f0.shape}, the mel {len(log_mel)} frames: one F0 per frame")
-            run = lambda a, b: self._call_f0(tf.constant(log_mel[None, a:b]), tf.constant(f0[None, a:b]))  # noqa: E731
+            run = lambda a, b: self._call_f0(log_mel[None, a:b], f0[None, a:b])  # noqa: E731
         else:
-            run = lambda a, b: self._call(tf.constant(log_mel[None, a:b]))  # noqa: E731
+            run = lambda a, b: self._call(log_mel[None, a:b])  # noqa: E731
         return chunked(lambda a, b: run(a, b)[0].numpy(), len(log_mel), self.audio["hop_length"], self.context,
                        chunk_frames)
 
@@ -147,6 +162,7 @@ class Vocoder:
         """(F,) another model's F0 gated by this vocoder's voicing head (f0 as it is for kinds without one)."""
         if self.model is None or not self.uses_f0 or f0 is None:
             return f0
+        import tensorflow as tf
         mel = tf.constant(np.asarray(log_mel, np.float32)[None])
         return self.model.voiced_f0(mel, tf.constant(np.asarray(f0, np.float32)[None]))[0].numpy()
 
@@ -210,6 +226,7 @@ def _differences(cfg, audio, vocoder_cfg):
 
 def _restore(model, checkpoint, where, kind):
     """The generator's weights from `checkpoint`, every one of them; one line when they do not fit."""
+    import tensorflow as tf
     try:
         status = tf.train.Checkpoint(generator=model).restore(checkpoint)
         status.assert_existing_objects_matched()

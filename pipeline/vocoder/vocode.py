@@ -6,7 +6,8 @@ The vocoder runs with the `audio:` and `vocoder:` settings it was trained with (
 runs/{name}/vocoder.json; one note on stderr when the config gives others): its rate, hop and
 n_mels, not the config's. Long mels go through in chunks of kinds.CHUNK_FRAMES frames with context
 (the same audio in bounded memory); a mel above MAX_FRAMES frames (Griffin-Lim: GRIFFIN_LIM_MAX_FRAMES,
-which it cannot chunk) is refused from its header, before it is read. Bad input is one line.
+which it cannot chunk) is refused from its header, before it is read. Bad input is one line, given
+before TensorFlow loads (the --out path, the run's vocoder summary, the mel and F0 files).
 
 Reads runs/{name}/vocoder.json and its checkpoint; config keys audio.* (Griffin-Lim; a trained vocoder
 uses its own), vocoder.kind, synthesize.griffin_lim_iters (Griffin-Lim only).
@@ -26,7 +27,6 @@ from pipeline import config
 from pipeline.audio import LOG_CLAMP
 from pipeline.errors import PipelineError, cli
 from pipeline.vocoder import kinds
-from pipeline.vocoder.griffin_lim import save_wav
 
 MAX_FRAMES = 1_000_000  # ~3 h at 22,050 Hz with hop 256: ~1 GB of float32 audio, the most vocode holds
 GRIFFIN_LIM_MAX_FRAMES = 20_000  # ~4 min at 22,050 Hz / 256: Griffin-Lim iterates over the whole spectrogram
@@ -108,9 +108,10 @@ def vocode(cfg, mel_path, out, chunk_frames=kinds.CHUNK_FRAMES, f0_path=None):
     trained = kinds.KINDS.get(cfg["vocoder"]["kind"]).build is not None
     # the vocoder's own settings (the n_mels it takes, the rate it speaks at), read before it is built
     mel = read_mel(mel_path, kinds.trained_audio(cfg), MAX_FRAMES if trained else GRIFFIN_LIM_MAX_FRAMES)
+    f0 = read_f0(f0_path, len(mel)) if f0_path else None
+    from pipeline.vocoder.griffin_lim import save_wav  # TensorFlow loads here, with the vocoder
     voc = kinds.load(cfg)
     audio_cfg = voc.audio
-    f0 = read_f0(f0_path, len(mel)) if f0_path else None
     audio = voc(mel, f0=f0, chunk_frames=chunk_frames)
     try:
         save_wav(out, audio, audio_cfg["sample_rate"])
