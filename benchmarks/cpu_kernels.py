@@ -2,24 +2,30 @@
 
     python benchmarks/cpu_kernels.py                  # default config, demo corpus caches
     python benchmarks/cpu_kernels.py --rounds 3 --steps 15
+    python benchmarks/cpu_kernels.py --voice runs/demo/export   # an exported voice's calls instead
 
 TF_ENABLE_ONEDNN_OPTS is read once, when TensorFlow loads, so each setting runs in its own process:
 each round starts one process per setting, in alternating order. Each process builds the training
 step of FastPitch (the config's sizes, one batch per bucket shape) and of the configured vocoder (one
 segment batch), warms them up (tracing), then times --steps steps of each; the figure is the median
 step time. pipeline/__init__.py turns oneDNN on for the pipeline's own processes; this is the
-measurement behind it. Writes .bench/cpu_kernels.json.
+measurement behind it. With --voice, each process loads that export's SavedModel instead and times
+--steps warm calls of its `synthesize` signature on one sentence of each of TOKENS token counts, as
+`speak` and `serve` call it (benchmarks/serve.py makes a demo-size voice in .bench/serve/).
+Writes .bench/cpu_kernels.json.
 """
 import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = {"Eigen": "0", "oneDNN": "1"}
+TOKENS = (20, 60, 150)  # --voice: sentence lengths in token ids (~1.4, 4 and 10 s of speech at 6 frames a token)
 
 
 def measure(config_path, steps):
@@ -43,35 +49,62 @@ def measure(config_path, steps):
     return {"fastpitch_ms": fastpitch, "vocoder_ms": voc, "kernels": placement.cpu_kernels(), "tf": tf.__version__}
 
 
+def measure_voice(voice, calls):
+    """One process's figures for an exported voice: {"tokens_N_ms": median ms of a warm call, "kernels"}."""
+    sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+    import numpy as np
+    import tensorflow as tf
+    from step import time_variant
+
+    from pipeline import placement
+
+    synthesize = tf.saved_model.load(str(Path(voice) / "saved_model")).signatures["synthesize"]
+    symbols = len(json.loads((Path(voice) / "vocab.json").read_text())["symbols"])
+    got = {"kernels": placement.cpu_kernels(), "tf": tf.__version__}
+    for n in TOKENS:
+        feed = {}
+        for name, spec in synthesize.structured_input_signature[1].items():
+            if name == "tokens":  # ids past pad and end-of-sentence, the same every run
+                feed[name] = tf.constant(np.random.default_rng(n).integers(2, symbols, (1, n)), tf.int32)
+            else:  # pace and pitch_shift 1.0 and 0.0 would both do; speaker and language ids 0
+                feed[name] = tf.ones(spec.shape, spec.dtype) if name == "pace" else tf.zeros(
+                    [1 if d is None else d for d in spec.shape], spec.dtype)
+        call = lambda f: {"total": next(v for v in synthesize(**f).values() if v.dtype == tf.float32)[0, 0]}  # noqa: E731
+        got[f"tokens_{n}_ms"] = time_variant(call, [feed], calls)["median_ms"]
+    return got
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "config.yaml"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--voice", help="an export folder: time its SavedModel's calls, not the training steps")
     parser.add_argument("--out", default=str(ROOT / ".bench" / "cpu_kernels.json"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(args.config, args.steps)))
+        print(json.dumps(measure_voice(args.voice, args.steps) if args.voice else measure(args.config, args.steps)))
         return
+    keys = [f"tokens_{n}_ms" for n in TOKENS] if args.voice else ["fastpitch_ms", "vocoder_ms"]
     runs = {name: [] for name in SETTINGS}
     for r in range(args.rounds):
         for name in (list(SETTINGS) if r % 2 == 0 else list(SETTINGS)[::-1]):
             env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=SETTINGS[name], TF_CPP_MIN_LOG_LEVEL="3")
             proc = subprocess.run([sys.executable, __file__, "--child", "--config", args.config, "--steps",
-                                   str(args.steps)], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+                                   str(args.steps), *(["--voice", args.voice] if args.voice else [])],
+                                  env=env, cwd=ROOT, capture_output=True, text=True, check=True)
             got = json.loads(proc.stdout.strip().splitlines()[-1])
             assert got["kernels"] == name, got  # the setting took
             runs[name].append(got)
-            print(f"round {r} {name:<7} FastPitch {got['fastpitch_ms']:7.1f} ms/step   vocoder {got['vocoder_ms']:6.1f} "
-                  f"ms/step   load {os.getloadavg()[0]:.1f}", flush=True)
-    med = {name: {k: sorted(g[k] for g in runs[name])[len(runs[name]) // 2] for k in ("fastpitch_ms", "vocoder_ms")}
-           for name in SETTINGS}
-    for k in ("fastpitch_ms", "vocoder_ms"):
+            print(f"round {r} {name:<7} " + "   ".join(f"{k[:-3]} {got[k]:7.1f} ms" for k in keys) +
+                  f"   load {os.getloadavg()[0]:.1f}", flush=True)
+    med = {name: {k: statistics.median(g[k] for g in runs[name]) for k in keys} for name in SETTINGS}
+    for k in keys:
         print(f"{k[:-3]:<10} Eigen {med['Eigen'][k]:7.1f} ms   oneDNN {med['oneDNN'][k]:7.1f} ms   "
               f"oneDNN {med['Eigen'][k] / med['oneDNN'][k]:.2f}x faster")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"runs": runs, "median": med, "machine": platform.processor(),
+    Path(args.out).write_text(json.dumps({"runs": runs, "median": med, "voice": args.voice, "machine": platform.processor(),
                                           "cpu": _cpu_model(), "load_end": os.getloadavg()[0]}, indent=1))
 
 
