@@ -30,7 +30,6 @@ TOKENS = (20, 60, 150)  # --voice: sentence lengths in token ids (~1.4, 4 and 10
 
 def measure(config_path, steps):
     """One process's figures: {"fastpitch_ms", "vocoder_ms", "kernels"} (median ms per step)."""
-    sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
     import tensorflow as tf
     from step import one_batch_per_bucket, time_variant
 
@@ -51,7 +50,6 @@ def measure(config_path, steps):
 
 def measure_voice(voice, calls):
     """One process's figures for an exported voice: {"tokens_N_ms": median ms of a warm call, "kernels"}."""
-    sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
     import numpy as np
     import tensorflow as tf
     from step import time_variant
@@ -83,7 +81,8 @@ def main(argv=None):
     parser.add_argument("--out", default=str(ROOT / ".bench" / "cpu_kernels.json"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
+    if args.child:  # the project and step.py importable in this fresh process
+        sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
         print(json.dumps(measure_voice(args.voice, args.steps) if args.voice else measure(args.config, args.steps)))
         return
     keys = [f"tokens_{n}_ms" for n in TOKENS] if args.voice else ["fastpitch_ms", "vocoder_ms"]
