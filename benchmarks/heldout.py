@@ -35,7 +35,8 @@ import soundfile as sf  # noqa: E402
 
 from pipeline import audio, config, make_corpus  # noqa: E402
 from pipeline.synthesize import load_synthesizer  # noqa: E402
-from pipeline.vocoder.griffin_lim import griffin_lim, save_wav  # noqa: E402
+from pipeline.vocoder.griffin_lim import griffin_lim  # noqa: E402
+from pipeline.wavfile import save_wav  # noqa: E402
 
 
 def features(log_mel):

@@ -300,7 +300,7 @@ def evaluate(cfg, out, log=_print):
     from pipeline.evaluate_report import write_report
     from pipeline.synthesize import load_synthesizer
     from pipeline.vocoder import kinds
-    from pipeline.vocoder.griffin_lim import save_wav
+    from pipeline.wavfile import save_wav
 
     synth = load_synthesizer(cfg, log)  # MissingCheckpoint first: the clearest thing to fix
     voc = kinds.load(cfg)

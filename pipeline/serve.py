@@ -38,7 +38,8 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from pipeline.errors import PipelineError, cli
-from pipeline.voice import Voice, wav_bytes
+from pipeline.voice import Voice
+from pipeline.wavfile import wav_bytes
 
 MAX_BODY = 100_000           # bytes of a request body
 MAX_WAV_SECONDS = 600.0      # audio of one non-streamed answer (longer: ?stream=true)

@@ -20,7 +20,8 @@ import numpy as np
 
 from pipeline import markup
 from pipeline.errors import cli
-from pipeline.voice import PACE_RANGE, PITCH_RANGE, Voice, VoiceError, check_number, write_wav
+from pipeline.voice import PACE_RANGE, PITCH_RANGE, Voice, VoiceError, check_number
+from pipeline.wavfile import check_path, write_pcm
 
 
 def log(*args):
@@ -91,6 +92,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     check_number("--pace", args.pace, *PACE_RANGE)             # the cheap checks before the model loads
     check_number("--pitch-shift", args.pitch_shift, *PITCH_RANGE)
+    if args.out:
+        check_path(args.out, "--out")
     if args.text:
         markup.parse(" ".join(args.text), True if args.ssml else None)
     out = _raw_stdout() if args.raw else None
@@ -112,7 +115,7 @@ def main(argv=None):
     wall = time.perf_counter() - t0
     if out is None:
         pcm = np.concatenate(chunks)
-        write_wav(args.out, pcm, voice.sample_rate)
+        write_pcm(args.out, pcm, voice.sample_rate)
         seconds = len(pcm) / voice.sample_rate
         log(f"wrote {args.out}: {sentences} sentence(s), {seconds:.2f} s of audio in {wall:.2f} s "
             f"(real-time factor {wall / max(seconds, 1e-9):.3f})")

@@ -35,7 +35,7 @@ from pipeline import config, files, models, runinfo, text
 from pipeline.errors import MissingCheckpoint, PipelineError, cli
 from pipeline.models.fastpitch import regulate_length
 from pipeline.vocoder import kinds
-from pipeline.vocoder.griffin_lim import save_wav
+from pipeline.wavfile import save_wav
 
 F0_SMOOTH_FRAMES = 5  # a TTS model's token pitch is a staircase: averaged over ~60 ms, a contour
 PACE = (0.1, 10.0)           # synthesize.pace's range (configs/schema.yaml): > 1 speaks faster

@@ -3,8 +3,8 @@ synthesize it sentence by sentence. Shared by `python -m pipeline.speak` and `py
 
 Reads an export folder (runs/{name}/export, pipeline/export.py): saved_model/ (its `synthesize`
 signature), vocab.json (the symbols and the front end that makes them) and export.json
-(sample_rate, max_seconds and max_frames, speakers, languages). Writes nothing (write_wav writes a
-wav where asked). Imports TensorFlow, NumPy and the text front end (pipeline/text.py,
+(sample_rate, max_seconds and max_frames, speakers, languages). Writes nothing (pipeline/wavfile.py
+writes the wav where asked). Imports TensorFlow, NumPy and the text front end (pipeline/text.py,
 pipeline/symbols.py) only: no training module, no config.
 
 The graph stops at max_frames (export.json; `synthesize.max_seconds` of the run), so a longer call
@@ -18,13 +18,11 @@ max_frames is split in two and said again: nothing is ever cut.
     request = voice.prepare("Hello there. How are you?", pace=1.1)
     for pcm in voice.sentences_audio(request): ...        # int16 [samples], one array per sentence
 """
-import io
 import json
 import math
 import re
 import threading
 import time
-import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,25 +81,6 @@ def to_int16(audio):
     """float audio in [-1, 1] -> int16 PCM (non-finite samples become 0)."""
     audio = np.nan_to_num(np.asarray(audio, np.float32), nan=0.0, posinf=0.0, neginf=0.0)
     return (np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
-
-
-def wav_bytes(pcm, sample_rate):
-    """A 16-bit mono wav file of int16 samples, as bytes."""
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(int(sample_rate))
-        w.writeframes(np.ascontiguousarray(pcm, "<i2").tobytes())
-    return out.getvalue()
-
-
-def write_wav(path, pcm, sample_rate):
-    """Write int16 samples as a wav at `path`, atomically (temporary file, then rename)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(wav_bytes(pcm, sample_rate))
-    tmp.replace(path)
 
 
 def split_symbols(symbols, limit):

@@ -153,12 +153,18 @@ def test_wav_file_and_one_line_errors(voice, exported_voice, tmp_path, capsys):
     assert "wrote" in capsys.readouterr().err
     for argv, message in ((["--out", str(tmp_path / "x.wav"), "--ssml", "<speak>hi"],
                            "line 1, column 10: invalid SSML: no element found"),
-                          (["--out", str(tmp_path / "x.wav"), "--pace", "nan", "Hello."], "--pace: nan is outside 0.25..4")):
+                          (["--out", str(tmp_path / "x.wav"), "--pace", "nan", "Hello."], "--pace: nan is outside 0.25..4"),
+                          # --out is checked before the voice loads: not after the work, not beside its parent
+                          (["--out", str(tmp_path), "Hello."], f"--out {tmp_path}: a folder; give the path of the .wav"),
+                          (["--out", str(tmp_path / "said.wav/x.wav"), "Hello."], f"{out} is a file, not a folder")):
         with pytest.raises(SystemExit) as exit_:
             speak.main(["--voice", str(exported_voice), *argv])
         err = capsys.readouterr().err.strip().splitlines()
         assert exit_.value.code == 2 and err[-1].startswith("error: ") and message in err[-1], err
-    assert not (tmp_path / "x.wav").exists()
+    assert not (tmp_path / "x.wav").exists() and sorted(os.listdir(tmp_path)) == ["said.wav"]
+    assert not list(tmp_path.parent.glob(f".{tmp_path.name}*"))             # nothing written beside the folder
+    speak.main(["--voice", str(exported_voice), "--out", str(tmp_path / "new/sub/x.wav"), "Hi."])  # folders made
+    assert (tmp_path / "new/sub/x.wav").stat().st_size > 44 and os.listdir(tmp_path / "new/sub") == ["x.wav"]
     with pytest.raises(SystemExit):
         speak.main(["--voice", str(tmp_path), "--out", str(tmp_path / "x.wav"), "Hello."])
     assert f"{tmp_path / 'export.json'}: not found" in capsys.readouterr().err

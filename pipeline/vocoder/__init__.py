@@ -1,7 +1,7 @@
 """Everything that turns a mel into a waveform, in one folder (docs/vocoder.md):
 
     kinds.py          the kinds behind one interface (`vocoder.kind`), their registry, loading a run's vocoder
-    griffin_lim.py    Griffin-Lim (no training), eager and as a graph for exports; wav writing
+    griffin_lim.py    Griffin-Lim (no training), eager and as a graph for exports
     vocos.py          Vocos: a frame-rate network predicting STFT magnitude and phase
     hifigan.py        HiFi-GAN's generator (v1 / v2)
     discriminators.py the multi-resolution spectral, adversarial and feature-matching losses

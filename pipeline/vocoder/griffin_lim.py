@@ -5,7 +5,7 @@ Config keys used by callers: `audio:` (sample_rate, n_fft, hop_length, win_lengt
 `synthesize.griffin_lim_iters`.
 
     audio = griffin_lim(log_mel, **cfg["audio"], iters=32)   # log_mel (F, n_mels)
-    save_wav("out.wav", audio, cfg["audio"]["sample_rate"])
+    wavfile.save_wav("out.wav", audio, cfg["audio"]["sample_rate"])   # pipeline/wavfile.py
 
 `griffin_lim_graph` is the same computation as plain TensorFlow ops for a graph of one's own (the
 exported SavedModel and TFLite model, pipeline/export.py): "fft" transforms give the very audio
@@ -13,27 +13,18 @@ exported SavedModel and TFLite model, pipeline/export.py): "fft" transforms give
 agree to ~1e-4. The
 starting phase is a fixed table, not a random op, so every runtime starts from the same phase.
 """
-import errno
 import functools
-import os
-import shutil
-from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 import tensorflow as tf
 
 from pipeline import dft
 from pipeline.audio import LOG_CLAMP, frame_padding, mel_basis
-from pipeline.files import atomic_write
 
 MOMENTUM = 0.99  # fast Griffin-Lim (Perraudin et al. 2013), librosa's default; converges in fewer iterations
 NNLS_ITERS = 50  # refinements of the mel pseudo-inverse (cheap: two (F, K) x (K, M) products each)
-PEAK = 0.95      # clipping audio is scaled to this peak before 16-bit conversion
 TINY = 1e-7      # divisions' floor; float16 holds it (1e-10 would round to 0 in a float16 TFLite model: 0/0)
 PHASE_FRAMES = 64  # rows of the fixed random starting phase, repeated over longer mels
-WAV_BLOCK = 1 << 18  # samples save_wav converts and writes at a time
-FULL_DISK_BYTES = 1 << 20  # a write that fails with less free than this failed for want of space
 
 
 def _window_fn(n_fft, win_length):
@@ -151,33 +142,9 @@ def griffin_lim(log_mel, *, sample_rate, n_fft, hop_length, win_length, n_mels, 
                 power=1.5):
     """log_mel (F, n_mels) natural-log magnitude mel -> float32 audio (F*hop_length,), the length of a
     clip with F mel frames. power > 1 sharpens harmonics before phase recovery (Tacotron; the total
-    energy is kept); 1.0 keeps the magnitudes. Run save_wav or clip before playback: peaks may exceed 1."""
+    energy is kept); 1.0 keeps the magnitudes. Run wavfile.save_wav or clip before playback: peaks may exceed 1."""
     log_mel = tf.convert_to_tensor(log_mel, tf.float32)
     assert log_mel.shape.rank == 2 and log_mel.shape[1] == n_mels, f"expected (F, {n_mels}), got {log_mel.shape}"
     audio = dict(sample_rate=sample_rate, n_fft=n_fft, hop_length=hop_length, win_length=win_length,
                  n_mels=n_mels, fmin=fmin, fmax=fmax)
     return _griffin_lim(tuple(sorted(audio.items())))(log_mel, tf.constant(iters, tf.int32), tf.constant(float(power)))
-
-
-def _write_wav(tmp, audio, sample_rate, scale):
-    """16-bit PCM into `tmp` a block at a time (a long wav is never converted whole), then fsync. A full
-    disk, which libsndfile reports only as a "System error", becomes OSError ENOSPC."""
-    try:
-        with sf.SoundFile(tmp, "w", int(sample_rate), 1, subtype="PCM_16", format="WAV") as f:
-            for start in range(0, len(audio), WAV_BLOCK):
-                f.write(audio[start:start + WAV_BLOCK] * np.float32(scale))
-    except (sf.LibsndfileError, AssertionError):
-        if shutil.disk_usage(Path(tmp).parent).free < FULL_DISK_BYTES:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp)) from None
-        raise
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def save_wav(path, audio, sample_rate):
-    """Write 16-bit PCM atomically (temp file + rename); audio that would clip is scaled to a 0.95 peak.
-    A full disk is one line naming `path` (pipeline.errors.DiskFull), the temporary file removed."""
-    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
-    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
-    scale = PEAK / peak if peak > 1.0 else 1.0
-    atomic_write(path, lambda tmp: _write_wav(tmp, audio, sample_rate, scale))

@@ -18,8 +18,6 @@ uses its own), vocoder.kind, synthesize.griffin_lim_iters (Griffin-Lim only).
 vocoder's own F0 + voicing head estimates F0 from the mel. Other kinds ignore it.
 """
 import argparse
-import os
-from pathlib import Path
 
 import numpy as np
 
@@ -27,6 +25,7 @@ from pipeline import config
 from pipeline.audio import LOG_CLAMP
 from pipeline.errors import PipelineError, cli
 from pipeline.vocoder import kinds
+from pipeline.wavfile import check_path, save_wav
 
 MAX_FRAMES = 1_000_000  # ~3 h at 22,050 Hz with hop 256: ~1 GB of float32 audio, the most vocode holds
 GRIFFIN_LIM_MAX_FRAMES = 20_000  # ~4 min at 22,050 Hz / 256: Griffin-Lim iterates over the whole spectrogram
@@ -34,20 +33,6 @@ GRIFFIN_LIM_MAX_FRAMES = 20_000  # ~4 min at 22,050 Hz / 256: Griffin-Lim iterat
 
 class MelError(PipelineError):
     """A mel file the vocoder cannot take; the message names the file."""
-
-
-def check_out(out):
-    """Before any work: `out` must be a file path whose folder exists or can be made, and is writable."""
-    out = Path(out)
-    if out.is_dir():
-        raise PipelineError(f"--out {out}: a folder; give the path of the .wav to write")
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise PipelineError(f"--out {out}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise PipelineError(f"--out {out}: {parent} is not writable")
 
 
 def _load(path):
@@ -104,12 +89,11 @@ def read_f0(path, frames):
 
 def vocode(cfg, mel_path, out, chunk_frames=kinds.CHUNK_FRAMES, f0_path=None):
     """`f0_path`: F0 per frame (.npy, Hz, 0 unvoiced) for kinds that use F0; None: their own F0 head's."""
-    check_out(out)
+    check_path(out, "--out")
     trained = kinds.KINDS.get(cfg["vocoder"]["kind"]).build is not None
     # the vocoder's own settings (the n_mels it takes, the rate it speaks at), read before it is built
     mel = read_mel(mel_path, kinds.trained_audio(cfg), MAX_FRAMES if trained else GRIFFIN_LIM_MAX_FRAMES)
     f0 = read_f0(f0_path, len(mel)) if f0_path else None
-    from pipeline.vocoder.griffin_lim import save_wav  # TensorFlow loads here, with the vocoder
     voc = kinds.load(cfg)
     audio_cfg = voc.audio
     audio = voc(mel, f0=f0, chunk_frames=chunk_frames)

@@ -1,0 +1,84 @@
+"""Writing wav files: 16-bit mono PCM, atomically (pipeline/files.py), the path checked before any work.
+
+Every command that writes audio writes it through here: synthesize, vocode, evaluate's listening
+folder, speak and the server's responses. The standard library's `wave` and NumPy only, so the
+exported voice's commands (pipeline/voice.py: TensorFlow alone) use it too.
+
+    from pipeline import wavfile
+    wavfile.check_path(args.out, "--out")           # before the model loads: a folder, a missing parent
+    wavfile.save_wav(path, audio, sample_rate)      # float audio; audio that would clip is scaled to a 0.95 peak
+    wavfile.write_pcm(path, pcm, sample_rate)       # int16 samples as they are
+    body = wavfile.wav_bytes(pcm, sample_rate)      # a whole wav in memory (an HTTP response)
+
+A full disk is one line naming the path (pipeline.errors.DiskFull) and leaves no temporary file;
+audio with a NaN or infinite sample is refused (PipelineError naming the path), never written as noise.
+"""
+import io
+import os
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import files
+from pipeline.errors import PipelineError
+
+PEAK = 0.95          # audio that would clip is scaled to this peak before the 16-bit conversion
+FULL_SCALE = 32768   # float x becomes floor(x * 32768), clipped to int16: libsndfile's (soundfile's) conversion
+BLOCK = 1 << 18      # samples converted and written at a time: a long wav is never converted whole
+
+
+def check_path(path, flag="--out"):
+    """PipelineError naming `flag` unless `path` can become a wav file: not a folder, its nearest
+    existing parent a writable folder (missing folders are made when it is written)."""
+    path = Path(path)
+    if path.is_dir():
+        raise PipelineError(f"{flag} {path}: a folder; give the path of the .wav to write")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise PipelineError(f"{flag} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PipelineError(f"{flag} {path}: {parent} is not writable")
+
+
+def _open(target, sample_rate):
+    w = wave.open(target, "wb")
+    w.setnchannels(1)
+    w.setsampwidth(2)
+    w.setframerate(int(sample_rate))
+    return w
+
+
+def wav_bytes(pcm, sample_rate):
+    """int16 samples as the bytes of a 16-bit mono wav."""
+    out = io.BytesIO()
+    with _open(out, sample_rate) as w:
+        w.writeframes(np.ascontiguousarray(pcm, "<i2").tobytes())
+    return out.getvalue()
+
+
+def write_pcm(path, pcm, sample_rate):
+    """int16 samples as a wav at `path`, atomically and durably (fsync before the rename)."""
+    files.atomic_write_bytes(path, wav_bytes(pcm, sample_rate))
+
+
+def save_wav(path, audio, sample_rate):
+    """Float audio (any shape, flattened) as a 16-bit wav at `path`, atomically (temporary file, fsync,
+    rename); audio that would clip (peak > 1) is scaled to a 0.95 peak, quieter audio is kept as it is."""
+    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+    if not np.isfinite(peak):
+        raise PipelineError(f"{path}: the audio has NaN or infinite samples; nothing written")
+    scale = np.float32(FULL_SCALE * (PEAK / peak if peak > 1.0 else 1.0))
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            with _open(f, sample_rate) as w:
+                for start in range(0, len(audio), BLOCK):
+                    block = np.clip(np.floor(audio[start:start + BLOCK] * scale), -FULL_SCALE, FULL_SCALE - 1)
+                    w.writeframes(block.astype("<i2").tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+    files.atomic_write(path, write)

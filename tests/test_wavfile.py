@@ -1,0 +1,78 @@
+"""pipeline/wavfile.py, the one wav writer: 16-bit PCM that soundfile reads back, clipping scaled away,
+NaN refused, atomic and durable writes, a full disk one line, and the output path checked before work."""
+import errno
+import os
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from pipeline import errors, wavfile
+from pipeline.errors import PipelineError
+
+
+def test_save_wav_writes_16_bit_and_normalises_clipping(tmp_path):
+    path = tmp_path / "sub" / "out.wav"
+    audio = 2.0 * np.sin(np.linspace(0, 200 * np.pi, 4000)).astype(np.float32)  # peak 2: would clip
+    wavfile.save_wav(str(path), audio, 22050)
+    info = sf.info(str(path))
+    assert (info.samplerate, info.channels, info.frames, info.subtype) == (22050, 1, 4000, "PCM_16")
+    back, _ = sf.read(str(path), dtype="float32")
+    assert 0.9 < np.abs(back).max() <= 0.951
+    assert os.listdir(path.parent) == ["out.wav"]                              # no temp file left behind
+
+    quiet = 0.5 * audio / 2.0
+    wavfile.save_wav(str(path), quiet, 16000)                                  # overwrite; not rescaled
+    back, sr = sf.read(str(path), dtype="float32")
+    assert sr == 16000 and np.allclose(back, quiet, atol=1e-4)
+
+
+def test_save_wav_converts_block_by_block_to_the_samples_soundfile_writes(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    audio = np.clip(rng.normal(0, 0.3, 10_000), -1, 1).astype(np.float32)
+    monkeypatch.setattr(wavfile, "BLOCK", 999)                                 # many blocks, one short last one
+    wavfile.save_wav(tmp_path / "ours.wav", audio, 22050)
+    sf.write(tmp_path / "theirs.wav", audio, 22050, subtype="PCM_16")
+    ours, _ = sf.read(tmp_path / "ours.wav", dtype="int16")
+    theirs, _ = sf.read(tmp_path / "theirs.wav", dtype="int16")
+    assert len(ours) == len(audio) and np.array_equal(ours, theirs)            # the bytes save_wav wrote before
+    pcm = np.clip(np.floor(audio * 32768), -32768, 32767).astype(np.int16)
+    wavfile.write_pcm(tmp_path / "pcm.wav", pcm, 22050)                        # the int16 writer, same bytes
+    assert (tmp_path / "pcm.wav").read_bytes() == (tmp_path / "ours.wav").read_bytes() == wavfile.wav_bytes(pcm, 22050)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_audio_with_a_non_finite_sample_is_refused_and_nothing_is_written(tmp_path, bad):
+    audio = np.zeros(100, np.float32)
+    audio[37] = bad
+    with pytest.raises(PipelineError, match=r"out.wav: the audio has NaN or infinite samples; nothing written"):
+        wavfile.save_wav(tmp_path / "out.wav", audio, 22050)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_temporary_file(tmp_path, monkeypatch, capsys):
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "fsync", no_space)
+
+    @errors.cli
+    def main(argv=None):
+        wavfile.save_wav(tmp_path / "out.wav", np.zeros(100), 22050)
+
+    with pytest.raises(SystemExit) as exit_:
+        main([])
+    assert exit_.value.code == errors.EXIT_EXPECTED
+    assert capsys.readouterr().err == f"error: no space left on device writing {tmp_path / 'out.wav'}; free space and rerun\n"
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(errors.DiskFull):
+        wavfile.write_pcm(tmp_path / "pcm.wav", np.zeros(10, np.int16), 22050)
+    assert os.listdir(tmp_path) == []
+
+
+def test_check_path_names_the_flag_before_any_work(tmp_path):
+    wavfile.check_path(tmp_path / "a/b/c.wav", "--out")                        # missing folders are made later
+    with pytest.raises(PipelineError, match=f"^--wav {tmp_path}: a folder; give the path of the .wav to write$"):
+        wavfile.check_path(tmp_path, "--wav")
+    (tmp_path / "f").write_text("")
+    with pytest.raises(PipelineError, match=f"^--out {tmp_path / 'f/x.wav'}: {tmp_path / 'f'} is a file, not a folder$"):
+        wavfile.check_path(tmp_path / "f/x.wav")
