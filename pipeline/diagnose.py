@@ -329,12 +329,13 @@ def _diagnose_vocoder(cfg):
 
 @cli
 def main(argv=None):
-    from pipeline import config
+    from pipeline import config, files
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     config.add_arguments(parser)
     parser.add_argument("--out", default=None, help="report folder (default: {reports_dir}/{name})")
     args = parser.parse_args(argv)
     cfg = config.from_args(args)
+    files.check_folder(args.out or config.report_dir(cfg))  # before minutes of profiling, not after
 
     vocoder = cfg["diagnose"]["target"] == "vocoder"
     report = _diagnose_vocoder(cfg) if vocoder else _diagnose_trainer(cfg, None)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import audio, config, manifest, metrics, pitch, shards
+from pipeline import audio, config, files, manifest, metrics, pitch, shards
 from pipeline.errors import PipelineError, cli
 
 GL_POWER = 1.0  # Griffin-Lim without the listening sharpening (power 1.5 tilts the spectrum: +4 dB MCD)
@@ -357,7 +357,9 @@ def main(argv=None):
     parser.add_argument("--out", help="report folder (default {reports_dir}/{name})")
     args = parser.parse_args(argv)
     cfg = config.from_args(args)
-    evaluate(cfg, Path(args.out or config.report_dir(cfg)))
+    out = Path(args.out or config.report_dir(cfg))
+    files.check_folder(out)
+    evaluate(cfg, out)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, dft, runinfo
+from pipeline import config, dft, files, runinfo
 from pipeline.audio import LOG_CLAMP
 from pipeline.errors import PipelineError, cli
 from pipeline.synthesize import PACE, PITCH_SHIFT, frame_f0, load_synthesizer
@@ -357,7 +357,9 @@ def main(argv=None):
                         help="also write model.tflite and model_float16.tflite (default: export.tflite)")
     args = parser.parse_args(argv)
     cfg = config.from_args(args, check_paths=False)
-    export(cfg, args.out or config.run_dir(cfg) / "export", tflite=args.tflite)
+    out = args.out or config.run_dir(cfg) / "export"
+    files.check_folder(out)
+    export(cfg, out, tflite=args.tflite)
 
 
 if __name__ == "__main__":

@@ -3,13 +3,35 @@ rename. Every module that writes a cache, a run or a report writes through here.
 
     from pipeline import files
     files.atomic_write_text(path, text)
+    files.check_folder(args.out, "--out")            # before any work: not a file, writable
     files.atomic_write(path, lambda tmp: model.save_weights(str(tmp)), suffix=".weights.h5")
 """
 import errno
 import os
 from pathlib import Path
 
-from pipeline.errors import disk_full
+from pipeline.errors import PipelineError, disk_full
+
+
+def check_folder(path, flag="--out"):
+    """Before any work: PipelineError naming `flag` unless `path` is a folder, or can be made one, that
+    this process may write (not a file, not under a file)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise PipelineError(f"{flag} {path}: a file, not a folder")
+    check_writable(path, flag, path)
+
+
+def check_writable(path, flag, folder):
+    """PipelineError naming `flag` and `path` unless `folder`, or the nearest of its parents that exists
+    (the rest is made when written), is a folder this process may write."""
+    folder = Path(folder)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise PipelineError(f"{flag} {path}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PipelineError(f"{flag} {path}: {folder} is not writable")
 
 
 def temporary(path, suffix=""):

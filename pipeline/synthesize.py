@@ -236,7 +236,9 @@ def main(argv=None):
     parser.add_argument("--out", help="folder for the wavs and mels (default runs/{name}/samples)")
     args = parser.parse_args(argv)
     cfg = config.from_args(args)
-    synthesize(cfg, args.out or config.run_dir(cfg) / "samples")
+    out = args.out or config.run_dir(cfg) / "samples"
+    files.check_folder(out)
+    synthesize(cfg, out)
 
 
 if __name__ == "__main__":

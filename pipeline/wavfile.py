@@ -34,13 +34,7 @@ def check_path(path, flag="--out"):
     path = Path(path)
     if path.is_dir():
         raise PipelineError(f"{flag} {path}: a folder; give the path of the .wav to write")
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise PipelineError(f"{flag} {path}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise PipelineError(f"{flag} {path}: {parent} is not writable")
+    files.check_writable(path, flag, path.parent)
 
 
 def _open(target, sample_rate):

@@ -304,3 +304,17 @@ def test_the_wheel_carries_every_package_folder_and_the_configs(tmp_path):
                          env=dict(ENV, PYTHONPATH=str(site)), timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == [str(site / "pipeline" / "configs" / "config.yaml"), "demo"]
+
+
+# --- an output folder that is a file: one line before the work, not a traceback after it ---------
+@pytest.mark.parametrize("module", ["synthesize", "export", "evaluate", "diagnose"])
+def test_an_out_folder_that_is_a_file_is_one_line_before_any_work(module, tmp_path, capsys):
+    import importlib
+    main = importlib.import_module(f"pipeline.{module}").main
+    (tmp_path / "report").write_text("keep me")
+    cfg = ["--config", str(ROOT / "configs/config.yaml"), "--set", f"runs_dir={tmp_path}/runs"]
+    assert one_line_error(main, [*cfg, "--out", str(tmp_path / "report")], capsys) == \
+        f"error: --out {tmp_path / 'report'}: a file, not a folder"
+    assert one_line_error(main, [*cfg, "--out", str(tmp_path / "report/x")], capsys) == \
+        f"error: --out {tmp_path / 'report/x'}: {tmp_path / 'report'} is a file, not a folder"
+    assert (tmp_path / "report").read_text() == "keep me" and sorted(os.listdir(tmp_path)) == ["report"]
