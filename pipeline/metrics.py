@@ -294,9 +294,12 @@ def _decoder():
 
 
 def transcribe(y, sample_rate):
-    """What pocketsphinx's en-us model hears in mono audio: lower-case words ("" for none)."""
+    """What pocketsphinx's en-us model hears in mono audio: lower-case words ("" for none). The same
+    words whatever was transcribed before: the decoder's feature state (its noise and cepstral-mean
+    estimates carry over from one utterance to the next) is reset first, as a fresh decoder starts."""
     pcm = (to_listen_rate(y, sample_rate) * 32767).astype(np.int16).tobytes()
     decoder = _decoder()
+    decoder.reinit_feat()
     decoder.start_utt()
     decoder.process_raw(pcm, full_utt=True)
     decoder.end_utt()
