@@ -12,10 +12,12 @@ one-line error naming what changed.
     from pipeline import runinfo
     info = runinfo.load(config.run_dir(cfg))   # {vocab, speakers, languages, stats, config, n_mels}; MissingCheckpoint if untrained
     runinfo.path(run_dir)                      # runs/{name}/run.json
+    runinfo.latest_checkpoint(run_dir / "checkpoints")   # runs/{name}/checkpoints/ckpt-N, or None
 
 Config keys: none read here; `SECTIONS` of the config are stored.
 """
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +38,20 @@ class RunChanged(PipelineError):
 
 def path(run_dir):
     return Path(run_dir) / FILE
+
+
+def latest_checkpoint(folder):
+    """The latest checkpoint in `folder` as tf.train.latest_checkpoint names it (`folder/ckpt-N`, from the
+    `checkpoint` state file, and only if its .index exists), else None; read without TensorFlow."""
+    try:
+        state = (Path(folder) / "checkpoint").read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    found = re.search(r'^model_checkpoint_path: "([^"\\]+)"$', state, re.M)
+    if found is None:
+        return None
+    latest = Path(found.group(1)) if Path(found.group(1)).is_absolute() else Path(folder) / found.group(1)
+    return str(latest) if Path(f"{latest}.index").is_file() else None
 
 
 def describe(cfg, index, stats):

@@ -13,7 +13,9 @@ sentence is one compiled `model.infer` call (docs/models.md), never a Python loo
 Writes NN.wav (the run's vocoder, or Griffin-Lim; a vocoder that uses F0 gets the model's pitch per
 frame in Hz, `frame_f0`, where its own voicing head hears voicing), NN.npy (the log-mel, float32 (frames, n_mels),
 the project's HiFi-GAN-compatible mel, so any HiFi-GAN trained on it can voice it) and
-sentences.json (checkpoint, step, pace, pitch shift, text and length of each sample).
+sentences.json (checkpoint, step, pace, pitch shift, text and length of each sample). The command refuses
+what it can before TensorFlow and the model load (check_before_loading): no checkpoint, a pace or pitch
+shift out of range, an unknown speaker, language or symbol, no trained vocoder.
 
     from pipeline.synthesize import load_synthesizer
     synth = load_synthesizer(cfg)          # MissingCheckpoint when nothing is trained
@@ -29,11 +31,9 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
 from pipeline import config, files, models, runinfo, text
 from pipeline.errors import MissingCheckpoint, PipelineError, cli
-from pipeline.models.fastpitch import regulate_length
 from pipeline.vocoder import kinds
 from pipeline.wavfile import save_wav
 
@@ -61,6 +61,9 @@ def frame_f0(model, out, speaker=None):
     F0_SMOOTH_FRAMES frames; None for a model that predicts no pitch (transformer_tts). Graph ops only
     (the export runs it). Voicing is not decided here: the pitch is per token and its normalised 0 is
     the mean pitch, not silence; the vocoder's voicing head decides it from the mel (`voiced_f0`)."""
+    import tensorflow as tf
+
+    from pipeline.models.fastpitch import regulate_length
     stats = getattr(model, "pitch_stats", None)
     if stats is None or "pitch" not in out or "durations" not in out:
         return None
@@ -74,6 +77,41 @@ def frame_f0(model, out, speaker=None):
     return tf.nn.avg_pool1d(f0, F0_SMOOTH_FRAMES, 1, "SAME")[:, :, 0]                   # (B, F)
 
 
+def resolve_voice(s, info, speaker="", language="", where="synthesize"):
+    """(speaker id, language id, language name) in the run `info` (run.json) for names, "" meaning
+    `s`'s (the config's synthesize:) speaker and language; PipelineError naming `where` and listing the
+    run's speakers or languages."""
+    speakers, languages, own = list(info.get("speakers", [])), list(info.get("languages", [])), info["vocab"]["language"]
+    key = {f: f"{where}.{f}" if given else f"synthesize.{f}" for f, given in (("speaker", speaker), ("language", language))}
+    speaker, language = speaker or s["speaker"], language or s["language"]
+    if speaker and speakers and speaker not in speakers:
+        raise PipelineError(f"{key['speaker']}: unknown speaker {speaker!r}; known: {', '.join(speakers)}")
+    if not language:
+        language = own if own in languages or not languages else languages[0]
+    elif languages and language not in languages:
+        raise PipelineError(f"{key['language']}: unknown language {language!r}; known: {', '.join(languages)}")
+    return speakers.index(speaker) if speaker else 0, languages.index(language) if language in languages else 0, language
+
+
+def check_before_loading(cfg):
+    """What `python -m pipeline.synthesize` can refuse before TensorFlow and the model load (seconds):
+    no checkpoint, the run's record (run.json), pace and pitch shift, each sentence's speaker,
+    language and symbols, and the trained vocoder's summary. The same one-line errors as later."""
+    run = config.run_dir(cfg)
+    if runinfo.latest_checkpoint(run / "checkpoints") is None:
+        raise MissingCheckpoint(f"{run / 'checkpoints'}: no checkpoint; train first (`snakemake --cores all train`)")
+    info = runinfo.load(run)
+    s = cfg["synthesize"]
+    check_prosody(s["pace"], s["pitch_shift"], prefix="synthesize.")
+    for i, x in enumerate(s["sentences"]):
+        x = x if isinstance(x, dict) else {"text": x}
+        where = f"synthesize.sentences[{i}]"
+        _, _, language = resolve_voice(s, info, x.get("speaker", ""), x.get("language", ""), where)
+        text.encode(x["text"], dict(info["vocab"], language=language))  # TextError naming an unseen symbol
+    if kinds.KINDS.get(cfg["vocoder"]["kind"]).build is not None:
+        kinds.check_trained(cfg)
+
+
 class Synthesizer:
     """A trained model with its vocabulary and mel statistics. `.checkpoint`, `.step`, `.mel(text)`."""
 
@@ -84,6 +122,7 @@ class Synthesizer:
         self.model_kind = info["config"]["model"]["kind"]
         self.mean, self.std = info["stats"]["mel_mean"], info["stats"]["mel_std"]
         self.speakers, self.languages = list(info.get("speakers", [])), list(info.get("languages", []))
+        self.info = info
         self.voiced = [f for f in runinfo.voice_fields(info) if f in inspect.signature(model.infer).parameters]
         a = self.audio
         self.max_frames = int(np.ceil(cfg["synthesize"]["max_seconds"] * a["sample_rate"] / a["hop_length"]))
@@ -91,19 +130,7 @@ class Synthesizer:
     def voice(self, speaker="", language="", where="synthesize"):
         """(speaker id, language id, language name) for names ("" = the defaults, see the module doc);
         PipelineError naming `where` and listing the known ones."""
-        key = {f: f"{where}.{f}" if given else f"synthesize.{f}" for f, given in (("speaker", speaker), ("language", language))}
-        speaker = speaker or self.cfg["synthesize"]["speaker"]
-        language = language or self.cfg["synthesize"]["language"]
-        if speaker and self.speakers and speaker not in self.speakers:
-            raise PipelineError(f"{key['speaker']}: unknown speaker {speaker!r}; known: {', '.join(self.speakers)}")
-        if not language:
-            language = self.vocab["language"] if self.vocab["language"] in self.languages or not \
-                self.languages else self.languages[0]
-        elif self.languages and language not in self.languages:
-            raise PipelineError(f"{key['language']}: unknown language {language!r}; known: {', '.join(self.languages)}")
-        s_id = self.speakers.index(speaker) if speaker else 0
-        l_id = self.languages.index(language) if language in self.languages else 0
-        return s_id, l_id, language
+        return resolve_voice(self.cfg["synthesize"], self.info, speaker, language, where)
 
     def encode(self, sentence, language=None):
         """Token ids of a sentence with the cache's text front end (in `language`'s voice)."""
@@ -112,6 +139,8 @@ class Synthesizer:
 
     def infer(self, sentence, pace=None, pitch_shift=None, speaker="", language="", where="synthesize"):
         """The model's outputs for one sentence (one compiled call), mel denormalised to log-mel."""
+        import tensorflow as tf
+
         s = self.cfg["synthesize"]
         check_prosody(*(s[k] if v is None else v for k, v in (("pace", pace), ("pitch_shift", pitch_shift))),
                       prefix="synthesize." if pace is None and pitch_shift is None else "")
@@ -155,8 +184,10 @@ def note_audio_differences(cfg, info, run, log):
 def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
     """The Synthesizer of the latest checkpoint in runs/{name}/checkpoints (MissingCheckpoint if none),
     built from what the run carries (runs/{name}/run.json)."""
+    import tensorflow as tf
+
     run = config.run_dir(cfg)
-    latest = tf.train.latest_checkpoint(str(run / "checkpoints"))
+    latest = runinfo.latest_checkpoint(run / "checkpoints")
     if latest is None:
         raise MissingCheckpoint(f"{run / 'checkpoints'}: no checkpoint; train first (`snakemake --cores all train`)")
     info = runinfo.load(run)
@@ -238,6 +269,7 @@ def main(argv=None):
     cfg = config.from_args(args)
     out = args.out or config.run_dir(cfg) / "samples"
     files.check_folder(out)
+    check_before_loading(cfg)
     synthesize(cfg, out)
 
 

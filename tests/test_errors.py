@@ -28,8 +28,14 @@ def test_no_cache_is_one_line_naming_the_index_and_the_command(corpus, module):
     assert_one_line(run_module(module, "--config", str(cfg)), "index.json", "snakemake --cores all caches")
 
 
-def test_synthesize_without_checkpoint_is_one_line(built_cache):
-    assert_one_line(run_module("pipeline.synthesize", "--config", str(built_cache)), "no checkpoint", "train")
+def test_synthesize_without_checkpoint_is_one_line_before_tensorflow_loads(built_cache):
+    # checked before TensorFlow and the model load: a typo costs a fraction of a second, not ~5 s
+    probe = ("import runpy, sys\ntry:\n    runpy.run_module('pipeline.synthesize', run_name='__main__')\n"
+             "finally:\n    print('tensorflow loaded:', 'tensorflow' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", probe, "--config", str(built_cache)], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert_one_line(proc, "no checkpoint", "train")
+    assert proc.stdout.strip() == "tensorflow loaded: False"
 
 
 def test_config_error_names_the_key(corpus):

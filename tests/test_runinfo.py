@@ -137,3 +137,18 @@ def test_what_moved_under_a_checkpoint_is_named(tmp_path):
         runinfo.for_training(cfg, index, stats, tmp_path, resuming=True)
     with pytest.raises(runinfo.MissingCheckpoint, match="train first"):
         runinfo.load(tmp_path)
+
+
+def test_latest_checkpoint_is_tensorflows_without_tensorflow(tmp_path):
+    import tensorflow as tf
+    folder = tmp_path / "checkpoints"
+    assert runinfo.latest_checkpoint(folder) is None is tf.train.latest_checkpoint(str(folder))
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), str(folder), max_to_keep=2,
+                                         checkpoint_name="ckpt")
+    for step in (4, 8, 12):
+        manager.save(checkpoint_number=step)
+        assert runinfo.latest_checkpoint(folder) == tf.train.latest_checkpoint(str(folder)) == str(folder / f"ckpt-{step}")
+    (folder / "ckpt-12.index").unlink()                                          # its index gone: no checkpoint
+    assert runinfo.latest_checkpoint(folder) is None is tf.train.latest_checkpoint(str(folder))
+    (folder / "checkpoint").write_bytes(b"\xff\xfe damaged")
+    assert runinfo.latest_checkpoint(folder) is None

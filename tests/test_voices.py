@@ -246,6 +246,13 @@ def test_fastpitch_with_speakers_trains_and_speaks_each_voice(voices_run, tmp_pa
     code, err = failing_synthesize(over, "--out", tmp_path / "bad")
     assert code == 2 and "synthesize.sentences[1].language: unknown language 'fr'; known: en-gb, en-us" in err
     assert not (tmp_path / "bad" / "00.wav").exists() and not (tmp_path / "zed").exists()  # checked first
+    # in a process of its own: refused before TensorFlow and the model load
+    probe = ("import runpy, sys\ntry:\n    runpy.run_module('pipeline.synthesize', run_name='__main__')\n"
+             "finally:\n    print('tensorflow loaded:', 'tensorflow' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", probe, "--config", str(over), "--out", str(tmp_path / "bad")],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout.strip() == "tensorflow loaded: False", proc.stderr[-3000:]
+    assert proc.stderr.strip() == "error: synthesize.sentences[1].language: unknown language 'fr'; known: en-gb, en-us"
 
     # evaluate: every figure per speaker, and the speaker similarity with its chance level
     _main("pipeline.evaluate", voices_cache, "--out", tmp_path / "report", "--set", "evaluate.max_clips=9",

@@ -237,13 +237,9 @@ def _restore(model, checkpoint, where, kind):
     status.expect_partial()  # the discriminators and optimizers stay in the file
 
 
-def load(cfg, summary=None, log=_note):
-    """The run's final vocoder from runs/{name}/vocoder.json (or `summary`), built with the `audio:` and
-    `vocoder:` settings it was trained with (trained_settings), whatever the config says: one `log`
-    line (stderr) names what the config gives otherwise. Griffin-Lim with vocoder.kind griffin_lim.
-    MissingCheckpoint naming the file and what to run when it is not trained yet."""
-    if KINDS.get(cfg["vocoder"]["kind"]).build is None:
-        return Vocoder(cfg)
+def check_trained(cfg, summary=None):
+    """(summary path, summary) of the run's trained vocoder, checked without TensorFlow: MissingCheckpoint
+    naming the file and what to run when it is missing, damaged, of another kind or its checkpoint gone."""
     path = summary or summary_path(cfg)
     info = read_summary(path)
     if info.get("kind") != cfg["vocoder"]["kind"]:
@@ -252,6 +248,17 @@ def load(cfg, summary=None, log=_note):
     if not os.path.exists(f"{info['checkpoint']}.index"):
         raise MissingCheckpoint(f"{path}: its checkpoint {info['checkpoint']} is gone (pruned or deleted); "
                                 f"run `snakemake --cores all vocoder`")
+    return path, info
+
+
+def load(cfg, summary=None, log=_note):
+    """The run's final vocoder from runs/{name}/vocoder.json (or `summary`), built with the `audio:` and
+    `vocoder:` settings it was trained with (trained_settings), whatever the config says: one `log`
+    line (stderr) names what the config gives otherwise. Griffin-Lim with vocoder.kind griffin_lim.
+    MissingCheckpoint naming the file and what to run when it is not trained yet."""
+    if KINDS.get(cfg["vocoder"]["kind"]).build is None:
+        return Vocoder(cfg)
+    path, info = check_trained(cfg, summary)
     audio, vocoder_cfg, where = trained_settings(cfg, info, path)
     moved = _differences(cfg, audio, vocoder_cfg)
     if moved:
