@@ -203,7 +203,9 @@ def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
 def synthesize(cfg, out, log=functools.partial(print, flush=True)):
     """Every sentence into a temporary folder beside `out`, then moved into `out`, sentences.json
     last: a failure leaves the previous samples as they were (the rule's one output is sentences.json,
-    so Snakemake deletes nothing else before the job)."""
+    so Snakemake deletes nothing else before the job). Bad input is refused before TensorFlow and the
+    model load (check_before_loading)."""
+    check_before_loading(cfg)
     final = Path(out)
     out = files.temporary(final)
     try:
@@ -220,9 +222,7 @@ def _synthesize_into(cfg, out, final, log):
     """Write the samples into folder `out`; what sentences.json records are their paths in `final`."""
     synth = load_synthesizer(cfg, log)
     s, a = cfg["synthesize"], synth.audio
-    sentences = [x if isinstance(x, dict) else {"text": x} for x in s["sentences"]]
-    for i, x in enumerate(sentences):  # every voice checked before anything is written
-        synth.voice(x.get("speaker", ""), x.get("language", ""), f"synthesize.sentences[{i}]")
+    sentences = [x if isinstance(x, dict) else {"text": x} for x in s["sentences"]]  # voices checked already
     # the run's trained vocoder, or Griffin-Lim with vocoder.kind griffin_lim: on the run's own audio settings
     vocode = kinds.load(dict(cfg, audio=dict(a)))
     out = Path(out)
@@ -269,7 +269,6 @@ def main(argv=None):
     cfg = config.from_args(args)
     out = args.out or config.run_dir(cfg) / "samples"
     files.check_folder(out)
-    check_before_loading(cfg)
     synthesize(cfg, out)
 
 
