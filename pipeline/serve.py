@@ -38,7 +38,7 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from pipeline.errors import PipelineError, cli
-from pipeline.voice import Voice
+from pipeline.voice import Voice, VoiceFault
 from pipeline.wavfile import wav_bytes
 
 MAX_BODY = 100_000           # bytes of a request body
@@ -145,13 +145,17 @@ class PcmStream(StreamingResponse):
 
 def json_errors(handler):
     """Every failure of a handler as a JSON error: ClientError and PipelineError (bad text, markup,
-    speaker) as 4xx, anything else as 500 with its traceback on standard error."""
+    speaker) as 4xx, a VoiceFault (the voice gave NaN audio) as 500, anything else as 500 with its
+    traceback on standard error."""
     @functools.wraps(handler)
     async def wrapper(request):
         try:
             return await handler(request)
         except ClientError as e:
             return error(e.status, e)
+        except VoiceFault as e:  # the voice's fault, not the request's
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return error(500, e)
         except PipelineError as e:
             return error(400, e)
         except ClientDisconnect:

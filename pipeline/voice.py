@@ -45,6 +45,11 @@ class VoiceError(PipelineError):
     """A voice folder, text or option the voice cannot take; one line naming it."""
 
 
+class VoiceFault(VoiceError):
+    """The voice's graph gave audio that cannot be played (NaN or infinite samples): the export is
+    broken, not the request. serve answers it with 500, not 400."""
+
+
 @dataclass
 class Request:
     """What to say: sentences, each a list of ("pause", seconds) and ("speech", symbols, pace, pitch)
@@ -78,9 +83,8 @@ def check_number(name, value, low, high):
 
 
 def to_int16(audio):
-    """float audio in [-1, 1] -> int16 PCM (non-finite samples become 0)."""
-    audio = np.nan_to_num(np.asarray(audio, np.float32), nan=0.0, posinf=0.0, neginf=0.0)
-    return (np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
+    """float audio in [-1, 1] -> int16 PCM (clipped). Non-finite samples are the caller's to refuse."""
+    return (np.clip(np.asarray(audio, np.float32), -1.0, 1.0) * 32767.0).astype(np.int16)
 
 
 def split_symbols(symbols, limit):
@@ -122,7 +126,7 @@ class Voice:
     """An export folder loaded: `prepare` text, then `sentences_audio` (a generator) or `audio`."""
 
     def __init__(self, folder, log=None):
-        folder = Path(folder)
+        folder = self.folder = Path(folder)
         t0 = time.perf_counter()
         self.meta, self.vocab = _read_json(folder / "export.json"), _read_json(folder / "vocab.json")
         if not (folder / "saved_model").is_dir():
@@ -254,7 +258,12 @@ class Voice:
         tokens = tf.constant([text.ids_of(symbols, self.vocab)], tf.int32)
         out = self._fn(tokens=tokens, pace=tf.constant(pace, tf.float32), pitch_shift=tf.constant(pitch, tf.float32),
                        **inputs)
-        return out["audio"][0].numpy()
+        audio = out["audio"][0].numpy()
+        bad = int(np.count_nonzero(~np.isfinite(audio)))
+        if bad:  # played as silence or clipped noise before: say so instead
+            raise VoiceFault(f"{self.folder / 'saved_model'}: non-finite audio ({bad} of {audio.size} samples) for "
+                             f"{symbols[:40]!r} at pace {pace:g}, pitch shift {pitch:g}; export the voice again")
+        return audio
 
     def _speech(self, symbols, pace, pitch, inputs):
         """float32 audio of one run of symbols, split so no call reaches max_frames."""

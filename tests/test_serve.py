@@ -39,6 +39,20 @@ def call(port, method, path, body=None, headers=None, timeout=120):
         conn.close()
 
 
+def wait_for_health(proc, port, timeout=180):
+    """Until the server process on `port` answers GET /health (its output in the failure if it exits)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        try:
+            if call(port, "GET", "/health", timeout=5)[0] == 200:
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "the server did not answer /health"
+        time.sleep(0.3)
+
+
 @pytest.fixture(scope="module")
 def server(exported_voice):
     """The server (1 model call at a time, 1 more queued, 2 s for a client to send a request), started
@@ -48,16 +62,7 @@ def server(exported_voice):
                            "--queue", "1", "--client-timeout", "2")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-            try:
-                if call(port, "GET", "/health", timeout=5)[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "the server did not answer /health"
-            time.sleep(0.3)
+        wait_for_health(proc, port)
         yield SimpleNamespace(port=port, proc=proc, url=f"http://127.0.0.1:{port}/")
     finally:
         proc.terminate()
@@ -232,3 +237,56 @@ def test_the_page_speaks_in_a_browser(server):
         assert browser.find_element(By.ID, "status").text == ""
     finally:
         browser.quit()
+
+
+def broken_voice(folder):
+    """A voice folder whose graph gives NaN audio when the pitch shift is above 1 semitone (as a broken
+    export would), and a plain tone otherwise: character front end, 16 kHz, hop 4."""
+    import tensorflow as tf
+
+    from pipeline import text
+    from pipeline.export import SIGNATURE
+
+    spec = (tf.TensorSpec([1, None], tf.int32), tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32))
+
+    class Broken(tf.Module):
+        @tf.function(input_signature=spec)
+        def synthesize(self, tokens, pace, pitch_shift):
+            n = tf.shape(tokens)[1] * 400
+            tone = 0.1 * tf.sin(tf.range(n, dtype=tf.float32) * 0.1)
+            return {"audio": (tone * tf.sqrt(1.0 - tf.minimum(pitch_shift, 2.0) / 1.5))[tf.newaxis]}
+
+    tf.saved_model.save(Broken(), str(folder / "saved_model"), signatures={SIGNATURE: Broken().synthesize})
+    vocab = text.vocabulary({"frontend": "characters", "language": "en-us", "cleaners": "english"})
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "export.json").write_text(json.dumps({"sample_rate": 16000, "audio": {"hop_length": 4},
+                                                    "max_seconds": 5.0, "speakers": [], "languages": []}))
+    return folder
+
+
+def test_a_voice_that_gives_nan_audio_is_an_error_not_silence(tmp_path):
+    # NaN samples were written as silence (0): a broken export spoke nothing and said nothing. Now
+    # speak stops with one line naming the voice, and the server answers 500 and keeps serving.
+    folder = broken_voice(tmp_path / "voice")
+    proc = subprocess.run([*blocked_command("pipeline.speak", "--voice", str(folder), "--out", str(tmp_path / "a.wav"),
+                                            "--pitch-shift", "2", "Hello there.")],
+                          capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {folder / 'saved_model'}: non-finite audio (5200 of 5200 samples) for 'hello there.' at pace 1, "
+        "pitch shift 2; export the voice again")
+    assert not (tmp_path / "a.wav").exists()
+
+    port = free_port()
+    argv = blocked_command("pipeline.serve", "--voice", str(folder), "--port", str(port))
+    srv = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT)
+    try:
+        wait_for_health(srv, port)
+        status, _, body = call(port, "POST", "/synthesize", {"text": "Hello there.", "pitch_shift": 2})
+        assert status == 500 and json.loads(body)["error"].startswith(f"{folder / 'saved_model'}: non-finite audio")
+        status, _, body = call(port, "POST", "/synthesize", {"text": "Hello there."})  # the same voice, pitch 0
+        with wave.open(BytesIO(body)) as w:
+            assert status == 200 and w.getnframes() == 5200  # 12 symbols and EOS, 400 samples each
+    finally:
+        srv.terminate()
+        srv.wait(timeout=20)
