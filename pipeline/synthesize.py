@@ -84,8 +84,9 @@ def resolve_voice(s, info, speaker="", language="", where="synthesize"):
     speakers, languages, own = list(info.get("speakers", [])), list(info.get("languages", [])), info["vocab"]["language"]
     key = {f: f"{where}.{f}" if given else f"synthesize.{f}" for f, given in (("speaker", speaker), ("language", language))}
     speaker, language = speaker or s["speaker"], language or s["language"]
-    if speaker and speakers and speaker not in speakers:
-        raise PipelineError(f"{key['speaker']}: unknown speaker {speaker!r}; known: {', '.join(speakers)}")
+    if speaker and speaker not in speakers:  # a run of one speaker has no names: any is unknown
+        known = ", ".join(speakers) or "none: the run has one speaker (leave it empty)"
+        raise PipelineError(f"{key['speaker']}: unknown speaker {speaker!r}; known: {known}")
     if not language:
         language = own if own in languages or not languages else languages[0]
     elif languages and language not in languages:

@@ -97,6 +97,27 @@ def test_run_carries_vocabulary_statistics_and_config(trained):
 
 
 @pytest.mark.slow
+def test_a_speaker_the_run_does_not_have_is_one_line(trained):
+    # refused before the model loads, naming the run's speakers: for the config's speaker and a sentence's
+    _, cfg, _, _ = trained
+    from pipeline import synthesize
+    from pipeline.errors import PipelineError
+    synthesize.check_before_loading(cfg)  # no name: the run's one voice
+    cfg = json.loads(json.dumps(cfg))
+    cfg["synthesize"]["speaker"] = "zed"
+    with pytest.raises(PipelineError, match=r"^synthesize.speaker: unknown speaker 'zed'; known: data$"):
+        synthesize.check_before_loading(cfg)
+    cfg["synthesize"].update(speaker="", sentences=["Hi.", {"text": "Hello.", "speaker": "zed"}])
+    with pytest.raises(PipelineError, match=r"^synthesize.sentences\[1\].speaker: unknown speaker 'zed'"):
+        synthesize.check_before_loading(cfg)
+    # a run recorded without a speaker table (its index had none): one line too, not a ValueError traceback
+    info = runinfo.load(config.run_dir(cfg))
+    del info["speakers"]
+    with pytest.raises(PipelineError, match=r"^synthesize.speaker: unknown speaker 'zed'; known: none: the run has one"):
+        synthesize.resolve_voice({"speaker": "zed", "language": ""}, info)
+
+
+@pytest.mark.slow
 def test_resume_on_a_moved_vocabulary_is_one_line(trained):
     path, cfg, _, _ = trained
     run = config.run_dir(cfg)
