@@ -194,7 +194,8 @@ def trained_run(tmp_path_factory, corpus_template):
                         train={"batch_size": 4, "buckets": 1, "steps": 10, "checkpoint_every": 10, "log_every": 5,
                                "summary_every": 1000},
                         synthesize={"sentences": ["The quick brown fox."], "max_seconds": 2.0},
-                        evaluate={"griffin_lim_iters": 8}, vocoder=TINY_VOCODER)
+                        evaluate={"griffin_lim_iters": 8}, vocoder=TINY_VOCODER,
+                        cache__shards=2)  # two GTA jobs, not four: ~20 CPU s less, the same rules
     snakemake("synthesize", "vocoder", config=path)
     cfg = config.load_config(path)
     return SimpleNamespace(tmp=tmp, root=root, path=path, cfg=cfg, run=config.run_dir(cfg))

@@ -225,7 +225,7 @@ def test_rerun_after_kill_resumes_at_the_saved_step_with_optimizer_state(aligned
 def synthesized(built_cache, tmp_path_factory):
     """A tiny model trained (20 steps, checkpoints at 10 and 20) and its samples written by one real
     `snakemake synthesize`: (config path, its folder). Read by the next test; the one after it makes
-    train and synthesize fail on purpose, so it comes last."""
+    train and synthesize fail on purpose, on a copy."""
     tmp = tmp_path_factory.mktemp("synthesized")
     path = tiny_config(built_cache, tmp, steps=20, checkpoint_every=10, summary_every=10, buckets=1)
     snakemake("synthesize", config=path)
@@ -266,8 +266,13 @@ def samples_of(run):
 
 @pytest.mark.slow
 def test_failing_synthesize_and_train_keep_the_samples_loss_history_and_checkpoints(synthesized, tmp_path):
-    # Snakemake deletes a failed job's outputs: what the run had made before must survive that
-    good, folder = synthesized
+    # Snakemake deletes a failed job's outputs: what the run had made before must survive that. On a
+    # copy of the shared run (mtimes kept), so the tests that read it pass in any order.
+    origin = synthesized[1]
+    folder = tmp_path / "copy"
+    shutil.copytree(origin, folder)
+    good = folder / "config.yaml"
+    good.write_text(good.read_text().replace(str(origin), str(folder)))
     run = config.run_dir(config.load_config(good))
     samples = samples_of(run)
     assert {"00.wav", "00.npy"} <= set(samples) and (run / "samples/sentences.json").exists()
@@ -279,7 +284,8 @@ def test_failing_synthesize_and_train_keep_the_samples_loss_history_and_checkpoi
     cfg["synthesize"]["sentences"] = [*sentences, "   "]
     bad = tmp_path / "config.yaml"
     bad.write_text(yaml.safe_dump(cfg))
-    proc = snakemake("synthesize", config=bad, check=False)
+    # (forced: the copy's outputs have no Snakemake metadata, so a changed setting alone reruns nothing)
+    proc = snakemake("synthesize", "--forcerun", "synthesize", config=bad, check=False)
     assert proc.returncode == 1, proc.stderr[-3000:]  # Snakemake's own exit status for a failed job
     assert "rule train" not in proc.stdout + proc.stderr  # training was up to date
     assert samples_of(run) == samples
@@ -289,7 +295,7 @@ def test_failing_synthesize_and_train_keep_the_samples_loss_history_and_checkpoi
     cfg["synthesize"]["sentences"] = sentences
     cfg["train"].update(steps=40, learning_rate=1e9)
     bad.write_text(yaml.safe_dump(cfg))
-    proc = snakemake("synthesize", config=bad, check=False)
+    proc = snakemake("synthesize", "--forcerun", "train", config=bad, check=False)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "loss became" in (folder / "reports/t/logs/train.log").read_text()
     assert not (run / "train.json").exists()
