@@ -240,7 +240,7 @@ def test_the_page_speaks_in_a_browser(server):
 
 
 def broken_voice(folder):
-    """A voice folder whose graph gives NaN audio when the pitch shift is above 1 semitone (as a broken
+    """A voice folder whose graph gives NaN audio when the pitch shift is above 1.5 semitones (as a broken
     export would), and a plain tone otherwise: character front end, 16 kHz, hop 4."""
     import tensorflow as tf
 
