@@ -354,6 +354,7 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     buffer = max(len(r) for r in group_rows) if shuffle else 0
     read = _group_arrays(src, groups, n_mels)
 
+    @tf.autograph.experimental.do_not_convert  # see _interleave_groups
     def group_batches(g, first=True):
         rows = _bucketed_rows(rows_table[g], batch, shuffle=buffer, repeat=endless, drop_remainder=drop_remainder,
                               seed=seed)
@@ -378,6 +379,7 @@ def build_worker_dataset(cfg, worker, *, local_replicas=1, durations=False, with
     rows = _group_rows(src.clips, mine, src.paths, src.edges, src.kinds, n_mels, batch, None, complete=False)
     read = _group_arrays(src, [mine], n_mels)
 
+    @tf.autograph.experimental.do_not_convert  # see _interleave_groups
     def group_batches(g):  # traced: the shard files are read by the graph, not embedded in it
         ds = multiworker_data.aligned_batches(rows, ROW["bucket"], weights, batch, seed, worker[0])
         return ds.map(_gather_fn(src, read(g), n_mels, with_clip_index), num_parallel_calls=tf.data.AUTOTUNE,
@@ -445,13 +447,20 @@ def _padded_gather(arrays, kinds, max_tokens, max_frames, n_mels, with_clip_inde
 
 def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed, ordered):
     """Batches of every shard group, two groups in flight (the next one is read while batches come
-    from the current one), then the options and the final prefetch."""
+    from the current one), then the options and the final prefetch.
+
+    tf.data runs AutoGraph over every function it traces unless told not to. The loader's functions
+    (group_batches and all it calls: the reads, the checksum check, the bucketing, the gather) have no
+    Python `if` or loop on a tensor (tf.cond and tf.map_fn where they branch or loop), so AutoGraph
+    would change nothing in their graphs; its source transformations alone cost CPU seconds in every
+    process that builds a loader. So they are not converted (what they call inherits that)."""
     group_ids = tf.data.Dataset.range(n_groups)
     if shuffle:
         group_ids = group_ids.shuffle(n_groups, seed=seed)
     if repeat:
         group_ids = group_ids.repeat()
-    first_reads = group_ids.enumerate().map(lambda i, g: (g, i < n_groups))  # (group, its first read?)
+    first_reads = group_ids.enumerate().map(tf.autograph.experimental.do_not_convert(
+        lambda i, g: (g, i < n_groups)))  # (group, its first read?)
     ds = first_reads.interleave(group_batches, cycle_length=min(2, n_groups), num_parallel_calls=min(2, n_groups),
                               deterministic=ordered)
     options = tf.data.Options()

@@ -144,6 +144,7 @@ def build_segments(cfg, split="train", *, source="recorded", repeat=None, start_
     n_clips, seed = len(clips.ids), cfg["train"]["seed"]
     crops = _cropper(table, S, hop)
 
+    @tf.autograph.experimental.do_not_convert  # no Python branch on a tensor here: see data._interleave_groups
     def from_arrays(_):
         mel = tf.reshape(_read(where["mel"][1], tf.float16), [-1, n_mels])           # (all frames, n_mels)
         wav = _read(where["audio"][1], tf.float32)                                    # (all samples,)
