@@ -148,8 +148,10 @@ class Voice(tf.Module):
         self.voice_sizes = dict(voice_sizes or {})
         self.voices = tuple(self.voice_sizes)
         spec = signature_inputs(self.voices)
-        self.synthesize = tf.function(self._synthesize, input_signature=spec)
-        self.log_mel = tf.function(self._log_mel_signature, input_signature=spec)
+        # Not converted by AutoGraph: everything the graph runs (the checks, the model's infer, frame_f0,
+        # the vocoder, Griffin-Lim's tf.while_loops) branches only on Python values
+        self.synthesize = tf.function(self._synthesize, input_signature=spec, autograph=False)
+        self.log_mel = tf.function(self._log_mel_signature, input_signature=spec, autograph=False)
 
     def _log_mel(self, tokens, pace, pitch_shift, voice_ids=(), with_f0=False):
         """tokens (1, T) -> log-mel (F, n_mels), as pipeline.synthesize makes it; checks the inputs.
@@ -215,7 +217,8 @@ def frozen_module(voice):
         return {"audio": tf.nest.flatten(frozen(tokens, pace, pitch_shift, *voice_ids))[0]}
 
     module = tf.Module(name="frozen")
-    module.synthesize = tf.function(synthesize, input_signature=signature_inputs(getattr(voice, "voices", ())))
+    module.synthesize = tf.function(synthesize, input_signature=signature_inputs(getattr(voice, "voices", ())),
+                                    autograph=False)
     module.graph = frozen  # tracked, so the saved function finds it
     return module
 

@@ -59,8 +59,10 @@ class VocoderTrainer:
         self.step_var = self.g_opt.iterations
         self.weights = dict(mel=v["mel_weight"], stft=v["stft_weight"], feature=v["feature_weight"])
         jit = self.p.jit_compile
-        self.spectral_step = tf.function(self._spectral_step, jit_compile=jit)
-        self.gan_step = tf.function(self._gan_step, jit_compile=jit)
+        # Not converted by AutoGraph: the steps and the losses branch only on Python values (the
+        # generator and discriminators are Keras models, which AutoGraph never converts)
+        self.spectral_step = tf.function(self._spectral_step, jit_compile=jit, autograph=False)
+        self.gan_step = tf.function(self._gan_step, jit_compile=jit, autograph=False)
         log(self.p.describe() + (f"; the vocoder trains on {self.device} alone" if len(self.p.devices) > 1
                                  or self.p.name in ("split", "mirrored", "multiworker") else ""))
 
