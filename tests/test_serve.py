@@ -3,9 +3,11 @@ unimportable: every endpoint, every error as one-line JSON, the queue's 503, sta
 clients, and the page driven by headless Chromium (skipped, with the reason, without it)."""
 import http.client
 import json
+import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import wave
@@ -222,7 +224,15 @@ def test_the_page_speaks_in_a_browser(server):
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--autoplay-policy=no-user-gesture-required", "--mute-audio"):
         options.add_argument(arg)
-    browser = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+    # Chromium leaves an empty org.chromium.Chromium.* folder in TMPDIR at every start: one of this
+    # test's own, removed after (a short path: under pytest's long tmp_path Chromium did not start)
+    scratch = tempfile.mkdtemp(prefix="chromium-")
+    service = Service(executable_path=driver_path, env=dict(os.environ, TMPDIR=scratch))
+    try:
+        browser = webdriver.Chrome(service=service, options=options)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     try:
         browser.get(server.url)
         box = browser.find_element(By.ID, "text")
@@ -237,6 +247,7 @@ def test_the_page_speaks_in_a_browser(server):
         assert browser.find_element(By.ID, "status").text == ""
     finally:
         browser.quit()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def broken_voice(folder):
