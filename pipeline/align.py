@@ -65,7 +65,7 @@ def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
     update, _ = traced_once_update(optimizer, model.trainable_variables)  # the step's two traces share it
     mel_mean, mel_std = tf.constant(mean), tf.constant(std)
 
-    @tf.function(reduce_retracing=True, autograph=False)  # no branch on a tensor: AutoGraph would only cost time
+    @tf.function(reduce_retracing=True)
     def step(batch):
         batch = dict(batch, mel=(tf.cast(batch["mel"], tf.float32) - mel_mean) / mel_std)
         with tf.GradientTape() as tape:
