@@ -226,14 +226,10 @@ def test_the_page_speaks_in_a_browser(server):
         options.add_argument(arg)
     # Chromium leaves an empty org.chromium.Chromium.* folder in TMPDIR at every start: one of this
     # test's own, removed after (a short path: under pytest's long tmp_path Chromium did not start)
-    scratch = tempfile.mkdtemp(prefix="chromium-")
+    scratch, browser = tempfile.mkdtemp(prefix="chromium-"), None
     service = Service(executable_path=driver_path, env=dict(os.environ, TMPDIR=scratch))
     try:
         browser = webdriver.Chrome(service=service, options=options)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    try:
         browser.get(server.url)
         box = browser.find_element(By.ID, "text")
         box.clear()
@@ -246,7 +242,8 @@ def test_the_page_speaks_in_a_browser(server):
         assert duration > 0.3 and int(size) > 44 * 2, (ready, duration, size)   # a wav of real length
         assert browser.find_element(By.ID, "status").text == ""
     finally:
-        browser.quit()
+        if browser is not None:
+            browser.quit()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
