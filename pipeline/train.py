@@ -46,7 +46,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, data, files, models, runinfo
+from pipeline import config, data, files, models, optim, runinfo
 from pipeline import placement as placement_mod
 from pipeline.errors import PipelineError, cli, disk_full
 
@@ -119,8 +119,8 @@ class Trainer:
             # Under a strategy the step clips the replicas' summed gradient itself (_make_step): Keras
             # would clip each replica's share before its all-reduce.
             clip = None if self.p.strategy else tcfg["grad_clip"]
-            opt = keras.optimizers.AdamW(learning_rate=WarmupSchedule(tcfg["learning_rate"], tcfg["warmup_steps"]),
-                                         weight_decay=1e-6, beta_2=0.98, global_clipnorm=clip)
+            opt = optim.AdamW(learning_rate=WarmupSchedule(tcfg["learning_rate"], tcfg["warmup_steps"]),
+                              weight_decay=1e-6, beta_2=0.98, global_clipnorm=clip)
             if self.p.mixed_precision == "float16":
                 opt = keras.optimizers.LossScaleOptimizer(opt)  # float16 gradients underflow without it
             opt.build(self.model.trainable_variables)  # slots exist before a restore fills them

@@ -29,7 +29,7 @@ import time
 import keras
 import tensorflow as tf
 
-from pipeline import config, data, files, shards
+from pipeline import config, data, files, optim, shards
 from pipeline import placement as placement_mod
 from pipeline.errors import MissingCheckpoint, cli
 from pipeline.vocoder import discriminators as D
@@ -67,8 +67,8 @@ class VocoderTrainer:
                                  or self.p.name in ("split", "mirrored", "multiworker") else ""))
 
     def _optimizer(self, model):
-        opt = keras.optimizers.AdamW(self.cfg["vocoder"]["learning_rate"], beta_1=0.8, beta_2=0.99,
-                                     weight_decay=0.01, global_clipnorm=1000.0)
+        opt = optim.AdamW(self.cfg["vocoder"]["learning_rate"], beta_1=0.8, beta_2=0.99,
+                          weight_decay=0.01, global_clipnorm=1000.0)
         if self.p.mixed_precision == "float16":
             opt = keras.optimizers.LossScaleOptimizer(opt)
         opt.build(model.trainable_variables)
