@@ -173,6 +173,14 @@ def _train(path, *extra, check=True):
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=check)
 
 
+def _saved_step(folder):
+    """The step of the checkpoint the `checkpoint` file in `folder` names as the latest; 0 before there is one."""
+    try:
+        return int(Path(latest_checkpoint(folder)).name.split("-")[1])
+    except FileNotFoundError:
+        return 0
+
+
 def _optimizer_states(*checkpoints):
     """[{step, slots}] of each checkpoint prefix: the optimizer's step and the sums of its first five
     slot variables, read from the checkpoint files (this process already has TensorFlow)."""
@@ -193,7 +201,9 @@ def test_rerun_after_kill_resumes_at_the_saved_step_with_optimizer_state(aligned
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.train", "--config", str(path)], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    while time.time() < deadline and not list(ckpt_dir.glob("ckpt-8.index")):
+    # killed once the `checkpoint` file names step 8 or later: a checkpoint's files are written before
+    # that file is (atomically) updated, and a kill between the two leaves the step before it the latest
+    while time.time() < deadline and _saved_step(ckpt_dir) < 8:
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
