@@ -17,12 +17,15 @@ import keras
 import tensorflow as tf
 
 
+def _tf_variable(variable):
+    """The TensorFlow variable of a Keras or TensorFlow variable."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
 def _resource(variable):
     """The resource handle of a Keras or TensorFlow variable (under a tf.distribute update: the
     current device's copy)."""
-    if isinstance(variable, keras.Variable):
-        variable = variable.value
-    return variable.handle
+    return _tf_variable(variable).handle
 
 
 class AdamW(keras.optimizers.AdamW):
@@ -45,12 +48,13 @@ class AdamW(keras.optimizers.AdamW):
         lr, beta_1_power, beta_2_power, beta_1, beta_2, epsilon = learning_rate
         if self.amsgrad or variable.dtype != tf.float32:
             return super().update_step(gradient, variable, lr)
-        # an embedding's IndexedSlices made dense, as Keras's own update does in its arithmetic
         index = self._get_variable_index(variable)
+        # an embedding's IndexedSlices made dense, as Keras's own update does in its arithmetic
+        gradient = tf.cast(tf.convert_to_tensor(gradient), tf.float32)
         tf.raw_ops.ResourceApplyAdam(
             var=_resource(variable), m=_resource(self._momentums[index]), v=_resource(self._velocities[index]),
             beta1_power=beta_1_power, beta2_power=beta_2_power, lr=lr, beta1=beta_1, beta2=beta_2,
-            epsilon=epsilon, grad=tf.cast(tf.convert_to_tensor(gradient), tf.float32))
+            epsilon=epsilon, grad=gradient)
 
     def _apply_weight_decay(self, variables):
         """Keras's decoupled decay (variable -= variable * weight_decay * lr, before the update), with
@@ -66,9 +70,7 @@ class AdamW(keras.optimizers.AdamW):
         def apply(distribution, variables, decay, lr):
             for variable in variables:
                 if self._use_weight_decay(variable):
-                    if isinstance(variable, keras.Variable):
-                        variable = variable.value
-                    distribution.extended.update(variable, decay_one, args=(decay, lr), group=False)
+                    distribution.extended.update(_tf_variable(variable), decay_one, args=(decay, lr), group=False)
 
         tf.__internal__.distribute.interim.maybe_merge_call(apply, self._distribution_strategy, variables,
                                                             decay, lr)
