@@ -66,6 +66,19 @@ class ExportError(PipelineError):
     """A run that cannot be exported as it is; the message says what to change or run."""
 
 
+class Held:
+    """A Keras model kept out of a tf.Module's object graph; the module tracks its variables instead.
+
+    tf.saved_model.save saves every tf.function it finds on every object it saves, whether a
+    signature calls it or not. On a Keras model that includes Keras's own `serving_default` (a
+    trace of the model alone) and the model's own tf.functions (FastPitch's `_infer`). For the
+    demo voice those two were half of saved_model.pb: the vocoder's DFT bases a second time. They
+    also made its load slower. The signatures capture the same variables either way."""
+
+    def __init__(self, model):
+        self.model = model
+
+
 class TrainedVocoder(tf.Module):
     """The run's trained vocoder (pipeline.vocoder.kinds) as a graph function: log-mel (F, n_mels) ->
     audio (F * hop,), the very model `pipeline.vocode` and `snakemake synthesize` call; its weights are
@@ -73,8 +86,12 @@ class TrainedVocoder(tf.Module):
 
     def __init__(self, model, hop_length, floor, uses_f0=False):
         super().__init__(name="vocoder")
-        self.generator, self._hop, self._floor = model, int(hop_length), float(floor)
-        self._uses_f0 = bool(uses_f0)
+        self._held, self.generator_variables = Held(model), list(model.variables)  # see Held
+        self._hop, self._floor, self._uses_f0 = int(hop_length), float(floor), bool(uses_f0)
+
+    @property
+    def generator(self):
+        return self._held.model
 
     def __call__(self, log_mel, f0=None):
         """f0 (F,) Hz: the acoustic model's (synthesize.frame_f0), for a kind that uses F0, gated by its
@@ -140,7 +157,7 @@ class Voice(tf.Module):
 
     def __init__(self, model, vocab, mel_mean, mel_std, max_frames, vocoder, voice_sizes=None):
         super().__init__(name="voice")
-        self.model = model
+        self._held, self.model_variables = Held(model), list(model.variables)  # see Held
         self._n_symbols, self._eos = len(vocab["symbols"]), int(vocab["eos_id"])
         self._mel_mean = tf.constant(mel_mean, tf.float32)
         self._mel_std = tf.constant(mel_std, tf.float32)
@@ -152,6 +169,10 @@ class Voice(tf.Module):
         # the vocoder, Griffin-Lim's tf.while_loops) branches only on Python values
         self.synthesize = tf.function(self._synthesize, input_signature=spec, autograph=False)
         self.log_mel = tf.function(self._log_mel_signature, input_signature=spec, autograph=False)
+
+    @property
+    def model(self):
+        return self._held.model
 
     def _log_mel(self, tokens, pace, pitch_shift, voice_ids=(), with_f0=False):
         """tokens (1, T) -> log-mel (F, n_mels), as pipeline.synthesize makes it; checks the inputs.

@@ -38,6 +38,26 @@ def run_module(*args):
                           env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2"))
 
 
+def saved_functions(saved_model):
+    """The object paths of the tf.functions a SavedModel holds, read from its saved_model.pb."""
+    from tensorflow.core.protobuf import saved_model_pb2
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((saved_model / "saved_model.pb").read_bytes())
+    graph = proto.meta_graphs[0].object_graph_def
+    paths, order = {0: ""}, [0]
+    for i in order:  # breadth first from the root: each object's shortest path
+        for child in graph.nodes[i].children:
+            if child.node_id not in paths:
+                paths[child.node_id] = f"{paths[i]}.{child.local_name}".lstrip(".")
+                order.append(child.node_id)
+    return {paths[i] for i, node in enumerate(graph.nodes) if node.WhichOneof("kind") == "function"}
+
+
+# What the export's signatures call, and nothing else: no Keras `serving_default` of the vocoder
+# alone, no FastPitch `_infer` (export.Held)
+SAVED_FUNCTIONS = {"synthesize", "log_mel"}
+
+
 @pytest.fixture(scope="module")
 def exported(exported_run):
     """(config path, export folder) of an untrained run (step 3 of 100) exported with --tflite by the
@@ -97,6 +117,7 @@ def test_saved_model_speaks_as_pipeline_synthesize_without_the_package(exported,
     assert said["audio"].shape == (1, len(mel) * hop) and np.abs(audio).max() > 0
     np.testing.assert_allclose(said["audio"][0], audio, atol=1e-6)            # the same audio (deterministic)
     np.testing.assert_array_equal(said["served"], said["audio"])              # the serving signature itself
+    assert saved_functions(out / "saved_model") == SAVED_FUNCTIONS
     assert res["empty"] == [1, 0]                                               # empty tokens: empty audio
     assert "an id outside the vocabulary" in res["errors"]["id"]               # from the graph, not garbage
     assert "a negative token id" in res["errors"]["negative"]
@@ -247,6 +268,7 @@ def test_saved_model_with_the_trained_vocoder_speaks_as_pipeline_vocode_without_
     np.testing.assert_allclose(said["log_mel"][0], mel, atol=1e-5)
     assert said["audio"].shape == (1, len(mel) * cfg["audio"]["hop_length"]) and np.abs(vocoded).max() > 0
     np.testing.assert_allclose(said["audio"][0], vocoded, atol=1e-5 * np.abs(vocoded).max())   # Vocos, not Griffin-Lim
+    assert saved_functions(out / "saved_model") == SAVED_FUNCTIONS                # the Keras vocoder's own: not saved
     wav, _ = sf.read(tmp_path / "vocoded.wav", dtype="float32")
     peak = np.abs(vocoded).max()
     np.testing.assert_allclose(wav, vocoded * (0.95 / peak) if peak > 1.0 else vocoded, atol=1.5 / 32768)
