@@ -20,7 +20,7 @@ import numpy as np
 
 from pipeline import markup
 from pipeline.errors import cli
-from pipeline.voice import PACE_RANGE, PITCH_RANGE, Voice, VoiceError, check_number
+from pipeline.voice import PACE_RANGE, PITCH_RANGE, Voice, VoiceError, check_number, quick_start
 from pipeline.wavfile import check_path, write_pcm
 
 
@@ -97,8 +97,10 @@ def main(argv=None):
     if args.text:
         markup.parse(" ".join(args.text), True if args.ssml else None)
     out = _raw_stdout() if args.raw else None
+    cpu = quick_start()
     voice = Voice(args.voice, log=log)
-    log(f"voice {args.voice}: loaded in {voice.load_seconds:.2f} s ({voice.sample_rate} Hz)")
+    log(f"voice {args.voice}: loaded in {voice.load_seconds:.2f} s ({voice.sample_rate} Hz"
+        f"{'; CPU, graph optimizer off' if cpu else ''})")
     if args.text:
         texts = [" ".join(args.text)]
     elif args.raw and not args.ssml:

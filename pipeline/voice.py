@@ -41,6 +41,23 @@ _FRONT_END = threading.Lock()     # espeak-ng (through phonemizer) is one librar
 _CLAUSE = re.compile(r"(?<=[,;:—…])\s+")
 
 
+def quick_start():
+    """Turn TensorFlow's graph optimizer (Grappler) off in this process when no GPU is visible.
+
+    For a process that loads a voice, speaks and exits (`speak`). It is process-wide, so call it
+    before the voice loads. On the CPU, Grappler's passes over the voice's graph were most of its
+    first call: 0.6-1.1 s without them, 2.0-2.3 s with them. The audio was the same to ~1e-4 of its
+    peak, and `speak --raw`'s real-time factor the same. Under the server's load each request took
+    ~5 % more CPU without them, so `serve`, which loads once and runs for long, keeps Grappler
+    (benchmarks/RESULTS.md, "A voice without Grappler"). With a GPU, TensorFlow's default stays:
+    its layout and fusion passes are for GPU kernels, and none was measured here. -> whether it
+    turned Grappler off."""
+    if tf.config.list_physical_devices("GPU"):
+        return False
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    return True
+
+
 class VoiceError(PipelineError):
     """A voice folder, text or option the voice cannot take; one line naming it."""
 
