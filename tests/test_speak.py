@@ -48,10 +48,11 @@ def voice(exported_voice):
 @pytest.fixture(autouse=True)
 def graph_optimizer_restored():
     """speak.main turns Grappler off for its whole process (voice.quick_start). The tests here that
-    call it in this process turn it back on after, for the test files this worker runs next."""
+    call it in this process put the setting back as it was, for the test files this worker runs next."""
     import tensorflow as tf
+    before = tf.config.optimizer.get_experimental_options().get("disable_meta_optimizer", False)
     yield
-    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False})
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": before})
 
 
 def recorded_calls(voice, monkeypatch):

@@ -18,6 +18,7 @@ import yaml
 from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, load_json, snakemake, write_config
 
 from pipeline import config
+from pipeline.vocoder.kinds import step_of
 
 TINY_MODEL = {"kind": "transformer_tts",
               "transformer_tts": {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64,
@@ -176,7 +177,7 @@ def _train(path, *extra, check=True):
 def _saved_step(folder):
     """The step of the checkpoint the `checkpoint` file in `folder` names as the latest; 0 before there is one."""
     try:
-        return int(Path(latest_checkpoint(folder)).name.split("-")[1])
+        return step_of(latest_checkpoint(folder))
     except FileNotFoundError:
         return 0
 
@@ -213,7 +214,7 @@ def test_rerun_after_kill_resumes_at_the_saved_step_with_optimizer_state(aligned
     kept.mkdir()
     for f in ckpt_dir.glob(latest.name + ".*"):
         shutil.copy2(f, kept / f.name)
-    step = int(latest.name.split("-")[1])
+    step = step_of(latest)
     assert step >= 8 and step % 4 == 0
     # resume: the summary says where it continued from, and it ends at train.steps
     target = step + 6
