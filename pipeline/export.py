@@ -30,6 +30,8 @@ Bad input inside the graph: a token, speaker or language id outside its table, a
 finite number in 0.1..10 (synthesize.pace's range; > 1 speaks faster) or a pitch_shift that is not a
 finite number in -24..24 semitones, fails with InvalidArgumentError (tf.debugging); an empty token
 list gives empty audio, shape [1, 0].
+The export runs on the CPU (`placement.cpu_only`): it asks no GPU turn in the DAG, so it never takes
+GPU memory from a job beside it.
 
     python -m pipeline.export --config configs/config.yaml [--out DIR] [--tflite]
     snakemake --cores all export
@@ -51,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, dft, files, runinfo
+from pipeline import config, dft, files, placement, runinfo
 from pipeline.audio import LOG_CLAMP
 from pipeline.errors import PipelineError, cli
 from pipeline.synthesize import PACE, PITCH_SHIFT, frame_f0, load_synthesizer
@@ -380,6 +382,7 @@ def main(argv=None):
     parser.add_argument("--tflite", action="store_true", default=None,
                         help="also write model.tflite and model_float16.tflite (default: export.tflite)")
     args = parser.parse_args(argv)
+    placement.cpu_only()  # tracing, saving and checking the voice run on the CPU, beside GPU jobs
     cfg = config.from_args(args, check_paths=False)
     out = args.out or config.run_dir(cfg) / "export"
     files.check_folder(out)

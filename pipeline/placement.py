@@ -236,6 +236,17 @@ def resolve(train_cfg, override=None, report=None):
     return Placement(name, reason, data_dev, model_dev, devices, jit, mp, strategy)
 
 
+def cpu_only():
+    """Keep this process off the GPUs: for the jobs the DAG runs without a GPU turn (`gta_shard`,
+    `export`; rules/common.smk `gpus_wanted`). TensorFlow would otherwise open every visible GPU and
+    reserve most of its memory, while a training job beside it holds the GPU turn and needs that
+    memory. Call it before any other TensorFlow op. -> how many GPUs this process now leaves alone."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        tf.config.set_visible_devices([], "GPU")
+    return len(gpus)
+
+
 def set_precision_policy(mixed_precision):
     """Keras' global dtype policy; float16 also needs a LossScaleOptimizer (the trainer adds it)."""
     keras.mixed_precision.set_global_policy(

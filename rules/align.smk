@@ -24,6 +24,8 @@ rule train_aligner:
     conda:
         "../environment.yml"
     threads: 32
+    resources:
+        gpu=min(gpus_wanted(), 1),  # TensorFlow trains it on a GPU when one is visible: it takes a turn
     params:
         config=aligner_settings,
     shell:

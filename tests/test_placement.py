@@ -116,3 +116,20 @@ def test_multiworker_after_another_tensorflow_op_is_an_error_naming_the_rule(mon
     monkeypatch.setattr(placement, "_MULTIWORKER", None)
     with pytest.raises(PlacementError, match="before the strategy was created"):
         placement.resolve(dict(TRAIN, placement="multiworker"))
+
+
+def test_jobs_without_a_gpu_turn_hide_the_gpus_before_anything_else(monkeypatch, tmp_path):
+    # no GPU here: two stand in for what TensorFlow would list, and hiding them is recorded
+    hidden = []
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0", "GPU:1"] if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config, "set_visible_devices", lambda devices, kind=None: hidden.append((list(devices), kind)))
+    assert placement.cpu_only() == 2 and hidden == [([], "GPU")]
+    # gta_shard's and export's jobs (tests/test_slurm.py CPU_ONLY) hide them first: before their config
+    # is read, so before any op (the missing config is then their one-line error)
+    from pipeline import export
+    from pipeline.vocoder import gta
+    for main, extra in ((gta.main, ["--shard", "0", "--out", str(tmp_path / "shard-000")]), (export.main, [])):
+        hidden.clear()
+        with pytest.raises(SystemExit):
+            main(["--config", str(tmp_path / "missing.yaml"), *extra])
+        assert hidden == [([], "GPU")], main.__module__

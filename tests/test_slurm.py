@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, snakemake, write_config
+from conftest import ROOT, TINY_VOCODER, snakemake, write_config
 
 from pipeline import manifest
 
@@ -161,3 +161,25 @@ def test_default_profile_gpu_budget_caps_what_train_asks(tmp_path, corpus_templa
     out = snakemake("train", "-n", *extra, config=config).stdout
     asked = re.search(r"rule train:.*?resources: ([^\n]*)", out, flags=re.DOTALL).group(1)
     assert f"gpu={gpus}" in asked.split(", "), asked
+
+
+# Every job that runs TensorFlow either takes a GPU turn (TensorFlow uses every GPU it sees and
+# reserves most of its memory) or keeps off the GPUs (pipeline.placement.cpu_only, tests/test_placement.py);
+# the shard jobs run no TensorFlow. A new rule must be put in one of the three.
+GPU_TURN = {"train_aligner", "train", "diagnose", "evaluate", "synthesize", "train_vocoder", "finetune_vocoder"}
+CPU_ONLY = {"gta_shard", "export"}
+NO_TENSORFLOW = {"token_shard", "mel_shard", "pitch_shard", "cache_index", "duration_shard"}
+
+
+def test_every_tensorflow_job_takes_a_gpu_turn_or_keeps_off_the_gpus(tmp_path, corpus_template):
+    # placement single: one GPU wanted without NVML; a trained vocoder, so its three rules are planned
+    config = write_config(tmp_path, corpus_template, train={"placement": "single"}, vocoder=TINY_VOCODER)
+    out = snakemake("all", "-n", config=config).stdout
+    asked = {}
+    for m in re.finditer(r"^rule (\w+):\n(.*?)^\s+resources: ([^\n]*)", out, flags=re.MULTILINE | re.DOTALL):
+        gpu = next((int(r.split("=")[1]) for r in m.group(3).split(", ") if r.startswith("gpu=")), 0)
+        asked.setdefault(m.group(1), set()).add(gpu)
+    asked.pop("all")  # the target: it runs nothing
+    assert set(asked) == GPU_TURN | CPU_ONLY | NO_TENSORFLOW, sorted(asked)
+    assert {rule for rule, gpus in asked.items() if gpus == {1}} == GPU_TURN, asked
+    assert all(asked[rule] == {0} for rule in CPU_ONLY | NO_TENSORFLOW), asked

@@ -9,6 +9,8 @@ latest checkpoint (runs/{name}/checkpoints); writes runs/{name}/gta/shard-NNN.{b
     python -m pipeline.vocoder.gta --config configs/config.yaml --shard 3 --out runs/demo/gta/shard-003
 
 Config keys: model.*, audio.n_mels, cache.*, dataset.* (via the caches), synthesize.max_seconds.
+Runs on the CPU (`placement.cpu_only`): the rule asks no GPU turn, so it never takes GPU memory from
+a training job beside it, and two of its jobs share a 2-core machine (`threads: 1`).
 """
 import argparse
 import functools
@@ -16,7 +18,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, data, shards
+from pipeline import config, data, placement, shards
 from pipeline.errors import cli
 from pipeline.synthesize import load_synthesizer
 from pipeline.train import normalise
@@ -64,6 +66,7 @@ def main(argv=None):
     parser.add_argument("--shard", type=int, required=True)
     parser.add_argument("--out", required=True, help="shard path without suffix")
     args = parser.parse_args(argv)
+    placement.cpu_only()  # teacher-forced inference of one shard: the CPU is enough, the GPU turn is train's
     cfg = config.from_args(args)
     build_gta_shard(cfg, args.shard, args.out)
 
