@@ -14,9 +14,10 @@ rule evaluate:
         LOGS / "evaluate.log",
     benchmark:
         str(REPORT / "benchmarks/evaluate.tsv")
+    priority: 1  # the longest of the DAG's last jobs: it starts first when the cores are short
     conda:
         "../environment.yml"
-    threads: 8
+    threads: 1  # ~1 core busy (one clip at a time); synthesize and export run beside it on 2 cores
     resources:
         gpu=min(gpus_wanted(), 1),
     params:

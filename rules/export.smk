@@ -27,7 +27,7 @@ rule export:
         str(REPORT / "benchmarks/export.tsv")
     conda:
         "../environment.yml"
-    threads: 2
+    threads: 1  # ~0.7 core busy, on the CPU (pipeline.placement.cpu_only)
     params:
         config=config_without(
             "synthesize",

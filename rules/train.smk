@@ -50,7 +50,7 @@ rule synthesize:
         LOGS / "synthesize.log",
     conda:
         "../environment.yml"
-    threads: 8
+    threads: 1  # a few sentences: ~1 core busy
     resources:
         gpu=min(gpus_wanted(), 1),
     params:
