@@ -107,7 +107,13 @@ def heavy_report():
         for _ in range(8):
             x = tf.tanh(tf.matmul(x, w))
         return {"loss": tf.reduce_mean(x)}
-    return diagnose(ds, step, steps=24, warmup=3)
+    report = diagnose(ds, step, steps=24, warmup=3)
+    if report["oscillation"]:
+        # The suite's other workers share these 2 cores, and a cycle in their load (a training loop, a
+        # Snakemake run's jobs) can show in 24 steps of ~30 ms (once in CI at 8aa0adb). A cycle of the
+        # step itself shows again in a second measurement; theirs rarely lines up twice.
+        report = diagnose(ds, step, steps=24, warmup=3)
+    return report
 
 
 def test_python_map_is_input_bound(pyfunc_report):
