@@ -65,7 +65,7 @@ def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
     update, _ = traced_once_update(optimizer, model.trainable_variables)  # the step's two traces share it
     mel_mean, mel_std = tf.constant(mean), tf.constant(std)
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)  # graph ops only: no AutoGraph (pipeline/train.py)
     def step(batch):
         batch = dict(batch, mel=(tf.cast(batch["mel"], tf.float32) - mel_mean) / mel_std)
         with tf.GradientTape() as tape:
@@ -112,7 +112,7 @@ def load_aligner(cfg, aligner_json):
                               languages=info.get("languages", ()))
     model.load_weights(str(path.with_name(info["weights"])))
     info["_stats"] = (np.asarray(info["mel_mean"], np.float32), np.asarray(info["mel_std"], np.float32))
-    info["_fn"] = tf.function(lambda b: model(b)["log_probs"], reduce_retracing=True)
+    info["_fn"] = tf.function(lambda b: model(b)["log_probs"], reduce_retracing=True, autograph=False)
     return model, info
 
 

@@ -73,7 +73,7 @@ def traced_once_update(optimizer, variables):
     step traced again for another bucket shape calls it instead of building the optimizer's ops again
     (about half a trace). apply(grads), called inside that step, makes an embedding's IndexedSlices
     dense, as Adam uses them. Under a tf.distribute strategy the update stays in strategy.run."""
-    function = tf.function(lambda grads: optimizer.apply(grads, variables))
+    function = tf.function(lambda grads: optimizer.apply(grads, variables), autograph=False)
 
     def apply(grads):
         return function([tf.convert_to_tensor(g) for g in grads])
@@ -131,7 +131,7 @@ class Trainer:
         self.step = self._make_step()
         # Validation is not XLA-compiled: one trace with every dimension unknown serves every bucket and
         # the last, smaller batch (a trace per shape cost ~1-4 s of start-up each, for a few batches).
-        self._eval = None if self.val_dataset is None else tf.function(self._forward, input_signature=[
+        self._eval = None if self.val_dataset is None else tf.function(self._forward, autograph=False, input_signature=[
             tf.nest.map_structure(lambda s: tf.TensorSpec([None] * s.shape.rank, s.dtype), self.val_dataset.element_spec)])
         self.log(self.p.describe())
 
@@ -188,6 +188,9 @@ class Trainer:
         return tape.gradient(scaled, self.model.trainable_variables), terms
 
     def _make_step(self):
+        # No AutoGraph in the step, the validation pass or the update: the loss and the models branch
+        # with tf.where / tf.cond, never a Python `if` on a tensor (docs/models.md), so converting them
+        # changed nothing in the graph and cost ~1 CPU s in every training process's first trace.
         variables = self.model.trainable_variables
         if self.p.strategy is None:
             update, self.update = traced_once_update(self.optimizer, variables)  # each bucket's trace reuses it
@@ -197,9 +200,9 @@ class Trainer:
                 update(grads)
                 return terms
             with tf.device(self.p.model_device):
-                return tf.function(step, jit_compile=self.p.jit_compile)
+                return tf.function(step, jit_compile=self.p.jit_compile, autograph=False)
         # mirrored: XLA compiles each replica's forward/backward; the all-reduce and update run outside it
-        grads_fn = tf.function(self._grads, jit_compile=self.p.jit_compile)
+        grads_fn = tf.function(self._grads, jit_compile=self.p.jit_compile, autograph=False)
         strategy = self.p.strategy
         clip = self.cfg["train"]["grad_clip"]
 
@@ -219,7 +222,7 @@ class Trainer:
             self.optimizer.apply([g * tf.cast(factor, g.dtype) for g in grads], variables)
             return terms
 
-        @tf.function
+        @functools.partial(tf.function, autograph=False)
         def step(batch):
             terms = strategy.run(replica_step, args=(batch,))
             return {k: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in terms.items()}
@@ -231,7 +234,8 @@ class Trainer:
         if self.p.name == "multiworker":
             s = self.p.strategy
             # in a tf.function: collectives run eagerly make TensorFlow warn about their overhead
-            tf.function(lambda: s.reduce(tf.distribute.ReduceOp.SUM, s.run(lambda: tf.constant(1.0)), axis=None))()
+            tf.function(lambda: s.reduce(tf.distribute.ReduceOp.SUM, s.run(lambda: tf.constant(1.0)), axis=None),
+                        autograph=False)()
 
     # --- the loop pieces ----------------------------------------------------------------------
     @property

@@ -137,9 +137,10 @@ class Vocoder:
         if model is not None:  # one trace for every mel length (chunks, sentences, clips)
             import tensorflow as tf
             mel, f0 = tf.TensorSpec([1, None, self.audio["n_mels"]], tf.float32), tf.TensorSpec([1, None], tf.float32)
-            self._call = tf.function(lambda m: model(m, training=False), input_signature=[mel])
+            self._call = tf.function(lambda m: model(m, training=False), input_signature=[mel], autograph=False)
             if self.uses_f0:
-                self._call_f0 = tf.function(lambda m, f: model(m, f0=f, training=False), input_signature=[mel, f0])
+                self._call_f0 = tf.function(lambda m, f: model(m, f0=f, training=False), input_signature=[mel, f0],
+                                            autograph=False)
 
     def __call__(self, log_mel, f0=None, chunk_frames=CHUNK_FRAMES):
         """A mel longer than `chunk_frames` goes through in chunks, each with `self.context` frames of
