@@ -19,6 +19,12 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow's intra-op pool: one thread in every TensorFlow process the tests start (this one, the
+# jobs, the workers), and Snakemake gives every job one thread (`--max-threads 1` below). The tests'
+# models are tiny, so a second thread mostly waits on the first: the placements' process took 95 CPU s
+# with TensorFlow's default pool and 67 CPU s (and no more wall time) with one thread. Three pytest
+# workers already share the two cores. What threads change in the product is measured in benchmarks/.
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
 from pipeline import config, make_corpus  # noqa: E402
 
@@ -61,7 +67,7 @@ def corpus(tmp_path, corpus_template):
 def snakemake(*args, config=None, check=True, cwd=ROOT):
     """Run the real snakemake CLI on this project's Snakefile; returns the CompletedProcess (snakemake_cli
     says how it is started)."""
-    cmd = ["--snakefile", str(ROOT / "Snakefile"), "--cores", "2", "--directory", str(cwd)]
+    cmd = ["--snakefile", str(ROOT / "Snakefile"), "--cores", "2", "--max-threads", "1", "--directory", str(cwd)]
     if Path(cwd) == ROOT:
         # Tests on every xdist worker share the project's .snakemake/ while writing to their own
         # temporary caches. Snakemake's unlock deletes the whole .snakemake/locks/ folder, so a run
