@@ -3,6 +3,7 @@
     python benchmarks/cpu_kernels.py                  # default config, demo corpus caches
     python benchmarks/cpu_kernels.py --rounds 3 --steps 15
     python benchmarks/cpu_kernels.py --voice runs/demo/export   # an exported voice's calls instead
+    python benchmarks/cpu_kernels.py --compare threads          # 1 intra-op thread against 2 (oneDNN on)
 
 TF_ENABLE_ONEDNN_OPTS is read once, when TensorFlow loads, so each setting runs in its own process:
 each round starts one process per setting, in alternating order. Each process builds the training
@@ -12,19 +13,23 @@ step time. pipeline/__init__.py turns oneDNN on for the pipeline's own processes
 measurement behind it. With --voice, each process loads that export's SavedModel instead and times
 --steps warm calls of its `synthesize` signature on one sentence of each of TOKENS token counts, as
 `speak` and `serve` call it (benchmarks/serve.py makes a demo-size voice in .bench/serve/).
-Writes .bench/cpu_kernels.json.
+With --compare threads, the two settings are TensorFlow's intra-op pool at 1 and at 2 threads
+(TF_NUM_INTRAOP_THREADS, what a rule's `--threads` sets), and each process also reports its CPU
+seconds. Writes .bench/cpu_kernels.json (.bench/cpu_threads.json with --compare threads).
 """
 import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = {"Eigen": "0", "oneDNN": "1"}
+COMPARE = {"kernels": ("TF_ENABLE_ONEDNN_OPTS", {"Eigen": "0", "oneDNN": "1"}),
+           "threads": ("TF_NUM_INTRAOP_THREADS", {"2 threads": "2", "1 thread": "1"})}
 TOKENS = (20, 60, 150)  # --voice: sentence lengths in token ids (~1.4, 4 and 10 s of speech at 6 frames a token)
 
 
@@ -45,7 +50,8 @@ def measure(config_path, steps):
     vocoder = VocoderTrainer(cfg, log=lambda *a: None)
     batch = next(iter(vocoder.dataset("train")))
     voc = time_variant(lambda b: vocoder.step(b, 0), [batch], steps)["median_ms"]
-    return {"fastpitch_ms": fastpitch, "vocoder_ms": voc, "kernels": placement.cpu_kernels(), "tf": tf.__version__}
+    return {"fastpitch_ms": fastpitch, "vocoder_ms": voc, "kernels": placement.cpu_kernels(), "tf": tf.__version__,
+            "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2])}
 
 
 def measure_voice(voice, calls):
@@ -78,7 +84,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--voice", help="an export folder: time its SavedModel's calls, not the training steps")
-    parser.add_argument("--out", default=str(ROOT / ".bench" / "cpu_kernels.json"))
+    parser.add_argument("--compare", choices=sorted(COMPARE), default="kernels")
+    parser.add_argument("--out", help="default .bench/cpu_kernels.json (.bench/cpu_threads.json: --compare threads)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:  # the project and step.py importable in this fresh process
@@ -86,25 +93,30 @@ def main(argv=None):
         print(json.dumps(measure_voice(args.voice, args.steps) if args.voice else measure(args.config, args.steps)))
         return
     keys = [f"tokens_{n}_ms" for n in TOKENS] if args.voice else ["fastpitch_ms", "vocoder_ms"]
-    runs = {name: [] for name in SETTINGS}
+    variable, settings = COMPARE[args.compare]
+    out = args.out or ROOT / ".bench" / ("cpu_kernels.json" if args.compare == "kernels" else "cpu_threads.json")
+    runs = {name: [] for name in settings}
     for r in range(args.rounds):
-        for name in (list(SETTINGS) if r % 2 == 0 else list(SETTINGS)[::-1]):
-            env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=SETTINGS[name], TF_CPP_MIN_LOG_LEVEL="3")
+        for name in (list(settings) if r % 2 == 0 else list(settings)[::-1]):
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **{variable: settings[name]})
             proc = subprocess.run([sys.executable, __file__, "--child", "--config", args.config, "--steps",
                                    str(args.steps), *(["--voice", args.voice] if args.voice else [])],
                                   env=env, cwd=ROOT, capture_output=True, text=True, check=True)
             got = json.loads(proc.stdout.strip().splitlines()[-1])
-            assert got["kernels"] == name, got  # the setting took
+            assert args.compare != "kernels" or got["kernels"] == name, got  # the setting took
             runs[name].append(got)
-            print(f"round {r} {name:<7} " + "   ".join(f"{k[:-3]} {got[k]:7.1f} ms" for k in keys) +
+            print(f"round {r} {name:<9} " + "   ".join(f"{k[:-3]} {got[k]:7.1f} ms" for k in keys) +
+                  (f"   process {got['cpu_s']:.1f} CPU s" if "cpu_s" in got else "") +
                   f"   load {os.getloadavg()[0]:.1f}", flush=True)
-    med = {name: {k: statistics.median(g[k] for g in runs[name]) for k in keys} for name in SETTINGS}
+    med = {name: {k: statistics.median(g[k] for g in runs[name]) for k in keys} for name in settings}
+    base, other = settings  # the first setting is the baseline
     for k in keys:
-        print(f"{k[:-3]:<10} Eigen {med['Eigen'][k]:7.1f} ms   oneDNN {med['oneDNN'][k]:7.1f} ms   "
-              f"oneDNN {med['Eigen'][k] / med['oneDNN'][k]:.2f}x faster")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"runs": runs, "median": med, "voice": args.voice, "machine": platform.processor(),
-                                          "cpu": _cpu_model(), "load_end": os.getloadavg()[0]}, indent=1))
+        print(f"{k[:-3]:<10} {base} {med[base][k]:7.1f} ms   {other} {med[other][k]:7.1f} ms   "
+              f"{other} {med[base][k] / med[other][k]:.2f}x faster")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({"compare": args.compare, "runs": runs, "median": med, "voice": args.voice,
+                                     "machine": platform.processor(), "cpu": _cpu_model(),
+                                     "load_end": os.getloadavg()[0]}, indent=1))
 
 
 def _cpu_model():
