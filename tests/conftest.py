@@ -21,9 +21,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TensorFlow's intra-op pool: one thread in every TensorFlow process the tests start (this one, the
 # jobs, the workers), and Snakemake gives every job one thread (`--max-threads 1` below). The tests'
-# models are tiny, so a second thread mostly waits on the first: the placements' process took 95 CPU s
-# with TensorFlow's default pool and 67 CPU s (and no more wall time) with one thread. Three pytest
-# workers already share the two cores. What threads change in the product is measured in benchmarks/.
+# models are tiny, so a second thread mostly waits on the first: alone on the two cores, the placements'
+# process took 86-95 CPU s with TensorFlow's default pool and 67 CPU s (67 s wall) with one thread. Three
+# pytest workers already share the cores. What threads change in the product: benchmarks/cpu_kernels.py.
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
 from pipeline import config, make_corpus  # noqa: E402
