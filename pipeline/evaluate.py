@@ -1,6 +1,6 @@
 """Does the trained model say the sentences? MCD, F0, PESQ, STOI, MOS and WER of held-out clips, with references.
 
-    python -m pipeline.evaluate --config configs/config.yaml [--out reports/demo]
+    python -m pipeline.evaluate --config configs/config.yaml [--out reports/demo] [--threads 2]
     snakemake --cores all evaluate
 
 For each validation clip (held out from training by id hash; at most `evaluate.max_clips`, by id),
@@ -18,6 +18,8 @@ listener hears, for the recording, both copy-syntheses and the synthesized audio
 16 kHz): naturalness by a MOS predictor (DNSMOS P.835 overall, `speechmos`; chance: the recording's
 spectrogram with random phase) and the word error rate of an offline recognizer (pocketsphinx en-us,
 English clips only; chance: the recording's transcript against the other clips' sentences).
+With `--threads N` above 1, N spawned processes (at most MAX_LISTENERS) take the listening measures,
+most of the job's time, while this one synthesizes the next clips: the same figures, sooner.
 
 Reads the run's own vocabulary and mel statistics (runs/{name}/run.json, through the synthesizer),
 the caches' index (the split), the recordings' F0 from the pitch
@@ -31,6 +33,8 @@ checkpoint's step in runs/{name}/.
 """
 import argparse
 import functools
+import multiprocessing
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +47,7 @@ GL_POWER = 1.0  # Griffin-Lim without the listening sharpening (power 1.5 tilts 
 ARRAYS = ("recorded_mel", "synthesized_mel", "path", "synthesized_audio", "voice", "signals")  # rows, not in the JSON
 LISTENED = ("synthesized", "vocoder_ceiling", "griffin_lim_ceiling")  # pesq/stoi keys in evaluate.json
 SIGNALS = ("recording", *LISTENED)  # mos/wer keys in evaluate.json: the recording is scored too
+MAX_LISTENERS = 4  # listening processes at most (each holds its own recognizer and MOS predictor)
 MIN_FRAMES = 2  # a decoder that stops at once still yields a (silent) signal to compare
 
 _print = functools.partial(print, flush=True)
@@ -155,18 +160,6 @@ class Analyser:
         sr, hop = self.a["sample_rate"], self.a["hop_length"]
         return pitch.f0(y, sample_rate=sr, hop_length=hop, n_frames=audio.n_frames(len(y), hop), **self.pitch)
 
-    def listen(self, signals, text, language=""):
-        """{mos_NAME, wer_NAME, heard_NAME} for each named signal: the MOS predictor's naturalness, and
-        what the recognizer heard with its WER against `text`. No WER where the clip's language (else
-        text.language) is not English: the recognizer knows en-us only."""
-        sr, out = self.a["sample_rate"], {}
-        for name, y in signals.items():
-            out[f"mos_{name}"] = metrics.naturalness(y, sr)
-            if (language or self.language).lower().startswith("en"):
-                out[f"heard_{name}"] = metrics.transcribe(y, sr)
-                out[f"wer_{name}"] = metrics.wer(text, out[f"heard_{name}"])
-        return out
-
     def __call__(self, y, f0=None):
         f0 = self.f0(y) if f0 is None else f0
         return {"f0": f0, "mc": metrics.mel_cepstra(y, f0, sample_rate=self.a["sample_rate"],
@@ -188,13 +181,47 @@ def _f0_rmse(f0_a, f0_b, path):
     return rmse if frames else None  # None: no frame voiced in both
 
 
-def _listened(ref, heard, sample_rate):
-    """pesq_{name}, stoi_{name} of each signal in `heard` against the recording `ref` (same length)."""
+def listen(ref, heard, signals, text, language, sample_rate):
+    """The listening measures of one clip, which need no model of ours (so a worker process can take them):
+    pesq_NAME and stoi_NAME of each signal in `heard` against the recording `ref` (same length);
+    mos_NAME, heard_NAME and wer_NAME of each signal in `signals` (the MOS predictor's naturalness, what the
+    recognizer heard, its WER against `text`); mos_chance. No WER where `language` is not English: the
+    recognizer knows en-us only."""
     out = {}
     for name, sig in heard.items():
         out[f"pesq_{name}"] = metrics.pesq_wb(ref, sig, sample_rate)
         out[f"stoi_{name}"] = metrics.stoi(ref, sig, sample_rate)
+    for name, y in signals.items():
+        out[f"mos_{name}"] = metrics.naturalness(y, sample_rate)
+        if language.lower().startswith("en"):
+            out[f"heard_{name}"] = metrics.transcribe(y, sample_rate)
+            out[f"wer_{name}"] = metrics.wer(text, out[f"heard_{name}"])
+    out["mos_chance"] = metrics.naturalness(metrics.speech_shaped_noise(ref, sample_rate), sample_rate)
     return out
+
+
+class Listeners:
+    """Runs `listen` beside the clips' synthesis: in `workers` spawned processes (they import no
+    TensorFlow), or in this process when workers is 0. submit(*args) -> a future's result()."""
+
+    def __init__(self, workers):
+        self.pool = None
+        if workers > 0:
+            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+    def submit(self, *args):
+        if self.pool is not None:
+            return self.pool.submit(listen, *args)
+        done = Future()
+        done.set_result(listen(*args))
+        return done
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=exc[0] is not None)
 
 
 def _vocoder_ceiling(voc, rec):
@@ -205,8 +232,9 @@ def _vocoder_ceiling(voc, rec):
 
 
 def measure_clip(clip, synth_mel, analyse):
-    """(row, recorded analysis, synthesized analysis) of one clip: the row holds every per-clip figure,
-    the analyses are what the chance level compares across clips."""
+    """(row, recorded analysis, synthesized analysis, listen's arguments) of one clip: the row holds every
+    per-clip figure but the listening measures, the analyses are what the chance level compares across
+    clips."""
     a, sr = analyse.a, analyse.a["sample_rate"]
     y = audio.load_audio(clip.audio, sample_rate=sr, max_seconds=analyse.max_seconds)
     mel = audio.mel_spectrogram(y, **a)                                         # (F, n_mels)
@@ -229,9 +257,6 @@ def measure_clip(clip, synth_mel, analyse):
         y_voc = analyse.vocode(mel, rec["f0"] if len(rec["f0"]) == len(mel) else None)  # the recording's F0
         extra.update(_vocoder_ceiling(analyse(y_voc), rec))
         heard["vocoder_ceiling"], signals["vocoder_ceiling"] = y_voc[:len(ref)], y_voc
-    extra.update(_listened(ref, heard, sr))
-    extra.update(analyse.listen(signals, clip.text, clip.language))
-    extra["mos_chance"] = metrics.naturalness(metrics.speech_shaped_noise(ref, sr), sr)
     row = {"id": clip.id, "text": clip.text, "mcd_db": mcd_db, "mcd_db_ceiling": mcd_ceiling, **extra,
            "duration_ratio": len(smel) / len(mel),
            "f0_rmse_hz": _f0_rmse(syn["f0"], rec["f0"], path_),
@@ -241,7 +266,7 @@ def measure_clip(clip, synth_mel, analyse):
            "recorded_mel": mel, "synthesized_mel": smel, "path": path_, "synthesized_audio": y_syn,
            "signals": (sr, signals), "speaker": clip.speaker,
            "voice": (metrics.speaker_feature(rec["mc"], rec["f0"]), metrics.speaker_feature(syn["mc"], syn["f0"]))}
-    return row, rec, syn
+    return row, rec, syn, (ref, heard, signals, clip.text, clip.language or analyse.language, sr)
 
 
 def _chance(rows, recorded, synthesized, texts):
@@ -277,26 +302,42 @@ def summarise(rows, vocoder):
     return summary
 
 
-def compare(clips, synth_mel, analyse, log=_print):
+def _log_clip(row, log):
+    vc = f", vocoder ceiling {row['mcd_db_vocoder_ceiling']:.2f}" if "mcd_db_vocoder_ceiling" in row else ""
+    mos, wer = row.get("mos_synthesized"), row.get("wer_synthesized")
+    log(f"{row['id']}: MCD {row['mcd_db']:.2f} dB (Griffin-Lim ceiling {row['mcd_db_ceiling']:.2f}{vc}), "
+        f"{len(row['synthesized_mel'])} / {len(row['recorded_mel'])} frames, MOS {_fmt(mos)}, WER {_fmt(wer)}: "
+        f"{row['text']!r}")
+
+
+def compare(clips, synth_mel, analyse, log=_print, listeners=0):
     """Per-clip rows and the summary fields of evaluate.json. `synth_mel(text)` -> log-mel, or (log-mel,
-    F0 Hz per frame or None) for a vocoder that uses F0."""
-    recorded, synthesized, rows = [], [], []
-    for clip in clips:
-        row, rec, syn = measure_clip(clip, synth_mel, analyse)
-        rows.append(row)
-        recorded.append(rec)
-        synthesized.append(syn)
-        vc = f", vocoder ceiling {row['mcd_db_vocoder_ceiling']:.2f}" if "mcd_db_vocoder_ceiling" in row else ""
-        mos, wer = row.get("mos_synthesized"), row.get("wer_synthesized")
-        log(f"{clip.id}: MCD {row['mcd_db']:.2f} dB (Griffin-Lim ceiling {row['mcd_db_ceiling']:.2f}{vc}), "
-            f"{len(row['synthesized_mel'])} / {len(row['recorded_mel'])} frames, MOS {_fmt(mos)}, WER {_fmt(wer)}: "
-            f"{clip.text!r}")
+    F0 Hz per frame or None) for a vocoder that uses F0. listeners: worker processes that take the
+    listening measures while the next clips are synthesized (0: all in this process; the figures are the
+    same either way)."""
+    recorded, synthesized, rows, pending = [], [], [], []
+    with Listeners(listeners) as pool:
+        for clip in clips:
+            row, rec, syn, heard = measure_clip(clip, synth_mel, analyse)
+            rows.append(row)
+            recorded.append(rec)
+            synthesized.append(syn)
+            pending.append((row, pool.submit(*heard)))
+            while pending and (pending[0][1].done() or len(pending) > 2 * listeners):
+                row, future = pending.pop(0)  # in clip order; at most 2 clips a listener wait to be heard
+                row.update(future.result())
+                _log_clip(row, log)
+        for row, future in pending:
+            row.update(future.result())
+            _log_clip(row, log)
     _chance(rows, recorded, synthesized, [clip.text for clip in clips])
     return summarise(rows, analyse.neural is not None), rows
 
 
-def evaluate(cfg, out, log=_print):
-    """Measure the latest checkpoint on the validation clips; write the report into `out`."""
+def evaluate(cfg, out, log=_print, threads=1):
+    """Measure the latest checkpoint on the validation clips; write the report into `out`. threads > 1:
+    min(threads, MAX_LISTENERS) processes take the listening measures (most of the time: ~5 s a clip on the
+    demo, against ~1 s to synthesize and analyse it) while this one synthesizes the next clips."""
     from pipeline.evaluate_report import write_report
     from pipeline.synthesize import load_synthesizer
     from pipeline.vocoder import kinds
@@ -307,7 +348,9 @@ def evaluate(cfg, out, log=_print):
     clips = validation_clips(cfg)
     log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips, through the "
         f"{voc.kind} vocoder")
-    summary, rows = compare(clips, synth.mel_f0, Analyser(cfg, voc if voc.model is not None else None), log)
+    listeners = min(threads, MAX_LISTENERS, len(clips)) if threads > 1 else 0
+    summary, rows = compare(clips, synth.mel_f0, Analyser(cfg, voc if voc.model is not None else None), log,
+                            listeners)
     if "speaker_similarity" in summary:
         log(f"speaker similarity {summary['speaker_similarity']}")
     report = {**summary, "checkpoint": synth.checkpoint, "step": synth.step,
@@ -355,11 +398,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     config.add_arguments(parser)
     parser.add_argument("--out", help="report folder (default {reports_dir}/{name})")
+    parser.add_argument("--threads", type=int, default=1,
+                        help=f"CPU cores for the job: above 1, as many processes (at most {MAX_LISTENERS}) take the "
+                             "listening measures (MOS, WER, PESQ, STOI) while the next clips are synthesized")
     args = parser.parse_args(argv)
     cfg = config.from_args(args)
     out = Path(args.out or config.report_dir(cfg))
     files.check_folder(out)
-    evaluate(cfg, out)
+    evaluate(cfg, out, threads=args.threads)
 
 
 if __name__ == "__main__":

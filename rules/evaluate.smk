@@ -17,11 +17,11 @@ rule evaluate:
     priority: 1  # the longest of the DAG's last jobs: it starts first when the cores are short
     conda:
         "../environment.yml"
-    threads: 1  # ~1 core busy (one clip at a time); synthesize and export run beside it on 2 cores
+    threads: 4  # processes that score what the clips sound like (MOS, WER), while this one synthesizes
     resources:
         gpu=min(gpus_wanted(), 1),
     params:
         config=config_without("diagnose"),
         out=REPORT,
     shell:
-        "python -m pipeline.evaluate --config {params.config:q} --out {params.out:q} > {log:q} 2>&1"
+        "python -m pipeline.evaluate --config {params.config:q} --out {params.out:q} --threads {threads} > {log:q} 2>&1"

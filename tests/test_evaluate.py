@@ -82,8 +82,16 @@ def test_vocoder_rows_beside_griffin_lims():
             for c in demo_clips()}
     tf.random.set_seed(0)
     untrained = kinds.Vocoder(cfg, kinds.build(cfg["vocoder"], cfg["audio"]))  # a real Vocos, no training
+    logged = []
+    # as `evaluate --threads 2` runs: a spawned process (no TensorFlow in it) takes the listening measures
     result, rows = evaluate.compare(demo_clips(), mels.__getitem__, evaluate.Analyser(cfg, untrained),
-                                    log=lambda *a: None)
+                                    log=logged.append, listeners=1)
+    assert [line.split(":")[0] for line in logged] == SHORT_VAL  # each clip's figures, in clip order
+    assert all(f"MOS {r['mos_synthesized']:.2f}, WER {r['wer_synthesized']:.2f}" in line for r, line in zip(rows, logged))
+    # ... and its figures are the ones this process makes of the same signals
+    sr, signals = rows[0]["signals"]
+    here = evaluate.listen(signals["recording"], {}, signals, rows[0]["text"], "en-us", sr)
+    assert {k: rows[0][k] for k in here} == here
     assert set(result["pesq"]) == set(result["stoi"]) == {"synthesized", "vocoder_ceiling", "griffin_lim_ceiling"}
     assert set(result["mos"]) == set(result["wer"]) == {"recording", "synthesized", "vocoder_ceiling",
                                                         "griffin_lim_ceiling"}
