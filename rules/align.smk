@@ -23,7 +23,7 @@ rule train_aligner:
         str(REPORT / "benchmarks/train_aligner.tsv")
     conda:
         "../environment.yml"
-    threads: 32
+    threads: THREADS_BESIDE  # half the cores beside train_vocoder (rules/common.smk)
     resources:
         gpu=min(gpus_wanted(), 1),  # TensorFlow trains it on a GPU when one is visible: it takes a turn
     params:

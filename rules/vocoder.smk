@@ -31,7 +31,7 @@ rule train_vocoder:
         str(REPORT / "benchmarks/train_vocoder.tsv")
     conda:
         "../environment.yml"
-    threads: 32
+    threads: THREADS_BESIDE  # half the cores beside train_aligner (rules/common.smk)
     resources:
         gpu=min(gpus_wanted(), 1),
     params:

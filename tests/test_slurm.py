@@ -183,3 +183,21 @@ def test_every_tensorflow_job_takes_a_gpu_turn_or_keeps_off_the_gpus(tmp_path, c
     assert set(asked) == GPU_TURN | CPU_ONLY | NO_TENSORFLOW, sorted(asked)
     assert {rule for rule, gpus in asked.items() if gpus == {1}} == GPU_TURN, asked
     assert all(asked[rule] == {0} for rule in CPU_ONLY | NO_TENSORFLOW), asked
+
+
+def planned_threads(config, cores):
+    out = snakemake("all", "-n", "--cores", str(cores), "--max-threads", "64", config=config).stdout
+    threads = {}
+    for m in re.finditer(r"^rule (\w+):\n(.*?)^\s+resources:", out, flags=re.MULTILINE | re.DOTALL):
+        found = re.search(r"^\s+threads: (\d+)$", m.group(2), flags=re.MULTILINE)
+        threads[m.group(1)] = int(found.group(1)) if found else 1  # Snakemake prints no threads: 1
+    return threads
+
+
+def test_the_aligner_and_the_vocoder_split_the_cores_only_when_both_train(tmp_path, corpus_template):
+    # both need only the caches: on 4 cores each asks 2, so they run side by side; train asks them all
+    both = planned_threads(write_config(tmp_path, corpus_template, vocoder=TINY_VOCODER), 4)
+    assert (both["train_aligner"], both["train_vocoder"], both["train"], both["evaluate"]) == (2, 2, 4, 4), both
+    # no vocoder to train (Griffin-Lim): the aligner has the cores to itself
+    alone = planned_threads(write_config(tmp_path, corpus_template), 4)  # write_config's default
+    assert "train_vocoder" not in alone and alone["train_aligner"] == 4, alone
