@@ -202,12 +202,16 @@ def listen(ref, heard, signals, text, language, sample_rate):
 
 class Listeners:
     """Runs `listen` beside the clips' synthesis: in `workers` spawned processes (they import no
-    TensorFlow), or in this process when workers is 0. submit(*args) -> a future's result()."""
+    TensorFlow), or in this process when workers is 0. submit(*args) -> a future's result(). The
+    processes start at once and load their models while this one loads TensorFlow's."""
 
     def __init__(self, workers):
-        self.pool = None
+        self.pool, self.workers = None, workers
         if workers > 0:
-            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=metrics.load_listeners)
+            for _ in range(workers):  # the pool starts a process per waiting task
+                self.pool.submit(int)
 
     def submit(self, *args):
         if self.pool is not None:
@@ -312,18 +316,19 @@ def _log_clip(row, log):
 
 def compare(clips, synth_mel, analyse, log=_print, listeners=0):
     """Per-clip rows and the summary fields of evaluate.json. `synth_mel(text)` -> log-mel, or (log-mel,
-    F0 Hz per frame or None) for a vocoder that uses F0. listeners: worker processes that take the
-    listening measures while the next clips are synthesized (0: all in this process; the figures are the
-    same either way)."""
+    F0 Hz per frame or None) for a vocoder that uses F0. listeners: worker processes (a number, or
+    Listeners already started) that take the listening measures while the next clips are synthesized
+    (0: all in this process; the figures are the same either way)."""
     recorded, synthesized, rows, pending = [], [], [], []
-    with Listeners(listeners) as pool:
+    pool = listeners if isinstance(listeners, Listeners) else Listeners(listeners)
+    with pool:
         for clip in clips:
             row, rec, syn, heard = measure_clip(clip, synth_mel, analyse)
             rows.append(row)
             recorded.append(rec)
             synthesized.append(syn)
             pending.append((row, pool.submit(*heard)))
-            while pending and (pending[0][1].done() or len(pending) > 2 * listeners):
+            while pending and (pending[0][1].done() or len(pending) > 2 * pool.workers):
                 row, future = pending.pop(0)  # in clip order; at most 2 clips a listener wait to be heard
                 row.update(future.result())
                 _log_clip(row, log)
@@ -343,14 +348,14 @@ def evaluate(cfg, out, log=_print, threads=1):
     from pipeline.vocoder import kinds
     from pipeline.wavfile import save_wav
 
-    synth = load_synthesizer(cfg, log)  # MissingCheckpoint first: the clearest thing to fix
-    voc = kinds.load(cfg)
-    clips = validation_clips(cfg)
-    log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips, through the "
-        f"{voc.kind} vocoder")
-    listeners = min(threads, MAX_LISTENERS, len(clips)) if threads > 1 else 0
-    summary, rows = compare(clips, synth.mel_f0, Analyser(cfg, voc if voc.model is not None else None), log,
-                            listeners)
+    with Listeners(min(threads, MAX_LISTENERS, cfg["evaluate"]["max_clips"]) if threads > 1 else 0) as listeners:
+        synth = load_synthesizer(cfg, log)  # MissingCheckpoint first: the clearest thing to fix
+        voc = kinds.load(cfg)
+        clips = validation_clips(cfg)
+        log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips, through the "
+            f"{voc.kind} vocoder")
+        summary, rows = compare(clips, synth.mel_f0, Analyser(cfg, voc if voc.model is not None else None), log,
+                                listeners)
     if "speaker_similarity" in summary:
         log(f"speaker similarity {summary['speaker_similarity']}")
     report = {**summary, "checkpoint": synth.checkpoint, "step": synth.step,

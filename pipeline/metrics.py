@@ -293,6 +293,12 @@ def _decoder():
     return Decoder(**RECOGNIZER)
 
 
+def load_listeners():
+    """Load the MOS predictor and the recognizer now, not at their first use (once a process)."""
+    _dnsmos()
+    _decoder()
+
+
 def transcribe(y, sample_rate):
     """What pocketsphinx's en-us model hears in mono audio: lower-case words ("" for none). The same
     words whatever was transcribed before: the decoder's feature state (its noise and cepstral-mean
