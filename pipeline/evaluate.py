@@ -314,27 +314,26 @@ def _log_clip(row, log):
         f"{row['text']!r}")
 
 
-def compare(clips, synth_mel, analyse, log=_print, listeners=0):
+def compare(clips, synth_mel, analyse, log=_print, listeners=None):
     """Per-clip rows and the summary fields of evaluate.json. `synth_mel(text)` -> log-mel, or (log-mel,
-    F0 Hz per frame or None) for a vocoder that uses F0. listeners: worker processes (a number, or
-    Listeners already started) that take the listening measures while the next clips are synthesized
-    (0: all in this process; the figures are the same either way)."""
+    F0 Hz per frame or None) for a vocoder that uses F0. listeners: the caller's started Listeners, whose
+    processes take the listening measures while the next clips are synthesized (None: all in this
+    process; the figures are the same either way)."""
     recorded, synthesized, rows, pending = [], [], [], []
-    pool = listeners if isinstance(listeners, Listeners) else Listeners(listeners)
-    with pool:
-        for clip in clips:
-            row, rec, syn, heard = measure_clip(clip, synth_mel, analyse)
-            rows.append(row)
-            recorded.append(rec)
-            synthesized.append(syn)
-            pending.append((row, pool.submit(*heard)))
-            while pending and (pending[0][1].done() or len(pending) > 2 * pool.workers):
-                row, future = pending.pop(0)  # in clip order; at most 2 clips a listener wait to be heard
-                row.update(future.result())
-                _log_clip(row, log)
-        for row, future in pending:
+    pool = listeners or Listeners(0)
+    for clip in clips:
+        row, rec, syn, heard = measure_clip(clip, synth_mel, analyse)
+        rows.append(row)
+        recorded.append(rec)
+        synthesized.append(syn)
+        pending.append((row, pool.submit(*heard)))
+        while pending and (pending[0][1].done() or len(pending) > 2 * pool.workers):
+            row, future = pending.pop(0)  # in clip order; at most 2 clips a listener wait to be heard
             row.update(future.result())
             _log_clip(row, log)
+    for row, future in pending:
+        row.update(future.result())
+        _log_clip(row, log)
     _chance(rows, recorded, synthesized, [clip.text for clip in clips])
     return summarise(rows, analyse.neural is not None), rows
 

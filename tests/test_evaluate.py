@@ -84,8 +84,9 @@ def test_vocoder_rows_beside_griffin_lims():
     untrained = kinds.Vocoder(cfg, kinds.build(cfg["vocoder"], cfg["audio"]))  # a real Vocos, no training
     logged = []
     # as `evaluate --threads 2` runs: a spawned process (no TensorFlow in it) takes the listening measures
-    result, rows = evaluate.compare(demo_clips(), mels.__getitem__, evaluate.Analyser(cfg, untrained),
-                                    log=logged.append, listeners=1)
+    with evaluate.Listeners(1) as listeners:
+        result, rows = evaluate.compare(demo_clips(), mels.__getitem__, evaluate.Analyser(cfg, untrained),
+                                        log=logged.append, listeners=listeners)
     assert [line.split(":")[0] for line in logged] == SHORT_VAL  # each clip's figures, in clip order
     assert all(f"MOS {r['mos_synthesized']:.2f}, WER {r['wer_synthesized']:.2f}" in line for r, line in zip(rows, logged))
     # ... and its figures are the ones this process makes of the same signals
