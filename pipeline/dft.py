@@ -14,6 +14,7 @@ frames * hop samples, the length of a clip with that many mel frames.
 
     real, imag = stft(audio, n_fft=1024, hop_length=256, win_length=1024)   # audio [..., n]
     # rfft_stft / rfft_istft: the same transforms through tf.signal.rfft (TFLite RFFT2D, n_fft 2^k)
+    stft, istft = transforms(n_fft=1024, hop_length=256, win_length=1024)  # a model's pair: FFT at 2^k
     audio = istft(real, imag, n_fft=1024, hop_length=256, win_length=1024)  # [..., frames * 256]
     mag = magnitude(real, imag)                                             # sqrt(re^2 + im^2 + 1e-9)
     log_mel = log_mel_spectrogram(audio, **cfg["audio"])                   # [..., frames, n_mels]
@@ -130,6 +131,17 @@ def rfft_istft(real, imag, *, n_fft, hop_length, win_length):
     return _overlap_trim(frames, n_fft=n_fft, hop_length=hop_length, win_length=win_length)
 
 
+def transforms(*, n_fft, hop_length, win_length):
+    """(stft, istft) on this grid for a model's graph, trained and exported alike: the real-FFT pair
+    (rfft_stft, rfft_istft) where n_fft is a power of two (fft_ok), else the matmuls (stft, istft).
+    The same spectra and audio within float32 rounding (tests/test_dft.py), and TFLite built-ins
+    either way; the FFT costs O(n log n) a frame against the matmuls' O(n^2) and needs no basis
+    constants (the matmuls' are 4 x n_fft x (n_fft / 2 + 1) floats: 8.4 MB at n_fft 1024)."""
+    grid = dict(n_fft=n_fft, hop_length=hop_length, win_length=win_length)
+    pair = (rfft_stft, rfft_istft) if fft_ok(n_fft) else (stft, istft)
+    return functools.partial(pair[0], **grid), functools.partial(pair[1], **grid)
+
+
 def fft_ok(n_fft):
     """Whether rfft_stft / rfft_istft convert to TFLite built-ins: RFFT2D takes powers of two only."""
     return n_fft >= 4 and n_fft & (n_fft - 1) == 0
@@ -175,7 +187,8 @@ def polar(mag, phase):
 def log_mel_spectrogram(audio, *, sample_rate, n_fft, hop_length, win_length, n_mels, fmin, fmax):
     """audio float32 [..., n] -> natural-log mel float32 [..., n // hop_length, n_mels]: the project's
     mel (pipeline.audio.mel_spectrogram) as a differentiable, exportable TensorFlow graph."""
-    real, imag = stft(audio, n_fft=n_fft, hop_length=hop_length, win_length=win_length)
+    forward, _ = transforms(n_fft=n_fft, hop_length=hop_length, win_length=win_length)
+    real, imag = forward(audio)
     basis = mel_basis(sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)  # (M, K)
     mel = tf.matmul(magnitude(real, imag), tf.constant(basis.T))            # [..., F, M]
     return tf.math.log(tf.maximum(mel, LOG_CLAMP))

@@ -21,8 +21,8 @@ Writes runs/{name}/export/ (or --out), replaced as a whole only once everything 
                         (float16 weights, float32 arithmetic)
 
 The vocoder is chosen by `export_vocoder` alone, the one `snakemake synthesize` speaks with: the run's
-trained vocoder (runs/{name}/vocoder.json, vocoder.kind vocos or hifigan; its inverse STFT is
-pipeline.dft's matmuls, built-in TFLite ops), or Griffin-Lim (pipeline/vocoder/griffin_lim.py) with vocoder.kind
+trained vocoder (runs/{name}/vocoder.json, vocoder.kind source_filter, vocos or hifigan; its STFTs
+are pipeline.dft.transforms', built-in TFLite ops), or Griffin-Lim (pipeline/vocoder/griffin_lim.py) with vocoder.kind
 griffin_lim; export.json says which. Griffin-Lim runs on TensorFlow's FFT in the SavedModel (the very
 audio `snakemake synthesize` writes), on pipeline.dft's real-FFT pair in the TFLite models (TFLite
 has RFFT2D but no IRFFT; built-in ops only), or its DFT matmuls when audio.n_fft is not a power of two.
@@ -116,7 +116,7 @@ def export_vocoder(cfg, audio, transforms):
     (runs/{name}/vocoder.json; MissingCheckpoint naming `snakemake --cores all vocoder` when there is none),
     or Griffin-Lim with `synthesize.griffin_lim_iters` when vocoder.kind is griffin_lim. audio: the run's
     mel settings. transforms: "fft" (SavedModel), "rfft" or "dft" (TFLite built-ins), for Griffin-Lim; a
-    trained vocoder's inverse STFT is pipeline.dft's matmuls in both."""
+    trained vocoder's STFTs are pipeline.dft.transforms' in both."""
     if cfg["vocoder"]["kind"] != "griffin_lim":
         from pipeline.vocoder import kinds
         trained = kinds.load(dict(cfg, audio=dict(audio)))  # the run's audio settings, as synthesize uses

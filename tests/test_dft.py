@@ -109,6 +109,24 @@ def test_rfft_transforms_match_the_matmul_ones():
     assert dft.fft_ok(1024) and not dft.fft_ok(1000)
 
 
+@pytest.mark.parametrize("n_fft", [512, 500])
+def test_models_take_the_fft_where_n_fft_is_a_power_of_two_and_the_matmuls_elsewhere(n_fft):
+    """dft.transforms, the vocoders' pair: the real FFT at n_fft 2^k, else the matmuls; the same audio
+    and spectra either way (the vocoders' gradients and exports rely on both)."""
+    grid = dict(n_fft=n_fft, hop_length=125, win_length=400)
+    stft, istft = dft.transforms(**grid)
+    assert (stft.func, istft.func) == ((dft.rfft_stft, dft.rfft_istft) if n_fft == 512 else (dft.stft, dft.istft))
+    y = tf.constant(speech_like(3000, seed=12)[None])
+    with tf.GradientTape() as tape:
+        tape.watch(y)
+        real, imag = stft(y)
+        loss = tf.reduce_sum(tf.square(istft(real * 0.5, imag)))
+    np.testing.assert_allclose(real.numpy(), dft.stft(y, **grid)[0].numpy(), atol=2e-5 * np.abs(real.numpy()).max())
+    audio = istft(real, imag).numpy()[0]
+    np.testing.assert_allclose(audio, y.numpy()[0, :audio.shape[0]], atol=1e-4)
+    assert np.isfinite(tape.gradient(loss, y).numpy()).all()
+
+
 def test_overlap_add_matches_tf_signal():
     frames = np.random.default_rng(8).standard_normal((2, 7, 100)).astype(np.float32)
     for hop in (25, 30, 100):                                                # divides the frame, does not, = frame

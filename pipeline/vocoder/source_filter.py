@@ -6,7 +6,7 @@
         -> harmonic source: every harmonic k*F0 below min(sample_rate / 2, audio.fmax) - F0 at
            amplitude 1, the next one fading to 0 at that limit, all in phase (a band-limited pulse
            train: the Dirichlet kernel's closed form), faded out over a hop where frames turn unvoiced
-        -> its STFT on the mel's grid (pipeline.dft's matmuls) S_h
+        -> its STFT on the mel's grid (pipeline.dft.transforms: the real FFT at n_fft 2^k) S_h
     mel [B, F, n_mels], log F0, voicing -> embed conv -> `layers` ConvNeXt blocks (vocos.py's)
         -> per frame and STFT bin: a harmonic gain and a noise gain, each a correction of the mel's
            pseudo-inverse (the spectral envelope), zero above audio.fmax
@@ -22,7 +22,8 @@ job (`auxiliary_loss`); the vocoder uses it only when no F0 is given (`python -m
 without --f0), and `voiced_f0` uses its voicing to gate another model's F0 (a TTS model's pitch,
 which says nothing of voicing within a token).
 
-Built-in TFLite ops only: convs, dense, cumsum, floormod, sin/cos, gathers and pipeline.dft's matmuls.
+Built-in TFLite ops only: convs, dense, cumsum, floormod, sin/cos, gathers and pipeline.dft's transforms
+(RFFT2D, or matmuls where n_fft is not a power of two).
 Config: vocoder.source_filter {dim, intermediate_dim, layers, kernel, f0_head_dim, f0_weight};
 audio.{sample_rate, n_fft, hop_length, win_length, n_mels, fmin, fmax}.
 """
@@ -187,12 +188,12 @@ class SourceFilter(keras.Model):
         harm = tf.exp(tf.minimum(harm, MAX_LOG_MAGNITUDE)) * self.band
         noise = tf.exp(tf.minimum(noise, MAX_LOG_MAGNITUDE)) * self.band
         a = self.audio_cfg
-        stft = dict(n_fft=a["n_fft"], hop_length=a["hop_length"], win_length=a["win_length"])
+        stft, istft = dft.transforms(n_fft=a["n_fft"], hop_length=a["hop_length"], win_length=a["win_length"])
         source = harmonic_source(f0, sample_rate=a["sample_rate"], hop_length=a["hop_length"], limit=self.limit)
-        s_re, s_im = dft.stft(source, **stft)                                          # (B, F, K) each
+        s_re, s_im = stft(source)                                                      # (B, F, K) each
         rows = tf.math.floormod(tf.range(tf.shape(mel)[1]), NOISE_FRAMES)
         n_re, n_im = tf.gather(self.noise[0], rows), tf.gather(self.noise[1], rows)    # (F, K) each
-        return dft.istft(harm * s_re + noise * n_re, harm * s_im + noise * n_im, **stft)
+        return istft(harm * s_re + noise * n_re, harm * s_im + noise * n_im)
 
     def auxiliary_loss(self, mel, f0):
         """The F0 head against the pitch cache: voicing cross-entropy + L1 of log F0 on voiced frames,

@@ -1,6 +1,7 @@
 """Vocos (Siuzdak 2023): a ConvNeXt backbone at the mel's frame rate predicts each frame's STFT
-magnitude and phase; an inverse STFT on the mel's own grid (pipeline/dft.py: a fixed DFT basis as a
-matmul plus overlap-add, so it exports to TFLite with built-in ops) turns them into audio.
+magnitude and phase; an inverse STFT on the mel's own grid (pipeline.dft.transforms: real FFTs, or a
+fixed DFT basis as a matmul where n_fft is not a power of two, plus overlap-add, so it exports to
+TFLite with built-in ops) turns them into audio.
 
     mel [B, F, n_mels] (natural-log, the caches' mel) -> embed conv (kernel 7) -> LayerNorm
     -> `layers` x ConvNeXt block (depthwise conv, LayerNorm, dim -> intermediate_dim -> dim, GELU,
@@ -69,7 +70,8 @@ class Vocos(keras.Model):
         mag = tf.exp(tf.minimum(log_mag, MAX_LOG_MAGNITUDE))
         real, imag = mag * tf.cos(p), mag * tf.sin(p)                     # (B, F, K) each
         a = self.audio_cfg
-        return dft.istft(real, imag, n_fft=a["n_fft"], hop_length=a["hop_length"], win_length=a["win_length"])
+        _, istft = dft.transforms(n_fft=a["n_fft"], hop_length=a["hop_length"], win_length=a["win_length"])
+        return istft(real, imag)
 
 
 def build(vocoder_cfg, audio_cfg):
