@@ -1,5 +1,5 @@
-"""Vocoder training: it learns (spectral then adversarial steps), and a run killed with kill -9 and
-rerun ends with exactly the weights of an uninterrupted run."""
+"""Vocoder training: it learns (spectral then adversarial steps), a run killed with kill -9 and
+rerun ends with exactly the weights of an uninterrupted run, and float16 steps train."""
 import json
 import os
 import signal
@@ -83,3 +83,30 @@ def _loaded_vocoder_is_the_trained_one(config_path, runs, checkpoint):
         np.testing.assert_array_equal(a.numpy(), c.numpy(), err_msg=a.path)
     for a, c in zip(full.disc.weights, partial.disc.weights):
         np.testing.assert_array_equal(a.numpy(), c.numpy(), err_msg=a.path)
+
+
+def test_a_float16_run_gives_the_generator_and_discriminators_gradients(built_cache):
+    """train.mixed_precision float16 (what `auto` picks on a GPU without bfloat16): the loss-scaled
+    spectral and GAN steps reach the generator's and the discriminators' weights and stay finite, as
+    the float32 ones do. Every kind goes through the same step (the default kind here)."""
+    import keras
+
+    from pipeline import config, placement
+    from pipeline.vocoder.train import VocoderTrainer
+    cfg = config.load_config(built_cache, config.parse_set([
+        "vocoder.kind=source_filter", "vocoder.batch_size=2", "vocoder.segment_frames=16", "vocoder.gan_start_step=3",
+        "vocoder.source_filter={dim: 16, intermediate_dim: 32, layers: 1, kernel: 7, f0_head_dim: 16, f0_weight: 1.0}",
+        "train.mixed_precision=float16", "train.placement=cpu"]))
+    try:
+        trainer = VocoderTrainer(cfg, log=lambda *a: None)
+        assert trainer.p.mixed_precision == "float16"
+        assert isinstance(trainer.g_opt, keras.optimizers.LossScaleOptimizer)
+        batch = next(iter(trainer.dataset("train")))
+        models = (trainer.generator, trainer.disc)
+        before = [[w.numpy().copy() for w in m.trainable_weights] for m in models]
+        totals = [float(trainer.step(batch, i)["total"]) for i in range(6)]   # 3 spectral steps, then 3 GAN steps
+        assert np.isfinite(totals).all()
+        for model, weights in zip(models, before):  # the loss scale may skip a step that overflows, not all of them
+            assert any(not np.array_equal(b, w.numpy()) for b, w in zip(weights, model.trainable_weights)), model.name
+    finally:
+        placement.set_precision_policy("off")

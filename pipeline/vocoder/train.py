@@ -78,9 +78,13 @@ class VocoderTrainer:
         return segments.build_segments(self.cfg, split, source=self.source, start_step=start_step, log=self.log, **kw)
 
     def _apply(self, opt, tape, loss, variables):
+        """The gradients of `loss` (recorded on `tape`) applied by `opt`. With float16 the backward pass
+        starts from the loss scale (output_gradients: the gradient of scale x loss, as the
+        LossScaleOptimizer expects), since a loss scaled here, after the tape, would have no gradient."""
+        seed = None
         if isinstance(opt, keras.optimizers.LossScaleOptimizer):
-            loss = opt.scale_loss(loss)
-        opt.apply(tape.gradient(loss, variables), variables)
+            seed = opt.scale_loss(tf.ones_like(loss))
+        opt.apply(tape.gradient(loss, variables, output_gradients=seed), variables)
 
     def _generate(self, batch):
         """The generator's audio for a batch: with the batch's F0 (the pitch cache's) for kinds that use F0."""
