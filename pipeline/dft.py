@@ -131,15 +131,21 @@ def rfft_istft(real, imag, *, n_fft, hop_length, win_length):
     return _overlap_trim(frames, n_fft=n_fft, hop_length=hop_length, win_length=win_length)
 
 
-def transforms(*, n_fft, hop_length, win_length):
-    """(stft, istft) on this grid for a model's graph, trained and exported alike: the real-FFT pair
-    (rfft_stft, rfft_istft) where n_fft is a power of two (fft_ok), else the matmuls (stft, istft).
-    The same spectra and audio within float32 rounding (tests/test_dft.py), and TFLite built-ins
-    either way; the FFT costs O(n log n) a frame against the matmuls' O(n^2) and needs no basis
-    constants (the matmuls' are 4 x n_fft x (n_fft / 2 + 1) floats: 8.4 MB at n_fft 1024)."""
+def transform_name(n_fft):
+    """The pair a graph takes at this n_fft: "rfft" (rfft_stft, rfft_istft) where n_fft is a power of
+    two (fft_ok), else "dft" (the matmuls stft, istft)."""
+    return "rfft" if fft_ok(n_fft) else "dft"
+
+
+def transforms(*, n_fft, hop_length, win_length, name=None):
+    """(stft, istft) on this grid for a graph, trained and exported alike: the pair `name` ("rfft" or
+    "dft"; None: transform_name(n_fft)). The same spectra and audio within float32 rounding
+    (tests/test_dft.py), and TFLite built-ins either way; the FFT costs O(n log n) a frame against the
+    matmuls' O(n^2) and needs no basis constants (the matmuls' are 4 x n_fft x (n_fft / 2 + 1)
+    floats: 8.4 MB at n_fft 1024)."""
     grid = dict(n_fft=n_fft, hop_length=hop_length, win_length=win_length)
-    pair = (rfft_stft, rfft_istft) if fft_ok(n_fft) else (stft, istft)
-    return functools.partial(pair[0], **grid), functools.partial(pair[1], **grid)
+    forward, inverse = {"rfft": (rfft_stft, rfft_istft), "dft": (stft, istft)}[name or transform_name(n_fft)]
+    return functools.partial(forward, **grid), functools.partial(inverse, **grid)
 
 
 def fft_ok(n_fft):

@@ -337,7 +337,7 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
         }
         meta["notes"] = _notes(meta)
         if tflite:  # the same graph on pipeline.dft's transforms, through a SavedModel of its own
-            transforms = "rfft" if dft.fft_ok(a["n_fft"]) else "dft"   # RFFT2D: powers of two
+            transforms = dft.transform_name(a["n_fft"])   # the vocoders' pair: RFFT2D at powers of two
             voice_dft, *_ = build_voice(cfg, transforms, synth=synth, log=log)
             frozen = frozen_module(voice_dft)
             tf.saved_model.save(frozen, str(tmp / ".dft_model"), signatures={SIGNATURE: frozen.synthesize})

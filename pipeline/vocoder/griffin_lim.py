@@ -61,21 +61,6 @@ def _fft_transforms(n_fft, hop_length, win_length):
     return stft, istft
 
 
-def _dft_transforms(n_fft, hop_length, win_length):
-    """(stft, istft) as pipeline.dft's matmuls: TFLite built-in ops only."""
-    grid = dict(n_fft=n_fft, hop_length=hop_length, win_length=win_length)
-    return functools.partial(dft.stft, **grid), functools.partial(dft.istft, **grid)
-
-
-def _rfft_transforms(n_fft, hop_length, win_length):
-    """(stft, istft) as pipeline.dft's real-FFT pair: TFLite built-ins (RFFT2D) for n_fft a power of two."""
-    grid = dict(n_fft=n_fft, hop_length=hop_length, win_length=win_length)
-    return functools.partial(dft.rfft_stft, **grid), functools.partial(dft.rfft_istft, **grid)
-
-
-TRANSFORMS = {"fft": _fft_transforms, "dft": _dft_transforms, "rfft": _rfft_transforms}
-
-
 def initial_phase(frames, k_bins):
     """(cos, sin) float32 (frames, k_bins) of Griffin-Lim's starting phase: a fixed table of uniform
     random phases (seed 0), repeated every PHASE_FRAMES frames. A constant, not a random op, so every
@@ -128,7 +113,8 @@ def griffin_lim_graph(log_mel, *, sample_rate, n_fft, hop_length, win_length, n_
         (tf.constant(0), magnitude))
     sharpened = magnitude ** power
     scale = tf.sqrt(tf.reduce_sum(tf.square(magnitude))) / tf.maximum(tf.sqrt(tf.reduce_sum(tf.square(sharpened))), TINY)
-    stft, istft = TRANSFORMS[transforms](n_fft, hop_length, win_length)
+    grid = dict(n_fft=n_fft, hop_length=hop_length, win_length=win_length)
+    stft, istft = _fft_transforms(**grid) if transforms == "fft" else dft.transforms(**grid, name=transforms)
     return _phase_recovery(sharpened * scale, iters, stft, istft)[:length]    # same energy: level unchanged
 
 
