@@ -114,6 +114,26 @@ def test_gta_source_pairs_gta_mels_with_the_same_audio(built_cache, tmp_path):
     for r, g in zip(recorded, gta):
         np.testing.assert_array_equal(r["audio"].numpy(), g["audio"].numpy())
         np.testing.assert_allclose(g["mel"].numpy(), r["mel"].numpy() + 1, atol=1e-2)
+    # fine-tuning's mix: per crop, the recorded mel instead of the GTA one, the crops and audio unchanged
+    mixed = list(build_segments(cfg, "train", source="gta", recorded_fraction=0.5).take(3))
+    assert [b["mel"].numpy().tolist() for b in mixed] == \
+        [b["mel"].numpy().tolist() for b in build_segments(cfg, "train", source="gta", recorded_fraction=0.5).take(3)]
+    picks = []
+    for r, g, m in zip(recorded, gta, mixed):
+        np.testing.assert_array_equal(m["audio"].numpy(), r["audio"].numpy())
+        np.testing.assert_array_equal(m["f0"].numpy(), r["f0"].numpy())
+        is_recorded = np.all(m["mel"].numpy() == r["mel"].numpy(), axis=(1, 2))
+        is_gta = np.all(m["mel"].numpy() == g["mel"].numpy(), axis=(1, 2))
+        assert np.all(is_recorded != is_gta)  # each crop wholly one or the other
+        picks += is_recorded.tolist()
+    assert 0 < sum(picks) < len(picks)
+    every = next(iter(build_segments(cfg, "train", source="gta", recorded_fraction=1.0)))
+    np.testing.assert_array_equal(every["mel"].numpy(), recorded[0]["mel"].numpy())
+    val = [b["mel"].numpy() for b in build_segments(cfg, "val", source="gta", recorded_fraction=1.0)]
+    np.testing.assert_array_equal(np.concatenate(val), np.concatenate(
+        [b["mel"].numpy() for b in build_segments(cfg, "val", source="gta")]))  # validation stays on GTA mels
+    with pytest.raises(ValueError, match="recorded_fraction"):
+        build_segments(cfg, "train", source="gta", recorded_fraction=1.5)
 
 
 def test_every_vocoder_kind_gives_frames_times_hop_samples():

@@ -221,6 +221,11 @@ def test_a_changed_vocoder_setting_is_announced_at_planning_and_its_checkpoints_
     folder, lr = run / "vocoder/train", cfg["vocoder"]["learning_rate"]
     changed = dict(cfg, vocoder={**cfg["vocoder"], "learning_rate": 2 * lr})
     assert inputs.notes(cfg) == [] and inputs.notes(dict(cfg, vocoder={**cfg["vocoder"], "finetune_steps": 5})) == []
+    mixed = dict(cfg, vocoder={**cfg["vocoder"], "finetune_recorded": 0.9})
+    assert inputs.notes(mixed) == [] and inputs.settings(mixed) == inputs.settings(cfg)  # not the first phase's
+    assert inputs.settings(mixed, "finetune")["vocoder"]["finetune_recorded"] == 0.9
+    gta_only = dict(cfg, vocoder={**cfg["vocoder"], "finetune_recorded": 0})  # as before the key: old checkpoints resume
+    assert "finetune_recorded" not in inputs.settings(gta_only, "finetune")["vocoder"]
     note = (f"note: vocoder.learning_rate {lr!r} -> {2 * lr!r} since the vocoder's train phase was trained: its job "
             f"sets {folder / 'checkpoints'} aside and trains that phase from its start")
     assert inputs.notes(changed) == [note]

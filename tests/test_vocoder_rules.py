@@ -65,8 +65,9 @@ def test_a_vocoder_setting_reruns_only_vocoder_jobs(trained):
     lr = _edited(trained, "lr.yaml", learning_rate=0.002)
     assert planned_jobs(lr, "vocoder") == both
     assert planned_jobs(lr, "synthesize") == {"train_vocoder": 1, "finetune_vocoder": 1, "synthesize": 1}
-    assert planned_jobs(_edited(trained, "ft.yaml", finetune_steps=6), "vocoder") == {"finetune_vocoder": 1,
-                                                                                    "vocoder": 1}
+    for key, value in (("finetune_steps", 6), ("finetune_recorded", 0.25)):  # fine-tuning's keys: that phase alone
+        assert planned_jobs(_edited(trained, f"{key}.yaml", **{key: value}), "vocoder") == {"finetune_vocoder": 1,
+                                                                                          "vocoder": 1}, key
 
 
 def test_replacing_one_wav_reruns_its_shard_and_what_learns_from_it(trained):

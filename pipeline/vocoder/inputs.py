@@ -25,6 +25,9 @@ from pipeline import config, files
 
 FILE = "inputs.json"
 RESUMABLE = ("steps", "finetune_steps", "checkpoint_every", "log_every", "summary_every")  # a rerun continues
+FINETUNE_ONLY = ("finetune_recorded",)  # read by the second phase alone: a change restarts only that
+AS_BEFORE = {"finetune_recorded": 0}  # at this value a key trains as before it existed: left out, so
+                                      # checkpoints recorded without it stay valid
 KEEP = 2  # sets of checkpoints kept aside per phase (at the demo's sizes, ~3 MB each)
 PHASES = ("train", "finetune")
 
@@ -33,10 +36,12 @@ def path(folder):
     return Path(folder) / FILE
 
 
-def settings(cfg):
-    """The settings a phase's checkpoints depend on, JSON-ready: a change of any restarts the phase."""
-    return json.loads(json.dumps({"vocoder": {k: v for k, v in cfg["vocoder"].items() if k not in RESUMABLE},
-                                  "audio": cfg["audio"]}))
+def settings(cfg, phase="train"):
+    """The settings a phase's checkpoints depend on, JSON-ready: a change of any restarts the phase.
+    The first phase does not depend on the keys of fine-tuning alone (`FINETUNE_ONLY`)."""
+    skip = RESUMABLE + (FINETUNE_ONLY if phase == "train" else ())
+    vocoder = {k: v for k, v in cfg["vocoder"].items() if k not in skip and not (k in AS_BEFORE and v == AS_BEFORE[k])}
+    return json.loads(json.dumps({"vocoder": vocoder, "audio": cfg["audio"]}))
 
 
 def read(folder):
@@ -102,9 +107,9 @@ def notes(cfg):
     nothing would be set aside (and for vocoder.kind griffin_lim, which trains nothing)."""
     if cfg["vocoder"]["kind"] == "griffin_lim":
         return []
-    now, out = settings(cfg), []
+    out = []
     for phase in PHASES[:1 + (cfg["vocoder"]["finetune_steps"] > 0)]:
-        folder = config.run_dir(cfg) / "vocoder" / phase
+        now, folder = settings(cfg, phase), config.run_dir(cfg) / "vocoder" / phase
         made = read(folder)
         moved = [] if made is None or not _has_checkpoints(folder) else changes(
             {k: made[k] for k in ("vocoder", "audio")}, now)

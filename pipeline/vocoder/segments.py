@@ -75,16 +75,19 @@ def _cached_offsets(paths, kind, clips, item_bytes):
     return clips.offsets[kind] + np.array([base[p] for p in clips.shard], np.int64), [paths[kind][p] for p in present]
 
 
-def _sources(cfg, split, source, log):
-    """(Clips of the split, {"mel", "audio", "f0"}: (per-clip offsets, shard .bin files)) of the caches."""
+def _sources(cfg, split, source, log, recorded=False):
+    """(Clips of the split, {"mel", "audio", "f0"}: (per-clip offsets, shard .bin files)) of the caches;
+    with `recorded` (source "gta"), also "recorded": the recorded mels'."""
     index = read_index(cfg)
     clips, paths = load_clips(cfg, split, index)
     if not clips.ids:
         raise CacheError(f"{config.cache_dir(cfg)}: no clips in the {split!r} split")
     root, hop, n_mels = config.cache_dir(cfg), cfg["audio"]["hop_length"], cfg["audio"]["n_mels"]
     where = {"f0": _cached_offsets(paths, "pitch", clips, 4)}                        # float32 Hz per frame
+    if source == "recorded" or recorded:
+        where["recorded"] = _cached_offsets(paths, "mels", clips, 2 * n_mels)        # float16 frames
     if source == "recorded":
-        where["mel"] = _cached_offsets(paths, "mels", clips, 2 * n_mels)             # float16 frames
+        where["mel"] = where.pop("recorded")
     else:
         where["mel"] = _offsets(cfg, index, clips, "gta", lambda k: gta_prefix(cfg, k), lambda f: f)
     where["audio"] = _offsets(cfg, index, clips, "audio", lambda k: shards.prefix(root, "audio", k), lambda f: f * hop)
@@ -103,11 +106,13 @@ def _read(files, dtype):
 
 
 def _cropper(table, S, hop):
-    """crops(mel, wav, f0, idx, u) -> one batch dict: clip rows `idx` (b,), crop starts at `u` (b,) in [0, 1)
-    of each clip's room; frames [t, t+S) of mel and f0 and samples [t*hop, (t+S)*hop) of the audio,
+    """crops(mel, wav, f0, idx, u[, alternate]) -> one batch dict: clip rows `idx` (b,), crop starts at `u`
+    (b,) in [0, 1) of each clip's room, each row's mel from the table's fifth column where `alternate`; frames [t, t+S) of mel and f0 and samples [t*hop, (t+S)*hop) of the audio,
     by the same start t, so the three stay paired."""
-    def crops(mel, wav, f0, idx, u):
-        rows = tf.gather(table, idx)                                                  # (b, 4) mel, audio, f0, frames
+    def crops(mel, wav, f0, idx, u, alternate=None):
+        rows = tf.gather(table, idx)                                                  # (b, 4|5) mel, audio, f0, frames[, alt mel]
+        if alternate is not None:                                                     # (b,) bool: the row's other mel
+            rows = tf.concat([tf.where(alternate[:, None], rows[:, 4:5], rows[:, :1]), rows[:, 1:4]], 1)
         frames = rows[:, 3]
         start = tf.cast(u * tf.cast(tf.maximum(frames - S, 0) + 1, tf.float32), tf.int64)  # (b,)
         start = tf.minimum(start, tf.maximum(frames - S, 0))
@@ -125,12 +130,14 @@ def _cropper(table, S, hop):
     return crops
 
 
-def build_segments(cfg, split="train", *, source="recorded", repeat=None, start_step=0, batch_size=None,
-                   log=_print):
+def build_segments(cfg, split="train", *, source="recorded", recorded_fraction=0.0, repeat=None, start_step=0,
+                   batch_size=None, log=_print):
     """tf.data.Dataset of dict batches `mel` float32 [B, S, n_mels], `audio` float32 [B, S*hop] and
     `f0` float32 [B, S] (Hz from the pitch cache, 0 unvoiced), the three from the same crop.
 
     split: "train", "val" or "all"; source: "recorded" (the mel caches) or "gta" (runs/{name}/gta);
+    recorded_fraction (source "gta", repeated crops only): each crop's mel is the recorded one instead,
+    same frames, with this probability (a stateless draw per crop, so still a function of the step);
     repeat (default: split == "train"): endless stateless-random crops from `start_step` on, else
     each clip once (its middle crop). CacheError naming the shard and what to run when one is missing.
     """
@@ -139,21 +146,32 @@ def build_segments(cfg, split="train", *, source="recorded", repeat=None, start_
     repeat = split == "train" if repeat is None else repeat
     hop, n_mels = cfg["audio"]["hop_length"], cfg["audio"]["n_mels"]
     S, B = cfg["vocoder"]["segment_frames"], batch_size or cfg["vocoder"]["batch_size"]
-    clips, where = _sources(cfg, split, source, log)
-    table = tf.constant(np.stack([where["mel"][0], where["audio"][0], where["f0"][0], clips.frames], 1), tf.int64)
+    if not 0.0 <= recorded_fraction <= 1.0:
+        raise ValueError(f"recorded_fraction must be in [0, 1], not {recorded_fraction!r}")
+    mix = source == "gta" and repeat and recorded_fraction > 0
+    clips, where = _sources(cfg, split, source, log, recorded=mix)
+    columns = [where["mel"][0], where["audio"][0], where["f0"][0], clips.frames]
+    mel_files = where["mel"][1]
+    if mix:  # the recorded mels follow the GTA ones in one array: their rows are shifted past them
+        columns.append(where["recorded"][0] + sum(Path(f).stat().st_size for f in mel_files) // (2 * n_mels))
+        mel_files = mel_files + where["recorded"][1]
+    table = tf.constant(np.stack(columns, 1), tf.int64)
     n_clips, seed = len(clips.ids), cfg["train"]["seed"]
     crops = _cropper(table, S, hop)
 
     @tf.autograph.experimental.do_not_convert  # no Python branch on a tensor here: see data._interleave_groups
     def from_arrays(_):
-        mel = tf.reshape(_read(where["mel"][1], tf.float16), [-1, n_mels])           # (all frames, n_mels)
+        mel = tf.reshape(_read(mel_files, tf.float16), [-1, n_mels])                  # (all frames, n_mels)
         wav = _read(where["audio"][1], tf.float32)                                    # (all samples,)
         f0 = _read(where["f0"][1], tf.float32)                                        # (all frames,)
         if repeat:
             def batch(step):
                 idx = tf.random.stateless_uniform([B], seed=tf.stack([seed, step]), maxval=n_clips, dtype=tf.int64)
                 u = tf.random.stateless_uniform([B], seed=tf.stack([seed + 1, step]))
-                return crops(mel, wav, f0, idx, u)
+                if not mix:
+                    return crops(mel, wav, f0, idx, u)
+                alternate = tf.random.stateless_uniform([B], seed=tf.stack([seed + 2, step])) < recorded_fraction
+                return crops(mel, wav, f0, idx, u, alternate)
             steps = tf.data.Dataset.range(start_step, np.iinfo(np.int64).max)
             return steps.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         rows = tf.data.Dataset.range(n_clips).batch(B)

@@ -75,7 +75,9 @@ class VocoderTrainer:
         return opt
 
     def dataset(self, split="train", start_step=0, **kw):
-        return segments.build_segments(self.cfg, split, source=self.source, start_step=start_step, log=self.log, **kw)
+        mix = self.cfg["vocoder"]["finetune_recorded"] if self.source == "gta" else 0.0
+        return segments.build_segments(self.cfg, split, source=self.source, recorded_fraction=mix,
+                                       start_step=start_step, log=self.log, **kw)
 
     def _apply(self, opt, tape, loss, variables):
         """The gradients of `loss` (recorded on `tape`) applied by `opt`. With float16 the backward pass
@@ -262,7 +264,7 @@ def _forget_other_inputs(cfg, phase, folder, log):
     """A phase's checkpoints are resumed only when made from the same model settings (and, for
     `finetune`, the same first phase and GTA mels): more steps continue; other inputs set them aside
     and restart (pipeline/vocoder/inputs.py), and inputs seen before resume their set."""
-    key = inputs.settings(cfg)
+    key = inputs.settings(cfg, phase)
     if phase == "finetune":
         key["from"] = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
         key["gta"] = [shards.read_meta(segments.gta_prefix(cfg, e["shard"]), "gta")["provenance"]

@@ -28,10 +28,11 @@ def vocoder_outputs(phase):
 
 
 def vocoder_settings(phase):
-    """The first phase does not see finetune_steps, so changing it reruns fine-tuning alone."""
+    """The first phase does not see finetune_steps nor finetune_recorded, so changing them reruns fine-tuning alone."""
     v = dict(config["vocoder"])
     if phase == "train":
         v.pop("finetune_steps")
+        v.pop("finetune_recorded")
 
     def params(wildcards):
         return _inline(
