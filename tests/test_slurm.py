@@ -154,13 +154,19 @@ def test_slurm_profile_gives_every_gpu_rule_its_gpus():
     assert not missing, f"profiles/slurm/config.yaml: set-resources gives no gpu to {sorted(missing)}"
 
 
+def planned_jobs_resources(out):
+    """(rule, what its block prints before `resources:`, [its resources]) of each job in a dry run's output."""
+    for m in re.finditer(r"^rule (\w+):\n(.*?)^\s+resources: ([^\n]*)", out, flags=re.MULTILINE | re.DOTALL):
+        yield m.group(1), m.group(2), m.group(3).split(", ")
+
+
 @pytest.mark.parametrize(("extra", "gpus"), [((), 1), (("--resources", "gpu=0"), 0)])
 def test_default_profile_gpu_budget_caps_what_train_asks(tmp_path, corpus_template, extra, gpus):
     # profiles/default sets gpu=1; a rule asks at most the budget, so GPU jobs take turns
     config = write_config(tmp_path, corpus_template, train={"placement": "single"})
     out = snakemake("train", "-n", *extra, config=config).stdout
-    asked = re.search(r"rule train:.*?resources: ([^\n]*)", out, flags=re.DOTALL).group(1)
-    assert f"gpu={gpus}" in asked.split(", "), asked
+    asked = next(resources for rule, _, resources in planned_jobs_resources(out) if rule == "train")
+    assert f"gpu={gpus}" in asked, asked
 
 
 # Every job that runs TensorFlow either takes a GPU turn (TensorFlow uses every GPU it sees and
@@ -176,9 +182,9 @@ def test_every_tensorflow_job_takes_a_gpu_turn_or_keeps_off_the_gpus(tmp_path, c
     config = write_config(tmp_path, corpus_template, train={"placement": "single"}, vocoder=TINY_VOCODER)
     out = snakemake("all", "-n", config=config).stdout
     asked = {}
-    for m in re.finditer(r"^rule (\w+):\n(.*?)^\s+resources: ([^\n]*)", out, flags=re.MULTILINE | re.DOTALL):
-        gpu = next((int(r.split("=")[1]) for r in m.group(3).split(", ") if r.startswith("gpu=")), 0)
-        asked.setdefault(m.group(1), set()).add(gpu)
+    for rule, _, resources in planned_jobs_resources(out):
+        gpu = next((int(r.split("=")[1]) for r in resources if r.startswith("gpu=")), 0)
+        asked.setdefault(rule, set()).add(gpu)
     asked.pop("all")  # the target: it runs nothing
     assert set(asked) == GPU_TURN | CPU_ONLY | NO_TENSORFLOW, sorted(asked)
     assert {rule for rule, gpus in asked.items() if gpus == {1}} == GPU_TURN, asked
@@ -188,9 +194,9 @@ def test_every_tensorflow_job_takes_a_gpu_turn_or_keeps_off_the_gpus(tmp_path, c
 def planned_threads(config, cores):
     out = snakemake("all", "-n", "--cores", str(cores), "--max-threads", "64", config=config).stdout
     threads = {}
-    for m in re.finditer(r"^rule (\w+):\n(.*?)^\s+resources:", out, flags=re.MULTILINE | re.DOTALL):
-        found = re.search(r"^\s+threads: (\d+)$", m.group(2), flags=re.MULTILINE)
-        threads[m.group(1)] = int(found.group(1)) if found else 1  # Snakemake prints no threads: 1
+    for rule, before, _ in planned_jobs_resources(out):
+        found = re.search(r"^\s+threads: (\d+)$", before, flags=re.MULTILINE)
+        threads[rule] = int(found.group(1)) if found else 1  # Snakemake prints no threads: 1
     return threads
 
 
