@@ -107,8 +107,9 @@ def _read(files, dtype):
 
 def _cropper(table, S, hop):
     """crops(mel, wav, f0, idx, u[, alternate]) -> one batch dict: clip rows `idx` (b,), crop starts at `u`
-    (b,) in [0, 1) of each clip's room, each row's mel from the table's fifth column where `alternate`; frames [t, t+S) of mel and f0 and samples [t*hop, (t+S)*hop) of the audio,
-    by the same start t, so the three stay paired."""
+    (b,) in [0, 1) of each clip's room, each row's mel from the table's fifth column where `alternate`
+    (b,) is true; frames [t, t+S) of mel and f0 and samples [t*hop, (t+S)*hop) of the audio, by the
+    same start t, so the three stay paired."""
     def crops(mel, wav, f0, idx, u, alternate=None):
         rows = tf.gather(table, idx)                                                  # (b, 4|5) mel, audio, f0, frames[, alt mel]
         if alternate is not None:                                                     # (b,) bool: the row's other mel

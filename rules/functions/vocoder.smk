@@ -28,11 +28,12 @@ def vocoder_outputs(phase):
 
 
 def vocoder_settings(phase):
-    """The first phase does not see finetune_steps nor finetune_recorded, so changing them reruns fine-tuning alone."""
+    """The first phase does not see finetune_steps nor the keys of fine-tuning alone (pipeline.vocoder.inputs's
+    FINETUNE_ONLY), so changing them reruns fine-tuning alone."""
     v = dict(config["vocoder"])
     if phase == "train":
-        v.pop("finetune_steps")
-        v.pop("finetune_recorded")
+        for key in ("finetune_steps",) + pvinputs.FINETUNE_ONLY:
+            v.pop(key)
 
     def params(wildcards):
         return _inline(
