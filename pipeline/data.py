@@ -388,9 +388,7 @@ def build_worker_dataset(cfg, worker, *, local_replicas=1, durations=False, with
     ds = tf.data.Dataset.range(1).flat_map(group_batches)
     if local_replicas > 1:
         ds = ds.rebatch(batch // local_replicas)
-    options = tf.data.Options()
-    options.deterministic = True
-    options.autotune.enabled = True
+    options = loader_options(deterministic=True)
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
@@ -445,6 +443,22 @@ def _padded_gather(arrays, kinds, max_tokens, max_frames, n_mels, with_clip_inde
     return gather
 
 
+def loader_options(deterministic):
+    """The tf.data options every loader of the pipeline ends with (this module's, the vocoder's segments).
+
+    tf.data's autotuner is off. Its model thread sleeps between optimisations, up to 60 s once an
+    iterator has lived a few minutes, and deleting the iterator sometimes waits out that sleep: a
+    training job then sat idle for up to a minute after its last checkpoint (in 3 of 6 demo runs
+    for `train`, 2 of 6 for `train_vocoder`; benchmarks/RESULTS.md). Without it, each `map` runs at the
+    threadpool's parallelism and `prefetch(AUTOTUNE)` still sizes its own buffer; the loaders are
+    gathers from memory that deliver tens to hundreds of times what their steps consume, and the
+    demo's training loader measured the same batches/s either way."""
+    options = tf.data.Options()
+    options.deterministic = deterministic
+    options.autotune.enabled = False
+    return options
+
+
 def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed, ordered):
     """Batches of every shard group, two groups in flight (the next one is read while batches come
     from the current one), then the options and the final prefetch.
@@ -463,10 +477,7 @@ def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed, ordere
         lambda i, g: (g, i < n_groups)))  # (group, its first read?)
     ds = first_reads.interleave(group_batches, cycle_length=min(2, n_groups), num_parallel_calls=min(2, n_groups),
                               deterministic=ordered)
-    options = tf.data.Options()
-    options.deterministic = ordered
-    options.autotune.enabled = True
-    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+    return ds.with_options(loader_options(deterministic=ordered)).prefetch(tf.data.AUTOTUNE)
 
 
 def clip_ids(cfg, split):

@@ -23,6 +23,16 @@ def test_loader_graph_holds_no_python_ops(built_cache):
     assert any("PyFunc" in op for op in find_pyfunc_ops(planted))
 
 
+def test_loaders_run_without_the_autotuner(built_cache):
+    """Deleting an iterator whose autotuner sleeps (up to 60 s) sometimes waited out the sleep: a
+    training job idled that long after its last checkpoint. Every loader the trainers iterate is
+    untuned (data.loader_options), the multi-worker one too."""
+    cfg = _cfg(built_cache)
+    for ds in (data.build_dataset(cfg, "train"), data.build_dataset(cfg, "val"),
+               data.build_dataset(cfg, "train", worker=(0, 2))):
+        assert ds.options().autotune.enabled is False and ds.options().deterministic is not None
+
+
 @pytest.mark.parametrize("group_bytes", [data.GROUP_BYTES, 1])  # all shards in one group; a group per shard
 def test_loader_returns_the_cached_arrays(built_cache, group_bytes):
     cfg = _cfg(built_cache)

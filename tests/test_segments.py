@@ -23,6 +23,7 @@ def test_segment_graph_holds_no_python_ops_and_has_one_static_shape(built_cache)
     assert ds.element_spec["mel"].shape == (3, 16, n_mels)
     assert ds.element_spec["audio"].shape == (3, 16 * hop)
     assert ds.element_spec["f0"].shape == (3, 16) and ds.element_spec["f0"].dtype == tf.float32
+    assert ds.options().autotune.enabled is False  # as every loader (data.loader_options)
 
 
 def _cached(cfg, kind):

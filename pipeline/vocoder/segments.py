@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from pipeline import config, shards
 from pipeline.audio import LOG_CLAMP
-from pipeline.data import load_clips, read_index
+from pipeline.data import load_clips, loader_options, read_index
 from pipeline.shards import CacheError
 
 PAD_LOG_MEL = float(np.log(LOG_CLAMP))  # padding is silence, as in the acoustic loader
@@ -178,4 +178,5 @@ def build_segments(cfg, split="train", *, source="recorded", recorded_fraction=0
         rows = tf.data.Dataset.range(n_clips).batch(B)
         return rows.map(lambda idx: crops(mel, wav, f0, idx, tf.fill(tf.shape(idx), 0.5)))
 
-    return tf.data.Dataset.range(1).flat_map(from_arrays).prefetch(tf.data.AUTOTUNE)
+    ds = tf.data.Dataset.range(1).flat_map(from_arrays)
+    return ds.with_options(loader_options(deterministic=True)).prefetch(tf.data.AUTOTUNE)
