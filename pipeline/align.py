@@ -75,7 +75,13 @@ def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
         update(grads)
         return loss
 
-    batches = iter(data.build_dataset(loader_config(cfg), "train"))  # autotuner off: data.loader_options
+    # tf.data's autotuner off here: with it, this process hung at its end, in the iterator's destructor
+    # (py-spy), for 60-62 s in 3 of 4 Snakemake runs beside train_vocoder, as long as the autotuner's
+    # longest wait between optimisations (benchmarks/RESULTS.md); 0 of 2 without it. The loader
+    # delivers ~400x what the step consumes, so there is nothing to tune.
+    untuned = tf.data.Options()
+    untuned.autotune.enabled = False
+    batches = iter(data.build_dataset(loader_config(cfg), "train").with_options(untuned))
     history, t0, losses = [], time.perf_counter(), []
     for i in range(1, acfg["steps"] + 1):
         losses.append(float(step(next(batches))))

@@ -452,7 +452,9 @@ def loader_options(deterministic):
     for `train`, 2 of 6 for `train_vocoder`; benchmarks/RESULTS.md). Without it, each `map` runs at the
     threadpool's parallelism and `prefetch(AUTOTUNE)` still sizes its own buffer; the loaders are
     gathers from memory that deliver tens to hundreds of times what their steps consume, and the
-    demo's training loader measured the same batches/s either way."""
+    demo's training loader measured the same batches/s either way. pipeline/align.py still sets
+    the same option on its loader itself: its bytes are part of the aligner's key
+    (rules/functions/align.smk), and a change there would retrain every run's aligner."""
     options = tf.data.Options()
     options.deterministic = deterministic
     options.autotune.enabled = False
