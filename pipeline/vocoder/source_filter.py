@@ -1,8 +1,9 @@
 """A source-filter vocoder: F0 makes the excitation, a small network at the mel's frame rate makes the filter.
 
     f0 [B, F] Hz (0: unvoiced) -> F0 per sample (linear between frame centres t*hop + hop/2)
-        -> phase: per-frame sums of 2 pi f / sr wrapped to [0, 2 pi), then cumulated in two levels and
-           wrapped again (float32 keeps ~1e-4 rad over minutes of audio)
+        -> phase: within a frame, a fixed (4, hop) matrix of the frame's F0 ramps (a ramp's running sum
+           in closed form, no per-sample cumulative sum); across frames, the frames' advances wrapped to
+           [0, 2 pi), cumulated in two levels and wrapped again (float32 keeps ~1e-4 rad over minutes)
         -> harmonic source: every harmonic k*F0 below min(sample_rate / 2, audio.fmax) - F0 at
            amplitude 1, the next one fading to 0 at that limit, all in phase (a band-limited pulse
            train: the Dirichlet kernel's closed form), faded out over a hop where frames turn unvoiced
@@ -22,7 +23,7 @@ job (`auxiliary_loss`); the vocoder uses it only when no F0 is given (`python -m
 without --f0), and `voiced_f0` uses its voicing to gate another model's F0 (a TTS model's pitch,
 which says nothing of voicing within a token).
 
-Built-in TFLite ops only: convs, dense, cumsum, floormod, sin/cos, gathers and pipeline.dft's transforms
+Built-in TFLite ops only: convs, dense, matmuls, cumsum, floormod, sin/cos, gathers and pipeline.dft's transforms
 (RFFT2D, or matmuls where n_fft is not a power of two).
 Config: vocoder.source_filter {dim, intermediate_dim, layers, kernel, f0_head_dim, f0_weight};
 audio.{sample_rate, n_fft, hop_length, win_length, n_mels, fmin, fmax}.
@@ -42,25 +43,30 @@ F0_RANGE = (40.0, 1000.0)  # the head's F0 is kept within this (Hz)
 PHASE_BLOCK = 64       # frames summed together before the phase is cumulated across blocks (frame_offsets)
 
 
-def upsample_f0(f0, hop_length):
-    """f0 (B, F) Hz per frame -> (frequency (B, F, hop) Hz, voicing (B, F, hop) in [0, 1]) per sample.
-
-    Linear between frame centres (frame t is centred on sample t*hop + hop/2), edge values held.
-    Between a voiced and an unvoiced frame the frequency holds the voiced value while the voicing
-    fades from 1 to 0, so a voiced stretch starts and ends without a pitch glide."""
-    f0 = tf.cast(f0, tf.float32)
-    padded = tf.concat([f0[:, :1], f0, f0[:, -1:]], 1)                              # (B, F + 2)
+def _ramps(hop_length):
+    """The per-sample shapes of a frame's F0, as numpy constants: (basis (4, hop), its exclusive cumulative
+    sum along hop (4, hop), its sums (4,)). Within frame t the F0 is linear between frame centres, so it
+    is ends . basis, with ends = (left, right) of the half before the centre and of the half after it."""
     j = np.arange(hop_length, dtype=np.float64)
     second = j >= hop_length / 2.0                                                  # the half after the centre
-    w = tf.constant(np.where(second, (j - hop_length / 2.0) / hop_length,
-                             1.0 + (j - hop_length / 2.0) / hop_length).astype(np.float32))  # (hop,)
-    half = tf.constant(second)[None, None]                                          # (1, 1, hop)
-    col = lambda x: tf.expand_dims(x, -1)  # noqa: E731 (B, F, 1): no new-axis slices, which TFLite's built-ins lack
-    left = tf.where(half, col(padded[:, 1:-1]), col(padded[:, :-2]))               # (B, F, hop)
-    right = tf.where(half, col(padded[:, 2:]), col(padded[:, 1:-1]))
-    v_left, v_right = tf.cast(left > 0, tf.float32), tf.cast(right > 0, tf.float32)
-    left, right = tf.where(left > 0, left, right), tf.where(right > 0, right, left)  # hold across voicing edges
-    return left + w * (right - left), v_left + w * (v_right - v_left)
+    w = np.where(second, (j - hop_length / 2.0) / hop_length, 1.0 + (j - hop_length / 2.0) / hop_length)
+    basis = np.stack([(1.0 - w) * ~second, w * ~second, (1.0 - w) * second, w * second])
+    exclusive = np.concatenate([np.zeros((4, 1)), np.cumsum(basis, 1)[:, :-1]], 1)
+    return basis.astype(np.float32), exclusive.astype(np.float32), basis.sum(1)
+
+
+def _frame_ends(f0):
+    """f0 (B, F) Hz -> (ends (B, F, 4) Hz, their voicing (B, F, 4) 0/1): the two F0s each half of a frame
+    interpolates between: (the previous frame's, this frame's) before the centre, (this frame's, the
+    next frame's) after it; the clip's edges hold. An unvoiced end takes its partner's F0 and the
+    voicing ramps instead, so a voiced stretch starts and ends without a pitch glide."""
+    f0 = tf.cast(f0, tf.float32)
+    padded = tf.concat([f0[:, :1], f0, f0[:, -1:]], 1)                              # (B, F + 2)
+    before, here, after = padded[:, :-2], padded[:, 1:-1], padded[:, 2:]
+    hold = lambda x, y: tf.where(x > 0, x, y)  # noqa: E731
+    ends = tf.stack([hold(before, here), hold(here, before), hold(here, after), hold(after, here)], -1)
+    voiced = tf.cast(tf.stack([before > 0, here > 0, here > 0, after > 0], -1), tf.float32)
+    return ends, voiced
 
 
 def _wrapped_cumsum(x, axis):
@@ -82,23 +88,29 @@ def frame_offsets(totals):
     return tf.reshape(offsets, [tf.shape(totals)[0], -1])[:, :n]
 
 
-def phase(freq, sample_rate):
-    """freq (B, F, hop) Hz per sample -> the running phase, wrapped to [0, 2 pi), (B, F, hop).
+def phase(f0, *, sample_rate, hop_length):
+    """f0 (B, F) Hz -> (frequency, voicing, running phase wrapped to [0, 2 pi)), each (B, F, hop).
 
-    Each frame's own increments are summed (at most hop terms), its total wrapped, and only the
-    wrapped totals cumulated across frames (frame_offsets): float32 keeps its precision."""
-    inc = freq * (TWO_PI / sample_rate)                                              # (B, F, hop)
-    within = tf.cumsum(inc, axis=2, exclusive=True)                                  # phase since the frame's start
-    offsets = frame_offsets(tf.math.floormod(tf.reduce_sum(inc, 2), TWO_PI))       # (B, F)
-    return tf.math.floormod(tf.expand_dims(offsets, -1) + within, TWO_PI)
+    The phase is the exclusive running sum of 2 pi f / sample_rate. Within a frame the frequency is
+    two linear ramps, so the sum since the frame's start is a fixed (4, hop) matrix of the frame's ends
+    (no per-sample cumulative sum); only the frames' wrapped totals are cumulated (frame_offsets), so
+    float32 keeps its precision."""
+    ends, voiced = _frame_ends(f0)
+    basis, exclusive, sums = _ramps(hop_length)
+    rad = ends * (TWO_PI / sample_rate)                                             # (B, F, 4) radians per sample
+    within = tf.matmul(rad, tf.constant(exclusive))                                 # phase since the frame's start
+    totals = tf.reduce_sum(rad * tf.constant(sums.astype(np.float32)), -1)         # (B, F) each frame's advance
+    offsets = frame_offsets(tf.math.floormod(totals, TWO_PI))
+    basis = tf.constant(basis)
+    return (tf.matmul(ends, basis), tf.matmul(voiced, basis),
+            tf.math.floormod(tf.expand_dims(offsets, -1) + within, TWO_PI))
 
 
 def harmonic_source(f0, *, sample_rate, hop_length, limit):
     """f0 (B, F) Hz -> (B, F * hop): sum over k >= 1 of w_k cos(k * phase), times the voicing. w_k = 1
     below limit - F0, falling linearly to 0 at `limit` (checked per sample): every harmonic in phase,
     none at or above the limit, and one that crosses it as F0 moves fades instead of clicking."""
-    freq, voiced = upsample_f0(f0, hop_length)
-    phi = phase(freq, sample_rate)
+    freq, voiced, phi = phase(f0, sample_rate=sample_rate, hop_length=hop_length)
     room = tf.maximum(limit / tf.maximum(freq, 1.0) - 1.0, 0.0) * tf.cast(freq > 0, tf.float32)
     k = tf.floor(room)                                                               # harmonics at full amplitude
     half = tf.sin(0.5 * phi)
