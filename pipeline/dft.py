@@ -115,18 +115,25 @@ def rfft_stft(audio, *, n_fft, hop_length, win_length):
 
 
 def rfft_istft(real, imag, *, n_fft, hop_length, win_length):
-    """istft with each inverse real DFT done by two forward real FFTs (TFLite has RFFT2D, no IRFFT):
-    with A = rfft(even extension of real) and B = rfft(odd extension of imag) over the full circle,
-    irfft(X)[n] = (Re A[n] + Im B[n]) / n_fft for n <= n_fft/2, (Re A - Im B)[n_fft - n] / n_fft after."""
+    """istft with each inverse real DFT done by one forward real FFT (TFLite has RFFT2D, no IRFFT).
+
+    Over the full circle, the even extension of `real` has a real spectrum A and the odd extension of
+    `imag` (its DC and Nyquist parts dropped, as irfft ignores them) a purely imaginary one B, so one
+    rfft of their sum gives both: C = A + B, Re C = A, Im C = B / i. Then irfft(X)[n] =
+    (Re C + Im C)[n] / n_fft for n <= n_fft/2 and (Re C - Im C)[n_fft - n] / n_fft after."""
     _check(n_fft, hop_length, win_length)
     assert fft_ok(n_fft), f"rfft_istft needs n_fft a power of two, got {n_fft}"
     real = tf.convert_to_tensor(real, tf.float32)
     imag = tf.convert_to_tensor(imag, tf.float32)
     mirror = np.arange(n_fft // 2 - 1, 0, -1)                               # K-2 .. 1: bins n_fft/2+1 .. n_fft-1
-    a = tf.signal.rfft(tf.concat([real, tf.gather(real, mirror, axis=-1)], -1))     # [..., F, K]
-    b = tf.signal.rfft(tf.concat([imag, -tf.gather(imag, mirror, axis=-1)], -1))
-    low = (tf.math.real(a) + tf.math.imag(b)) / n_fft                         # samples 0 .. n_fft/2
-    high = tf.gather((tf.math.real(a) - tf.math.imag(b)) / n_fft, mirror, axis=-1)  # n_fft/2+1 .. n_fft-1
+    inner = np.ones(n_fft // 2 + 1, np.float32)
+    inner[[0, -1]] = 0.0                                                    # imag at DC and Nyquist: ignored
+    even = tf.concat([real, tf.gather(real, mirror, axis=-1)], -1)          # [..., F, n_fft]
+    odd = tf.concat([imag * inner, -tf.gather(imag, mirror, axis=-1)], -1)
+    both = tf.signal.rfft(even + odd)                                       # [..., F, K]
+    re, im = tf.math.real(both), tf.math.imag(both)
+    low = (re + im) / n_fft                                                 # samples 0 .. n_fft/2
+    high = tf.gather((re - im) / n_fft, mirror, axis=-1)                    # n_fft/2+1 .. n_fft-1
     frames = tf.concat([low, high], -1) * hann_window(n_fft=n_fft, win_length=win_length)
     return _overlap_trim(frames, n_fft=n_fft, hop_length=hop_length, win_length=win_length)
 
