@@ -42,6 +42,34 @@ def test_a_constant_f0_is_one_coherent_harmonic_series(hz, frames):
     assert len(peaks) == len(k)
 
 
+def test_a_moving_f0_is_interpolated_between_frame_centres_and_its_phase_is_the_running_sum():
+    """The phase in closed form (a ramp's running sum per frame) against numpy: F0 linear between frame
+    centres t*hop + hop/2, held at voicing edges while the voicing ramps, and the phase the float64
+    running sum of 2 pi f / sr, for a moving contour with unvoiced stretches and an odd hop."""
+    rng = np.random.default_rng(3)
+    f0 = rng.uniform(80.0, 300.0, 400)
+    f0[50:70] = 0.0
+    f0[200] = 0.0
+    f0[-5:] = 0.0
+    for hop in (HOP, 275):
+        freq, voiced, phi = (x.numpy()[0].ravel() for x in sf.phase(tf.constant(f0[None], tf.float32),
+                                                                    sample_rate=SR, hop_length=hop))
+        centres = np.arange(len(f0)) * hop + hop / 2.0
+        n = np.arange(len(f0) * hop)
+        t = np.searchsorted(centres, n, side="right")                   # n lies between centres t-1 and t
+        left, right = f0[np.clip(t - 1, 0, len(f0) - 1)], f0[np.clip(t, 0, len(f0) - 1)]
+        w = np.clip((n - centres[np.clip(t - 1, 0, len(f0) - 1)]) / hop, 0.0, 1.0)
+        w = np.where(t == 0, 0.0, np.where(t == len(f0), 0.0, w))       # before the first / after the last centre
+        expected_voicing = (left > 0) + w * ((right > 0).astype(float) - (left > 0))
+        held_l, held_r = np.where(left > 0, left, right), np.where(right > 0, right, left)
+        expected_freq = held_l + w * (held_r - held_l)
+        np.testing.assert_allclose(freq, expected_freq, rtol=1e-5, atol=1e-3)
+        np.testing.assert_allclose(voiced, expected_voicing, atol=1e-6)
+        running = np.concatenate([[0.0], np.cumsum(expected_freq * 2 * np.pi / SR)[:-1]])
+        error = np.angle(np.exp(1j * (phi - running)))
+        assert np.abs(error).max() < 2e-3                               # radians, over 400 frames
+
+
 def test_unvoiced_frames_give_no_harmonics():
     f0 = np.r_[np.full(10, 140.0), np.zeros(20), np.full(10, 140.0)]
     y = _source(f0)
