@@ -52,7 +52,7 @@ def _ramps(hop_length):
     w = np.where(second, (j - hop_length / 2.0) / hop_length, 1.0 + (j - hop_length / 2.0) / hop_length)
     basis = np.stack([(1.0 - w) * ~second, w * ~second, (1.0 - w) * second, w * second])
     exclusive = np.concatenate([np.zeros((4, 1)), np.cumsum(basis, 1)[:, :-1]], 1)
-    return basis.astype(np.float32), exclusive.astype(np.float32), basis.sum(1)
+    return basis.astype(np.float32), exclusive.astype(np.float32), basis.sum(1).astype(np.float32)
 
 
 def _frame_ends(f0):
@@ -99,7 +99,7 @@ def phase(f0, *, sample_rate, hop_length):
     basis, exclusive, sums = _ramps(hop_length)
     rad = ends * (TWO_PI / sample_rate)                                             # (B, F, 4) radians per sample
     within = tf.matmul(rad, tf.constant(exclusive))                                 # phase since the frame's start
-    totals = tf.reduce_sum(rad * tf.constant(sums.astype(np.float32)), -1)         # (B, F) each frame's advance
+    totals = tf.reduce_sum(rad * tf.constant(sums), -1)                            # (B, F) each frame's advance
     offsets = frame_offsets(tf.math.floormod(totals, TWO_PI))
     basis = tf.constant(basis)
     return (tf.matmul(ends, basis), tf.matmul(voiced, basis),
