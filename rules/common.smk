@@ -25,6 +25,7 @@ from pipeline import (
     manifest as pmanifest,
     models as pmodels,
     preflight as ppreflight,
+    scheduling as pscheduling,
     shards as pshards,
     text as ptext,
 )
@@ -136,3 +137,11 @@ VOCODER = [] if config["vocoder"]["kind"] == "griffin_lim" else [RUN / "vocoder.
 # other (benchmarks/RESULTS.md). With GPU turns they still take turns; profiles set their own threads.
 BESIDE = 1 + bool(VOCODER and pmodels.needs_durations(config["model"]))
 THREADS_BESIDE = max(1, min(32, (workflow.cores or 1) // BESIDE))
+
+
+# Before the first job (Snakemake keeps one onstart handler): each shard's clip list
+# (rules/functions/cache.smk), and for a local run a scheduler without the job-rate limit's
+# timers, which wake it once a second per finished job (pipeline/scheduling.py).
+onstart:
+    publish_clip_lists()
+    pscheduling.unthrottle_local(workflow)

@@ -86,10 +86,6 @@ def publish_clip_lists():
     os.environ[pmanifest.CLIP_LISTS_ENV] = str(folder.resolve())
 
 
-onstart:
-    publish_clip_lists()
-
-
 # shard: its clips' entries, made once for both mel_shard and pitch_shard
 _CLIP_FILES = {}
 
