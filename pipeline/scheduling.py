@@ -16,7 +16,8 @@ the command line's default limit for such runs. Snakemake's Python API has no li
 either (`SchedulingSettings.max_jobs_per_timespan` is None). Two cases keep the limit:
 - a run whose jobs go to a cluster (an executor plugin, such as SLURM's), where the limit protects
   the cluster's scheduler;
-- a limit the user gave on the command line or in a profile.
+- a limit the user gave on the command line or in a profile, unless it is the default itself
+  (100/1s given by hand cannot be told apart from the default).
 """
 CLI_DEFAULT = (100, 1)  # snakemake's --max-jobs-per-timespan default, 100/1s: (jobs, seconds)
 
