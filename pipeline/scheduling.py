@@ -28,7 +28,7 @@ def unthrottle_local(workflow):
     Returns True when the limit was dropped."""
     scheduler = getattr(workflow, "scheduler", None)
     limiter = getattr(scheduler, "job_rate_limiter", None)
-    if limiter is None or not workflow.local_exec:
+    if limiter is None or not getattr(workflow, "local_exec", False):
         return False
     if (limiter.max_jobs, limiter.timespan) != CLI_DEFAULT:
         return False  # the user's own limit
