@@ -24,7 +24,7 @@ runpy.run_module("snakemake", run_name="__main__", alter_sys=True)
 """
 
 
-def timed_snakemake(tmp_path, *args, config):
+def snakemake_counting_timers(tmp_path, *args, config):
     """Run snakemake in its own process; the intervals of the Timer threads it started."""
     out = tmp_path / f"timers-{len(list(tmp_path.glob('timers-*')))}.json"
     cmd = [sys.executable, "-c", COUNTING_SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--cores", "2",
@@ -39,12 +39,12 @@ def timed_snakemake(tmp_path, *args, config):
 def test_a_local_build_schedules_without_rate_limit_timers_unless_the_user_sets_a_limit(tmp_path, corpus):
     root, config = corpus
     # 13 shard jobs on 2 cores: jobs wait for cores in most scheduling rounds
-    assert timed_snakemake(tmp_path, "caches", config=config) == []
+    assert snakemake_counting_timers(tmp_path, "caches", config=config) == []
     cache = tmp_path / "cache" / "t"
     assert sorted(p.name for p in (cache / "mels").glob("shard-*.bin")) == [f"shard-00{k}.bin" for k in range(4)]
     assert (cache / "index.json").exists()
     # the same scheduler counts them when a limit of the user's own stays: 4 token jobs, then the index
-    timers = timed_snakemake(tmp_path, "caches", "--forcerun", "token_shard", "--max-jobs-per-timespan", "50/1s",
+    timers = snakemake_counting_timers(tmp_path, "caches", "--forcerun", "token_shard", "--max-jobs-per-timespan", "50/1s",
                              config=config)
     assert timers and set(timers) == {1}
     plan = snakemake("caches", "-n", config=config)
