@@ -358,8 +358,7 @@ def evaluate(cfg, out, log=_print, threads=1):
     if "speaker_similarity" in summary:
         log(f"speaker similarity {summary['speaker_similarity']}")
     report = {**summary, "checkpoint": synth.checkpoint, "step": synth.step,
-              "model": cfg["model"].get("kind"),
-              "vocoder": {"kind": voc.kind, "steps": voc.steps, "finetune_steps": voc.finetune_steps},
+              "model": cfg["model"].get("kind"), "vocoder": voc.made,
               "griffin_lim_iters": cfg["evaluate"]["griffin_lim_iters"],
               "per_clip": [{k: v for k, v in r.items() if k not in ARRAYS} for r in rows]}
     aligner = aligner_check(cfg)

@@ -120,8 +120,7 @@ def export_vocoder(cfg, audio, transforms):
     if cfg["vocoder"]["kind"] != "griffin_lim":
         from pipeline.vocoder import kinds
         trained = kinds.load(dict(cfg, audio=dict(audio)))  # the run's audio settings, as synthesize uses
-        info = {"kind": trained.kind, "trained": True, "steps": trained.steps,
-                "finetune_steps": trained.finetune_steps, "phase": trained.summary.get("phase"),
+        info = {**trained.made, "trained": True, "phase": trained.summary.get("phase"),
                 "checkpoint": trained.summary["checkpoint"], "summary": str(kinds.summary_path(cfg))}
         info["f0"] = "the acoustic model's pitch (Hz, pitch_shift applied), voiced where the vocoder's head " \
             "hears voicing" if trained.uses_f0 else None

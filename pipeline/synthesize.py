@@ -248,8 +248,7 @@ def _synthesize_into(cfg, out, final, log):
                         "frames": res["frames"], "seconds": round(seconds, 3)})
     files.atomic_write_text(out / "sentences.json", json.dumps(
         {"checkpoint": synth.checkpoint, "step": synth.step, "model": synth.model_kind, "pace": s["pace"],
-         "pitch_shift": s["pitch_shift"], "vocoder": {"kind": vocode.kind, "steps": vocode.steps,
-                                                       "finetune_steps": vocode.finetune_steps},
+         "pitch_shift": s["pitch_shift"], "vocoder": vocode.made,
          "samples": samples}, indent=1))
     return [x["wav"] for x in samples]
 

@@ -111,6 +111,7 @@ def load_json(path):
 
 TINY_ALIGNER = {"steps": 30, "batch_size": 4, "d_model": 16, "learning_rate": 0.005, "temperature": 1.0}
 TINY_VOCODER = {"kind": "vocos", "steps": 10, "learning_rate": 0.001, "finetune_steps": 4, "finetune_recorded": 0.5,
+                "finetune_share": 0.75,
                 "batch_size": 2, "segment_frames": 16,
                 "checkpoint_every": 5, "log_every": 5, "summary_every": 10,
                 "vocos": {"dim": 16, "intermediate_dim": 32, "layers": 1, "kernel": 7}}

@@ -213,7 +213,7 @@ def test_snakemake_evaluate_on_a_tiny_trained_model(trained_run, tmp_path):
     assert result["mcd_db"] > result["mcd_db_vocoder_ceiling"]  # 10 steps do not speak
     assert 0 < result["duration_ratio"] and np.isfinite(result["mcd_db"])
     # through the trained vocoder (10 steps + 4 on GTA mels), with Griffin-Lim's row kept beside it
-    assert result["vocoder"] == {"kind": "vocos", "steps": 10, "finetune_steps": 4}
+    assert result["vocoder"] == {"kind": "vocos", "steps": 10, "finetune_steps": 4, "finetune_share": 0.75}
     assert np.isfinite(result["mcd_db_vocoder_ceiling"])
     for measure, low, high in (("pesq", 1.0, 4.7), ("stoi", -1.0, 1.0)):
         assert set(result[measure]) == {"synthesized", "vocoder_ceiling", "griffin_lim_ceiling"}

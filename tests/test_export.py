@@ -275,7 +275,8 @@ def test_saved_model_with_the_trained_vocoder_speaks_as_pipeline_vocode_without_
 
     meta = load_json(out / "export.json")
     summary = load_json(config.run_dir(cfg) / "vocoder.json")
-    assert meta["vocoder"] == {"kind": "vocos", "trained": True, "steps": 10, "finetune_steps": 4, "phase": "finetune",
+    assert meta["vocoder"] == {"kind": "vocos", "trained": True, "steps": 10, "finetune_steps": 4, "finetune_share": 0.75,
+                               "phase": "finetune",
                                "checkpoint": summary["checkpoint"], "summary": str(config.run_dir(cfg) / "vocoder.json"),
                                "f0": None}  # a Vocos takes no F0
     assert not any(n.startswith("vocoder") for n in meta["notes"])

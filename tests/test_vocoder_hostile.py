@@ -226,6 +226,8 @@ def test_a_changed_vocoder_setting_is_announced_at_planning_and_its_checkpoints_
     assert inputs.settings(mixed, "finetune")["vocoder"]["finetune_recorded"] == 0.9
     gta_only = dict(cfg, vocoder={**cfg["vocoder"], "finetune_recorded": 0})  # as before the key: old checkpoints resume
     assert "finetune_recorded" not in inputs.settings(gta_only, "finetune")["vocoder"]
+    shared = dict(cfg, vocoder={**cfg["vocoder"], "finetune_share": 0.25})  # applied after training: both phases resume
+    assert all(inputs.settings(shared, p) == inputs.settings(cfg, p) for p in inputs.PHASES)
     note = (f"note: vocoder.learning_rate {lr!r} -> {2 * lr!r} since the vocoder's train phase was trained: its job "
             f"sets {folder / 'checkpoints'} aside and trains that phase from its start")
     assert inputs.notes(changed) == [note]
@@ -244,3 +246,21 @@ def test_a_changed_vocoder_setting_is_announced_at_planning_and_its_checkpoints_
     kept = _weights(folder / "checkpoints/ckpt-0")
     assert kept.keys() == weights.keys() and len(kept) > 10
     assert all(np.array_equal(kept[k], weights[k]) for k in kept)
+
+
+def test_shipping_a_blend_whose_first_phase_checkpoint_is_gone_is_one_line_naming_it(tiny, tmp_path):
+    """vocoder.finetune_share < 1 reads the first phase's weights that fine-tuning started from: gone
+    (deleted by hand), the fine-tuning job stops with one line naming it and the two ways out."""
+    from pipeline.errors import MissingCheckpoint
+    _, cfg, _ = tiny
+    cfg = dict(cfg, vocoder={**cfg["vocoder"], "finetune_share": 0.5})
+    trainer = train.VocoderTrainer(cfg, "finetune", log=lambda *a: None)
+    folder, gone = tmp_path / "finetune", str(tmp_path / "train/checkpoints/ckpt-7")
+    inputs.switch(folder, {**inputs.settings(cfg, "finetune"), "from": gone}, log=lambda *a: None)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(generator=trainer.generator), folder / "checkpoints", 1)
+    manager.save(checkpoint_number=0)
+    with pytest.raises(MissingCheckpoint) as stop:
+        train._shipped(cfg, trainer, folder, manager, log=lambda *a: None)
+    message = str(stop.value)
+    assert "\n" not in message and message.startswith(gone) and "finetune_share: 1" in message
+    assert not (folder / "shipped").exists()

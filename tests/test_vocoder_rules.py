@@ -40,7 +40,32 @@ def test_the_vocoder_phases_and_gta_mels_have_the_recorded_frame_counts(trained)
         mels = shards.read_meta(shards.prefix(cache, "mels", k), "mels")
         assert gta["ids"] == mels["ids"] and gta["lengths"] == mels["lengths"]  # exactly the recorded frames
     sentences = json.loads((run / "samples/sentences.json").read_text())
-    assert sentences["vocoder"] == {"kind": "vocos", "steps": 10, "finetune_steps": 4}
+    assert sentences["vocoder"] == {"kind": "vocos", "steps": 10, "finetune_steps": 4, "finetune_share": 0.75}
+
+
+def _generator_weights(summary, checkpoint):
+    """{variable path: value} of the generator in `checkpoint`, built as the vocoder `summary` was trained."""
+    import tensorflow as tf
+
+    from pipeline.vocoder import kinds
+    model = kinds.build(summary["vocoder"], summary["audio"])
+    tf.train.Checkpoint(generator=model).restore(checkpoint).assert_existing_objects_matched().expect_partial()
+    return {w.path: w.numpy() for w in model.weights}
+
+
+def test_the_shipped_vocoder_interpolates_the_first_phase_and_the_fine_tuned_weights(trained):
+    final = json.loads((trained.run / "vocoder.json").read_text())
+    first = json.loads((trained.run / "vocoder/train.json").read_text())["checkpoint"]
+    share = final["finetune_share"]  # conftest.TINY_VOCODER's 0.75: the two sides' weights differ
+    assert share == 0.75 and final["checkpoint"].endswith(os.path.join("finetune", "shipped", "ckpt-4"))
+    assert final["trained_checkpoint"].endswith(os.path.join("finetune", "checkpoints", "ckpt-4"))
+    assert json.loads((trained.run / "vocoder/finetune/inputs.json").read_text())["from"] == first
+    shipped, a, b = (list(_generator_weights(final, c).items())
+                     for c in (final["checkpoint"], first, final["trained_checkpoint"]))
+    assert len(shipped) > 4 and all(len(x) == len(shipped) for x in (a, b))
+    assert any(not np.allclose(x, y) for (_, x), (_, y) in zip(a, b))  # fine-tuning moved the weights
+    for (name, w), (_, x), (_, y) in zip(shipped, a, b):
+        np.testing.assert_allclose(w, (1 - share) * x + share * y, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 def test_nothing_changed_means_nothing_to_do(trained):
@@ -65,7 +90,7 @@ def test_a_vocoder_setting_reruns_only_vocoder_jobs(trained):
     lr = _edited(trained, "lr.yaml", learning_rate=0.002)
     assert planned_jobs(lr, "vocoder") == both
     assert planned_jobs(lr, "synthesize") == {"train_vocoder": 1, "finetune_vocoder": 1, "synthesize": 1}
-    for key, value in (("finetune_steps", 6), ("finetune_recorded", 0.25)):  # fine-tuning's keys: that phase alone
+    for key, value in (("finetune_steps", 6), ("finetune_recorded", 0.25), ("finetune_share", 1.0)):  # that phase alone
         assert planned_jobs(_edited(trained, f"{key}.yaml", **{key: value}), "vocoder") == {"finetune_vocoder": 1,
                                                                                           "vocoder": 1}, key
 

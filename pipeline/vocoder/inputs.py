@@ -24,8 +24,9 @@ from pathlib import Path
 from pipeline import config, files
 
 FILE = "inputs.json"
-RESUMABLE = ("steps", "finetune_steps", "checkpoint_every", "log_every", "summary_every")  # a rerun continues
-FINETUNE_ONLY = ("finetune_recorded",)  # read by the second phase alone: a change restarts only that
+# a rerun continues (finetune_share is applied after fine-tuning: a change only writes the shipped weights again)
+RESUMABLE = ("steps", "finetune_steps", "finetune_share", "checkpoint_every", "log_every", "summary_every")
+FINETUNE_ONLY = ("finetune_recorded", "finetune_share")  # read by the second phase alone: a change reruns only that
 AS_BEFORE = {"finetune_recorded": 0}  # at this value a key trains as before it existed: left out, so
                                       # checkpoints recorded without it stay valid
 KEEP = 2  # sets of checkpoints kept aside per phase (at the demo's sizes, ~3 MB each)

@@ -134,6 +134,7 @@ class Vocoder:
         self.summary = summary or {}
         self.steps = self.summary.get("steps", 0)
         self.finetune_steps = self.summary.get("finetune_steps", 0)
+        self.finetune_share = self.summary.get("finetune_share")  # None: no fine-tuning or a summary from before it
         if model is not None:  # one trace for every mel length (chunks, sentences, clips)
             import tensorflow as tf
             mel, f0 = tf.TensorSpec([1, None, self.audio["n_mels"]], tf.float32), tf.TensorSpec([1, None], tf.float32)
@@ -158,6 +159,12 @@ class Vocoder:
             run = lambda a, b: self._call(log_mel[None, a:b])  # noqa: E731
         return chunked(lambda a, b: run(a, b)[0].numpy(), len(log_mel), self.audio["hop_length"], self.context,
                        chunk_frames)
+
+    @property
+    def made(self):
+        """What the reports say of it: kind, steps of each phase, the fine-tuned weights' share."""
+        return {"kind": self.kind, "steps": self.steps, "finetune_steps": self.finetune_steps,
+                "finetune_share": self.finetune_share}
 
     def voiced_f0(self, log_mel, f0):
         """(F,) another model's F0 gated by this vocoder's voicing head (f0 as it is for kinds without one)."""

@@ -23,6 +23,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import shutil
 import time
 
@@ -199,9 +200,12 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
                 manager.save(checkpoint_number=step)
     if manager.latest_checkpoint is None:  # 0 steps: the untrained (or first-phase) weights
         manager.save(checkpoint_number=step)
+    shipped, share = _shipped(cfg, trainer, folder, manager, log)
     summary = {"name": cfg["name"], "kind": v["kind"], "phase": phase, "steps": v["steps"],
-               "finetune_steps": v["finetune_steps"] if phase == "finetune" else 0, "resumed_from": start, "traces": trainer.traces,
-               "seconds": round(time.perf_counter() - t_start, 1), "checkpoint": manager.latest_checkpoint,
+               "finetune_steps": v["finetune_steps"] if phase == "finetune" else 0, "finetune_share": share,
+               "resumed_from": start, "traces": trainer.traces,
+               "seconds": round(time.perf_counter() - t_start, 1), "checkpoint": shipped,
+               "trained_checkpoint": manager.latest_checkpoint,
                "placement": trainer.p.describe(), "train_loss": history[-1] if history else None,
                "val_loss": val_history, "history": history,
                "audio": cfg["audio"], "vocoder": cfg["vocoder"]}  # what it was trained with: kinds.load builds from these
@@ -212,6 +216,38 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
     weights = sum(float(tf.reduce_sum(tf.cast(w, tf.float64))) for w in trainer.generator.trainable_variables)
     log(f"vocoder {phase} done: {step} steps, checkpoint {manager.latest_checkpoint}, weights checksum {weights:.12g}")
     return summary
+
+
+def _shipped(cfg, trainer, folder, manager, log):
+    """(checkpoint, share): what the run ships. The phase's last checkpoint, except after fine-tuning with
+    vocoder.finetune_share < 1: then the generator's weights interpolated between the first phase's
+    (the checkpoint fine-tuning started from, weight 1 - share) and the fine-tuned ones (weight share),
+    as in WiSE-FT (Wortsman et al., CVPR 2022), saved as vocoder/finetune/shipped/ckpt-<step>. Fine-tuning
+    on the acoustic model's mels serves the TTS but moves the vocoder away from recorded mels; the
+    interpolation keeps most of both (docs/vocoder.md gives the figures). share: None for the first phase."""
+    if trainer.phase != "finetune":
+        return manager.latest_checkpoint, None
+    share = float(cfg["vocoder"]["finetune_share"])
+    if share == 1.0:
+        return manager.latest_checkpoint, share
+    first = inputs.read(folder)["from"]  # recorded by _forget_other_inputs before this phase trained
+    if not os.path.exists(f"{first}.index"):
+        raise MissingCheckpoint(f"{first}: the first phase's checkpoint that fine-tuning started from is gone; "
+                                f"set vocoder.finetune_share: 1, or train both phases again "
+                                f"(`snakemake --cores all vocoder -R train_vocoder`)")
+    with tf.device(trainer.device):
+        blend = kinds.build(cfg["vocoder"], cfg["audio"])
+    status = tf.train.Checkpoint(generator=blend).restore(first)
+    status.assert_existing_objects_matched()
+    status.expect_partial()  # the first phase's discriminators and optimizers are not needed
+    for mine, tuned in zip(blend.weights, trainer.generator.weights, strict=True):  # the same build: the same order
+        mine.assign((1.0 - share) * mine + share * tuned if tf.as_dtype(mine.dtype).is_floating else tuned)
+    step = int(trainer.step_var.numpy())
+    ckpt = tf.train.CheckpointManager(tf.train.Checkpoint(generator=blend), folder / "shipped", max_to_keep=1)
+    path = ckpt.save(checkpoint_number=step)
+    log(f"shipped: {1 - share:g} x the first phase ({first}) + {share:g} x the fine-tuned weights "
+        f"({manager.latest_checkpoint}) in {path}")
+    return path, share
 
 
 def _checkpoints(cfg, phase, trainer, folder, log):
