@@ -66,6 +66,10 @@ def test_the_shipped_vocoder_interpolates_the_first_phase_and_the_fine_tuned_wei
     assert any(not np.allclose(x, y) for (_, x), (_, y) in zip(a, b))  # fine-tuning moved the weights
     for (name, w), (_, x), (_, y) in zip(shipped, a, b):
         np.testing.assert_allclose(w, (1 - share) * x + share * y, rtol=1e-6, atol=1e-7, err_msg=name)
+    # both sides scored on the same validation crops, so a bad interpolation shows in the summary
+    losses = final["shipped_val_loss"]
+    assert set(losses) == {"shipped", "fine_tuned"} and losses["shipped"] != losses["fine_tuned"]
+    assert all(np.isfinite(v[k]) and v[k] > 0 for v in losses.values() for k in ("mel", "stft"))
 
 
 def test_nothing_changed_means_nothing_to_do(trained):

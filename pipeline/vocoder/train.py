@@ -144,24 +144,30 @@ def _phase_dir(cfg, phase):
     return config.run_dir(cfg) / "vocoder" / phase
 
 
-def _validate(trainer, step, val, log):
-    """Validation spectral losses over the validation crops, and TensorBoard audio of a few clips."""
+def _val_losses(trainer, generator, val):
+    """({term: mean spectral loss} of `generator` over the validation crops, (audio, vocoded) of the
+    first batch); (None, None) without validation crops."""
     sums, n, first = {}, 0, None
     for batch in val:
-        fake = trainer.generator(batch["mel"], f0=batch["f0"], training=False) if trainer.uses_f0 \
-            else trainer.generator(batch["mel"], training=False)
+        fake = generator(batch["mel"], f0=batch["f0"], training=False) if trainer.uses_f0 \
+            else generator(batch["mel"], training=False)
         _, terms = D.spectral_loss(batch["audio"], fake, trainer.cfg["audio"], mel_weight=1.0, stft_weight=1.0)
         for k, v in terms.items():
             sums[k] = sums.get(k, 0.0) + float(v)
         n += 1
         first = first or (batch["audio"], fake)
-    if not n:
+    return ({k: v / n for k, v in sums.items()}, first) if n else (None, None)
+
+
+def _validate(trainer, step, val, log):
+    """Validation spectral losses over the validation crops, and TensorBoard audio of a few clips."""
+    out, first = _val_losses(trainer, trainer.generator, val)
+    if out is None:
         return None
     sr = trainer.cfg["audio"]["sample_rate"]
     tf.summary.audio("val/recorded", first[0][:N_AUDIO, :, None], sr, step=step, max_outputs=N_AUDIO)
     tf.summary.audio("val/vocoded", tf.clip_by_value(first[1][:N_AUDIO, :, None], -1, 1), sr, step=step,
                      max_outputs=N_AUDIO)
-    out = {k: v / n for k, v in sums.items()}
     for k, v in out.items():
         tf.summary.scalar(f"val/{k}", v, step=step)
     log(f"step {step}: validation mel L1 {out['mel']:.4f}, stft {out['stft']:.4f}")
@@ -200,14 +206,20 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
                 manager.save(checkpoint_number=step)
     if manager.latest_checkpoint is None:  # 0 steps: the untrained (or first-phase) weights
         manager.save(checkpoint_number=step)
-    shipped, share = _shipped(cfg, trainer, folder, manager, log)
+    shipped, share, blend = _shipped(cfg, trainer, folder, manager, log)
+    shipped_val = None
+    if blend is not None and val is not None:  # both on the same validation crops: a bad interpolation shows
+        shipped_val = {"shipped": _val_losses(trainer, blend, val)[0],
+                       "fine_tuned": _val_losses(trainer, trainer.generator, val)[0]}
+        log("validation mel L1 / stft: " + ", ".join(f"the {k.replace('_', '-')} weights {v['mel']:.4f} / {v['stft']:.4f}"
+                                                    for k, v in shipped_val.items()))
     summary = {"name": cfg["name"], "kind": v["kind"], "phase": phase, "steps": v["steps"],
                "finetune_steps": v["finetune_steps"] if phase == "finetune" else 0, "finetune_share": share,
                "resumed_from": start, "traces": trainer.traces,
                "seconds": round(time.perf_counter() - t_start, 1), "checkpoint": shipped,
                "trained_checkpoint": manager.latest_checkpoint,
                "placement": trainer.p.describe(), "train_loss": history[-1] if history else None,
-               "val_loss": val_history, "history": history,
+               "val_loss": val_history, "shipped_val_loss": shipped_val, "history": history,
                "audio": cfg["audio"], "vocoder": cfg["vocoder"]}  # what it was trained with: kinds.load builds from these
     text = json.dumps(summary, indent=1)
     files.atomic_write_text(out, text)
@@ -219,17 +231,17 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
 
 
 def _shipped(cfg, trainer, folder, manager, log):
-    """(checkpoint, share): what the run ships. The phase's last checkpoint, except after fine-tuning with
+    """(checkpoint, share, the interpolated generator or None): what the run ships. The phase's last checkpoint, except after fine-tuning with
     vocoder.finetune_share < 1: then the generator's weights interpolated between the first phase's
     (the checkpoint fine-tuning started from, weight 1 - share) and the fine-tuned ones (weight share),
     as in WiSE-FT (Wortsman et al., CVPR 2022), saved as vocoder/finetune/shipped/ckpt-<step>. Fine-tuning
     on the acoustic model's mels serves the TTS but moves the vocoder away from recorded mels; the
     interpolation keeps most of both (docs/vocoder.md gives the figures). share: None for the first phase."""
     if trainer.phase != "finetune":
-        return manager.latest_checkpoint, None
+        return manager.latest_checkpoint, None, None
     share = float(cfg["vocoder"]["finetune_share"])
     if share == 1.0:
-        return manager.latest_checkpoint, share
+        return manager.latest_checkpoint, share, None
     first = inputs.read(folder)["from"]  # recorded by _forget_other_inputs before this phase trained
     if not os.path.exists(f"{first}.index"):
         raise MissingCheckpoint(f"{first}: the first phase's checkpoint that fine-tuning started from is gone; "
@@ -247,7 +259,7 @@ def _shipped(cfg, trainer, folder, manager, log):
     path = ckpt.save(checkpoint_number=step)
     log(f"shipped: {1 - share:g} x the first phase ({first}) + {share:g} x the fine-tuned weights "
         f"({manager.latest_checkpoint}) in {path}")
-    return path, share
+    return path, share, blend
 
 
 def _checkpoints(cfg, phase, trainer, folder, log):
