@@ -45,11 +45,9 @@ def test_the_vocoder_phases_and_gta_mels_have_the_recorded_frame_counts(trained)
 
 def _generator_weights(summary, checkpoint):
     """{variable path: value} of the generator in `checkpoint`, built as the vocoder `summary` was trained."""
-    import tensorflow as tf
-
     from pipeline.vocoder import kinds
     model = kinds.build(summary["vocoder"], summary["audio"])
-    tf.train.Checkpoint(generator=model).restore(checkpoint).assert_existing_objects_matched().expect_partial()
+    kinds.restore(model, checkpoint, "the run's vocoder.json", summary["vocoder"]["kind"])
     return {w.path: w.numpy() for w in model.weights}
 
 

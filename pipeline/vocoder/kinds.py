@@ -232,7 +232,7 @@ def _differences(cfg, audio, vocoder_cfg):
     return [f"{key} {a!r} (the vocoder's: {b!r})" for key, a, b in pairs if a != b]
 
 
-def _restore(model, checkpoint, where, kind):
+def restore(model, checkpoint, where, kind):
     """The generator's weights from `checkpoint`, every one of them; one line when they do not fit."""
     import tensorflow as tf
     try:
@@ -273,5 +273,5 @@ def load(cfg, summary=None, log=_note):
         log(f"note: the config gives {', '.join(moved)}; using the vocoder's own settings ({where}), "
             f"which it was trained with")
     model = build(vocoder_cfg, audio)
-    _restore(model, info["checkpoint"], where, vocoder_cfg["kind"])
+    restore(model, info["checkpoint"], where, vocoder_cfg["kind"])
     return Vocoder(dict(cfg, audio=dict(audio), vocoder=vocoder_cfg), model, info)

@@ -249,9 +249,7 @@ def _shipped(cfg, trainer, folder, manager, log):
                                 f"(`snakemake --cores all vocoder -R train_vocoder`)")
     with tf.device(trainer.device):
         blend = kinds.build(cfg["vocoder"], cfg["audio"])
-    status = tf.train.Checkpoint(generator=blend).restore(first)
-    status.assert_existing_objects_matched()
-    status.expect_partial()  # the first phase's discriminators and optimizers are not needed
+    kinds.restore(blend, first, inputs.path(folder), cfg["vocoder"]["kind"])  # its generator alone
     for mine, tuned in zip(blend.weights, trainer.generator.weights, strict=True):  # the same build: the same order
         mine.assign((1.0 - share) * mine + share * tuned if tf.as_dtype(mine.dtype).is_floating else tuned)
     step = int(trainer.step_var.numpy())
