@@ -4,6 +4,7 @@
     python benchmarks/cpu_kernels.py --rounds 3 --steps 15
     python benchmarks/cpu_kernels.py --voice runs/demo/export   # an exported voice's calls instead
     python benchmarks/cpu_kernels.py --compare threads          # 1 intra-op thread against 2 (oneDNN on)
+    python benchmarks/cpu_kernels.py --compare precision        # the steps in float32 against mixed bfloat16
 
 TF_ENABLE_ONEDNN_OPTS is read once, when TensorFlow loads, so each setting runs in its own process:
 each round starts one process per setting, in alternating order. Each process builds the training
@@ -15,7 +16,9 @@ measurement behind it. With --voice, each process loads that export's SavedModel
 `speak` and `serve` call it (benchmarks/serve.py makes a demo-size voice in .bench/serve/).
 With --compare threads, the two settings are TensorFlow's intra-op pool at 1 and at 2 threads
 (TF_NUM_INTRAOP_THREADS, what a rule's `--threads` sets), and each process also reports its CPU
-seconds. Writes .bench/cpu_kernels.json (.bench/cpu_threads.json with --compare threads).
+seconds. With --compare precision, the two settings are `train.mixed_precision` off and bfloat16
+(what `auto` picks for the acoustic model on a CPU with AMX-BF16, pipeline/placement.py), oneDNN on.
+Writes .bench/cpu_kernels.json (.bench/cpu_threads.json, .bench/cpu_precision.json with --compare).
 """
 import argparse
 import json
@@ -29,7 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPARE = {"kernels": ("TF_ENABLE_ONEDNN_OPTS", {"Eigen": "0", "oneDNN": "1"}),
-           "threads": ("TF_NUM_INTRAOP_THREADS", {"2 threads": "2", "1 thread": "1"})}
+           "threads": ("TF_NUM_INTRAOP_THREADS", {"2 threads": "2", "1 thread": "1"}),
+           "precision": ("BENCH_MIXED_PRECISION", {"float32": "off", "bfloat16": "bfloat16"})}
 TOKENS = (20, 60, 150)  # --voice: sentence lengths in token ids (~1.4, 4 and 10 s of speech at 6 frames a token)
 
 
@@ -43,6 +47,7 @@ def measure(config_path, steps):
     from pipeline.vocoder.train import VocoderTrainer
 
     cfg = config.load_config(config_path)
+    cfg = config.merge(cfg, {"train": {"mixed_precision": os.environ.get("BENCH_MIXED_PRECISION", "off")}})
 
     trainer = build_trainer(config.merge(cfg, {"train": {"jit_compile": False}}), log=lambda *a: None)
     # step.py's timing: one warm-up call per shape, then the median of `steps` calls
@@ -51,6 +56,8 @@ def measure(config_path, steps):
     batch = next(iter(vocoder.dataset("train")))
     voc = time_variant(lambda b: vocoder.step(b, 0), [batch], steps)["median_ms"]
     return {"fastpitch_ms": fastpitch, "vocoder_ms": voc, "kernels": placement.cpu_kernels(), "tf": tf.__version__,
+            "mixed_precision": [trainer.p.mixed_precision, vocoder.p.mixed_precision],
+            "amx_bf16": placement.cpu_has_amx_bf16(),
             "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2])}
 
 
@@ -94,7 +101,7 @@ def main(argv=None):
         return
     keys = [f"tokens_{n}_ms" for n in TOKENS] if args.voice else ["fastpitch_ms", "vocoder_ms"]
     variable, settings = COMPARE[args.compare]
-    out = args.out or ROOT / ".bench" / ("cpu_kernels.json" if args.compare == "kernels" else "cpu_threads.json")
+    out = args.out or ROOT / ".bench" / f"cpu_{args.compare}.json"
     runs = {name: [] for name in settings}
     for r in range(args.rounds):
         for name in (list(settings) if r % 2 == 0 else list(settings)[::-1]):
@@ -104,6 +111,7 @@ def main(argv=None):
                                   env=env, cwd=ROOT, capture_output=True, text=True, check=True)
             got = json.loads(proc.stdout.strip().splitlines()[-1])
             assert args.compare != "kernels" or got["kernels"] == name, got  # the setting took
+            assert args.compare != "precision" or got["mixed_precision"] == [settings[name]] * 2, got
             runs[name].append(got)
             print(f"round {r} {name:<9} " + "   ".join(f"{k[:-3]} {got[k]:7.1f} ms" for k in keys) +
                   (f"   process {got['cpu_s']:.1f} CPU s" if "cpu_s" in got else "") +

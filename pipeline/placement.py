@@ -51,11 +51,12 @@ class Placement:
     strategy: object = None
     worker: tuple = (0, 1)  # (index, count) of this process among the multiworker workers
     chief: bool = True      # writes checkpoints, TensorBoard events and the summary
+    precision_note: str = ""  # why `auto` chose mixed precision on a CPU, for the log line
 
     def describe(self):
         return (f"placement {self.name} ({self.reason}); data on {self.data_device}, model on "
                 f"{', '.join(self.devices)}; XLA {'on' if self.jit_compile else 'off'}; "
-                f"mixed precision {self.mixed_precision}; CPU kernels {cpu_kernels()}")
+                f"mixed precision {self.mixed_precision}{self.precision_note}; CPU kernels {cpu_kernels()}")
 
 
 def cpu_kernels():
@@ -78,6 +79,17 @@ def _gpu_supports_bf16():
         return False
     cc = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
     return tuple(cc) >= (8, 0)  # Ampere and newer have bfloat16 tensor cores
+
+
+def cpu_has_amx_bf16(cpuinfo="/proc/cpuinfo"):
+    """Whether this CPU multiplies bfloat16 matrices in hardware (Intel AMX-BF16: Xeon Sapphire Rapids and
+    later), as /proc/cpuinfo's flags say (False where there is no such file: not Linux)."""
+    try:
+        lines = Path(cpuinfo).read_text(errors="replace").splitlines()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags") and ":" in line), [])
+    return "amx_bf16" in flags
 
 
 def host_id():
@@ -186,9 +198,11 @@ def multiworker_strategy():
     return _MULTIWORKER
 
 
-def resolve(train_cfg, override=None, report=None):
+def resolve(train_cfg, override=None, report=None, cpu_bfloat16=False):
     """The Placement for `train:` (or `override`), with the reason for `auto` spelled out.
-    `report`: the diagnose.json that `auto` consults with two or more GPUs."""
+    `report`: the diagnose.json that `auto` consults with two or more GPUs. `cpu_bfloat16`: the caller's
+    model trains faster in bfloat16 on a CPU with AMX-BF16 (the acoustic models: docs/scaling.md), so
+    mixed_precision `auto` picks it there when oneDNN's kernels run; on other CPUs `auto` is off."""
     name = override or train_cfg["placement"]
     if name == "multiworker":  # before any other TensorFlow op, listing devices included
         strategy, worker, chief, where = multiworker_strategy()
@@ -227,13 +241,17 @@ def resolve(train_cfg, override=None, report=None):
     # XLA compiles each bucket shape up front (~15 s each on a 2-core CPU, benchmarks/step.py); fused
     # GPU kernels repay that at once, while on a CPU the ~1.3x it gives takes most of a short run to pay back
     jit = on_gpu if jit == "auto" else bool(jit)
-    mp = train_cfg["mixed_precision"]
-    if mp == "auto":
-        mp = ("bfloat16" if _gpu_supports_bf16() else "float16") if on_gpu else "off"
+    mp, note = train_cfg["mixed_precision"], ""
+    if mp == "auto" and on_gpu:
+        mp = "bfloat16" if _gpu_supports_bf16() else "float16"
+    elif mp == "auto":
+        # oneDNN runs bfloat16 matmuls on AMX tiles; without AMX (or under Eigen) bfloat16 is emulated, slower
+        amx = cpu_bfloat16 and cpu_kernels() == "oneDNN" and cpu_has_amx_bf16()
+        mp, note = ("bfloat16", " (auto: this CPU has AMX-BF16)") if amx else ("off", "")
     if name == "multiworker":
-        return Placement(name, reason, data_dev, model_dev, devices, jit, mp, strategy, worker, chief)
+        return Placement(name, reason, data_dev, model_dev, devices, jit, mp, strategy, worker, chief, note)
     strategy = tf.distribute.MirroredStrategy(devices) if name == "mirrored" else None
-    return Placement(name, reason, data_dev, model_dev, devices, jit, mp, strategy)
+    return Placement(name, reason, data_dev, model_dev, devices, jit, mp, strategy, precision_note=note)
 
 
 def cpu_only():

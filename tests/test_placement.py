@@ -69,6 +69,35 @@ def test_resolve_auto_uses_the_report_through_the_trainers_path(tmp_path, monkey
     assert p.name == "split" and p.model_device == "/GPU:1" and "14.00 steps/s" in p.reason
 
 
+CPUINFO = "processor\t: {n}\nmodel name\t: a CPU\nflags\t\t: fpu sse2 avx2 avx512f{extra}\n\n"
+
+
+def test_amx_bf16_is_read_from_the_cpus_flags(tmp_path):
+    amx, plain = tmp_path / "amx", tmp_path / "plain"
+    amx.write_text("".join(CPUINFO.format(n=n, extra=" avx512_bf16 amx_bf16 amx_tile") for n in range(2)))
+    plain.write_text(CPUINFO.format(n=0, extra=" avx512_bf16"))  # bfloat16 dot products, no AMX tiles
+    assert placement.cpu_has_amx_bf16(amx) is True
+    assert placement.cpu_has_amx_bf16(plain) is False
+    assert placement.cpu_has_amx_bf16(tmp_path / "absent") is False  # not Linux: no file, no guess
+
+
+@pytest.mark.parametrize("wants, kernels, amx, expected", [
+    (True, "oneDNN", True, "bfloat16"),   # the acoustic trainer on an AMX CPU
+    (True, "oneDNN", False, "off"),       # no AMX: bfloat16 would be emulated, slower
+    (True, "Eigen", True, "off"),         # TF_ENABLE_ONEDNN_OPTS=0: Eigen has no AMX kernels
+    (False, "oneDNN", True, "off"),       # the vocoders: no faster in bfloat16 on the CPU
+])
+def test_auto_mixed_precision_on_a_cpu(monkeypatch, wants, kernels, amx, expected):
+    monkeypatch.setattr(placement, "cpu_kernels", lambda: kernels)
+    monkeypatch.setattr(placement, "cpu_has_amx_bf16", lambda: amx)
+    p = placement.resolve(dict(TRAIN, placement="cpu"), cpu_bfloat16=wants)
+    assert p.mixed_precision == expected
+    assert ("mixed precision bfloat16 (auto: this CPU has AMX-BF16)" in p.describe()) == (expected == "bfloat16")
+    for explicit in ("off", "bfloat16", "float16"):  # a value the config names is kept, whatever the CPU
+        assert placement.resolve(dict(TRAIN, placement="cpu", mixed_precision=explicit),
+                                 cpu_bfloat16=wants).mixed_precision == explicit
+
+
 def test_host_id_names_this_machine():
     host = placement.host_id()
     assert host["hostname"] and host["gpus"] == []  # no GPU on this machine

@@ -18,6 +18,7 @@ import yaml
 from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, load_json, snakemake, write_config
 
 from pipeline import config
+from pipeline import placement as placement_mod
 from pipeline.vocoder.kinds import step_of
 
 TINY_MODEL = {"kind": "transformer_tts",
@@ -129,6 +130,32 @@ def placement_runs(built_cache, tmp_path_factory):
     return results  # one per placement, then {"clipping": ...}
 
 
+def test_auto_precision_on_an_amx_cpu_is_bfloat16_for_the_acoustic_model_only(built_cache, monkeypatch):
+    """On a CPU with AMX-BF16 (stood in here), `mixed_precision: auto` trains the acoustic model in bfloat16
+    (FastPitch's step 1.19x faster there, docs/scaling.md; transformer_tts here, as this cache has no
+    durations: the same trainer) and keeps the vocoder in float32 (slower in bfloat16)."""
+    import keras
+
+    from pipeline.train import build_trainer
+    from pipeline.vocoder.train import VocoderTrainer
+    monkeypatch.setattr(placement_mod, "cpu_has_amx_bf16", lambda: True)
+    monkeypatch.setattr(placement_mod, "cpu_kernels", lambda: "oneDNN")
+    cfg = config.merge(config.load_config(built_cache), {"model": TINY_MODEL,
+                                                         "train": {"placement": "cpu", "mixed_precision": "auto"}})
+    logged = []
+    try:
+        trainer = build_trainer(cfg, log=logged.append)
+        assert trainer.p.mixed_precision == "bfloat16" and trainer.context()["mixed_precision"] == "bfloat16"
+        assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+        small = {"dim": 16, "intermediate_dim": 32, "layers": 1, "kernel": 7, "f0_head_dim": 16, "f0_weight": 1.0}
+        vocoder = VocoderTrainer(config.merge(cfg, {"vocoder": {"kind": "source_filter", "source_filter": small}}),
+                                 log=logged.append)
+        assert vocoder.p.mixed_precision == "off" and keras.mixed_precision.global_policy().name == "float32"
+    finally:
+        placement_mod.set_precision_policy("off")
+    assert any("mixed precision bfloat16 (auto: this CPU has AMX-BF16)" in str(line) for line in logged), logged
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("i", range(len(PLACEMENTS)), ids=[
     f"{p}-extra{i}" for i, (p, _) in enumerate(PLACEMENTS)])
@@ -138,7 +165,10 @@ def test_every_placement_trains_and_traces_once_per_bucket(placement_runs, i):
     assert "error" not in out, out.get("error")
     if placement == "auto":
         assert out["placement"] == "cpu" and out["devices"] == ["/CPU:0"]  # no GPU here: the cpu run above
-        assert out["context"]["jit_compile"] is False and out["context"]["mixed_precision"] == "off"
+        # mixed precision: off on this CPU, or bfloat16 where it has AMX-BF16 (tests/test_placement.py)
+        amx = placement_mod.cpu_kernels() == "oneDNN" and placement_mod.cpu_has_amx_bf16()
+        assert out["context"]["jit_compile"] is False
+        assert out["context"]["mixed_precision"] == ("bfloat16" if amx else "off")
         return
     first, last = np.mean(out["losses"][:5]), np.mean(out["losses"][-5:])
     assert last < 0.8 * first, out["losses"]  # ~0.7 without dropout here; a step that does not train stays ~1
