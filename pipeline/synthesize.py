@@ -187,6 +187,7 @@ def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
     built from what the run carries (runs/{name}/run.json)."""
     import tensorflow as tf
 
+    from pipeline import placement
     run = config.run_dir(cfg)
     latest = runinfo.latest_checkpoint(run / "checkpoints")
     if latest is None:
@@ -194,6 +195,7 @@ def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
     info = runinfo.load(run)
     note_audio_differences(cfg, info, run, log)
     model_cfg = info["config"]["model"]
+    placement.set_precision_policy("off")  # synthesis runs in float32, whatever a trainer in this process set
     model = models.build(model_cfg, info["vocab"], info["n_mels"], **runinfo.voice_tables(info))
     r = models.frame_multiple(model_cfg)
     model(models.dummy_batch(8, 4 * r, info["n_mels"], runinfo.voice_fields(info)))  # create the variables, then fill them

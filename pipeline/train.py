@@ -97,8 +97,9 @@ class Trainer:
         self.vocab, self.n_mels = info["vocab"], info["n_mels"]
         self.voices = {k: info.get(k, self.index.get(k, [])) for k in ("speakers", "languages")}  # sorted name tables
         # the first TensorFlow op: multiworker creates its strategy here; auto may read the last diagnose report
+        # bfloat16 on an AMX CPU only for the built-in kinds: a model of the user's own may assume float32
         self.p = placement_mod.resolve(cfg["train"], placement, report=config.report_dir(cfg) / "diagnose.json",
-                                       cpu_bfloat16=True)
+                                       cpu_bfloat16=cfg["model"]["kind"] in models.KINDS)
         placement_mod.set_precision_policy(self.p.mixed_precision)
         keras.utils.set_random_seed(cfg["train"]["seed"])
         clips = data.load_clips(cfg, "all", self.index)[0]  # every shard's JSON read and checked once here

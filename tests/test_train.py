@@ -77,7 +77,8 @@ PLACEMENT_RUNS = """
     for placement, extra in {placements!r}:
         try:
             cfg = config.load_config({path!r}, {{
-                "train": {{"data_device": "/CPU:0", "model_device": "/CPU:1", "grad_clip": 1e-3, **extra}},
+                "train": {{"data_device": "/CPU:0", "model_device": "/CPU:1", "grad_clip": 1e-3,
+                           **({{}} if placement == "auto" else {{"mixed_precision": "off"}}), **extra}},
                 "model": {{"transformer_tts": {{"dropout": 0.0, "prenet_dropout": 0.0}}}}}})
             trainer = build_trainer(cfg, placement=placement, log=lambda *a: None)
             trainer.measure_copy(repeats=1)
@@ -401,10 +402,12 @@ def test_fastpitch_trains_from_the_durations_and_speaks_at_every_pace(aligned_ca
 @pytest.mark.slow
 def test_a_users_own_model_kind_trains_and_synthesizes(built_cache, tmp_path):
     """docs/models.md's example, docs/examples/my_tts.py, as a user runs it: copied beside the project,
-    named by model.kind, trained through the real loop, then synthesizing."""
+    named by model.kind, trained through the real loop in mixed bfloat16 (what `auto` picks on recent
+    GPUs), then synthesizing."""
     shutil.copy(ROOT / "docs" / "examples" / "my_tts.py", tmp_path / "my_tts.py")
     options = {"width": 8, "frame_multiple": 2}
-    path = tiny_config(built_cache, tmp_path, model={"kind": "my_tts:build", "options": options}, steps=30)
+    path = tiny_config(built_cache, tmp_path, model={"kind": "my_tts:build", "options": options}, steps=30,
+                       mixed_precision="bfloat16")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
     for module in ("pipeline.train", "pipeline.synthesize"):
         subprocess.run([sys.executable, "-m", module, "--config", str(path)], cwd=ROOT, env=env, check=True,

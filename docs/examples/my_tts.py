@@ -35,7 +35,8 @@ class MyTTS(keras.Model):
 
     def tts_loss(self, outputs, batch):
         mask = tf.sequence_mask(batch["mel_lengths"], tf.shape(batch["mel"])[1], tf.float32)[:, :, None]
-        loss = tf.reduce_sum(tf.abs(outputs["mel"] - batch["mel"]) * mask) / tf.reduce_sum(mask)
+        mel = tf.cast(outputs["mel"], tf.float32)  # bfloat16/float16 under mixed precision: the loss in float32
+        loss = tf.reduce_sum(tf.abs(mel - batch["mel"]) * mask) / tf.reduce_sum(mask)
         loss = loss / tf.cast(tf.shape(batch["mel"])[2], tf.float32)
         return loss, {"mel": loss, "total": loss}
 

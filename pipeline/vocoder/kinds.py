@@ -272,6 +272,8 @@ def load(cfg, summary=None, log=_note):
     if moved:
         log(f"note: the config gives {', '.join(moved)}; using the vocoder's own settings ({where}), "
             f"which it was trained with")
+    from pipeline import placement
+    placement.set_precision_policy("off")  # inference in float32, whatever a trainer in this process set
     model = build(vocoder_cfg, audio)
     restore(model, info["checkpoint"], where, vocoder_cfg["kind"])
     return Vocoder(dict(cfg, audio=dict(audio), vocoder=vocoder_cfg), model, info)
