@@ -13,9 +13,12 @@ one-line error naming what changed.
     info = runinfo.load(config.run_dir(cfg))   # {vocab, speakers, languages, stats, config, n_mels}; MissingCheckpoint if untrained
     runinfo.path(run_dir)                      # runs/{name}/run.json
     runinfo.latest_checkpoint(run_dir / "checkpoints")   # runs/{name}/checkpoints/ckpt-N, or None
+    runinfo.checkpoint_identity("runs/demo/checkpoints/ckpt-800")   # that path @ a digest of its weights
+    runinfo.checkpoint_path(identity)                                # and back to the path
 
 Config keys: none read here; `SECTIONS` of the config are stored.
 """
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -52,6 +55,20 @@ def latest_checkpoint(folder):
         return None
     latest = Path(found.group(1)) if Path(found.group(1)).is_absolute() else Path(folder) / found.group(1)
     return str(latest) if Path(f"{latest}.index").is_file() else None
+
+
+def checkpoint_identity(prefix):
+    """`prefix` (runs/{name}/checkpoints/ckpt-N) and which weights it holds: `prefix@digest`, the digest of
+    its .index file, which records every saved tensor's CRC32C. A model trained again to the same step
+    under the same name has the same path but another identity, so what was made from the old one
+    (GTA mels, a fine-tuned vocoder) is not taken for the new one's. Read without TensorFlow."""
+    digest = hashlib.sha256(Path(f"{prefix}.index").read_bytes()).hexdigest()[:16]
+    return f"{prefix}@{digest}"
+
+
+def checkpoint_path(identity):
+    """The checkpoint a `checkpoint_identity` names (a bare path, as recorded before identities: itself)."""
+    return re.sub(r"@[0-9a-f]{16}$", "", identity)
 
 
 def describe(cfg, index, stats):

@@ -173,3 +173,26 @@ def test_latest_checkpoint_is_tensorflows_without_tensorflow(tmp_path):
     assert runinfo.latest_checkpoint(folder) is None is tf.train.latest_checkpoint(str(folder))
     (folder / "checkpoint").write_bytes(b"\xff\xfe damaged")
     assert runinfo.latest_checkpoint(folder) is None
+
+
+def test_a_checkpoint_retrained_under_the_same_path_is_another_identity(tmp_path):
+    """What was made from a checkpoint (GTA mels, a vocoder fine-tuned on them) names it by its weights:
+    a model trained again from scratch to the same step, at the same path, is not taken for the old one."""
+    import shutil
+
+    import tensorflow as tf
+
+    def save(folder, value):
+        manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(tf.fill([64], value))), str(folder),
+                                             max_to_keep=1, checkpoint_name="ckpt")
+        return manager.save(checkpoint_number=800)
+
+    first = save(tmp_path / "checkpoints", 1.0)
+    before = runinfo.checkpoint_identity(first)
+    assert before.startswith(f"{first}@") and before == runinfo.checkpoint_identity(first)
+    assert runinfo.checkpoint_path(before) == first == runinfo.checkpoint_path(first)  # a bare path (older records)
+    shutil.rmtree(tmp_path / "checkpoints")                                     # "delete runs/{name}/checkpoints"
+    again = save(tmp_path / "checkpoints", 2.0)                                 # ... and train to the same step
+    assert again == first and runinfo.checkpoint_identity(again) != before
+    shutil.rmtree(tmp_path / "checkpoints")
+    assert runinfo.checkpoint_identity(save(tmp_path / "checkpoints", 1.0)) == before  # the same weights: the same

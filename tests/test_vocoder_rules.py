@@ -16,7 +16,7 @@ import soundfile as sf
 import yaml
 from conftest import ROOT, planned_jobs, snakemake
 
-from pipeline import config, manifest, shards
+from pipeline import config, manifest, runinfo, shards
 
 pytestmark = pytest.mark.slow
 SHARDS = 2  # conftest.trained_run's cache.shards
@@ -57,7 +57,12 @@ def test_the_shipped_vocoder_interpolates_the_first_phase_and_the_fine_tuned_wei
     share = final["finetune_share"]  # conftest.TINY_VOCODER's 0.75: the two sides' weights differ
     assert share == 0.75 and final["checkpoint"].endswith(os.path.join("finetune", "shipped", "ckpt-4"))
     assert final["trained_checkpoint"].endswith(os.path.join("finetune", "checkpoints", "ckpt-4"))
-    assert json.loads((trained.run / "vocoder/finetune/inputs.json").read_text())["from"] == first
+    # the fine-tuning names the first phase and the GTA mels by their weights, not their paths alone
+    assert json.loads((trained.run / "vocoder/finetune/inputs.json").read_text())["from"] == runinfo.checkpoint_identity(first)
+    acoustic = runinfo.latest_checkpoint(trained.run / "checkpoints")
+    for k in range(SHARDS):
+        assert shards.read_meta(trained.run / f"gta/shard-{k:03d}", "gta")["provenance"] == shards.digest(
+            shards.provenance("mels", trained.cfg), runinfo.checkpoint_identity(acoustic))
     shipped, a, b = (list(_generator_weights(final, c).items())
                      for c in (final["checkpoint"], first, final["trained_checkpoint"]))
     assert len(shipped) > 4 and all(len(x) == len(shipped) for x in (a, b))

@@ -4,7 +4,8 @@ the recorded mel as decoder input), so each predicted mel has exactly the record
 
 Reads the token, mel, energy, pitch (and duration) shards of one shard and the acoustic model's
 latest checkpoint (runs/{name}/checkpoints); writes runs/{name}/gta/shard-NNN.{bin,json} (kind
-`gta`, float16 log-mel, the mel shard's ids and lengths) whose provenance names the checkpoint.
+`gta`, float16 log-mel, the mel shard's ids and lengths) whose provenance names the checkpoint and
+its weights.
 
     python -m pipeline.vocoder.gta --config configs/config.yaml --shard 3 --out runs/demo/gta/shard-003
 
@@ -18,7 +19,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, data, placement, shards
+from pipeline import config, data, placement, runinfo, shards
 from pipeline.errors import cli
 from pipeline.synthesize import load_synthesizer
 from pipeline.train import normalise
@@ -52,7 +53,8 @@ def build_gta_shard(cfg, shard, out, log=_print):
         predicted = model(normalise(batch, norm), training=False)["mel"][0, :frames].numpy()
         ids.append(cid)
         mels.append((predicted * synth.std + synth.mean).astype(np.float16))          # (frames, n_mels) log-mel
-    provenance = shards.digest(shards.provenance("mels", cfg), synth.checkpoint)
+    # the checkpoint's weights, not only its path: a model retrained to the same step makes other GTA mels
+    provenance = shards.digest(shards.provenance("mels", cfg), runinfo.checkpoint_identity(synth.checkpoint))
     shards.write(out, "gta", ids, mels, provenance=provenance, width=cfg["audio"]["n_mels"], checkpoint=synth.checkpoint)
     err = np.mean([np.abs(m.astype(np.float32) - read["mels"][1][at["mels"][c]].astype(np.float32)).mean()
                    for c, m in zip(ids, mels)]) if ids else float("nan")

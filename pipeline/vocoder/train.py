@@ -30,7 +30,7 @@ import time
 import keras
 import tensorflow as tf
 
-from pipeline import config, data, files, optim, shards
+from pipeline import config, data, files, optim, runinfo, shards
 from pipeline import placement as placement_mod
 from pipeline.errors import MissingCheckpoint, cli
 from pipeline.vocoder import discriminators as D
@@ -242,7 +242,7 @@ def _shipped(cfg, trainer, folder, manager, log):
     share = float(cfg["vocoder"]["finetune_share"])
     if share == 1.0:
         return manager.latest_checkpoint, share, None
-    first = inputs.read(folder)["from"]  # recorded by _forget_other_inputs before this phase trained
+    first = runinfo.checkpoint_path(inputs.read(folder)["from"])  # recorded by _forget_other_inputs before this phase trained
     if not os.path.exists(f"{first}.index"):
         raise MissingCheckpoint(f"{first}: the first phase's checkpoint that fine-tuning started from is gone; "
                                 f"set vocoder.finetune_share: 1, or train both phases again "
@@ -312,7 +312,8 @@ def _forget_other_inputs(cfg, phase, folder, log):
     and restart (pipeline/vocoder/inputs.py), and inputs seen before resume their set."""
     key = inputs.settings(cfg, phase)
     if phase == "finetune":
-        key["from"] = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
+        first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
+        key["from"] = first and runinfo.checkpoint_identity(first)  # its weights: a retrained first phase is another
         key["gta"] = [shards.read_meta(segments.gta_prefix(cfg, e["shard"]), "gta")["provenance"]
                       for e in data.read_index(cfg)["shards"]]
     inputs.switch(folder, key, log)
