@@ -183,7 +183,8 @@ def markdown(report):
               f"{name if voc else 'Griffin-Lim'}; the ceiling rows resynthesize each recording's own mel "
               f"({'with the same vocoder, and with ' if voc else 'with '}Griffin-Lim, {report['griffin_lim_iters']} "
               "iterations). PESQ and STOI compare with the recording sample by sample: for the copy-syntheses they measure "
-              "the vocoder alone; the synthesized audio is re-timed onto the recording along the DTW path, and what "
+              "the vocoder alone; the synthesized audio is re-timed onto the recording along the DTW path (cross-faded "
+              "where the path repeats or skips a frame), and what "
               "timing and pitch differences remain count against it as well. Chance compares each synthesized clip "
               "with the other clips' recordings."), "",
               f"| clip | MCD dB | {'vocoder ceiling dB | ' if voc else ''}Griffin-Lim ceiling dB | chance dB "

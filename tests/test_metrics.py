@@ -68,6 +68,21 @@ def test_mcd_orders_stretched_copy_below_another_sentence():
     assert frames > 100 and rmse < 15.0
 
 
+def test_warp_to_gives_audio_back_on_the_identity_and_retimes_without_clicks():
+    y = recording("LJ001-0016")
+    n = len(y) // HOP
+    identity = np.stack([np.arange(n), np.arange(n)], 1)
+    np.testing.assert_allclose(metrics.warp_to(y, identity, n_frames=n, hop_length=HOP), y[:n * HOP], atol=1e-6)
+    # a tone re-timed onto a recording 25 % longer: the path repeats every 4th frame
+    tone = np.sin(2 * np.pi * 220.5 * np.arange(n * HOP) / SR).astype(np.float32)
+    longer = n * 5 // 4
+    path = np.stack([np.arange(longer) * n // longer, np.arange(longer)], 1)
+    warped = metrics.warp_to(tone, path, n_frames=longer, hop_length=HOP)
+    assert warped.shape == (longer * HOP,)
+    # frames butted together jump by up to 2 where one repeats; cross-faded, no step exceeds the tone's own by much
+    assert np.abs(np.diff(warped)).max() < 1.25 * np.abs(np.diff(tone)).max()
+
+
 def test_mcd_formula_on_known_cepstra():
     # one coefficient apart by 1 in every frame: 10 / ln 10 * sqrt(2) dB; c0 differences do not count
     a = np.zeros((5, metrics.ORDER + 1))
