@@ -5,8 +5,9 @@ of `pipeline.audio.n_frames`: frame t is centred on sample t*hop + hop/2 (HiFi-G
 Every voiced value lies within pitch.fmin..pitch.fmax; every value is finite. Methods (the config's
 `pitch.method`, registered in METHODS; benchmarks/pitch.py measures them against speech
 re-synthesised by WORLD with a known F0, benchmarks/RESULTS.md has the figures):
-  - praat:   Praat's autocorrelation method (`praat-parselmouth`, To Pitch (ac)): the default, fewer
-             gross and voicing errors than DIO, clean and at 20 dB SNR, at about DIO's CPU
+  - praat:   Praat's autocorrelation method (`praat-parselmouth`, To Pitch (ac)) on the clip resampled
+             to 8 kHz: the default, fewer gross and voicing errors than DIO, clean and at 20 dB SNR,
+             at about DIO's CPU
   - dio:     pyworld's DIO refined by StoneMask (WORLD vocoder)
   - swiftf0: SwiftF0's small CNN (ONNX, shipped in the `swift-f0` wheel): the fewest gross errors,
              but 2-3x DIO's CPU; searches 46.875..2093.75 Hz only
@@ -31,6 +32,11 @@ from pipeline.registry import Registry
 # frames agree within 5 % with no decimation and tones keep their 0.06 % error, at 4x less CPU
 # (benchmarks/RESULTS.md)
 DIO_SPEED = 4
+# Praat analyses the voice's 0-4 kHz band: the clip is resampled to 8 kHz (soxr) first, as pitch trackers
+# such as RAPT do. Praat's autocorrelation costs per sample of its 3-period window, so this took 0.79x and
+# 0.90x DIO's CPU in two runs of benchmarks/pitch.py against 1.03x and 1.21x at 22,050 Hz, with the same
+# gross and voicing errors (fine error +0.4 cents; benchmarks/RESULTS.md)
+PRAAT_RATE = 8000
 SWIFT_VOICED = 0.5  # SwiftF0's confidence is calibrated so that a frame is voiced at >= 0.5
 
 
@@ -80,15 +86,24 @@ def _centres(n_frames, sample_rate, hop_length):
     return (np.arange(n_frames) * hop_length + hop_length / 2) / sample_rate  # (n_frames,) seconds
 
 
+def praat_rate(sample_rate, fmax):
+    """The rate Praat analyses at: PRAAT_RATE, or 4 x pitch.fmax where that is higher; never above the audio's."""
+    return min(sample_rate, max(PRAAT_RATE, 4 * fmax))
+
+
 def _praat(y, sample_rate, hop_length, n_frames, fmin, fmax):
     try:  # declared in all three install files; its wheel names no top-level module, so say it here
         import parselmouth
     except ImportError as e:
         raise PipelineError("pitch.method: praat needs the praat-parselmouth package: "
                             "pip install -r requirements.txt") from e
-    pad = int(np.ceil(1.5 * sample_rate / fmin))  # half of its 3-periods-of-fmin window: frames reach both ends
-    x = np.pad(np.asarray(y, np.float64), pad)
-    sound = parselmouth.Sound(x, sampling_frequency=sample_rate, start_time=-pad / sample_rate)
+    x, rate = np.asarray(y, np.float64), praat_rate(sample_rate, fmax)
+    if rate != sample_rate:
+        import soxr
+
+        x = soxr.resample(x, sample_rate, rate, quality="HQ")
+    pad = int(np.ceil(1.5 * rate / fmin))  # half of its 3-periods-of-fmin window: frames reach both ends
+    sound = parselmouth.Sound(np.pad(x, pad), sampling_frequency=rate, start_time=-pad / rate)
     track = sound.to_pitch_ac(time_step=hop_length / sample_rate, pitch_floor=fmin, pitch_ceiling=fmax)
     hz = track.selected_array["frequency"]  # 0 where Praat's path is unvoiced
     return on_grid(track.xs(), hz, (hz > 0).astype(np.float64), _centres(n_frames, sample_rate, hop_length))

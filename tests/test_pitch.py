@@ -98,6 +98,28 @@ def test_new_methods_follow_a_known_glide_on_the_mel_grid(method):
     assert silent.sum() > 20 and not f0[silent].any()
 
 
+@pytest.mark.parametrize("rate", [8000, 16000, 44100])
+def test_praat_follows_the_glide_at_any_audio_rate(rate):
+    """Praat analyses at pitch.praat_rate (8 kHz here): the same F0, on the same frame grid, whatever
+    the rate the clip comes at (below it: as it is)."""
+    rng = np.random.default_rng(3)
+    seconds, low, high = 1.2, 110.0, 260.0
+    t = np.arange(int(rate * seconds)) / rate
+    phase = 2 * np.pi * low * np.expm1(np.log(high / low) / seconds * t) / (np.log(high / low) / seconds)
+    y = sum(0.3 / k * np.sin(k * phase) for k in range(1, 11))
+    y = (y + rng.standard_normal(len(t)) * np.sqrt(np.mean(y ** 2) / 1e3)).astype(np.float32)
+    n = audio.n_frames(len(y), HOP)
+    centres = (np.arange(n) * HOP + HOP / 2) / rate
+    truth = low * np.exp(np.log(high / low) / seconds * centres)
+    assert pitch.praat_rate(rate, 600.0) == min(rate, 8000)
+    f0 = pitch.f0(y, sample_rate=rate, hop_length=HOP, n_frames=n, fmin=65.0, fmax=600.0, method="praat")
+    inner = slice(3, n - 3)
+    assert (f0[inner] > 0).mean() > 0.95
+    voiced = f0[inner] > 0
+    assert np.median(np.abs(f0[inner][voiced] / truth[inner][voiced] - 1)) < 0.01
+    assert np.max(np.abs(f0[inner][voiced] / truth[inner][voiced] - 1)) < 0.03
+
+
 def test_values_stay_within_fmin_and_fmax():
     """A glide that leaves the searched band: frames outside it are unvoiced or held at the bound."""
     y, truth = _voice_glide(np.random.default_rng(2), low=90.0, high=400.0)
