@@ -1,7 +1,7 @@
 """Pitch extractor benchmark: each pitch.method against a known F0, and its CPU, in one process.
 
-    python benchmarks/pitch.py                  # ~2 min on 2 cores; figures in .bench/pitch.json
-    python benchmarks/pitch.py --sentences 4    # more speech per voice
+    python benchmarks/pitch.py                  # ~3 min on 2 cores; figures in .bench/pitch.json
+    python benchmarks/pitch.py --sentences 2    # less speech per voice (~2 min)
 
 Ground truth: speech re-synthesised by WORLD (pyworld). Each clip (espeak-ng voices en-us+f3 and
 en-gb-scotland+f4 (female), en-us+m3 and en-gb-x-rp (male) speaking LJSpeech lines, and CMU ARCTIC's
@@ -200,7 +200,8 @@ def report(out):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", type=Path, default=common.DEFAULT_WORKDIR)
-    p.add_argument("--sentences", type=int, default=2, help="LJSpeech lines per espeak-ng voice")
+    p.add_argument("--sentences", type=int, default=4,
+                   help="LJSpeech lines per espeak-ng voice (4: 17 clips; with 2, a handful of gross errors decide ties)")
     p.add_argument("--rounds", type=int, default=3, help="CPU rounds of the methods within 5x DIO's")
     args = p.parse_args(argv)
     t_start = time.perf_counter()

@@ -32,10 +32,10 @@ from pipeline.registry import Registry
 # frames agree within 5 % with no decimation and tones keep their 0.06 % error, at 4x less CPU
 # (benchmarks/RESULTS.md)
 DIO_SPEED = 4
-# Praat analyses the voice's 0-4 kHz band: the clip is resampled to 8 kHz (soxr) first, as pitch trackers
-# such as RAPT do. Praat's autocorrelation costs per sample of its 3-period window, so this took 0.79x and
-# 0.90x DIO's CPU in two runs of benchmarks/pitch.py against 1.03x and 1.21x at 22,050 Hz, with the same
-# gross and voicing errors (fine error +0.4 cents; benchmarks/RESULTS.md)
+# Praat analyses the voice's 0-4 kHz band: the clip is resampled to 8 kHz (soxr) first (RAPT, too, searches
+# a downsampled signal). Praat's autocorrelation costs per sample of its 3-period window: 0.73-0.90x DIO's CPU in
+# four runs of benchmarks/pitch.py against 1.03-1.21x at 22,050 Hz, with the same gross and voicing errors
+# (fine error +0.4 cents; benchmarks/RESULTS.md)
 PRAAT_RATE = 8000
 SWIFT_VOICED = 0.5  # SwiftF0's confidence is calibrated so that a frame is voiced at >= 0.5
 
