@@ -67,18 +67,18 @@ def test_pitch_fmax_above_nyquist_is_a_config_error(tmp_path):
         config.load_config(None, {"pitch": {"method": "crepe"}})
 
 
-def _voice_glide(rng, seconds=1.2, low=110.0, high=260.0, quiet=0.25):
-    """`quiet` s of silence, a 10-harmonic glide low -> high with 30 dB SNR white noise, silence again;
-    its true F0 per mel frame (0 in the silences)."""
-    t = np.arange(int(SR * seconds)) / SR
+def _voice_glide(rng, seconds=1.2, low=110.0, high=260.0, quiet=0.25, sample_rate=SR):
+    """`quiet` s of silence, a 10-harmonic glide low -> high with 30 dB SNR white noise, silence again,
+    at `sample_rate`; its true F0 per mel frame (0 in the silences)."""
+    t = np.arange(int(sample_rate * seconds)) / sample_rate
     rate = np.log(high / low) / seconds
     phase = 2 * np.pi * low * np.expm1(rate * t) / rate
     tone = sum(0.3 / k * np.sin(k * phase) for k in range(1, 11))
     tone += rng.standard_normal(len(t)) * np.sqrt(np.mean(tone ** 2) / 1e3)
-    pad = np.zeros(int(SR * quiet))
+    pad = np.zeros(int(sample_rate * quiet))
     y = np.concatenate([pad, tone, pad]).astype(np.float32)
     n = audio.n_frames(len(y), HOP)
-    centres = (np.arange(n) * HOP + HOP / 2) / SR - quiet
+    centres = (np.arange(n) * HOP + HOP / 2) / sample_rate - quiet
     truth = np.where((centres >= 0) & (centres < seconds), low * np.exp(rate * np.clip(centres, 0, seconds)), 0.0)
     return y, truth
 
@@ -102,15 +102,8 @@ def test_new_methods_follow_a_known_glide_on_the_mel_grid(method):
 def test_praat_follows_the_glide_at_any_audio_rate(rate):
     """Praat analyses at pitch.praat_rate (8 kHz here): the same F0, on the same frame grid, whatever
     the rate the clip comes at (below it: as it is)."""
-    rng = np.random.default_rng(3)
-    seconds, low, high = 1.2, 110.0, 260.0
-    t = np.arange(int(rate * seconds)) / rate
-    phase = 2 * np.pi * low * np.expm1(np.log(high / low) / seconds * t) / (np.log(high / low) / seconds)
-    y = sum(0.3 / k * np.sin(k * phase) for k in range(1, 11))
-    y = (y + rng.standard_normal(len(t)) * np.sqrt(np.mean(y ** 2) / 1e3)).astype(np.float32)
-    n = audio.n_frames(len(y), HOP)
-    centres = (np.arange(n) * HOP + HOP / 2) / rate
-    truth = low * np.exp(np.log(high / low) / seconds * centres)
+    y, truth = _voice_glide(np.random.default_rng(3), quiet=0.0, sample_rate=rate)
+    n = len(truth)
     assert pitch.praat_rate(rate, 600.0) == min(rate, 8000)
     f0 = pitch.f0(y, sample_rate=rate, hop_length=HOP, n_frames=n, fmin=65.0, fmax=600.0, method="praat")
     inner = slice(3, n - 3)
