@@ -111,6 +111,27 @@ def test_infer_pace_scales_lengths_and_pitch_shift_moves_pitch_in_semitones():
     assert model._infer.experimental_get_tracing_count() == 1
 
 
+def test_infer_at_given_durations_and_pitch_is_infer_on_that_timing():
+    model = FastPitch(**TINY)
+    model.duration_predictor.out.bias.assign([np.log(1 + 6.0)])  # 6 frames a token, whatever the input
+    model.duration_predictor.out.kernel.assign(tf.zeros_like(model.duration_predictor.out.kernel))
+    model.adapt({"pitch_mean": 200.0, "pitch_std": 50.0})
+    tokens, lengths = tf.constant([[3, 4, 5, 6, 0], [7, 8, 9, 10, 11]]), tf.constant([4, 5])
+    free = model.infer(tokens, lengths, max_frames=1000)
+    same = model.infer_at(tokens, lengths, free["durations"])  # the timing infer chose: infer's outputs
+    for k in ("mel", "lengths", "durations", "pitch", "energy"):
+        np.testing.assert_allclose(same[k], free[k], atol=1e-5, err_msg=k)
+    durations = tf.constant([[1, 9, 2, 4, 0], [3, 3, 0, 5, 1]])  # a recording's timing (0: a skipped token)
+    timed = model.infer_at(tokens, lengths, durations)
+    assert timed["lengths"].numpy().tolist() == [16, 12] and timed["mel"].shape[1] == 16
+    assert not np.any(timed["mel"][1, 12:])
+    np.testing.assert_allclose(timed["pitch"], free["pitch"], atol=1e-5)  # token pitch: the timing's no input
+    recorded = tf.constant([[1.0, -1.0, 0.5, 2.0, 0.0], [0.0, 1.5, -0.5, 1.0, -2.0]])
+    forced = model.infer_at(tokens, lengths, durations, pitch=recorded)
+    np.testing.assert_allclose(forced["pitch"], recorded * tf.sequence_mask(lengths, 5, tf.float32))
+    assert np.abs(forced["mel"] - timed["mel"]).max() > 1e-3  # the decoder hears the pitch it is given
+
+
 def test_checkpoint_restores_every_weight_including_pitch_stats(tmp_path):
     model, fresh = FastPitch(**TINY), FastPitch(**TINY)
     model.adapt({"pitch_mean": 180.0, "pitch_std": 40.0})

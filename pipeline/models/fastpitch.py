@@ -269,13 +269,33 @@ class FastPitch(keras.Model):
         # round the running total, not each token: the length stays within half a frame of sum / pace
         ends = tf.cast(tf.round(tf.cumsum(frames_f, axis=1)), tf.int32)                         # (B, T)
         durations = ends - tf.pad(ends[:, :-1], [[0, 0], [1, 0]])
+        return self._at_durations(h, mask, durations, pitch_shift, max_frames, speaker)
+
+    def infer_at(self, tokens, token_lengths, durations, *, pitch=None, speaker=None, language=None):
+        """Eagerly, at given durations (B, T) frames per token (a recording's, from the duration cache)
+        instead of predicted ones: the mel the predicted pitch and energy make there, or with `pitch`
+        (B, T) normalised token pitch (a recording's) in place of the predicted. What the duration and
+        pitch predictions cost (benchmarks/tts_gap.py). -> the dict `infer` returns."""
+        tokens = tf.convert_to_tensor(tokens, tf.int32)
+        durations = tf.convert_to_tensor(durations, tf.int32)
+        speaker = voice_ids(speaker, tokens)
+        h, mask = self.encode(tokens, tf.convert_to_tensor(token_lengths, tf.int32), speaker=speaker,
+                              language=voice_ids(language, tokens))
+        return self._at_durations(h, mask, durations, tf.constant(0.0), tf.reduce_max(tf.reduce_sum(durations, 1)),
+                                  speaker, pitch)
+
+    def _at_durations(self, h, mask, durations, pitch_shift, max_frames, speaker, pitch=None):
+        """The encoder's h (B, T, D) decoded at durations (B, T) -> infer's dict; pitch: teacher-forced
+        normalised token pitch (B, T), None: the predictor's, shifted by pitch_shift semitones."""
         if self.n_speakers > 1:
             stats = tf.gather(self.pitch_stats, speaker)                         # (B, 2)
             mean, std = stats[:, :1], stats[:, 1:]                               # (B, 1) each
         else:
             mean, std = self.pitch_stats[0], self.pitch_stats[1]
-        pitch = self.pitch_predictor(h, mask)                                    # normalised
-        pitch = (((pitch * std + mean) * SEMITONE ** pitch_shift) - mean) / std  # shifted in Hz
+        if pitch is None:
+            pitch = self.pitch_predictor(h, mask)                                # normalised
+            pitch = (((pitch * std + mean) * SEMITONE ** pitch_shift) - mean) / std  # shifted in Hz
+        pitch = tf.cast(pitch, tf.float32)
         energy = self.energy_predictor(h, mask)
         h = self._variances(h, mask, pitch, energy)
         lengths = tf.minimum(tf.reduce_sum(durations, axis=1), max_frames)     # (B,)
