@@ -54,6 +54,7 @@ rule gta_shard:
     threads: 1  # ~1 core a job (TensorFlow's start-up, one clip at a time); on the CPU, no GPU turn
     params:
         config=gta_settings,
+        code=GTA_CODE,
         out=lambda wildcards: RUN / f"gta/shard-{wildcards.shard}",
     shell:
         "python -m pipeline.vocoder.gta --config {params.config:q} --shard {wildcards.shard} --out {params.out:q} > {log:q} 2>&1"

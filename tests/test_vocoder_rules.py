@@ -62,7 +62,8 @@ def test_the_shipped_vocoder_interpolates_the_first_phase_and_the_fine_tuned_wei
     acoustic = runinfo.latest_checkpoint(trained.run / "checkpoints")
     for k in range(SHARDS):
         assert shards.read_meta(trained.run / f"gta/shard-{k:03d}", "gta")["provenance"] == shards.digest(
-            shards.provenance("mels", trained.cfg), runinfo.checkpoint_identity(acoustic))
+            shards.provenance("mels", trained.cfg), runinfo.checkpoint_identity(acoustic),
+            shards.code_digest("vocoder/gta.py"))
     shipped, a, b = (list(_generator_weights(final, c).items())
                      for c in (final["checkpoint"], first, final["trained_checkpoint"]))
     assert len(shipped) > 4 and all(len(x) == len(shipped) for x in (a, b))

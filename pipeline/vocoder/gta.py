@@ -1,6 +1,9 @@
 """Ground-truth-aligned (GTA) mels for vocoder fine-tuning: one shard's clips through the trained
 acoustic model, teacher-forced with their cached durations, pitch and energy (transformer_tts: with
-the recorded mel as decoder input), so each predicted mel has exactly the recorded frame count.
+the recorded mel as decoder input), so each predicted mel has exactly the recorded frame count. With
+several speakers or languages, each clip in its own (its pitch normalised with its speaker's
+statistics), as training saw it. Clips of similar lengths go through the model together
+(`teacher_forced_mels`).
 
 Reads the token, mel, energy, pitch (and duration) shards of one shard and the acoustic model's
 latest checkpoint (runs/{name}/checkpoints); writes runs/{name}/gta/shard-NNN.{bin,json} (kind
@@ -27,37 +30,84 @@ from pipeline.train import normalise
 _print = functools.partial(print, flush=True)
 
 
+GTA_BATCH = 16  # clips a teacher-forced call, of similar lengths: eagerly, one call costs about as much as
+                # one clip's (~0.3 s of Python for the demo's FastPitch), and padding changes no output
+
+
+def _padded(rows, key, width, value=0):
+    """rows' arrays under `key` padded with `value` along their first axis to `width` and stacked."""
+    return np.stack([np.pad(x[key], [(0, width - len(x[key]))] + [(0, 0)] * (x[key].ndim - 1), constant_values=value)
+                     for x in rows])
+
+
+def teacher_forced_mels(model, clips, norm, batch_size=GTA_BATCH):
+    """The model's teacher-forced mels (frames, n_mels) normalised, one per clip, in the clips' order.
+    clips: [{tokens (T,) model ids, mels (F, n_mels) log-mel, pitch (F,) Hz, energy (F,), and durations
+    (T,), speaker, language (ids) where the model takes them}]. Clips of similar lengths go through the
+    model together, padded (tokens to the longest, frames to the longest rounded up to the model's
+    frame_multiple); each clip's mel has exactly its recorded frames."""
+    r = getattr(model, "frame_multiple", 1)
+    order = sorted(range(len(clips)), key=lambda i: len(clips[i]["mels"]))
+    out = [None] * len(clips)
+    for start in range(0, len(order), batch_size):
+        rows = [clips[i] for i in order[start:start + batch_size]]
+        frames = [len(x["mels"]) for x in rows]
+        width = -(-max(frames) // r) * r
+        tokens = max(len(x["tokens"]) for x in rows)
+        batch = {"tokens": _padded(rows, "tokens", tokens).astype(np.int32),
+                 "token_lengths": np.array([len(x["tokens"]) for x in rows], np.int32),
+                 "mel": _padded(rows, "mels", width, data.PAD_LOG_MEL).astype(np.float32),
+                 "mel_lengths": np.array(frames, np.int32),
+                 "pitch": _padded(rows, "pitch", width).astype(np.float32),
+                 "energy": _padded(rows, "energy", width).astype(np.float32)}
+        if "durations" in rows[0]:
+            batch["durations"] = _padded(rows, "durations", tokens).astype(np.int32)
+        for field in ("speaker", "language"):
+            if field in rows[0]:
+                batch[field] = np.array([x[field] for x in rows], np.int32)
+        mel = model(normalise({k: tf.constant(v) for k, v in batch.items()}, norm), training=False)["mel"].numpy()
+        for j, i in enumerate(order[start:start + batch_size]):
+            out[i] = mel[j, :frames[j]]
+    return out
+
+
+def gta_provenance(cfg, checkpoint):
+    """What a GTA shard's mels depend on: the mel cache's provenance, the acoustic checkpoint's weights (not
+    only its path: a model retrained to the same step makes other mels) and this module's code (the
+    fine-tuning's resume key holds it, so mels made otherwise are not resumed on)."""
+    return shards.digest(shards.provenance("mels", cfg), runinfo.checkpoint_identity(checkpoint),
+                         shards.code_digest("vocoder/gta.py"))
+
+
 def build_gta_shard(cfg, shard, out, log=_print):
     synth = load_synthesizer(cfg, log=log)
     model, root = synth.model, config.cache_dir(cfg)
-    r = getattr(model, "frame_multiple", 1)
     kinds = ["tokens", "mels", "energy", "pitch"] + (["durations"] if "durations" in model.needs else [])
     read = {k: shards.read(shards.prefix(root, k, shard), k) for k in kinds}
     at = {k: {cid: i for i, cid in enumerate(meta["ids"])} for k, (meta, _) in read.items()}
     table = data.token_table(synth.vocab)
     norm = {k: tf.constant(v, tf.float32) for k, v in data.feature_stats(cfg).items()}
-    ids, mels = [], []
+    tokens_meta = read["tokens"][0]
+    # each clip in its own voice: the run's tables, as training gave the ids (data.load_clips)
+    voices = {f: ({name: i for i, name in enumerate(names)}, tokens_meta[f + "s"]) for f, names in
+              (("speaker", synth.speakers), ("language", synth.languages))
+              if f in runinfo.voice_fields(synth.info) and f + "s" in tokens_meta}
+    ids, clips = [], []
     for cid in read["mels"][0]["ids"]:
         if not all(cid in at[k] for k in kinds):
             continue
-        arr = {k: read[k][1][at[k][cid]] for k in kinds}
-        frames = len(arr["mels"])
-        padded = -(-frames // r) * r
-        pad = [[0, padded - frames]]
-        batch = {"tokens": tf.constant(table[arr["tokens"]][None]), "token_lengths": tf.constant([len(arr["tokens"])], tf.int32),
-                 "mel": tf.constant(np.pad(arr["mels"].astype(np.float32), pad + [[0, 0]], constant_values=data.PAD_LOG_MEL)[None]),
-                 "mel_lengths": tf.constant([frames], tf.int32),
-                 "pitch": tf.constant(np.pad(arr["pitch"], pad)[None]), "energy": tf.constant(np.pad(arr["energy"], pad)[None])}
-        if "durations" in arr:
-            batch["durations"] = tf.constant(arr["durations"][None])
-        predicted = model(normalise(batch, norm), training=False)["mel"][0, :frames].numpy()
+        clip = {k: read[k][1][at[k][cid]] for k in kinds}
+        clip["tokens"] = table[clip["tokens"]]
+        for field, (table_of, names) in voices.items():
+            clip[field] = table_of.get(names[at["tokens"][cid]], 0)
         ids.append(cid)
-        mels.append((predicted * synth.std + synth.mean).astype(np.float16))          # (frames, n_mels) log-mel
-    # the checkpoint's weights, not only its path: a model retrained to the same step makes other GTA mels
-    provenance = shards.digest(shards.provenance("mels", cfg), runinfo.checkpoint_identity(synth.checkpoint))
-    shards.write(out, "gta", ids, mels, provenance=provenance, width=cfg["audio"]["n_mels"], checkpoint=synth.checkpoint)
-    err = np.mean([np.abs(m.astype(np.float32) - read["mels"][1][at["mels"][c]].astype(np.float32)).mean()
-                   for c, m in zip(ids, mels)]) if ids else float("nan")
+        clips.append(clip)
+    mels = [(m * synth.std + synth.mean).astype(np.float16)                          # (frames, n_mels) log-mel
+            for m in teacher_forced_mels(model, clips, norm)]
+    shards.write(out, "gta", ids, mels, provenance=gta_provenance(cfg, synth.checkpoint), width=cfg["audio"]["n_mels"],
+                 checkpoint=synth.checkpoint)
+    err = np.mean([np.abs(m.astype(np.float32) - c["mels"].astype(np.float32)).mean()
+                   for c, m in zip(clips, mels)]) if ids else float("nan")
     log(f"gta shard {shard}: {len(ids)} clips from {synth.checkpoint}, mean |GTA - recorded| {err:.3f} (log-mel)")
 
 

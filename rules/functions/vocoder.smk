@@ -45,6 +45,10 @@ def vocoder_settings(phase):
     return params
 
 
+# the code that makes GTA mels: a gta_shard param, so an edit reruns every GTA shard (and the fine-tuning)
+GTA_CODE = pshards.code_digest("vocoder/gta.py")[:12]
+
+
 def gta_settings(wildcards):
     return _inline(
         **{k: config[k] for k in _CACHE_SECTIONS + ("runs_dir", "model")},
