@@ -27,6 +27,7 @@ from pipeline.diagnose_report import (
     OSC_MIN_UTIL_SPREAD,
     compare_placements,
     cv,
+    cycle_of_shapes,
     detect_oscillation,
     phase_medians,
     recommend,
@@ -232,10 +233,11 @@ THRESHOLDS = {"input_bound_wait": INPUT_BOUND_WAIT, "highly_input_bound_wait": H
               "retrace_slack": RETRACE_SLACK}
 
 
-def _oscillation_fields(walls_ms, period, sources):
+def _oscillation_fields(walls_ms, period, sources, shapes):
     return {"oscillation": bool(sources), "oscillation_period": period,
             "oscillation_phase_ms": phase_medians(walls_ms, period) if period else None,
-            "oscillation_sources": sources}
+            "oscillation_sources": sources,
+            "oscillation_by_shape": cycle_of_shapes(walls_ms, shapes) if period else None}
 
 
 def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=None,
@@ -276,7 +278,7 @@ def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=No
         "pyfunc_ops": [pyfunc_line(e) for e in pyfuncs],
         "pyfunc_locations": pyfuncs,
         "step_time_cv": cv(walls_ms),
-        **_oscillation_fields(walls_ms, period, osc_sources),
+        **_oscillation_fields(walls_ms, period, osc_sources, loop_shapes[len(loop_shapes) - len(walls_ms):]),
         "traces": traces,
         "traces_during_diagnose": traces - traces_before if traces is not None else None,
         "expected_shapes": expected_shapes,

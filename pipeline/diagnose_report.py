@@ -93,6 +93,24 @@ def detect_oscillation(series, *, min_rel=OSC_MIN_REL, min_abs=0.0):
     return None
 
 
+def shape_medians(series, shapes):
+    """{batch shape: median of `series` over the steps that had it}."""
+    x = np.asarray(series, dtype=float)
+    return {s: float(np.median(x[[i for i, t in enumerate(shapes) if t == s]])) for s in dict.fromkeys(shapes)}
+
+
+def cycle_of_shapes(series, shapes):
+    """{batch shape: median ms} when a cycle in the step times `series` is the batches' shapes taking
+    turns (a bucketed loader: a bigger bucket's step takes longer), i.e. when no cycle is left once each
+    step's shape median is taken out; None with one shape, or when a cycle of its own remains."""
+    if len(set(shapes)) < 2 or len(shapes) != len(series):
+        return None
+    x = np.asarray(series, dtype=float)
+    by_shape = shape_medians(x, shapes)
+    rest = x - np.asarray([by_shape[s] for s in shapes]) + float(np.median(x))
+    return None if detect_oscillation(rest) else by_shape
+
+
 def _plural(n, word):
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -166,7 +184,14 @@ def _oscillation_advice(r):
     """Cycles in the step times: from the input or from the step itself."""
     recs = []
     w = r["input_wait_fraction"]
-    if r["oscillation_period"]:
+    by_shape = r.get("oscillation_by_shape")
+    if r["oscillation_period"] and by_shape:  # the buckets taking turns: no cost to remove, so no gain
+        ms = sorted(by_shape.values())
+        recs.append((0.0, f"Step wall times cycle with a period of {r['oscillation_period']} steps because the "
+                          f"loader takes its {len(ms)} batch shapes (buckets) in turn: the steps of each shape take "
+                          f"a median {', '.join(f'{m:.1f}' for m in ms)} ms. A bigger bucket costs more; nothing "
+                          f"else runs every few steps."))
+    elif r["oscillation_period"]:
         p, phases = r["oscillation_period"], r["oscillation_phase_ms"]
         waits = np.asarray(r["combined"]["wait_times_ms"])
         computes = np.asarray(r["combined"]["compute_times_ms"])
@@ -304,7 +329,8 @@ def _markdown(r):
              f"| loader alone | {lo['batches_per_s']:.2f} | {lo['examples_per_s']:.1f} examples/s, {lo['mb_per_s']:.2f} MB/s |",
              f"| step alone | {st['steps_per_s']:.2f} | {st['step_ms_mean']:.2f} ms mean, {st['step_ms_p90']:.2f} ms p90 |",
              f"| real loop | {co['steps_per_s']:.2f} | wait {co['wait_ms_mean']:.2f} ms, step {co['compute_ms_mean']:.2f} ms "
-             f"(mean); step-time CV {r['step_time_cv']:.2f}; oscillation {'yes' if r['oscillation'] else 'no'} |",
+             f"(mean); step-time CV {r['step_time_cv']:.2f}; oscillation "
+             f"{('yes (the bucket shapes in turn)' if r.get('oscillation_by_shape') else 'yes') if r['oscillation'] else 'no'} |",
              "", "## GPUs", ""]
     if r["gpus"]:
         lines += [f"- GPU {g['index']} {g['name']}: utilisation {g['util_mean']:.0f} % mean (CV {g['util_cv']:.2f}), "

@@ -14,7 +14,7 @@ from conftest import write_config
 
 from pipeline import diagnose as diagnose_mod
 from pipeline.diagnose import compare_placements, diagnose, find_pyfunc_ops
-from pipeline.diagnose_report import detect_oscillation, write_report
+from pipeline.diagnose_report import cycle_of_shapes, detect_oscillation, write_report
 from pipeline.gpumon import GpuSampler
 
 FIELDS = ["verdict", "input_wait_fraction", "loader", "step", "combined", "pyfunc_ops", "step_time_cv",
@@ -168,6 +168,37 @@ def test_alternating_loader_oscillates_with_period_2():
     r = diagnose(ds, _cheap_step(), steps=24, warmup=2)
     assert r["oscillation"] is True and r["oscillation_period"] == 2, [round(t, 1) for t in r["combined"]["step_times_ms"]]
     assert any("cycle with a period of 2 steps" in s for s in r["recommendations"])
+    assert r["oscillation_by_shape"] is None  # one batch shape: the step's own cycle
+
+
+def test_bucketed_shapes_taking_turns_are_named_as_the_cycle():
+    # (d) batches of three shapes in turn (a bucketed loader), a step whose time grows with the batch:
+    # the step times cycle with period 3, and the cause is the shapes, not work done every 3 steps
+    ds = tf.data.Dataset.range(10_000).map(lambda i: tf.zeros([8 * (1 + i % 3), 4]))
+
+    def step(batch):  # a sleep, not work: the cycle stays clear on a busy 2-core machine
+        time.sleep(0.004 * batch.shape[0] / 8)
+        return {"loss": tf.reduce_mean(batch)}
+    r = diagnose(ds, step, steps=24, warmup=2)
+    assert r["oscillation"] is True and r["oscillation_period"] == 3, [round(t, 1) for t in r["combined"]["step_times_ms"]]
+    by_shape = r["oscillation_by_shape"]
+    assert sorted(by_shape) == sorted(f"[{n},4]" for n in (8, 16, 24))
+    assert by_shape["[8,4]"] < by_shape["[16,4]"] < by_shape["[24,4]"]
+    line = next(s for s in r["recommendations"] if "cycle with a period of 3 steps" in s)
+    assert "3 batch shapes (buckets) in turn" in line and "logging" not in line
+
+
+def test_cycle_of_shapes_only_when_the_shapes_explain_the_cycle():
+    rng = np.random.default_rng(0)
+    shapes = ["a", "b", "c"] * 14
+    base = {"a": 430.0, "b": 300.0, "c": 205.0}
+    times = np.array([base[s] for s in shapes]) + rng.normal(0, 3, len(shapes))
+    assert detect_oscillation(times) == 3
+    assert cycle_of_shapes(times, shapes) == pytest.approx(base, abs=5)
+    # a cycle of its own on top (every other step 150 ms more): not the shapes' doing
+    assert detect_oscillation(times + 150 * (np.arange(len(times)) % 2)) is not None
+    assert cycle_of_shapes(times + 150 * (np.arange(len(times)) % 2), shapes) is None
+    assert cycle_of_shapes(times, ["a"] * len(times)) is None   # one shape explains nothing
 
 
 def test_detect_oscillation_series():
