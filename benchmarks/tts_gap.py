@@ -68,6 +68,12 @@ def voicing_error(vocoder, log_mel, f0):
     return float(np.mean((p[0].numpy() > 0.5) != (f0 > 0)))
 
 
+def _median(values):
+    """Median of the values that are not None (PESQ finds no speech in some signals), None if none are."""
+    values = [v for v in values if v is not None]
+    return common.median(values) if values else None
+
+
 def _fmt(x):
     return "-" if x is None else f"{x:.2f}"
 
@@ -137,10 +143,10 @@ def ladder(cfg, log=print):
         rows.append(row)
     if not rows:
         sys.exit("tts_gap: no held-out clip with durations that fit it")
-    medians = {rung: {m: common.median([r[rung][m] for r in rows if r[rung][m] is not None])
-                      for m in ("pesq", "stoi", "mcd_db")} for rung in RUNGS if rung in rows[0]}
+    medians = {rung: {m: _median([r[rung][m] for r in rows]) for m in ("pesq", "stoi", "mcd_db")}
+               for rung in RUNGS if rung in rows[0]}
     if "head_voicing_error" in rows[0]:
-        medians["head_voicing_error"] = {k: common.median([r["head_voicing_error"][k] for r in rows])
+        medians["head_voicing_error"] = {k: _median([r["head_voicing_error"][k] for r in rows])
                                          for k in rows[0]["head_voicing_error"]}
     return rows, medians
 

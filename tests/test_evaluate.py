@@ -200,6 +200,22 @@ def test_aligner_block_shares_of_right_sums_and_monotonic_paths(built_cache, tmp
 
 
 @pytest.mark.slow
+def test_tts_gap_ladder_on_a_tiny_trained_model(trained_run, tmp_path):
+    # benchmarks/tts_gap.py as a user runs it, on the session's run: FastPitch at the recordings' cached
+    # durations and pitch through its Vocos (no F0, so no voicing or contour rung)
+    out = tmp_path / "tts_gap.json"
+    proc = subprocess.run([sys.executable, "benchmarks/tts_gap.py", "--config", str(trained_run.path), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = load_json(out)
+    assert result["clips"] == 2 and list(result["medians"]) == ["tts", "durations", "pitch", "copy"]
+    for rung, m in result["medians"].items():
+        assert np.isfinite(m["mcd_db"]) and -1.0 <= m["stoi"] <= 1.0, (rung, m)
+    # the vocoder's copy of the recorded mel is nearer the recording than a 10-step model at any rung
+    assert all(result["medians"]["copy"]["mcd_db"] < m["mcd_db"] for r, m in result["medians"].items() if r != "copy")
+    assert "| durations |" in proc.stdout
+
+
 def test_snakemake_evaluate_on_a_tiny_trained_model(trained_run, tmp_path):
     # the session's run (conftest.trained_run): FastPitch 10 steps on the aligned corpus, a tiny Vocos
     # (10 steps + 4 on GTA mels); `snakemake evaluate` runs evaluate alone on it
