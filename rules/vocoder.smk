@@ -51,7 +51,7 @@ rule gta_shard:
         LOGS / "gta_shard/{shard}.log",
     conda:
         "../environment.yml"
-    threads: 1  # ~1 core a job (TensorFlow's start-up, one clip at a time); on the CPU, no GPU turn
+    threads: 1  # ~1 core a job (TensorFlow's start-up, then clips 16 at a time); on the CPU, no GPU turn
     params:
         config=gta_settings,
         code=GTA_CODE,
