@@ -118,9 +118,9 @@ def ladder(cfg, log=print):
         signals = {}
         tts = synth.infer(clip.text, speaker=clip.speaker, language=clip.language)
         y_tts = an.vocode(tts["mel"], tts["f0"], gate=True)
-        _, path = metrics.mcd(an(y_tts)["mc"], rec["mc"])
+        tts_mcd, path = metrics.mcd(an(y_tts)["mc"], rec["mc"])  # the path re-times it; its MCD is the rung's
         signals["tts"] = (metrics.warp_to(y_tts, path, n_frames=len(mel), hop_length=hop)
-                          if len(tts["mel"]) != len(mel) else y_tts[:len(ref)], y_tts)
+                          if len(tts["mel"]) != len(mel) else y_tts[:len(ref)], tts_mcd)
         timed_mel, timed_f0 = denorm(model.infer_at(tokens, lengths, d[None], **voice))
         timed_f0 = None if timed_f0 is None else timed_f0[0].numpy()
         signals["durations"] = an.vocode(timed_mel, timed_f0, gate=True)
@@ -135,10 +135,9 @@ def ladder(cfg, log=print):
         if hasattr(voc.model, "estimate_f0"):  # how often the F0 head's voicing (the gate) disagrees with the recording's
             row["head_voicing_error"] = {name: voicing_error(voc.model, m, rec_f0)
                                          for name, m in (("recorded", mel), ("pitch", forced_mel), ("durations", timed_mel))}
-        for rung, x in signals.items():
-            heard, whole = x if isinstance(x, tuple) else (x[:len(ref)], x)
-            row[rung] = {"pesq": metrics.pesq_wb(ref, heard, sr), "stoi": metrics.stoi(ref, heard, sr),
-                         "mcd_db": metrics.mcd(an(whole)["mc"], rec["mc"])[0]}
+        for rung, x in signals.items():  # each rung's audio, at the recording's length but the TTS's (re-timed)
+            heard, mcd_db = x if isinstance(x, tuple) else (x[:len(ref)], metrics.mcd(an(x)["mc"], rec["mc"])[0])
+            row[rung] = {"pesq": metrics.pesq_wb(ref, heard, sr), "stoi": metrics.stoi(ref, heard, sr), "mcd_db": mcd_db}
         log(f"{clip.id}: PESQ " + ", ".join(f"{k} {_fmt(row[k]['pesq'])}" for k in RUNGS if k in row))
         rows.append(row)
     if not rows:

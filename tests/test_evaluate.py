@@ -216,6 +216,7 @@ def test_tts_gap_ladder_on_a_tiny_trained_model(trained_run, tmp_path):
     assert "| durations |" in proc.stdout
 
 
+@pytest.mark.slow
 def test_snakemake_evaluate_on_a_tiny_trained_model(trained_run, tmp_path):
     # the session's run (conftest.trained_run): FastPitch 10 steps on the aligned corpus, a tiny Vocos
     # (10 steps + 4 on GTA mels); `snakemake evaluate` runs evaluate alone on it
