@@ -215,7 +215,8 @@ def _spectrogram(y, sample_rate):
 
 
 def spectrogram_panel(axes, row, vocoder):
-    """The row's signals side by side, 0-2 kHz on a linear axis, one colour scale for all."""
+    """The row's signals side by side, 0-2 kHz on a linear axis, one colour scale for all; the clip's
+    id once above them (a long id in each of four titles overlaps its neighbours')."""
     sample_rate, signals = row["signals"]
     shown = [(key, title.format(vocoder=vocoder)) for key, title in PANEL if key in signals]
     specs = {key: _spectrogram(signals[key], sample_rate) for key, _ in shown}
@@ -224,7 +225,7 @@ def spectrogram_panel(axes, row, vocoder):
         spec, hz = specs[key]
         ax.imshow(spec, origin="lower", aspect="auto", vmin=top - SPECTRUM_DB, vmax=top, cmap="magma",
                   extent=[0, len(signals[key]) / sample_rate, 0, hz], interpolation="nearest")
-        ax.set_title(f"{row['id']} {title}")
+        ax.set_title(title)
         ax.set_xlabel("s")
     axes[0].set_ylabel("Hz")
 
@@ -261,6 +262,7 @@ def figure(rows, vocoder="vocoder"):
     if spectra:
         shown = sum(key in rows[0]["signals"][1] for key, _ in PANEL)
         spectrogram_panel(below.subplots(1, shown, sharey=True, squeeze=False)[0], rows[0], vocoder)
+        below.suptitle(f"{rows[0]['id']}: 0-{SPECTRUM_HZ} Hz")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)
