@@ -27,9 +27,9 @@ cache (pipeline.pitch makes the synthesized audio's), duration shards where they
 `aligner` block), the dataset's audio and metadata, runs/{name}/checkpoints; config keys
 `evaluate:`, `audio:`, `pitch:`, `dataset:`, `text:` (language: WER for English only), `synthesize:`
 (what the synthesizer honours), `model:`, `vocoder:` (kind; the trained one's summary and checkpoint).
-Writes evaluate.json, evaluate.md, evaluate.png (pipeline/evaluate_report.py), the synthesized
-audio it measured (evaluate_audio/{id}.wav) and TensorBoard scalars `evaluate/*` at the
-checkpoint's step in runs/{name}/.
+Writes evaluate.json, evaluate.md, evaluate.png (pipeline/evaluate_report.py), the audio it measured
+(evaluate_audio/{id}.wav the TTS output, evaluate_audio/vocoder_copy/{id}.wav and griffin_lim_copy/{id}.wav
+the copies of the recording) and TensorBoard scalars `evaluate/*` at the checkpoint's step in runs/{name}/.
 """
 import argparse
 import functools
@@ -345,7 +345,6 @@ def evaluate(cfg, out, log=_print, threads=1):
     from pipeline.evaluate_report import write_report
     from pipeline.synthesize import load_synthesizer
     from pipeline.vocoder import kinds
-    from pipeline.wavfile import save_wav
 
     with Listeners(min(threads, MAX_LISTENERS, cfg["evaluate"]["max_clips"]) if threads > 1 else 0) as listeners:
         synth = load_synthesizer(cfg, log)  # MissingCheckpoint first: the clearest thing to fix
@@ -365,11 +364,7 @@ def evaluate(cfg, out, log=_print, threads=1):
     if aligner is not None:  # only where an aligner made duration caches
         report["aligner"] = aligner
     write_report(report, rows, out)
-    listen = Path(out) / "evaluate_audio"  # what was measured, to listen to beside the recordings
-    for old in listen.glob("*.wav"):
-        old.unlink()
-    for r in rows:
-        save_wav(listen / f"{r['id']}.wav", r["synthesized_audio"], cfg["audio"]["sample_rate"])
+    save_listening(Path(out) / "evaluate_audio", rows)
     _tensorboard(cfg, report)
     mos, wer = report["mos"], report["wer"]
     log(f"MCD {report['mcd_db']:.2f} dB; ceiling {report['mcd_db_ceiling']:.2f}, chance {_fmt(report['mcd_db_other'])}; "
@@ -377,6 +372,26 @@ def evaluate(cfg, out, log=_print, threads=1):
         f"WER {_fmt(wer.get('synthesized'))} (recording {_fmt(wer.get('recording'))}, chance "
         f"{_fmt(report['wer_chance'])}); report in {out}")
     return report
+
+
+# evaluate_audio/: the TTS output as {id}.wav, each copy-synthesis of the recording in a folder of its own
+COPIES = {"vocoder_ceiling": "vocoder_copy", "griffin_lim_ceiling": "griffin_lim_copy"}
+
+
+def save_listening(listen, rows):
+    """What was measured, to listen to beside the recordings: the TTS output as {id}.wav, and the
+    trained vocoder's and Griffin-Lim's copies of the recording as vocoder_copy/{id}.wav and
+    griffin_lim_copy/{id}.wav (a vocoder that is Griffin-Lim has no vocoder_copy). A rerun's old files go."""
+    from pipeline.wavfile import save_wav
+
+    for old in [*listen.glob("*.wav"), *(w for d in COPIES.values() for w in (listen / d).glob("*.wav"))]:
+        old.unlink()
+    for r in rows:
+        sr, signals = r["signals"]
+        save_wav(listen / f"{r['id']}.wav", r["synthesized_audio"], sr)
+        for key, folder in COPIES.items():
+            if key in signals:
+                save_wav(listen / folder / f"{r['id']}.wav", signals[key], sr)
 
 
 def _tensorboard(cfg, report):

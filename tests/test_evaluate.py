@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile as sf
 from conftest import ROOT, edited_copy, load_json, planned_jobs, snakemake
 
 from pipeline import audio, config, evaluate, evaluate_report, manifest, shards
@@ -256,7 +257,17 @@ def test_snakemake_evaluate_on_a_tiny_trained_model(trained_run, tmp_path):
     assert "| naturalness: DNSMOS" in md and "| word error rate, pocketsphinx" in md
     assert (report_dir / "evaluate.png").stat().st_size > 10_000
     assert (report_dir / "benchmarks" / "evaluate.tsv").exists()
-    assert sorted(p.name for p in (report_dir / "evaluate_audio").iterdir()) == ["LJ001-0015.wav", "LJ001-0016.wav"]
+    # to listen to: the TTS output, and both copies of each recording (the trained vocoder's, Griffin-Lim's)
+    listen = report_dir / "evaluate_audio"
+    clips = ["LJ001-0015.wav", "LJ001-0016.wav"]
+    assert sorted(p.name for p in listen.glob("*.wav")) == clips
+    for copy in ("vocoder_copy", "griffin_lim_copy"):
+        assert sorted(p.name for p in (listen / copy).iterdir()) == clips
+        for name in clips:  # a copy-synthesis lasts as long as its recording, to a frame
+            recorded = sf.info(Path(cfg["dataset"]["root"]) / cfg["dataset"]["audio_dir"] / name)
+            copied = sf.info(listen / copy / name)
+            hop_seconds = cfg["audio"]["hop_length"] / cfg["audio"]["sample_rate"]
+            assert abs(copied.duration - recorded.duration) <= hop_seconds, (copy, name)
     # TensorBoard scalars at the checkpoint's step, beside the training curves
     import tensorflow as tf
     scalars = [(e.step, float(tf.make_ndarray(v.tensor)))
