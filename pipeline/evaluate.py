@@ -200,6 +200,13 @@ def listen(ref, heard, signals, text, language, sample_rate):
     return out
 
 
+def listeners_for(threads, n_clips):
+    """How many listening processes `evaluate --threads threads` starts for n_clips clips: none on one
+    thread (this process listens), else one per thread up to MAX_LISTENERS and never more than the
+    clips (each process loads a recognizer and a MOS predictor, ~2 CPU s, before its first clip)."""
+    return min(threads, MAX_LISTENERS, n_clips) if threads > 1 else 0
+
+
 class Listeners:
     """Runs `listen` beside the clips' synthesis: in `workers` spawned processes (they import no
     TensorFlow), or in this process when workers is 0. submit(*args) -> a future's result(). The
@@ -346,10 +353,10 @@ def evaluate(cfg, out, log=_print, threads=1):
     from pipeline.synthesize import load_synthesizer
     from pipeline.vocoder import kinds
 
-    with Listeners(min(threads, MAX_LISTENERS, cfg["evaluate"]["max_clips"]) if threads > 1 else 0) as listeners:
-        synth = load_synthesizer(cfg, log)  # MissingCheckpoint first: the clearest thing to fix
+    clips = validation_clips(cfg)  # a missing cache first (the earlier stage), then a missing checkpoint
+    with Listeners(listeners_for(threads, len(clips))) as listeners:
+        synth = load_synthesizer(cfg, log)  # MissingCheckpoint before the vocoder's: the clearest thing to fix
         voc = kinds.load(cfg)
-        clips = validation_clips(cfg)
         log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips, through the "
             f"{voc.kind} vocoder")
         summary, rows = compare(clips, synth.mel_f0, Analyser(cfg, voc if voc.model is not None else None), log,

@@ -28,6 +28,15 @@ def test_the_demo_evaluates_at_least_eight_held_out_clips():
     assert held_out == DEMO_VAL and min(len(held_out), cfg["evaluate"]["max_clips"]) >= 8
 
 
+def test_listening_processes_never_outnumber_the_clips():
+    # `evaluate --threads N`: one listening process per thread up to MAX_LISTENERS, none idle for
+    # want of a clip (a 2-clip corpus on 8 cores starts 2), and none on one thread
+    assert evaluate.listeners_for(8, 2) == 2
+    assert evaluate.listeners_for(8, 40) == evaluate.MAX_LISTENERS
+    assert evaluate.listeners_for(2, 9) == 2
+    assert evaluate.listeners_for(1, 9) == 0
+
+
 def demo_clips():
     root = ROOT / "data" / "demo"
     texts = {line.split("|")[0]: line.split("|")[1] for line in (root / "metadata.csv").read_text().splitlines()}
