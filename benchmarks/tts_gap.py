@@ -34,20 +34,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from pipeline import audio, config, data, evaluate, metrics, shards  # noqa: E402
+from pipeline import audio, config, evaluate, metrics  # noqa: E402
 
 RUNGS = ("tts", "durations", "voicing", "contour", "pitch", "copy")
 
 
 def recorded_durations(cfg):
     """{clip id: durations (tokens,) int32} from every duration shard of the cache."""
-    root, out = config.cache_dir(cfg), {}
-    for entry in data.read_index(cfg)["shards"]:
-        prefix = shards.prefix(root, "durations", entry["shard"])
-        if prefix.with_suffix(".json").exists():
-            meta, durations = shards.read(prefix, "durations")
-            out.update(zip(meta["ids"], durations))
-    return out
+    return {cid: d for _, meta, durations in evaluate.duration_shards(cfg) for cid, d in zip(meta["ids"], durations)}
 
 
 def token_pitch(model, f0, durations, speaker):

@@ -105,19 +105,25 @@ def _lengths(prefix, kind):
     return dict(zip(meta["ids"], meta["lengths"]))
 
 
+def duration_shards(cfg):
+    """(the cache index's shard entry, its duration shard's meta, its durations [per clip]) for each shard
+    of the cache that has a duration shard, in index order (read and verified as shards.read does)."""
+    from pipeline import data
+
+    root = config.cache_dir(cfg)
+    for entry in data.read_index(cfg)["shards"]:
+        prefix = shards.prefix(root, "durations", entry["shard"])
+        if prefix.with_suffix(".json").exists():
+            yield (entry, *shards.read(prefix, "durations"))
+
+
 def aligner_check(cfg):
     """{clips, sums_ok, monotonic} over every clip of the duration shards (None where there are none):
     the shares whose durations sum to the clip's mel frames, and that give every token, in order, a
     whole number >= 0 of frames (a monotonic path through all tokens)."""
-    from pipeline import data
-
-    root, index = config.cache_dir(cfg), data.read_index(cfg)
+    root = config.cache_dir(cfg)
     clips = sums_ok = monotonic = 0
-    for entry in index["shards"]:
-        prefix = shards.prefix(root, "durations", entry["shard"])
-        if not prefix.with_suffix(".json").exists():
-            continue
-        meta, durations = shards.read(prefix, "durations")
+    for entry, meta, durations in duration_shards(cfg):
         frames, tokens = _lengths(root / entry["mels"], "mels"), _lengths(root / entry["tokens"], "tokens")
         for cid, d in zip(meta["ids"], durations):
             clips += 1
