@@ -102,6 +102,21 @@ def speaker_lines(report):
     return out + [""]
 
 
+LEAD_NAMES = {"vocoder_ceiling_over_griffin_lim_ceiling": "the {vocoder} copy over Griffin-Lim's",
+              "synthesized_over_recording": "the synthesized audio over the recording"}
+
+
+def lead_lines(report, vocoder):
+    """The naturalness leads with their 95 % bootstrap intervals over the clips; [] without them."""
+    leads = report.get("mos_leads") or {}
+    if not leads:
+        return []
+    parts = [f"{LEAD_NAMES[k].format(vocoder=vocoder)} {v['lead']:+.3f} ({v['low']:+.3f} to {v['high']:+.3f})"
+             for k, v in leads.items() if k in LEAD_NAMES]
+    return [f"Naturalness leads, difference of medians (95 % bootstrap interval over the {max(v['clips'] for v in leads.values())} "
+            f"clips): {'; '.join(parts)}. A target inside an interval is not decided by this run alone.", ""]
+
+
 def listener_lines(report):
     """The listener table: naturalness (MOS predictor) and WER for the recording, the synthesized audio,
     both copy-syntheses and chance; [] when the report has neither."""
@@ -119,7 +134,7 @@ def listener_lines(report):
              "| word error rate, pocketsphinx en-us (lower is better) | "
              + " | ".join(_fmt(wer.get(n)) for n in names)
              + f" | {_fmt(report.get('wer_chance'))} (the recording's transcript against the other sentences) |", ""]
-    return lines + [(
+    return lines + lead_lines(report, name) + [(
         "Both judge each signal as it is heard (16 kHz), with no reference signal: the recording's column is what "
         "they make of the real voice, the ceiling a model can reach; chance is what they make of a signal that "
         "carries nothing of this sentence. The MOS predictor (trained on noisy and denoised human speech) rewards "

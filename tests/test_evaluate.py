@@ -37,6 +37,34 @@ def test_listening_processes_never_outnumber_the_clips():
     assert evaluate.listeners_for(1, 9) == 0
 
 
+def test_naturalness_leads_with_bootstrap_intervals():
+    rng = np.random.default_rng(1)
+    gl = list(2.5 + rng.random(9))
+    # a copy exactly 0.3 above Griffin-Lim on every clip: every resample says so, the interval is that point
+    exact = evaluate.lead([g + 0.3 for g in gl], gl)
+    assert exact["clips"] == 9 and exact["lead"] == pytest.approx(0.3)
+    assert exact["low"] == pytest.approx(0.3) and exact["high"] == pytest.approx(0.3)
+    # per-clip noise widens it around the difference of medians; a clip missing either score is left out
+    noisy = [g + 0.3 + rng.normal(0, 0.2) for g in gl]
+    result = evaluate.lead(noisy + [None, 3.0], gl + [2.0, None])
+    assert result["clips"] == 9 and result["lead"] == pytest.approx(np.median(noisy) - np.median(gl))
+    assert result["low"] < result["lead"] < result["high"] and result["high"] - result["low"] > 0.1
+    assert evaluate.lead(noisy + [None, 3.0], gl + [2.0, None]) == result  # seeded: the same rows, the same interval
+    assert evaluate.lead([3.0, 3.1], [2.8, 2.9]) is None  # under 3 paired clips, no interval
+    # evaluate.json gives both leads the targets are set on, and evaluate.md says them with their intervals
+    figures = ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz", "f0_rmse_hz_ceiling",
+               "f0_gross_error", "f0_gross_error_ceiling", "mcd_db_vocoder_ceiling", "f0_rmse_hz_vocoder_ceiling",
+               "f0_gross_error_vocoder_ceiling")
+    rows = [{"speaker": "", **dict.fromkeys(figures, 1.0), "mos_vocoder_ceiling": v, "mos_griffin_lim_ceiling": g,
+             "mos_synthesized": g + 0.1, "mos_recording": g} for v, g in zip(noisy, gl)]
+    leads = evaluate.summarise(rows, vocoder=True)["mos_leads"]
+    assert leads["vocoder_ceiling_over_griffin_lim_ceiling"] == result
+    assert leads["synthesized_over_recording"]["lead"] == pytest.approx(0.1)
+    line = evaluate_report.lead_lines({"mos_leads": leads}, "Vocos")[0]
+    assert f"the Vocos copy over Griffin-Lim's {result['lead']:+.3f} ({result['low']:+.3f} to {result['high']:+.3f})" in line
+    assert evaluate_report.lead_lines({}, "Vocos") == []
+
+
 def demo_clips():
     root = ROOT / "data" / "demo"
     texts = {line.split("|")[0]: line.split("|")[1] for line in (root / "metadata.csv").read_text().splitlines()}
