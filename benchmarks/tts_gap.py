@@ -62,12 +62,6 @@ def voicing_error(vocoder, log_mel, f0):
     return float(np.mean((p[0].numpy() > 0.5) != (f0 > 0)))
 
 
-def _median(values):
-    """Median of the values that are not None (PESQ finds no speech in some signals), None if none are."""
-    values = [v for v in values if v is not None]
-    return common.median(values) if values else None
-
-
 def _fmt(x):
     return "-" if x is None else f"{x:.2f}"
 
@@ -136,10 +130,11 @@ def ladder(cfg, log=print):
         rows.append(row)
     if not rows:
         sys.exit("tts_gap: no held-out clip with durations that fit it")
-    medians = {rung: {m: _median([r[rung][m] for r in rows]) for m in ("pesq", "stoi", "mcd_db")}
+    # evaluate's median: of the values that are not None (PESQ finds no speech in some signals), else None
+    medians = {rung: {m: evaluate._median([r[rung][m] for r in rows]) for m in ("pesq", "stoi", "mcd_db")}
                for rung in RUNGS if rung in rows[0]}
     if "head_voicing_error" in rows[0]:
-        medians["head_voicing_error"] = {k: _median([r["head_voicing_error"][k] for r in rows])
+        medians["head_voicing_error"] = {k: evaluate._median([r["head_voicing_error"][k] for r in rows])
                                          for k in rows[0]["head_voicing_error"]}
     return rows, medians
 
