@@ -254,6 +254,23 @@ def resolve(train_cfg, override=None, report=None, cpu_bfloat16=False):
     return Placement(name, reason, data_dev, model_dev, devices, jit, mp, strategy, precision_note=note)
 
 
+def add_threads_argument(parser):
+    """A training job's --threads N (its rule's `threads:`): TensorFlow's intra-op threads; 0: all cores."""
+    def count(text):
+        n = int(text)
+        if n < 0:
+            raise ValueError(text)
+        return n
+    count.__name__ = "thread count (0 or more)"  # argparse's message: "invalid thread count ... value"
+    parser.add_argument("--threads", type=count, default=0, help="CPU threads for TensorFlow (0: all)")
+
+
+def set_threads(n):
+    """TensorFlow's intra-op threads, before its first op; 0 keeps its default (every core)."""
+    if n:
+        tf.config.threading.set_intra_op_parallelism_threads(n)
+
+
 def cpu_only():
     """Keep this process off the GPUs: for the jobs the DAG runs without a GPU turn (`gta_shard`,
     `export`; rules/common.smk `gpus_wanted`). TensorFlow would otherwise open every visible GPU and

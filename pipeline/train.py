@@ -697,11 +697,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="Train from the caches (resumes from the last checkpoint).")
     config.add_arguments(parser)
     parser.add_argument("--out", help="summary JSON (default runs/{name}/train.json)")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads for TensorFlow (0: all)")
+    placement_mod.add_threads_argument(parser)
     args = parser.parse_args(argv)
     cfg = config.from_args(args)
-    if args.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    placement_mod.set_threads(args.threads)
     if cfg["train"]["placement"] == "multiworker":
         placement_mod.multiworker_strategy()  # before any other TensorFlow op (a TensorFlow rule)
     train(cfg, args.out or config.run_dir(cfg) / "train.json")

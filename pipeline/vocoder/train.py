@@ -327,11 +327,10 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="summary JSON")
     parser.add_argument("--final", action="store_true", help="also write runs/{name}/vocoder.json")
     parser.add_argument("--restart", action="store_true", help="discard the phase's checkpoints first")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads for TensorFlow (0: all)")
+    placement_mod.add_threads_argument(parser)
     args = parser.parse_args(argv)
     cfg = config.from_args(args)
-    if args.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    placement_mod.set_threads(args.threads)
     if args.restart:
         clear(cfg, args.phase)
     train_vocoder(cfg, args.phase, args.out, final=args.final)
