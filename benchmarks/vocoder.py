@@ -5,7 +5,20 @@ A perfect acoustic model (the recorded mel itself) goes through both vocoders; e
 it first: `snakemake --cores all vocoder`, or `python -m pipeline.vocoder.train --phase train --final`).
 
     python benchmarks/vocoder.py --config configs/config.yaml [--max-clips 20] [--summary runs/demo/vocoder/train.json]
+    python benchmarks/vocoder.py --config configs/config.yaml --heldout 1000:40
     python benchmarks/vocoder.py --config configs/config.yaml --step-time vocos source_filter
+
+`--heldout START:COUNT`: the same copy-synthesis on COUNT lines of data/ljspeech_transcripts.csv from
+line START, spoken here by espeak-ng (`--voice`, default text.language) into --workdir/vocoder_heldout/
+(kept for the next run), instead of the run's validation clips: sentences the run never saw (the
+demo's corpus is the first 90 lines), as many as wanted, so that the naturalness lead over
+Griffin-Lim's copy (`mos_leads`, with evaluate's 95 % bootstrap interval) rests on more clips than
+the demo's 9. Their F0 is evaluate's analysis of the audio (`pitch.method`, as the pitch cache's).
+
+`--world`: also WORLD's own analysis-synthesis of each recording (pyworld: DIO + StoneMask,
+CheapTrick, D4C at a 5 ms frame period), the source-filter reference the naturalness target was set
+against: its median naturalness and its leads over Griffin-Lim's copy and the recording, paired per
+clip as `mos_leads` (`world`).
 
 `--step-time KIND ...`: seconds per training step of each kind (the config's sizes, one batch of the
 demo's segments, spectral losses), measured in turns in one process, so that a loaded machine slows
@@ -17,10 +30,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline import audio, config, evaluate  # noqa: E402
+from pipeline import audio, config, evaluate, make_corpus  # noqa: E402
 from pipeline.vocoder import kinds  # noqa: E402
+from pipeline.wavfile import save_wav  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def step_times(cfg, names, rounds=5, steps=10):
@@ -43,12 +61,48 @@ def step_times(cfg, names, rounds=5, steps=10):
     return {kind: sorted(t)[len(t) // 2] for kind, t in times.items()}
 
 
+def heldout_clips(spec, voice, folder):
+    """[evaluate.Clip] of the transcript lines START..START+COUNT (spec "START:COUNT"), spoken by espeak-ng
+    into folder (a wav already there is kept), their F0 left to evaluate's analysis."""
+    start, count = (int(x) for x in spec.split(":"))
+    folder.mkdir(parents=True, exist_ok=True)
+    clips = []
+    for cid, text, _ in make_corpus.read_transcripts(ROOT / "data/ljspeech_transcripts.csv", start=start, count=count):
+        path = folder / f"{cid}.wav"
+        if not path.exists():
+            y, sr = make_corpus.speak(text, voice=voice)
+            save_wav(path, y, sr)
+        clips.append(evaluate.Clip(cid, text, path))
+    return clips
+
+
+def world_naturalness(clips, sample_rate, max_seconds):
+    """[naturalness of WORLD's analysis-synthesis of each clip's recording] (evaluate's MOS predictor)."""
+    import pyworld
+
+    from pipeline import metrics
+    scores = []
+    for clip in clips:
+        y = audio.load_audio(clip.audio, sample_rate=sample_rate, max_seconds=max_seconds).astype(np.float64)
+        f0, t = pyworld.dio(y, sample_rate, frame_period=5.0)
+        f0 = pyworld.stonemask(y, f0, t, sample_rate)
+        sp, ap = pyworld.cheaptrick(y, f0, t, sample_rate), pyworld.d4c(y, f0, t, sample_rate)
+        copy = pyworld.synthesize(f0, sp, ap, sample_rate, 5.0)[:len(y)].astype(np.float32)
+        scores.append(metrics.naturalness(copy, sample_rate))
+    return scores
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     config.add_arguments(parser)
     parser.add_argument("--max-clips", type=int, default=20)
     parser.add_argument("--summary", help="a vocoder summary JSON (default runs/{name}/vocoder.json)")
     parser.add_argument("--step-time", nargs="+", metavar="KIND", help="time training steps of these kinds instead")
+    parser.add_argument("--heldout", metavar="START:COUNT", help="transcript lines spoken by espeak-ng instead of "
+                        "the validation clips")
+    parser.add_argument("--voice", default="", help="espeak-ng voice for --heldout (default text.language)")
+    parser.add_argument("--workdir", default=str(ROOT / ".bench"))
+    parser.add_argument("--world", action="store_true", help="also score WORLD's analysis-synthesis of each recording")
     args = parser.parse_args(argv)
     if args.step_time:
         times = step_times(config.from_args(args), args.step_time)
@@ -57,7 +111,8 @@ def main(argv=None):
         return
     cfg = config.load_config(args.config, {**config.parse_set(args.set), "evaluate": {"max_clips": args.max_clips}})
     voc = kinds.load(cfg, summary=args.summary)
-    clips = evaluate.validation_clips(cfg)
+    clips = (heldout_clips(args.heldout, args.voice or cfg["text"]["language"], Path(args.workdir) / "vocoder_heldout")
+             if args.heldout else evaluate.validation_clips(cfg))
     mels = {c.text: audio.mel_from_file(c.audio, cfg["audio"], cfg["dataset"]["max_seconds"]) for c in clips}
     t0 = time.perf_counter()
     frames = 0
@@ -69,11 +124,17 @@ def main(argv=None):
         frames += len(m)
     seconds = frames * cfg["audio"]["hop_length"] / cfg["audio"]["sample_rate"]
     rtf = (time.perf_counter() - t0) / seconds
-    result, _ = evaluate.compare(clips, mels.__getitem__, evaluate.Analyser(cfg, voc), log=lambda *a: None)
+    result, rows = evaluate.compare(clips, mels.__getitem__, evaluate.Analyser(cfg, voc), log=lambda *a: None)
+    if args.world:
+        world = world_naturalness(clips, cfg["audio"]["sample_rate"], cfg["dataset"]["max_seconds"])
+        result["mos"]["world"] = float(np.median(world))
+        result["mos_leads"].update({f"world_over_{name}": evaluate.lead(world, [r.get(f"mos_{name}") for r in rows])
+                                    for name in ("griffin_lim_ceiling", "recording")})
     out = {"clips": result["clips"], "vocoder": {"kind": voc.kind, "steps": voc.steps,
                                                  "finetune_steps": voc.finetune_steps},
            "mcd_db_griffin_lim": result["mcd_db_ceiling"], "mcd_db_vocoder": result["mcd_db_vocoder_ceiling"],
            "pesq": result["pesq"], "stoi": result["stoi"], "mos": result.get("mos"), "wer": result.get("wer"),
+           "mos_leads": result.get("mos_leads"), "heldout": args.heldout,
            "f0_gross_error_vocoder": result.get("f0_gross_error_vocoder_ceiling"),
            "vocoder_real_time_factor": round(rtf, 4)}
     print(json.dumps(out, indent=1))

@@ -5,7 +5,7 @@ import pysptk
 import pytest
 from conftest import ROOT
 
-from pipeline import audio, config, metrics, pitch
+from pipeline import audio, config, make_corpus, metrics, pitch
 
 SR, HOP = 22050, 256
 DEMO = ROOT / "data" / "demo" / "wavs"
@@ -167,3 +167,18 @@ def test_the_recognizer_hears_the_sentence_an_espeak_recording_says():
     # the same words in the other order: what the decoder heard before does not change what it hears
     # (its noise and cepstral-mean estimates carried over: LJ001-0083 was heard otherwise after LJ001-0008)
     assert {cid: metrics.transcribe(recording(cid), SR) for cid in ids[::-1]} == heard
+
+
+def test_heldout_sentences_are_spoken_once_and_worlds_copy_is_scored_near_the_recording(tmp_path):
+    # benchmarks/vocoder.py --heldout START:COUNT --world: transcript lines the demo never saw, spoken by
+    # espeak-ng and kept for the next run; WORLD's analysis-synthesis of each, scored by evaluate's predictor
+    from benchmarks import vocoder as bench
+    clips = bench.heldout_clips("1000:2", "en-us", tmp_path)
+    lines = make_corpus.read_transcripts(ROOT / "data" / "ljspeech_transcripts.csv", start=1000, count=2)
+    assert [(c.id, c.text, c.f0) for c in clips] == [(cid, text, None) for cid, text, _ in lines]
+    stamps = [c.audio.stat().st_mtime_ns for c in clips]
+    again = bench.heldout_clips("1000:2", "en-us", tmp_path)
+    assert [c.audio for c in again] == [c.audio for c in clips] and [c.audio.stat().st_mtime_ns for c in clips] == stamps
+    y = audio.load_audio(clips[0].audio, sample_rate=SR, max_seconds=20.0)
+    (world,) = bench.world_naturalness(clips[:1], SR, 20.0)
+    assert 2.0 < world and abs(world - metrics.naturalness(y, SR)) < 0.6  # a copy, not noise (chance ~2.2)
