@@ -27,7 +27,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, data, placement, shards
+from pipeline import config, data, shards
 from pipeline.errors import PipelineError, cli
 from pipeline.models import aligner as aligner_mod
 from pipeline.models import aligner_numpy, symbols
@@ -146,10 +146,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="Train the alignment model from the caches.")
     config.add_arguments(parser)
     parser.add_argument("--out", help="aligner.json (default runs/{name}/aligner/aligner.json)")
-    placement.add_threads_argument(parser)
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads for TensorFlow (0: all)")
     args = parser.parse_args(argv)
     cfg = config.from_args(args)
-    placement.set_threads(args.threads)
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     train_aligner(cfg, args.out or config.run_dir(cfg) / "aligner" / "aligner.json")
 
 

@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline.models.transformer_tts import Attention, ScaledPositions, voice_ids
+from pipeline.models.transformer_tts import Attention, ScaledPositions, build_token_tables, voice_ids
 
 ARCH_KEYS = ("d_model", "heads", "encoder_layers", "decoder_layers", "ffn_dim", "ffn_kernel", "dropout",
              "predictor_channels", "predictor_kernel", "predictor_dropout")
@@ -160,10 +160,7 @@ class FastPitch(keras.Model):
 
     def build(self, input_shape=None):
         D = self.d_model
-        self.embedding.build((None, None))
-        for table in (self.speaker_embedding, self.language_embedding):
-            if table is not None:
-                table.build((None,))
+        build_token_tables(self)
         for layer in (self.enc_pos, *self.encoder, self.enc_norm, self.duration_predictor, self.pitch_predictor,
                       self.energy_predictor, self.dec_pos, *self.decoder, self.dec_norm, self.mel_out):
             layer.build((None, None, D))

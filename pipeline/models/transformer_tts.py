@@ -183,10 +183,7 @@ class TransformerTTS(keras.Model):
 
     def build(self, input_shape=None):
         D, M = self.d_model, self.n_mels
-        self.embedding.build((None, None))
-        for table in (self.speaker_embedding, self.language_embedding):
-            if table is not None:
-                table.build((None,))
+        build_token_tables(self)
         for conv, norm in zip(self.enc_convs, self.enc_conv_norms):
             conv.build((None, None, D))
             norm.build((None, None, D))
@@ -349,6 +346,14 @@ def _resample_time(mel, lengths, pace):
     out = tf.gather(mel, lo, batch_dims=1) * (1 - w) + tf.gather(mel, hi, batch_dims=1) * w       # (B, F', M)
     keep = tf.cast(tf.sequence_mask(new_lengths, F_new), tf.float32)[:, :, None]
     return {"mel": out * keep, "lengths": new_lengths}
+
+
+def build_token_tables(model):
+    """Builds a model's token embedding and its speaker and language tables (each None when absent)."""
+    model.embedding.build((None, None))
+    for table in (model.speaker_embedding, model.language_embedding):
+        if table is not None:
+            table.build((None,))
 
 
 def voice_ids(ids, tokens):
