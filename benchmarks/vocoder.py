@@ -26,8 +26,11 @@ as `evaluate` measures it (its MCD, F0 errors, PESQ, STOI, naturalness and WER, 
 recording), so that the TTS targets, too, can be judged on more sentences than the demo's 9.
 
 `--step-time KIND ...`: seconds per training step of each kind (the config's sizes, one batch of the
-demo's segments, spectral losses), measured in turns in one process, so that a loaded machine slows
-them alike; prints each median and the ratios to the first kind. Needs only the caches.
+demo's segments, spectral losses), measured in turns in one process (`--rounds` turns of 10 steps
+each), so that a loaded machine slows them alike. Prints each kind's median and fastest turn, and
+its ratio to the first kind: the median over the rounds of the ratio within each round (a drift in
+the machine's speed cancels within a round), with the lowest and highest of those ratios. Needs only
+the caches.
 """
 import argparse
 import json
@@ -47,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def step_times(cfg, names, rounds=5, steps=10):
-    """{kind: median seconds per training step}, the kinds timed in turns (warm, after their trace)."""
+    """{kind: [seconds per training step in each round]}, the kinds timed in turns (warm, after their trace)."""
     from pipeline.vocoder.train import VocoderTrainer
     trainers = {}
     for kind in names:
@@ -63,7 +66,19 @@ def step_times(cfg, names, rounds=5, steps=10):
                 terms = trainer.step(batch, i)
             float(terms["total"])
             times[kind].append((time.perf_counter() - t0) / steps)
-    return {kind: sorted(t)[len(t) // 2] for kind, t in times.items()}
+    return times
+
+
+def step_summary(times):
+    """Each kind's median and fastest turn (s per step) and its ratio to the first kind's: the median of
+    the per-round ratios, with their lowest and highest."""
+    first = next(iter(times.values()))
+    out = {}
+    for kind, t in times.items():
+        ratios = sorted(x / y for x, y in zip(t, first))
+        out[kind] = {"s_per_step": round(float(np.median(t)), 4), "fastest": round(min(t), 4),
+                     "ratio": round(float(np.median(ratios)), 3), "ratio_range": [round(ratios[0], 3), round(ratios[-1], 3)]}
+    return out
 
 
 def heldout_clips(spec, voice, folder):
@@ -103,6 +118,7 @@ def main(argv=None):
     parser.add_argument("--max-clips", type=int, default=20)
     parser.add_argument("--summary", help="a vocoder summary JSON (default runs/{name}/vocoder.json)")
     parser.add_argument("--step-time", nargs="+", metavar="KIND", help="time training steps of these kinds instead")
+    parser.add_argument("--rounds", type=int, default=15, help="--step-time: turns of 10 steps per kind")
     parser.add_argument("--heldout", metavar="START:COUNT", help="transcript lines spoken by espeak-ng instead of "
                         "the validation clips")
     parser.add_argument("--voice", default="", help="espeak-ng voice for --heldout (default text.language)")
@@ -111,9 +127,8 @@ def main(argv=None):
     parser.add_argument("--tts", action="store_true", help="`synthesized`: the acoustic model saying the text")
     args = parser.parse_args(argv)
     if args.step_time:
-        times = step_times(config.from_args(args), args.step_time)
-        first = times[args.step_time[0]]
-        print(json.dumps({k: {"s_per_step": round(t, 4), "ratio": round(t / first, 3)} for k, t in times.items()}, indent=1))
+        times = step_times(config.from_args(args), args.step_time, rounds=args.rounds)
+        print(json.dumps({"rounds": args.rounds, **step_summary(times)}, indent=1))
         return
     cfg = config.load_config(args.config, {**config.parse_set(args.set), "evaluate": {"max_clips": args.max_clips}})
     voc = kinds.load(cfg, summary=args.summary)
