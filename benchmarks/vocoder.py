@@ -8,12 +8,13 @@ it first: `snakemake --cores all vocoder`, or `python -m pipeline.vocoder.train 
     python benchmarks/vocoder.py --config configs/config.yaml --heldout 1000:40
     python benchmarks/vocoder.py --config configs/config.yaml --step-time vocos source_filter
 
-`--heldout START:COUNT`: the same copy-synthesis on COUNT lines of data/ljspeech_transcripts.csv from
-line START, spoken here by espeak-ng (`--voice`, default text.language) into --workdir/vocoder_heldout/
-(kept for the next run), instead of the run's validation clips: sentences the run never saw (the
-demo's corpus is the first 90 lines), as many as wanted, so that the naturalness lead over
-Griffin-Lim's copy (`mos_leads`, with evaluate's 95 % bootstrap interval) rests on more clips than
-the demo's 9. Their F0 is evaluate's analysis of the audio (`pitch.method`, as the pitch cache's).
+`--heldout START:COUNT`: the same copy-synthesis on COUNT lines of data/ljspeech_transcripts.csv
+from line START, spoken here by espeak-ng (`--voice`, default text.language) into
+--workdir/vocoder_heldout/VOICE/ (kept for the next run), instead of the run's validation clips:
+sentences the run never saw (the demo's corpus is the first 90 lines), as many as wanted, so that
+the naturalness lead over Griffin-Lim's copy (`mos_leads`, with evaluate's 95 % bootstrap interval)
+rests on more clips than the demo's 9. Their F0 is evaluate's analysis of the audio (`pitch.method`,
+as the pitch cache's).
 
 `--world`: also WORLD's own analysis-synthesis of each recording (pyworld: DIO + StoneMask,
 CheapTrick, D4C at a 5 ms frame period), the source-filter reference the naturalness target was set
@@ -83,8 +84,9 @@ def step_summary(times):
 
 def heldout_clips(spec, voice, folder):
     """[evaluate.Clip] of the transcript lines START..START+COUNT (spec "START:COUNT"), spoken by espeak-ng
-    into folder (a wav already there is kept), their F0 left to evaluate's analysis."""
+    into folder/voice/ (a wav already there is kept), their F0 left to evaluate's analysis."""
     start, count = (int(x) for x in spec.split(":"))
+    folder = folder / voice
     folder.mkdir(parents=True, exist_ok=True)
     clips = []
     for cid, text, _ in make_corpus.read_transcripts(ROOT / "data/ljspeech_transcripts.csv", start=start, count=count):

@@ -179,6 +179,7 @@ def test_heldout_sentences_are_spoken_once_and_worlds_copy_is_scored_near_the_re
     stamps = [c.audio.stat().st_mtime_ns for c in clips]
     again = bench.heldout_clips("1000:2", "en-us", tmp_path)
     assert [c.audio for c in again] == [c.audio for c in clips] and [c.audio.stat().st_mtime_ns for c in clips] == stamps
+    assert {c.audio.parent for c in bench.heldout_clips("1000:2", "en-gb", tmp_path)} == {tmp_path / "en-gb"}  # its own
     y = audio.load_audio(clips[0].audio, sample_rate=SR, max_seconds=20.0)
     (world,) = bench.world_naturalness(clips[:1], SR, 20.0)
     assert 2.0 < world and abs(world - metrics.naturalness(y, SR)) < 0.6  # a copy, not noise (chance ~2.2)
