@@ -82,10 +82,18 @@ def step_summary(times):
     return out
 
 
+def line_range(spec):
+    """"START:COUNT" -> (START, COUNT); ValueError unless START >= 0 and COUNT >= 1."""
+    start, count = (int(x) for x in spec.split(":"))
+    if start < 0 or count < 1:
+        raise ValueError(spec)
+    return start, count
+
+
 def heldout_clips(spec, voice, folder):
     """[evaluate.Clip] of the transcript lines START..START+COUNT (spec "START:COUNT"), spoken by espeak-ng
     into folder/voice/ (a wav already there is kept), their F0 left to evaluate's analysis."""
-    start, count = (int(x) for x in spec.split(":"))
+    start, count = line_range(spec)
     folder = folder / voice
     folder.mkdir(parents=True, exist_ok=True)
     clips = []
@@ -128,6 +136,13 @@ def main(argv=None):
     parser.add_argument("--world", action="store_true", help="also score WORLD's analysis-synthesis of each recording")
     parser.add_argument("--tts", action="store_true", help="`synthesized`: the acoustic model saying the text")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: 1 or more")
+    if args.heldout:
+        try:
+            line_range(args.heldout)
+        except ValueError:
+            parser.error(f"--heldout {args.heldout!r}: START:COUNT, START 0 or more, COUNT 1 or more")
     if args.step_time:
         times = step_times(config.from_args(args), args.step_time, rounds=args.rounds)
         print(json.dumps({"rounds": args.rounds, **step_summary(times)}, indent=1))

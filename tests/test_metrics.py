@@ -169,7 +169,7 @@ def test_the_recognizer_hears_the_sentence_an_espeak_recording_says():
     assert {cid: metrics.transcribe(recording(cid), SR) for cid in ids[::-1]} == heard
 
 
-def test_heldout_sentences_are_spoken_once_and_worlds_copy_is_scored_near_the_recording(tmp_path):
+def test_heldout_sentences_are_spoken_once_and_worlds_copy_is_scored_near_the_recording(tmp_path, capsys):
     # benchmarks/vocoder.py --heldout START:COUNT --world: transcript lines the demo never saw, spoken by
     # espeak-ng and kept for the next run; WORLD's analysis-synthesis of each, scored by evaluate's predictor
     from benchmarks import vocoder as bench
@@ -183,3 +183,9 @@ def test_heldout_sentences_are_spoken_once_and_worlds_copy_is_scored_near_the_re
     y = audio.load_audio(clips[0].audio, sample_rate=SR, max_seconds=20.0)
     (world,) = bench.world_naturalness(clips[:1], SR, 20.0)
     assert 2.0 < world and abs(world - metrics.naturalness(y, SR)) < 0.6  # a copy, not noise (chance ~2.2)
+    # a malformed range or round count is one line naming the option, before anything loads
+    for bad, said in ((["--heldout", "1000"], "--heldout '1000': START:COUNT"), (["--heldout", "5:0"], "--heldout '5:0'"),
+                      (["--rounds", "0"], "--rounds 0: 1 or more")):
+        with pytest.raises(SystemExit):
+            bench.main(bad)
+        assert said in capsys.readouterr().err
