@@ -103,22 +103,64 @@ def merge(base, override):
 
 def _coerce_strings(cfg, defaults):
     # Snakemake's `--config 'audio={n_mels: 64}'` delivers nested values as strings: read those
-    # as YAML where the default is a number or a boolean, or where they spell a boolean
+    # as YAML where the default is a number or a boolean. Where the default is a string (`jit_compile:
+    # auto`, which also takes true or false), only true and false become booleans: `name: "on"` and
+    # `language: "no"` (Norwegian) stay the strings they are, not YAML 1.1's booleans.
     for key, value in cfg.items():
         default = defaults.get(key) if isinstance(defaults, dict) else None
         if isinstance(value, dict):
             _coerce_strings(value, default)
-        elif isinstance(value, str) and default is not None and not isinstance(default, (list, dict)):
+        elif isinstance(value, str) and isinstance(default, str):
+            if value.strip().lower() in ("true", "false"):
+                cfg[key] = value.strip().lower() == "true"
+        elif isinstance(value, str) and isinstance(default, (bool, int, float)):
             try:
                 parsed = yaml.safe_load(value)
             except yaml.YAMLError:
                 continue
-            if isinstance(parsed, bool) or (isinstance(parsed, (int, float)) and not isinstance(default, str)):
+            if isinstance(parsed, (bool, int, float)):
                 cfg[key] = parsed
+
+
+MAX_VALUES = 100_000  # keys, list items and values in a whole config, YAML aliases expanded
+
+
+def check_structure(cfg):
+    """ConfigError unless `cfg` is a tree of at most MAX_VALUES values: YAML aliases (&a ... *a) make
+    one mapping or list appear in several places, and nine nested lists of ten aliases are 10^9
+    values in 600 bytes (every walk over the config, json.dumps of a job's section included, would
+    run for hours), or a mapping that contains itself (every walk recurses forever). Each distinct
+    mapping or list is counted once, so this costs one pass over what the file holds."""
+    sizes, open_ = {}, {}
+
+    def size(node, where):
+        if not isinstance(node, (dict, list)):
+            return 1
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_:
+            raise ConfigError(f"{where}: refers back to {open_[id(node)] or 'the top level'}, which holds it "
+                              "(a YAML alias inside its own anchor)")
+        open_[id(node)] = where
+        total = 1
+        for key, value in (node.items() if isinstance(node, dict) else enumerate(node)):
+            total += size(value, (f"{where}.{key}" if where else str(key)) if isinstance(node, dict) else f"{where}[{key}]")
+            if total > MAX_VALUES:
+                raise ConfigError(f"{where or '(top level)'}: more than {MAX_VALUES:,} values once its YAML aliases "
+                                  "(*name) are expanded; write the config out without them")
+        del open_[id(node)]
+        sizes[id(node)] = total
+        return total
+
+    try:
+        size(cfg, "")
+    except RecursionError:
+        raise ConfigError("config: nested too deeply") from None
 
 
 def normalise(cfg):
     """Types as the schema wants them, whichever way the values arrived (in place; returns cfg)."""
+    check_structure(cfg)
     _coerce_strings(cfg, _read_yaml(DEFAULTS))
     # YAML 1.1 reads a bare `off` as False; the schema accepts both spellings, code sees one.
     train = cfg.get("train", {})
@@ -143,6 +185,31 @@ def check_finite(node, where=""):
         raise ConfigError(f"{where}: an integer of {len(hex(node)) - 2} hex digits is beyond any usable range")
 
 
+def _slaney_mel(hz):
+    """librosa's default (Slaney) mel scale: linear below 1 kHz, logarithmic above."""
+    import numpy as np
+    hz = np.asarray(hz, np.float64)
+    log_step = np.log(6.4) / 27.0
+    return np.where(hz >= 1000.0, 15.0 + np.log(np.maximum(hz, 1e-10) / 1000.0) / log_step, hz * 3.0 / 200.0)
+
+
+def _slaney_hz(mel):
+    import numpy as np
+    mel = np.asarray(mel, np.float64)
+    log_step = np.log(6.4) / 27.0
+    return np.where(mel >= 15.0, 1000.0 * np.exp(log_step * (mel - 15.0)), mel * 200.0 / 3.0)
+
+
+def empty_mel_filters(a):
+    """How many of the mel filterbank's triangles (audio.mel_basis: librosa's, Slaney) hold no FFT bin,
+    the filters librosa warns about as empty (its rule: a triangle starting at 0 Hz never counts)."""
+    import numpy as np  # planning only; a job's inline config skips check_rules
+    edges = _slaney_hz(np.linspace(_slaney_mel(a["fmin"]), _slaney_mel(a["fmax"]), a["n_mels"] + 2))
+    bins = np.linspace(0.0, a["sample_rate"] / 2.0, a["n_fft"] // 2 + 1)
+    inside = np.searchsorted(bins, edges[2:], side="left") - np.searchsorted(bins, edges[:-2], side="right")
+    return int(np.sum((inside <= 0) & (edges[:-2] > 0)))
+
+
 def check_rules(cfg):
     """The rules between keys that the schema cannot state; ConfigError naming the key."""
     a, p = cfg["audio"], cfg["pitch"]
@@ -160,6 +227,14 @@ def check_rules(cfg):
         raise ConfigError(f"pitch.fmax: {p['fmax']} is above the Nyquist frequency {nyquist}")
     if p["fmin"] >= p["fmax"]:
         raise ConfigError(f"pitch.fmin: {p['fmin']} must be below pitch.fmax {p['fmax']}")
+    if p["fmax"] < 2 * p["fmin"]:
+        raise ConfigError(f"pitch.fmax: {p['fmax']} is less than an octave above pitch.fmin {p['fmin']}: one voice's F0 "
+                          "spans more than that, and pyin and swiftf0 cannot search so narrow a band (default 65-600 Hz)")
+    empty = empty_mel_filters(a)
+    if empty:
+        raise ConfigError(f"audio.n_mels: {empty} of the {a['n_mels']} mel filters between audio.fmin {a['fmin']} and "
+                          f"audio.fmax {a['fmax']} Hz hold no FFT bin (bins are {a['sample_rate'] / a['n_fft']:.1f} Hz "
+                          "apart): those mel channels would be constant; use fewer mels, a wider band or a larger n_fft")
     for kind in ("fastpitch", "transformer_tts"):
         m = cfg["model"][kind]
         if m["d_model"] % m["heads"]:
@@ -175,6 +250,7 @@ def validate(cfg, source="config", rules=True):
     import jsonschema  # ~0.1-0.2 CPU s: only where a config is validated, not in every shard job
 
     try:
+        check_structure(cfg)
         check_finite(cfg)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None

@@ -70,6 +70,53 @@ def test_cross_key_rules_are_one_line_before_any_job(tmp_path, sections, key):
         config.load_config(path, check_paths=False)
 
 
+@pytest.mark.parametrize("sections, key", [
+    ({"pitch": {"method": "pyin", "fmin": 47.0, "fmax": 48.0}}, "pitch.fmax: 48.0 is less than an octave above pitch.fmin 47.0"),
+    ({"audio": {"fmin": 7900}}, "audio.n_mels: 70 of the 80 mel filters between audio.fmin 7900 and audio.fmax 8000 Hz "
+                                "hold no FFT bin"),
+    ({"audio": {"n_mels": 512}}, "audio.n_mels: 99 of the 512 mel filters"),
+    ({"audio": {"n_fft": 2 ** 30, "win_length": 2 ** 30, "hop_length": 2 ** 30}}, "audio.n_fft: 1073741824 is greater than"),
+    ({"name": "rb3\n"}, "name: 'rb3\\n' does not match"),
+])
+def test_settings_no_job_could_use_are_refused_at_planning(tmp_path, sections, key):
+    # each of these planned fine and then failed in every pitch or mel job with a traceback (a
+    # 160 GiB allocation for n_fft 2^30), or built mel channels that are constant
+    path = tmp_path / "my.yaml"
+    path.write_text(yaml.safe_dump(sections))
+    with pytest.raises(ConfigError, match=r"^([^ ]*: )?" + re.escape(key)):
+        config.load_config(path, check_paths=False)
+
+
+def test_yaml_aliases_cannot_make_a_config_of_a_billion_values(tmp_path):
+    # 600 bytes that expand to 10^9 values: every walk over the config (the finite check, a job's
+    # json.dumps) would run for hours; a mapping that holds itself would recurse forever
+    lines = ["model:", "  options:", "    x0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    lines += [f"    x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=r"^model\.options\.x4: more than 100,000 values once its YAML aliases"):
+        config.load_config(bomb, check_paths=False)
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("model:\n  options: &o\n    self: *o\n")
+    with pytest.raises(ConfigError, match=r"^model\.options\.self[.a-z]*: refers back to model\.options[.a-z]*, which holds it"):
+        config.load_config(loop, check_paths=False)
+    small = tmp_path / "small.yaml"  # an alias or two is fine
+    small.write_text("model:\n  options:\n    a: &v [1, 2]\n    b: *v\n")
+    assert config.load_config(small, check_paths=False)["model"]["options"] == {"a": [1, 2], "b": [1, 2]}
+
+
+def test_a_quoted_yes_or_no_stays_a_string_where_the_key_is_one(tmp_path):
+    # YAML 1.1 reads a bare on/no as a boolean; a quoted one is the user's string (a run named "on",
+    # Norwegian's espeak-ng code "no")
+    path = tmp_path / "my.yaml"
+    path.write_text('name: "on"\ntext:\n  language: "no"\n')
+    cfg = config.load_config(path, check_paths=False)
+    assert (cfg["name"], cfg["text"]["language"]) == ("on", "no")
+    train = config.load_config(None, {"train": {"jit_compile": "false", "mixed_precision": "off", "steps": "5"}},
+                               check_paths=False)["train"]  # how --config 'train={...}' delivers them
+    assert (train["jit_compile"], train["mixed_precision"], train["steps"]) == (False, "off", 5)
+
+
 def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path):
     path = tmp_path / "my.yaml"
     path.write_text("name: x\ntrain:\n  steps: 3\naudio:\n  n_mels: 80\ntrain:\n  batch_size: 2\n")
