@@ -18,6 +18,7 @@ is a DatasetError naming both files), source names unique.
 """
 import os
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,11 +26,27 @@ from pipeline.errors import PipelineError
 from pipeline.registry import Registry
 
 AUDIO_EXTENSIONS = ("wav", "flac", "ogg")
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # ids become file names: no separators, no ".."
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # ids become file names: no separators, no "..";
+# always fullmatch: `$` would let a trailing newline through
 
 
 class DatasetError(PipelineError):
     """A problem in the dataset's files; the message names the file and line."""
+
+
+def control_character(text):
+    """The first control character of `text` that is not whitespace (Unicode category Cc: NUL, ESC,
+    DEL, ...), or None. espeak-ng reads a transcript as a C string: a NUL ends it there, silently, and
+    an escape sequence's digits are read aloud."""
+    return next((ch for ch in text if unicodedata.category(ch) == "Cc" and not ch.isspace()), None)
+
+
+def check_text(text, where):
+    ch = control_character(text)
+    if ch is not None:
+        raise DatasetError(f"{where}: control character U+{ord(ch):04X} at character {text.index(ch) + 1} "
+                           "(a transcript is plain text: remove it)")
+    return text
 
 
 @dataclass(frozen=True)
@@ -65,12 +82,13 @@ def read_metadata(path):
             raise DatasetError(f"{path}:{lineno}: expected 2 or 3 columns separated by '|' "
                                f"(id|text|normalized_text), found {len(cols)}")
         clip_id = cols[0].strip()
-        if not _ID.match(clip_id):
+        if not _ID.fullmatch(clip_id):
             raise DatasetError(f"{path}:{lineno}: id {clip_id!r} is not a plain file name "
                                "(letters, digits, '_', '-', '.'; no path separators)")
         text = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
         if not text:
             raise DatasetError(f"{path}:{lineno}: empty text for id {clip_id!r}")
+        check_text(line, f"{path}:{lineno}")
         if clip_id in seen:
             raise DatasetError(f"{path}:{lineno}: duplicate id {clip_id!r} (first on line {seen[clip_id]})")
         seen[clip_id] = lineno
@@ -81,13 +99,13 @@ def read_metadata(path):
 
 
 CSV_COLUMNS = ("audio_file", "text", "speaker", "language")
-_LANGUAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")  # an espeak-ng language code, no variant
+_LANGUAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # an espeak-ng language code, no variant
 
 
 def source_name(src, i=None):
     """A source's name: its `name`, else its root folder's name."""
     name = src.get("name") or Path(src["root"]).resolve().name
-    if not _ID.match(name):
+    if not _ID.fullmatch(name):
         key = f"dataset.sources[{i}].name" if i is not None else "dataset.sources[].name"
         raise DatasetError(f"{key}: {name!r} is not a plain name (letters, digits, '_', '-', '.'); set `name` "
                            "on the source")
@@ -95,13 +113,15 @@ def source_name(src, i=None):
 
 
 def check_speaker(speaker, where):
-    if not speaker or "/" in speaker or "\\" in speaker or speaker in (".", "..") or speaker != speaker.strip():
-        raise DatasetError(f"{where}: speaker {speaker!r} must be a plain name (no path separator, not empty)")
+    if not speaker or "/" in speaker or "\\" in speaker or speaker in (".", "..") or speaker != speaker.strip() \
+            or any(unicodedata.category(ch) == "Cc" for ch in speaker):
+        raise DatasetError(f"{where}: speaker {speaker!r} must be a plain name (no path separator or control "
+                           "character, not empty)")
     return speaker
 
 
 def check_language(language, where):
-    if language and not _LANGUAGE.match(language):
+    if language and not _LANGUAGE.fullmatch(language):
         raise DatasetError(f"{where}: language {language!r} is not an espeak-ng language code (e.g. en-us, de)")
     return language
 
@@ -124,12 +144,21 @@ def _scan_audio(folder):
 
 def _read_text(path):
     try:
-        text = path.read_bytes().decode("utf-8-sig").strip()
+        text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise DatasetError(f"{path}: not UTF-8 (byte {e.start + 1})") from None
+    text = " ".join(check_text(text, str(path)).split())  # line breaks and tabs are whitespace here
     if not text:
         raise DatasetError(f"{path}: empty transcript")
-    return " ".join(text.split())
+    return text
+
+
+def _file_id(cid, path):
+    """A clip id taken from a file's name (vctk, libritts): the rule ljspeech ids and csv names follow."""
+    if not _ID.fullmatch(cid):
+        raise DatasetError(f"{path.parent}: the file name {path.name!r} gives the clip id {cid!r}, not a plain "
+                           "name (letters, digits, '_', '-', '.'); rename the file")
+    return cid
 
 
 def _subfolders(folder):
@@ -153,9 +182,10 @@ def read_vctk(root, src, name, strict):
     trimmed = (root / "wav48_silence_trimmed").is_dir()
     out = []
     for speaker in _subfolders(root / "txt"):
+        check_speaker(speaker, f"{root / 'txt'}: folder")  # the speaker is the folder's name
         audio = _scan_audio(root / ("wav48_silence_trimmed" if trimmed else "wav48") / speaker)
         for txt in sorted((root / "txt" / speaker).glob("*.txt")):
-            cid = txt.stem
+            cid = _file_id(txt.stem, txt)
             wav = audio.get(f"{cid}_mic1" if trimmed else cid)
             missing = root / "wav48_silence_trimmed" / speaker / f"{cid}_mic1.flac" if trimmed else \
                 root / "wav48" / speaker / f"{cid}.wav"
@@ -170,11 +200,12 @@ def read_libritts(root, src, name, strict):
                            "remove the key")
     out = []
     for speaker in _subfolders(root):
+        check_speaker(speaker, f"{root}: folder")
         for chapter in _subfolders(root / speaker):
             folder = root / speaker / chapter
             audio = _scan_audio(folder)
             for txt in sorted(folder.glob("*.normalized.txt")):
-                cid = txt.name[:-len(".normalized.txt")]
+                cid = _file_id(txt.name[:-len(".normalized.txt")], txt)
                 out.append(Clip(cid, _read_text(txt), "", 1, speaker, src.get("language") or "",
                                 audio.get(cid, str(folder / f"{cid}.wav")), str(txt)))
     return out
@@ -215,13 +246,14 @@ def read_csv(root, src, name, strict):
         cols = line.split("|")
         if len(cols) != len(header):
             raise DatasetError(f"{path}:{lineno}: expected {len(header)} fields ({'|'.join(header)}), found {len(cols)}")
-        row = dict(zip(header, (c.strip() for c in cols)))
         where = f"{path}:{lineno}"
+        check_text(line, where)
+        row = dict(zip(header, (c.strip() for c in cols)))
         if not row["audio_file"] or not row["text"]:
             raise DatasetError(f"{where}: empty {'audio_file' if not row['audio_file'] else 'text'} field")
         audio = inside_root(root, row["audio_file"], f"{where}: audio_file")
         cid = audio.name.rpartition(".")[0] or audio.name
-        if not _ID.match(cid):
+        if not _ID.fullmatch(cid):
             raise DatasetError(f"{where}: audio_file {row['audio_file']!r} is not a plain file name under {root}")
         speaker = row.get("speaker") or src.get("speaker") or ""
         language = row.get("language") or src.get("language") or ""

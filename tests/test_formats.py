@@ -150,3 +150,37 @@ def test_unknown_espeak_language_fails_planning(tmp_path, corpus_template):
     assert proc.returncode != 0
     assert f"{mine / 'metadata.csv'}:3: language 'xx-nowhere'" in proc.stdout + proc.stderr
     assert not (tmp_path / "cache").exists()
+
+
+def test_control_characters_and_file_named_ids_are_refused_naming_the_file(tmp_path):
+    # a NUL ends the text where espeak-ng reads it (the rest of the clip would train on nothing);
+    # an escape sequence's digits would be read aloud
+    lj = tmp_path / "lj"
+    (lj / "wavs").mkdir(parents=True)
+    (lj / "metadata.csv").write_text("a1|The first clip.\na2|The\x00 second clip says something else.\n")
+    assert _error([{"root": str(lj), "format": "ljspeech"}]) == (
+        f"{lj / 'metadata.csv'}:2: control character U+0000 at character 7 (a transcript is plain text: remove it)")
+    (lj / "metadata.csv").write_text("a1|hi\x1b[31mred\n")
+    assert "U+001B" in _error([{"root": str(lj), "format": "ljspeech"}])
+    (lj / "metadata.csv").write_text("a1|The first\tclip.\r\n")  # tabs and CRLF are whitespace: read
+    assert [c.text for c in formats.read_sources([{"root": str(lj), "format": "ljspeech"}])] == ["The first\tclip."]
+    csv = make_csv(tmp_path / "csv", ["x1.wav|Hello\x07 there.|anna|en-us"])
+    assert _error([{"root": str(csv), "format": "csv"}]).startswith(f"{csv / 'metadata.csv'}:2: control character U+0007")
+    vctk = make_vctk(tmp_path / "vctk", speakers=("p225",), n=1)
+    (vctk / "txt" / "p225" / "p225_001.txt").write_text("Hello\x00 there.\n")
+    assert _error([{"root": str(vctk), "format": "vctk"}]).startswith(f"{vctk / 'txt' / 'p225' / 'p225_001.txt'}: control")
+    # vctk and libritts take ids and speakers from file and folder names: the ljspeech rule applies
+    vctk = make_vctk(tmp_path / "vctk2", speakers=("p225",), n=1)
+    (vctk / "txt" / "p225" / "p225_001.txt").rename(vctk / "txt" / "p225" / "p225_t\tab.txt")
+    assert "gives the clip id 'p225_t\\tab', not a plain name" in _error(
+        [{"root": str(vctk), "format": "vctk"}])
+    libri = make_libritts(tmp_path / "libri", speakers=("19",), n=1)
+    txt = next((libri / "19" / "198").glob("*.normalized.txt"))
+    txt.rename(txt.with_name("a b;c$(id).normalized.txt"))
+    assert "gives the clip id 'a b;c$(id)'" in _error([{"root": str(libri), "format": "libritts"}])
+    libri = make_libritts(tmp_path / "libri2", speakers=("19",), n=1)
+    (libri / "19").rename(libri / "spk\n1")
+    assert f"{libri}: folder: speaker 'spk\\n1' must be a plain name" in _error([{"root": str(libri), "format": "libritts"}])
+    # a trailing newline is not part of a plain name (a regex's $ would have let it through)
+    assert "dataset.sources[0].name: 'lj\\n' is not a plain name" in _error(
+        [{"root": str(lj), "format": "ljspeech", "name": "lj\n"}])
