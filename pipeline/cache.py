@@ -79,17 +79,35 @@ def build_token_shard(cfg, shard, out, log=_print):
         f"{sum(dropped.values())} characters dropped")
 
 
+MAX_PEAK = 2.0  # full scale is 1; resampling a full-scale clip overshoots by a few percent at most
+
+
 def load_clip(path, *, sample_rate, max_seconds):
     """pipeline.audio.load_audio, after refusing a file whose header says it is longer than
-    `max_seconds`: a 2-hour clip is not decoded whole (~520 MB) to be refused. Here, not in audio.py,
-    whose bytes are the mel caches' code digest: this check changes no mel."""
+    `max_seconds`: a 2-hour clip is not decoded whole (~520 MB) to be refused; and refusing a float
+    file whose samples go beyond full scale (one scaled like 16-bit integers gives mels ~10 nats too
+    loud, one at 1e30 infinite mels and statistics). Here, not in audio.py, whose bytes are the mel
+    caches' code digest: these checks change no mel of a clip they keep."""
     try:
         info = sf.info(str(path))
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError):
         info = None  # load_audio says what is wrong with it
     if info is not None and info.samplerate > 0 and info.frames / info.samplerate > max_seconds:
         raise audio.BadAudio(f"too long ({info.frames / info.samplerate:.1f} s > dataset.max_seconds {max_seconds})")
-    return audio.load_audio(path, sample_rate=sample_rate, max_seconds=max_seconds)
+    try:
+        y = audio.load_audio(path, sample_rate=sample_rate, max_seconds=max_seconds)
+    except audio.BadAudio as e:
+        if str(e).startswith("silent") and info is not None and info.channels > 1:
+            loud = np.max(np.abs(sf.read(str(path), dtype="float32", always_2d=True)[0]), axis=0)
+            if np.max(loud) >= audio.SILENCE_PEAK:
+                raise audio.BadAudio(f"its {info.channels} channels cancel when mixed to mono (one is the other "
+                                     "inverted?): keep one channel") from None
+        raise
+    peak = float(np.max(np.abs(y)))
+    if peak > MAX_PEAK:
+        raise audio.BadAudio(f"samples reach {peak:.3g}, beyond full scale (1.0): a float file scaled like integers? "
+                             "divide it by its peak")
+    return y
 
 
 def _shard_clips(cfg, shard, log):
@@ -358,10 +376,17 @@ def _read_group(k, group, want, rejected):
             rejected.setdefault(r["id"], dict(r, shard=k, stage=r.get("stage", kind)))
     stats = {kind: np.load(Path(p).with_suffix(".stats.npy")) for kind, p in zip(shards.CACHE_KINDS, group)
              if kind != "tokens"}
+    for kind, p in zip(shards.CACHE_KINDS, group):
+        if kind in stats and not np.all(np.isfinite(stats[kind])):
+            row = int(np.flatnonzero(~np.all(np.isfinite(stats[kind].reshape(len(stats[kind]), -1)), axis=1))[0])
+            raise PipelineError(f"{Path(p).with_suffix('.stats.npy')}: clip {metas[kind]['ids'][row]!r} has non-finite "
+                                f"{kind} statistics (audio beyond any usable level); the index would average them into "
+                                "every clip's normalisation: fix or remove its audio and rerun")
     usable = set(metas["tokens"]["ids"]) & set(metas["energy"]["ids"]) & set(metas["pitch"]["ids"])
     short = _short_clips(metas, usable)
     for cid, reason in short.items():
-        rejected.setdefault(cid, dict(id=cid, shard=k, stage="index", path=str(group[1]) + ".json", reason=reason))
+        rejected.setdefault(cid, dict(id=cid, shard=k, stage="index", path=str(Path(group[1]).with_suffix(".json")),
+                                      reason=reason))
     return metas, stats, usable - set(short), short
 
 

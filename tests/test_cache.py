@@ -4,6 +4,7 @@ and audio in other rates, bit depths, channel counts and containers.
     python -m pytest -q tests/test_cache.py
 """
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import soxr
 from conftest import ROOT, planned_jobs, snakemake, write_config
 
 from pipeline import audio, cache, config, manifest, pitch, shards, text
+from pipeline.errors import PipelineError
 
 HOP, N_MELS, SR = 256, 80, 22050
 
@@ -238,6 +240,12 @@ def _write_bad(wavs, kind, cid, good):
     elif kind == "too_long":  # dataset.max_seconds is 20
         y = sf.read(str(good), dtype="float32")[0]
         sf.write(str(path), np.tile(y, int(np.ceil(21 * SR / len(y)))), SR, subtype="PCM_16")
+    elif kind in ("integer_scaled", "huge"):  # float files beyond full scale: loud mels, or infinite ones
+        y = sf.read(str(good), dtype="float32")[0]
+        sf.write(str(path), y / np.abs(y).max() * (26438.0 if kind == "integer_scaled" else 1e30), SR, subtype="FLOAT")
+    elif kind == "cancelling":  # stereo, the right channel the left one inverted: silence once mixed to mono
+        y = sf.read(str(good), dtype="float32")[0]
+        sf.write(str(path), np.stack([y, -y], axis=1), SR, subtype="PCM_16")
     return path
 
 
@@ -249,6 +257,9 @@ BAD_KINDS = {  # kind: words the rejected reason must contain (any of)
     "nan": ("nan",),
     "silent": ("silent", "silence"),
     "too_long": ("too long", "max_seconds"),
+    "integer_scaled": ("samples reach 2.64e+04, beyond full scale",),
+    "huge": ("samples reach 1e+30, beyond full scale",),
+    "cancelling": ("its 2 channels cancel when mixed to mono",),
 }
 
 
@@ -306,12 +317,29 @@ def test_bad_audio_skip_then_fail(tmp_path, corpus_template):
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_KINDS))
-def test_each_bad_audio_kind_is_rejected_by_load_audio(tmp_path, corpus_template, kind):
+def test_each_bad_audio_kind_is_rejected_by_the_shard_jobs_loader(tmp_path, corpus_template, kind):
     good = sorted((corpus_template / "wavs").glob("*.wav"))[2]
     path = _write_bad(tmp_path, kind, "clip", good)
     with pytest.raises(audio.BadAudio) as e:
-        audio.load_audio(path, sample_rate=SR, max_seconds=20.0)
+        cache.load_clip(path, sample_rate=SR, max_seconds=20.0)
     assert any(w in str(e.value).lower() for w in BAD_KINDS[kind]), str(e.value)
+
+
+def test_index_refuses_statistics_that_are_not_finite(built_cache, tmp_path):
+    # a shard built before load_clip refused audio beyond full scale could hold a clip's infinite
+    # mel sums: the index averaged them into every clip's normalisation (index.json said Infinity)
+    cfg = config.load_config(built_cache)
+    cache_dir = tmp_path / "cache"
+    shutil.copytree(config.cache_dir(cfg), cache_dir)
+    cfg = dict(cfg, cache=dict(cfg["cache"], dir=str(tmp_path)), name="cache")
+    stats_path = shards.prefix(cache_dir, "mels", 1).with_suffix(".stats.npy")
+    stats = np.load(stats_path)
+    stats[2] = np.inf
+    np.save(stats_path, stats)
+    clip = json.loads(shards.prefix(cache_dir, "mels", 1).with_suffix(".json").read_text())["ids"][2]
+    with pytest.raises(PipelineError, match=re.escape(f"{stats_path}: clip {clip!r} has non-finite mels statistics")):
+        cache.build_index(cfg, cache.shard_paths(cfg), tmp_path / "index.json", log=lambda *_: None)
+    assert not (tmp_path / "index.json").exists()
 
 
 def test_truncated_flac_is_rejected(tmp_path, corpus_template):
