@@ -56,7 +56,9 @@ class ClientError(Exception):
 
 
 def error(status, message):
-    return JSONResponse({"error": " ".join(str(message).split())[:500]}, status_code=status)
+    """A JSON {"error": one line} answer; characters UTF-8 cannot encode (lone surrogates) as escapes."""
+    line = " ".join(str(message).split())[:500].encode("utf-8", "backslashreplace").decode("utf-8")
+    return JSONResponse({"error": line}, status_code=status)
 
 
 class Gate:

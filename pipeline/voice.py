@@ -94,9 +94,24 @@ def check_number(name, value, low, high):
     """value as a float when it is a finite number in [low, high], else VoiceError naming `name`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise VoiceError(f"{name}: a number, not {value!r}")
-    if not math.isfinite(value) or not low <= value <= high:
+    try:
+        number = float(value)
+    except OverflowError:            # an integer of hundreds of digits: no float holds it
+        raise VoiceError(f"{name}: a {len(str(abs(value)))}-digit number is out of range ({low:g}..{high:g})") from None
+    if not math.isfinite(number) or not low <= number <= high:
         raise VoiceError(f"{name}: {value!r} is outside {low:g}..{high:g}")
-    return float(value)
+    return number
+
+
+def check_text(source):
+    """VoiceError naming the first character of `source` that UTF-8 cannot encode (a lone UTF-16
+    surrogate, as JSON's "\\udce9" or undecodable bytes in a command line give): the front end
+    (espeak-ng) and every answer take UTF-8 text only."""
+    try:
+        source.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise VoiceError(f"{markup.locator(source)(e.start)}: {source[e.start]!r} is not a character (a lone "
+                         "surrogate); the text must be valid Unicode (UTF-8)") from None
 
 
 def to_int16(audio):
@@ -203,6 +218,7 @@ class Voice:
         audio; lazy=True leaves the front end (espeak-ng, ~2-10 ms a sentence) to each sentence as
         it is said, so a stream starts at once however long the text, and a sentence the front end
         cannot say stops it there."""
+        check_text(source)
         pace = check_number("pace", pace, *PACE_RANGE)
         pitch_shift = check_number("pitch_shift", pitch_shift, *PITCH_RANGE)
         inputs, language = self._voice_inputs(speaker, language)

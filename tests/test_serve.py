@@ -142,6 +142,10 @@ BOMB = ('<?xml version="1.0"?><!DOCTYPE speak [<!ENTITY a "aaaaaaaaaa">'
     ({"text": "Hello", "pace": -1}, 400, "pace: -1 is outside 0.25..4"),
     ({"text": "Hello", "pace": 1e308}, 400, "pace: 1e+308 is outside"),
     ({"text": "Hello", "pitch_shift": "up"}, 400, "pitch_shift: a number, not 'up'"),
+    ({"text": "Hello", "pace": 10**400}, 400, "pace: a 401-digit number is out of range (0.25..4)"),  # was a 500
+    ({"text": "Hello", "pitch_shift": -10**400}, 400, "pitch_shift: a 401-digit number is out of range"),
+    ({"text": "caf\udce9 ole."}, 400, "line 1, column 4: '\\udce9' is not a character (a lone surrogate)"),
+    ({"text": "Say [[ \ud800 ]]"}, 400, "line 1, column 8: '\\ud800' is not a character"),  # was a plain-text 500
     ({"text": "Hello", "speaker": "nobody"}, 400, "speaker: unknown speaker 'nobody'"),
     ({"text": "Hello", "language": "xx"}, 400, "language: unknown language 'xx'"),
     ({"text": "Hello", "volume": 2}, 400, "unknown field(s) 'volume'"),
@@ -161,6 +165,12 @@ def test_bad_requests_get_one_line_json_errors(server, body, status, message):
     if message:
         assert headers["content-type"] == "application/json" and b"\n" not in answer
         assert message in json.loads(answer)["error"]
+
+
+def test_a_stream_of_text_that_is_not_unicode_is_refused_before_it_starts(server):
+    # a lone surrogate reached espeak-ng in the stream's first sentence: "Exception in ASGI application"
+    status, _, answer = call(server.port, "POST", "/synthesize?stream=true", {"text": "Hi. caf\udce9 ole."})
+    assert status == 400 and json.loads(answer)["error"].startswith("line 1, column 8: '\\udce9' is not a character")
 
 
 def test_other_errors_and_the_server_stays_up(server):
