@@ -154,6 +154,13 @@ def halves(symbols):
     return [symbols[:cut].strip(), symbols[cut + 1:].strip()]
 
 
+def _reason(e):
+    """The informative line of an exception's message (TensorFlow's start with "Graph execution error")."""
+    skip = ("Graph execution error", "Detected at node", "<stack traces", "Traceback")
+    lines = [line.strip() for line in str(e).splitlines() if line.strip() and not line.strip().startswith(skip)]
+    return f"{type(e).__name__}: {lines[0][:200] if lines else ''}".rstrip(": ")
+
+
 class Voice:
     """An export folder loaded: `prepare` text, then `sentences_audio` (a generator) or `audio`."""
 
@@ -163,24 +170,86 @@ class Voice:
         self.meta, self.vocab = _read_json(folder / "export.json"), _read_json(folder / "vocab.json")
         if not (folder / "saved_model").is_dir():
             raise VoiceError(f"{folder / 'saved_model'}: not found; export the voice again (snakemake --cores all export)")
-        try:
-            self.sample_rate = int(self.meta["sample_rate"])
-            hop = int(self.meta["audio"]["hop_length"])
-            self.max_seconds = float(self.meta["max_seconds"])
-            self.max_samples = int(self.meta.get("max_frames") or self.max_seconds * self.sample_rate / hop) * hop
-            self.symbols = [s for s in self.vocab["symbols"] if s not in (text.PAD, text.EOS)]
-        except (KeyError, TypeError, ValueError) as e:
-            raise VoiceError(f"{folder}: export.json / vocab.json lack {e}; export the voice again") from None
+        self.sample_rate, self.max_seconds, self.max_samples = self._read_settings()
+        self.symbols = [s for s in self.vocab["symbols"] if s not in (text.PAD, text.EOS)]
         self.speakers = list(self.meta.get("speakers") or [])
         self.languages = list(self.meta.get("languages") or [])
-        self.model = tf.saved_model.load(str(folder / "saved_model"))
-        self._fn = self.model.signatures["synthesize"]
+        self.model, self._fn = self._load(folder / "saved_model")
         self._inputs = set(self._fn.structured_input_signature[1])
+        self._check_vocabulary()
         self._sps = self._seconds_per_symbol()   # also the graph's one-time start, here rather than in a request
         self.load_seconds = time.perf_counter() - t0
         if self.vocab.get("frontend") == "phonemes" and self.vocab.get("espeak") not in (None, text.espeak_version()):
             (log or (lambda *a: None))(f"espeak-ng {text.espeak_version()} phonemizes the text; the voice was "
                                        f"trained on {self.vocab['espeak']}: some words may sound different")
+
+    def _read_settings(self):
+        """(sample_rate, max_seconds, max_samples) from export.json, each a finite number in a sane range,
+        and vocab.json's symbols, eos id and front end: VoiceError naming the file and the value otherwise."""
+        meta, vocab, where = self.meta, self.vocab, self.folder / "export.json"
+
+        def setting(table, key, low, high, integer=False):
+            value = table[key]
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (not integer or value == int(value))
+            if not ok or not math.isfinite(value) or not low <= value <= high:
+                kind = "an integer" if integer else "a number"
+                raise VoiceError(f"{where}: {key} {value!r} is not {kind} in {low:g}..{high:g}; export the voice again")
+            return int(value) if integer else float(value)
+        try:
+            if not isinstance(meta, dict) or not isinstance(meta.get("audio"), dict):
+                raise TypeError("an object with `audio`")
+            rate = setting(meta, "sample_rate", 1000, 192_000, integer=True)
+            hop = setting(meta["audio"], "hop_length", 1, rate, integer=True)
+            seconds = setting(meta, "max_seconds", 1e-3, 3600)
+            frames = (setting(meta, "max_frames", 1, 3600 * rate / hop, integer=True) if meta.get("max_frames")
+                      is not None else int(seconds * rate / hop))
+            symbols = vocab["symbols"]
+            if not (isinstance(symbols, list) and symbols and all(isinstance(s, str) and len(s) == 1 for s in symbols)
+                    and isinstance(vocab["eos_id"], int) and 0 <= vocab["eos_id"] < len(symbols)
+                    and all(isinstance(vocab[k], (str, list)) for k in ("frontend", "language", "cleaners"))):
+                raise TypeError(f"{self.folder / 'vocab.json'}: a vocabulary (symbols, eos_id, frontend, language, "
+                                "cleaners)")
+        except KeyError as e:
+            raise VoiceError(f"{self.folder}: export.json / vocab.json lack {e}; export the voice again") from None
+        except (TypeError, AttributeError) as e:
+            raise VoiceError(f"{self.folder}: export.json / vocab.json are not what an export writes ({e}); "
+                             "export the voice again") from None
+        if frames < 1:
+            raise VoiceError(f"{where}: max_seconds {seconds:g} is shorter than one frame; export the voice again")
+        return rate, seconds, frames * hop
+
+    def _load(self, path):
+        """(model, its `synthesize` signature) of the SavedModel at `path`; VoiceError naming what is wrong."""
+        try:
+            model = tf.saved_model.load(str(path))
+        except Exception as e:   # no variables/, an empty or damaged saved_model.pb, an empty folder
+            raise VoiceError(f"{path}: cannot be loaded ({_reason(e)}); export the voice again") from None
+        fn = getattr(model, "signatures", {}).get("synthesize")
+        needs = {"tokens", "pace", "pitch_shift"}
+        if fn is None or not needs <= set(fn.structured_input_signature[1]):
+            raise VoiceError(f"{path}: no `synthesize` signature taking {', '.join(sorted(needs))}; "
+                             "export the voice again")
+        return model, fn
+
+    def _check_vocabulary(self):
+        """Refuse a vocab.json whose size is not the model's: its last id must be taken, and the graph's
+        check on an id far outside (an export's assertion names the model's ids) must agree."""
+        n, eos = len(self.vocab["symbols"]), self.vocab["eos_id"]
+        inputs = self._voice_inputs(None, None)[0]
+        for probe in (n - 1, 2**31 - 1):
+            try:
+                self._fn(tokens=tf.constant([[probe, eos]], tf.int32), pace=tf.constant(1.0, tf.float32),
+                         pitch_shift=tf.constant(0.0, tf.float32), **inputs)
+                continue
+            except tf.errors.InvalidArgumentError as e:
+                found = re.search(r"outside the vocabulary \(0\.\.(\d+)|is not in \[0, (\d+)\)", str(e))
+                model = (int(found.group(1)) + 1 if found.group(1) else int(found.group(2))) if found else None
+                if probe == n - 1 or (model is not None and model != n):
+                    raise VoiceError(f"{self.folder / 'vocab.json'}: {n} symbols, but the model takes "
+                                     f"{model if model is not None else 'fewer'}; export the voice again") from None
+            except tf.errors.OpError as e:
+                raise VoiceError(f"{self.folder / 'saved_model'}: fails on a test call ({_reason(e)}); "
+                                 "export the voice again") from None
 
     def _seconds_per_symbol(self):
         """Seconds of audio per symbol at pace 1 on CALIBRATION (or as much of it as max_frames holds), times
@@ -289,8 +358,12 @@ class Voice:
     def _call(self, symbols, pace, pitch, inputs):
         """One graph call -> float32 audio [N]."""
         tokens = tf.constant([text.ids_of(symbols, self.vocab)], tf.int32)
-        out = self._fn(tokens=tokens, pace=tf.constant(pace, tf.float32), pitch_shift=tf.constant(pitch, tf.float32),
-                       **inputs)
+        try:
+            out = self._fn(tokens=tokens, pace=tf.constant(pace, tf.float32),
+                           pitch_shift=tf.constant(pitch, tf.float32), **inputs)
+        except tf.errors.OpError as e:   # the graph refused what vocab.json and export.json let through
+            raise VoiceFault(f"{self.folder / 'saved_model'}: the graph failed on {symbols[:40]!r} ({_reason(e)}); "
+                             "export the voice again") from None
         audio = out["audio"][0].numpy()
         bad = int(np.count_nonzero(~np.isfinite(audio)))
         if bad:  # played as silence or clipped noise before: say so instead
