@@ -7,7 +7,8 @@ Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py); writes
   GET  /health                {"status": "ok"}
   GET  /voices                {"speakers": [...], "languages": [...], "sample_rate": 22050}
   POST /synthesize            JSON {"text", "speaker"?, "language"?, "pace"?, "pitch_shift"?, "ssml"?}
-                              -> audio/wav (16-bit mono); at most MAX_WAV_SECONDS of audio
+                              -> audio/wav (16-bit mono); at most MAX_WAV_SECONDS of audio, and
+                              a sentence at most voice.MAX_SENTENCE_SECONDS (413, before the audio is made)
   POST /synthesize?stream=true  -> chunked audio/L16;rate=SR;channels=1 (16-bit big-endian PCM,
                               RFC 2586), one chunk per sentence as soon as it is ready; a later
                               sentence the front end cannot say ends it without the final chunk
@@ -38,7 +39,7 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from pipeline.errors import PipelineError, cli
-from pipeline.voice import Voice, VoiceFault
+from pipeline.voice import TooLong, Voice, VoiceFault
 from pipeline.wavfile import wav_bytes
 
 MAX_BODY = 100_000           # bytes of a request body
@@ -155,6 +156,8 @@ def json_errors(handler):
             return await handler(request)
         except ClientError as e:
             return error(e.status, e)
+        except TooLong as e:   # refused before its audio was made
+            return error(413, f"{e}: ask with ?stream=true" if e.whole else e)
         except VoiceFault as e:  # the voice's fault, not the request's
             print(f"error: {e}", file=sys.stderr, flush=True)
             return error(500, e)
@@ -179,7 +182,8 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT):
         fields = parse_fields(await read_body(request, client_timeout))
         release, streamed = gate.admit(), stream in ("true", "1")
         try:
-            prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=streamed))
+            bound = None if streamed else MAX_WAV_SECONDS   # a stream: each sentence's bound only (pipeline/voice.py)
+            prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=streamed, max_seconds=bound))
             sentences = voice.sentences_audio(prepared)
             if streamed:
                 async def chunks():
@@ -193,12 +197,9 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT):
                 response = PcmStream(chunks(), release, media_type=media)   # releases when the stream ends
                 release = None
                 return response
-            pcm, total = [], 0
+            pcm = []
             while (chunk := await gate.run(next, sentences, None)) is not None:
                 pcm.append(chunk)
-                total += len(chunk)
-                if total > MAX_WAV_SECONDS * voice.sample_rate:
-                    raise ClientError(413, f"over {MAX_WAV_SECONDS:g} s of audio: ask with ?stream=true")
             return Response(wav_bytes(np.concatenate(pcm), voice.sample_rate), media_type="audio/wav")
         finally:
             if release is not None:

@@ -11,11 +11,14 @@ The graph stops at max_frames (export.json; `synthesize.max_seconds` of the run)
 would be cut. Each sentence is therefore split ahead of the call into pieces that fit (at clause
 punctuation, then between words) by the voice's seconds per symbol, measured once at load on
 CALIBRATION (so the same text always gives the same audio), and a piece whose audio still reaches
-max_frames is split in two and said again: nothing is ever cut.
+max_frames is split in two (between words, else between symbols) and said again: nothing is ever
+cut (a single symbol that reaches it is an error). A sentence makes at most MAX_SENTENCE_SECONDS
+of audio, and a request at most its `max_seconds`: TooLong before any audio when the estimate is
+over, else as soon as the audio passes the bound.
 
     from pipeline.voice import Voice
     voice = Voice("runs/demo/export")
-    request = voice.prepare("Hello there. How are you?", pace=1.1)
+    request = voice.prepare("Hello there. How are you?", pace=1.1)   # max_seconds=600: a bound on the whole
     for pcm in voice.sentences_audio(request): ...        # int16 [samples], one array per sentence
 """
 import json
@@ -36,6 +39,8 @@ PACE_RANGE = (0.25, 4.0)          # > 1 speaks faster; also the range of pace x 
 PITCH_RANGE = (-12.0, 12.0)       # semitones; pitch_shift + prosody pitch within twice that
 CALIBRATION = "The quick brown fox jumps over the lazy dog."   # said at load: the voice's seconds per symbol
 MARGIN = 1.25                     # the estimate's safety factor: pieces planned to fill at most 1/MARGIN
+MAX_SENTENCE_SECONDS = 600.0      # the most audio one sentence may make (so one sentence's memory is bounded)
+SOONER = "; end sentences sooner (. ! ?)"
 _FRONT_END = threading.Lock()     # espeak-ng (through phonemizer) is one library state per process
 # clause punctuation between words: where an over-long sentence is split first
 _CLAUSE = re.compile(r"(?<=[,;:—…])\s+")
@@ -62,6 +67,16 @@ class VoiceError(PipelineError):
     """A voice folder, text or option the voice cannot take; one line naming it."""
 
 
+class TooLong(VoiceError):
+    """Text that would make more audio than a sentence (MAX_SENTENCE_SECONDS) or the request (its
+    max_seconds) may: refused before that audio is made. `whole`: the request's bound, not a sentence's
+    (serve answers both with 413; a stream has no bound of the whole)."""
+
+    def __init__(self, message, whole=False):
+        super().__init__(message)
+        self.whole = whole
+
+
 class VoiceFault(VoiceError):
     """The voice's graph gave audio that cannot be played (NaN or infinite samples): the export is
     broken, not the request. serve answers it with 500, not 400."""
@@ -78,6 +93,7 @@ class Request:
     pace: float = 1.0
     pitch_shift: float = 0.0
     lazy: bool = False
+    max_samples: int | None = None   # the most audio the whole request may make (None: no bound)
 
 
 def _read_json(path):
@@ -146,12 +162,15 @@ def _pack(units, limit):
 
 
 def halves(symbols):
-    """Two pieces split at the word boundary nearest the middle, or None for one word."""
+    """Two pieces split at the word boundary nearest the middle, else (one word) between the symbols
+    nearest the middle; None for a single symbol."""
     middle, spaces = len(symbols) / 2, [i for i, c in enumerate(symbols) if c == " "]
-    if not spaces:
+    if spaces:
+        cut = min(spaces, key=lambda i: abs(i - middle))
+        return [symbols[:cut].strip(), symbols[cut + 1:].strip()]
+    if len(symbols) < 2:
         return None
-    cut = min(spaces, key=lambda i: abs(i - middle))
-    return [symbols[:cut].strip(), symbols[cut + 1:].strip()]
+    return [symbols[:len(symbols) // 2], symbols[len(symbols) // 2:]]
 
 
 def _reason(e):
@@ -171,6 +190,7 @@ class Voice:
         if not (folder / "saved_model").is_dir():
             raise VoiceError(f"{folder / 'saved_model'}: not found; export the voice again (snakemake --cores all export)")
         self.sample_rate, self.max_seconds, self.max_samples = self._read_settings()
+        self.max_sentence_samples = int(MAX_SENTENCE_SECONDS * self.sample_rate)
         self.symbols = [s for s in self.vocab["symbols"] if s not in (text.PAD, text.EOS)]
         self.speakers = list(self.meta.get("speakers") or [])
         self.languages = list(self.meta.get("languages") or [])
@@ -281,12 +301,16 @@ class Voice:
                "language": self.languages.index(language) if self.languages else 0}
         return {k: tf.constant(v, tf.int32) for k, v in ids.items() if k in self._inputs}, language
 
-    def prepare(self, source, *, ssml=None, pace=1.0, pitch_shift=0.0, speaker=None, language=None, lazy=False):
+    def prepare(self, source, *, ssml=None, pace=1.0, pitch_shift=0.0, speaker=None, language=None, lazy=False,
+                max_seconds=None):
         """A Request for marked-up text (pipeline/markup.py). Every check (options, markup, unknown
         phonemes, prosody out of range, text the front end cannot say) is made here, before any
         audio; lazy=True leaves the front end (espeak-ng, ~2-10 ms a sentence) to each sentence as
         it is said, so a stream starts at once however long the text, and a sentence the front end
-        cannot say stops it there."""
+        cannot say stops it there. Length: TooLong for a sentence whose pauses (lazy) or estimated
+        audio (estimate_seconds) exceed MAX_SENTENCE_SECONDS, or a request whose estimate exceeds
+        `max_seconds` (None: no bound on the whole); sentences_audio holds every sentence to the
+        same bounds as it speaks."""
         check_text(source)
         pace = check_number("pace", pace, *PACE_RANGE)
         pitch_shift = check_number("pitch_shift", pitch_shift, *PITCH_RANGE)
@@ -298,14 +322,24 @@ class Voice:
             check_number(f"{item.where}: pace {pace:g} x prosody rate {item.rate:g}", pace * item.rate, *PACE_RANGE)
             check_number(f"{item.where}: pitch shift {pitch_shift:g} + prosody pitch {item.pitch:g}",
                          pitch_shift + item.pitch, 2 * PITCH_RANGE[0], 2 * PITCH_RANGE[1])
-        request = Request(sentences, inputs, language, pace, pitch_shift, lazy=lazy)
+        bound = None if max_seconds is None else int(max_seconds * self.sample_rate)
+        request = Request(sentences, inputs, language, pace, pitch_shift, lazy=lazy, max_samples=bound)
         if lazy:
             said = any(isinstance(i, markup.Speech) for s in sentences for i in s)
+            seconds = [sum(i.seconds for i in s if isinstance(i, markup.Pause)) for s in sentences]
         else:
             request.sentences = [parts for parts in self._parts(sentences, request) if parts]
             said = any(part[0] == "speech" for parts in request.sentences for part in parts)
+            seconds = [self.estimate_seconds(parts) for parts in request.sentences]
         if not said:
             raise VoiceError("no text to speak" if not source.strip() else f"{source[:40]!r}: nothing to say")
+        longest, most = max(range(len(seconds)), key=seconds.__getitem__), self.max_sentence_samples / self.sample_rate
+        if seconds[longest] > most:
+            raise TooLong(f"sentence {longest + 1}: over the {most:g} s of audio one sentence may "
+                          f"make (about {seconds[longest]:.0f} s){SOONER}")
+        if max_seconds is not None and sum(seconds) > max_seconds:
+            raise TooLong(f"over the {max_seconds:g} s of audio one request may make (about {sum(seconds):.0f} s)",
+                          whole=True)
         return request
 
     def _parts(self, sentences, request):
@@ -372,34 +406,73 @@ class Voice:
         return audio
 
     def _speech(self, symbols, pace, pitch, inputs):
-        """float32 audio of one run of symbols, split so no call reaches max_frames."""
+        """float32 audio of one run of symbols, piece by piece, split so no call reaches max_frames: a piece
+        whose audio reached it is said again in two (between words, else between symbols); a single
+        symbol that reaches it is an error. Audio that reached max_frames was cut, and is never kept."""
         limit = max(4, int(self.max_seconds * pace / self._sps))
-        queue, out = split_symbols(symbols, limit), []
+        queue = split_symbols(symbols, limit)
         while queue:
             piece = queue.pop(0)
             audio = self._call(piece, pace, pitch, inputs)
-            if len(audio) >= self.max_samples and halves(piece):   # cut at max_frames: say it in two
+            if len(audio) >= self.max_samples:   # cut at max_frames: say it in two
+                if not halves(piece):
+                    raise VoiceError(f"{piece!r}: one symbol makes {self.max_seconds:g} s of audio or more (the "
+                                     f"voice's max_seconds) at pace {pace:g}; ask for a faster pace")
                 queue[:0] = halves(piece)
                 continue
-            out.append(audio)
-        return out
+            yield audio
 
-    def sentence_audio(self, parts, inputs):
-        """int16 audio of one prepared sentence."""
-        out = []
+    def estimate_seconds(self, parts):
+        """A low estimate of a prepared sentence's audio, in seconds, made before any of it: its pauses
+        exactly, its speech at the voice's measured seconds per symbol (without MARGIN) less MARGIN again,
+        so a sentence refused on it would surely have been too long."""
+        speech = sum(len(p[1]) / p[2] for p in parts if p[0] == "speech") * self._sps / MARGIN ** 2
+        return sum(p[1] for p in parts if p[0] == "pause") + speech
+
+    def _bound(self, request, made):
+        """(most samples the next sentence may make, what its TooLong says, whether it is the request's bound)."""
+        if request.max_samples is not None and request.max_samples - made < self.max_sentence_samples:
+            return (request.max_samples - made,
+                    f"over the {request.max_samples / self.sample_rate:g} s of audio one request may make", True)
+        most = self.max_sentence_samples
+        return most, f"over the {most / self.sample_rate:g} s of audio one sentence may make", False
+
+    def sentence_audio(self, parts, inputs, limit=None, over=None, whole=False):
+        """int16 audio of one prepared sentence; TooLong (`over`, `whole`) as soon as it would make more
+        than `limit` samples (default MAX_SENTENCE_SECONDS'), so no sentence holds more than that in memory."""
+        limit = self.max_sentence_samples if limit is None else limit
+        out, made = [], 0
+
+        def keep(n):
+            nonlocal made
+            made += n
+            if made > limit:
+                raise TooLong((over or f"over the {limit / self.sample_rate:g} s of audio one sentence may make")
+                              + ("" if whole else SOONER), whole=whole)
         for part in parts:
             if part[0] == "pause":
+                keep(int(round(part[1] * self.sample_rate)))         # counted before it is made
                 out.append(np.zeros(int(round(part[1] * self.sample_rate)), np.float32))
             else:
-                out += self._speech(part[1], part[2], part[3], inputs)
+                for audio in self._speech(part[1], part[2], part[3], inputs):
+                    keep(len(audio))
+                    out.append(audio)
         return to_int16(np.concatenate(out) if out else np.zeros(0, np.float32))
 
     def sentences_audio(self, request):
-        """int16 audio per sentence, each as soon as it is made."""
+        """int16 audio per sentence, each as soon as it is made; TooLong for a sentence over
+        MAX_SENTENCE_SECONDS, or (request.max_samples) a request over its bound, before its audio is kept."""
+        made = 0
         for sentence in request.sentences:
             parts = self._parts([sentence], request)[0] if request.lazy else sentence
             if parts:
-                yield self.sentence_audio(parts, request.inputs)
+                limit, over, whole = self._bound(request, made)
+                if self.estimate_seconds(parts) * self.sample_rate > limit:    # before any audio: refuse now
+                    raise TooLong(f"{over} (about {self.estimate_seconds(parts):.0f} s){'' if whole else SOONER}",
+                                  whole=whole)
+                pcm = self.sentence_audio(parts, request.inputs, limit, over, whole)
+                made += len(pcm)
+                yield pcm
 
     def audio(self, request):
         """All of a request's audio, int16."""

@@ -173,6 +173,30 @@ def test_a_stream_of_text_that_is_not_unicode_is_refused_before_it_starts(server
     assert status == 400 and json.loads(answer)["error"].startswith("line 1, column 8: '\\udce9' is not a character")
 
 
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def test_audio_over_the_bounds_is_refused_before_it_is_made(server):
+    # 10,000 s of <break> in 21 kB was made whole (34 s, +2.6 GB) before its 413, and streamed as one
+    # chunk; "Mr. " x 5000 at pace 0.25 (one sentence) took 56 s and 2.2 GB
+    bomb = {"text": "hi " + '<break time="10s"/>' * 1000, "ssml": True}
+    mister = {"text": "Mr. " * 5000, "pace": 0.25}
+    before, t0 = rss_mb(server.proc.pid), time.monotonic()
+    for path, body in (("/synthesize", bomb), ("/synthesize?stream=true", bomb), ("/synthesize", mister)):
+        status, _, answer = call(server.port, "POST", path, body)
+        assert status == 413 and json.loads(answer)["error"].startswith(
+            "sentence 1: over the 600 s of audio one sentence may make (about "), answer
+    with pytest.raises(ValueError):      # a stream's sentence goes through the front end in its turn: cut there
+        stream(server.port, mister)
+    status, _, answer = call(server.port, "POST", "/synthesize", {"text": "Hello there. " * 7000})
+    assert status == 413 and json.loads(answer)["error"].startswith("over the 600 s of audio one request may make")
+    assert json.loads(answer)["error"].endswith(": ask with ?stream=true")
+    assert time.monotonic() - t0 < 30 and rss_mb(server.proc.pid) - before < 400
+    assert call(server.port, "POST", "/synthesize", {"text": "Still here."})[0] == 200
+
+
 def test_other_errors_and_the_server_stays_up(server):
     for method, path, status in (("GET", "/synthesize", 405), ("GET", "/nope", 404), ("POST", "/health", 405)):
         got, headers, answer = call(server.port, method, path)

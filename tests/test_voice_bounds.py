@@ -65,3 +65,82 @@ def test_speak_says_a_damaged_folder_in_one_line(exported_voice, tmp_path):
                           timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {folder / 'saved_model'}: cannot be loaded")
+
+
+def tone_voice(folder):
+    """A voice whose graph says 400 / pace samples per token (EOS too) and stops at max_frames as an
+    export does (16 kHz, hop 4, max_seconds 0.2: 3200 samples): character front end."""
+    import tensorflow as tf
+
+    from pipeline import text
+    from pipeline.export import SIGNATURE
+
+    spec = (tf.TensorSpec([1, None], tf.int32), tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32))
+
+    class Tone(tf.Module):
+        @tf.function(input_signature=spec)
+        def synthesize(self, tokens, pace, pitch_shift):
+            n = tf.cast(tf.cast(tf.shape(tokens)[1], tf.float32) * 400.0 / pace, tf.int32)
+            n = tf.minimum(n, 3200)
+            return {"audio": (0.1 * tf.sin(tf.range(n, dtype=tf.float32) * 0.1))[tf.newaxis]}
+
+    tf.saved_model.save(Tone(), str(folder / "saved_model"), signatures={SIGNATURE: Tone().synthesize})
+    vocab = text.vocabulary({"frontend": "characters", "language": "en-us", "cleaners": "english"})
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "export.json").write_text(json.dumps({"sample_rate": 16000, "audio": {"hop_length": 4},
+                                                    "max_seconds": 0.2, "max_frames": 800, "speakers": [],
+                                                    "languages": []}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tone(tmp_path_factory):
+    voice = load(tone_voice(tmp_path_factory.mktemp("tone")))
+    calls = []
+    said = voice._call
+
+    def call(symbols, *args):
+        audio = said(symbols, *args)
+        calls.append(len(audio))
+        return audio
+    voice._call, voice.calls = call, calls
+    return voice
+
+
+def test_a_word_whose_audio_reaches_max_frames_is_split_between_symbols_not_cut(tone):
+    # "xxxx" at pace 0.5 reached max_frames (3200 samples) and, having no space to halve at, was kept
+    # cut: 6400 samples for two such pieces. Now each is said again as "xx" + "xx": 4 x 2400.
+    tone.calls.clear()
+    pcm = tone.audio(tone.prepare("xxxxxxxx", pace=0.5))
+    assert max(tone.calls) == 3200 and [c for c in tone.calls if c < 3200] == [2400] * 4
+    assert len(pcm) == 4 * 2400
+
+
+def test_a_symbol_that_alone_reaches_max_frames_is_an_error(tone):
+    with pytest.raises(VoiceError, match=r"^'x': one symbol makes 0.2 s of audio or more .* at pace 0.25; ask for"):
+        tone.audio(tone.prepare("x", pace=0.25))
+
+
+def test_a_sentence_is_refused_before_its_audio_is_made(tone):
+    from pipeline.voice import TooLong
+    bomb = "hi " + '<break time="10s"/>' * 1000                         # 10,000 s of silence in 21 kB
+    for lazy in (False, True):                                          # the same for speak --raw and streams
+        with pytest.raises(TooLong, match=r"^sentence 1: over the 600 s of audio one sentence may make \(about "
+                                          r"10000 s\); end sentences sooner"):
+            tone.prepare(bomb, ssml=True, lazy=lazy)
+    with pytest.raises(TooLong, match=r"^over the 1 s of audio one request may make \(about"):
+        tone.prepare("Hello there. " * 10, max_seconds=1.0)
+    assert len(tone.audio(tone.prepare("Hello there. " * 10, max_seconds=60.0))) > 16000
+
+
+def test_a_sentence_whose_audio_outgrows_the_estimate_stops_at_the_bound(tone, monkeypatch):
+    # the estimate is low on purpose; what the graph really makes is counted piece by piece, and a
+    # sentence stops at its bound (here 0.5 s) with no more than one call's audio beyond it
+    from pipeline.voice import TooLong
+    monkeypatch.setattr(tone, "max_sentence_samples", 8000)
+    monkeypatch.setattr(tone, "_sps", tone._sps / 100)   # estimates 100 x too short
+    request = tone.prepare("xx " * 100 + ". Fine.", lazy=True)
+    tone.calls.clear()
+    with pytest.raises(TooLong, match="^over the 0.5 s of audio one sentence may make"):
+        list(tone.sentences_audio(request))
+    assert sum(c for c in tone.calls if c < 3200) <= 8000 + 3200          # kept: not cut at max_frames
