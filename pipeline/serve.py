@@ -14,16 +14,18 @@ Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py); writes
                               sentence the front end cannot say ends it without the final chunk
 
 Every error is a JSON {"error": "<one line>"} with a 4xx/5xx status: 400 bad JSON, field or markup,
-404/405, 408 a body not sent within `--client-timeout` seconds, 413 a body over MAX_BODY bytes, 503
-when the queue is full (`--workers` model calls at a time, `--queue` more waiting). A connection
+403 another site's Origin, or (bound to a loopback address) a Host other than localhost, 127.0.0.1,
+[::1] or the address itself, 415 a POST body not sent as application/json, 404/405, 408 a body
+not sent within `--client-timeout` seconds, 413 a body over MAX_BODY bytes, 503 when the queue is full (`--workers` model calls at a time, `--queue` more waiting). A connection
 that has not sent a whole request head within `--client-timeout` is closed; an idle keep-alive one after
 KEEP_ALIVE seconds (uvicorn's timeout_keep_alive); at most CONNECTIONS connections at once.
 
     python -m pipeline.serve --voice runs/demo/export [--host 127.0.0.1] [--port 8050]
-    curl -s localhost:8050/synthesize -d '{"text": "Hello there."}' -o hello.wav
+    curl -s localhost:8050/synthesize -H 'Content-Type: application/json' -d '{"text": "Hello there."}' -o hello.wav
 """
 import argparse
 import functools
+import ipaddress
 import json
 import sys
 import traceback
@@ -48,6 +50,7 @@ CLIENT_TIMEOUT = 10.0        # seconds to send a request head, and then its body
 KEEP_ALIVE = 5               # seconds an idle keep-alive connection stays open
 CONNECTIONS = 256            # uvicorn's limit_concurrency (beyond: its own plain 503)
 FIELDS = ("text", "speaker", "language", "pace", "pitch_shift", "ssml")
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")   # the Host names a server on a loopback address answers
 
 
 class ClientError(Exception):
@@ -60,6 +63,39 @@ def error(status, message):
     """A JSON {"error": one line} answer; characters UTF-8 cannot encode (lone surrogates) as escapes."""
     line = " ".join(str(message).split())[:500].encode("utf-8", "backslashreplace").decode("utf-8")
     return JSONResponse({"error": line}, status_code=status)
+
+
+def host_name(host):
+    """A Host header's name, lower case, without its port: "localhost:8050" -> "localhost", "[::1]:80" -> "[::1]"."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[:host.index("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class Guard:
+    """ASGI middleware against other sites' pages (cross-origin requests, DNS rebinding): 403 for a
+    Host whose name is not one of `names` (None: any; a loopback server: LOOPBACK_NAMES and its own
+    address), and for an Origin that is not the server's own (http:// or https:// and the Host)."""
+
+    def __init__(self, app, names=None):
+        self.app, self.names = app, None if names is None else {n.lower() for n in names}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            host, origin = headers.get("host"), headers.get("origin")
+            refused = None
+            if self.names is not None and host is not None and host_name(host) not in self.names:
+                refused = (f"Host {host!r}: a server on a loopback address answers only to "
+                           f"{', '.join(sorted(self.names))}")
+            elif origin is not None and (host is None or origin.strip().lower() not in
+                                         (f"http://{host.strip().lower()}", f"https://{host.strip().lower()}")):
+                refused = f"Origin {origin!r}: only this server's own page may call it"
+            if refused:
+                await error(403, refused)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class Gate:
@@ -171,14 +207,18 @@ def json_errors(handler):
     return wrapper
 
 
-def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT):
-    """The Starlette app of a loaded Voice."""
+def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=None):
+    """The Starlette app of a loaded Voice, behind Guard(hosts): the Host names it answers to (None: any)."""
     gate = Gate(workers, queue)
 
     async def synthesize(request):
         stream = request.query_params.get("stream", "false").lower()
         if stream not in ("true", "false", "1", "0"):
             raise ClientError(400, "stream: true or false")
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/json":   # a page of another site can send text/plain without asking first
+            raise ClientError(415, f"Content-Type {kind or '(none)'}: the body must be application/json "
+                                   "(curl: -H 'Content-Type: application/json')")
         fields = parse_fields(await read_body(request, client_timeout))
         release, streamed = gate.admit(), stream in ("true", "1")
         try:
@@ -220,7 +260,7 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT):
     routes = [Route("/", page, methods=["GET"]), Route("/health", health, methods=["GET"]),
               Route("/voices", voices, methods=["GET"]),
               Route("/synthesize", json_errors(synthesize), methods=["POST"])]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    return Guard(Starlette(routes=routes, exception_handlers={HTTPException: http_error}), hosts)
 
 
 class Protocol(H11Protocol):
@@ -253,6 +293,18 @@ class Protocol(H11Protocol):
             self.transport.close()
 
 
+def loopback_names(host):
+    """The Host names a server bound to `host` answers to: LOOPBACK_NAMES and `host` for a loopback
+    address (no other site's name can reach it but by DNS rebinding), None (any) otherwise."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        return None
+    return (*LOOPBACK_NAMES, f"[{host.strip('[]')}]" if ":" in host else host)
+
+
 @cli
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Serve an exported voice over HTTP (and a page to try it).")
@@ -266,8 +318,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.workers < 1 or args.queue < 0 or not 0 < args.client_timeout < 3600:
         raise PipelineError("--workers must be >= 1, --queue >= 0 and --client-timeout in (0, 3600)")
+    if not 1 <= args.port <= 65535:
+        raise PipelineError(f"--port {args.port}: a port is 1..65535")
     voice = Voice(args.voice, log=lambda *a: print(*a, file=sys.stderr, flush=True))
-    app = build_app(voice, args.workers, args.queue, args.client_timeout)
+    app = build_app(voice, args.workers, args.queue, args.client_timeout, hosts=loopback_names(args.host))
     protocol = type("Protocol", (Protocol,), {"timeout": args.client_timeout})
     print(f"voice {args.voice} loaded in {voice.load_seconds:.2f} s; serving http://{args.host}:{args.port}/",
           file=sys.stderr, flush=True)

@@ -90,7 +90,7 @@ def stream(port, body, first_only=False):
     """(status line, headers, [chunks]) of POST /synthesize?stream=true read off the socket, chunk by chunk."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=120)
     data = json.dumps(body).encode()
-    sock.sendall(b"POST /synthesize?stream=true HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /synthesize?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
     f = sock.makefile("rb")
     status = f.readline().decode().strip()
@@ -197,6 +197,50 @@ def test_audio_over_the_bounds_is_refused_before_it_is_made(server):
     assert call(server.port, "POST", "/synthesize", {"text": "Still here."})[0] == 200
 
 
+def raw(port, method, path, body=b"", headers=()):
+    """(status, error message or None) of a request with exactly these headers (http.client adds Host
+    unless one is given, and Content-Length)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.putrequest(method, path, skip_host=any(k.lower() == "host" for k, _ in headers))
+        for key, value in (*headers, ("Content-Length", str(len(body)))):
+            conn.putheader(key, value)
+        conn.endheaders(body)
+        response = conn.getresponse()
+        answer = response.read()
+        return response.status, json.loads(answer)["error"] if response.status >= 400 else None
+    finally:
+        conn.close()
+
+
+def test_other_sites_pages_cannot_drive_the_server(server):
+    # a page of evil.example could POST text/plain (no preflight), or rebind its name to 127.0.0.1: 200 before
+    port, text = server.port, json.dumps({"text": "Hi."}).encode()
+    as_json = ("Content-Type", "application/json")
+    for kind in (("Content-Type", "text/plain"), ("Content-Type", "application/x-www-form-urlencoded")):
+        status, message = raw(port, "POST", "/synthesize", text, [kind])
+        assert status == 415 and message.startswith(f"Content-Type {kind[1]}: the body must be application/json")
+    assert raw(port, "POST", "/synthesize", text)[1].startswith("Content-Type (none): the body must be application")
+    status, message = raw(port, "POST", "/synthesize", text, [("Host", f"evil.example:{port}"), as_json])
+    assert status == 403 and message.startswith(f"Host 'evil.example:{port}': a server on a loopback address answers")
+    assert raw(port, "GET", "/voices", headers=[("Host", "evil.example")])[0] == 403
+    status, message = raw(port, "POST", "/synthesize", text, [("Origin", "http://evil.example"), as_json])
+    assert status == 403 and message == "Origin 'http://evil.example': only this server's own page may call it"
+    assert raw(port, "POST", "/synthesize", text, [("Origin", "null"), as_json])[0] == 403
+    # the server's own page (same origin, application/json; charset too), under each loopback name
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "localhost"):
+        assert raw(port, "POST", "/synthesize", text, [("Host", host), ("Origin", f"http://{host}"),
+                                                      ("Content-Type", "application/json; charset=utf-8")])[0] == 200
+    assert 'headers: {"Content-Type": "application/json"}' in call(port, "GET", "/")[2].decode()   # what the page sends
+
+
+def test_a_port_out_of_range_is_refused_before_the_voice_loads(tmp_path):
+    # --port 70000 loaded the voice, then failed in uvicorn with an OverflowError traceback
+    proc = subprocess.run(blocked_command("pipeline.serve", "--voice", str(tmp_path / "none"), "--port", "70000"),
+                          capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == "error: --port 70000: a port is 1..65535"
+
+
 def test_other_errors_and_the_server_stays_up(server):
     for method, path, status in (("GET", "/synthesize", 405), ("GET", "/nope", 404), ("POST", "/health", 405)):
         got, headers, answer = call(server.port, method, path)
@@ -225,9 +269,10 @@ def test_a_full_queue_answers_503(server):
 
 def test_stalled_and_vanishing_clients_are_dropped(server):
     half = socket.create_connection(("127.0.0.1", server.port), timeout=30)
-    half.sendall(b"POST /synthesize HTTP/1.1\r\nHost: x\r\nContent-Le")              # half a head, then nothing
+    half.sendall(b"POST /synthesize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")              # half a head, then nothing
     slow = socket.create_connection(("127.0.0.1", server.port), timeout=30)
-    slow.sendall(b"POST /synthesize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"text\": ")  # half a body
+    slow.sendall(b"POST /synthesize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               b"Content-Length: 100\r\n\r\n{\"text\": ")  # half a body
     t0 = time.monotonic()
     assert half.recv(1000) == b""                                                     # closed by the server
     answer = b""
