@@ -264,3 +264,37 @@ def test_shipping_a_blend_whose_first_phase_checkpoint_is_gone_is_one_line_namin
     message = str(stop.value)
     assert "\n" not in message and message.startswith(gone) and "finetune_share: 1" in message
     assert not (folder / "shipped").exists()
+
+
+SOURCE_FILTER = {**TINY_VOCODER, "kind": "source_filter", "steps": 0, "finetune_steps": 0,
+                 "source_filter": {"dim": 16, "intermediate_dim": 32, "layers": 1, "kernel": 7, "f0_head_dim": 16,
+                                   "f0_weight": 1.0}}
+
+
+@pytest.mark.parametrize("n_fft, hop", [(1024, 256), (1024, 128), (512, 128), (1024, 300)])
+def test_min_frames_is_the_fewest_a_source_filter_model_takes(n_fft, hop):
+    # its source's STFT reflect-pads the audio by (n_fft - hop) / 2 on the right: fewer frames fail in the graph
+    audio = {**config.load_config(ROOT / "configs/config.yaml", check_paths=False)["audio"],
+             "n_fft": n_fft, "win_length": n_fft, "hop_length": hop}
+    fewest = vocode.min_frames("source_filter", audio)
+    model = kinds.build({**SOURCE_FILTER, "kind": "source_filter"}, audio)
+    assert model(tf.fill([1, fewest, audio["n_mels"]], -5.0), training=False).shape == (1, fewest * hop)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        model(tf.fill([1, fewest - 1, audio["n_mels"]], -5.0), training=False)
+    assert vocode.min_frames("vocos", audio) == vocode.min_frames("griffin_lim", audio) == 1
+
+
+def test_a_mel_shorter_than_the_source_filter_vocoder_takes_is_one_line(built_cache, tmp_path, capsys):
+    path = run_config(built_cache, tmp_path, vocoder=SOURCE_FILTER)
+    cfg = config.load_config(path)
+    train.train_vocoder(cfg, "train", config.run_dir(cfg) / "vocoder" / "train.json", final=True, log=lambda *a: None)
+    mel = np.full((3, cfg["audio"]["n_mels"]), -5.0, np.float32)
+    np.save(tmp_path / "one.npy", mel[:1])
+    np.save(tmp_path / "two.npy", mel[:2])
+    _one_line(*_vocode(capsys, "--config", path, "--mel", tmp_path / "one.npy", "--out", tmp_path / "one.wav"),
+              f"{tmp_path / 'one.npy'}: 1 frame(s), fewer than the source_filter vocoder takes: at least 2 "
+              "at audio.n_fft 1024, hop_length 256")
+    assert not (tmp_path / "one.wav").exists()
+    code, err = _vocode(capsys, "--config", path, "--mel", tmp_path / "two.npy", "--out", tmp_path / "two.wav")
+    assert code == 0 and err == [], err
+    assert sf.info(str(tmp_path / "two.wav")).frames == 2 * 256
