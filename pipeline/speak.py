@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +36,24 @@ def _raw_stdout():
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
     return out
+
+
+def check_out(path):
+    """Before the voice loads: VoiceError naming --out unless `path` can become the wav: not empty, not
+    a folder, and a file can be made in its nearest existing folder (tried, then removed: a read-only
+    or virtual file system such as /proc passes a permission check but takes no new file)."""
+    if not path:
+        raise VoiceError("--out: an empty path; give the path of the .wav to write")
+    check_path(path, "--out")
+    folder = Path(path).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    probe = folder / f".{Path(path).name}.probe{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as e:
+        raise VoiceError(f"--out {path}: cannot write in {folder} ({e.strerror or e})") from None
+    os.unlink(probe)
 
 
 def paragraphs(stream):
@@ -92,8 +111,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     check_number("--pace", args.pace, *PACE_RANGE)             # the cheap checks before the model loads
     check_number("--pitch-shift", args.pitch_shift, *PITCH_RANGE)
-    if args.out:
-        check_path(args.out, "--out")
+    if args.out is not None:
+        check_out(args.out)
     if args.text:
         markup.parse(" ".join(args.text), True if args.ssml else None)
     out = _raw_stdout() if args.raw else None
@@ -117,7 +136,10 @@ def main(argv=None):
     wall = time.perf_counter() - t0
     if out is None:
         pcm = np.concatenate(chunks)
-        write_pcm(args.out, pcm, voice.sample_rate)
+        try:
+            write_pcm(args.out, pcm, voice.sample_rate)
+        except OSError as e:   # a full disk is pipeline.errors.DiskFull already
+            raise VoiceError(f"--out {args.out}: cannot write it ({e.strerror or e})") from None
         seconds = len(pcm) / voice.sample_rate
         log(f"wrote {args.out}: {sentences} sentence(s), {seconds:.2f} s of audio in {wall:.2f} s "
             f"(real-time factor {wall / max(seconds, 1e-9):.3f})")

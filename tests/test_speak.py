@@ -189,3 +189,29 @@ def test_voice_description(voice, exported_voice):
     meta = json.loads((exported_voice / "export.json").read_text())
     assert voice.describe() == {"speakers": meta["speakers"], "languages": meta["languages"],
                                 "sample_rate": meta["sample_rate"]}
+
+
+def test_a_bad_out_is_one_line_before_the_voice_loads_and_a_failed_write_too(exported_voice, tmp_path, capsys,
+                                                                              monkeypatch):
+    from pipeline import speak
+
+    def run(*argv, lines=1):
+        """The error line of `speak ARGV`: stderr's last, after `lines - 1` log lines."""
+        with pytest.raises(SystemExit) as exit_:
+            speak.main(["--voice", str(exported_voice), *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and len(err) == lines and err[-1].startswith("error: "), err
+        return err[-1]
+
+    with monkeypatch.context() as m:   # refused before the voice loads: loading it is a failure here
+        m.setattr(speak, "Voice", lambda *a, **k: pytest.fail("the voice loaded before --out was checked"))
+        assert "--out: an empty path" in run("--out", "", "Hello.")
+        if os.path.isdir("/proc/self"):   # a folder that passes a permission check but takes no new file
+            assert run("--out", "/proc/x.wav", "Hello.").startswith("error: --out /proc/x.wav: cannot write in /proc")
+    assert not list(tmp_path.iterdir())
+
+    def refused(path, pcm, sample_rate):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(speak, "write_pcm", refused)    # the folder changed while the voice spoke
+    out = tmp_path / "x.wav"                              # (after the voice's one log line)
+    assert run("--out", str(out), "Hello.", lines=2) == f"error: --out {out}: cannot write it (Permission denied)"
