@@ -5,7 +5,10 @@ vocabulary, mel statistics, its `audio:` and `model:`; `runinfo.run_vocabulary`)
 `synthesize:` (max_seconds, griffin_lim_iters: the exported graph speaks as `snakemake synthesize`
 does), `vocoder:` (kind and the model's sizes; the trained vocoder from runs/{name}/vocoder.json)
 and `export.tflite`.
-Writes runs/{name}/export/ (or --out), replaced as a whole only once everything is written:
+Writes runs/{name}/export/ (or --out), replaced as a whole only once everything is written. --out
+must be new, empty or a previous export (only the files below, export.json among them; or only its
+TFLite models, what `snakemake export` leaves once it has removed its outputs): any other folder is
+refused before any work, one line, so an export never deletes a run or a user's files:
 
   saved_model/          serving signature `synthesize(tokens int32 [1, T], pace float32 [],
                         pitch_shift float32 []) -> {"audio": float32 [1, N]}`: acoustic model, mel
@@ -61,6 +64,8 @@ from pipeline.vocoder.griffin_lim import griffin_lim_graph
 
 SIGNATURE = "synthesize"
 TFLITE_FILES = {"float32": "model.tflite", "float16": "model_float16.tflite"}
+# everything an export folder holds: name -> is a folder (check_out: what replacing it may delete)
+WRITES = {"saved_model": True, "vocab.json": False, "export.json": False, **dict.fromkeys(TFLITE_FILES.values(), False)}
 EMPTY_TOKENS = "an empty token list gives empty audio, shape [1, 0]"
 
 
@@ -309,9 +314,34 @@ def _notes(meta):
     return notes
 
 
+def check_out(out, flag="--out"):
+    """Before any work: `out` as an absolute path (`.`, `..` and trailing slashes resolved), or
+    PipelineError naming `flag` unless it is a folder export may replace whole: new, empty, or a
+    previous export (WRITES only: export.json with it, or only the TFLite models, which is what
+    `snakemake export` leaves once it has removed the rule's outputs), with a writable parent (the new
+    export is written beside it, then renamed)."""
+    if not str(out).strip():
+        raise PipelineError(f"{flag}: an empty path; give the export folder to write")
+    out = Path(os.path.abspath(out))
+    if not out.name:
+        raise PipelineError(f"{flag} {out}: the root folder; give the export folder to write")
+    files.check_folder(out, flag)
+    files.check_writable(out, flag, out.parent)  # the new export is made beside it, then renamed
+    held = sorted(out.iterdir()) if out.is_dir() else []
+    other = [p.name + ("/" if p.is_dir() else "") for p in held
+             if p.name not in WRITES or WRITES[p.name] != (p.is_dir() and not p.is_symlink())]
+    names = {p.name for p in held}
+    if other or (held and "export.json" not in names and not names <= set(TFLITE_FILES.values())):
+        shown = ", ".join(other[:3] or sorted(names)[:3]) + (", ..." if len(other or names) > 3 else "")
+        raise PipelineError(f"{flag} {out}: holds {shown}, not a previous export (export replaces its folder "
+                            "whole); give a new or empty folder, or move those away")
+    return out
+
+
 def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
-    """Write saved_model/, vocab.json, export.json (+ the TFLite models) into `out`; -> export.json dict."""
-    out = Path(out)
+    """Write saved_model/, vocab.json, export.json (+ the TFLite models) into `out` (check_out's: new,
+    empty or a previous export, replaced whole); -> export.json dict."""
+    out = check_out(out)
     tflite = cfg["export"]["tflite"] if tflite is None else tflite
     voice, synth, run, vocoder = build_voice(cfg, "fft", log=log)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
@@ -365,7 +395,9 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
 
 
 def _replace_folder(new, out):
-    """Put folder `new` at `out`; an old `out` is moved aside first and removed only after."""
+    """Put folder `new` at `out`; an old `out` is moved aside first and removed only after. `out` is
+    checked again first (check_out): what it holds may have changed while the export ran."""
+    check_out(out)
     old = out.with_name(f".{out.name}.old{os.getpid()}")
     if out.exists():
         os.replace(out, old)
@@ -383,8 +415,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     placement.cpu_only()  # tracing, saving and checking the voice run on the CPU, beside GPU jobs
     cfg = config.from_args(args, check_paths=False)
-    out = args.out or config.run_dir(cfg) / "export"
-    files.check_folder(out)
+    out = check_out(config.run_dir(cfg) / "export" if args.out is None else args.out)  # before any work
     export(cfg, out, tflite=args.tflite)
 
 

@@ -2,6 +2,7 @@
 TFLite models run in tf.lite.Interpreter, `pipeline.text --ids`, bad input, and `snakemake export`."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -334,3 +335,57 @@ def test_a_tflite_model_that_gives_non_finite_audio_is_refused(tmp_path):
     assert export.check_tflite(tflite(good), good, vocab) is None
     reason = export.check_tflite(tflite(bad), good, vocab)
     assert reason and "non-finite audio (32 of 32 samples)" in reason
+
+
+def test_an_out_that_is_not_an_export_is_refused_before_any_work(exported, tmp_path, capsys, monkeypatch):
+    # export replaces its folder whole: a run, a folder of the user's or `.` is refused, one line, and kept
+    from pipeline import export
+    cfg_path, _ = exported
+    run = tmp_path / "run"                                              # what a trained run holds
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "ckpt-3.index").write_text("weights")
+    (run / "run.json").write_text("{}")
+    (run / "export.json").write_text("{}")
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine")
+    lone = tmp_path / "lone"                                            # an export writes vocab.json, not alone
+    lone.mkdir()
+    (lone / "vocab.json").write_text("{}")
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+
+    def refused(out, *fragments):
+        with pytest.raises(SystemExit) as stop:
+            export.main(["--config", str(cfg_path), "--out", out])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1 and err.startswith("error: --out"), err
+        assert all(f in err for f in fragments), (fragments, err)
+
+    refused(str(run), f"--out {run}: holds checkpoints/, run.json, not a previous export")
+    refused(f"{precious}/", f"--out {precious}: holds notes.txt, not a previous export")
+    refused(str(lone), f"--out {lone}: holds vocab.json, not a previous export")
+    refused("", "--out: an empty path")
+    monkeypatch.chdir(precious)
+    refused(".", f"--out {precious}: holds notes.txt")                  # `.` is the folder it names
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_previous_export_is_replaced_whole(exported, tmp_path, monkeypatch):
+    from pipeline import export
+    cfg_path, previous = exported
+    out = tmp_path / "voice"
+    out.mkdir()
+    monkeypatch.chdir(out)
+    assert export.check_out(".") == out and export.check_out(f"{out}/") == out    # empty: taken, as its own path
+    for name in export.TFLITE_FILES.values():   # what `snakemake export` leaves of an export with TFLite models
+        (out / name).write_bytes(b"old")
+    assert export.check_out("./") == out
+    monkeypatch.chdir(tmp_path)
+    shutil.rmtree(out)
+    shutil.copytree(previous, out)                                      # a previous export, with its TFLite models
+    (out / "export.json").write_text(json.dumps({**load_json(out / "export.json"), "run": "old"}))
+    export.main(["--config", str(cfg_path), "--out", "voice/"])
+    meta = load_json(out / "export.json")
+    assert meta["run"] == load_json(previous / "export.json")["run"] != "old" and meta["tflite"] is None
+    assert sorted(os.listdir(out)) == ["export.json", "saved_model", "vocab.json"]   # replaced whole: no stale TFLite
+    assert sorted(os.listdir(tmp_path)) == ["voice"]                    # nothing left beside it
