@@ -91,10 +91,11 @@ class TrainedVocoder(tf.Module):
     audio (F * hop,), the very model `pipeline.vocode` and `snakemake synthesize` call; its weights are
     tracked, so the SavedModel carries them."""
 
-    def __init__(self, model, hop_length, floor, uses_f0=False):
+    def __init__(self, model, hop_length, floor, uses_f0=False, min_frames=1):
         super().__init__(name="vocoder")
         self._held, self.generator_variables = Held(model), list(model.variables)  # see Held
         self._hop, self._floor, self._uses_f0 = int(hop_length), float(floor), bool(uses_f0)
+        self._min_frames = int(min_frames)  # the fewest the model takes (pipeline.vocoder.vocode.min_frames)
 
     @property
     def generator(self):
@@ -103,9 +104,10 @@ class TrainedVocoder(tf.Module):
     def __call__(self, log_mel, f0=None):
         """f0 (F,) Hz: the acoustic model's (synthesize.frame_f0), for a kind that uses F0, gated by its
         voicing head as `snakemake synthesize` does; None: the vocoder's own F0 head's."""
-        # no frames (an empty token list): run one silent frame (the model's layer norms need one), keep none
+        # fewer frames than the model takes (an empty token list; source_filter's STFT needs two at
+        # n_fft 1024, hop 256): run silent frames after them, keep only the audio of the mel's own
         frames = tf.shape(log_mel)[0]
-        empty = tf.maximum(1 - frames, 0)
+        empty = tf.maximum(self._min_frames - frames, 0)
         silence = tf.fill(tf.stack([empty, tf.shape(log_mel)[1]]), self._floor)
         log_mel = tf.concat([log_mel, silence], 0)  # keeps the static n_mels: TFLite's CONV_2D needs it
         if not self._uses_f0:
@@ -124,12 +126,14 @@ def export_vocoder(cfg, audio, transforms):
     trained vocoder's STFTs are pipeline.dft.transforms' in both."""
     if cfg["vocoder"]["kind"] != "griffin_lim":
         from pipeline.vocoder import kinds
+        from pipeline.vocoder.vocode import min_frames
         trained = kinds.load(dict(cfg, audio=dict(audio)))  # the run's audio settings, as synthesize uses
         info = {**trained.made, "trained": True, "phase": trained.summary.get("phase"),
                 "checkpoint": trained.summary["checkpoint"], "summary": str(kinds.summary_path(cfg))}
         info["f0"] = "the acoustic model's pitch (Hz, pitch_shift applied), voiced where the vocoder's head " \
             "hears voicing" if trained.uses_f0 else None
-        return TrainedVocoder(trained.model, audio["hop_length"], np.log(LOG_CLAMP), trained.uses_f0), info
+        return TrainedVocoder(trained.model, audio["hop_length"], np.log(LOG_CLAMP), trained.uses_f0,
+                              min_frames(trained.kind, trained.audio)), info
     iters = int(cfg["synthesize"]["griffin_lim_iters"])
     gl = functools.partial(griffin_lim_graph, **audio, iters=iters, transforms=transforms)
     fn = lambda log_mel, f0=None: gl(log_mel)  # noqa: E731 (no use for F0)

@@ -389,3 +389,32 @@ def test_a_previous_export_is_replaced_whole(exported, tmp_path, monkeypatch):
     assert meta["run"] == load_json(previous / "export.json")["run"] != "old" and meta["tflite"] is None
     assert sorted(os.listdir(out)) == ["export.json", "saved_model", "vocab.json"]   # replaced whole: no stale TFLite
     assert sorted(os.listdir(tmp_path)) == ["voice"]                    # nothing left beside it
+
+
+SOURCE_FILTER = {"kind": "source_filter", "steps": 0, "finetune_steps": 0, "learning_rate": 0.001, "batch_size": 2,
+                 "segment_frames": 16, "checkpoint_every": 5, "log_every": 5, "summary_every": 10,
+                 "source_filter": {"dim": 16, "intermediate_dim": 32, "layers": 1, "kernel": 7, "f0_head_dim": 16,
+                                   "f0_weight": 1.0}}
+
+
+def test_a_source_filter_export_speaks_an_empty_token_list_and_a_one_frame_mel(built_cache, tmp_path):
+    # the source-filter vocoder takes 2 frames at n_fft 1024, hop 256 (vocode.min_frames): the exported
+    # graph runs silent frames after a shorter mel and keeps only the mel's own audio
+    import tensorflow as tf
+    from conftest import write_untrained_checkpoint
+
+    from pipeline import export
+    from pipeline.vocoder import train
+    path = run_config(built_cache, tmp_path, vocoder=SOURCE_FILTER, steps=100)
+    write_untrained_checkpoint(path, step=3)
+    cfg = config.load_config(path)
+    train.train_vocoder(cfg, "train", config.run_dir(cfg) / "vocoder" / "train.json", final=True, log=lambda *a: None)
+    meta = export.export(cfg, tmp_path / "export", tflite=False, log=lambda *a: None)
+    assert meta["vocoder"]["kind"] == "source_filter"
+    voice = tf.saved_model.load(str(tmp_path / "export" / "saved_model"))
+    empty = voice.synthesize(tf.zeros([1, 0], tf.int32), tf.constant(1.0), tf.constant(0.0))["audio"]
+    assert empty.shape == (1, 0)
+    vocoder, info = export.export_vocoder(cfg, cfg["audio"], "fft")       # the graph's vocoder, as exported
+    mel = np.full((1, cfg["audio"]["n_mels"]), -5.0, np.float32)            # one frame, its F0 head's or given
+    for f0 in (None, tf.constant([120.0])):
+        assert vocoder(tf.constant(mel), f0).shape == (cfg["audio"]["hop_length"],)
