@@ -139,7 +139,7 @@ def first_chunk(port, text):
     sock = socket.create_connection(("127.0.0.1", port), timeout=120)
     data = json.dumps({"text": text}).encode()
     t0 = time.perf_counter()
-    sock.sendall(b"POST /synthesize?stream=true HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /synthesize?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
     f = sock.makefile("rb")
     assert f.readline().startswith(b"HTTP/1.1 200"), "the stream was refused"
@@ -189,7 +189,7 @@ def hostile_run(port, proc):
     nest_bomb = "<speak>" + '<prosody rate="fast">' * 3000 + "deep" + "</prosody>" * 3000 + "</speak>"
     post = lambda body: call(port, "POST", "/synthesize", body)  # noqa: E731
     streamed = json.dumps({"text": " ".join(SENTENCES * 3)}).encode()
-    head = b"POST /synthesize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = b"POST /synthesize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     cases = {
         "invalid JSON": lambda: post('{"text": "Hello'),
         "1 MB body": lambda: post({"text": "a" * 1_000_000}),
