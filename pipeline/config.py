@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -118,8 +119,18 @@ def _coerce_strings(cfg, defaults):
                 parsed = yaml.safe_load(value)
             except yaml.YAMLError:
                 continue
+            if isinstance(parsed, str) and isinstance(default, float) and not isinstance(default, bool):
+                parsed = _plain_float(parsed)  # YAML 1.1 reads 1e-4 (no dot) as a string
             if isinstance(parsed, (bool, int, float)):
                 cfg[key] = parsed
+
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _plain_float(text):
+    """1e-4, 3E+2: exponent notation YAML 1.1 reads as a string (it wants 1.0e-4), as a float; else `text`."""
+    return float(text) if _FLOAT.fullmatch(text.strip()) else text
 
 
 MAX_VALUES = 100_000  # keys, list items and values in a whole config, YAML aliases expanded
@@ -213,6 +224,11 @@ def empty_mel_filters(a):
 def check_rules(cfg):
     """The rules between keys that the schema cannot state; ConfigError naming the key."""
     a, p = cfg["audio"], cfg["pitch"]
+    glob = sorted(set("*?[]") & set(cfg["runs_dir"]))
+    if glob:  # TensorFlow finds checkpoints by glob pattern: in runs/x[1]/ it would find none and start over
+        raise ConfigError(f"runs_dir: {cfg['runs_dir']!r} holds {' '.join(glob)}, which TensorFlow reads as a "
+                          "pattern when it looks for checkpoints (a trained run would start again from step 0); "
+                          "choose a folder name without them")
     nyquist = a["sample_rate"] / 2
     if a["fmax"] > nyquist:
         raise ConfigError(f"audio.fmax: {a['fmax']} is above the Nyquist frequency {nyquist}")
@@ -235,6 +251,9 @@ def check_rules(cfg):
         raise ConfigError(f"audio.n_mels: {empty} of the {a['n_mels']} mel filters between audio.fmin {a['fmin']} and "
                           f"audio.fmax {a['fmax']} Hz hold no FFT bin (bins are {a['sample_rate'] / a['n_fft']:.1f} Hz "
                           "apart): those mel channels would be constant; use fewer mels, a wider band or a larger n_fft")
+    if cfg["diagnose"]["target"] == "vocoder" and cfg["vocoder"]["kind"] == "griffin_lim":
+        raise ConfigError("diagnose.target: vocoder, but vocoder.kind griffin_lim has no trained model to diagnose "
+                          "(set diagnose.target: acoustic, or a trained vocoder.kind)")
     for kind in ("fastpitch", "transformer_tts"):
         m = cfg["model"][kind]
         if m["d_model"] % m["heads"]:
@@ -372,6 +391,7 @@ def load_config(path=None, overrides=None, check_paths=True):
         inline = user if text.startswith("{") else None
     if overrides:
         cfg = merge(cfg, overrides)
+        source += " with --set"  # the key may come from either: the message names both
     if inline is not None and not overrides and os.environ.get(VALIDATED_ENV) == schema_digest():
         cfg = normalise(cfg)  # a rule's sections of the config planning validated
     else:

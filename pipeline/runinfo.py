@@ -92,9 +92,12 @@ def _read(run_dir):
         return None
     except (OSError, ValueError) as e:
         raise PipelineError(f"{p}: unreadable ({e}); delete {Path(run_dir) / 'checkpoints'} and {p} to train anew") from None
-    if info.get("format") != FORMAT:
+    if isinstance(info, dict) and info.get("format") != FORMAT:
         raise PipelineError(f"{p}: written in run format {info.get('format')}, this code reads {FORMAT}; "
                             f"delete {Path(run_dir) / 'checkpoints'} to train anew")
+    if not isinstance(info, dict) or not all(isinstance(info.get(k), dict) for k in ("config", "stats")):
+        raise PipelineError(f"{p}: not a run record (no config and stats mappings): restore it, or delete "
+                            f"{Path(run_dir) / 'checkpoints'} and {p} to train anew")
     return info
 
 
@@ -164,6 +167,15 @@ def check_unchanged(cfg):
         raise RunChanged(f"{path(run)}: run {cfg['name']!r} was trained with other settings: {'; '.join(diff)}. "
                          f"Nothing was run. Give this configuration another `name` (--config name=...) to build it "
                          f"beside the trained run, restore the settings, or delete {run} to train anew")
+    # the voice synthesize and evaluate speak in (pipeline.synthesize.resolve_voice says the same after
+    # loading the model): here, before Snakemake deletes those jobs' finished reports
+    s, speakers, languages = cfg["synthesize"], list(saved.get("speakers", [])), list(saved.get("languages", []))
+    if s["speaker"] and s["speaker"] not in speakers:
+        known = ", ".join(speakers) or "none: the run has one speaker (leave it empty)"
+        raise PipelineError(f"synthesize.speaker: unknown speaker {s['speaker']!r} in run {cfg['name']!r}; known: {known}")
+    if s["language"] and languages and s["language"] not in languages:
+        raise PipelineError(f"synthesize.language: unknown language {s['language']!r} in run {cfg['name']!r}; "
+                            f"known: {', '.join(languages)}")
 
 
 def for_training(cfg, index, stats, run_dir, resuming, log=print):

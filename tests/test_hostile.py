@@ -115,6 +115,15 @@ def test_a_quoted_yes_or_no_stays_a_string_where_the_key_is_one(tmp_path):
     train = config.load_config(None, {"train": {"jit_compile": "false", "mixed_precision": "off", "steps": "5"}},
                                check_paths=False)["train"]  # how --config 'train={...}' delivers them
     assert (train["jit_compile"], train["mixed_precision"], train["steps"]) == (False, "off", 5)
+    # YAML 1.1 reads 1e-4 (no dot before the exponent) as a string: where a number is wanted, it is one
+    path.write_text("train:\n  learning_rate: 1e-4\n")
+    assert config.load_config(path, check_paths=False)["train"]["learning_rate"] == 1e-4
+    assert config.load_config(None, {"train": {"learning_rate": "2E-3"}}, check_paths=False)["train"]["learning_rate"] == 2e-3
+
+
+def test_a_set_value_is_named_as_one(capsys):
+    line = one_line_error(config.main, ["--set", "train.learning_rate=-1"], capsys)
+    assert f"{config.DEFAULTS} with --set: train.learning_rate: -1 is less than" in line
 
 
 def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path):

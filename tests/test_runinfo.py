@@ -16,6 +16,7 @@ from test_train import tiny_config
 
 from pipeline import config, data, runinfo, symbols, text
 from pipeline import train as train_mod
+from pipeline.errors import PipelineError
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
 
@@ -158,6 +159,40 @@ def test_what_moved_under_a_checkpoint_is_named(tmp_path):
         runinfo.for_training(cfg, index, stats, tmp_path, resuming=True)
     with pytest.raises(runinfo.MissingCheckpoint, match="train first"):
         runinfo.load(tmp_path)
+
+
+@pytest.mark.parametrize("text", ['{"format": 1}', "[]", '{"format": 1, "config": [], "stats": {}}'])
+def test_a_run_record_of_another_shape_is_one_line(tmp_path, text):
+    info = json.loads(text)
+    if isinstance(info, dict):
+        info["format"] = runinfo.FORMAT
+    runinfo.path(tmp_path).write_text(json.dumps(info))
+    with pytest.raises(PipelineError, match=r"run\.json: not a run record \(no config and stats mappings\)"):
+        runinfo.load(tmp_path)
+
+
+def test_a_voice_the_run_lacks_and_a_vocoder_without_weights_stop_planning(tmp_path):
+    # both failed only inside the evaluate or diagnose job, after Snakemake had deleted its finished report
+    cfg = config.load_config(overrides={"runs_dir": str(tmp_path)}, check_paths=False)
+    index = {"n_mels": 80, "vocab": text.vocabulary(cfg["text"]), "provenance": {}, "counts": {}}
+    stats = {"mel_mean": np.zeros(80), "mel_std": np.ones(80), "pitch_mean": 120.0, "pitch_std": 20.0,
+             "energy_mean": 1.0, "energy_std": 1.0}
+    runinfo.write(config.run_dir(cfg), dict(runinfo.describe(cfg, index, stats), speakers=["anna"], languages=["en-us"]))
+    runinfo.check_unchanged(cfg)
+    runinfo.check_unchanged(dict(cfg, synthesize=dict(cfg["synthesize"], speaker="anna")))
+    with pytest.raises(PipelineError, match=r"^synthesize\.speaker: unknown speaker 'bob' in run 'demo'; known: anna$"):
+        runinfo.check_unchanged(dict(cfg, synthesize=dict(cfg["synthesize"], speaker="bob")))
+    with pytest.raises(PipelineError, match=r"^synthesize\.language: unknown language 'de'"):
+        runinfo.check_unchanged(dict(cfg, synthesize=dict(cfg["synthesize"], language="de")))
+    with pytest.raises(config.ConfigError, match=r"^diagnose\.target: vocoder, but vocoder\.kind griffin_lim"):
+        config.load_config(overrides={"diagnose": {"target": "vocoder"}, "vocoder": {"kind": "griffin_lim"}},
+                           check_paths=False)
+
+
+def test_a_runs_dir_tensorflow_would_read_as_a_pattern_is_refused():
+    # tf.train.latest_checkpoint globs: in runs[1]/ it found no checkpoint and a trained run began again
+    with pytest.raises(config.ConfigError, match=r"runs_dir: 'runs\[1\]' holds \[ \], which TensorFlow reads"):
+        config.load_config(overrides={"runs_dir": "runs[1]"}, check_paths=False)
 
 
 def test_latest_checkpoint_is_tensorflows_without_tensorflow(tmp_path):
