@@ -605,8 +605,17 @@ def past_history(run, step):
     """The logged losses of earlier runs up to `step` (the restored one), history.jsonl rewritten to
     them: a run killed after its last checkpoint logged steps that this run trains again."""
     path = run / "history.jsonl"
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
-    kept = [r for r in (json.loads(line) for line in lines if line.strip()) if r["step"] <= step]
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+    kept = []
+    for n, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except ValueError:  # a line torn by a kill during its append: the rows after it are not vouched for
+            print(f"{path}:{n}: not a whole JSON line (a run killed while logging?): the losses from here on "
+                  "are dropped, the checkpoints are not touched", flush=True)
+            break
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+            kept.append(row)
     files.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
 

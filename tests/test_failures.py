@@ -78,6 +78,15 @@ def test_the_loss_history_keeps_earlier_runs_up_to_the_restored_step(tmp_path):
     assert (tmp_path / "history.jsonl").read_text().count("\n") == 2  # step 15 is trained again
 
 
+def test_a_loss_line_torn_by_a_kill_does_not_block_the_resume(tmp_path, capsys):
+    from pipeline import train
+    (tmp_path / "history.jsonl").write_text(json.dumps({"step": 5, "total": 0.2}) + "\n"
+                                            + '{"step": 10, "steps": 10, "total": 0.3')  # kill -9 mid-append
+    assert [r["step"] for r in train.past_history(tmp_path, 10)] == [5]
+    assert "history.jsonl:2: not a whole JSON line" in capsys.readouterr().out
+    assert (tmp_path / "history.jsonl").read_text() == json.dumps({"step": 5, "total": 0.2}) + "\n"
+
+
 # --- a full disk ------------------------------------------------------------------------------
 def test_full_disk_while_writing_a_shard_is_one_line_and_leaves_no_temporary_file(tmp_path, monkeypatch, capsys):
     def no_space(fd):
