@@ -403,10 +403,15 @@ def record_run(cfg, run, info):
 
 
 def _finite_checkpoint(path):
-    """True when every floating-point tensor saved in checkpoint `path` is finite."""
-    reader = tf.train.load_checkpoint(path)
-    return all(np.isfinite(reader.get_tensor(name)).all()
-               for name, dtype in reader.get_variable_to_dtype_map().items() if dtype.is_floating)
+    """True when checkpoint `path` reads whole and every floating-point tensor in it is finite; False
+    for a torn or damaged one too (a truncated .data file, a checksum mismatch), which is set aside
+    like a diverged one rather than stopping every rerun with a traceback."""
+    try:
+        reader = tf.train.load_checkpoint(path)
+        return all(np.isfinite(reader.get_tensor(name)).all()
+                   for name, dtype in reader.get_variable_to_dtype_map().items() if dtype.is_floating)
+    except (tf.errors.OpError, IndexError, ValueError, OSError):
+        return False
 
 
 def _checkpoints(folder):
@@ -446,7 +451,7 @@ def set_aside_diverged(folder, chief, log):
         keep.pop()
     bad = [p for p in [*_checkpoints(folder), latest] if p not in keep]
     if chief:
-        set_aside(folder, list(dict.fromkeys(bad)), "non-finite weights", log)
+        set_aside(folder, list(dict.fromkeys(bad)), "non-finite or unreadable weights", log)
     return keep[-1] if keep else None
 
 

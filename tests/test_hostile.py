@@ -332,8 +332,28 @@ def test_checkpoints_an_older_run_saved_non_finite_are_set_aside_not_resumed(tmp
     assert latest == str(folder / "ckpt-2") == tf.train.latest_checkpoint(folder)
     assert train._checkpoints(folder) == [str(folder / "ckpt-2")]
     assert sorted(p.name for p in (folder / "diverged").glob("*.index")) == ["ckpt-3.index", "ckpt-4.index"]
-    assert logged == [f"set aside ckpt-3, ckpt-4 (non-finite weights) in {folder / 'diverged'}; the latest checkpoint "
-                      f"is now {folder / 'ckpt-2'}"]
+    assert logged == [f"set aside ckpt-3, ckpt-4 (non-finite or unreadable weights) in {folder / 'diverged'}; the "
+                      f"latest checkpoint is now {folder / 'ckpt-2'}"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_a_torn_checkpoint_is_set_aside_and_the_one_before_resumed(tmp_path, damage):
+    # a truncated .data file was an IndexError traceback, a flipped byte a checksum OpError, on every rerun
+    import tensorflow as tf
+
+    from pipeline import train
+    folder = tmp_path / "checkpoints"
+    weights = tf.Variable(np.arange(50_000, dtype=np.float32))
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(w=weights), folder, max_to_keep=3)
+    for step in (1, 2):
+        manager.save(checkpoint_number=step)
+    data = next(folder.glob("ckpt-2.data-*"))
+    raw = bytearray(data.read_bytes())
+    data.write_bytes(bytes(raw[:len(raw) // 2]) if damage == "truncated" else bytes(raw[:100]) + bytes([raw[100] ^ 0xFF])
+                     + bytes(raw[101:]))
+    logged = []
+    assert train.set_aside_diverged(folder, chief=True, log=logged.append) == str(folder / "ckpt-1")
+    assert (folder / "diverged" / "ckpt-2.index").exists() and "non-finite or unreadable" in logged[0]
 
 
 # --- `pip install .`: the wheel carries every folder of the package and the configs -------------
