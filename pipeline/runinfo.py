@@ -154,15 +154,37 @@ def setting_changes(saved, cfg):
     return out
 
 
+BUILT_IN_KINDS = ("fastpitch", "transformer_tts")  # model.{kind} sections; only the one in use shapes a run
+
+
+def model_changes(before, now):
+    """Sentences naming each `model:` key that differs between `before` (a run's record) and `now`,
+    leaving out the sections of built-in kinds neither of them uses (editing transformer_tts's
+    stop_threshold changes nothing in a fastpitch run)."""
+    before, now = json.loads(json.dumps(before or {})), json.loads(json.dumps(now))
+    unused = set(BUILT_IN_KINDS) - {before.get("kind"), now.get("kind")}
+    out = []
+    for key in sorted((set(before) | set(now)) - unused, key=lambda k: (k != "kind", k)):
+        a, b = before.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"model.{key}.{k} changed ({a.get(k)!r} -> {b.get(k)!r})"
+                    for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif a != b:
+            out.append(f"model.{key} changed ({a!r} -> {b!r})")
+    return out
+
+
 def check_unchanged(cfg):
-    """RunChanged, before any job runs, when the config's text, audio or pitch settings differ from those
-    of the trained run of the same `name`: planning would otherwise rebuild the caches in place and
+    """RunChanged, before any job runs, when the config's text, audio, pitch or model settings differ from
+    those of the trained run of the same `name`: planning would otherwise rebuild the caches in place and
     delete the run's train.json before `train` refused. Nothing to check before a run exists."""
     run = config.run_dir(cfg)
     saved = _read(run)
     if saved is None:
         return
     diff = setting_changes(saved, cfg)
+    if "model" in saved["config"]:  # the train job would refuse it after Snakemake deleted train.json
+        diff += model_changes(saved["config"]["model"], cfg["model"])
     if diff:
         raise RunChanged(f"{path(run)}: run {cfg['name']!r} was trained with other settings: {'; '.join(diff)}. "
                          f"Nothing was run. Give this configuration another `name` (--config name=...) to build it "

@@ -363,15 +363,24 @@ def save_alignment_png(align, path, step):
 
 
 def check_same_model(cfg, run):
-    """Resuming needs the model that made the checkpoints: another `model:` is an error, not a traceback."""
-    saved = run / "config.json"
-    if not tf.train.latest_checkpoint(run / "checkpoints") or not saved.is_file():
+    """Resuming needs the model that made the checkpoints: another `model:` (the sections of kinds the run
+    does not use aside) is an error naming what changed, not a traceback. The run's config.json says
+    what made them, else its run.json (config.json deleted: it is rewritten only after this check)."""
+    if not tf.train.latest_checkpoint(run / "checkpoints"):
         return
-    before = json.loads(saved.read_text(encoding="utf-8")).get("model")
-    if before is not None and before != json.loads(json.dumps(cfg["model"])):
+    saved = run / "config.json"
+    if saved.is_file():
+        before = json.loads(saved.read_text(encoding="utf-8")).get("model")
+    else:
+        try:
+            before = runinfo.load(run)["config"].get("model")
+        except runinfo.MissingCheckpoint:
+            before = None
+    changed = runinfo.model_changes(before, cfg["model"]) if before is not None else []
+    if changed:
         raise PipelineError(f"{run / 'checkpoints'}: made by another `model:` configuration (kind "
-                            f"{before.get('kind')!r}, now {cfg['model']['kind']!r}); give this run another `name`, "
-                            f"or delete {run / 'checkpoints'} to start over")
+                            f"{before.get('kind')!r}, now {cfg['model']['kind']!r}: {'; '.join(changed)}); restore it, "
+                            f"give this run another `name`, or delete {run / 'checkpoints'} to start over")
 
 
 def check_frame_multiple(model_cfg, model):

@@ -75,3 +75,32 @@ def test_resuming_with_another_model_is_one_line(tmp_path):
     check_same_model({"model": {"kind": "transformer_tts"}}, run)  # the same model resumes
     with pytest.raises(PipelineError, match="another `model:`.*'transformer_tts', now 'fastpitch'"):
         check_same_model({"model": {"kind": "fastpitch"}}, run)
+
+
+def test_a_model_section_the_run_does_not_use_changes_nothing(tmp_path):
+    # editing transformer_tts's keys refused a fastpitch run's resume (and planning let it through, so
+    # Snakemake had deleted train.json first); config.json deleted, run.json still says what made it
+    import json
+
+    import tensorflow as tf
+
+    from pipeline import config, runinfo
+    from pipeline.train import check_same_model
+
+    cfg = config.load_config(check_paths=False)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    tf.train.Checkpoint(v=tf.Variable(1.0)).save(str(run / "checkpoints" / "ckpt"))
+    (run / "config.json").write_text(json.dumps(cfg))
+    unused = config.merge(cfg, {"model": {"transformer_tts": {"stop_threshold": 0.6}}})
+    check_same_model(unused, run)
+    wider = config.merge(cfg, {"model": {"fastpitch": {"ffn_dim": 128}}})
+    with pytest.raises(PipelineError, match=r"'fastpitch', now 'fastpitch': model\.fastpitch\.ffn_dim changed \(\d+ -> 128\)"):
+        check_same_model(wider, run)
+    (run / "config.json").unlink()
+    runinfo.write(run, {"format": runinfo.FORMAT, "config": {"model": json.loads(json.dumps(cfg["model"]))}, "stats": {}})
+    with pytest.raises(PipelineError, match=r"model\.fastpitch\.ffn_dim changed"):
+        check_same_model(wider, run)
+    assert runinfo.model_changes(cfg["model"], unused["model"]) == []
+    with pytest.raises(runinfo.RunChanged, match=r"model\.fastpitch\.ffn_dim changed"):  # at planning
+        runinfo.check_unchanged(config.merge(wider, {"runs_dir": str(tmp_path), "name": "run"}))
