@@ -110,3 +110,37 @@ def test_a_float16_run_gives_the_generator_and_discriminators_gradients(built_ca
             assert any(not np.array_equal(b, w.numpy()) for b, w in zip(weights, model.trainable_weights)), model.name
     finally:
         placement.set_precision_policy("off")
+
+
+def test_a_diverging_vocoder_saves_no_nan_and_sets_aside_what_older_code_saved(built_cache, tmp_path, monkeypatch,
+                                                                                capsys):
+    """A learning rate that blows the vocoder up, checkpoints every step and the loss logged only every
+    3rd: a first run without the check at saving (what older code did) saves NaN checkpoints; the rerun
+    sets those aside instead of resuming them, saves nothing non-finite, and stops with one `error:`
+    line (exit status 2) naming the step and vocoder.learning_rate, not a FloatingPointError traceback."""
+    from pipeline import train
+    from pipeline.vocoder import train as vocoder_train
+    argv = ["--config", str(built_cache), "--phase", "train", "--out", str(tmp_path / "train.json"), "--set",
+            *SETTINGS, "vocoder.steps=3", "vocoder.log_every=3", "vocoder.checkpoint_every=1",
+            "vocoder.learning_rate=1.0e+12", f"runs_dir={tmp_path}"]
+    folder = tmp_path / "t/vocoder/train/checkpoints"
+    with monkeypatch.context() as older:
+        older.setattr(vocoder_train, "_check_finite", lambda *a: None, raising=False)
+        with pytest.raises((SystemExit, FloatingPointError)):  # the loss checked at the log step (older: a traceback)
+            vocoder_train.main(argv)
+    saved = train._checkpoints(folder)
+    assert saved and not all(map(train._finite_checkpoint, saved)), "the run did not diverge: the test proves nothing"
+    capsys.readouterr()
+
+    with pytest.raises(SystemExit) as stopped:
+        vocoder_train.main(argv)
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "Traceback" not in err, err[-3000:]
+    assert error[0].startswith("error: training diverged: the vocoder's ") and " at step " in error[0], error
+    assert error[0].endswith("lower vocoder.learning_rate (now 1e+12) and rerun"), error
+    assert "set aside" in out and "(non-finite weights)" in out, out
+    assert all(map(train._finite_checkpoint, train._checkpoints(folder)))
+    assert list((folder / "diverged").glob("ckpt-*.index"))
+    assert not (tmp_path / "train.json").exists()

@@ -8,6 +8,9 @@ validation clips) and a summary JSON (`--out`).
 A rerun resumes from the phase's last checkpoint, exactly: the segment stream is a pure function
 of (seed, step), so a run killed with kill -9 and rerun ends with the weights of an uninterrupted one.
 With `--final` the summary also goes to runs/{name}/vocoder.json, what synthesize/evaluate/vocode load.
+A loss or weights that turn NaN or infinite stop the run with one line (pipeline.train.Diverged, naming
+the step and vocoder.learning_rate) before anything non-finite is saved; checkpoints that older code
+saved non-finite are moved to checkpoints/diverged/ instead of being resumed, as in pipeline/train.py.
 
 Spectral losses (the project's mel, L1, + multi-resolution STFT) from step 0; from
 vocoder.gan_start_step on, least-squares GAN losses with multi-period and multi-resolution
@@ -32,6 +35,7 @@ import tensorflow as tf
 
 from pipeline import config, data, files, optim, runinfo, shards
 from pipeline import placement as placement_mod
+from pipeline import train as acoustic
 from pipeline.errors import MissingCheckpoint, cli
 from pipeline.vocoder import discriminators as D
 from pipeline.vocoder import inputs, kinds, segments
@@ -187,25 +191,32 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
     val = trainer.dataset("val", batch_size=v["batch_size"]).take(2) if _has_val(cfg) else None
     writer = tf.summary.create_file_writer(str(folder))
     history, val_history, waited, t_log, t_start = [], [], 0.0, time.perf_counter(), time.perf_counter()
+    resumed = manager.latest_checkpoint  # the checkpoint this run started from (None: step 0 or fine-tuning's start)
     with writer.as_default():
-        while step < total:
-            t0 = time.perf_counter()
-            batch = next(batches)
-            waited += time.perf_counter() - t0
-            terms = trainer.step(batch, step)
-            step += 1
-            if step % v["log_every"] == 0 or step == total:
-                history.append(_report(phase, step, total, terms, v["log_every"], waited, t_log, log))
-                waited, t_log = 0.0, time.perf_counter()
-            if val is not None and (step % v["summary_every"] == 0 or step == total):
-                result = _validate(trainer, step, val, log)
-                if result:
-                    val_history.append({"step": step, **result})
-                t_log = time.perf_counter()
-            if step % v["checkpoint_every"] == 0 or step == total:
-                manager.save(checkpoint_number=step)
+        try:
+            while step < total:
+                t0 = time.perf_counter()
+                batch = next(batches)
+                waited += time.perf_counter() - t0
+                terms = trainer.step(batch, step)
+                step += 1
+                if step % v["log_every"] == 0 or step == total:
+                    history.append(_report(phase, step, total, terms, v["log_every"], waited, t_log, log))
+                    waited, t_log = 0.0, time.perf_counter()
+                saving = step % v["checkpoint_every"] == 0 or step == total
+                if saving:
+                    _check_finite(trainer, terms, step)  # before validation draws a diverged generator
+                if val is not None and (step % v["summary_every"] == 0 or step == total):
+                    result = _validate(trainer, step, val, log)
+                    if result:
+                        val_history.append({"step": step, **result})
+                    t_log = time.perf_counter()
+                if saving:
+                    acoustic.save_checkpoint(manager, step)
+        except acoustic.NonFinite as e:
+            raise _diverged(str(e), manager, v, resumed, log) from None
     if manager.latest_checkpoint is None:  # 0 steps: the untrained (or first-phase) weights
-        manager.save(checkpoint_number=step)
+        acoustic.save_checkpoint(manager, step)
     shipped, share, blend = _shipped(cfg, trainer, folder, manager, log)
     shipped_val = None
     if blend is not None and val is not None:  # both on the same validation crops: a bad interpolation shows
@@ -264,10 +275,11 @@ def _checkpoints(cfg, phase, trainer, folder, log):
     """The phase's CheckpointManager, its last checkpoint restored (a rerun resumes), or for a new
     `finetune`, the first phase's final weights (generator and discriminators) loaded."""
     ckpt = tf.train.Checkpoint(generator=trainer.generator, disc=trainer.disc, g_opt=trainer.g_opt, d_opt=trainer.d_opt)
+    latest = acoustic.set_aside_diverged(folder / "checkpoints", True, log)  # older code saved NaN: not resumed
     manager = tf.train.CheckpointManager(ckpt, folder / "checkpoints", max_to_keep=2)
-    if manager.latest_checkpoint:
-        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        log(f"resumed from {manager.latest_checkpoint} at step {int(trainer.step_var.numpy())}")
+    if latest:
+        ckpt.restore(latest).assert_existing_objects_matched()
+        log(f"resumed from {latest} at step {int(trainer.step_var.numpy())}")
     elif phase == "finetune":
         first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
         if first is None:
@@ -279,7 +291,7 @@ def _checkpoints(cfg, phase, trainer, folder, log):
 
 def _report(phase, step, total, terms, every, waited, t_log, log):
     """Log and write to TensorBoard the loss terms at `step` and the rate since `t_log`; -> the history row.
-    FloatingPointError when the loss is no longer finite."""
+    NonFinite when a loss is no longer finite."""
     values = {k: float(x) for k, x in terms.items()}
     interval = time.perf_counter() - t_log
     rate, wait = (every / interval, waited / interval) if interval > 0 else (0.0, 0.0)
@@ -292,9 +304,34 @@ def _report(phase, step, total, terms, every, waited, t_log, log):
     log(f"vocoder {phase} step {step}/{total} [{bar}] loss {values['total']:.4f} "
         f"({', '.join(f'{k} {x:.4f}' for k, x in values.items() if k != 'total')}) "
         f"{rate:.2f} steps/s wait {100 * wait:.1f}% eta {(total - step) / rate if rate else 0:.0f}s")
-    if not math.isfinite(values["total"]):
-        raise FloatingPointError(f"vocoder loss became {values['total']} at step {step}; lower vocoder.learning_rate")
+    _check_loss(values, step)
     return {"step": step, **values}
+
+
+def _check_loss(values, step):
+    """NonFinite naming the first loss term of {term: float} that is NaN or infinite."""
+    for k, x in values.items():
+        if not math.isfinite(x):
+            raise acoustic.NonFinite(f"the vocoder's {k} loss became {x} at step {step}")
+
+
+def _check_finite(trainer, terms, step):
+    """NonFinite unless the step's losses and everything a checkpoint holds (generator, discriminators,
+    both optimizers' state) are finite: one reduction and one read, only at a checkpoint's step."""
+    _check_loss({k: float(x) for k, x in terms.items()}, step)
+    state = [tf.convert_to_tensor(x) for x in [*trainer.generator.variables, *trainer.disc.variables,
+                                                *trainer.g_opt.variables, *trainer.d_opt.variables]]
+    with tf.device(trainer.device):
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(x)) for x in state if x.dtype.is_floating])
+    if not bool(finite):
+        raise acoustic.NonFinite(f"the vocoder's weights became non-finite at step {step}")
+
+
+def _diverged(cause, manager, v, resumed, log):
+    """pipeline.train.diverged's one line (what happened, where a rerun resumes, the checkpoint a run
+    diverges from again at a lower rate set aside), its advice about vocoder.learning_rate."""
+    e = acoustic.diverged(cause, manager, {"learning_rate": v["learning_rate"]}, resumed, True, log)
+    return acoustic.Diverged(str(e).replace("train.learning_rate", "vocoder.learning_rate"))
 
 
 def _has_val(cfg):
