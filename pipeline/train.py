@@ -562,12 +562,12 @@ def check_finite_state(trainer, progress, step):
 DIVERGED_FROM = "diverged.json"  # in checkpoints/: the checkpoint a run last diverged after, and at what rate
 
 
-def diverged(cause, manager, tcfg, resumed, chief, log):
+def diverged(cause, manager, tcfg, resumed, chief, log, key="train.learning_rate"):
     """The one line for a diverged run: what happened, where a rerun resumes, what to change. A run that
     diverges again right after resuming checkpoint C, at a lower train.learning_rate than the run that
     diverged after C, was given C already blowing up (finite, but past saving): C is set aside in
     checkpoints/diverged/, so following the advice starts further back instead of failing forever. A
-    higher or equal rate keeps C (the rate is the likelier cause)."""
+    higher or equal rate keeps C (the rate is the likelier cause). `key`: the rate's config key, for the advice."""
     latest, lr, again = manager.latest_checkpoint, float(tcfg["learning_rate"]), ""
     if chief and latest is not None:
         folder = Path(latest).parent
@@ -586,8 +586,8 @@ def diverged(cause, manager, tcfg, resumed, chief, log):
     resume = (f"nothing non-finite was saved, {again}a rerun resumes from {latest}, the last checkpoint (all finite)"
               if latest else f"nothing non-finite was saved, {again}no checkpoint is left, so a rerun starts from step 0"
               if again else "no checkpoint was saved, so a rerun starts from step 0")
-    advice = (f"rerun (lowering train.learning_rate, now {lr:g}, further if it diverges again)" if again
-              else f"lower train.learning_rate (now {lr:g}) and rerun")
+    advice = (f"rerun (lowering {key}, now {lr:g}, further if it diverges again)" if again
+              else f"lower {key} (now {lr:g}) and rerun")
     return Diverged(f"training diverged: {cause}; {resume}: {advice}")
 
 

@@ -330,8 +330,8 @@ def _check_finite(trainer, terms, step):
 def _diverged(cause, manager, v, resumed, log):
     """pipeline.train.diverged's one line (what happened, where a rerun resumes, the checkpoint a run
     diverges from again at a lower rate set aside), its advice about vocoder.learning_rate."""
-    e = acoustic.diverged(cause, manager, {"learning_rate": v["learning_rate"]}, resumed, True, log)
-    return acoustic.Diverged(str(e).replace("train.learning_rate", "vocoder.learning_rate"))
+    return acoustic.diverged(cause, manager, {"learning_rate": v["learning_rate"]}, resumed, True, log,
+                             key="vocoder.learning_rate")
 
 
 def _has_val(cfg):
