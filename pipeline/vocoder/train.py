@@ -182,8 +182,7 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
     v = cfg["vocoder"]
     total = v["steps"] if phase == "train" else v["finetune_steps"]
     trainer = VocoderTrainer(cfg, phase, log)
-    folder = _phase_dir(cfg, phase)
-    folder.mkdir(parents=True, exist_ok=True)
+    (folder := _phase_dir(cfg, phase)).mkdir(parents=True, exist_ok=True)
     _forget_other_inputs(cfg, phase, folder, log)
     manager = _checkpoints(cfg, phase, trainer, folder, log)
     step = start = int(trainer.step_var.numpy())
