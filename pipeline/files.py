@@ -24,7 +24,9 @@ def check_folder(path, flag="--out"):
 
 def check_writable(path, flag, folder):
     """PipelineError naming `flag` and `path` unless `folder`, or the nearest of its parents that exists
-    (the rest is made when written), is a folder this process may write."""
+    (the rest is made when written), is a folder this process may write: its permissions allow it and
+    a file can be made there (tried, then removed: root passes every permission check, and a read-only
+    or virtual file system such as /proc takes no new file)."""
     folder = Path(folder)
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
@@ -32,6 +34,12 @@ def check_writable(path, flag, folder):
         raise PipelineError(f"{flag} {path}: {folder} is a file, not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise PipelineError(f"{flag} {path}: {folder} is not writable")
+    probe = folder / f".{Path(path).name}.probe{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as e:
+        raise PipelineError(f"{flag} {path}: cannot write in {folder} ({e.strerror or e})") from None
+    os.unlink(probe)
 
 
 def temporary(path, suffix=""):

@@ -15,7 +15,6 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -39,21 +38,11 @@ def _raw_stdout():
 
 
 def check_out(path):
-    """Before the voice loads: VoiceError naming --out unless `path` can become the wav: not empty, not
-    a folder, and a file can be made in its nearest existing folder (tried, then removed: a read-only
-    or virtual file system such as /proc passes a permission check but takes no new file)."""
+    """Before the voice loads: an error naming --out unless `path` can become the wav: not empty, not
+    a folder, and a file can be made in its nearest existing folder (wavfile.check_path)."""
     if not path:
         raise VoiceError("--out: an empty path; give the path of the .wav to write")
     check_path(path, "--out")
-    folder = Path(path).parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    probe = folder / f".{Path(path).name}.probe{os.getpid()}"
-    try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except OSError as e:
-        raise VoiceError(f"--out {path}: cannot write in {folder} ({e.strerror or e})") from None
-    os.unlink(probe)
 
 
 def paragraphs(stream):
