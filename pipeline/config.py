@@ -269,8 +269,7 @@ def validate(cfg, source="config", rules=True):
     import jsonschema  # ~0.1-0.2 CPU s: only where a config is validated, not in every shard job
 
     try:
-        check_structure(cfg)
-        check_finite(cfg)
+        check_finite(cfg)  # after normalise, whose check_structure bounds this walk
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     errors = sorted(jsonschema.Draft202012Validator(load_schema()).iter_errors(cfg),
