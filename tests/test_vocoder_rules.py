@@ -43,6 +43,21 @@ def test_the_vocoder_phases_and_gta_mels_have_the_recorded_frame_counts(trained)
     assert sentences["vocoder"] == {"kind": "vocos", "steps": 10, "finetune_steps": 4, "finetune_share": 0.75}
 
 
+def test_gta_mels_are_normalised_with_the_runs_statistics_not_the_caches(trained, tmp_path, monkeypatch):
+    # a dataset edit moves the cache's statistics under the trained model; the GTA mels must still be
+    # what the model makes of its inputs normalised as training normalised them (the run's run.json)
+    from pipeline import data
+    from pipeline.vocoder import gta
+    moved = data.feature_stats(trained.cfg)
+    moved = {k: np.asarray(v, np.float32) * 1.5 + 0.5 for k, v in moved.items()}
+    monkeypatch.setattr(data, "feature_stats", lambda cfg, index=None: moved)
+    gta.build_gta_shard(trained.cfg, 0, tmp_path / "shard-000", log=lambda *a: None)
+    (meta, made), (kept_meta, kept) = shards.read(tmp_path / "shard-000", "gta"), shards.read(trained.run / "gta/shard-000", "gta")
+    assert meta["ids"] == kept_meta["ids"] and len(made) == len(meta["ids"]) > 0
+    for a, b in zip(made, kept):
+        np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), atol=1e-2)
+
+
 def _generator_weights(summary, checkpoint):
     """{variable path: value} of the generator in `checkpoint`, built as the vocoder `summary` was trained."""
     from pipeline.vocoder import kinds

@@ -2,7 +2,8 @@
 acoustic model, teacher-forced with their cached durations, pitch and energy (transformer_tts: with
 the recorded mel as decoder input), so each predicted mel has exactly the recorded frame count. With
 several speakers or languages, each clip in its own (its pitch normalised with its speaker's
-statistics), as training saw it. Clips of similar lengths go through the model together
+statistics), as training saw it, normalised with the statistics the run trained with (its run.json),
+not the cache's, which a dataset edit moves. Clips of similar lengths go through the model together
 (`teacher_forced_mels`).
 
 Reads the token, mel, energy, pitch (and duration) shards of one shard and the acoustic model's
@@ -86,7 +87,9 @@ def build_gta_shard(cfg, shard, out, log=_print):
     read = {k: shards.read(shards.prefix(root, k, shard), k) for k in kinds}
     at = {k: {cid: i for i, cid in enumerate(meta["ids"])} for k, (meta, _) in read.items()}
     table = data.token_table(synth.vocab)
-    norm = {k: tf.constant(v, tf.float32) for k, v in data.feature_stats(cfg).items()}
+    # the statistics the model was trained with (its run.json), not the cache's: after a dataset edit
+    # they differ, and the model must see its inputs as training normalised them
+    norm = {k: tf.constant(np.asarray(v, np.float32)) for k, v in synth.info["stats"].items()}
     tokens_meta = read["tokens"][0]
     # each clip in its own voice: the run's tables, as training gave the ids (data.load_clips)
     voices = {f: ({name: i for i, name in enumerate(names)}, tokens_meta[f + "s"]) for f, names in
