@@ -268,6 +268,11 @@ def load(cfg, summary=None, log=_note):
         return Vocoder(cfg)
     path, info = check_trained(cfg, summary)
     audio, vocoder_cfg, where = trained_settings(cfg, info, path)
+    kind = vocoder_cfg["kind"]
+    missing = sorted(set(cfg["vocoder"].get(kind) or {}) - set(vocoder_cfg.get(kind) or {}))
+    if missing:  # a setting this version's network is built with did not exist when it was trained
+        raise MissingCheckpoint(f"{path}: a {kind} vocoder trained before vocoder.{kind}.{missing[0]} existed "
+                                f"(another network); run `snakemake --cores all vocoder` to train it again")
     moved = _differences(cfg, audio, vocoder_cfg)
     if moved:
         log(f"note: the config gives {', '.join(moved)}; using the vocoder's own settings ({where}), "
