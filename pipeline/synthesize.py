@@ -199,7 +199,12 @@ def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
     model = models.build(model_cfg, info["vocab"], info["n_mels"], **runinfo.voice_tables(info))
     r = models.frame_multiple(model_cfg)
     model(models.dummy_batch(8, 4 * r, info["n_mels"], runinfo.voice_fields(info)))  # create the variables, then fill them
-    tf.train.Checkpoint(model=model).restore(latest).expect_partial()
+    try:  # every weight of the model from the file; the optimizer's slots stay in it
+        tf.train.Checkpoint(model=model).restore(latest).assert_existing_objects_matched().expect_partial()
+    except (AssertionError, ValueError, IndexError, tf.errors.OpError) as e:  # torn (truncated, flipped) or not this model
+        raise MissingCheckpoint(f"{latest}: does not read whole into the run's {model_cfg['kind']} model "
+                                f"({(str(e).splitlines() or [type(e).__name__])[0][:200]}); rerun `snakemake --cores all "
+                                f"train`, which sets a damaged checkpoint aside and resumes from the one before") from None
     return Synthesizer(cfg, model, latest, info, log)
 
 

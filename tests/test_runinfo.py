@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,6 +99,26 @@ def test_run_carries_vocabulary_statistics_and_config(trained):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_a_torn_checkpoint_is_one_line_where_the_run_speaks(trained, damage):
+    # synthesize, evaluate, gta and export load the newest checkpoint: a torn one was a traceback
+    from pipeline.errors import MissingCheckpoint
+    from pipeline.synthesize import load_synthesizer
+    _, cfg, _, _ = trained
+    latest = Path(runinfo.latest_checkpoint(config.run_dir(cfg) / "checkpoints"))
+    data = next(latest.parent.glob(latest.name + ".data-*"))
+    raw = data.read_bytes()
+    try:
+        data.write_bytes(raw[:len(raw) // 2] if damage == "truncated" else raw[:100] + bytes([raw[100] ^ 0xFF]) + raw[101:])
+        with pytest.raises(MissingCheckpoint, match=rf"{latest.name}: does not read whole into the run's transformer_tts "
+                                                    r"model \(.+\); rerun `snakemake --cores all train`, which sets"):
+            load_synthesizer(cfg, log=lambda *a: None)
+    finally:
+        data.write_bytes(raw)
+    assert load_synthesizer(cfg, log=lambda *a: None).checkpoint == str(latest)
+
+
 def test_a_speaker_the_run_does_not_have_is_one_line(trained):
     # refused before the model loads, naming the run's speakers: for the config's speaker and a sentence's
     _, cfg, _, _ = trained
