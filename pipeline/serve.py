@@ -16,7 +16,8 @@ Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py); writes
 Every error is a JSON {"error": "<one line>"} with a 4xx/5xx status: 400 bad JSON, field or markup,
 403 another site's Origin, or (bound to a loopback address) a Host other than localhost, 127.0.0.1,
 [::1] or the address itself, 415 a POST body not sent as application/json, 404/405, 408 a body
-not sent within `--client-timeout` seconds, 413 a body over MAX_BODY bytes, 503 when the queue is full (`--workers` model calls at a time, `--queue` more waiting). A connection
+not sent within `--client-timeout` seconds, 413 a body over MAX_BODY bytes, 503 when the queue is full (`--workers` model calls at a time, `--queue` more waiting); a client
+that hangs up gives its place back at the end of the sentence being made. A connection
 that has not sent a whole request head within `--client-timeout` is closed; an idle keep-alive one after
 KEEP_ALIVE seconds (uvicorn's timeout_keep_alive); at most CONNECTIONS connections at once.
 
@@ -240,6 +241,8 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
             pcm = []
             while (chunk := await gate.run(next, sentences, None)) is not None:
                 pcm.append(chunk)
+                if await request.is_disconnected():   # hung up: the next sentences would be for nobody
+                    raise ClientDisconnect()
             return Response(wav_bytes(np.concatenate(pcm), voice.sample_rate), media_type="audio/wav")
         finally:
             if release is not None:

@@ -289,6 +289,31 @@ def test_stalled_and_vanishing_clients_are_dropped(server):
     assert call(server.port, "GET", "/health")[0] == 200 and server.proc.poll() is None
 
 
+def test_a_client_that_hangs_up_gives_its_place_back_after_one_sentence(server):
+    # a non-streamed answer went on making every sentence for a client that had gone, holding its place
+    # in the queue (the server's places: 1 model call + 1 waiting) until the last one
+    text = " ".join([LONG] * 8)                                        # 48 sentences
+    t0 = time.monotonic()
+    assert call(server.port, "POST", "/synthesize", {"text": text})[0] == 200
+    whole = time.monotonic() - t0                                      # the server warm
+    body = json.dumps({"text": text}).encode()
+    gone = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    gone.sendall(b"POST /synthesize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    time.sleep(max(0.2, whole / 50))                                   # admitted, its first sentences under way
+    gone.close()
+    time.sleep(max(0.1, whole / 5))                                    # a sentence or so later, far from its end
+    statuses = []
+    threads = [threading.Thread(target=lambda: statuses.append(call(server.port, "POST", "/synthesize",
+                                                                     {"text": "Hi."})[0])) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert statuses == [200, 200], statuses                           # both places free again
+    assert call(server.port, "GET", "/health")[0] == 200 and server.proc.poll() is None
+
+
 def test_the_page_speaks_in_a_browser(server):
     """Headless Chromium types a sentence, presses play, and its audio element loads the sound."""
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
