@@ -125,8 +125,13 @@ class Synthesizer:
         self.speakers, self.languages = list(info.get("speakers", [])), list(info.get("languages", []))
         self.info = info
         self.voiced = [f for f in runinfo.voice_fields(info) if f in inspect.signature(model.infer).parameters]
+
+    @property
+    def max_frames(self):
+        """synthesize.max_seconds in frames of the run's grid: read only where text is spoken, so a job
+        that runs the model otherwise (teacher-forced GTA) is not given, nor rerun by, that key."""
         a = self.audio
-        self.max_frames = int(np.ceil(cfg["synthesize"]["max_seconds"] * a["sample_rate"] / a["hop_length"]))
+        return int(np.ceil(self.cfg["synthesize"]["max_seconds"] * a["sample_rate"] / a["hop_length"]))
 
     def voice(self, speaker="", language="", where="synthesize"):
         """(speaker id, language id, language name) for names ("" = the defaults, see the module doc);
@@ -150,13 +155,14 @@ class Synthesizer:
         s_id, l_id, language = self.voice(speaker, language, where)
         ids = self.encode(sentence, language)
         ids_of = {"speaker": s_id, "language": l_id}
+        max_frames = self.max_frames
         out = self.model.infer(tf.constant([ids], tf.int32), tf.constant([len(ids)], tf.int32),
                                pace=pace, pitch_shift=pitch_shift,
-                               max_frames=self.max_frames, **{f: tf.constant([ids_of[f]], tf.int32) for f in self.voiced})
+                               max_frames=max_frames, **{f: tf.constant([ids_of[f]], tf.int32) for f in self.voiced})
         n = int(out["lengths"][0])
         mel = out["mel"][0, :n].numpy().astype(np.float32) * self.std + self.mean   # (frames, n_mels) log-mel
         f0 = frame_f0(self.model, out, tf.constant([s_id], tf.int32))
-        return {"mel": mel, "f0": None if f0 is None else f0[0, :n].numpy(), "frames": n, "cut": n >= self.max_frames, "tokens": len(ids),
+        return {"mel": mel, "f0": None if f0 is None else f0[0, :n].numpy(), "frames": n, "cut": n >= max_frames, "tokens": len(ids),
                 "speaker": self.speakers[s_id] if self.speakers else "", "language": language}
 
     def mel(self, sentence, speaker="", language=""):
