@@ -6,6 +6,7 @@ exact job counts, and `pipeline.vocode` on a synthesized NN.npy with its one-lin
 """
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import yaml
-from conftest import ROOT, planned_jobs, snakemake
+from conftest import ROOT, edited_copy, planned_jobs, snakemake
 
 from pipeline import config, manifest, runinfo, shards
 
@@ -190,3 +191,26 @@ def test_snakemake_export_carries_the_final_vocoder_and_a_new_vocoder_reexports(
     assert planned_jobs(_edited(trained, "lr.yaml", learning_rate=0.002), "export") == {
         "train_vocoder": 1, "finetune_vocoder": 1, "export": 1}
     assert planned_jobs(_edited(trained, "gl.yaml", kind="griffin_lim"), "export") == {"export": 1}
+
+
+def _job_configs(trained):
+    """{module: [inline config of each job]}: the commands `snakemake -n -p --forceall` prints for the run."""
+    proc = snakemake("all", "-n", "-p", "--forceall", config=trained.path)
+    found = {}
+    for line in (proc.stdout + proc.stderr).splitlines():
+        command = line[line.find("python -m pipeline."):]  # after Snakemake's "Shell command: "
+        if "python -m pipeline." in line and " --config " in command:
+            argv = shlex.split(command)
+            found.setdefault(argv[2], []).append(json.loads(argv[argv.index("--config") + 1]))
+    return found
+
+
+def test_synthesize_max_seconds_reruns_the_jobs_that_speak_text_not_the_gta_shards(trained):
+    # teacher-forced GTA cuts no text: its jobs are not given the synthesize section
+    gta = _job_configs(trained)["pipeline.vocoder.gta"]
+    assert len(gta) == SHARDS and not any("synthesize" in job for job in gta)
+    before = planned_jobs(trained.path, "all")  # evaluate, diagnose, export: planned if not made yet
+    seconds = edited_copy(trained.path, "max_seconds.yaml", synthesize={"max_seconds": 3.0})
+    assert planned_jobs(seconds, "vocoder") == {}
+    assert planned_jobs(seconds, "all") == {**before, "synthesize": 1, "evaluate": 1, "export": 1}
+

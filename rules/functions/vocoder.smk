@@ -50,7 +50,5 @@ GTA_CODE = pshards.code_digest("vocoder/gta.py")[:12]
 
 
 def gta_settings(wildcards):
-    return _inline(
-        **{k: config[k] for k in _CACHE_SECTIONS + ("runs_dir", "model")},
-        synthesize={"max_seconds": config["synthesize"]["max_seconds"]},
-    )
+    """Teacher-forced GTA speaks no text: synthesize.max_seconds (where text is cut) is not passed."""
+    return _inline(**{k: config[k] for k in _CACHE_SECTIONS + ("runs_dir", "model")})
