@@ -21,6 +21,7 @@ rule diagnose:
         config=config_without(
             "synthesize",
             "evaluate",
+            "export",
             "aligner",
             *(() if config["diagnose"]["target"] == "vocoder" else ("vocoder",)),
         ),

@@ -21,7 +21,7 @@ rule evaluate:
     resources:
         gpu=min(gpus_wanted(), 1),
     params:
-        config=config_without("diagnose"),
+        config=config_without("diagnose", "export"),
         out=REPORT,
     shell:
         "python -m pipeline.evaluate --config {params.config:q} --out {params.out:q} --threads {threads} > {log:q} 2>&1"

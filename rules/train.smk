@@ -29,6 +29,7 @@ rule train:
             "synthesize",
             "evaluate",
             "diagnose",
+            "export",
             "aligner",
             "vocoder",
             keep={"synthesize": ["griffin_lim_iters"]},
@@ -54,7 +55,7 @@ rule synthesize:
     resources:
         gpu=min(gpus_wanted(), 1),
     params:
-        config=config_without("evaluate", "diagnose", "reports_dir"),
+        config=config_without("evaluate", "diagnose", "export", "reports_dir"),
         out=RUN / "samples",
     shell:
         "python -m pipeline.synthesize --config {params.config:q} --out {params.out:q} > {log:q} 2>&1"

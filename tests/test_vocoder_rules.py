@@ -214,3 +214,11 @@ def test_synthesize_max_seconds_reruns_the_jobs_that_speak_text_not_the_gta_shar
     assert planned_jobs(seconds, "vocoder") == {}
     assert planned_jobs(seconds, "all") == {**before, "synthesize": 1, "evaluate": 1, "export": 1}
 
+
+def test_export_tflite_reruns_the_export_alone(trained):
+    configs = _job_configs(trained)
+    assert {"pipeline.train", "pipeline.synthesize", "pipeline.evaluate", "pipeline.diagnose"} <= set(configs)
+    assert sorted(m for m, jobs in configs.items() if any("export" in job for job in jobs)) == ["pipeline.export"]
+    before = planned_jobs(trained.path, "all")
+    tflite = edited_copy(trained.path, "tflite.yaml", export={"tflite": True})
+    assert planned_jobs(tflite, "all") == {**before, "export": 1}
