@@ -13,7 +13,7 @@ its weights.
 
     python -m pipeline.vocoder.gta --config configs/config.yaml --shard 3 --out runs/demo/gta/shard-003
 
-Config keys: model.*, audio.n_mels, cache.*, dataset.* (via the caches), synthesize.max_seconds.
+Config keys: model.*, audio.n_mels, cache.*, dataset.* (via the caches).
 Runs on the CPU (`placement.cpu_only`): the rule asks no GPU turn, so it never takes GPU memory from
 a training job beside it, and two of its jobs share a 2-core machine (`threads: 1`).
 """
