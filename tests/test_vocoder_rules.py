@@ -59,6 +59,29 @@ def test_gta_mels_are_normalised_with_the_runs_statistics_not_the_caches(trained
         np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), atol=1e-2)
 
 
+def test_fine_tuning_resumes_on_gta_mels_that_came_out_the_same(trained, tmp_path):
+    # the fine-tuning's resume key names the GTA mels by content: a GTA rerun that made the same bytes
+    # (another provenance: a code edit, a rerun on moved params) resumes; other mels restart it
+    from pipeline.vocoder import train as vtrain
+    phase = tmp_path / "finetune"
+    shutil.copytree(trained.run / "vocoder/finetune", phase)
+    meta_path = (trained.run / "gta/shard-000").with_suffix(".json")
+    saved = meta_path.read_text()
+    logged = []
+    try:
+        vtrain._forget_other_inputs(trained.cfg, "finetune", phase, logged.append)
+        assert logged == [] and (phase / "checkpoints").exists()
+        meta = json.loads(saved)
+        meta_path.write_text(json.dumps({**meta, "provenance": "made by other code, the same bytes"}))
+        vtrain._forget_other_inputs(trained.cfg, "finetune", phase, logged.append)
+        assert logged == [] and (phase / "checkpoints").exists()
+        meta_path.write_text(json.dumps({**meta, "checksum": "0123456789abcdef"}))   # other mels
+        vtrain._forget_other_inputs(trained.cfg, "finetune", phase, logged.append)
+        assert len(logged) == 1 and "set aside" in logged[0] and not (phase / "checkpoints").exists()
+    finally:
+        meta_path.write_text(saved)
+
+
 def _generator_weights(summary, checkpoint):
     """{variable path: value} of the generator in `checkpoint`, built as the vocoder `summary` was trained."""
     from pipeline.vocoder import kinds

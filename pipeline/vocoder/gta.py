@@ -74,8 +74,8 @@ def teacher_forced_mels(model, clips, norm, batch_size=GTA_BATCH):
 
 def gta_provenance(cfg, checkpoint):
     """What a GTA shard's mels depend on: the mel cache's provenance, the acoustic checkpoint's weights (not
-    only its path: a model retrained to the same step makes other mels) and this module's code (the
-    fine-tuning's resume key holds it, so mels made otherwise are not resumed on)."""
+    only its path: a model retrained to the same step makes other mels) and this module's code. The
+    fine-tuning's resume key holds the shards' checksums instead: mels that came out the same resume."""
     return shards.digest(shards.provenance("mels", cfg), runinfo.checkpoint_identity(checkpoint),
                          shards.code_digest("vocoder/gta.py"))
 

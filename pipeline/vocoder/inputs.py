@@ -2,7 +2,7 @@
 
 runs/{name}/vocoder/{phase}/inputs.json holds the settings the phase's checkpoints were trained
 with (`vocoder:` less the keys a rerun continues with, `audio:`) and, for `finetune`, the first
-phase's checkpoint and the GTA mels' provenance (pipeline/vocoder/train.py adds those). When they
+phase's checkpoint and the GTA shards' checksums (pipeline/vocoder/train.py adds those). When they
 change, `switch` sets the checkpoints aside in vocoder/{phase}/set_aside/<digest>/ (the last `KEEP`
 sets are kept) and the phase trains from its start; when the same inputs come back, their set is
 moved back and training resumes from it. `notes` says so at planning time, before any job runs

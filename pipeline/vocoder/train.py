@@ -344,13 +344,14 @@ def clear(cfg, phase):
 
 def _forget_other_inputs(cfg, phase, folder, log):
     """A phase's checkpoints are resumed only when made from the same model settings (and, for
-    `finetune`, the same first phase and GTA mels): more steps continue; other inputs set them aside
-    and restart (pipeline/vocoder/inputs.py), and inputs seen before resume their set."""
+    `finetune`, the same first phase and GTA mels, by their shards' checksums: GTA jobs rerun for a
+    reason that left the mels byte for byte the same resume): more steps continue; other inputs set
+    them aside and restart (pipeline/vocoder/inputs.py), and inputs seen before resume their set."""
     key = inputs.settings(cfg, phase)
     if phase == "finetune":
         first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
         key["from"] = first and runinfo.checkpoint_identity(first)  # its weights: a retrained first phase is another
-        key["gta"] = [shards.read_meta(segments.gta_prefix(cfg, e["shard"]), "gta")["provenance"]
+        key["gta"] = [shards.read_meta(segments.gta_prefix(cfg, e["shard"]), "gta")["checksum"]
                       for e in data.read_index(cfg)["shards"]]
     inputs.switch(folder, key, log)
 
