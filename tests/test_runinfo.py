@@ -99,7 +99,6 @@ def test_run_carries_vocabulary_statistics_and_config(trained):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated", "flipped"])
 def test_a_torn_checkpoint_is_one_line_where_the_run_speaks(trained, damage):
     # synthesize, evaluate, gta and export load the newest checkpoint: a torn one was a traceback
@@ -119,6 +118,7 @@ def test_a_torn_checkpoint_is_one_line_where_the_run_speaks(trained, damage):
     assert load_synthesizer(cfg, log=lambda *a: None).checkpoint == str(latest)
 
 
+@pytest.mark.slow
 def test_a_speaker_the_run_does_not_have_is_one_line(trained):
     # refused before the model loads, naming the run's speakers: for the config's speaker and a sentence's
     _, cfg, _, _ = trained
