@@ -95,7 +95,7 @@ class TrainedVocoder(tf.Module):
         super().__init__(name="vocoder")
         self._held, self.generator_variables = Held(model), list(model.variables)  # see Held
         self._hop, self._floor, self._uses_f0 = int(hop_length), float(floor), bool(uses_f0)
-        self._min_frames = int(min_frames)  # the fewest the model takes (pipeline.vocoder.vocode.min_frames)
+        self._min_frames = int(min_frames)  # the fewest the model takes (pipeline.vocoder.kinds.min_frames)
 
     @property
     def generator(self):
@@ -126,14 +126,13 @@ def export_vocoder(cfg, audio, transforms):
     trained vocoder's STFTs are pipeline.dft.transforms' in both."""
     if cfg["vocoder"]["kind"] != "griffin_lim":
         from pipeline.vocoder import kinds
-        from pipeline.vocoder.vocode import min_frames
         trained = kinds.load(dict(cfg, audio=dict(audio)))  # the run's audio settings, as synthesize uses
         info = {**trained.made, "trained": True, "phase": trained.summary.get("phase"),
                 "checkpoint": trained.summary["checkpoint"], "summary": str(kinds.summary_path(cfg))}
         info["f0"] = "the acoustic model's pitch (Hz, pitch_shift applied), voiced where the vocoder's head " \
             "hears voicing" if trained.uses_f0 else None
         return TrainedVocoder(trained.model, audio["hop_length"], np.log(LOG_CLAMP), trained.uses_f0,
-                              min_frames(trained.kind, trained.audio)), info
+                              trained.min_frames), info
     iters = int(cfg["synthesize"]["griffin_lim_iters"])
     gl = functools.partial(griffin_lim_graph, **audio, iters=iters, transforms=transforms)
     fn = lambda log_mel, f0=None: gl(log_mel)  # noqa: E731 (no use for F0)

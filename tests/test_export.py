@@ -398,7 +398,7 @@ SOURCE_FILTER = {"kind": "source_filter", "steps": 0, "finetune_steps": 0, "lear
 
 
 def test_a_source_filter_export_speaks_an_empty_token_list_and_a_one_frame_mel(built_cache, tmp_path):
-    # the source-filter vocoder takes 2 frames at n_fft 1024, hop 256 (vocode.min_frames): the exported
+    # the source-filter vocoder takes 2 frames at n_fft 1024, hop 256 (kinds.min_frames): the exported
     # graph runs silent frames after a shorter mel and keeps only the mel's own audio
     import tensorflow as tf
     from conftest import write_untrained_checkpoint

@@ -106,6 +106,19 @@ def uses_f0(vocoder_cfg):
     return KINDS.get(vocoder_cfg["kind"]).uses_f0
 
 
+def min_frames(kind, audio_cfg):
+    """The fewest mel frames vocoder `kind` takes at `audio_cfg`'s n_fft and hop_length: source_filter
+    takes the STFT of its source (pipeline.dft), whose reflect padding of (n_fft - hop_length) / 2
+    samples on the right must be shorter than the frames' audio; the other kinds take one frame
+    (Griffin-Lim pads a short mel itself). `Vocoder` and the exported graph run silent frames after a
+    shorter mel and keep only its own audio."""
+    if kind != "source_filter":
+        return 1
+    from pipeline.audio import frame_padding
+    _, right = frame_padding(n_fft=audio_cfg["n_fft"], hop_length=audio_cfg["hop_length"])
+    return right // audio_cfg["hop_length"] + 1
+
+
 def chunked(run, frames, hop, context, chunk_frames):
     """float32 audio (frames * hop,) from `run(start, stop)`, the audio of mel frames [start, stop): one
     call for at most `chunk_frames` frames (or `context` None), else one per chunk of `chunk_frames`
@@ -131,6 +144,7 @@ class Vocoder:
         self.uses_f0 = uses_f0(cfg["vocoder"])
         context = KINDS.get(self.kind).context
         self.context = None if context is None else context(cfg["vocoder"], self.audio)
+        self.min_frames = min_frames(self.kind, self.audio)
         self.summary = summary or {}
         self.steps = self.summary.get("steps", 0)
         self.finetune_steps = self.summary.get("finetune_steps", 0)
@@ -154,11 +168,18 @@ class Vocoder:
             f0 = np.asarray(f0, np.float32)
             if f0.shape != log_mel.shape[:1]:
                 raise ValueError(f"f0 has shape {f0.shape}, the mel {len(log_mel)} frames: one F0 per frame")
+        frames, hop = len(log_mel), self.audio["hop_length"]
+        if frames < self.min_frames:  # silent frames after it (as the exported graph runs), its own audio kept
+            from pipeline.audio import LOG_CLAMP
+            empty = self.min_frames - frames
+            log_mel = np.concatenate([log_mel, np.full((empty, log_mel.shape[1]), np.log(LOG_CLAMP), np.float32)])
+            f0 = np.concatenate([f0, np.zeros(empty, np.float32)]) if self.uses_f0 and f0 is not None else None
+            return self(log_mel, f0, chunk_frames)[:frames * hop]
+        if self.uses_f0 and f0 is not None:
             run = lambda a, b: self._call_f0(log_mel[None, a:b], f0[None, a:b])  # noqa: E731
         else:
             run = lambda a, b: self._call(log_mel[None, a:b])  # noqa: E731
-        return chunked(lambda a, b: run(a, b)[0].numpy(), len(log_mel), self.audio["hop_length"], self.context,
-                       chunk_frames)
+        return chunked(lambda a, b: run(a, b)[0].numpy(), frames, hop, self.context, chunk_frames)
 
     @property
     def made(self):

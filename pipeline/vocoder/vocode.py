@@ -6,9 +6,10 @@ The vocoder runs with the `audio:` and `vocoder:` settings it was trained with (
 runs/{name}/vocoder.json; one note on stderr when the config gives others): its rate, hop and
 n_mels, not the config's. Long mels go through in chunks of kinds.CHUNK_FRAMES frames with context
 (the same audio in bounded memory); a mel above MAX_FRAMES frames (Griffin-Lim: GRIFFIN_LIM_MAX_FRAMES,
-which it cannot chunk) is refused from its header, before it is read, and so is one shorter than the
-vocoder takes (source_filter: 2 frames at n_fft 1024, hop 256; min_frames). Bad input is one line, given
-before TensorFlow loads (the --out path, the run's vocoder summary, the mel and F0 files).
+which it cannot chunk) is refused from its header, before it is read. A mel shorter than the vocoder
+takes (source_filter: 2 frames at n_fft 1024, hop 256; kinds.min_frames) gets silent frames after
+it and keeps its own audio, as in the exported voice. Bad input is one line, given before TensorFlow
+loads (the --out path, the run's vocoder summary, the mel and F0 files).
 
 Reads runs/{name}/vocoder.json and its checkpoint; config keys audio.* (Griffin-Lim; a trained vocoder
 uses its own), vocoder.kind, synthesize.griffin_lim_iters (Griffin-Lim only).
@@ -23,7 +24,7 @@ import argparse
 import numpy as np
 
 from pipeline import config
-from pipeline.audio import LOG_CLAMP, frame_padding
+from pipeline.audio import LOG_CLAMP
 from pipeline.errors import PipelineError, cli
 from pipeline.vocoder import kinds
 from pipeline.wavfile import check_path, save_wav
@@ -34,17 +35,6 @@ GRIFFIN_LIM_MAX_FRAMES = 20_000  # ~4 min at 22,050 Hz / 256: Griffin-Lim iterat
 
 class MelError(PipelineError):
     """A mel file the vocoder cannot take; the message names the file."""
-
-
-def min_frames(kind, audio_cfg):
-    """The fewest mel frames vocoder `kind` takes at `audio_cfg`'s n_fft and hop_length: source_filter
-    takes the STFT of its source (pipeline.dft), whose reflect padding of (n_fft - hop_length) / 2
-    samples on the right must be shorter than the frames' audio; the other kinds take one frame
-    (Griffin-Lim pads a short mel itself)."""
-    if kind != "source_filter":
-        return 1
-    _, right = frame_padding(n_fft=audio_cfg["n_fft"], hop_length=audio_cfg["hop_length"])
-    return right // audio_cfg["hop_length"] + 1
 
 
 def _load(path):
@@ -60,10 +50,9 @@ def _load(path):
     return mel
 
 
-def read_mel(path, audio_cfg, max_frames=MAX_FRAMES, fewest=1, kind="the"):
+def read_mel(path, audio_cfg, max_frames=MAX_FRAMES):
     """(F, n_mels) float32 log-mel from `path`, or MelError naming the file and what is wrong. n_mels:
-    audio_cfg's (the vocoder's own); more than `max_frames` frames is refused before reading them,
-    fewer than `fewest` (min_frames) too, naming vocoder `kind`."""
+    audio_cfg's (the vocoder's own); more than `max_frames` frames is refused before reading them."""
     mel = _load(path)
     n_mels = audio_cfg["n_mels"]
     if mel.ndim != 2 or not np.issubdtype(mel.dtype, np.floating):
@@ -77,9 +66,6 @@ def read_mel(path, audio_cfg, max_frames=MAX_FRAMES, fewest=1, kind="the"):
                        f"a mel made with other audio: settings")
     if mel.shape[0] == 0:
         raise MelError(f"{path}: no frames")
-    if mel.shape[0] < fewest:
-        raise MelError(f"{path}: {mel.shape[0]} frame(s), fewer than the {kind} vocoder takes: at least {fewest} "
-                       f"at audio.n_fft {audio_cfg['n_fft']}, hop_length {audio_cfg['hop_length']}")
     mel = np.array(mel, np.float32)
     if not np.all(np.isfinite(mel)):
         raise MelError(f"{path}: holds NaN or infinite values")
@@ -110,8 +96,7 @@ def vocode(cfg, mel_path, out, chunk_frames=kinds.CHUNK_FRAMES, f0_path=None):
     trained = kinds.KINDS.get(kind).build is not None
     # the vocoder's own settings (the n_mels it takes, the rate it speaks at), read before it is built
     audio_cfg = kinds.trained_audio(cfg)
-    mel = read_mel(mel_path, audio_cfg, MAX_FRAMES if trained else GRIFFIN_LIM_MAX_FRAMES,
-                   fewest=min_frames(kind, audio_cfg), kind=kind)
+    mel = read_mel(mel_path, audio_cfg, MAX_FRAMES if trained else GRIFFIN_LIM_MAX_FRAMES)
     f0 = read_f0(f0_path, len(mel)) if f0_path else None
     voc = kinds.load(cfg)
     audio_cfg = voc.audio
