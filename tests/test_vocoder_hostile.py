@@ -185,7 +185,7 @@ def test_absurd_mels_are_refused_from_their_header_naming_the_limit(tiny, tmp_pa
     _one_line(*_vocode(capsys, "--config", path, "--mel", huge, "--out", tmp_path / "x.wav"),
               f"{huge}: 1,000,001 frames, more than this vocoder takes (1,000,000, ")
     gl = np.lib.format.open_memmap(tmp_path / "gl.npy", mode="w+", dtype=np.float32,
-                                   shape=(vocode.GRIFFIN_LIM_MAX_FRAMES + 1, 80))
+                                   shape=(vocode.WHOLE_MAX_FRAMES + 1, 80))
     gl.flush()
     _one_line(*_vocode(capsys, "--config", path, "--mel", tmp_path / "gl.npy", "--out", tmp_path / "x.wav", "--set",
                        "vocoder.kind=griffin_lim"), "20,001 frames, more than this vocoder takes (20,000, ")
@@ -322,3 +322,22 @@ def test_a_mel_shorter_than_the_source_filter_vocoder_takes_gets_silence_after_i
     assert len(one) == 256 and len(two) == 512 and np.abs(one).max() > 0
     np.testing.assert_array_equal(one, two[:256])
     assert len(kinds.load(cfg)(mel[:0])) == 0                               # no frames: no audio, no error
+
+
+def test_the_source_filter_vocoder_bounds_what_it_takes_whole(built_cache, tmp_path, capsys):
+    # its harmonics run in phase from the first frame, so it is not chunked: a mel past WHOLE_MAX_FRAMES
+    # would need tens of GB, refused from its header; an F0 above Nyquist is no F0 it can sound
+    path = run_config(built_cache, tmp_path, vocoder=SOURCE_FILTER)
+    cfg = config.load_config(path)
+    train.train_vocoder(cfg, "train", config.run_dir(cfg) / "vocoder" / "train.json", final=True, log=lambda *a: None)
+    huge = tmp_path / "huge.npy"
+    np.lib.format.open_memmap(huge, mode="w+", dtype=np.float32,
+                              shape=(vocode.WHOLE_MAX_FRAMES + 1, cfg["audio"]["n_mels"])).flush()
+    _one_line(*_vocode(capsys, "--config", path, "--mel", huge, "--out", tmp_path / "x.wav"),
+              f"{huge}: 20,001 frames, more than this vocoder takes (20,000, ")
+    np.save(tmp_path / "mel.npy", np.full((4, cfg["audio"]["n_mels"]), -5.0, np.float32))
+    np.save(tmp_path / "f0.npy", np.array([0.0, 120.0, 11025.5, 0.0], np.float32))
+    _one_line(*_vocode(capsys, "--config", path, "--mel", tmp_path / "mel.npy", "--f0", tmp_path / "f0.npy",
+                       "--out", tmp_path / "x.wav"), f"{tmp_path / 'f0.npy'}: values 0.0..11025.5 are not F0 in Hz (",
+              "at most 11025: half the vocoder's 22050 Hz)")
+    assert not (tmp_path / "x.wav").exists()

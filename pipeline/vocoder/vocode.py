@@ -5,8 +5,9 @@ griffin_lim) into a 16-bit wav of F * hop_length samples.
 The vocoder runs with the `audio:` and `vocoder:` settings it was trained with (recorded in
 runs/{name}/vocoder.json; one note on stderr when the config gives others): its rate, hop and
 n_mels, not the config's. Long mels go through in chunks of kinds.CHUNK_FRAMES frames with context
-(the same audio in bounded memory); a mel above MAX_FRAMES frames (Griffin-Lim: GRIFFIN_LIM_MAX_FRAMES,
-which it cannot chunk) is refused from its header, before it is read. A mel shorter than the vocoder
+(the same audio in bounded memory); a mel above MAX_FRAMES frames (WHOLE_MAX_FRAMES for the kinds
+vocoded whole: Griffin-Lim, and source_filter, whose source's phase runs through the whole mel) is
+refused from its header, before it is read. A mel shorter than the vocoder
 takes (source_filter: 2 frames at n_fft 1024, hop 256; kinds.min_frames) gets silent frames after
 it and keeps its own audio, as in the exported voice. Bad input is one line, given before TensorFlow
 loads (the --out path, the run's vocoder summary, the mel and F0 files).
@@ -30,7 +31,9 @@ from pipeline.vocoder import kinds
 from pipeline.wavfile import check_path, save_wav
 
 MAX_FRAMES = 1_000_000  # ~3 h at 22,050 Hz with hop 256: ~1 GB of float32 audio, the most vocode holds
-GRIFFIN_LIM_MAX_FRAMES = 20_000  # ~4 min at 22,050 Hz / 256: Griffin-Lim iterates over the whole spectrogram
+# ~4 min at 22,050 Hz / 256, for kinds that cannot be chunked: Griffin-Lim iterates over the whole
+# spectrogram (~1.2 GB), source_filter's harmonics run in phase from the first frame (~1.2 GB)
+WHOLE_MAX_FRAMES = 20_000
 
 
 class MelError(PipelineError):
@@ -77,27 +80,28 @@ def read_mel(path, audio_cfg, max_frames=MAX_FRAMES):
     return mel
 
 
-def read_f0(path, frames):
-    """(frames,) float32 F0 in Hz (0: unvoiced) from `path`, one value per mel frame, or MelError naming the file."""
+def read_f0(path, frames, sample_rate):
+    """(frames,) float32 F0 in Hz (0: unvoiced, at most half `sample_rate`) from `path`, one value per
+    mel frame, or MelError naming the file."""
     f0 = _load(path)
     if f0.ndim != 1 or not np.issubdtype(f0.dtype, np.number) or len(f0) != frames:
         raise MelError(f"{path}: a {f0.dtype} array of shape {f0.shape}, expected F0 in Hz [{frames}] "
                        f"(one value per mel frame, 0 where unvoiced)")
     f0 = np.array(f0, np.float32)
-    if not np.all(np.isfinite(f0)) or f0.min() < 0 or f0.max() > 20000:
-        raise MelError(f"{path}: values {f0.min():.1f}..{f0.max():.1f} are not F0 in Hz (finite, >= 0, 0 where unvoiced)")
+    if not np.all(np.isfinite(f0)) or f0.min() < 0 or f0.max() > sample_rate / 2:
+        raise MelError(f"{path}: values {f0.min():.1f}..{f0.max():.1f} are not F0 in Hz (finite, 0 where unvoiced, "
+                       f"at most {sample_rate / 2:g}: half the vocoder's {sample_rate} Hz)")
     return f0
 
 
 def vocode(cfg, mel_path, out, chunk_frames=kinds.CHUNK_FRAMES, f0_path=None):
     """`f0_path`: F0 per frame (.npy, Hz, 0 unvoiced) for kinds that use F0; None: their own F0 head's."""
     check_path(out, "--out")
-    kind = cfg["vocoder"]["kind"]
-    trained = kinds.KINDS.get(kind).build is not None
+    chunked = kinds.KINDS.get(cfg["vocoder"]["kind"]).context is not None
     # the vocoder's own settings (the n_mels it takes, the rate it speaks at), read before it is built
     audio_cfg = kinds.trained_audio(cfg)
-    mel = read_mel(mel_path, audio_cfg, MAX_FRAMES if trained else GRIFFIN_LIM_MAX_FRAMES)
-    f0 = read_f0(f0_path, len(mel)) if f0_path else None
+    mel = read_mel(mel_path, audio_cfg, MAX_FRAMES if chunked else WHOLE_MAX_FRAMES)
+    f0 = read_f0(f0_path, len(mel), audio_cfg["sample_rate"]) if f0_path else None
     voc = kinds.load(cfg)
     audio_cfg = voc.audio
     audio = voc(mel, f0=f0, chunk_frames=chunk_frames)
