@@ -14,7 +14,6 @@ import sys
 import numpy as np
 import pytest
 import soundfile as sf
-import yaml
 from conftest import ROOT, edited_copy, planned_jobs, snakemake
 
 from pipeline import config, manifest, runinfo, shards
@@ -124,22 +123,14 @@ def test_new_acoustic_checkpoint_reruns_gta_and_finetuning_not_the_first_phase(t
         "train": 1, "gta_shard": SHARDS, "finetune_vocoder": 1, "vocoder": 1}
 
 
-def _edited(trained, name, **vocoder):
-    cfg = yaml.safe_load(trained.path.read_text())
-    cfg["vocoder"] = {**cfg["vocoder"], **vocoder}
-    path = trained.tmp / name
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 def test_a_vocoder_setting_reruns_only_vocoder_jobs(trained):
     both = {"train_vocoder": 1, "finetune_vocoder": 1, "vocoder": 1}
-    lr = _edited(trained, "lr.yaml", learning_rate=0.002)
+    lr = edited_copy(trained.path, "lr.yaml", vocoder={"learning_rate": 0.002})
     assert planned_jobs(lr, "vocoder") == both
     assert planned_jobs(lr, "synthesize") == {"train_vocoder": 1, "finetune_vocoder": 1, "synthesize": 1}
     for key, value in (("finetune_steps", 6), ("finetune_recorded", 0.25), ("finetune_share", 1.0)):  # that phase alone
-        assert planned_jobs(_edited(trained, f"{key}.yaml", **{key: value}), "vocoder") == {"finetune_vocoder": 1,
-                                                                                          "vocoder": 1}, key
+        edited = edited_copy(trained.path, f"{key}.yaml", vocoder={key: value})
+        assert planned_jobs(edited, "vocoder") == {"finetune_vocoder": 1, "vocoder": 1}, key
 
 
 def test_replacing_one_wav_reruns_its_shard_and_what_learns_from_it(trained):
@@ -211,9 +202,9 @@ def test_snakemake_export_carries_the_final_vocoder_and_a_new_vocoder_reexports(
     np.testing.assert_allclose(wav, audio * (0.95 / peak) if peak > 1.0 else audio, atol=1.5 / 32768)
     assert planned_jobs(trained.path, "export") == {}
     # a new vocoder re-exports; Griffin-Lim needs no vocoder job
-    assert planned_jobs(_edited(trained, "lr.yaml", learning_rate=0.002), "export") == {
+    assert planned_jobs(edited_copy(trained.path, "lr.yaml", vocoder={"learning_rate": 0.002}), "export") == {
         "train_vocoder": 1, "finetune_vocoder": 1, "export": 1}
-    assert planned_jobs(_edited(trained, "gl.yaml", kind="griffin_lim"), "export") == {"export": 1}
+    assert planned_jobs(edited_copy(trained.path, "gl.yaml", vocoder={"kind": "griffin_lim"}), "export") == {"export": 1}
 
 
 def _job_configs(trained):
