@@ -62,6 +62,14 @@ class Clip:
     source: str = ""      # the source's name (sources)
 
 
+def plain_id(clip_id, where):
+    """clip_id when it can name a file in one folder (a metadata id becomes wavs/{id}.wav), else DatasetError."""
+    if not _ID.fullmatch(clip_id):
+        raise DatasetError(f"{where}: id {clip_id!r} is not a plain file name "
+                           "(letters, digits, '_', '-', '.'; no path separators)")
+    return clip_id
+
+
 def read_metadata(path):
     """The clips of a metadata.csv, in file order; DatasetError on the first malformed line."""
     path = Path(path)
@@ -81,10 +89,7 @@ def read_metadata(path):
         if len(cols) not in (2, 3):
             raise DatasetError(f"{path}:{lineno}: expected 2 or 3 columns separated by '|' "
                                f"(id|text|normalized_text), found {len(cols)}")
-        clip_id = cols[0].strip()
-        if not _ID.fullmatch(clip_id):
-            raise DatasetError(f"{path}:{lineno}: id {clip_id!r} is not a plain file name "
-                               "(letters, digits, '_', '-', '.'; no path separators)")
+        clip_id = plain_id(cols[0].strip(), f"{path}:{lineno}")
         text = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
         if not text:
             raise DatasetError(f"{path}:{lineno}: empty text for id {clip_id!r}")

@@ -40,11 +40,13 @@ import soundfile as sf
 import soxr
 
 from pipeline.files import atomic_write, atomic_write_text
+from pipeline.formats import plain_id
 
 ESPEAK = "espeak-ng"
 ESPEAK_RATE = 22050  # espeak-ng's own output rate
 FORMATS = {"flac": "FLAC", "wav": "WAV"}
 _TAG_PREFIX = "make_corpus "
+SILENT_PEAK = 328  # int16 peak below -40 dBFS: espeak-ng spoke nothing (its speech peaks near 10000..25000)
 
 
 def _check_espeak():
@@ -86,6 +88,10 @@ def _speak_pcm(text: str, voice: str, speed: int) -> tuple[np.ndarray, int]:
     pcm, rate = _parse_wav(proc.stdout)
     if pcm.size == 0:
         raise ValueError(f"{ESPEAK} produced no audio for {text!r}")
+    peak = int(np.abs(pcm.astype(np.int32)).max())
+    if peak < SILENT_PEAK:  # e.g. "..." or a lone dash: a clip of silence labelled with text
+        raise ValueError(f"{ESPEAK} spoke only silence for {text!r} (peak {peak} of 32767); give the line "
+                         "words to speak or leave it out")
     return pcm, rate
 
 
@@ -96,8 +102,10 @@ def speak(text: str, *, voice: str = "en-us", speed: int = 175) -> tuple[np.ndar
 
 
 def read_transcripts(path, *, start: int = 0, count: int | None = None) -> list[tuple[str, str, str]]:
-    """(id, text to speak, original line) for lines start .. start+count of an LJSpeech csv."""
-    rows = []
+    """(id, text to speak, original line) for lines start .. start+count of an LJSpeech csv.
+
+    An id names its clip's file, so it must be a plain file name (formats.plain_id), once in the lines read."""
+    rows, seen = [], {}
     with open(path, encoding="utf-8", newline="") as f:
         # only "\n" ends a line (str.splitlines would also split on \x85, \u2028, ...)
         lines = [line.removesuffix("\r") for line in f.read().removesuffix("\n").split("\n")]
@@ -109,7 +117,11 @@ def read_transcripts(path, *, start: int = 0, count: int | None = None) -> list[
         spoken = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
         if not spoken:
             raise ValueError(f"{path}:{lineno}: empty text for id {cols[0]!r}")
-        rows.append((cols[0].strip(), spoken, line))
+        clip_id = plain_id(cols[0].strip(), f"{path}:{lineno}")
+        if clip_id in seen:
+            raise ValueError(f"{path}:{lineno}: duplicate id {clip_id!r} (first on line {seen[clip_id]})")
+        seen[clip_id] = lineno
+        rows.append((clip_id, spoken, line))
     return rows
 
 
@@ -155,6 +167,28 @@ def _make_clip(path: Path, text: str, voice: str, speed: int, sample_rate: int,
     return len(pcm), True
 
 
+def _make_clips(tasks, speed, sample_rate, compression_level, jobs, log) -> tuple[int, int]:
+    """(frames, clips made) for tasks (where, path, text, voice); the first failure stops the run and
+    names its transcript line."""
+    total, made = 0, 0
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:  # each thread waits on one espeak
+        futures = {pool.submit(_make_clip, path, text, voice, speed, sample_rate, compression_level): where
+                   for where, path, text, voice in tasks}
+        try:
+            for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+                try:
+                    frames, new = future.result()
+                except Exception as err:
+                    raise RuntimeError(f"{futures[future]}: {err}") from err
+                total, made = total + frames, made + new
+                if done % 1000 == 0:
+                    print(f"make_corpus: {done}/{len(tasks)} clips", file=log)
+        except BaseException:  # first failure or Ctrl-C: start no more espeak processes
+            pool.shutdown(cancel_futures=True)
+            raise
+    return total, made
+
+
 def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "flac",
                 sample_rate: int = ESPEAK_RATE, jobs: int = 1, voice: str = "en-us",
                 speed: int = 175, compression_level: float | None = None, log=sys.stderr) -> dict:
@@ -179,24 +213,10 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
     for stale in wavs.glob(".*.tmp[0-9]*"):  # left by a killed run (files.temporary names)
         stale.unlink(missing_ok=True)
 
-    t0, total, made = time.perf_counter(), 0, 0
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:  # each thread waits on one espeak
-        futures = {pool.submit(_make_clip, wavs / f"{clip_id}.{fmt}", text, voice, speed,
-                               sample_rate, compression_level): clip_id
-                   for clip_id, text, _ in rows}
-        try:
-            for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
-                try:
-                    frames, new = future.result()
-                except Exception as err:
-                    raise RuntimeError(f"clip {futures[future]}: {err}") from err
-                total, made = total + frames, made + new
-                if done % 1000 == 0:
-                    print(f"make_corpus: {done}/{len(rows)} clips", file=log)
-        except BaseException:  # first failure or Ctrl-C: start no more espeak processes
-            pool.shutdown(cancel_futures=True)
-            raise
-
+    t0 = time.perf_counter()
+    total, made = _make_clips([(f"{transcripts}:{start + k + 1}: clip {clip_id}", wavs / f"{clip_id}.{fmt}", text,
+                                voice) for k, (clip_id, text, _) in enumerate(rows)],
+                              speed, sample_rate, compression_level, jobs, log)
     atomic_write_text(out / "metadata.csv", "".join(line + "\n" for _, _, line in rows))
 
     stats = {"clips": len(rows), "made": made, "skipped": len(rows) - made,
@@ -232,13 +252,11 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
     (out / "wavs").mkdir(parents=True, exist_ok=True)
     jobs_list = [(voice, language, *rows[i * count + k])
                  for i, (voice, language) in enumerate(zip(voices, languages)) for k in range(count)]
-    t0, total, made = time.perf_counter(), 0, 0
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(_make_clip, out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}", text, voice, speed,
-                               sample_rate, None) for voice, _, cid, text, _ in jobs_list]
-        for future in futures:
-            frames, new = future.result()
-            total, made = total + frames, made + new
+    t0 = time.perf_counter()
+    total, made = _make_clips([(f"{transcripts}:{start + j + 1}: clip {cid} ({voice})",
+                                out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}", text, voice)
+                               for j, (voice, _, cid, text, _) in enumerate(jobs_list)],
+                              speed, sample_rate, None, jobs, log)
     lines = ["audio_file|text|speaker|language"] + [
         f"wavs/{voice_file_stem(voice, cid)}.{fmt}|{text}|{voice}|{language}"
         for voice, language, cid, text, _ in jobs_list]

@@ -1,4 +1,5 @@
 """Tests for pipeline/make_corpus.py: speak 3 LJSpeech lines with espeak-ng into tmp_path."""
+import re
 import shutil
 from pathlib import Path
 
@@ -90,3 +91,32 @@ def test_voices_corpus_in_the_csv_format(tmp_path):
     assert len(a) > 8000 and len(b) > 8000
     with pytest.raises(ValueError, match="one language each"):
         mc.make_voices_corpus(TRANSCRIPTS, tmp_path, voices=["en-us", "de"], languages=["en-us"], count=1)
+
+
+@pytest.mark.parametrize("first, second, message", [
+    ("../../../escape|Hello world.", "D1|First line.", "t.csv:1: id '../../../escape' is not a plain file name"),
+    ("D1|First line.", "D1|Second line.", "t.csv:2: duplicate id 'D1' (first on line 1)"),
+    ("D1|First line.", ".hidden|Hello.", "t.csv:2: id '.hidden' is not a plain file name"),
+    ("a\\b|Hello.", "D1|First line.", "t.csv:1: id 'a\\\\b' is not a plain file name"),
+    ("a\x1bb|Hello.", "D1|First line.", "t.csv:1: id 'a\\x1bb' is not a plain file name"),
+])
+def test_an_id_that_is_no_plain_file_name_or_comes_twice_stops_before_speaking(tmp_path, first, second, message):
+    # ids name files under OUT/wavs: one reaching outside --out, or two lines writing one file, is refused
+    (tmp_path / "t.csv").write_text(f"{first}\n{second}\n", encoding="utf-8")
+    out = tmp_path / "a" / "b" / "corpus"
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        mc.main(["--transcripts", str(tmp_path / "t.csv"), "--out", str(out), "--count", "2", "--format", "wav"])
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["t.csv"]  # nothing spoken, nothing written
+
+
+def test_a_line_spoken_as_silence_stops_the_corpus_naming_its_line(tmp_path):
+    (tmp_path / "t.csv").write_text("A1|Hello there.\nP1|...\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"t.csv:2: clip P1: espeak-ng spoke only silence for '...'"):
+        mc.main(["--transcripts", str(tmp_path / "t.csv"), "--out", str(tmp_path / "c"), "--count", "2",
+                 "--format", "wav", "--jobs", "1"])
+    assert not (tmp_path / "c" / "metadata.csv").exists() and not (tmp_path / "c" / "wavs" / "P1.wav").exists()
+    with pytest.raises(ValueError, match="silence"):
+        mc.speak("\u2014")  # an em dash alone
+    # a voices corpus names the line and the voice
+    with pytest.raises(RuntimeError, match=r"t.csv:2: clip P1 \(en-us\): espeak-ng spoke only silence"):
+        mc.make_voices_corpus(tmp_path / "t.csv", tmp_path / "v", voices=["en-us"], count=2, sample_rate=16000)
