@@ -12,7 +12,8 @@ and returns its rows as Clip (id, text, speaker, language, audio file, file:line
             relative to root, the id is its file name without extension
 A row's language is its own (csv), else the source's `language`, else `text.language`.
 `read_sources` joins them: clip ids are `{source name}-{id}` (unique across sources; a collision
-is a DatasetError naming both files), source names unique.
+is a DatasetError naming both files), source names unique, and no audio file (symbolic links
+resolved) belongs to two clips.
 
     python -m pipeline.manifest is not a CLI; try: python -c "from pipeline import formats; print(formats.FORMATS)"
 """
@@ -315,8 +316,37 @@ def check_languages(clips, known, default):
                                f"them, e.g. {', '.join(sorted(k for k in known if k.startswith('en')))}")
 
 
+def _symlinks(folder):
+    """The paths of the symbolic links in a folder, from one directory scan (no stat a file)."""
+    try:
+        with os.scandir(folder or ".") as entries:
+            return {os.path.join(folder, e.name) for e in entries if e.is_symlink()}
+    except OSError:  # missing: its clips have no audio, which the audio jobs report
+        return set()
+
+
+def check_same_audio(clips):
+    """DatasetError naming both clips when two resolve to one audio file: the same recording under two
+    ids (two sources over one folder, a symbolic link) would train under one and validate under the
+    other. Each folder is resolved once; only the files that are symbolic links are resolved each."""
+    folders, links, seen = {}, set(), {}
+    for c in clips:
+        folder, _, name = c.audio.rpartition(os.sep)
+        if folder not in folders:
+            folders[folder] = os.path.realpath(folder or ".")
+            links |= _symlinks(folder)
+        real = os.path.realpath(c.audio) if c.audio in links else os.path.join(folders[folder], name)
+        first = seen.setdefault(real, c)
+        if first is not c:
+            raise DatasetError(f"clip {first.id!r} of source {first.source!r} ({first.where}) and clip {c.id!r} of "
+                               f"source {c.source!r} ({c.where}) are one audio file "
+                               f"{real}: the same recording twice would train under one id and validate under the "
+                               "other; list it once")
+
+
 def read_sources(sources, strict=True):
-    """Every source's clips; DatasetError on two sources of one name or two clips of one id."""
+    """Every source's clips; DatasetError on two sources of one name, two clips of one id or of one
+    audio file."""
     names, seen, out = {}, {}, []
     for i, src in enumerate(sources):
         name = source_name(src, i)
@@ -329,4 +359,5 @@ def read_sources(sources, strict=True):
                 raise DatasetError(f"clip id {c.id!r} twice: {seen[c.id]} and {c.where}; rename one file or a source")
             seen[c.id] = c.where
             out.append(c)
+    check_same_audio(out)
     return out

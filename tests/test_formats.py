@@ -184,3 +184,29 @@ def test_control_characters_and_file_named_ids_are_refused_naming_the_file(tmp_p
     # a trailing newline is not part of a plain name (a regex's $ would have let it through)
     assert "dataset.sources[0].name: 'lj\\n' is not a plain name" in _error(
         [{"root": str(lj), "format": "ljspeech", "name": "lj\n"}])
+
+
+def test_one_recording_under_two_clips_is_refused_naming_both(tmp_path, corpus_template):
+    # it would train under one id and validate under the other
+    lj = shutil.copytree(corpus_template, tmp_path / "lj")
+    message = _error([{"root": str(lj), "format": "ljspeech", "name": "a"},
+                      {"root": str(lj), "format": "ljspeech", "name": "b"}])
+    assert message.startswith(f"clip 'a-LJ001-0001' of source 'a' ({lj / 'metadata.csv'}:1) and clip 'b-LJ001-0001' "
+                              f"of source 'b' ({lj / 'metadata.csv'}:1) are one audio file {lj / 'wavs' / 'LJ001-0001.wav'}")
+    (tmp_path / "link").symlink_to(lj)  # a folder reached through a link
+    assert "are one audio file" in _error([{"root": str(lj), "format": "ljspeech", "name": "a"},
+                                           {"root": str(tmp_path / "link"), "format": "ljspeech", "name": "b"}])
+    mine = make_csv(tmp_path / "mine", ["x1.wav|Hello.|anna|en-us"])
+    (mine / "x2.wav").symlink_to(lj / "wavs" / "LJ001-0002.wav")  # a file that is a link
+    with open(mine / "metadata.csv", "a") as f:
+        f.write("x2.wav|Hello.|anna|en-us\n")
+    assert f"and clip 'mine-x2' of source 'mine' ({mine / 'metadata.csv'}:3) are one audio file" in _error(
+        [{"root": str(lj), "format": "ljspeech"}, {"root": str(mine), "format": "csv"}])
+    (lj / "wavs" / "LJ001-0003.wav").unlink()
+    (lj / "wavs" / "LJ001-0003.wav").symlink_to("LJ001-0001.wav")  # within one source
+    assert "clip 'lj-LJ001-0001' of source 'lj'" in _error([{"root": str(lj), "format": "ljspeech"}])
+    # and planning stops on it
+    config = write_config(tmp_path, lj, dataset={"sources": [{"root": str(mine), "format": "csv", "name": "a"},
+                                                             {"root": str(mine), "format": "csv", "name": "b"}]})
+    proc = snakemake("caches", "-n", config=config, check=False)
+    assert proc.returncode != 0 and "'b-x1' of source 'b'" in proc.stdout + proc.stderr
