@@ -307,13 +307,26 @@ def normalised(sources):
 
 
 def check_languages(clips, known, default):
-    """DatasetError naming the first clip (file:line) whose language espeak-ng has no voice for."""
+    """DatasetError naming the first clip (file:line) whose language the token job's espeak-ng backend
+    does not take as written. That backend looks a code up exactly among the voices `espeak-ng --voices`
+    lists (preflight.espeak_voices): "EN-US" or a voice's other language ("en", "fr") would pass a
+    check by `known` (espeak_languages: every code, lowercased) and fail in the job."""
+    from pipeline.preflight import espeak_voices
+
+    voices = espeak_voices()
+    spelled = {v.lower(): v for v in voices} if voices is not None else {k: k for k in known}
+    exact = set(spelled.values())
     for c in clips:
-        language = (c.language or default).lower()
-        if language not in known:
-            raise DatasetError(f"{c.where}: language {c.language or default!r} (from its source's `language`, its csv "
-                               f"column or text.language) is not an espeak-ng language; `espeak-ng --voices` lists "
-                               f"them, e.g. {', '.join(sorted(k for k in known if k.startswith('en')))}")
+        language = c.language or default
+        if language in exact:
+            continue
+        where = f"{c.where}: language {language!r} (from its source's `language`, its csv column or text.language)"
+        if language.lower() in spelled:
+            raise DatasetError(f"{where}: espeak-ng spells it {spelled[language.lower()]!r} and the token job looks "
+                               "it up as written; write that")
+        close = sorted(v for v in exact if v.split("-")[0] == language.split("-")[0].lower())
+        raise DatasetError(f"{where} is not an espeak-ng voice; `espeak-ng --voices` lists them, e.g. "
+                           f"{', '.join(close or sorted(v for v in exact if v.startswith('en')))}")
 
 
 def _symlinks(folder):

@@ -210,3 +210,31 @@ def test_one_recording_under_two_clips_is_refused_naming_both(tmp_path, corpus_t
                                                              {"root": str(mine), "format": "csv", "name": "b"}]})
     proc = snakemake("caches", "-n", config=config, check=False)
     assert proc.returncode != 0 and "'b-x1' of source 'b'" in proc.stdout + proc.stderr
+
+
+def test_a_language_is_checked_as_the_token_job_spells_it(tmp_path, corpus_template):
+    # the token job's espeak-ng backend looks a code up exactly: planning must not pass what it refuses
+    from pipeline import text
+    known = text.espeak_languages()
+
+    def check(language, source_language=None):
+        mine = make_csv(tmp_path / f"m{len(list(tmp_path.iterdir()))}", [f"x1.wav|Good morning.|alice|{language}"])
+        src = {"root": str(mine), "format": "csv", **({"language": source_language} if source_language else {})}
+        with pytest.raises(DatasetError) as e:
+            formats.check_languages(formats.read_sources([src]), known, "en-us")
+        return mine, str(e.value)
+
+    mine, message = check("en-US")
+    assert message == (f"{mine / 'metadata.csv'}:2: language 'en-US' (from its source's `language`, its csv column "
+                       "or text.language): espeak-ng spells it 'en-us' and the token job looks it up as written; "
+                       "write that")
+    assert "language 'EN-US'" in check("", "EN-US")[1]  # a source's language
+    message = check("fr")[1]  # a voice's other language, which the backend does not take
+    assert "language 'fr' (from" in message and "is not an espeak-ng voice" in message and "fr-fr" in message
+    for good in ("en-us", "en-gb", "de"):  # as espeak-ng spells them: through
+        formats.check_languages(formats.read_sources([{"root": str(make_csv(
+            tmp_path / good, [f"x1.wav|Good morning.|alice|{good}"])), "format": "csv"}]), known, "en-us")
+    # and `snakemake -n` stops on it, before any job
+    config = write_config(tmp_path, corpus_template, dataset={"sources": [{"root": str(mine), "format": "csv"}]})
+    proc = snakemake("caches", "-n", config=config, check=False)
+    assert proc.returncode != 0 and f"{mine / 'metadata.csv'}:2: language 'en-US'" in proc.stdout + proc.stderr
