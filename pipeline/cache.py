@@ -4,7 +4,9 @@ Each job reads the manifest (pipeline/manifest.py), computes one shard's feature
 in the one shard format (pipeline/shards.py). Mel shards and their energy come from one STFT
 (pipeline/audio.py), with the waveform cut to the mel's frame grid (audio shards); pitch from pipeline/pitch.py on the same frame grid; tokens from the text
 front end (pipeline/text.py, one espeak-ng backend per job). Per-clip sums (`.stats.npy`) give
-`index` the train split's mel, energy and voiced-pitch mean/std without a second pass.
+`index` the train split's mel, energy and voiced-pitch mean/std without a second pass. A job leaves
+out, with its reason, each clip it cannot vouch for (audio: load_clip; text: text.problem); `index`
+lists them all in rejected.tsv.
 
     python -m pipeline.cache tokens --config CFG --shard 3 --out cache/demo/tokens/shard-003
     python -m pipeline.cache mels   --config CFG --shard 3 --out cache/demo/mels/shard-003 --energy cache/demo/energy/shard-003 --audio cache/demo/audio/shard-003
@@ -80,14 +82,42 @@ def build_token_shard(cfg, shard, out, log=_print):
 
 
 MAX_PEAK = 2.0  # full scale is 1; resampling a full-scale clip overshoots by a few percent at most
+# Speech is there where a 20 ms frame, its own mean removed (DC offset), has an RMS of at least -60 dBFS.
+# espeak-ng speech at -21 dBFS RMS (data/demo) has 77-94 % of its frames there, 72-90 % 20 dB quieter
+# and 17-32 % 40 dB quieter; its shortest clip (1.6 s) padded with digital silence to 20 s, 6 %. Under
+# 2 % a clip holds no speech to align (a click in silence: 0.2 %; a constant offset: 0 %).
+ACTIVE_LEVEL, MIN_ACTIVE, FRAME_SECONDS = 1e-3, 0.02, 0.02
+
+
+def active_fraction(y, sample_rate):
+    """The fraction of a clip's 20 ms frames whose RMS about their own mean reaches ACTIVE_LEVEL."""
+    n = max(1, min(len(y), int(sample_rate * FRAME_SECONDS)))
+    frames = y[:len(y) // n * n].reshape(-1, n)
+    return float(np.mean(frames.std(axis=1) >= ACTIVE_LEVEL))
+
+
+def _level_problem(path, info, y, sample_rate):
+    """BadAudio for samples beyond full scale, or too little signal to hold speech."""
+    peak = float(np.max(np.abs(y)))
+    if peak > MAX_PEAK:
+        raise audio.BadAudio(f"samples reach {peak:.3g}, beyond full scale (1.0): a float file scaled like integers? "
+                             "divide it by its peak")
+    active = active_fraction(y, sample_rate)
+    if active < MIN_ACTIVE:
+        offset = float(np.mean(y))
+        dc = f", a constant offset of {offset:.3g} (DC) removed" if abs(offset) >= ACTIVE_LEVEL else ""
+        raise audio.BadAudio(f"no speech: {active:.1%} of its {FRAME_SECONDS * 1000:.0f} ms frames reach "
+                             f"{20 * np.log10(ACTIVE_LEVEL):.0f} dBFS{dc} (at least {MIN_ACTIVE:.0%} must): "
+                             "near-silence, a click or an offset")
 
 
 def load_clip(path, *, sample_rate, max_seconds):
     """pipeline.audio.load_audio, after refusing a file whose header says it is longer than
-    `max_seconds`: a 2-hour clip is not decoded whole (~520 MB) to be refused; and refusing a float
-    file whose samples go beyond full scale (one scaled like 16-bit integers gives mels ~10 nats too
-    loud, one at 1e30 infinite mels and statistics). Here, not in audio.py, whose bytes are the mel
-    caches' code digest: these checks change no mel of a clip they keep."""
+    `max_seconds` (a 2-hour clip is not decoded whole, ~520 MB, to be refused); and refusing a clip
+    whose samples go beyond full scale (a float file scaled like 16-bit integers gives mels ~10 nats
+    too loud, one at 1e30 infinite mels and statistics) or hold no speech (near-silence, a DC offset:
+    _level_problem). Here, not in audio.py, whose bytes are the mel caches' code digest: these checks
+    change no mel of a clip they keep."""
     try:
         info = sf.info(str(path))
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError):
@@ -103,10 +133,7 @@ def load_clip(path, *, sample_rate, max_seconds):
                 raise audio.BadAudio(f"its {info.channels} channels cancel when mixed to mono (one is the other "
                                      "inverted?): keep one channel") from None
         raise
-    peak = float(np.max(np.abs(y)))
-    if peak > MAX_PEAK:
-        raise audio.BadAudio(f"samples reach {peak:.3g}, beyond full scale (1.0): a float file scaled like integers? "
-                             "divide it by its peak")
+    _level_problem(path, info, y, sample_rate)
     return y
 
 

@@ -246,6 +246,10 @@ def _write_bad(wavs, kind, cid, good):
     elif kind == "cancelling":  # stereo, the right channel the left one inverted: silence once mixed to mono
         y = sf.read(str(good), dtype="float32")[0]
         sf.write(str(path), np.stack([y, -y], axis=1), SR, subtype="PCM_16")
+    elif kind in ("near_silent", "dc"):  # a peak above audio.SILENCE_PEAK, yet no speech
+        y = np.zeros(SR * 10, np.float32) if kind == "near_silent" else np.full(SR * 2, 0.5, np.float32)
+        y[SR] = 0.001 if kind == "near_silent" else y[SR]
+        sf.write(str(path), y, SR, subtype="PCM_16")
     return path
 
 
@@ -260,6 +264,8 @@ BAD_KINDS = {  # kind: words the rejected reason must contain (any of)
     "integer_scaled": ("samples reach 2.64e+04, beyond full scale",),
     "huge": ("samples reach 1e+30, beyond full scale",),
     "cancelling": ("its 2 channels cancel when mixed to mono",),
+    "near_silent": ("no speech: 0.0% of its 20 ms frames reach -60 dbfs (at least 2% must)",),
+    "dc": ("a constant offset of 0.5 (dc) removed",),
 }
 
 
@@ -323,6 +329,19 @@ def test_each_bad_audio_kind_is_rejected_by_the_shard_jobs_loader(tmp_path, corp
     with pytest.raises(audio.BadAudio) as e:
         cache.load_clip(path, sample_rate=SR, max_seconds=20.0)
     assert any(w in str(e.value).lower() for w in BAD_KINDS[kind]), str(e.value)
+
+
+def test_quiet_paused_and_normalised_speech_is_kept(tmp_path, corpus_template):
+    # the speech checks' margins: every demo clip, and speech 40 dB quieter, with long pauses, or
+    # normalised to peak 1.0
+    for path in sorted((ROOT / "data" / "demo" / "wavs").glob("*.flac")):
+        assert cache.active_fraction(cache.load_clip(path, sample_rate=SR, max_seconds=20.0), SR) > 0.5
+    y = sf.read(str(sorted((corpus_template / "wavs").glob("*.wav"))[2]), dtype="float32")[0]
+    pause = np.zeros(3 * SR, np.float32)
+    for name, wave in {"quiet": y * 0.01, "paused": np.concatenate([y[:SR], pause, pause, y[SR:2 * SR], pause]),
+                       "normalised": y / np.abs(y).max()}.items():
+        sf.write(str(tmp_path / f"{name}.wav"), wave, SR, subtype="PCM_16")
+        assert len(cache.load_clip(tmp_path / f"{name}.wav", sample_rate=SR, max_seconds=20.0)) == len(wave)
 
 
 def test_index_refuses_statistics_that_are_not_finite(built_cache, tmp_path):
