@@ -87,6 +87,22 @@ MAX_PEAK = 2.0  # full scale is 1; resampling a full-scale clip overshoots by a 
 # and 17-32 % 40 dB quieter; its shortest clip (1.6 s) padded with digital silence to 20 s, 6 %. Under
 # 2 % a clip holds no speech to align (a click in silence: 0.2 %; a constant offset: 0 %).
 ACTIVE_LEVEL, MIN_ACTIVE, FRAME_SECONDS = 1e-3, 0.02, 0.02
+# Clipped: samples at full scale (0.999 <= |x| <= 1: an integer file's largest values, 32767/32768 and -1).
+# Speech normalised to peak 1.0 has 0.001-0.004 % of its samples there (data/demo); overdriven 2x
+# (+6 dB) 0.5-1.9 %, x20 24-37 %: over 1 % its flattened peaks are distortion the model would learn.
+FULL_SCALE, MAX_CLIPPED = 0.999, 0.01
+
+
+def _clipped_fraction(path, info, y, sample_rate):
+    """The fraction of the file's own samples (every channel, before resampling) at full scale."""
+    if info is None or (info.channels == 1 and info.samplerate == sample_rate):
+        native = y  # the file's samples themselves
+    elif float(np.max(np.abs(y))) * info.channels < 0.5:
+        return 0.0  # resampled and mixed, clipped runs would still come near full scale
+    else:
+        native = sf.read(str(path), dtype="float32", always_2d=True)[0]
+    level = np.abs(native)
+    return float(np.count_nonzero((level >= FULL_SCALE) & (level <= 1))) / native.size  # a float file's 1.2: not clipped
 
 
 def active_fraction(y, sample_rate):
@@ -97,11 +113,15 @@ def active_fraction(y, sample_rate):
 
 
 def _level_problem(path, info, y, sample_rate):
-    """BadAudio for samples beyond full scale, or too little signal to hold speech."""
+    """BadAudio for samples beyond full scale, heavy clipping, or too little signal to hold speech."""
     peak = float(np.max(np.abs(y)))
     if peak > MAX_PEAK:
         raise audio.BadAudio(f"samples reach {peak:.3g}, beyond full scale (1.0): a float file scaled like integers? "
                              "divide it by its peak")
+    clipped = _clipped_fraction(path, info, y, sample_rate)
+    if clipped > MAX_CLIPPED:
+        raise audio.BadAudio(f"clipped: {clipped:.1%} of its samples are at full scale (more than {MAX_CLIPPED:.0%}); "
+                             "re-record or take a copy before the gain was raised")
     active = active_fraction(y, sample_rate)
     if active < MIN_ACTIVE:
         offset = float(np.mean(y))
@@ -115,8 +135,8 @@ def load_clip(path, *, sample_rate, max_seconds):
     """pipeline.audio.load_audio, after refusing a file whose header says it is longer than
     `max_seconds` (a 2-hour clip is not decoded whole, ~520 MB, to be refused); and refusing a clip
     whose samples go beyond full scale (a float file scaled like 16-bit integers gives mels ~10 nats
-    too loud, one at 1e30 infinite mels and statistics) or hold no speech (near-silence, a DC offset:
-    _level_problem). Here, not in audio.py, whose bytes are the mel caches' code digest: these checks
+    too loud, one at 1e30 infinite mels and statistics), are clipped, or hold no speech (near-silence,
+    a DC offset: _level_problem). Here, not in audio.py, whose bytes are the mel caches' code digest: these checks
     change no mel of a clip they keep."""
     try:
         info = sf.info(str(path))

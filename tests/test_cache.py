@@ -250,6 +250,9 @@ def _write_bad(wavs, kind, cid, good):
         y = np.zeros(SR * 10, np.float32) if kind == "near_silent" else np.full(SR * 2, 0.5, np.float32)
         y[SR] = 0.001 if kind == "near_silent" else y[SR]
         sf.write(str(path), y, SR, subtype="PCM_16")
+    elif kind == "clipped":  # speech x20: about a quarter of its samples at full scale
+        y = sf.read(str(good), dtype="float32")[0]
+        sf.write(str(path), np.clip(y / np.abs(y).max() * 20, -1, 1), SR, subtype="PCM_16")
     return path
 
 
@@ -266,6 +269,7 @@ BAD_KINDS = {  # kind: words the rejected reason must contain (any of)
     "cancelling": ("its 2 channels cancel when mixed to mono",),
     "near_silent": ("no speech: 0.0% of its 20 ms frames reach -60 dbfs (at least 2% must)",),
     "dc": ("a constant offset of 0.5 (dc) removed",),
+    "clipped": ("clipped: ",),
 }
 
 
@@ -342,6 +346,18 @@ def test_quiet_paused_and_normalised_speech_is_kept(tmp_path, corpus_template):
                        "normalised": y / np.abs(y).max()}.items():
         sf.write(str(tmp_path / f"{name}.wav"), wave, SR, subtype="PCM_16")
         assert len(cache.load_clip(tmp_path / f"{name}.wav", sample_rate=SR, max_seconds=20.0)) == len(wave)
+
+
+def test_clipping_is_counted_on_the_files_own_samples(tmp_path, corpus_template):
+    # resampled from 44.1 kHz and mixed from stereo, a clipped clip's flat tops no longer sit at 1.0
+    y = sf.read(str(sorted((corpus_template / "wavs").glob("*.wav"))[2]), dtype="float32")[0]
+    y = soxr.resample(y / np.abs(y).max(), SR, 44100)
+    for gain in (1, 20):
+        wave = np.clip(y * gain, -1, 1)
+        sf.write(str(tmp_path / f"x{gain}.flac"), np.stack([wave, wave * 0.9], axis=1), 44100, subtype="PCM_24")
+    assert len(cache.load_clip(tmp_path / "x1.flac", sample_rate=SR, max_seconds=20.0)) > 0
+    with pytest.raises(audio.BadAudio, match=r"^clipped: 1\d\.\d% of its samples are at full scale \(more than 1%\)"):
+        cache.load_clip(tmp_path / "x20.flac", sample_rate=SR, max_seconds=20.0)
 
 
 def test_index_refuses_statistics_that_are_not_finite(built_cache, tmp_path):
