@@ -5,8 +5,8 @@ in the one shard format (pipeline/shards.py). Mel shards and their energy come f
 (pipeline/audio.py), with the waveform cut to the mel's frame grid (audio shards); pitch from pipeline/pitch.py on the same frame grid; tokens from the text
 front end (pipeline/text.py, one espeak-ng backend per job). Per-clip sums (`.stats.npy`) give
 `index` the train split's mel, energy and voiced-pitch mean/std without a second pass. A job leaves
-out, with its reason, each clip it cannot vouch for (audio: load_clip; text: text.problem); `index`
-lists them all in rejected.tsv.
+out, with its reason, each clip it cannot vouch for (audio: load_clip; text: text.problem and
+dropped_words); `index` lists them all in rejected.tsv.
 
     python -m pipeline.cache tokens --config CFG --shard 3 --out cache/demo/tokens/shard-003
     python -m pipeline.cache mels   --config CFG --shard 3 --out cache/demo/mels/shard-003 --energy cache/demo/energy/shard-003 --audio cache/demo/audio/shard-003
@@ -25,6 +25,7 @@ import json
 import sys
 import time
 import types
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,24 @@ def _symbols_by_language(clips, text_cfg):
     return out, languages
 
 
+SPOKEN_SYMBOLS = "&%+=@#"  # read out as words ("and", "percent"), as are currency signs (Unicode Sc)
+
+
+def dropped_words(line, symbols, text_cfg):
+    """Why a line loses spoken characters to the characters front end (digits the cleaners leave, "&",
+    "%", currency signs, ...: its audio says words its tokens lack, so no alignment fits); None when
+    it drops only punctuation, or reads everything (phonemes: espeak-ng says them)."""
+    if text_cfg["frontend"] != "characters":
+        return None
+    kept = set(symbols)
+    lost = list(dict.fromkeys(c for c in text.clean_text(line, text_cfg["cleaners"]) if c not in kept and (
+        unicodedata.category(c)[0] in "LN" or unicodedata.category(c) == "Sc" or c in SPOKEN_SYMBOLS)))
+    if not lost:
+        return None
+    return (f"the characters front end drops {', '.join(map(repr, lost))}, which the audio says: write them out "
+            f"in words (or use text.frontend: phonemes)")
+
+
 def build_token_shard(cfg, shard, out, log=_print):
     ds = cfg["dataset"]
     clips = manifest.shard_manifest(ds, cfg["cache"]["shards"], shard, log=log)
@@ -60,7 +79,8 @@ def build_token_shard(cfg, shard, out, log=_print):
     ids, arrays, rejected, used, dropped, speakers, languages = [], [], [], set(), {}, [], []
     results, voices = _symbols_by_language(clips, cfg["text"])
     for c, (symbols, n_dropped) in zip(clips, results):
-        reason = text.problem(c.text, symbols, {**cfg["text"], "language": c.language or cfg["text"]["language"]})
+        text_cfg = {**cfg["text"], "language": c.language or cfg["text"]["language"]}
+        reason = text.problem(c.text, symbols, text_cfg) or dropped_words(c.text, symbols, text_cfg)
         if reason:
             where = manifest.clip_where(ds, c)
             rejected.append(dict(id=c.id, path=where, stage="tokens", reason=f"text {text.shown(c.text)}: {reason}"))

@@ -1,6 +1,7 @@
 """Clips left out of training, each with its reason in rejected.tsv: text in another script (a real
-`snakemake caches`), audio too short for its text (cache_index), and a token longer than
-aligner.max_token_seconds (the duration shard job), which the loader leaves out and train counts.
+`snakemake caches`), audio too short for its text (cache_index), spoken characters the characters
+front end drops (the token job), and a token longer than aligner.max_token_seconds (the duration
+shard job), which the loader leaves out and train counts.
 
     python -m pytest -q tests/test_rejected.py
 """
@@ -13,7 +14,7 @@ import pytest
 import soundfile as sf
 from conftest import snakemake, write_config
 
-from pipeline import config, data, durations, manifest, shards
+from pipeline import cache, config, data, durations, manifest, shards
 from pipeline import train as train_mod
 
 ODD_ROWS = {  # id: (text, how its audio is made)
@@ -114,3 +115,28 @@ def test_a_token_longer_than_max_token_seconds_is_left_out_and_counted(aligned_c
     assert log == [f"left out {len(long)} clips ({len(long)} at durations); listed in {run / 'rejected.tsv'}"]
     header, rows = _table(run / "rejected.tsv")
     assert set(rows) == long and all(r["shard"] == "0" for r in rows.values())
+
+
+@pytest.mark.parametrize("cleaners, line, dropped", [
+    ("basic", "I have 3 cats & 2 dogs.", "'3', '&', '2'"),
+    ("english", "Salt & pepper, 50% off, 2 + 2 = 4.", "'&', '%', '+', '='"),
+])
+def test_spoken_characters_the_characters_front_end_drops_reject_the_clip(tmp_path, corpus_template, cleaners, line,
+                                                                          dropped):
+    # the audio says "three" and "and": tokens without them cannot be aligned to it
+    root = tmp_path / "data"
+    shutil.copytree(corpus_template, root)
+    lines = (root / "metadata.csv").read_text(encoding="utf-8").splitlines()[:3]
+    ids = [row.split("|")[0] for row in lines]
+    lines[0] = f"{ids[0]}|{line}|{line}"
+    lines[1] = f'{ids[1]}|"Quoted" (and bracketed) - dashed [words]; fine!|"Quoted" (and bracketed) - dashed [words]; fine!'
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cfg = config.load_config(write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": 1},
+                                          text={"frontend": "characters", "cleaners": cleaners}))
+    out = shards.prefix(config.cache_dir(cfg), "tokens", 0)
+    cache.build_token_shard(cfg, 0, out, log=lambda *a: None)
+    meta = shards.read_meta(out, "tokens")
+    assert meta["ids"] == ids[1:]  # punctuation that is not spoken may go
+    assert meta["rejected"] == [dict(id=ids[0], path=f"{root / 'metadata.csv'}:1", stage="tokens", reason=(
+        f"text {line!r}: the characters front end drops {dropped}, which the audio says: write them out in words "
+        "(or use text.frontend: phonemes)"))]
