@@ -18,6 +18,7 @@ Config keys: dataset.*, cache.shards, text.* (tokens), audio.* (mels; pitch read
 hop_length), pitch.* (pitch).
 """
 import argparse
+import collections
 import functools
 import importlib
 import importlib.util
@@ -113,6 +114,21 @@ ACTIVE_LEVEL, MIN_ACTIVE, FRAME_SECONDS = 1e-3, 0.02, 0.02
 FULL_SCALE, MAX_CLIPPED = 0.999, 0.01
 
 
+class NarrowBand(audio.BadAudio):
+    """A clip whose native rate cannot fill the mel's bands: a reject that depends on audio.fmax."""
+
+
+def _header_problem(info, *, max_seconds, fmax):
+    """BadAudio for what the header alone tells: too long, and (`fmax` given: the mel job) a sample
+    rate below 2 * audio.fmax, whose top mel bands would be empty."""
+    if info.samplerate > 0 and info.frames / info.samplerate > max_seconds:
+        raise audio.BadAudio(f"too long ({info.frames / info.samplerate:.1f} s > dataset.max_seconds {max_seconds})")
+    if fmax is not None and 0 < info.samplerate < 2 * fmax:
+        raise NarrowBand(f"recorded at {info.samplerate} Hz, which holds nothing above {info.samplerate / 2:g} Hz, "
+                         f"but audio.fmax is {fmax:g} Hz (the mel bands above would be empty): lower audio.fmax "
+                         f"to {info.samplerate / 2:g} or use wider-band recordings")
+
+
 def _clipped_fraction(path, info, y, sample_rate):
     """The fraction of the file's own samples (every channel, before resampling) at full scale."""
     if info is None or (info.channels == 1 and info.samplerate == sample_rate):
@@ -151,19 +167,20 @@ def _level_problem(path, info, y, sample_rate):
                              "near-silence, a click or an offset")
 
 
-def load_clip(path, *, sample_rate, max_seconds):
+def load_clip(path, *, sample_rate, max_seconds, fmax=None):
     """pipeline.audio.load_audio, after refusing a file whose header says it is longer than
-    `max_seconds` (a 2-hour clip is not decoded whole, ~520 MB, to be refused); and refusing a clip
-    whose samples go beyond full scale (a float file scaled like 16-bit integers gives mels ~10 nats
-    too loud, one at 1e30 infinite mels and statistics), are clipped, or hold no speech (near-silence,
-    a DC offset: _level_problem). Here, not in audio.py, whose bytes are the mel caches' code digest: these checks
-    change no mel of a clip they keep."""
+    `max_seconds` (a 2-hour clip is not decoded whole, ~520 MB, to be refused) or (`fmax`, the mel
+    job's audio.fmax) has a sample rate below 2 * fmax; and refusing a clip whose
+    samples go beyond full scale (a float file scaled like 16-bit integers gives mels ~10 nats too
+    loud, one at 1e30 infinite mels and statistics), are clipped, or hold no speech (near-silence, a
+    DC offset: _level_problem). Here, not in audio.py, whose bytes are the mel caches' code digest:
+    these checks change no mel of a clip they keep."""
     try:
         info = sf.info(str(path))
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError):
         info = None  # load_audio says what is wrong with it
-    if info is not None and info.samplerate > 0 and info.frames / info.samplerate > max_seconds:
-        raise audio.BadAudio(f"too long ({info.frames / info.samplerate:.1f} s > dataset.max_seconds {max_seconds})")
+    if info is not None:
+        _header_problem(info, max_seconds=max_seconds, fmax=fmax)
     try:
         y = audio.load_audio(path, sample_rate=sample_rate, max_seconds=max_seconds)
     except audio.BadAudio as e:
@@ -209,6 +226,7 @@ def _audio_of_shard(cfg, shard, what, log, clips):
     from its files; fail_on_bad raises BadAudio listing every bad clip when dataset.bad_audio is fail."""
     ds, a = cfg["dataset"], cfg["audio"]
     rejected, start = [], time.time()
+    fmax = a["fmax"] if what == "mel" else None  # a pitch job is given no audio.fmax (nor depends on it)
 
     def signals():
         for i, c in enumerate(clips, start=1):
@@ -217,11 +235,12 @@ def _audio_of_shard(cfg, shard, what, log, clips):
                 if path is None:
                     raise audio.BadAudio(f"missing file ({Path(c.audio).name})" if c.audio
                                          else f"missing file (no {c.id}.wav, .flac or .ogg)")
-                y = load_clip(path, sample_rate=a["sample_rate"], max_seconds=ds["max_seconds"])
+                y = load_clip(path, sample_rate=a["sample_rate"], max_seconds=ds["max_seconds"], fmax=fmax)
                 audio.check_length(y, a["hop_length"])
             except audio.BadAudio as e:
                 where = path or c.audio or Path(ds["root"]) / ds["audio_dir"] / f"{c.id}.*"
-                rejected.append(dict(id=c.id, path=str(where), stage={"mel": "mels"}.get(what, what), reason=str(e)))
+                rejected.append(dict(id=c.id, path=str(where), stage={"mel": "mels"}.get(what, what), reason=str(e),
+                                     **({"setting": "audio.fmax"} if isinstance(e, NarrowBand) else {})))
                 log(f"rejected {where}: {e}")
                 continue
             yield c.id, y
@@ -236,8 +255,9 @@ def _cached_audio(cfg, shard, path, key, log):
     """The signals, rejected and fail_on_bad of `_audio_of_shard`, read from the audio shard at `path`
     when the mel job that wrote it decoded exactly these clips (`key`, decode_key); None when it is
     missing, from other clips or settings, or being rewritten (a checksum that does not match yet):
-    the caller decodes the clips itself. Either way the F0 tracks are the same bytes (pitch.f0 reads
-    only the frames' samples, and the audio shard holds exactly those)."""
+    the caller decodes the clips itself, as it does when the mel job left clips out for audio.fmax (a
+    setting pitch does not depend on: its job is not rerun when it changes). Either way the F0 tracks
+    are the same bytes (pitch.f0 reads only the frames' samples, and the audio shard holds exactly those)."""
     try:
         meta = shards.read_meta(path, "audio")
     except shards.CacheError as e:
@@ -250,6 +270,10 @@ def _cached_audio(cfg, shard, path, key, log):
         waves = shards.arrays(meta, path)
     except shards.CacheError as e:
         log(f"pitch shard {shard}: {Path(path).name} does not match its JSON (being rewritten?): decoding the clips ({e})")
+        return None
+    if any(r.get("setting") for r in meta["rejected"]):
+        log(f"pitch shard {shard}: {Path(path).name} left out clips for audio.fmax, which pitch does not depend on: "
+            "decoding the clips")
         return None
     signals = zip(meta["ids"], waves)
     rejected = [dict(r, stage="pitch") for r in meta["rejected"]]
@@ -457,6 +481,18 @@ def _read_group(k, group, want, rejected):
     return metas, stats, usable - set(short), short
 
 
+def _no_training_clips(cfg, rejected, counts):
+    """The error of an index with no training clip: how many clips were rejected and the commonest
+    reason (a failed job leaves no rejected.tsv to read), e.g. every clip recorded below 2 * audio.fmax."""
+    found = f"every clip was rejected or in validation ({len(rejected)} rejected, {counts['val']} in validation)"
+    if rejected:
+        reasons = collections.Counter(r["reason"] for r in rejected)
+        reason, n = reasons.most_common(1)[0]
+        first = next(r for r in rejected if r["reason"] == reason)
+        found += f"; {n} of them ({first['stage']}): {reason} (e.g. {first['path']})"
+    return PipelineError(f"no training clips in {_dataset_name(cfg['dataset'])}: {found}")
+
+
 def build_index(cfg, paths, out, log=_print):
     """index.json + vocab.json + rejected.tsv from every shard's JSON and per-clip sums.
     `paths`: {kind: [shard paths]} for shards.CACHE_KINDS, in shard order."""
@@ -475,8 +511,7 @@ def build_index(cfg, paths, out, log=_print):
     counts, frames_train = totals.counts, totals.frames
     counts["rejected"] = len(rejected)
     if frames_train == 0:
-        raise PipelineError(f"no training clips in {_dataset_name(cfg['dataset'])}: every clip was rejected or in validation "
-                            f"(see {out.parent / 'rejected.tsv'})")
+        raise _no_training_clips(cfg, list(rejected.values()), counts)
     mel_mean, mel_std = _mean_std(totals.mel, frames_train)
     energy_mean, energy_std = _mean_std(totals.energy, frames_train)
     pitch_mean, pitch_std = _mean_std(totals.pitch[1:], totals.pitch[0])

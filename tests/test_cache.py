@@ -250,9 +250,12 @@ def _write_bad(wavs, kind, cid, good):
         y = np.zeros(SR * 10, np.float32) if kind == "near_silent" else np.full(SR * 2, 0.5, np.float32)
         y[SR] = 0.001 if kind == "near_silent" else y[SR]
         sf.write(str(path), y, SR, subtype="PCM_16")
-    elif kind == "clipped":  # speech x20: about a quarter of its samples at full scale
+    elif kind in ("clipped", "narrow_band"):
         y = sf.read(str(good), dtype="float32")[0]
-        sf.write(str(path), np.clip(y / np.abs(y).max() * 20, -1, 1), SR, subtype="PCM_16")
+        if kind == "narrow_band":  # telephone audio, 8 kHz, with audio.fmax 8000
+            sf.write(str(path), soxr.resample(y, SR, 8000), 8000, subtype="PCM_16")
+        else:  # speech x20: about a quarter of its samples at full scale
+            sf.write(str(path), np.clip(y / np.abs(y).max() * 20, -1, 1), SR, subtype="PCM_16")
     return path
 
 
@@ -270,6 +273,7 @@ BAD_KINDS = {  # kind: words the rejected reason must contain (any of)
     "near_silent": ("no speech: 0.0% of its 20 ms frames reach -60 dbfs (at least 2% must)",),
     "dc": ("a constant offset of 0.5 (dc) removed",),
     "clipped": ("clipped: ",),
+    "narrow_band": ("recorded at 8000 hz, which holds nothing above 4000 hz, but audio.fmax is 8000 hz",),
 }
 
 
@@ -331,21 +335,24 @@ def test_each_bad_audio_kind_is_rejected_by_the_shard_jobs_loader(tmp_path, corp
     good = sorted((corpus_template / "wavs").glob("*.wav"))[2]
     path = _write_bad(tmp_path, kind, "clip", good)
     with pytest.raises(audio.BadAudio) as e:
-        cache.load_clip(path, sample_rate=SR, max_seconds=20.0)
+        cache.load_clip(path, sample_rate=SR, max_seconds=20.0, fmax=8000.0)
     assert any(w in str(e.value).lower() for w in BAD_KINDS[kind]), str(e.value)
 
 
-def test_quiet_paused_and_normalised_speech_is_kept(tmp_path, corpus_template):
-    # the speech checks' margins: every demo clip, and speech 40 dB quieter, with long pauses, or
-    # normalised to peak 1.0
+def test_quiet_paused_normalised_and_16_khz_speech_is_kept(tmp_path, corpus_template):
+    # the speech checks' margins: every demo clip (16 kHz, audio.fmax 8000 = its Nyquist frequency),
+    # and speech 40 dB quieter, with long pauses, or normalised to peak 1.0
     for path in sorted((ROOT / "data" / "demo" / "wavs").glob("*.flac")):
-        assert cache.active_fraction(cache.load_clip(path, sample_rate=SR, max_seconds=20.0), SR) > 0.5
+        assert cache.active_fraction(cache.load_clip(path, sample_rate=SR, max_seconds=20.0, fmax=8000.0), SR) > 0.5
     y = sf.read(str(sorted((corpus_template / "wavs").glob("*.wav"))[2]), dtype="float32")[0]
     pause = np.zeros(3 * SR, np.float32)
     for name, wave in {"quiet": y * 0.01, "paused": np.concatenate([y[:SR], pause, pause, y[SR:2 * SR], pause]),
                        "normalised": y / np.abs(y).max()}.items():
         sf.write(str(tmp_path / f"{name}.wav"), wave, SR, subtype="PCM_16")
-        assert len(cache.load_clip(tmp_path / f"{name}.wav", sample_rate=SR, max_seconds=20.0)) == len(wave)
+        assert len(cache.load_clip(tmp_path / f"{name}.wav", sample_rate=SR, max_seconds=20.0, fmax=8000.0)) == len(wave)
+    # without fmax (a pitch job: no audio.fmax setting) the 8 kHz rate is no reason
+    _write_bad(tmp_path, "narrow_band", "tel", sorted((corpus_template / "wavs").glob("*.wav"))[2])
+    assert len(cache.load_clip(tmp_path / "tel.wav", sample_rate=SR, max_seconds=20.0)) > 0
 
 
 def test_clipping_is_counted_on_the_files_own_samples(tmp_path, corpus_template):
@@ -358,6 +365,33 @@ def test_clipping_is_counted_on_the_files_own_samples(tmp_path, corpus_template)
     assert len(cache.load_clip(tmp_path / "x1.flac", sample_rate=SR, max_seconds=20.0)) > 0
     with pytest.raises(audio.BadAudio, match=r"^clipped: 1\d\.\d% of its samples are at full scale \(more than 1%\)"):
         cache.load_clip(tmp_path / "x20.flac", sample_rate=SR, max_seconds=20.0)
+
+
+def test_a_corpus_all_at_8_khz_stops_the_index_naming_the_rate_and_fmax(tmp_path, corpus_template):
+    root = tmp_path / "data"
+    shutil.copytree(corpus_template, root, ignore=shutil.ignore_patterns("*.wav"))
+    lines = (root / "metadata.csv").read_text(encoding="utf-8").splitlines()[:3]
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for line in lines:
+        cid = line.split("|")[0]
+        _write_bad(root / "wavs", "narrow_band", cid, corpus_template / "wavs" / f"{cid}.wav")
+    cfg = config.load_config(write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": 1},
+                                          text={"frontend": "characters"}))
+    cache_dir, quiet = config.cache_dir(cfg), (lambda *a: None)
+    cache.build_token_shard(cfg, 0, shards.prefix(cache_dir, "tokens", 0), log=quiet)
+    cache.build_mel_shard(cfg, 0, shards.prefix(cache_dir, "mels", 0), shards.prefix(cache_dir, "energy", 0),
+                          shards.prefix(cache_dir, "audio", 0), log=quiet)
+    said = []
+    cache.build_pitch_shard(cfg, 0, shards.prefix(cache_dir, "pitch", 0), shards.prefix(cache_dir, "audio", 0),
+                            log=said.append)
+    assert any("left out clips for audio.fmax" in line for line in said)  # it decodes them itself
+    assert shards.read_meta(shards.prefix(cache_dir, "pitch", 0), "pitch")["rejected"] == []
+    with pytest.raises(PipelineError) as e:
+        cache.build_index(cfg, cache.shard_paths(cfg), cache_dir / "index.json", log=quiet)
+    assert str(e.value).startswith(
+        f"no training clips in {root}: every clip was rejected or in validation (3 rejected, 0 in validation); 3 of "
+        "them (mels): recorded at 8000 Hz, which holds nothing above 4000 Hz, but audio.fmax is 8000 Hz")
+    assert "lower audio.fmax to 4000 or use wider-band recordings (e.g. " in str(e.value)
 
 
 def test_index_refuses_statistics_that_are_not_finite(built_cache, tmp_path):
