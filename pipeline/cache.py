@@ -112,6 +112,7 @@ ACTIVE_LEVEL, MIN_ACTIVE, FRAME_SECONDS = 1e-3, 0.02, 0.02
 # Speech normalised to peak 1.0 has 0.001-0.004 % of its samples there (data/demo); overdriven 2x
 # (+6 dB) 0.5-1.9 %, x20 24-37 %: over 1 % its flattened peaks are distortion the model would learn.
 FULL_SCALE, MAX_CLIPPED = 0.999, 0.01
+EIGHT_BIT = ("PCM_U8", "PCM_S8", "ULAW", "ALAW")  # libsndfile subtypes of 8-bit samples
 
 
 class NarrowBand(audio.BadAudio):
@@ -119,10 +120,13 @@ class NarrowBand(audio.BadAudio):
 
 
 def _header_problem(info, *, max_seconds, fmax):
-    """BadAudio for what the header alone tells: too long, and (`fmax` given: the mel job) a sample
-    rate below 2 * audio.fmax, whose top mel bands would be empty."""
+    """BadAudio for what the header alone tells: too long, 8-bit samples, and (`fmax` given: the mel
+    job) a sample rate below 2 * audio.fmax, whose top mel bands would be empty."""
     if info.samplerate > 0 and info.frames / info.samplerate > max_seconds:
         raise audio.BadAudio(f"too long ({info.frames / info.samplerate:.1f} s > dataset.max_seconds {max_seconds})")
+    if info.subtype in EIGHT_BIT:
+        raise audio.BadAudio(f"8-bit samples ({info.subtype}): quantisation noise at about -48 dB, which the model "
+                             "would learn as part of the voice; use 16-bit or better recordings")
     if fmax is not None and 0 < info.samplerate < 2 * fmax:
         raise NarrowBand(f"recorded at {info.samplerate} Hz, which holds nothing above {info.samplerate / 2:g} Hz, "
                          f"but audio.fmax is {fmax:g} Hz (the mel bands above would be empty): lower audio.fmax "
@@ -169,8 +173,8 @@ def _level_problem(path, info, y, sample_rate):
 
 def load_clip(path, *, sample_rate, max_seconds, fmax=None):
     """pipeline.audio.load_audio, after refusing a file whose header says it is longer than
-    `max_seconds` (a 2-hour clip is not decoded whole, ~520 MB, to be refused) or (`fmax`, the mel
-    job's audio.fmax) has a sample rate below 2 * fmax; and refusing a clip whose
+    `max_seconds` (a 2-hour clip is not decoded whole, ~520 MB, to be refused), holds 8-bit samples,
+    or (`fmax`, the mel job's audio.fmax) has a sample rate below 2 * fmax; and refusing a clip whose
     samples go beyond full scale (a float file scaled like 16-bit integers gives mels ~10 nats too
     loud, one at 1e30 infinite mels and statistics), are clipped, or hold no speech (near-silence, a
     DC offset: _level_problem). Here, not in audio.py, whose bytes are the mel caches' code digest:

@@ -250,12 +250,13 @@ def _write_bad(wavs, kind, cid, good):
         y = np.zeros(SR * 10, np.float32) if kind == "near_silent" else np.full(SR * 2, 0.5, np.float32)
         y[SR] = 0.001 if kind == "near_silent" else y[SR]
         sf.write(str(path), y, SR, subtype="PCM_16")
-    elif kind in ("clipped", "narrow_band"):
+    elif kind in ("clipped", "eight_bit", "narrow_band"):
         y = sf.read(str(good), dtype="float32")[0]
         if kind == "narrow_band":  # telephone audio, 8 kHz, with audio.fmax 8000
             sf.write(str(path), soxr.resample(y, SR, 8000), 8000, subtype="PCM_16")
-        else:  # speech x20: about a quarter of its samples at full scale
-            sf.write(str(path), np.clip(y / np.abs(y).max() * 20, -1, 1), SR, subtype="PCM_16")
+        else:  # speech x20: about a quarter of its samples at full scale; or 8-bit samples
+            loud = np.clip(y / np.abs(y).max() * 20, -1, 1) if kind == "clipped" else y
+            sf.write(str(path), loud, SR, subtype="PCM_16" if kind == "clipped" else "PCM_U8")
     return path
 
 
@@ -273,6 +274,7 @@ BAD_KINDS = {  # kind: words the rejected reason must contain (any of)
     "near_silent": ("no speech: 0.0% of its 20 ms frames reach -60 dbfs (at least 2% must)",),
     "dc": ("a constant offset of 0.5 (dc) removed",),
     "clipped": ("clipped: ",),
+    "eight_bit": ("8-bit samples (pcm_u8)",),
     "narrow_band": ("recorded at 8000 hz, which holds nothing above 4000 hz, but audio.fmax is 8000 hz",),
 }
 
