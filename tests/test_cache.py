@@ -367,6 +367,11 @@ def test_clipping_is_counted_on_the_files_own_samples(tmp_path, corpus_template)
     assert len(cache.load_clip(tmp_path / "x1.flac", sample_rate=SR, max_seconds=20.0)) > 0
     with pytest.raises(audio.BadAudio, match=r"^clipped: 1\d\.\d% of its samples are at full scale \(more than 1%\)"):
         cache.load_clip(tmp_path / "x20.flac", sample_rate=SR, max_seconds=20.0)
+    # mono at 16 kHz, overdriven 4x: resampled, its flat tops overshoot 1.0 and the file is counted
+    mono = soxr.resample(y, 44100, 16000)
+    sf.write(str(tmp_path / "m4.wav"), np.clip(mono * 4, -1, 1), 16000, subtype="PCM_16")
+    with pytest.raises(audio.BadAudio, match=r"^clipped: "):
+        cache.load_clip(tmp_path / "m4.wav", sample_rate=SR, max_seconds=20.0)
 
 
 def test_a_corpus_all_at_8_khz_stops_the_index_naming_the_rate_and_fmax(tmp_path, corpus_template):
