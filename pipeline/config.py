@@ -9,6 +9,7 @@ report the same one-line errors naming the key.
 """
 import argparse
 import copy
+import functools
 import hashlib
 import json
 import math
@@ -261,19 +262,48 @@ def check_rules(cfg):
                               f"{m['d_model']} (each head takes d_model / heads channels)")
 
 
+@functools.lru_cache(maxsize=1)
+def _strict_validator():
+    """The schema's validator class, for which 8.0 is no integer: JSON Schema counts it as one, but
+    range(8.0) and np.zeros(8.0) in a job do not."""
+    import jsonschema  # ~0.1-0.2 CPU s: only where a config is validated, not in every shard job
+    base = jsonschema.Draft202012Validator
+    integer = base.TYPE_CHECKER.redefine("integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
+    return jsonschema.validators.extend(base, type_checker=integer)
+
+
+def whole_floats_to_int(cfg, errors):
+    """Each whole-number float where the schema wants an integer (`shards: 8.0`, as YAML or a
+    `--config` reads 8.0) made that int in `cfg`, in place, so every job gets the int; `errors`: the
+    strict validator's. Whether any was. 8.5 stays, for the schema's message."""
+    changed = False
+    for e in errors:
+        types = e.validator_value if isinstance(e.validator_value, list) else [e.validator_value]
+        if e.validator == "type" and "integer" in types and isinstance(e.instance, float) and e.instance.is_integer():
+            *parents, leaf = e.absolute_path
+            node = cfg
+            for key in parents:
+                node = node[key]
+            node[leaf] = int(e.instance)
+            changed = True
+    return changed
+
+
 def validate(cfg, source="config", rules=True):
     """Raise ConfigError naming the first offending key, e.g. `cache.shards: 0 is less than ...`:
-    non-finite numbers first, then the schema, then the rules between keys (`check_rules`; not for
+    non-finite numbers first, then the schema (where it wants an integer, a whole-number float such as
+    8.0 becomes that int in `cfg`: what planning hands its jobs), then the rules between keys (`check_rules`; not for
     a job's inline config, whose sections a rule may have trimmed to a few keys, merged over
     defaults that need not match them: planning checked the whole config)."""
-    import jsonschema  # ~0.1-0.2 CPU s: only where a config is validated, not in every shard job
-
     try:
         check_finite(cfg)  # after normalise, whose check_structure bounds this walk
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
-    errors = sorted(jsonschema.Draft202012Validator(load_schema()).iter_errors(cfg),
-                    key=lambda e: list(map(str, e.absolute_path)))
+    validator = _strict_validator()(load_schema())
+    errors = list(validator.iter_errors(cfg))
+    if whole_floats_to_int(cfg, errors):
+        errors = list(validator.iter_errors(cfg))
+    errors = sorted(errors, key=lambda e: list(map(str, e.absolute_path)))
     if not errors:
         if rules:
             check_rules(cfg)

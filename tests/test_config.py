@@ -183,3 +183,36 @@ def test_every_schema_key_is_read_by_some_module():
     assert len(keys) > 50
     unread = [".".join(k) for k in keys if not re.search(rf"""["']{re.escape(k[-1])}["']""", text)]
     assert unread == [], f"schema keys no module reads (by name): {unread}"
+
+
+def test_a_whole_number_float_where_an_integer_is_wanted_becomes_that_integer(tmp_path):
+    # JSON Schema counts 8.0 as an integer; range(8.0) and np.zeros(8.0) in a job do not
+    path = tmp_path / "my.yaml"
+    path.write_text("cache: {shards: 8.0}\naudio: {n_fft: 1024.0, n_mels: 80.0, hop_length: 256.0}\n"
+                    "train: {batch_size: 8.0, seed: 4.0}\nvocoder: {vocos: {kernel: 7.0}}\n")
+    cfg = config.load_config(path, check_paths=False)
+    got = [cfg["cache"]["shards"], cfg["audio"]["n_fft"], cfg["audio"]["n_mels"], cfg["audio"]["hop_length"],
+           cfg["train"]["batch_size"], cfg["train"]["seed"], cfg["vocoder"]["vocos"]["kernel"]]
+    assert got == [8, 1024, 80, 256, 8, 4, 7] and {type(v) for v in got} == {int}
+    # a job's --set overrides too, and a number the schema takes as a float stays one
+    cfg = config.load_config(json.dumps({"train": {"steps": 5}}), {"train": {"steps": 10.0, "grad_clip": 1.0}},
+                             check_paths=False)
+    assert type(cfg["train"]["steps"]) is int and type(cfg["train"]["grad_clip"]) is float
+    path.write_text("cache: {shards: 8.5}\n")
+    with pytest.raises(ConfigError, match=r"cache\.shards: 8\.5 is not of type 'integer'$"):
+        config.load_config(path, check_paths=False)
+
+
+@pytest.mark.slow
+def test_jobs_get_the_integers_a_whole_number_float_gives_and_rerun_for_nothing(tmp_path, corpus_template):
+    # the float config plans the very commands (params) of the one written with integers
+    printed = []
+    for shards, n_mels in ((3, 64), (3.0, 64.0)):
+        path = _config_with(tmp_path, corpus_template, {"cache": {"shards": shards}, "audio": {"n_mels": n_mels},
+                                                        "train": {"batch_size": float(n_mels) / 8}})
+        proc = snakemake("train", "-n", "-p", config=path)
+        printed.append(sorted(line.strip() for line in (proc.stdout + proc.stderr).splitlines()
+                              if "python -m pipeline." in line))
+    assert len(_printed_job_configs("\n".join(printed[1]), "mels")) == 3
+    assert printed[1] == printed[0]
+
