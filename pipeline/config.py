@@ -175,8 +175,8 @@ def normalise(cfg):
     check_structure(cfg)
     _coerce_strings(cfg, _read_yaml(DEFAULTS))
     # YAML 1.1 reads a bare `off` as False; the schema accepts both spellings, code sees one.
-    train = cfg.get("train", {})
-    if train.get("mixed_precision") is False:
+    train = cfg.get("train")
+    if isinstance(train, dict) and train.get("mixed_precision") is False:  # not a mapping: the schema names it
         train["mixed_precision"] = "off"
     return cfg
 

@@ -216,3 +216,11 @@ def test_jobs_get_the_integers_a_whole_number_float_gives_and_rerun_for_nothing(
     assert len(_printed_job_configs("\n".join(printed[1]), "mels")) == 3
     assert printed[1] == printed[0]
 
+
+@pytest.mark.parametrize("value", [None, [], 5])
+def test_a_section_that_is_not_a_mapping_is_one_line_naming_it(tmp_path, value):
+    for section in (s for s, v in DEFAULTS.items() if isinstance(v, dict)):
+        path = tmp_path / "my.yaml"
+        path.write_text(yaml.safe_dump({section: value}))
+        with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: {section}: {re.escape(str(value))} is not of type 'object'$"):
+            config.load_config(path, check_paths=False)
