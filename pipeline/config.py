@@ -15,7 +15,6 @@ import json
 import math
 import os
 import re
-import sys
 from pathlib import Path
 
 import yaml
@@ -181,10 +180,14 @@ def normalise(cfg):
     return cfg
 
 
+INT64_MAX = 2 ** 63 - 1  # the largest integer numpy and TensorFlow hold (int64): steps, seeds, sizes
+
+
 def check_finite(node, where=""):
     """ConfigError naming the first number that is NaN, infinite (YAML's .nan and .inf, JSON's NaN)
-    or an integer beyond a float's range: the schema's ranges cannot catch those (every comparison
-    with NaN is false), and one would reach a job as NaN mels, a NaN pace or a MemoryError."""
+    or an integer beyond int64: the schema's ranges cannot catch those (every comparison with NaN is
+    false, and most integer keys have no maximum), and one would reach a job as NaN mels, a NaN pace,
+    an OverflowError or a MemoryError."""
     if isinstance(node, dict):
         for key, value in node.items():
             check_finite(value, f"{where}.{key}" if where else str(key))
@@ -193,8 +196,9 @@ def check_finite(node, where=""):
             check_finite(value, f"{where}[{i}]")
     elif isinstance(node, float) and not math.isfinite(node):
         raise ConfigError(f"{where}: {node} is not a finite number")
-    elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > sys.float_info.max:
-        raise ConfigError(f"{where}: an integer of {len(hex(node)) - 2} hex digits is beyond any usable range")
+    elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > INT64_MAX:
+        raise ConfigError(f"{where}: an integer of {node.bit_length()} bits is beyond the 64-bit integers "
+                          "numpy and TensorFlow hold")
 
 
 def _slaney_mel(hz):
@@ -279,7 +283,8 @@ def whole_floats_to_int(cfg, errors):
     changed = False
     for e in errors:
         types = e.validator_value if isinstance(e.validator_value, list) else [e.validator_value]
-        if e.validator == "type" and "integer" in types and isinstance(e.instance, float) and e.instance.is_integer():
+        if (e.validator == "type" and "integer" in types and isinstance(e.instance, float) and e.instance.is_integer()
+                and abs(e.instance) <= INT64_MAX):  # 1e300 stays a float, for the schema's message
             *parents, leaf = e.absolute_path
             node = cfg
             for key in parents:

@@ -56,6 +56,17 @@ def test_nan_in_free_form_keys_inline_json_and_set_is_refused_too(capsys):
     assert line.endswith("synthesize.max_seconds: inf is not a finite number")
 
 
+@pytest.mark.parametrize("value, message", [
+    ("4294967296", "train.seed: 4294967296 is greater than the maximum of 4294967295"),  # numpy's, Keras's: 32-bit
+    ("9223372036854775808", "train.seed: an integer of 64 bits is beyond the 64-bit integers numpy and TensorFlow hold"),
+    ("1.0e+300", "train.seed: 1e+300 is not of type 'integer'"),
+])
+def test_a_seed_or_integer_numpy_and_tensorflow_cannot_take_is_refused(capsys, value, message):
+    line = one_line_error(config.main, ["--set", f"train.seed={value}"], capsys)
+    assert line.endswith(message), line
+    assert config.load_config(None, {"train": {"seed": 2 ** 32 - 1}}, check_paths=False)["train"]["seed"] == 2 ** 32 - 1
+
+
 @pytest.mark.parametrize("sections, key", [
     ({"audio": {"hop_length": 2048}}, "audio.hop_length: 2048 is longer than audio.win_length 1024"),
     ({"audio": {"hop_length": 512, "win_length": 256}}, "audio.hop_length: 512 is longer than audio.win_length 256"),
