@@ -226,14 +226,24 @@ def empty_mel_filters(a):
     return int(np.sum((inside <= 0) & (edges[:-2] > 0)))
 
 
-def check_rules(cfg):
-    """The rules between keys that the schema cannot state; ConfigError naming the key."""
-    a, p = cfg["audio"], cfg["pitch"]
+def check_folders(cfg):
+    """ConfigError naming a folder key that Snakemake or TensorFlow would read as a pattern."""
+    for key, folder in (("cache.dir", cfg["cache"]["dir"]), ("runs_dir", cfg["runs_dir"]), ("reports_dir", cfg["reports_dir"])):
+        braces = sorted(set("{}") & set(folder))
+        if braces:  # the rules' output paths start with these folders: Snakemake would see a wildcard
+            raise ConfigError(f"{key}: {folder!r} holds {' '.join(braces)}, which Snakemake reads as a wildcard in "
+                              "the output paths of the rules; choose a folder name without them")
     glob = sorted(set("*?[]") & set(cfg["runs_dir"]))
     if glob:  # TensorFlow finds checkpoints by glob pattern: in runs/x[1]/ it would find none and start over
         raise ConfigError(f"runs_dir: {cfg['runs_dir']!r} holds {' '.join(glob)}, which TensorFlow reads as a "
                           "pattern when it looks for checkpoints (a trained run would start again from step 0); "
                           "choose a folder name without them")
+
+
+def check_rules(cfg):
+    """The rules between keys that the schema cannot state; ConfigError naming the key."""
+    check_folders(cfg)
+    a, p = cfg["audio"], cfg["pitch"]
     nyquist = a["sample_rate"] / 2
     if a["fmax"] > nyquist:
         raise ConfigError(f"audio.fmax: {a['fmax']} is above the Nyquist frequency {nyquist}")

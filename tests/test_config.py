@@ -24,6 +24,10 @@ BAD = {  # name: (overrides merged into the test config, the key the message mus
     "bad enum": ({"dataset": {"bad_audio": "ignore"}}, "dataset.bad_audio"),
     "fmax above nyquist": ({"audio": {"fmax": 12000}}, "audio.fmax"),
     "missing dataset folder": ({"dataset": {"root": "/nonexistent/corpus"}}, "dataset.root"),
+    # the folders the rules' output paths start with: Snakemake would read {x} as a wildcard
+    "braces in cache.dir": ({"cache": {"dir": "/tmp/c{x}"}}, "cache.dir"),
+    "braces in runs_dir": ({"runs_dir": "/tmp/r{x}"}, "runs_dir"),
+    "a brace in reports_dir": ({"reports_dir": "/tmp/p}"}, "reports_dir"),
 }
 
 
@@ -58,14 +62,14 @@ def test_nested_error_names_the_full_key_not_a_namesake(tmp_path, corpus_templat
 @pytest.mark.slow
 def test_config_errors_reach_the_user_through_snakemake(tmp_path, corpus_template):
     for name in ("unknown nested key", "wrong type", "zero shards", "fmax above nyquist",
-                 "missing dataset folder"):
+                 "missing dataset folder", "braces in cache.dir", "braces in runs_dir", "a brace in reports_dir"):
         overrides, key = BAD[name]
         path = _config_with(tmp_path, corpus_template, overrides)
         proc = snakemake("caches", "-n", config=path, check=False)
         output = proc.stdout + proc.stderr
         assert proc.returncode != 0, name
         assert _names_key(output, key), (name, output[-2000:])
-        assert "Traceback" not in output
+        assert "Traceback" not in output and "RuleException" not in output
 
 
 def test_partial_config_merges_over_the_defaults(tmp_path, corpus_template):
