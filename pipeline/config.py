@@ -269,6 +269,9 @@ def check_rules(cfg):
     if cfg["diagnose"]["target"] == "vocoder" and cfg["vocoder"]["kind"] == "griffin_lim":
         raise ConfigError("diagnose.target: vocoder, but vocoder.kind griffin_lim has no trained model to diagnose "
                           "(set diagnose.target: acoustic, or a trained vocoder.kind)")
+    if cfg["model"]["kind"] == "transformer_tts" and cfg["synthesize"]["pitch_shift"]:
+        raise ConfigError(f"synthesize.pitch_shift: {cfg['synthesize']['pitch_shift']}, but model.kind transformer_tts "
+                          "has no pitch control; set synthesize.pitch_shift: 0.0 or use model.kind: fastpitch")
     for kind in ("fastpitch", "transformer_tts"):
         m = cfg["model"][kind]
         if m["d_model"] % m["heads"]:

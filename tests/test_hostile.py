@@ -73,6 +73,8 @@ def test_a_seed_or_integer_numpy_and_tensorflow_cannot_take_is_refused(capsys, v
     ({"model": {"fastpitch": {"heads": 3, "d_model": 32}}}, "model.fastpitch.heads: 3 does not divide "
                                                              "model.fastpitch.d_model 32"),
     ({"model": {"transformer_tts": {"heads": 3, "d_model": 32}}}, "model.transformer_tts.heads: 3 does not divide"),
+    ({"model": {"kind": "transformer_tts"}, "synthesize": {"pitch_shift": 2.0}},
+     "synthesize.pitch_shift: 2.0, but model.kind transformer_tts has no pitch control"),
 ])
 def test_cross_key_rules_are_one_line_before_any_job(tmp_path, sections, key):
     path = tmp_path / "my.yaml"

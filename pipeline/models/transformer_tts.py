@@ -16,6 +16,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from pipeline.models import ModelError
+
 ARCH_KEYS = ("d_model", "heads", "encoder_layers", "decoder_layers", "ffn_dim", "encoder_conv_layers",
              "encoder_conv_kernel", "prenet_dim", "prenet_dropout", "dropout", "reduction",
              "postnet_channels", "postnet_layers", "postnet_kernel")
@@ -269,7 +271,7 @@ class TransformerTTS(keras.Model):
         `stop_threshold`; pace resamples the mel in time (> 1 faster). No pitch control: pitch_shift != 0
         is an error. -> {"mel" (B, F, n_mels), "lengths" (B,), "stopped" (B,)}."""
         if pitch_shift:
-            raise ValueError("transformer_tts has no pitch control; set synthesize.pitch_shift: 0.0 "
+            raise ModelError("transformer_tts has no pitch control; set synthesize.pitch_shift: 0.0 "
                              "or use model.kind: fastpitch")
         r = self.reduction
         out = self.decode_autoregressive(tokens, token_lengths, max_steps=max(1, -(-int(max_frames) // r)),
