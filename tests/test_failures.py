@@ -38,6 +38,7 @@ def module(name, *args, cwd=ROOT, env=ENV):
     ("model={kind: 'nonexistent.module:build'}", "model.kind: cannot import 'nonexistent.module'"),
     ("model={kind: 'json:dumps'}", "model.kind: 'json:dumps' does not take (model_cfg, vocab, n_mels)"),
     ("dataset={root: /nonexistent/corpus}", "dataset.root: folder not found"),
+    ("model={options: {a: 1}}", "model.options: ['a'] are for a user's own model kind; 'fastpitch' is configured"),
 ])
 def test_bad_values_stop_snakemake_before_any_job_deletes_an_output(built_cache, override, message):
     cache = config.cache_dir(config.load_config(built_cache))

@@ -106,10 +106,15 @@ def _signature(fn):
 
 
 def check_kind(model_cfg):
-    """ModelError unless model.kind is a built-in kind or an importable `function(model_cfg, vocab,
-    n_mels)`: checked when the config is read, before any job starts. Imports a user's module."""
-    if model_cfg["kind"] not in KINDS:
-        _user_builder(model_cfg["kind"])
+    """ModelError unless model.kind is a built-in kind without `model.options` (a user's kind's keys)
+    or an importable `function(model_cfg, vocab, n_mels)`: checked when the config is read, before any
+    job starts. Imports a user's module."""
+    kind = model_cfg["kind"]
+    if kind not in KINDS:
+        _user_builder(kind)
+    elif model_cfg.get("options"):
+        raise ModelError(f"model.options: {sorted(model_cfg['options'])} are for a user's own model kind; "
+                         f"{kind!r} is configured under model.{kind}")
 
 
 def dummy_batch(n_tokens, n_frames, n_mels, voices=()):
@@ -134,9 +139,8 @@ def build(model_cfg, vocab, n_mels, *, speakers=(), languages=()):
     list; the builder always gets the list) and the mel channels;
     `speakers` / `languages`: the run's sorted tables, for the kinds (and user functions) that take them."""
     kind = model_cfg["kind"]
-    if kind in KINDS and model_cfg.get("options"):
-        raise ModelError(f"model.options: {sorted(model_cfg['options'])} are for a user's own model kind; "
-                         f"{kind!r} is configured under model.{kind}")
+    if kind in KINDS:
+        check_kind(model_cfg)  # model.options
     fn = importlib.import_module(KINDS.get(kind).module).build if kind in KINDS else _user_builder(kind)
     voices = {k: list(v) for k, v in (("speakers", speakers), ("languages", languages)) if _takes(fn, k)}
     model = fn(model_cfg, symbols(vocab), n_mels, **voices)
