@@ -5,11 +5,14 @@ Checks the dataset paths, that espeak-ng has the voice of `text.language` (phone
 that `model.kind` loads (a user's own kind is imported and must take (model_cfg, vocab, n_mels)), and
 that a trained run of the same `name` was made with the config's text, audio and pitch settings (else
 planning would rebuild its caches in place). Each failure is one line naming the key.
+`check_manifest`, once the manifest is read: `train.balance: speaker` needs several speakers, and
+for the targets of the `snakemake` command that build them, evaluate needs a validation clip.
 """
 import shutil
 import subprocess
+from pathlib import Path
 
-from pipeline import config, models, runinfo
+from pipeline import config, manifest, models, runinfo
 
 
 def espeak_voices():
@@ -38,3 +41,54 @@ def preflight(cfg):
                               + "; `espeak-ng --voices` lists them")
     models.check_kind(cfg["model"])
     runinfo.check_unchanged(cfg)
+
+
+def snakemake_targets(argv):
+    """What a `snakemake` command line (`argv`: sys.argv) builds, read with Snakemake's own parser
+    (Snakemake hands the workflow its targets only after it has read the Snakefile): its target rules
+    and files, else the default target `all`, and its --forcerun and --until rules, which Snakemake
+    adds to them. None when `argv` is no such command: the Python API, or a job Snakemake starts with
+    --mode subprocess or remote (on a cluster node), which reads the Snakefile again."""
+    if not argv or "snakemake" not in (Path(argv[0]).name, Path(argv[0]).parent.name):
+        return None
+    from snakemake import cli  # this process is Snakemake
+    try:
+        args = cli.get_argument_parser().parse_args(argv[1:])
+    except (SystemExit, Exception):  # Snakemake read the same line, so not expected
+        return None
+    if args.mode != args.mode.DEFAULT or args.target_jobs:
+        return None
+    return {*(args.targets or ["all"]), *args.forcerun, *args.until}
+
+
+def builds(targets, cfg, rule):
+    """Whether `targets` (snakemake_targets; None: not known) build rule `evaluate` or `synthesize`:
+    by its name, `all`, or a file it writes."""
+    files = {"evaluate": [config.report_dir(cfg) / f"evaluate.{x}" for x in ("json", "md", "png")],
+             "synthesize": [config.run_dir(cfg) / "samples" / "sentences.json"]}[rule]
+    return targets is not None and (bool({"all", rule} & targets) or
+                                    any(Path(t).resolve() == f.resolve() for t in targets for f in files))
+
+
+def voices(cfg, clips):
+    """{"speakers", "languages"}: the sorted names the cache's index (and so a run) will list for
+    the manifest's `clips`, at most (a job may reject every clip of one)."""
+    own = cfg["text"]["language"]
+    folder = Path(cfg["dataset"].get("root", ".")).resolve().name  # the single-folder form's one speaker
+    return {"speakers": sorted({c.speaker or folder for c in clips}), "languages": sorted({c.language or own for c in clips})}
+
+
+def check_manifest(cfg, clips_by_shard, targets=None):
+    """What the dataset's manifest ({shard: clips}) can refuse before any job (rules/common.smk):
+    train.balance: speaker with one speaker, and for `targets` (snakemake_targets) that build them,
+    evaluate without a validation clip and synthesize's sentences. ConfigError naming the key."""
+    clips = [c for group in clips_by_shard.values() for c in group]
+    names = voices(cfg, clips)
+    if cfg["train"]["balance"] == "speaker" and len(names["speakers"]) < 2:
+        raise config.ConfigError(f"train.balance: speaker needs several speakers; the dataset has "
+                                 f"{names['speakers'] or 'one'} (set train.balance: none)")
+    fraction = cfg["dataset"]["val_fraction"]
+    if builds(targets, cfg, "evaluate") and not any(manifest.is_validation(c.id, fraction) for c in clips):
+        raise config.ConfigError(f"dataset.val_fraction: {fraction} puts none of the {len(clips)} clips in the "
+                                 "validation split, which evaluate compares with their recordings; raise it "
+                                 "(e.g. 0.05), or leave evaluate out (`snakemake train`)")

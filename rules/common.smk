@@ -50,6 +50,8 @@ try:
             ptext.espeak_languages(),
             config["text"]["language"],
         )
+    # train.balance's speakers; what evaluate needs when the command's targets build it
+    ppreflight.check_manifest(config, MANIFEST, ppreflight.snakemake_targets(sys.argv))
 except perrors.PipelineError as e:
     raise WorkflowError(str(e))
 # the jobs started from here inherit this and skip re-validating the sections they get

@@ -11,13 +11,14 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import ROOT, snakemake
 from test_train import tiny_config
 
-from pipeline import config, errors, shards
+from pipeline import config, errors, preflight, shards
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
@@ -48,6 +49,37 @@ def test_bad_values_stop_snakemake_before_any_job_deletes_an_output(built_cache,
     assert proc.returncode == 1 and message in out, out[-2000:]
     assert "Select jobs to execute" not in out  # no job started, so none had its outputs deleted
     assert files(cache) == before
+
+
+VAL_NONE = "dataset.val_fraction: 0 puts none of the 24 clips in the validation split, which evaluate compares"
+
+
+@pytest.mark.parametrize("targets, override, message", [
+    (["evaluate"], "dataset={val_fraction: 0}", VAL_NONE),
+    ([], "dataset={val_fraction: 0}", VAL_NONE),  # the default target, all
+    (["train", "--forcerun", "evaluate"], "dataset={val_fraction: 0}", VAL_NONE),
+    (["train"], "train={balance: speaker}", "train.balance: speaker needs several speakers; the dataset has ['data'] "
+                                            "(set train.balance: none)"),
+])
+def test_what_a_late_job_would_refuse_stops_planning(built_cache, targets, override, message):
+    # each passed `snakemake -n` and failed after the caches were built and the model trained
+    proc = snakemake(*targets, "-n", "--config", override, config=built_cache, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and message in out and "Traceback" not in out, out[-2000:]
+
+
+def test_training_alone_needs_no_validation_clip(built_cache):
+    snakemake("train", "-n", "--config", "dataset={val_fraction: 0}", config=built_cache)
+
+
+def test_the_targets_of_a_snakemake_command_line():
+    from snakemake import __file__ as package
+    main = str(Path(package).parent / "__main__.py")  # `python -m snakemake`
+    assert preflight.snakemake_targets([main, "-n", "--cores", "2"]) == {"all"}
+    assert preflight.snakemake_targets(["/venv/bin/snakemake", "train", "--forcerun", "evaluate"]) == {"train", "evaluate"}
+    # a job Snakemake starts on a cluster node reads the Snakefile again: planning has checked
+    assert preflight.snakemake_targets([main, "--mode", "remote", "--target-jobs", "train:"]) is None
+    assert preflight.snakemake_targets(["/usr/bin/pytest", "tests"]) is None  # the API: not known
 
 
 def test_yaml_syntax_error_is_one_line_with_file_and_line(tmp_path):
