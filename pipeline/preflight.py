@@ -6,7 +6,8 @@ that `model.kind` loads (a user's own kind is imported and must take (model_cfg,
 that a trained run of the same `name` was made with the config's text, audio and pitch settings (else
 planning would rebuild its caches in place). Each failure is one line naming the key.
 `check_manifest`, once the manifest is read: `train.balance: speaker` needs several speakers, and
-for the targets of the `snakemake` command that build them, evaluate needs a validation clip.
+for the targets of the `snakemake` command that build them, evaluate needs a validation clip and
+synthesize sentences it can speak.
 """
 import shutil
 import subprocess
@@ -81,7 +82,7 @@ def voices(cfg, clips):
 def check_manifest(cfg, clips_by_shard, targets=None):
     """What the dataset's manifest ({shard: clips}) can refuse before any job (rules/common.smk):
     train.balance: speaker with one speaker, and for `targets` (snakemake_targets) that build them,
-    evaluate without a validation clip and synthesize's sentences. ConfigError naming the key."""
+    evaluate without a validation clip and synthesize.sentences. ConfigError naming the key."""
     clips = [c for group in clips_by_shard.values() for c in group]
     names = voices(cfg, clips)
     if cfg["train"]["balance"] == "speaker" and len(names["speakers"]) < 2:
@@ -92,3 +93,23 @@ def check_manifest(cfg, clips_by_shard, targets=None):
         raise config.ConfigError(f"dataset.val_fraction: {fraction} puts none of the {len(clips)} clips in the "
                                  "validation split, which evaluate compares with their recordings; raise it "
                                  "(e.g. 0.05), or leave evaluate out (`snakemake train`)")
+    if builds(targets, cfg, "synthesize"):
+        check_sentences(cfg, names)
+
+
+def check_sentences(cfg, names):
+    """What synthesis (synthesize.check_before_loading, which needs a trained run) refuses in each of
+    synthesize.sentences, with the speakers and languages `names` the run will have: an unknown speaker
+    or language, and text the front end cannot speak (no sound, another script, an unknown symbol).
+    PipelineError naming synthesize.sentences[N]. The phonemes front end costs ~0.12 s (espeak-ng)."""
+    from pipeline import synthesize, text  # only when the command synthesizes
+    s = cfg["synthesize"]
+    info = {**names, "vocab": text.vocabulary(cfg["text"])}  # as runinfo will hold them
+    for i, x in enumerate(s["sentences"]):
+        x = x if isinstance(x, dict) else {"text": x}
+        where = f"synthesize.sentences[{i}]"
+        _, _, language = synthesize.resolve_voice(s, info, x.get("speaker", ""), x.get("language", ""), where)
+        try:
+            text.encode(x["text"], dict(info["vocab"], language=language))
+        except text.TextError as e:
+            raise config.ConfigError(f"{where}: {e}") from None

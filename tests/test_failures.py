@@ -60,6 +60,9 @@ VAL_NONE = "dataset.val_fraction: 0 puts none of the 24 clips in the validation 
     (["train", "--forcerun", "evaluate"], "dataset={val_fraction: 0}", VAL_NONE),
     (["train"], "train={balance: speaker}", "train.balance: speaker needs several speakers; the dataset has ['data'] "
                                             "(set train.balance: none)"),
+    (["synthesize"], 'synthesize={sentences: ["Hello.", "!!!"]}',  # synthesis's own check, before training
+     "synthesize.sentences[1]: '!!!': gives no phonemes (nothing to say)"),
+    ([], 'synthesize={sentences: ["Привет"]}', "synthesize.sentences[0]: 'Привет': 'П' (cyrillic capital letter pe)"),
 ])
 def test_what_a_late_job_would_refuse_stops_planning(built_cache, targets, override, message):
     # each passed `snakemake -n` and failed after the caches were built and the model trained
@@ -68,8 +71,9 @@ def test_what_a_late_job_would_refuse_stops_planning(built_cache, targets, overr
     assert proc.returncode == 1 and message in out and "Traceback" not in out, out[-2000:]
 
 
-def test_training_alone_needs_no_validation_clip(built_cache):
-    snakemake("train", "-n", "--config", "dataset={val_fraction: 0}", config=built_cache)
+@pytest.mark.parametrize("override", ["dataset={val_fraction: 0}", 'synthesize={sentences: ["!!!"]}'])
+def test_training_alone_needs_no_validation_clip_nor_sentences(built_cache, override):
+    snakemake("train", "-n", "--config", override, config=built_cache)
 
 
 def test_the_targets_of_a_snakemake_command_line():
