@@ -528,7 +528,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    print(yaml.safe_dump(from_args(args), sort_keys=False))
+    print(yaml.safe_dump(json.loads(json.dumps(from_args(args))), sort_keys=False))  # an inline config's Sections as mappings
 
 
 if __name__ == "__main__":

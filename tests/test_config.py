@@ -228,3 +228,8 @@ def test_a_section_that_is_not_a_mapping_is_one_line_naming_it(tmp_path, value):
         path.write_text(yaml.safe_dump({section: value}))
         with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: {section}: {re.escape(str(value))} is not of type 'object'$"):
             config.load_config(path, check_paths=False)
+
+
+def test_the_config_command_prints_an_inline_config_as_the_job_sees_it(capsys):
+    config.main(["--config", '{"train": {"batch_size": 8.0}}', "--set", "cache.shards=2.0"])
+    assert yaml.safe_load(capsys.readouterr().out) == {"train": {"batch_size": 8}, "cache": {"shards": 2}}
