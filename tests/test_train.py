@@ -320,21 +320,24 @@ def test_failing_synthesize_and_train_keep_the_samples_loss_history_and_checkpoi
     assert {"00.wav", "00.npy"} <= set(samples) and (run / "samples/sentences.json").exists()
     assert [r["step"] for r in load_json(run / "train.json")["history"]] == [5, 10, 15, 20]
 
-    # a synthesize that fails inside (a sentence of only spaces): the previous samples stay
-    cfg = yaml.safe_load(good.read_text())
-    sentences = config.load_config(good)["synthesize"]["sentences"]
-    cfg["synthesize"]["sentences"] = [*sentences, "   "]
-    bad = tmp_path / "config.yaml"
-    bad.write_text(yaml.safe_dump(cfg))
-    # (forced: the copy's outputs have no Snakemake metadata, so a changed setting alone reruns nothing)
-    proc = snakemake("synthesize", "--forcerun", "synthesize", config=bad, check=False)
+    # a synthesize that fails inside (its checkpoint torn, which planning cannot see): the samples stay
+    # (forced: the copy's outputs have no Snakemake metadata, so nothing else reruns)
+    data = next((run / "checkpoints").glob("ckpt-20.data-*"))
+    raw = data.read_bytes()
+    try:
+        data.write_bytes(raw[:len(raw) // 2])
+        proc = snakemake("synthesize", "--forcerun", "synthesize", config=good, check=False)
+    finally:
+        data.write_bytes(raw)
     assert proc.returncode == 1, proc.stderr[-3000:]  # Snakemake's own exit status for a failed job
+    assert "does not read whole" in (folder / "reports/t/logs/synthesize.log").read_text()
     assert "rule train" not in proc.stdout + proc.stderr  # training was up to date
     assert samples_of(run) == samples
     assert not list(run.glob(".samples.tmp*"))
 
     # a train that fails inside (the loss diverges): Snakemake deletes train.json, nothing else is lost
-    cfg["synthesize"]["sentences"] = sentences
+    cfg = yaml.safe_load(good.read_text())
+    bad = tmp_path / "config.yaml"
     cfg["train"].update(steps=40, learning_rate=1e9)
     bad.write_text(yaml.safe_dump(cfg))
     proc = snakemake("synthesize", "--forcerun", "train", config=bad, check=False)
