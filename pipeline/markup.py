@@ -13,7 +13,8 @@ unit `speak --raw` and `serve ?stream=true` send one at a time. docs/speak.md do
   every DTD refused at its first byte (no entity can be declared, so none can be expanded: a
   "billion laughs" document costs one parser start).
 
-Every error is a MarkupError whose one line starts with the position (line L, column C, 1-based).
+Every error is a MarkupError whose one line starts with the position (line L, column C, 1-based),
+among them a control or invisible character in the text (`check_characters`).
 
     from pipeline import markup
     markup.sentences(markup.parse('<speak>Hi. <break time="1s"/> [[ həlˈoʊ ]]</speak>'))
@@ -21,6 +22,7 @@ Every error is a MarkupError whose one line starts with the position (line L, co
 import bisect
 import math
 import re
+import unicodedata
 from dataclasses import dataclass
 from xml.parsers import expat
 
@@ -44,6 +46,8 @@ _INLINE = re.compile(r"\[\[|\]\]")
 _TIME = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s)\s*")
 _PERCENT = re.compile(r"\s*([+-]?)(\d+(?:\.\d+)?)\s*%\s*")
 _SEMITONES = re.compile(r"\s*([+-]?\d+(?:\.\d+)?)\s*st\s*")
+BOM = "\ufeff"                    # a byte-order mark: dropped at the start of a text, refused elsewhere
+_READ_THROUGH = ("\u00ad", "\u200c")   # soft hyphen, zero-width non-joiner: espeak-ng reads words through them
 
 
 class MarkupError(PipelineError):
@@ -77,6 +81,7 @@ def is_ssml(text):
 
 def parse(text, ssml=None):
     """The items of `text`: SSML when ssml is True (or None and the text starts with `<speak`)."""
+    text = text.removeprefix(BOM)         # as a file saved with one starts: not part of the text
     if ssml is None:
         ssml = is_ssml(text)
     if ssml and not is_ssml(text):        # SSML elements without the root: the <speak> is implied
@@ -94,6 +99,29 @@ def locator(text, line=1, column=1):
     return where
 
 
+def hidden_character(text):
+    """The offset of the first character of `text` that is not seen yet changes what is said, or None: a
+    control character other than whitespace (espeak-ng stops at a NUL, and the rest of the sentence
+    is silently lost) or a format character (a zero-width space, joiner or direction mark splits a
+    word in two); the soft hyphen and zero-width non-joiner, which espeak-ng reads through, pass."""
+    for offset, c in enumerate(text):
+        if (not c.isprintable() and not c.isspace() and c not in _READ_THROUGH
+                and unicodedata.category(c) in ("Cc", "Cf")):
+            return offset
+    return None
+
+
+def check_characters(text, where):
+    """MarkupError at where(offset) for the first hidden_character of `text`."""
+    offset = hidden_character(text)
+    if offset is not None:
+        c = text[offset]
+        what = (f"control character U+{ord(c):04X}" if unicodedata.category(c) == "Cc" else
+                f"invisible character U+{ord(c):04X} ({unicodedata.name(c, 'format').lower()})")
+        raise MarkupError(f"{where(offset)}: {what} is not plain text; remove it (the front end would stop or "
+                          "split a word there)")
+
+
 def _plain(text):
     items, start, where = [], 0, locator(text)
     for match in [*_PARAGRAPHS.finditer(text), None]:
@@ -107,6 +135,7 @@ def _plain(text):
 
 def _inline(text, where, rate=1.0, pitch=0.0):
     """Speech items of one run of text: `[[ ... ]]` spans become phoneme Speech. where(offset) -> position."""
+    check_characters(text, where)
     items, pos, inside = [], 0, None
     for match in _INLINE.finditer(text):
         if match.group() == "[[":

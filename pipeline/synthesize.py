@@ -15,7 +15,8 @@ frame in Hz, `frame_f0`, where its own voicing head hears voicing), NN.npy (the 
 the project's HiFi-GAN-compatible mel, so any HiFi-GAN trained on it can voice it) and
 sentences.json (checkpoint, step, pace, pitch shift, text and length of each sample). The command refuses
 what it can before TensorFlow and the model load (check_before_loading): no checkpoint, a pace or pitch
-shift out of range, an unknown speaker, language or symbol, no trained vocoder.
+shift out of range, an unknown speaker, language or symbol, a control character (a NUL: espeak-ng
+would stop there), no trained vocoder.
 
     from pipeline.synthesize import load_synthesizer
     synth = load_synthesizer(cfg)          # MissingCheckpoint when nothing is trained
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import config, files, models, runinfo, text
+from pipeline import config, files, markup, models, runinfo, text
 from pipeline.errors import MissingCheckpoint, PipelineError, cli
 from pipeline.vocoder import kinds
 from pipeline.wavfile import save_wav
@@ -108,6 +109,7 @@ def check_before_loading(cfg):
         x = x if isinstance(x, dict) else {"text": x}
         where = f"synthesize.sentences[{i}]"
         _, _, language = resolve_voice(s, info, x.get("speaker", ""), x.get("language", ""), where)
+        markup.check_characters(x["text"], lambda offset, w=where: f"{w}, character {offset + 1}")  # a NUL ends it
         text.encode(x["text"], dict(info["vocab"], language=language))  # TextError naming an unseen symbol
     if kinds.KINDS.get(cfg["vocoder"]["kind"]).build is not None:
         kinds.check_trained(cfg)

@@ -256,6 +256,15 @@ def test_synthesis_refuses_a_nan_pace_or_pitch_shift_per_call(untrained_run):
             synth.infer("Hello there.", **kwargs)
 
 
+def test_synthesis_refuses_a_control_character_in_a_sentence_naming_it(untrained_run, capsys):
+    # espeak-ng stopped at the NUL: sample 00 said "a" and was written as the sentence "a\x00b"
+    from pipeline import synthesize
+    argv = ["--config", str(untrained_run), "--set", 'synthesize.sentences=["Hello.", "a\\u0000b"]']
+    assert one_line_error(synthesize.main, argv, capsys) == \
+        ("error: synthesize.sentences[1], character 2: control character U+0000 is not plain text; remove it (the "
+         "front end would stop or split a word there)")
+
+
 def test_synthesis_speaks_at_the_runs_audio_settings_whatever_the_config_says(untrained_run, tmp_path):
     from pipeline import synthesize
     cfg = config.load_config(untrained_run, {"audio": {"hop_length": 200},

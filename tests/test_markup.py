@@ -103,3 +103,22 @@ def test_speech_items_carry_their_position():
     items = parse("<speak>\n  <prosody rate='fast'>Hi [[ haɪ ]]</prosody></speak>")
     speech = [i for i in items if isinstance(i, Speech)]
     assert [(i.text.strip(), i.where) for i in speech] == [("Hi", "line 2, column 24"), ("haɪ", "line 2, column 27")]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("Hello there. \0How are you today?", "line 1, column 14: control character U+0000 is not plain text"),
+    ("Hi.\n\nOne \x1b[31mred", "line 3, column 5: control character U+001B"),
+    ("Hel\u200blo", "line 1, column 4: invisible character U+200B (zero width space) is not plain text"),
+    ("<speak>Hi &#x200D;there</speak>", "line 1, column 11: invisible character U+200D (zero width joiner)"),
+    ("Say [[ ha\0 ]]", "line 1, column 10: control character U+0000"),
+])
+def test_a_control_or_invisible_character_is_refused_where_it_is(text, message):
+    # espeak-ng stopped at the NUL: "How are you today?" was silently not said (and a zero-width
+    # space split "Hello" in two words)
+    with pytest.raises(MarkupError, match="^" + re.escape(message)):
+        parse(text)
+
+
+def test_whitespace_soft_hyphens_and_a_leading_byte_order_mark_are_text():
+    assert said("\ufeffHel\u00adlo\tthere,\r\nfriend\x0c of mi\u200cne.") == [
+        [("text", "Hel\u00adlo there, friend of mi\u200cne.", 1.0, 0.0)]]

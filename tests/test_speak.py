@@ -215,3 +215,27 @@ def test_a_bad_out_is_one_line_before_the_voice_loads_and_a_failed_write_too(exp
     monkeypatch.setattr(speak, "write_pcm", refused)    # the folder changed while the voice spoke
     out = tmp_path / "x.wav"                              # (after the voice's one log line)
     assert run("--out", str(out), "Hello.", lines=2) == f"error: --out {out}: cannot write it (Permission denied)"
+
+
+def speak_error(exported_voice, stdin, capsys, monkeypatch, *argv):
+    """The last stderr line of `speak --voice V ARGV` reading `stdin` (bytes), which must fail with status 2."""
+    import io
+
+    from pipeline import speak
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    with pytest.raises(SystemExit) as exit_:
+        speak.main(["--voice", str(exported_voice), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err), err
+    return err[-1]
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_a_nul_in_the_text_is_refused_not_the_rest_of_the_sentence_dropped(exported_voice, tmp_path, capsys,
+                                                                           monkeypatch, raw):
+    # espeak-ng stopped at the NUL: only "Hello there." was said, and speak answered 0
+    where = ["--raw"] if raw else ["--out", str(tmp_path / "nul.wav")]
+    assert speak_error(exported_voice, b"Hello there. \0How are you today?", capsys, monkeypatch, *where) == \
+        ("error: line 1, column 14: control character U+0000 is not plain text; remove it (the front end would "
+         "stop or split a word there)")
+    assert not (tmp_path / "nul.wav").exists()
