@@ -366,19 +366,18 @@ class Voice:
         return out
 
     def _front_end(self, texts, language):
-        """The symbols of each plain text ("" for punctuation alone); VoiceError for text it cannot say."""
+        """The symbols of each plain text ("" for punctuation alone); VoiceError for text it cannot say (a
+        sentence that gives no symbols for a reason, as a number too long to read, is refused, not skipped)."""
         cfg = {"frontend": self.vocab["frontend"], "language": language, "cleaners": self.vocab["cleaners"]}
         with _FRONT_END:
             said = text.to_symbols(texts, cfg) if texts else []
+        silent = text.problem("", "", cfg)     # problem()'s reason for a line that passes all but having a sound
         out = []
         for line, (symbols, _) in zip(texts, said):
-            if text.says_nothing(symbols):
-                out.append("")
-                continue
             reason = text.problem(line, symbols, cfg)
-            if reason:
+            if reason and reason != silent:
                 raise VoiceError(f"{line.strip()[:60]!r}: {reason}")
-            out.append(symbols)
+            out.append("" if reason else symbols)
         return out
 
     def _check_phonemes(self, item):

@@ -148,6 +148,7 @@ BOMB = ('<?xml version="1.0"?><!DOCTYPE speak [<!ENTITY a "aaaaaaaaaa">'
     ({"text": "Say [[ \ud800 ]]"}, 400, "line 1, column 8: '\\ud800' is not a character"),  # was a plain-text 500
     ({"text": "Hello there. \u0000How are you?"}, 400, "line 1, column 14: control character U+0000"),  # was 200
     ({"text": "Hel\u200blo."}, 400, "line 1, column 4: invisible character U+200B (zero width space)"),
+    ({"text": f"Hello there. My number is {'1' * 101}. Bye."}, 400, "a number of 101 digits"),  # was said without it
     ({"text": "Hello", "speaker": "nobody"}, 400, "speaker: unknown speaker 'nobody'"),
     ({"text": "Hello", "language": "xx"}, 400, "language: unknown language 'xx'"),
     ({"text": "Hello", "volume": 2}, 400, "unknown field(s) 'volume'"),

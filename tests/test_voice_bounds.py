@@ -144,3 +144,12 @@ def test_a_sentence_whose_audio_outgrows_the_estimate_stops_at_the_bound(tone, m
     with pytest.raises(TooLong, match="^over the 0.5 s of audio one sentence may make"):
         list(tone.sentences_audio(request))
     assert sum(c for c in tone.calls if c < 3200) <= 8000 + 3200          # kept: not cut at max_frames
+
+
+def test_a_sentence_with_a_number_too_long_to_read_is_refused_not_skipped(tone):
+    # the sentence gave no symbols and was skipped as if it were punctuation: "Hello there. Goodbye."
+    account = "Hello there. My account number is " + "1" * 101 + ". Goodbye."
+    for lazy in (False, True):
+        with pytest.raises(VoiceError, match=r"^'My account number is 1+': a number of 101 digits \(more than 100"):
+            list(tone.sentences_audio(tone.prepare(account, lazy=lazy)))
+    assert len(tone.audio(tone.prepare("Hello there. ... Goodbye."))) > 0      # punctuation alone: nothing to say
