@@ -20,7 +20,7 @@ import numpy as np
 
 from pipeline import markup
 from pipeline.errors import cli
-from pipeline.voice import PACE_RANGE, PITCH_RANGE, Voice, VoiceError, check_number, quick_start
+from pipeline.voice import PACE_RANGE, PITCH_RANGE, NothingToSay, Voice, VoiceError, check_number, quick_start
 from pipeline.wavfile import check_path, write_pcm
 
 
@@ -64,15 +64,20 @@ def paragraphs(stream):
 
 
 def speak(voice, texts, args, out):
-    """Say each text (a paragraph, or the whole input); out: the raw PCM file, or None to collect.
+    """Say each text (a paragraph, or the whole input); out: the raw PCM file, or None to collect. A
+    paragraph that says nothing ("...") is passed over; if none says anything, the first one's error.
     -> (int16 chunks collected, sentences, seconds to the first audio)."""
-    chunks, sentences, first, t0 = [], 0, None, time.perf_counter()
+    chunks, sentences, first, t0, quiet = [], 0, None, time.perf_counter(), None
     options = dict(ssml=True if args.ssml else None, pace=args.pace, pitch_shift=args.pitch_shift,
                    speaker=args.speaker, language=args.language)
-    for n, source in enumerate(texts):
-        request = voice.prepare(source, **options, lazy=out is not None)   # raw: each sentence as it comes
+    for source in texts:
+        try:
+            request = voice.prepare(source, **options, lazy=out is not None)   # raw: each sentence as it comes
+        except NothingToSay as e:
+            quiet = quiet or e
+            continue
         for i, pcm in enumerate(voice.sentences_audio(request)):
-            if n and not i:   # paragraphs read one by one: the pause markup puts between paragraphs
+            if sentences and not i:   # paragraphs read one by one: the pause markup puts between paragraphs
                 pcm = np.concatenate([np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.int16), pcm])
             if out is None:
                 chunks.append(pcm)
@@ -80,6 +85,8 @@ def speak(voice, texts, args, out):
                 out.write(pcm.astype("<i2").tobytes())
             first = first if first is not None else time.perf_counter() - t0
             sentences += 1
+    if not sentences and quiet:
+        raise quiet
     return chunks, sentences, first
 
 

@@ -77,6 +77,10 @@ class TooLong(VoiceError):
         self.whole = whole
 
 
+class NothingToSay(VoiceError):
+    """Text whose every sentence says nothing (punctuation, pauses alone): refused, streamed or not."""
+
+
 class VoiceFault(VoiceError):
     """The voice's graph gave audio that cannot be played (NaN or infinite samples): the export is
     broken, not the request. serve answers it with 500, not 400."""
@@ -85,14 +89,15 @@ class VoiceFault(VoiceError):
 @dataclass
 class Request:
     """What to say: sentences, each a list of ("pause", seconds) and ("speech", symbols, pace, pitch)
-    parts (lazy: markup sentences, made into parts as each is said), the speaker / language inputs of
-    the signature, and the front end's language, pace and pitch shift."""
+    parts (the first `ready` of them; the rest, lazy, markup sentences made into parts as each is
+    said), the speaker / language inputs of the signature, and the front end's language, pace and
+    pitch shift."""
     sentences: list
     inputs: dict = field(default_factory=dict)
     language: str = ""
     pace: float = 1.0
     pitch_shift: float = 0.0
-    lazy: bool = False
+    ready: int = 0
     max_samples: int | None = None   # the most audio the whole request may make (None: no bound)
 
 
@@ -305,12 +310,13 @@ class Voice:
                 max_seconds=None):
         """A Request for marked-up text (pipeline/markup.py). Every check (options, markup, unknown
         phonemes, prosody out of range, text the front end cannot say) is made here, before any
-        audio; lazy=True leaves the front end (espeak-ng, ~2-10 ms a sentence) to each sentence as
-        it is said, so a stream starts at once however long the text, and a sentence the front end
-        cannot say stops it there. Length: TooLong for a sentence whose pauses (lazy) or estimated
-        audio (estimate_seconds) exceed MAX_SENTENCE_SECONDS, or a request whose estimate exceeds
-        `max_seconds` (None: no bound on the whole); sentences_audio holds every sentence to the
-        same bounds as it speaks."""
+        audio; lazy=True leaves the front end (espeak-ng, ~2-10 ms a sentence) to each sentence after
+        the first that says something as it is said, so a stream starts at once however long the
+        text, refuses up front what the whole answer would (nothing to say, a first sentence the front
+        end cannot say), and a later sentence the front end cannot say stops it there. Length: TooLong
+        for a sentence whose pauses (lazy) or estimated audio (estimate_seconds) exceed
+        MAX_SENTENCE_SECONDS, or a request whose estimate exceeds `max_seconds` (None: no bound on
+        the whole); sentences_audio holds every sentence to the same bounds as it speaks."""
         check_text(source)
         pace = check_number("pace", pace, *PACE_RANGE)
         pitch_shift = check_number("pitch_shift", pitch_shift, *PITCH_RANGE)
@@ -323,16 +329,13 @@ class Voice:
             check_number(f"{item.where}: pitch shift {pitch_shift:g} + prosody pitch {item.pitch:g}",
                          pitch_shift + item.pitch, 2 * PITCH_RANGE[0], 2 * PITCH_RANGE[1])
         bound = None if max_seconds is None else int(max_seconds * self.sample_rate)
-        request = Request(sentences, inputs, language, pace, pitch_shift, lazy=lazy, max_samples=bound)
-        if lazy:
-            said = any(isinstance(i, markup.Speech) for s in sentences for i in s)
-            seconds = [sum(i.seconds for i in s if isinstance(i, markup.Pause)) for s in sentences]
-        else:
-            request.sentences = [parts for parts in self._parts(sentences, request) if parts]
-            said = any(part[0] == "speech" for parts in request.sentences for part in parts)
-            seconds = [self.estimate_seconds(parts) for parts in request.sentences]
-        if not said:
-            raise VoiceError("no text to speak" if not source.strip() else f"{source[:40]!r}: nothing to say")
+        request = Request(sentences, inputs, language, pace, pitch_shift, max_samples=bound)
+        request.sentences, request.ready = self._lead(sentences, request, lazy)
+        ready, later = request.sentences[:request.ready], request.sentences[request.ready:]
+        if not any(part[0] == "speech" for parts in ready for part in parts):
+            raise NothingToSay("no text to speak" if not source.strip() else f"{source.strip()[:40]!r}: nothing to say")
+        seconds = ([self.estimate_seconds(parts) for parts in ready]
+                   + [sum(i.seconds for i in s if isinstance(i, markup.Pause)) for s in later])
         longest, most = max(range(len(seconds)), key=seconds.__getitem__), self.max_sentence_samples / self.sample_rate
         if seconds[longest] > most:
             raise TooLong(f"sentence {longest + 1}: over the {most:g} s of audio one sentence may "
@@ -341,6 +344,16 @@ class Voice:
             raise TooLong(f"over the {max_seconds:g} s of audio one request may make (about {sum(seconds):.0f} s)",
                           whole=True)
         return request
+
+    def _lead(self, sentences, request, lazy):
+        """(sentences, how many of them, from the first, are parts): all made into parts, or (lazy) those up
+        to the first that says something, in batches of 1, 2, 4 ... (one front-end call each), the rest
+        left as markup sentences. A sentence of no parts (punctuation alone) is left out."""
+        ready, start, size = [], 0, len(sentences) if not lazy else 1
+        while start < len(sentences) and (not lazy or not any(p[0] == "speech" for s in ready for p in s)):
+            ready += [parts for parts in self._parts(sentences[start:start + size], request) if parts]
+            start, size = start + size, 2 * size
+        return ready + sentences[start:], len(ready)
 
     def _parts(self, sentences, request):
         """Each markup sentence as parts: ("pause", seconds) and ("speech", symbols, pace, pitch), one
@@ -462,8 +475,8 @@ class Voice:
         """int16 audio per sentence, each as soon as it is made; TooLong for a sentence over
         MAX_SENTENCE_SECONDS, or (request.max_samples) a request over its bound, before its audio is kept."""
         made = 0
-        for sentence in request.sentences:
-            parts = self._parts([sentence], request)[0] if request.lazy else sentence
+        for n, sentence in enumerate(request.sentences):
+            parts = sentence if n < request.ready else self._parts([sentence], request)[0]
             if parts:
                 limit, over, whole = self._bound(request, made)
                 if self.estimate_seconds(parts) * self.sample_rate > limit:    # before any audio: refuse now

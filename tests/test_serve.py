@@ -176,6 +176,17 @@ def test_a_stream_of_text_that_is_not_unicode_is_refused_before_it_starts(server
     assert status == 400 and json.loads(answer)["error"].startswith("line 1, column 8: '\\udce9' is not a character")
 
 
+@pytest.mark.parametrize("text, message", [
+    ("...", "'...': nothing to say"),                                                 # was 200, 0 bytes
+    ('<speak>... <break time="2s"/></speak>', "nothing to say"),                       # was 200, 2 s of zeros
+])
+def test_a_stream_refuses_up_front_what_the_whole_answer_refuses(server, text, message):
+    for path in ("/synthesize", "/synthesize?stream=true"):
+        status, headers, answer = call(server.port, "POST", path, {"text": text})
+        assert (status, headers["content-type"]) == (400, "application/json"), (path, answer[:200])
+        assert message in json.loads(answer)["error"]
+
+
 def rss_mb(pid):
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024

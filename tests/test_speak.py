@@ -230,12 +230,32 @@ def speak_error(exported_voice, stdin, capsys, monkeypatch, *argv):
     return err[-1]
 
 
-@pytest.mark.parametrize("raw", [False, True])
 def test_a_nul_in_the_text_is_refused_not_the_rest_of_the_sentence_dropped(exported_voice, tmp_path, capsys,
-                                                                           monkeypatch, raw):
+                                                                           monkeypatch):
     # espeak-ng stopped at the NUL: only "Hello there." was said, and speak answered 0
-    where = ["--raw"] if raw else ["--out", str(tmp_path / "nul.wav")]
+    where = ["--out", str(tmp_path / "nul.wav")]
     assert speak_error(exported_voice, b"Hello there. \0How are you today?", capsys, monkeypatch, *where) == \
         ("error: line 1, column 14: control character U+0000 is not plain text; remove it (the front end would "
          "stop or split a word there)")
     assert not (tmp_path / "nul.wav").exists()
+
+
+def run_speak(exported_voice, stdin, *argv):
+    """(exit status, standard output bytes, last standard error line) of `speak --voice V ARGV` as a process."""
+    proc = subprocess.run(blocked_command("pipeline.speak", "--voice", str(exported_voice), *argv), input=stdin,
+                          capture_output=True, env=child_env(), cwd=ROOT, timeout=300)
+    err = proc.stderr.decode().strip().splitlines()
+    assert "Traceback" not in proc.stderr.decode(), err[-20:]
+    return proc.returncode, proc.stdout, err[-1] if err else ""
+
+
+def test_raw_refuses_text_that_says_nothing_and_passes_over_a_quiet_paragraph(voice, exported_voice):
+    # --raw answered 0 with 2 s of zeros for a break alone (without --raw it was already the error)
+    assert run_speak(exported_voice, b"", "--raw", '<speak>... <break time="2s"/></speak>') == \
+        (2, b"", """error: '<speak>... <break time="2s"/></speak>': nothing to say""")
+    assert run_speak(exported_voice, b"...\n\n. . .\n", "--raw") == (2, b"", "error: '...': nothing to say")
+    rc, pcm, _ = run_speak(exported_voice, b"Hello.\n\n...\n\nGoodbye.\n", "--raw")    # a quiet paragraph
+    pause = np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.int16)
+    want = np.concatenate([voice.audio(voice.prepare("Hello.")), pause, voice.audio(voice.prepare("Goodbye."))])
+    got = np.frombuffer(pcm, "<i2")
+    assert rc == 0 and len(got) == len(want) and np.abs(got.astype(int) - want).max() <= 2

@@ -153,3 +153,17 @@ def test_a_sentence_with_a_number_too_long_to_read_is_refused_not_skipped(tone):
         with pytest.raises(VoiceError, match=r"^'My account number is 1+': a number of 101 digits \(more than 100"):
             list(tone.sentences_audio(tone.prepare(account, lazy=lazy)))
     assert len(tone.audio(tone.prepare("Hello there. ... Goodbye."))) > 0      # punctuation alone: nothing to say
+
+
+def test_a_stream_refuses_up_front_what_the_whole_answer_refuses(tone):
+    # lazily (a stream, speak --raw) "..." counted as something to say: 200 with no audio, or silence
+    for lazy in (False, True):
+        for text in ("... . . .", '<speak>... <break time="2s"/></speak>'):
+            with pytest.raises(VoiceError, match=r"^'.*': nothing to say$"):
+                tone.prepare(text, lazy=lazy)
+        with pytest.raises(VoiceError, match=r"^'你好.': '你' .* not in the script of text.language en-us"):
+            tone.prepare("... 你好. Hello.", lazy=lazy)          # the first sentence that says something: up front
+    said = []
+    with pytest.raises(VoiceError, match="你"):                           # a later one: in its turn, as documented
+        said += tone.sentences_audio(tone.prepare("Hello. 你好.", lazy=True))
+    assert len(said) == 1 and len(said[0]) > 0
