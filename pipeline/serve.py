@@ -10,7 +10,8 @@ Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py); writes
                               -> audio/wav (16-bit mono); at most MAX_WAV_SECONDS of audio, and
                               a sentence at most voice.MAX_SENTENCE_SECONDS (413, before the audio is made)
   POST /synthesize?stream=true  -> chunked audio/L16;rate=SR;channels=1 (16-bit big-endian PCM,
-                              RFC 2586), one chunk per sentence as soon as it is ready; a later
+                              RFC 2586), one chunk per sentence as soon as it is ready, the first
+                              made before the answer starts (its failure: the 4xx/5xx); a later
                               sentence the front end cannot say ends it without the final chunk
 
 Every error is a JSON {"error": "<one line>"} with a 4xx/5xx status: 400 bad JSON, field or markup,
@@ -226,11 +227,15 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
             bound = None if streamed else MAX_WAV_SECONDS   # a stream: each sentence's bound only (pipeline/voice.py)
             prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=streamed, max_seconds=bound))
             sentences = voice.sentences_audio(prepared)
-            if streamed:
+            if streamed:   # the first sentence before the answer starts: its failure is a 4xx/5xx, not a 200
+                first = await gate.run(next, sentences, None)
+
                 async def chunks():
+                    pcm = first
                     try:
-                        while (pcm := await gate.run(next, sentences, None)) is not None:
+                        while pcm is not None:
                             yield pcm.astype(">i2").tobytes()
+                            pcm = await gate.run(next, sentences, None)
                     except PipelineError as e:
                         print(f"a stream stopped: {e}", file=sys.stderr, flush=True)
                         raise StreamStopped() from None
