@@ -14,7 +14,9 @@ CALIBRATION (so the same text always gives the same audio), and a piece whose au
 max_frames is split in two (between words, else between symbols) and said again: nothing is ever
 cut (a single symbol that reaches it is an error). A sentence makes at most MAX_SENTENCE_SECONDS
 of audio, and a request at most its `max_seconds`: TooLong before any audio when the estimate is
-over, else as soon as the audio passes the bound.
+over, else as soon as the audio passes the bound. A sentence's text holds at most
+MAX_SENTENCE_CHARACTERS (TooLong before the front end), and goes through the front end in pieces
+(front_end_pieces), so its cost stays linear in the text.
 
     from pipeline.voice import Voice
     voice = Voice("runs/demo/export")
@@ -40,8 +42,14 @@ PITCH_RANGE = (-12.0, 12.0)       # semitones; pitch_shift + prosody pitch withi
 CALIBRATION = "The quick brown fox jumps over the lazy dog."   # said at load: the voice's seconds per symbol
 MARGIN = 1.25                     # the estimate's safety factor: pieces planned to fill at most 1/MARGIN
 MAX_SENTENCE_SECONDS = 600.0      # the most audio one sentence may make (so one sentence's memory is bounded)
+MAX_SENTENCE_CHARACTERS = 20_000  # a sentence's text at most: a longer one is refused before the front end
+FRONT_END_CHARACTERS = 1000       # the text of one front-end call at most (more only where it cannot be cut)
 SOONER = "; end sentences sooner (. ! ?)"
 _FRONT_END = threading.Lock()     # espeak-ng (through phonemizer) is one library state per process
+# where phonemizer cuts a cleaned text to read each side alone: a run of its punctuation marks (a , or .
+# between digits is not one)
+_CUT = re.compile(r"(?:\s*(?:[%s]|(?<![0-9])[,.]|[,.](?![0-9]))+\s*)+"
+                  % re.escape("".join(c for c in text._PUNCTUATION_MARKS if c not in ",.")))
 # clause punctuation between words: where an over-long sentence is split first
 _CLAUSE = re.compile(r"(?<=[,;:—…])\s+")
 
@@ -154,6 +162,50 @@ def split_symbols(symbols, limit):
         words = [w[i:i + limit] for w in clause.split() for i in range(0, len(w), limit)]
         units += _pack(words, limit)
     return _pack(units, limit)
+
+
+def front_end_pieces(line, cleaners, size=FRONT_END_CHARACTERS):
+    """[(piece, what joins its symbols to the next's)] of a text longer than `size` characters: the text
+    cleaned (the front end cleans each piece again, which changes nothing) and cut into pieces of at
+    most `size` characters (or one run that cannot be cut), only after a run of punctuation, where
+    phonemizer cuts the text and reads each side alone anyway, so the pieces say what the text says.
+    phonemizer's cost is quadratic in one call's punctuation (it splits and joins the whole text at
+    each mark): so it stays linear. A text holding a number text.problem refuses is left whole."""
+    if len(line) <= size or text.longest_number(line) > text.MAX_DIGITS:
+        return [(line, "")]
+    line = text.clean_text(line, cleaners)
+    pieces, start, last = [], 0, 0
+    for cut in [m.end() for m in _CUT.finditer(line) if 0 < m.start() and m.end() < len(line)] + [len(line)]:
+        if cut - start > size and last > start:
+            pieces.append(line[start:last])
+            start = last
+        last = cut
+    pieces.append(line[start:])
+    return [(piece, " " if piece[-1].isspace() else "") for piece in pieces]
+
+
+def _batches(texts, size):
+    """`texts` in runs of consecutive ones of at most `size` characters together (a longer one alone)."""
+    batch, length = [], 0
+    for line in texts:
+        if batch and length + len(line) > size:
+            yield batch
+            batch, length = [], 0
+        batch.append(line)
+        length += len(line)
+    if batch:
+        yield batch
+
+
+def _joined(said):
+    """One text's symbols from its pieces' [(symbols, joint)]: a piece that says nothing adds nothing."""
+    out, joint = "", ""
+    for symbols, after in said:
+        if symbols:
+            out, joint = out + (joint if out else "") + symbols, after
+        else:
+            joint = joint or after
+    return out
 
 
 def _pack(units, limit):
@@ -322,6 +374,11 @@ class Voice:
         pitch_shift = check_number("pitch_shift", pitch_shift, *PITCH_RANGE)
         inputs, language = self._voice_inputs(speaker, language)
         sentences = markup.sentences(markup.parse(source, ssml))
+        for n, sentence in enumerate(sentences, 1):    # before the front end, whose work grows with it
+            length = sum(len(i.text.strip()) for i in sentence if isinstance(i, markup.Speech))
+            if length > MAX_SENTENCE_CHARACTERS:
+                raise TooLong(f"sentence {n}: {length} characters, over the {MAX_SENTENCE_CHARACTERS} one sentence "
+                              f"may hold{SOONER}")
         for item in (i for s in sentences for i in s if isinstance(i, markup.Speech)):
             if item.phonemes:
                 self._check_phonemes(item)
@@ -382,11 +439,18 @@ class Voice:
         """The symbols of each plain text ("" for punctuation alone); VoiceError for text it cannot say (a
         sentence that gives no symbols for a reason, as a number too long to read, is refused, not skipped)."""
         cfg = {"frontend": self.vocab["frontend"], "language": language, "cleaners": self.vocab["cleaners"]}
-        with _FRONT_END:
-            said = text.to_symbols(texts, cfg) if texts else []
+        pieces = [(n, piece, joint) for n, line in enumerate(texts)
+                  for piece, joint in front_end_pieces(line, cfg["cleaners"])]
+        said = []
+        for batch in _batches([piece for _, piece, _ in pieces], FRONT_END_CHARACTERS):   # bounded calls
+            with _FRONT_END:
+                said += [symbols for symbols, _ in text.to_symbols(batch, cfg)]
+        lines = [[] for _ in texts]
+        for (n, _, joint), symbols in zip(pieces, said):
+            lines[n].append((symbols, joint))
         silent = text.problem("", "", cfg)     # problem()'s reason for a line that passes all but having a sound
         out = []
-        for line, (symbols, _) in zip(texts, said):
+        for line, symbols in zip(texts, map(_joined, lines)):
             reason = text.problem(line, symbols, cfg)
             if reason and reason != silent:
                 raise VoiceError(f"{line.strip()[:60]!r}: {reason}")

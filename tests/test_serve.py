@@ -204,6 +204,10 @@ def test_audio_over_the_bounds_is_refused_before_it_is_made(server):
         status, _, answer = call(server.port, "POST", path, body)
         assert status == 413 and json.loads(answer)["error"].startswith(
             "sentence 1: over the 600 s of audio one sentence may make (about "), answer
+    t1 = time.monotonic()                # one 98 kB sentence: ~30 s of the front end's CPU before its 413
+    status, _, answer = call(server.port, "POST", "/synthesize", {"text": "a." * 49000})
+    assert status == 413 and json.loads(answer)["error"].startswith("sentence 1: 98000 characters, over the 20000")
+    assert time.monotonic() - t1 < 5
     status, _, answer = call(server.port, "POST", "/synthesize", {"text": "Hello there. " * 7000})
     assert status == 413 and json.loads(answer)["error"].startswith("over the 600 s of audio one request may make")
     assert json.loads(answer)["error"].endswith(": ask with ?stream=true")

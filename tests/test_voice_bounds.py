@@ -167,3 +167,13 @@ def test_a_stream_refuses_up_front_what_the_whole_answer_refuses(tone):
     with pytest.raises(VoiceError, match="你"):                           # a later one: in its turn, as documented
         said += tone.sentences_audio(tone.prepare("Hello. 你好.", lazy=True))
     assert len(said) == 1 and len(said[0]) > 0
+
+
+def test_a_sentence_too_long_to_read_is_refused_before_the_front_end(tone, monkeypatch):
+    # one 98 kB sentence took ~30 s of the front end's CPU before its 413
+    from pipeline.voice import TooLong
+    monkeypatch.setattr(tone, "_front_end", lambda *a: pytest.fail("the front end ran"))
+    for lazy in (False, True):
+        with pytest.raises(TooLong, match=r"^sentence 2: 98000 characters, over the 20000 one sentence may hold; end "
+                                          r"sentences sooner \(\. ! \?\)$"):
+            tone.prepare("Hi. " + "a." * 49000, lazy=lazy)
