@@ -1,7 +1,7 @@
 """Speak text with an exported voice: a wav file, or raw PCM on standard output sentence by sentence.
 
 Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py) and the text: the
-arguments, else standard input. Writes `--out F.wav` (16-bit mono at the voice's rate, written
+arguments, else standard input (UTF-8). Writes `--out F.wav` (16-bit mono at the voice's rate, written
 atomically once all is said) or, with `--raw`, 16-bit little-endian mono PCM at the voice's rate on
 standard output, each sentence as soon as it is ready (standard input is read a paragraph at a time,
 so a paragraph is spoken while the next is typed). Nothing but audio goes to standard output: every
@@ -45,22 +45,35 @@ def check_out(path):
     check_path(path, "--out")
 
 
-def paragraphs(stream):
-    """The text of a stream one paragraph at a time (blank lines between); an SSML document whole."""
-    lines = []
-    for line in stream:
-        if not lines and not line.strip():
+def utf8_lines(stream):
+    """The lines of a byte stream (standard input) as text, each as soon as it is read: UTF-8 whatever the
+    locale says; VoiceError naming standard input and the byte offset of bytes that are not UTF-8."""
+    offset = 0
+    for number, line in enumerate(stream, 1):
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise VoiceError(f"standard input, line {number}: byte {line[e.start]:#04x} at byte offset {offset + e.start}"
+                             " is not UTF-8; give the text in UTF-8") from None
+        offset += len(line)
+
+
+def paragraphs(lines):
+    """The text of an iterator of lines one paragraph at a time (blank lines between); an SSML document whole."""
+    lines, paragraph = iter(lines), []
+    for line in lines:
+        if not paragraph and not line.strip():
             continue
-        if not lines and markup.is_ssml(line):
-            yield line + stream.read()
+        if not paragraph and markup.is_ssml(line):
+            yield line + "".join(lines)
             return
         if line.strip():
-            lines.append(line)
+            paragraph.append(line)
         else:
-            yield "".join(lines)
-            lines = []
-    if lines:
-        yield "".join(lines)
+            yield "".join(paragraph)
+            paragraph = []
+    if paragraph:
+        yield "".join(paragraph)
 
 
 def speak(voice, texts, args, out):
@@ -119,9 +132,9 @@ def main(argv=None):
     if args.text:
         texts = [" ".join(args.text)]
     elif args.raw and not args.ssml:
-        texts = paragraphs(sys.stdin)
+        texts = paragraphs(utf8_lines(sys.stdin.buffer))
     else:
-        texts = [sys.stdin.read()]
+        texts = ["".join(utf8_lines(sys.stdin.buffer))]
     t0 = time.perf_counter()
     try:
         chunks, sentences, first = speak(voice, texts, args, out)

@@ -240,10 +240,10 @@ def test_a_nul_in_the_text_is_refused_not_the_rest_of_the_sentence_dropped(expor
     assert not (tmp_path / "nul.wav").exists()
 
 
-def run_speak(exported_voice, stdin, *argv):
+def run_speak(exported_voice, stdin, *argv, **env):
     """(exit status, standard output bytes, last standard error line) of `speak --voice V ARGV` as a process."""
     proc = subprocess.run(blocked_command("pipeline.speak", "--voice", str(exported_voice), *argv), input=stdin,
-                          capture_output=True, env=child_env(), cwd=ROOT, timeout=300)
+                          capture_output=True, env=dict(child_env(), **env), cwd=ROOT, timeout=300)
     err = proc.stderr.decode().strip().splitlines()
     assert "Traceback" not in proc.stderr.decode(), err[-20:]
     return proc.returncode, proc.stdout, err[-1] if err else ""
@@ -276,3 +276,15 @@ def test_a_long_sentence_costs_the_front_end_linear_time_and_says_the_same(voice
     cfg = {k: voice.vocab[k] for k in ("frontend", "language", "cleaners")}
     assert len(front_end_pieces(long, cfg["cleaners"])) > 2
     assert voice._front_end([long], cfg["language"]) == [text.to_symbols([long], cfg)[0][0]]
+
+
+def test_standard_input_that_is_not_utf8_is_one_line_naming_the_byte(voice, exported_voice, tmp_path, capsys,
+                                                                     monkeypatch):
+    # a UnicodeDecodeError traceback under a strict UTF-8 locale
+    assert speak_error(exported_voice, b"Hello \xe9t\xe9 there.", capsys, monkeypatch, "--out", str(tmp_path / "x.wav")) \
+        == "error: standard input, line 1: byte 0xe9 at byte offset 6 is not UTF-8; give the text in UTF-8"
+    rc, pcm, err = run_speak(exported_voice, b"Hello there.\n\nOK \xe9t\xe9.\n", "--raw",
+                             PYTHONIOENCODING="utf-8:strict")             # read a paragraph at a time
+    assert (rc, err) == (2, "error: standard input, line 3: byte 0xe9 at byte offset 17 is not UTF-8; give the text "
+                            "in UTF-8")
+    assert len(pcm) == 2 * len(voice.audio(voice.prepare("Hello there.")))   # the paragraph before it was said
