@@ -110,7 +110,10 @@ def check_before_loading(cfg):
         where = f"synthesize.sentences[{i}]"
         _, _, language = resolve_voice(s, info, x.get("speaker", ""), x.get("language", ""), where)
         markup.check_characters(x["text"], lambda offset, w=where: f"{w}, character {offset + 1}")  # a NUL ends it
-        text.encode(x["text"], dict(info["vocab"], language=language))  # TextError naming an unseen symbol
+        try:
+            text.encode(x["text"], dict(info["vocab"], language=language))  # an unseen symbol, nothing to say
+        except text.TextError as e:
+            raise text.TextError(f"{where}: {e}") from None
     if kinds.KINDS.get(cfg["vocoder"]["kind"]).build is not None:
         kinds.check_trained(cfg)
 

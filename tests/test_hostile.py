@@ -265,6 +265,14 @@ def test_synthesis_refuses_a_control_character_in_a_sentence_naming_it(untrained
          "front end would stop or split a word there)")
 
 
+def test_a_sentence_the_front_end_cannot_say_is_named_by_its_key(untrained_run, capsys):
+    # was "error: '!!!': gives no phonemes ...", naming no sentence of the config
+    from pipeline import synthesize
+    argv = ["--config", str(untrained_run), "--set", 'synthesize.sentences=["Hello.", "!!!"]']
+    assert one_line_error(synthesize.main, argv, capsys) == \
+        "error: synthesize.sentences[1]: '!!!': gives no phonemes (nothing to say)"
+
+
 def test_synthesis_speaks_at_the_runs_audio_settings_whatever_the_config_says(untrained_run, tmp_path):
     from pipeline import synthesize
     cfg = config.load_config(untrained_run, {"audio": {"hop_length": 200},
