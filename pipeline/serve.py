@@ -51,6 +51,8 @@ MAX_WAV_SECONDS = 600.0      # audio of one non-streamed answer (longer: ?stream
 CLIENT_TIMEOUT = 10.0        # seconds to send a request head, and then its body (--client-timeout)
 KEEP_ALIVE = 5               # seconds an idle keep-alive connection stays open
 CONNECTIONS = 256            # uvicorn's limit_concurrency (beyond: its own plain 503)
+MAX_WORKERS = 64             # --workers at most (model calls at a time, each a thread and its memory)
+MAX_QUEUE = 1000             # --queue at most (no more than CONNECTIONS requests are open at once anyway)
 FIELDS = ("text", "speaker", "language", "pace", "pitch_shift", "ssml")
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")   # the Host names a server on a loopback address answers
 
@@ -319,13 +321,17 @@ def main(argv=None):
     parser.add_argument("--voice", required=True, help="the export folder (runs/{name}/export)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8050)
-    parser.add_argument("--workers", type=int, default=2, help="model calls at a time (default 2)")
-    parser.add_argument("--queue", type=int, default=32, help="requests waiting beyond those; more get 503 (default 32)")
+    parser.add_argument("--workers", type=int, default=2, help=f"model calls at a time (1..{MAX_WORKERS}, default 2)")
+    parser.add_argument("--queue", type=int, default=32,
+                        help=f"requests waiting beyond those; more get 503 (0..{MAX_QUEUE}, default 32)")
     parser.add_argument("--client-timeout", type=float, default=CLIENT_TIMEOUT,
                         help=f"seconds a client has to send a request head, then its body (default {CLIENT_TIMEOUT:g})")
     args = parser.parse_args(argv)
-    if args.workers < 1 or args.queue < 0 or not 0 < args.client_timeout < 3600:
-        raise PipelineError("--workers must be >= 1, --queue >= 0 and --client-timeout in (0, 3600)")
+    for option, value, low, high in (("--workers", args.workers, 1, MAX_WORKERS), ("--queue", args.queue, 0, MAX_QUEUE)):
+        if not low <= value <= high:
+            raise PipelineError(f"{option} {value}: must be in {low}..{high}")
+    if not 0 < args.client_timeout < 3600:
+        raise PipelineError(f"--client-timeout {args.client_timeout:g}: must be in (0, 3600) seconds")
     if not 1 <= args.port <= 65535:
         raise PipelineError(f"--port {args.port}: a port is 1..65535")
     voice = Voice(args.voice, log=lambda *a: print(*a, file=sys.stderr, flush=True))

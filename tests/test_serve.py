@@ -259,6 +259,18 @@ def test_a_port_out_of_range_is_refused_before_the_voice_loads(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == "error: --port 70000: a port is 1..65535"
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("--workers", "1000000000", "error: --workers 1000000000: must be in 1..64"),   # was taken, unbounded
+    ("--queue", "1000000000000", "error: --queue 1000000000000: must be in 0..1000"),
+    ("--workers", "0", "error: --workers 0: must be in 1..64"),
+])
+def test_workers_and_queue_out_of_range_are_refused_before_the_voice_loads(tmp_path, capsys, option, value, message):
+    from pipeline import serve
+    with pytest.raises(SystemExit) as exit_:
+        serve.main(["--voice", str(tmp_path / "none"), option, value])
+    assert exit_.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [message]
+
+
 def test_other_errors_and_the_server_stays_up(server):
     for method, path, status in (("GET", "/synthesize", 405), ("GET", "/nope", 404), ("POST", "/health", 405)):
         got, headers, answer = call(server.port, method, path)
