@@ -173,8 +173,21 @@ class _Ssml:
         try:
             p.Parse(text, True)
         except expat.ExpatError as e:
-            raise MarkupError(f"line {e.lineno}, column {self._column(e.lineno, e.offset)}: invalid SSML: "
-                              f"{expat.ErrorString(e.code)}") from None
+            raise MarkupError(self._expat_error(text, e)) from None
+
+    def _expat_error(self, doc, e):
+        """expat's error as one line at its position in the text as given; an error in the closing tag of
+        an implied <speak> (an element left open, a tag cut short) is said at the end of the text."""
+        line, offset = e.lineno, e.offset
+        if self.shift:
+            given = doc[:-len("</speak>")]
+            end = (given.count("\n") + 1, len(given) - given.rfind("\n") - 1)
+            if (line, offset) >= end:
+                opened = [f"<{tag}>" for tag, *_ in self.stack[1:]]
+                mismatch = e.code == expat.errors.codes[expat.errors.XML_ERROR_TAG_MISMATCH]
+                what = f"{opened[-1]} is not closed" if opened and mismatch else expat.ErrorString(e.code)
+                return f"line {end[0]}, column {self._column(*end)}: invalid SSML at the end of the text: {what}"
+        return f"line {line}, column {self._column(line, offset)}: invalid SSML: {expat.ErrorString(e.code)}"
 
     def _column(self, line, offset):
         """1-based column of a 0-based expat offset, in the text as given (before an implied <speak>)."""

@@ -122,3 +122,15 @@ def test_a_control_or_invisible_character_is_refused_where_it_is(text, message):
 def test_whitespace_soft_hyphens_and_a_leading_byte_order_mark_are_text():
     assert said("\ufeffHel\u00adlo\tthere,\r\nfriend\x0c of mi\u200cne.") == [
         [("text", "Hel\u00adlo there, friend of mi\u200cne.", 1.0, 0.0)]]
+
+
+@pytest.mark.parametrize("text, message", [
+    # was "line 1, column 8: invalid SSML: mismatched tag": a column in the hidden </speak> closing the text
+    ("<s>hi", "line 1, column 6: invalid SSML at the end of the text: <s> is not closed"),
+    ("a\n<p><s>b</s>\nc", "line 3, column 2: invalid SSML at the end of the text: <p> is not closed"),
+    ("hi <b", "line 1, column 6: invalid SSML at the end of the text: not well-formed (invalid token)"),
+    ("hi</s>", "line 1, column 5: invalid SSML: mismatched tag"),                # within the text: where it is
+])
+def test_ssml_without_its_root_names_positions_in_the_text_as_given(text, message):
+    with pytest.raises(MarkupError, match="^" + re.escape(message) + "$"):
+        parse(text, ssml=True)
