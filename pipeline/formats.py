@@ -19,6 +19,8 @@ resolved) belongs to two clips.
 """
 import os
 import re
+import shutil
+import subprocess
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -306,13 +308,21 @@ def normalised(sources):
     return {source_name(src, i): {**src, "name": source_name(src, i)} for i, src in enumerate(sources)}
 
 
+def espeak_voices():
+    """The voice names espeak-ng (and so phonemizer's espeak backend) accepts, from `espeak-ng --voices`
+    (about 20 ms; phonemizer's own check costs half a second of imports); None without the program."""
+    program = shutil.which("espeak-ng")
+    if program is None:
+        return None
+    listing = subprocess.run([program, "--voices"], capture_output=True, text=True, check=False).stdout
+    return {line.split()[1] for line in listing.splitlines()[1:] if len(line.split()) > 1}
+
+
 def check_languages(clips, known, default):
     """DatasetError naming the first clip (file:line) whose language the token job's espeak-ng backend
     does not take as written. That backend looks a code up exactly among the voices `espeak-ng --voices`
-    lists (preflight.espeak_voices): "EN-US" or a voice's other language ("en", "fr") would pass a
+    lists (espeak_voices): "EN-US" or a voice's other language ("en", "fr") would pass a
     check by `known` (espeak_languages: every code, lowercased) and fail in the job."""
-    from pipeline.preflight import espeak_voices
-
     voices = espeak_voices()
     spelled = {v.lower(): v for v in voices} if voices is not None else {k: k for k in known}
     exact = set(spelled.values())

@@ -9,21 +9,9 @@ planning would rebuild its caches in place). Each failure is one line naming the
 for the targets of the `snakemake` command that build them, evaluate needs a validation clip and
 synthesize sentences it can speak.
 """
-import shutil
-import subprocess
 from pathlib import Path
 
-from pipeline import config, manifest, models, runinfo
-
-
-def espeak_voices():
-    """The voice names espeak-ng (and so phonemizer's espeak backend) accepts, from `espeak-ng --voices`
-    (about 20 ms; phonemizer's own check costs half a second of imports); None without the program."""
-    program = shutil.which("espeak-ng")
-    if program is None:
-        return None
-    listing = subprocess.run([program, "--voices"], capture_output=True, text=True, check=False).stdout
-    return {line.split()[1] for line in listing.splitlines()[1:] if len(line.split()) > 1}
+from pipeline import config, formats, manifest, models, runinfo
 
 
 def preflight(cfg):
@@ -33,7 +21,7 @@ def preflight(cfg):
     (model_cfg, vocab, n_mels)). ConfigError naming the key."""
     config.check_dataset_paths(cfg)
     if cfg["text"]["frontend"] == "phonemes":
-        voices = espeak_voices()
+        voices = formats.espeak_voices()
         language = cfg["text"]["language"]
         if voices is not None and language not in voices:
             close = sorted(v for v in voices if v.split("-")[0] == language.split("-")[0])
@@ -98,18 +86,8 @@ def check_manifest(cfg, clips_by_shard, targets=None):
 
 
 def check_sentences(cfg, names):
-    """What synthesis (synthesize.check_before_loading, which needs a trained run) refuses in each of
-    synthesize.sentences, with the speakers and languages `names` the run will have: an unknown speaker
-    or language, and text the front end cannot speak (no sound, another script, an unknown symbol).
-    PipelineError naming synthesize.sentences[N]. The phonemes front end costs ~0.12 s (espeak-ng)."""
+    """What synthesis refuses in synthesize.sentences (synthesize.check_sentences, as the job checks
+    them), with the speakers and languages `names` the run will have and the config's vocabulary. The
+    phonemes front end costs ~0.12 s (espeak-ng)."""
     from pipeline import synthesize, text  # only when the command synthesizes
-    s = cfg["synthesize"]
-    info = {**names, "vocab": text.vocabulary(cfg["text"])}  # as runinfo will hold them
-    for i, x in enumerate(s["sentences"]):
-        x = x if isinstance(x, dict) else {"text": x}
-        where = f"synthesize.sentences[{i}]"
-        _, _, language = synthesize.resolve_voice(s, info, x.get("speaker", ""), x.get("language", ""), where)
-        try:
-            text.encode(x["text"], dict(info["vocab"], language=language))
-        except text.TextError as e:
-            raise config.ConfigError(f"{where}: {e}") from None
+    synthesize.check_sentences(cfg["synthesize"], {**names, "vocab": text.vocabulary(cfg["text"])})

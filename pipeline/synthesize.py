@@ -105,6 +105,15 @@ def check_before_loading(cfg):
     info = runinfo.load(run)
     s = cfg["synthesize"]
     check_prosody(s["pace"], s["pitch_shift"], prefix="synthesize.")
+    check_sentences(s, info)
+    if kinds.KINDS.get(cfg["vocoder"]["kind"]).build is not None:
+        kinds.check_trained(cfg)
+
+
+def check_sentences(s, info):
+    """Each of synthesize.sentences (`s`: the synthesize section) against a run's `info` (its speakers,
+    languages and vocab; pipeline.preflight passes what the run will have): its speaker, language,
+    characters and symbols. One line naming synthesize.sentences[N]."""
     for i, x in enumerate(s["sentences"]):
         x = x if isinstance(x, dict) else {"text": x}
         where = f"synthesize.sentences[{i}]"
@@ -114,8 +123,6 @@ def check_before_loading(cfg):
             text.encode(x["text"], dict(info["vocab"], language=language))  # an unseen symbol, nothing to say
         except text.TextError as e:
             raise text.TextError(f"{where}: {e}") from None
-    if kinds.KINDS.get(cfg["vocoder"]["kind"]).build is not None:
-        kinds.check_trained(cfg)
 
 
 class Synthesizer:

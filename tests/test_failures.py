@@ -63,6 +63,8 @@ VAL_NONE = "dataset.val_fraction: 0 puts none of the 24 clips in the validation 
     (["synthesize"], 'synthesize={sentences: ["Hello.", "!!!"]}',  # synthesis's own check, before training
      "synthesize.sentences[1]: '!!!': gives no phonemes (nothing to say)"),
     ([], 'synthesize={sentences: ["Привет"]}', "synthesize.sentences[0]: 'Привет': 'П' (cyrillic capital letter pe)"),
+    ([], 'synthesize={sentences: ["Hello.", "Good\\0bye."]}',  # espeak-ng would stop at the NUL
+     "synthesize.sentences[1], character 5: control character U+0000 is not plain text"),
 ])
 def test_what_a_late_job_would_refuse_stops_planning(built_cache, targets, override, message):
     # each passed `snakemake -n` and failed after the caches were built and the model trained
