@@ -12,8 +12,8 @@ and returns its rows as Clip (id, text, speaker, language, audio file, file:line
             relative to root, the id is its file name without extension
 A row's language is its own (csv), else the source's `language`, else `text.language`.
 `read_sources` joins them: clip ids are `{source name}-{id}` (unique across sources; a collision
-is a DatasetError naming both files), source names unique, and no audio file (symbolic links
-resolved) belongs to two clips.
+is a DatasetError naming both files), source names unique, and no audio file (symbolic and hard
+links followed) belongs to two clips.
 
     python -m pipeline.manifest is not a CLI; try: python -c "from pipeline import formats; print(formats.FORMATS)"
 """
@@ -339,32 +339,51 @@ def check_languages(clips, known, default):
                            f"{', '.join(close or sorted(v for v in exact if v.startswith('en')))}")
 
 
-def _symlinks(folder):
-    """The paths of the symbolic links in a folder, from one directory scan (no stat a file)."""
+def _listing(folder):
+    """(device, {name: inode}, {names that are symbolic links}) from one stat of a folder and one scan
+    of it (the inodes readdir gives, so that two listings compare alike on any file system); None for
+    a missing folder."""
     try:
+        device = os.stat(folder or ".").st_dev
         with os.scandir(folder or ".") as entries:
-            return {os.path.join(folder, e.name) for e in entries if e.is_symlink()}
+            inodes, links = {}, set()
+            for e in entries:
+                inodes[e.name] = e.inode()
+                if e.is_symlink():
+                    links.add(e.name)
+        return device, inodes, links
     except OSError:  # missing: its clips have no audio, which the audio jobs report
-        return set()
+        return None
 
 
 def check_same_audio(clips):
-    """DatasetError naming both clips when two resolve to one audio file: the same recording under two
-    ids (two sources over one folder, a symbolic link) would train under one and validate under the
-    other. Each folder is resolved once; only the files that are symbolic links are resolved each."""
-    folders, links, seen = {}, set(), {}
+    """DatasetError naming both clips when two are one audio file (the same device and inode: one path
+    twice, a symbolic link, a hard link): the same recording under two ids (two sources over one folder,
+    a link) would train under one and validate under the other. Each folder is scanned once; only the
+    files that are symbolic links are resolved, each to its target's folder listing."""
+    listings, seen = {}, {}
+
+    def identity(path, follow=True):
+        folder, name = os.path.split(path)
+        if folder not in listings:
+            listings[folder] = _listing(folder)
+        if listings[folder] is None or name not in listings[folder][1]:
+            return None  # no such file: the audio jobs report it
+        device, inodes, links = listings[folder]
+        if name in links:
+            real = os.path.realpath(path)
+            return identity(real, follow=False) if follow and real != path else None
+        return device, inodes[name]
+
     for c in clips:
-        folder, _, name = c.audio.rpartition(os.sep)
-        if folder not in folders:
-            folders[folder] = os.path.realpath(folder or ".")
-            links |= _symlinks(folder)
-        real = os.path.realpath(c.audio) if c.audio in links else os.path.join(folders[folder], name)
-        first = seen.setdefault(real, c)
+        key = identity(c.audio)
+        first = seen.setdefault(key, c) if key is not None else c
         if first is not c:
+            real, other = os.path.realpath(first.audio), os.path.realpath(c.audio)
             raise DatasetError(f"clip {first.id!r} of source {first.source!r} ({first.where}) and clip {c.id!r} of "
                                f"source {c.source!r} ({c.where}) are one audio file "
-                               f"{real}: the same recording twice would train under one id and validate under the "
-                               "other; list it once")
+                               f"{real}{'' if other == real else f' (hard-linked as {other})'}: the same recording "
+                               "twice would train under one id and validate under the other; list it once")
 
 
 def read_sources(sources, strict=True):

@@ -4,6 +4,7 @@ row, and each kind of bad input as one DatasetError naming the file, line or key
 
     python -m pytest -q tests/test_formats.py
 """
+import os
 import re
 import shutil
 
@@ -205,6 +206,13 @@ def test_one_recording_under_two_clips_is_refused_naming_both(tmp_path, corpus_t
     (lj / "wavs" / "LJ001-0003.wav").unlink()
     (lj / "wavs" / "LJ001-0003.wav").symlink_to("LJ001-0001.wav")  # within one source
     assert "clip 'lj-LJ001-0001' of source 'lj'" in _error([{"root": str(lj), "format": "ljspeech"}])
+    hard = make_csv(tmp_path / "hard", ["x1.wav|Hello.|anna|en-us"])
+    os.link(hard / "x1.wav", hard / "x2.wav")  # a hard link: another path, the same file
+    with open(hard / "metadata.csv", "a") as f:
+        f.write("x2.wav|Goodbye.|anna|en-us\n")
+    assert _error([{"root": str(hard), "format": "csv"}]).startswith(
+        f"clip 'hard-x1' of source 'hard' ({hard / 'metadata.csv'}:2) and clip 'hard-x2' of source 'hard' "
+        f"({hard / 'metadata.csv'}:3) are one audio file {hard / 'x1.wav'} (hard-linked as {hard / 'x2.wav'})")
     # and planning stops on it
     config = write_config(tmp_path, lj, dataset={"sources": [{"root": str(mine), "format": "csv", "name": "a"},
                                                              {"root": str(mine), "format": "csv", "name": "b"}]})
