@@ -17,8 +17,10 @@ Run:  python -m pipeline.make_corpus --transcripts data/ljspeech_transcripts.csv
 Several voices (`--voices`, espeak-ng voices and variants): each speaks `--count` lines of its own
 (voice i takes the lines after voice i-1's: no sentence is spoken twice), written in the `csv`
 source format (pipeline/formats.py): OUT/metadata.csv `audio_file|text|speaker|language` and
-OUT/wavs/{voice}-{id}.flac; the speaker is the voice's name, the language its code before "+" or the
-matching entry of `--languages`.
+OUT/wavs/{voice}-{id}.flac; the speaker is the voice's name ("/" made "_" in espeak-ng's voice files,
+e.g. gmw/en-US), the language its code before "+" (for a voice file, the language `espeak-ng
+--voices` lists for it) or the matching entry of `--languages`; a language the token job would not
+take stops the run before any clip is made.
 
       python -m pipeline.make_corpus --transcripts data/ljspeech_transcripts.csv --out data/voices \
           --voices en-us+m3,en-us+f2,en-gb+m1 --count 60 --sample-rate 22050
@@ -40,7 +42,7 @@ import soundfile as sf
 import soxr
 
 from pipeline.files import atomic_write, atomic_write_text
-from pipeline.formats import plain_id
+from pipeline.formats import espeak_voices, plain_id
 
 ESPEAK = "espeak-ng"
 ESPEAK_RATE = 22050  # espeak-ng's own output rate
@@ -227,9 +229,26 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
     return stats
 
 
+def voice_speaker(voice):
+    """A voice's speaker name in the corpus: the voice with its path separators (espeak-ng's voice files,
+    e.g. "gmw/en-US", "mb/mb-en1") made "_", a plain name (formats.check_speaker)."""
+    return voice.replace("/", "_").replace("\\", "_")
+
+
 def voice_file_stem(voice, clip_id):
-    """A clip's file name (no extension) for a voice: "en-us+m3", "LJ001-0001" -> "en-us_m3-LJ001-0001"."""
-    return f"{voice.replace('+', '_')}-{clip_id}"
+    """A clip's file name (no extension) for a voice: "en-us+m3", "LJ001-0001" -> "en-us_m3-LJ001-0001";
+    "gmw/en-US" -> "gmw_en-US-LJ001-0001" (one file in wavs/, not a folder per path)."""
+    return f"{voice_speaker(voice).replace('+', '_')}-{clip_id}"
+
+
+def voice_languages(voices):
+    """Each voice's language as the token job spells it: its name before "+", or, for an espeak-ng voice
+    file ("gmw/en-US+f2"), the language `espeak-ng --voices` lists for that file ("en-us")."""
+    program = shutil.which("espeak-ng")
+    listing = subprocess.run([program, "--voices"], capture_output=True, text=True, check=False).stdout \
+        if program else ""
+    by_file = {cols[4]: cols[1] for cols in (line.split() for line in listing.splitlines()[1:]) if len(cols) > 4}
+    return [by_file.get(v.split("+")[0], v.split("+")[0]) for v in voices]
 
 
 def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, start: int = 0, fmt: str = "flac",
@@ -237,10 +256,15 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
     """A csv-format corpus of several espeak-ng voices, `count` different lines each (see the module
     doc). Returns {"clips", "made", "skipped", "seconds", "speakers"}."""
     voices = [v.strip() for v in voices if v.strip()]
-    languages = list(languages) if languages else [v.split("+")[0] for v in voices]
-    if not voices or len(set(voices)) != len(voices) or len(languages) != len(voices):
+    languages = list(languages) if languages else voice_languages(voices)
+    if not voices or len({voice_speaker(v) for v in voices}) != len(voices) or len(languages) != len(voices):
         raise ValueError(f"--voices: give distinct voices ({voices}) and, with --languages, one language each "
                          f"({languages})")
+    known = espeak_voices()
+    for voice, language in zip(voices, languages):
+        if known is not None and language not in known:
+            raise ValueError(f"--voices {voice}: espeak-ng has no language {language!r} for the token job; "
+                             "give each voice's language with --languages (`espeak-ng --voices` lists them)")
     if fmt not in FORMATS or count < 1 or start < 0 or jobs < 1:
         raise ValueError(f"need a format in {list(FORMATS)}, count >= 1, start >= 0, jobs >= 1")
     _check_espeak()
@@ -258,11 +282,11 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
                                for j, (voice, _, cid, text, _) in enumerate(jobs_list)],
                               speed, sample_rate, None, jobs, log)
     lines = ["audio_file|text|speaker|language"] + [
-        f"wavs/{voice_file_stem(voice, cid)}.{fmt}|{text}|{voice}|{language}"
+        f"wavs/{voice_file_stem(voice, cid)}.{fmt}|{text}|{voice_speaker(voice)}|{language}"
         for voice, language, cid, text, _ in jobs_list]
     atomic_write_text(out / "metadata.csv", "".join(line + "\n" for line in lines))
     stats = {"clips": len(jobs_list), "made": made, "skipped": len(jobs_list) - made,
-             "seconds": round(total / sample_rate, 2), "speakers": voices}
+             "seconds": round(total / sample_rate, 2), "speakers": [voice_speaker(v) for v in voices]}
     print(f"make_corpus: {len(voices)} voices x {count} clips ({made} made), {stats['seconds']} s of audio in {out} "
           f"({time.perf_counter() - t0:.1f} s)", file=log)
     return stats

@@ -93,6 +93,24 @@ def test_voices_corpus_in_the_csv_format(tmp_path):
         mc.make_voices_corpus(TRANSCRIPTS, tmp_path, voices=["en-us", "de"], languages=["en-us"], count=1)
 
 
+def test_voices_named_by_their_espeak_file_make_a_corpus_planning_takes(tmp_path):
+    # `espeak-ng --voices` lists files such as gmw/en-US: a file stem with "/" made a folder in wavs/, and
+    # the speaker "gmw/en-US" and language "gmw/en-US" were refused when the pipeline read the corpus
+    from pipeline import formats
+
+    stats = mc.make_voices_corpus(TRANSCRIPTS, tmp_path, voices=["gmw/en-US", "en-us+f2"], count=1,
+                                  sample_rate=16000)
+    assert stats["speakers"] == ["gmw_en-US", "en-us+f2"]
+    assert sorted(p.name for p in (tmp_path / "wavs").iterdir()) == ["en-us_f2-LJ001-0002.flac",
+                                                                     "gmw_en-US-LJ001-0001.flac"]
+    clips = formats.read_sources([{"root": str(tmp_path), "format": "csv"}])
+    assert [(c.speaker, c.language) for c in clips] == [("gmw_en-US", "en-us"), ("en-us+f2", "en-us")]
+    formats.check_languages(clips, set(), "en-us")  # what planning checks
+    with pytest.raises(ValueError, match="--voices en: espeak-ng has no language 'en' for the token job"):
+        mc.make_voices_corpus(TRANSCRIPTS, tmp_path / "x", voices=["en"], count=1)
+    assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("first, second, message", [
     ("../../../escape|Hello world.", "D1|First line.", "t.csv:1: id '../../../escape' is not a plain file name"),
     ("D1|First line.", "D1|Second line.", "t.csv:2: duplicate id 'D1' (first on line 1)"),
