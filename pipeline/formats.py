@@ -356,11 +356,19 @@ def _listing(folder):
         return None
 
 
+def _same_file(a, b):
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # gone since the scan: the audio jobs report it
+        return False
+
+
 def check_same_audio(clips):
     """DatasetError naming both clips when two are one audio file (the same device and inode: one path
     twice, a symbolic link, a hard link): the same recording under two ids (two sources over one folder,
     a link) would train under one and validate under the other. Each folder is scanned once; only the
-    files that are symbolic links are resolved, each to its target's folder listing."""
+    files that are symbolic links are resolved, each to its target's folder listing; two files the
+    listings pair are confirmed by stat (os.path.samefile) before they stop planning."""
     listings, seen = {}, {}
 
     def identity(path, follow=True):
@@ -378,7 +386,7 @@ def check_same_audio(clips):
     for c in clips:
         key = identity(c.audio)
         first = seen.setdefault(key, c) if key is not None else c
-        if first is not c:
+        if first is not c and _same_file(first.audio, c.audio):  # stat's word, where the listings agree
             real, other = os.path.realpath(first.audio), os.path.realpath(c.audio)
             raise DatasetError(f"clip {first.id!r} of source {first.source!r} ({first.where}) and clip {c.id!r} of "
                                f"source {c.source!r} ({c.where}) are one audio file "
