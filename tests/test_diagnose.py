@@ -176,8 +176,8 @@ def test_bucketed_shapes_taking_turns_are_named_as_the_cycle():
     # the step times cycle with period 3, and the cause is the shapes, not work done every 3 steps
     ds = tf.data.Dataset.range(10_000).map(lambda i: tf.zeros([8 * (1 + i % 3), 4]))
 
-    def step(batch):  # a sleep, not work: the cycle stays clear on a busy 2-core machine
-        time.sleep(0.004 * batch.shape[0] / 8)
+    def step(batch):  # a sleep, not work: 15/30/45 ms, a cycle that stays clear on a busy 2-core machine
+        time.sleep(0.015 * batch.shape[0] / 8)
         return {"loss": tf.reduce_mean(batch)}
     r = diagnose(ds, step, steps=24, warmup=2)
     assert r["oscillation"] is True and r["oscillation_period"] == 3, [round(t, 1) for t in r["combined"]["step_times_ms"]]
