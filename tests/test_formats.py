@@ -153,6 +153,14 @@ def test_unknown_espeak_language_fails_planning(tmp_path, corpus_template):
     assert not (tmp_path / "cache").exists()
 
 
+def test_the_control_characters_refused_are_unicodes_cc_less_whitespace():
+    # the check is one character class built from U+0000-U+009F: no control character elsewhere
+    import unicodedata
+    want = {c for c in range(0x110000) if unicodedata.category(chr(c)) == "Cc" and not chr(c).isspace()}
+    assert {c for c in range(0x110000) if formats._CONTROL.match(chr(c))} == want
+    assert 0 in want and 0x1B in want and 0x7F in want and 0x9B in want and 0x0A not in want
+
+
 def test_control_characters_and_file_named_ids_are_refused_naming_the_file(tmp_path):
     # a NUL ends the text where espeak-ng reads it (the rest of the clip would train on nothing);
     # an escape sequence's digits would be read aloud
