@@ -9,7 +9,11 @@ recording (PESQ wideband, STOI, MCD):
     durations  the recording's durations (its duration cache) instead: the recording's length, nothing
                re-timed; pitch and energy predicted, voicing from the vocoder's F0 head (as synthesize)
     voicing    + the recording's voicing (its pitch cache) instead of the F0 head's
-    contour    + the recording's F0 contour driving the vocoder (the decoder still hears predicted pitch)
+    staircase  + the recording's token pitch (its F0 averaged over each token's voiced frames, expanded
+               and smoothed as synthesize does) driving the vocoder instead of the predicted: what a
+               perfect token pitch predictor would give it (the decoder still hears predicted pitch)
+    contour    + the recording's F0 contour itself driving the vocoder: what the shape within tokens
+               adds to the staircase
     pitch      + the recording's token pitch in the decoder too (teacher-forced pitch: what the
                vocoder's GTA fine-tuning sees, energy still predicted)
     copy       the vocoder from the recorded mel and F0: `evaluate`'s vocoder ceiling
@@ -18,7 +22,8 @@ With a source-filter vocoder it also gives how often its F0 head's voicing (synt
 acoustic model's pitch) disagrees with the recording's, on the recorded, the pitch rung's and the
 durations rung's mels.
 
-A vocoder that takes no F0 (vocos, hifigan, griffin_lim) skips the voicing and contour rungs. Needs
+A vocoder that takes no F0 (vocos, hifigan, griffin_lim) skips the voicing, staircase and contour
+rungs. Needs
 a trained FastPitch and vocoder (`snakemake --cores all evaluate` first) and the duration caches.
 
     python benchmarks/tts_gap.py --config configs/config.yaml [--out .bench/tts_gap.json]
@@ -36,7 +41,7 @@ import numpy as np  # noqa: E402
 from benchmarks import common  # noqa: E402
 from pipeline import audio, config, evaluate, metrics  # noqa: E402
 
-RUNGS = ("tts", "durations", "voicing", "contour", "pitch", "copy")
+RUNGS = ("tts", "durations", "voicing", "staircase", "contour", "pitch", "copy")
 
 
 def recorded_durations(cfg):
@@ -99,6 +104,7 @@ def ladder(cfg, log=print):
         rec = an(y, clip.f0)
         voice = {f: tf.constant([{"speaker": s_id, "language": l_id}[f]]) for f in synth.voiced}
         tokens, lengths = tf.constant([ids], tf.int32), tf.constant([len(ids)], tf.int32)
+        rec_pitch = token_pitch(model, rec_f0, d, s_id)
 
         def denorm(out, speaker=voice.get("speaker")):
             return out["mel"][0].numpy() * synth.std + synth.mean, frame_f0(model, out, speaker)
@@ -114,9 +120,11 @@ def ladder(cfg, log=print):
         signals["durations"] = an.vocode(timed_mel, timed_f0, gate=True)
         if voc.uses_f0:
             signals["voicing"] = an.vocode(timed_mel, np.where(rec_f0 > 0, timed_f0, 0.0).astype(np.float32))
+            stairs = frame_f0(model, {"pitch": rec_pitch, "durations": tf.constant(d[None], tf.int32),
+                                      "mel": timed_mel[None]}, voice.get("speaker"))[0].numpy()
+            signals["staircase"] = an.vocode(timed_mel, np.where(rec_f0 > 0, stairs, 0.0).astype(np.float32))
             signals["contour"] = an.vocode(timed_mel, rec_f0)
-        forced_mel, _ = denorm(model.infer_at(tokens, lengths, d[None], pitch=token_pitch(model, rec_f0, d, s_id),
-                                              **voice))
+        forced_mel, _ = denorm(model.infer_at(tokens, lengths, d[None], pitch=rec_pitch, **voice))
         signals["pitch"] = an.vocode(forced_mel, rec_f0)
         signals["copy"] = an.vocode(mel, rec_f0)
         row = {"id": clip.id}
