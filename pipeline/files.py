@@ -42,6 +42,20 @@ def check_writable(path, flag, folder):
     os.unlink(probe)
 
 
+def target(path, flag=None):
+    """Where an atomic write of `path` lands: a symbolic link's target (the link stays a link, as with a
+    shell's `>`), else `path` itself. PipelineError (naming `flag` when given) when that is something a
+    rename must not replace: a folder, a device, a pipe or a socket (run as root, `--out /dev/null`
+    would otherwise become a regular file, and every later writer to it would fill the disk)."""
+    path = Path(path)
+    real = Path(os.path.realpath(path)) if path.is_symlink() else path
+    if real.exists() and not real.is_file():  # exists() and is_file() follow links
+        what = "a folder" if real.is_dir() else "not a regular file (a device, a pipe or a socket)"
+        where = "" if real == path else f" (where the link leads: {real})"
+        raise PipelineError(f"{f'{flag} ' if flag else ''}{path}: {what}{where}; give the path of a file to write")
+    return real
+
+
 def temporary(path, suffix=""):
     """The temporary name beside `path` that atomic writes use: `.NAME.tmpPID[suffix]`."""
     path = Path(path)
@@ -52,8 +66,9 @@ def atomic_write(path, write, suffix=""):
     """The one atomic write: `write(tmp)` writes a temporary file beside `path` (named by
     `temporary`; `suffix` for writers that insist on one), which is then renamed to `path`, so
     readers never see half a file. On any failure the temporary file is removed; a full disk
-    (ENOSPC) becomes one line naming `path` (pipeline.errors.DiskFull)."""
-    path = Path(path)
+    (ENOSPC) becomes one line naming `path` (pipeline.errors.DiskFull). A symbolic link is written
+    through (its target replaced); a folder, device, pipe or socket is refused (`target`)."""
+    path = target(path)
     tmp = temporary(path, suffix)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,12 +29,13 @@ BLOCK = 1 << 18      # samples converted and written at a time: a long wav is ne
 
 
 def check_path(path, flag="--out"):
-    """PipelineError naming `flag` unless `path` can become a wav file: not a folder, its nearest
-    existing parent a writable folder (missing folders are made when it is written)."""
+    """PipelineError naming `flag` unless `path` can become a wav file: not a folder, a device, a pipe
+    or a socket (files.target: a symbolic link is written through to its target), the nearest existing
+    parent of where it lands a writable folder (missing folders are made when it is written)."""
     path = Path(path)
     if path.is_dir():
         raise PipelineError(f"{flag} {path}: a folder; give the path of the .wav to write")
-    files.check_writable(path, flag, path.parent)
+    files.check_writable(path, flag, files.target(path, flag).parent)
 
 
 def _open(target, sample_rate):

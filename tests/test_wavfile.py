@@ -76,3 +76,23 @@ def test_check_path_names_the_flag_before_any_work(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(PipelineError, match=f"^--out {tmp_path / 'f/x.wav'}: {tmp_path / 'f'} is a file, not a folder$"):
         wavfile.check_path(tmp_path / "f/x.wav")
+
+
+def test_a_link_is_written_through_and_a_device_or_pipe_is_never_replaced(tmp_path):
+    # a rename onto --out replaced whatever was there: a symbolic link became a file (its target
+    # untouched), a FIFO a file (its reader hung), and as root /dev/null a regular file
+    audio = np.zeros(2205, np.float32)
+    (tmp_path / "target.wav").write_bytes(b"old")
+    os.symlink("target.wav", tmp_path / "link.wav")
+    wavfile.check_path(tmp_path / "link.wav")
+    wavfile.save_wav(tmp_path / "link.wav", audio, 22050)
+    assert os.path.islink(tmp_path / "link.wav") and sf.info(str(tmp_path / "target.wav")).frames == 2205
+    os.mkfifo(tmp_path / "fifo.wav")
+    os.symlink(os.devnull, tmp_path / "null.wav")
+    for path in (tmp_path / "fifo.wav", tmp_path / "null.wav", os.devnull):
+        with pytest.raises(PipelineError, match="^--out .*not a regular file"):
+            wavfile.check_path(path)
+        with pytest.raises(PipelineError, match="not a regular file"):
+            wavfile.save_wav(path, audio, 22050)
+    assert not os.path.isfile(os.devnull) and os.path.islink(tmp_path / "null.wav")
+    assert sorted(os.listdir(tmp_path)) == ["fifo.wav", "link.wav", "null.wav", "target.wav"]  # no temporary file
