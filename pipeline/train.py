@@ -37,6 +37,7 @@ import functools
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -449,9 +450,29 @@ def set_aside(folder, bad, why, log):
     return keep[-1] if keep else None
 
 
+def relist(folder, log):
+    """Checkpoints in `folder` that its state file `checkpoint` does not name (the file deleted,
+    damaged, or left out of a copy) listed again, oldest first: without it the trainer would start
+    from step 0, cut the loss history back and overwrite them. -> the names relisted ([] if none)."""
+    if tf.train.latest_checkpoint(str(folder)) is not None:
+        return []
+    found = sorted(int(m.group(1)) for p in Path(folder).glob("ckpt-*.index")
+                   if (m := re.fullmatch(r"ckpt-(\d+)\.index", p.name)))
+    if not found:
+        return []
+    names = [f"ckpt-{n}" for n in found]
+    files.atomic_write_text(Path(folder) / "checkpoint", "".join(  # as CheckpointManager writes it
+        [f'model_checkpoint_path: "{names[-1]}"\n', *(f'all_model_checkpoint_paths: "{n}"\n' for n in names)]))
+    log(f"{Path(folder) / 'checkpoint'}: missing or unreadable while {', '.join(names)} are there: "
+        f"listed them again; resuming from {names[-1]}")
+    return names
+
+
 def set_aside_diverged(folder, chief, log):
     """The newest checkpoint in `folder` holding only finite numbers (None if none): a run trained
-    before checkpoints were checked may have saved diverged ones; the chief sets those aside."""
+    before checkpoints were checked may have saved diverged ones; the chief sets those aside. Checkpoints
+    the state file lost are listed again first (relist)."""
+    relist(folder, log)
     latest = tf.train.latest_checkpoint(str(folder))
     if latest is None or _finite_checkpoint(latest):  # the usual case: one read of the newest
         return latest
@@ -464,6 +485,21 @@ def set_aside_diverged(folder, chief, log):
     return keep[-1] if keep else None
 
 
+def check_loss_scale(latest, optimizers, mixed_precision):
+    """PipelineError naming train.mixed_precision when checkpoint `latest` was saved by a loss-scaled
+    optimizer (float16) and `optimizers` ({name in the checkpoint: optimizer}) are not, or the other way
+    round: the two keep different state, and restoring one into the other is a TensorFlow traceback.
+    `auto` gives each machine its own (float16 on a GPU without bfloat16, off on most CPUs)."""
+    saved = {n for n, _ in tf.train.list_variables(latest)}
+    for name, opt in optimizers.items():
+        scaled = f"{name}/dynamic_scale/.ATTRIBUTES/VARIABLE_VALUE" in saved
+        if scaled != isinstance(opt, keras.optimizers.LossScaleOptimizer):
+            was = "float16 (with loss scaling)" if scaled else "off or bfloat16 (no loss scaling)"
+            raise PipelineError(f"{latest}: trained with train.mixed_precision {was}, resumed with "
+                                f"{mixed_precision} here; set train.mixed_precision: "
+                                f"{'float16' if scaled else 'off'} to resume it, or give this run another `name`")
+
+
 def restore(trainer, run, log):
     """The checkpoint manager (the chief's into run/checkpoints, a worker's into a temporary folder:
     every worker takes part in a save) after restoring the chief's latest finite checkpoint, if any."""
@@ -473,6 +509,7 @@ def restore(trainer, run, log):
     save_dir = run / "checkpoints" if chief else Path(tempfile.mkdtemp(prefix=f"worker-{trainer.p.worker[0]}-"))
     manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=3)
     if latest:
+        check_loss_scale(latest, {"optimizer": trainer.optimizer}, trainer.p.mixed_precision)
         ckpt.restore(latest).assert_existing_objects_matched()
         log(f"resumed from {latest} at step {int(trainer.optimizer.iterations.numpy())}")
     return manager

@@ -386,6 +386,56 @@ def test_a_torn_checkpoint_is_set_aside_and_the_one_before_resumed(tmp_path, dam
     assert (folder / "diverged" / "ckpt-2.index").exists() and "non-finite or unreadable" in logged[0]
 
 
+@pytest.mark.parametrize("state", ["deleted", "garbage"])
+def test_checkpoints_a_lost_state_file_no_longer_names_are_listed_again_not_overwritten(tmp_path, state):
+    # without the `checkpoint` state file the trainer started from step 0, cut the loss history back and
+    # overwrote ckpt-N files of the same numbers
+    import tensorflow as tf
+
+    from pipeline import train
+    folder = tmp_path / "checkpoints"
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(w=tf.Variable([1.0])), folder, max_to_keep=3)
+    for step in (5, 10):
+        manager.save(checkpoint_number=step)
+    if state == "deleted":
+        (folder / "checkpoint").unlink()
+    else:
+        (folder / "checkpoint").write_text("garbage {{{")
+    assert tf.train.latest_checkpoint(folder) is None
+    logged = []
+    assert train.set_aside_diverged(folder, chief=True, log=logged.append) == str(folder / "ckpt-10")
+    assert train._checkpoints(folder) == [str(folder / "ckpt-5"), str(folder / "ckpt-10")]
+    assert logged == [f"{folder / 'checkpoint'}: missing or unreadable while ckpt-5, ckpt-10 are there: listed them "
+                      "again; resuming from ckpt-10"]
+    assert train.relist(folder, logged.append) == [] and len(logged) == 1   # listed: nothing more to do
+
+
+def test_resuming_across_float16_loss_scaling_is_one_line_naming_mixed_precision(tmp_path):
+    # `mixed_precision: auto` is float16 on a GPU without bfloat16 and off on most CPUs: resuming on the
+    # other machine restored a loss-scaled optimizer's state into a plain one, a TensorFlow traceback
+    import keras
+    import tensorflow as tf
+
+    from pipeline import train
+    saved = {}
+    for name, scaled in (("plain", False), ("scaled", True)):
+        model = keras.Sequential([keras.layers.Dense(2)])
+        model.build((None, 3))
+        opt = keras.optimizers.Adam()
+        opt = keras.optimizers.LossScaleOptimizer(opt) if scaled else opt
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(tf.ones((1, 3))))
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        saved[name] = (tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / name / "ckpt")), opt)
+    for path, opt in saved.values():
+        train.check_loss_scale(path, {"optimizer": opt}, "off")          # the same kind resumes
+    with pytest.raises(errors.PipelineError, match=r"trained with train.mixed_precision float16 .*resumed with off here; "
+                                            r"set train.mixed_precision: float16 to resume it"):
+        train.check_loss_scale(saved["scaled"][0], {"optimizer": saved["plain"][1]}, "off")
+    with pytest.raises(errors.PipelineError, match=r"off or bfloat16 .*resumed with float16 here; set train.mixed_precision: off"):
+        train.check_loss_scale(saved["plain"][0], {"optimizer": saved["scaled"][1]}, "float16")
+
+
 # --- `pip install .`: the wheel carries every folder of the package and the configs -------------
 def test_the_wheel_carries_every_package_folder_and_the_configs(tmp_path):
     import shutil

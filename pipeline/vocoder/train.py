@@ -264,7 +264,7 @@ def _shipped(cfg, trainer, folder, manager, log):
         mine.assign((1.0 - share) * mine + share * tuned if tf.as_dtype(mine.dtype).is_floating else tuned)
     step = int(trainer.step_var.numpy())
     ckpt = tf.train.CheckpointManager(tf.train.Checkpoint(generator=blend), folder / "shipped", max_to_keep=1)
-    path = ckpt.save(checkpoint_number=step)
+    path = acoustic.save_checkpoint(ckpt, step)  # a full disk: one line, no ckpt-N_temp/ left
     log(f"shipped: {1 - share:g} x the first phase ({first}) + {share:g} x the fine-tuned weights "
         f"({manager.latest_checkpoint}) in {path}")
     return path, share, blend
@@ -277,6 +277,7 @@ def _checkpoints(cfg, phase, trainer, folder, log):
     latest = acoustic.set_aside_diverged(folder / "checkpoints", True, log)  # older code saved NaN: not resumed
     manager = tf.train.CheckpointManager(ckpt, folder / "checkpoints", max_to_keep=2)
     if latest:
+        acoustic.check_loss_scale(latest, {"g_opt": trainer.g_opt}, trainer.p.mixed_precision)  # d_opt: unbuilt before the GAN
         ckpt.restore(latest).assert_existing_objects_matched()
         log(f"resumed from {latest} at step {int(trainer.step_var.numpy())}")
     elif phase == "finetune":
