@@ -41,8 +41,11 @@ rule train_vocoder:
         "python -m pipeline.vocoder.train --config {params.config:q} --phase train --out {output.summary:q} {params.final} --threads {threads} 2>&1 | tee {log:q}"
 
 
+# A damaged GTA shard (size or checksum) gets a repair marker in runs/{name}/.repair/ as cache shards
+# do (rules/functions/cache.smk `repair`), so the rerun its error message names rebuilds exactly it.
 rule gta_shard:
     input:
+        repair=repair("gta", root=RUN),
         acoustic=rules.train.output.summary,
     output:
         bin=RUN / "gta/shard-{shard}.bin",

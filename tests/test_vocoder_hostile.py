@@ -341,3 +341,52 @@ def test_the_source_filter_vocoder_bounds_what_it_takes_whole(built_cache, tmp_p
                        "--out", tmp_path / "x.wav"), f"{tmp_path / 'f0.npy'}: values 0.0..11025.5 are not F0 in Hz (",
               "at most 11025: half the vocoder's 22050 Hz)")
     assert not (tmp_path / "x.wav").exists()
+
+
+def test_a_copied_run_loads_its_own_vocoder_not_the_one_it_was_copied_from(tiny, tmp_path):
+    # vocoder.json names its checkpoint by the path the run had when it trained: a copy of the run
+    # loaded the original's weights (and, once the original was retrained, other weights than its own)
+    _, cfg, _ = tiny
+    original = config.run_dir(cfg)
+    shutil.copytree(original, tmp_path / "runs" / "copy")
+    copied = dict(cfg, runs_dir=str(tmp_path / "runs"), name="copy")
+    recorded = json.loads(kinds.summary_path(copied).read_text())["checkpoint"]
+    assert recorded.startswith(str(original))                  # as written, in the original run
+    voc = kinds.load(copied)
+    assert voc.summary["checkpoint"] == str(tmp_path / "runs/copy/vocoder/train/checkpoints/ckpt-0")
+    for f in (tmp_path / "runs/copy/vocoder/train/checkpoints").glob("ckpt-0.*"):
+        f.unlink()
+    with pytest.raises(runinfo.MissingCheckpoint, match="copy/vocoder/train/checkpoints/ckpt-0 is gone"):
+        kinds.load(copied)                                     # not the original's, which is still there
+    assert os.path.exists(f"{recorded}.index")
+
+
+def test_a_job_killed_while_a_set_aside_set_moves_back_files_no_set_under_another_key(tmp_path, monkeypatch):
+    # a kill right after the set of inputs A moved back, before A was recorded, left inputs.json saying B
+    # over A's checkpoints: the next job filed them as B's, replacing B's real set, and resumed B from A's
+    folder = tmp_path / "train"
+    a, b = {"vocoder": {"learning_rate": 0.001}, "audio": {}}, {"vocoder": {"learning_rate": 0.002}, "audio": {}}
+
+    def train_with(key):  # what a phase's job does: switch, then (if nothing came back) train and save
+        inputs.switch(folder, key, log=lambda *args: None)
+        if not (folder / "checkpoints").exists():
+            (folder / "checkpoints").mkdir(parents=True)
+            (folder / "checkpoints" / "checkpoint").write_text(json.dumps(key))   # stands in for the weights
+
+    train_with(a)
+    train_with(b)
+
+    rmtree = shutil.rmtree
+
+    def killed(where, *args, **kwargs):  # the first step after A's set moved back
+        if os.path.basename(where) == inputs._digest(a):
+            raise KeyboardInterrupt
+        rmtree(where, *args, **kwargs)
+    with monkeypatch.context() as m:
+        m.setattr(inputs.shutil, "rmtree", killed)
+        with pytest.raises(KeyboardInterrupt):
+            inputs.switch(folder, a, log=lambda *args: None)                      # killed after the move
+    for key in (a, b, a):
+        train_with(key)
+        assert json.loads((folder / "checkpoints" / "checkpoint").read_text()) == key
+        assert inputs.read(folder) == key

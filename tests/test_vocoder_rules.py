@@ -150,6 +150,18 @@ def test_replacing_one_wav_reruns_its_shard_and_what_learns_from_it(trained):
     assert planned_jobs(trained.path, "vocoder") == {}
 
 
+def test_a_damaged_gta_shard_is_rebuilt_by_the_command_its_error_names(trained):
+    # a truncated GTA shard stopped fine-tuning with "run snakemake --cores all vocoder (it rebuilds
+    # damaged shards)", and that command planned nothing: gta_shard had no repair marker
+    bin_path = trained.run / "gta/shard-000.bin"
+    saved = bin_path.read_bytes()
+    bin_path.write_bytes(saved[:1000])
+    assert planned_jobs(trained.path, "vocoder") == {"gta_shard": 1, "finetune_vocoder": 1, "vocoder": 1}
+    snakemake("vocoder", config=trained.path)
+    assert bin_path.read_bytes() == saved                     # the same model's mels again
+    assert planned_jobs(trained.path, "vocoder") == {}
+
+
 def _vocode(trained, mel, out):
     return subprocess.run([sys.executable, "-m", "pipeline.vocode", "--config", str(trained.path), "--mel", str(mel),
                            "--out", str(out)], capture_output=True, text=True, cwd=ROOT,

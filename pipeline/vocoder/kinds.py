@@ -213,7 +213,28 @@ def read_summary(path):
         why = str(info).splitlines()[0][:120] if isinstance(info, Exception) else "no checkpoint named in it"
         raise PipelineError(f"{path}: damaged vocoder summary ({why}); delete it and run `snakemake --cores all "
                             f"vocoder`, which writes it again from the last checkpoint") from None
+    for key in ("checkpoint", "trained_checkpoint"):
+        if isinstance(info.get(key), str):
+            info[key] = in_this_run(info[key], path)
     return info
+
+
+def in_this_run(checkpoint, summary):
+    """A vocoder checkpoint a summary names, in the run folder the summary sits in (runs/{name}/vocoder.json,
+    or vocoder/{phase}.json one level down). Summaries record runs/{name}/vocoder/{phase}/{checkpoints,
+    shipped}/ckpt-N as the run was named when it trained: a run copied or moved (`cp -a runs/a runs/b`)
+    would otherwise load the first run's weights, and the ones it has once that run is retrained."""
+    parts, summary = Path(checkpoint).parts, Path(summary)
+    if summary.name == "vocoder.json":
+        run = summary.parent
+    elif summary.parent.name == "vocoder" and summary.stem in inputs.PHASES:
+        run = summary.parent.parent
+    else:
+        return checkpoint  # a summary kept elsewhere: as recorded
+    if len(parts) < 4 or parts[-4] != "vocoder" or parts[-3] not in inputs.PHASES \
+            or parts[-2] not in ("checkpoints", "shipped"):
+        return checkpoint  # not a layout this code writes: as recorded
+    return str(run.joinpath(*parts[-4:]))
 
 
 def trained_settings(cfg, info, path):
@@ -276,7 +297,7 @@ def check_trained(cfg, summary=None):
                                 f"{cfg['vocoder']['kind']}; run `snakemake --cores all vocoder`")
     if not os.path.exists(f"{info['checkpoint']}.index"):
         raise MissingCheckpoint(f"{path}: its checkpoint {info['checkpoint']} is gone (pruned or deleted); "
-                                f"run `snakemake --cores all vocoder`")
+                                f"run `snakemake --cores all vocoder -R train_vocoder` (forced: its summary is still there)")
     return path, info
 
 

@@ -106,10 +106,11 @@ def pitch_clips(wildcards):
     return _clip_files("pitch", wildcards.shard)
 
 
-def repair(*kinds):
+def repair(*kinds, root=CACHE):
     """Input function that makes a damaged shard's job stale: when a shard's .bin no longer has the
     size its JSON records (truncated, overwritten), planning writes a fresh marker,
-    cache/{name}/.repair/{kind}-NNN, newer than the shard and with new content (Snakemake skips an
+    cache/{name}/.repair/{kind}-NNN (runs/{name}/.repair/ for the GTA shards: root=RUN), newer than
+    the shard and with new content (Snakemake skips an
     mtime change when the checksum is the same), so the mtime trigger reruns exactly that job. A
     marker, once made, stays listed so the input set does not change again. Nothing is deleted.
     A job with some of its files deleted (a .bin, a .stats.npy, the energy shard) is damaged too:
@@ -117,10 +118,10 @@ def repair(*kinds):
     """
 
     def inputs(wildcards):
-        marker = CACHE / ".repair" / f"{kinds[0]}-{wildcards.shard}"
+        marker = root / ".repair" / f"{kinds[0]}-{wildcards.shard}"
         if (
             pshards.intact(
-                *(pshards.prefix(CACHE, kind, wildcards.shard) for kind in kinds)
+                *(pshards.prefix(root, kind, wildcards.shard) for kind in kinds)
             )
             != "ok"
         ):
