@@ -177,7 +177,9 @@ def model_changes(before, now):
 def check_unchanged(cfg):
     """RunChanged, before any job runs, when the config's text, audio, pitch or model settings differ from
     those of the trained run of the same `name`: planning would otherwise rebuild the caches in place and
-    delete the run's train.json before `train` refused. Nothing to check before a run exists."""
+    delete the run's train.json before `train` refused. Nothing to check before a run exists; once its
+    checkpoints are deleted (README: "delete runs/{name}/checkpoints to start over") `train` starts afresh
+    with the new settings, so they are no longer refused either."""
     run = config.run_dir(cfg)
     saved = _read(run)
     if saved is None:
@@ -185,10 +187,10 @@ def check_unchanged(cfg):
     diff = setting_changes(saved, cfg)
     if "model" in saved["config"]:  # the train job would refuse it after Snakemake deleted train.json
         diff += model_changes(saved["config"]["model"], cfg["model"])
-    if diff:
+    if diff and any((run / "checkpoints").glob("ckpt-*.index")):
         raise RunChanged(f"{path(run)}: run {cfg['name']!r} was trained with other settings: {'; '.join(diff)}. "
                          f"Nothing was run. Give this configuration another `name` (--config name=...) to build it "
-                         f"beside the trained run, restore the settings, or delete {run} to train anew")
+                         f"beside the trained run, restore the settings, or delete {run / 'checkpoints'} to train anew")
     # the voice synthesize and evaluate speak in (pipeline.synthesize.resolve_voice says the same after
     # loading the model): here, before Snakemake deletes those jobs' finished reports
     s, speakers, languages = cfg["synthesize"], list(saved.get("speakers", [])), list(saved.get("languages", []))

@@ -101,7 +101,7 @@ def check_before_loading(cfg):
     language and symbols, and the trained vocoder's summary. The same one-line errors as later."""
     run = config.run_dir(cfg)
     if runinfo.latest_checkpoint(run / "checkpoints") is None:
-        raise MissingCheckpoint(f"{run / 'checkpoints'}: no checkpoint; train first (`snakemake --cores all train`)")
+        raise MissingCheckpoint(f"{run / 'checkpoints'}: no checkpoint; train first (`snakemake --cores all train --forcerun train`)")
     info = runinfo.load(run)
     s = cfg["synthesize"]
     check_prosody(s["pace"], s["pitch_shift"], prefix="synthesize.")
@@ -209,7 +209,7 @@ def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
     run = config.run_dir(cfg)
     latest = runinfo.latest_checkpoint(run / "checkpoints")
     if latest is None:
-        raise MissingCheckpoint(f"{run / 'checkpoints'}: no checkpoint; train first (`snakemake --cores all train`)")
+        raise MissingCheckpoint(f"{run / 'checkpoints'}: no checkpoint; train first (`snakemake --cores all train --forcerun train`)")
     info = runinfo.load(run)
     note_audio_differences(cfg, info, run, log)
     model_cfg = info["config"]["model"]
@@ -222,7 +222,8 @@ def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
     except (AssertionError, ValueError, IndexError, tf.errors.OpError) as e:  # torn (truncated, flipped) or not this model
         raise MissingCheckpoint(f"{latest}: does not read whole into the run's {model_cfg['kind']} model "
                                 f"({(str(e).splitlines() or [type(e).__name__])[0][:200]}); rerun `snakemake --cores all "
-                                f"train`, which sets a damaged checkpoint aside and resumes from the one before") from None
+                                f"train --forcerun train`, which sets a damaged checkpoint aside and resumes from the one "
+                                f"before") from None
     return Synthesizer(cfg, model, latest, info, log)
 
 
@@ -237,8 +238,12 @@ def synthesize(cfg, out, log=functools.partial(print, flush=True)):
     try:
         samples = _synthesize_into(cfg, out, final, log)
         final.mkdir(parents=True, exist_ok=True)
-        for name in sorted(p.name for p in out.iterdir()):  # sentences.json sorts after NN.npy/wav
+        made = sorted(p.name for p in out.iterdir())
+        for name in made:  # sentences.json sorts after NN.npy/wav
             os.replace(out / name, final / name)
+        for old in final.iterdir():  # a previous run's samples past this run's last sentence
+            if re.fullmatch(r"\d+\.(wav|npy)", old.name) and old.name not in made:
+                old.unlink()
     finally:
         shutil.rmtree(out, ignore_errors=True)
     return samples

@@ -1,5 +1,6 @@
 """One error path: an expected failure is one line naming the file or key and what to run, exit 2;
 a bug keeps its traceback."""
+import shutil
 import subprocess
 import sys
 
@@ -102,5 +103,9 @@ def test_a_model_section_the_run_does_not_use_changes_nothing(tmp_path):
     with pytest.raises(PipelineError, match=r"model\.fastpitch\.ffn_dim changed"):
         check_same_model(wider, run)
     assert runinfo.model_changes(cfg["model"], unused["model"]) == []
-    with pytest.raises(runinfo.RunChanged, match=r"model\.fastpitch\.ffn_dim changed"):  # at planning
+    with pytest.raises(runinfo.RunChanged, match=r"model\.fastpitch\.ffn_dim changed.* or delete .*run/checkpoints to "
+                                                r"train anew$"):  # at planning
         runinfo.check_unchanged(config.merge(wider, {"runs_dir": str(tmp_path), "name": "run"}))
+    # the README's way to start over: with the checkpoints deleted, planning lets `train` begin afresh
+    shutil.rmtree(run / "checkpoints")
+    runinfo.check_unchanged(config.merge(wider, {"runs_dir": str(tmp_path), "name": "run"}))

@@ -111,7 +111,7 @@ def test_a_torn_checkpoint_is_one_line_where_the_run_speaks(trained, damage):
     try:
         data.write_bytes(raw[:len(raw) // 2] if damage == "truncated" else raw[:100] + bytes([raw[100] ^ 0xFF]) + raw[101:])
         with pytest.raises(MissingCheckpoint, match=rf"{latest.name}: does not read whole into the run's transformer_tts "
-                                                    r"model \(.+\); rerun `snakemake --cores all train`, which sets"):
+                                                    r"model \(.+\); rerun `snakemake --cores all train --forcerun train`, which sets"):
             load_synthesizer(cfg, log=lambda *a: None)
     finally:
         data.write_bytes(raw)

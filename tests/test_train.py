@@ -348,6 +348,14 @@ def test_failing_synthesize_and_train_keep_the_samples_loss_history_and_checkpoi
     assert (run / "checkpoints/ckpt-20.index").exists()
     assert samples_of(run) == samples
 
+    # fewer sentences than the run before: none of its samples is left past the new last one
+    from pipeline.synthesize import synthesize
+    assert sorted(samples) == ["00.npy", "00.wav", "01.npy", "01.wav"]
+    synthesize(config.merge(config.load_config(good), {"synthesize": {"sentences": ["Goodbye."]}}), run / "samples",
+               log=lambda *a: None)
+    assert sorted(samples_of(run)) == ["00.npy", "00.wav"]
+    assert [s["wav"] for s in load_json(run / "samples/sentences.json")["samples"]] == [str(run / "samples/00.wav")]
+
 
 REPORT_FIELDS = {"verdict", "input_wait_fraction", "loader", "step", "combined", "pyfunc_ops", "step_time_cv",
                  "oscillation", "traces", "gpus", "recommendations"}
