@@ -9,9 +9,9 @@ unit `speak --raw` and `serve ?stream=true` send one at a time. docs/speak.md do
 - SSML (ssml=True, or text starting with `<speak`; with ssml=True a text without the `<speak>` root
   is read as if inside one): `<speak>` root, `<p>`, `<s>`,
   `<break time="500ms"/>` / `<break strength="strong"/>`, `<prosody rate="..." pitch="...">`,
-  `<phoneme alphabet="ipa" ph="...">word</phoneme>`. Parsed by the standard library's expat with
-  every DTD refused at its first byte (no entity can be declared, so none can be expanded: a
-  "billion laughs" document costs one parser start).
+  `<phoneme alphabet="ipa" ph="...">word</phoneme>` (text only inside). Parsed by the standard
+  library's expat with every DTD refused at its first byte (no entity can be declared, so none can
+  be expanded: a "billion laughs" document costs one parser start).
 
 Every error is a MarkupError whose one line starts with the position (line L, column C, 1-based),
 among them a control or invisible character in the text (`check_characters`).
@@ -225,6 +225,8 @@ class _Ssml:
             self._fail(f"<{tag}> is not in the supported subset ({', '.join(f'<{t}>' for t in ELEMENTS)})")
         if (tag == "speak") != (not self.stack):
             self._fail("<speak> must be the one root element" if tag == "speak" else f"<{tag}> outside <speak>")
+        if self.stack and self.stack[-1][0] == "phoneme":   # its ph replaces all it holds: a child would be said too
+            self._fail(f"<{tag}> inside <phoneme>: a <phoneme> holds only the word its ph says; put <{tag}> outside it")
         allowed = ELEMENTS[tag]
         extra = sorted(a for a in attrs if allowed is not None and a not in allowed)
         if extra:
@@ -269,16 +271,20 @@ class _Ssml:
 
 
 def _rate(value, fail):
-    """SSML prosody rate -> a pace factor: a name, a percentage ("150%") or a number ("1.5")."""
+    """SSML prosody rate -> a pace factor: a name, a percentage of the default ("150%"), a relative
+    change ("+50%" 1.5, "-20%" 0.8, signed as pitch's "+10%") or a number ("1.5")."""
     if value in RATES:
         return RATES[value]
     match = _PERCENT.fullmatch(value)
-    try:
-        factor = float(match.group(2)) / 100 if match else float(value)
-    except ValueError:
-        factor = math.nan
-    if (match and match.group(1) == "-") or not 0.25 <= factor <= 4.0:  # also NaN
-        fail(f"<prosody rate={value!r}>: one of {', '.join(RATES)}, or 25%..400%")
+    if match:   # the sign makes it a change: "+50%" was read as "50%", half the speed asked for
+        factor = (1.0 if match.group(1) else 0.0) + float(match.group(1) + match.group(2)) / 100
+    else:
+        try:
+            factor = float(value)
+        except ValueError:
+            factor = math.nan
+    if not 0.25 <= factor <= 4.0:  # also NaN
+        fail(f"<prosody rate={value!r}>: one of {', '.join(RATES)}, 25%..400%, or a change -75%..+300%")
     return factor
 
 

@@ -3,25 +3,30 @@
 Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py) and the text: the
 arguments, else standard input (UTF-8). Writes `--out F.wav` (16-bit mono at the voice's rate, written
 atomically once all is said) or, with `--raw`, 16-bit little-endian mono PCM at the voice's rate on
-standard output, each sentence as soon as it is ready (standard input is read a paragraph at a time,
-so a paragraph is spoken while the next is typed). Nothing but audio goes to standard output: every
-log line goes to standard error. Markup (docs/speak.md): `[[ ... ]]` inline phonemes, and SSML with
-`--ssml` or text starting with `<speak>`. Bad input: one line `error: ...` and exit status 2.
+standard output, each sentence as soon as it is ready. Standard input is read a paragraph at a time
+(so with --raw a paragraph is spoken while the next is typed), the same for --out. Nothing but audio
+goes to standard output: every log line goes to standard error. Markup (docs/speak.md): `[[ ... ]]`
+inline phonemes, and SSML with `--ssml`, or text (of standard input: a paragraph, then the rest of it)
+starting with `<speak>`. Bad input: one line `error: ...` and exit status 2.
 
     python -m pipeline.speak --voice runs/demo/export --out hello.wav "Hello there. How are you?"
     python -m pipeline.speak --voice runs/demo/export --raw < book.txt | aplay -r 22050 -f S16_LE -c 1
 """
 import argparse
 import os
+import re
 import sys
 import time
 
 import numpy as np
 
 from pipeline import markup
-from pipeline.errors import cli
+from pipeline.errors import PipelineError, cli
 from pipeline.voice import PACE_RANGE, PITCH_RANGE, NothingToSay, Voice, VoiceError, check_number, quick_start
 from pipeline.wavfile import check_path, write_pcm
+
+# the position an error about a text starts with, and the '[[' it may name: "line L" of that text
+_POSITION = re.compile(r"(^|opened at )line (\d+)(?=, column )")
 
 
 def log(*args):
@@ -31,6 +36,9 @@ def log(*args):
 def _raw_stdout():
     """A private copy of standard output for the PCM; file descriptor 1 then points at standard error,
     so a stray print (ours, a library's, TensorFlow's C++) can never corrupt the audio stream."""
+    if sys.stdout is None:   # started with it closed (`>&-`): Python leaves None, and the PCM has nowhere to go
+        raise VoiceError("--raw: standard output is closed; send it to a player, a pipe or a file, or write a wav "
+                         "with --out F.wav")
     sys.stdout.flush()
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
@@ -39,9 +47,16 @@ def _raw_stdout():
 
 def check_out(path):
     """Before the voice loads: an error naming --out unless `path` can become the wav: not empty, not
-    a folder, and a file can be made in its nearest existing folder (wavfile.check_path)."""
+    `-`, not a folder (nor a path ending as one's does), and a file can be made in its nearest existing
+    folder (wavfile.check_path)."""
     if not path:
         raise VoiceError("--out: an empty path; give the path of the .wav to write")
+    if path == "-":   # not standard output here: the wav would be a file named "-"
+        raise VoiceError("--out -: a wav goes to a file; give its path (./- for a file named -), or --raw for "
+                         "PCM on standard output")
+    if os.path.basename(path) in ("", ".", ".."):   # "new/": Path() drops the "/", and the wav became a file "new"
+        raise VoiceError(f"--out {path}: a folder (a path ending in {os.sep}, . or ..); give the path of the .wav "
+                         "to write")
     check_path(path, "--out")
 
 
@@ -59,47 +74,70 @@ def utf8_lines(stream):
 
 
 def paragraphs(lines):
-    """The text of an iterator of lines one paragraph at a time (blank lines between); an SSML document whole."""
-    lines, paragraph = iter(lines), []
-    for line in lines:
+    """(first line number, text) of an iterator of lines, one paragraph at a time (blank lines between);
+    a paragraph that starts as SSML does (markup.is_ssml) starts a document: it and the rest, whole."""
+    lines, paragraph, first = iter(lines), [], None
+    for number, line in enumerate(lines, 1):
+        if number == 1:
+            line = line.removeprefix(markup.BOM)   # as markup.parse drops it: "<speak>" after it is still SSML
         if not paragraph and not line.strip():
             continue
         if not paragraph and markup.is_ssml(line):
-            yield line + "".join(lines)
+            yield number, line + "".join(lines)
             return
         if line.strip():
+            first = first if paragraph else number
             paragraph.append(line)
         else:
-            yield "".join(paragraph)
+            yield first, "".join(paragraph)
             paragraph = []
     if paragraph:
-        yield "".join(paragraph)
+        yield first, "".join(paragraph)
+
+
+def in_input(error, first):
+    """`error` (about a text that starts at line `first` of the input) with its positions in the input."""
+    if first > 1:
+        error.args = (_POSITION.sub(lambda m: f"{m[1]}line {int(m[2]) + first - 1}", str(error)),)
+    return error
+
+
+def prepared(voice, texts, options, lazy, quiet):
+    """(first line, voice.prepare(text)) of each (first line, text); one that says nothing is passed
+    over, its NothingToSay appended to `quiet`."""
+    for line, source in texts:
+        try:
+            yield line, voice.prepare(source, **options, lazy=lazy)
+        except NothingToSay as e:
+            quiet.append(e)
+        except PipelineError as e:
+            raise in_input(e, line) from None
 
 
 def speak(voice, texts, args, out):
-    """Say each text (a paragraph, or the whole input); out: the raw PCM file, or None to collect. A
-    paragraph that says nothing ("...") is passed over; if none says anything, the first one's error.
-    -> (int16 chunks collected, sentences, seconds to the first audio)."""
-    chunks, sentences, first, t0, quiet = [], 0, None, time.perf_counter(), None
+    """Say each (first line, text) (a paragraph, or the whole input); out: the raw PCM file, or None to
+    collect (then every text is checked before any audio is made, as one text would be). A paragraph
+    that says nothing ("...") is passed over; if none says anything, the first one's error. Errors name
+    lines of the whole input. -> (int16 chunks collected, sentences, seconds to the first audio)."""
+    chunks, sentences, first, t0, quiet = [], 0, None, time.perf_counter(), []
     options = dict(ssml=True if args.ssml else None, pace=args.pace, pitch_shift=args.pitch_shift,
                    speaker=args.speaker, language=args.language)
-    for source in texts:
+    requests = prepared(voice, texts, options, out is not None, quiet)   # raw: each sentence as it comes
+    for line, request in requests if out is not None else list(requests):
         try:
-            request = voice.prepare(source, **options, lazy=out is not None)   # raw: each sentence as it comes
-        except NothingToSay as e:
-            quiet = quiet or e
-            continue
-        for i, pcm in enumerate(voice.sentences_audio(request)):
-            if sentences and not i:   # paragraphs read one by one: the pause markup puts between paragraphs
-                pcm = np.concatenate([np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.int16), pcm])
-            if out is None:
-                chunks.append(pcm)
-            else:
-                out.write(pcm.astype("<i2").tobytes())
-            first = first if first is not None else time.perf_counter() - t0
-            sentences += 1
+            for i, pcm in enumerate(voice.sentences_audio(request)):
+                if sentences and not i:   # paragraphs read one by one: the pause markup puts between paragraphs
+                    pcm = np.concatenate([np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.int16), pcm])
+                if out is None:
+                    chunks.append(pcm)
+                else:
+                    out.write(pcm.astype("<i2").tobytes())
+                first = first if first is not None else time.perf_counter() - t0
+                sentences += 1
+        except PipelineError as e:
+            raise in_input(e, line) from None
     if not sentences and quiet:
-        raise quiet
+        raise quiet[0]
     return chunks, sentences, first
 
 
@@ -130,11 +168,11 @@ def main(argv=None):
     log(f"voice {args.voice}: loaded in {voice.load_seconds:.2f} s ({voice.sample_rate} Hz"
         f"{'; CPU, graph optimizer off' if cpu else ''})")
     if args.text:
-        texts = [" ".join(args.text)]
-    elif args.raw and not args.ssml:
+        texts = [(1, " ".join(args.text))]
+    elif args.ssml:
+        texts = [(1, "".join(utf8_lines(sys.stdin.buffer)))]
+    else:   # --out as --raw: one rule for what is SSML (--out read aloud the tags --raw took as SSML)
         texts = paragraphs(utf8_lines(sys.stdin.buffer))
-    else:
-        texts = ["".join(utf8_lines(sys.stdin.buffer))]
     t0 = time.perf_counter()
     try:
         chunks, sentences, first = speak(voice, texts, args, out)

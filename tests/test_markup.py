@@ -69,7 +69,7 @@ def test_ssml_elements():
     ("<speak>Hi\n<break time='5 min'/></speak>", r"line 2, column 1: <break time='5 min'>: a time like"),
     ("<speak><break time='11s'/></speak>", r"line 1, column 8: <break time='11s'>: at most 10 s"),
     ("<speak><break strength='huge'/></speak>", r"<break strength='huge'>: one of none"),
-    ("<speak><prosody rate='-20%'>x</prosody></speak>", r"<prosody rate='-20%'>: one of x-slow"),
+    ("<speak><prosody rate='-80%'>x</prosody></speak>", r"<prosody rate='-80%'>: one of x-slow"),
     ("<speak><prosody rate='fastest'>x</prosody></speak>", r"<prosody rate='fastest'>"),
     ("<speak><prosody pitch='200Hz'>x</prosody></speak>", r"<prosody pitch='200Hz'>"),
     ("<speak><prosody volume='loud'>x</prosody></speak>", r"<prosody> takes rate, pitch, not volume"),
@@ -84,6 +84,36 @@ def test_ssml_elements():
 def test_ssml_errors_name_the_position(doc, message):
     with pytest.raises(MarkupError, match=f"^{message}" if message.startswith("line") else message):
         parse(doc)
+
+
+@pytest.mark.parametrize("rate, factor", [
+    ("+50%", 1.5), ("-50%", 0.5), (" -20% ", 0.8), ("+0%", 1.0), ("-75%", 0.25), ("+300%", 4.0),   # a change
+    ("50%", 0.5), ("150%", 1.5), ("25%", 0.25), ("1.5", 1.5), ("fast", 1.25),                    # a multiple
+])
+def test_a_signed_rate_is_a_relative_change_as_in_ssml(rate, factor):
+    # "+50%" was read as "50%": half the speed, where 1.5 times was asked for; "-50%" was refused
+    assert said(f'<prosody rate="{rate}">x</prosody>', ssml=True) == [[("text", "x", factor, 0.0)]]
+
+
+@pytest.mark.parametrize("rate", ["-80%", "-100%", "+301%", "20%", "401%", "nan", "+-5%"])
+def test_a_rate_out_of_range_is_refused(rate):
+    with pytest.raises(MarkupError, match="^" + re.escape(f"line 1, column 8: <prosody rate={rate!r}>: one of x-slow, "
+                                                          "slow, medium, default, fast, x-fast, 25%..400%, or a change "
+                                                          "-75%..+300%") + "$"):
+        parse(f'<speak><prosody rate="{rate}">x</prosody></speak>')
+
+
+@pytest.mark.parametrize("doc, message", [
+    # each was said as well as ph: "tomato" a second time, a pause, the inner ph too
+    ('<phoneme alphabet="ipa" ph="təmˈɑːtoʊ"><s>tomato</s></phoneme>', "line 1, column 40: <s> inside <phoneme>"),
+    ('<phoneme ph="a">\n  x <break/></phoneme>', "line 2, column 5: <break> inside <phoneme>"),
+    ('<phoneme ph="a"><phoneme ph="b">x</phoneme></phoneme>', "line 1, column 17: <phoneme> inside <phoneme>"),
+    ('<speak><phoneme ph="a"><prosody rate="fast">x</prosody></phoneme></speak>',
+     "line 1, column 24: <prosody> inside <phoneme>"),
+])
+def test_an_element_inside_phoneme_is_refused(doc, message):
+    with pytest.raises(MarkupError, match="^" + re.escape(message) + ": a <phoneme> holds only the word its ph says"):
+        parse(doc, ssml=True)
 
 
 def test_a_markup_bomb_is_refused_at_once():

@@ -206,6 +206,12 @@ def test_a_bad_out_is_one_line_before_the_voice_loads_and_a_failed_write_too(exp
     with monkeypatch.context() as m:   # refused before the voice loads: loading it is a failure here
         m.setattr(speak, "Voice", lambda *a, **k: pytest.fail("the voice loaded before --out was checked"))
         assert "--out: an empty path" in run("--out", "", "Hello.")
+        # both wrote a file: "new" (Path() drops the "/") and "-" in the working folder
+        new = str(tmp_path / "new") + os.sep
+        assert run("--out", new, "Hello.") == f"error: --out {new}: a folder (a path ending in {os.sep}, . or ..); " \
+            "give the path of the .wav to write"
+        assert run("--out", "-", "Hello.") == "error: --out -: a wav goes to a file; give its path (./- for a file " \
+            "named -), or --raw for PCM on standard output"
         if os.path.isdir("/proc/self"):   # a folder that passes a permission check but takes no new file
             assert run("--out", "/proc/x.wav", "Hello.").startswith("error: --out /proc/x.wav: cannot write in /proc")
     assert not list(tmp_path.iterdir())
@@ -288,3 +294,45 @@ def test_standard_input_that_is_not_utf8_is_one_line_naming_the_byte(voice, expo
     assert (rc, err) == (2, "error: standard input, line 3: byte 0xe9 at byte offset 17 is not UTF-8; give the text "
                             "in UTF-8")
     assert len(pcm) == 2 * len(voice.audio(voice.prepare("Hello there.")))   # the paragraph before it was said
+
+
+def test_raw_and_out_read_the_same_standard_input_the_same_way(voice, exported_voice, tmp_path, capsys, monkeypatch):
+    # --raw read the second paragraph as SSML (1 s of silence), --out all of it as plain text (the tags aloud)
+    import io
+
+    from pipeline import speak
+    mixed = b'Hello there.\n\n<speak>Hi <break time="1s"/> there.</speak>\n'
+    rc, pcm, err = run_speak(exported_voice, mixed, "--raw")
+    assert rc == 0 and err.startswith("2 sentence(s)"), err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(mixed), encoding="utf-8"))
+    speak.main(["--voice", str(exported_voice), "--out", str(tmp_path / "mixed.wav")])
+    assert "wrote " + str(tmp_path / "mixed.wav") + ": 2 sentence(s)" in capsys.readouterr().err
+    with wave.open(str(tmp_path / "mixed.wav")) as w:
+        wav = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+    pause = np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.int16)
+    want = np.concatenate([voice.audio(voice.prepare("Hello there.")), pause,
+                           voice.audio(voice.prepare('<speak>Hi <break time="1s"/> there.</speak>'))])
+    for got in (np.frombuffer(pcm, "<i2"), wav):
+        assert len(got) == len(want) and np.abs(got.astype(int) - want).max() <= 2
+
+
+def test_errors_name_lines_of_the_whole_input_read_a_paragraph_at_a_time(exported_voice, tmp_path, capsys,
+                                                                         monkeypatch):
+    # --raw named the line in its paragraph ("line 2"); --out, reading paragraphs too now, must not either
+    text = b"Hello there.\n\nOne more\n[[ a [[ b ]].\n"
+    message = "error: line 4, column 6: '[[' inside phonemes opened at line 4, column 1"
+    assert speak_error(exported_voice, text, capsys, monkeypatch, "--out", str(tmp_path / "x.wav")) == message
+    rc, pcm, err = run_speak(exported_voice, text, "--raw")
+    assert (rc, err) == (2, message) and pcm                                   # after the paragraph before it
+    assert not list(tmp_path.iterdir())
+
+
+def test_raw_with_standard_output_closed_is_one_line():
+    # `speak --raw ... >&-`: a traceback, AttributeError: 'NoneType' object has no attribute 'flush'
+    argv = blocked_command("pipeline.speak", "--voice", "no/such/export", "--raw", "Hi there.")
+    proc = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *argv], stderr=subprocess.PIPE, env=child_env(),
+                          cwd=ROOT, timeout=300)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and err.strip().splitlines() == [
+        "error: --raw: standard output is closed; send it to a player, a pipe or a file, or write a wav with "
+        "--out F.wav"], err[-3000:]
