@@ -14,22 +14,29 @@ Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py); writes
                               made before the answer starts (its failure: the 4xx/5xx); a later
                               sentence the front end cannot say ends it without the final chunk
 
-Every error is a JSON {"error": "<one line>"} with a 4xx/5xx status: 400 bad JSON, field or markup,
+Every error is a JSON {"error": "<one line>"} with a 4xx/5xx status: 400 bad JSON, field or markup, or a
+query parameter other than stream (the fields go in the body),
 403 another site's Origin, or (bound to a loopback address) a Host other than localhost, 127.0.0.1,
 [::1] or the address itself, 415 a POST body not sent as application/json, 404/405, 408 a body
 not sent within `--client-timeout` seconds, 413 a body over MAX_BODY bytes, 503 when the queue is full (`--workers` model calls at a time, `--queue` more waiting); a client
 that hangs up gives its place back at the end of the sentence being made. A connection
 that has not sent a whole request head within `--client-timeout` is closed; an idle keep-alive one after
-KEEP_ALIVE seconds (uvicorn's timeout_keep_alive); at most CONNECTIONS connections at once.
+KEEP_ALIVE seconds (uvicorn's timeout_keep_alive); at most CONNECTIONS connections at once. One
+whose client takes none of an answer for `--client-timeout` seconds while the answer waits on it is
+reset, and a stream gives its place back (a slow reader that takes some keeps it).
 
     python -m pipeline.serve --voice runs/demo/export [--host 127.0.0.1] [--port 8050]
     curl -s localhost:8050/synthesize -H 'Content-Type: application/json' -d '{"text": "Hello there."}' -o hello.wav
 """
 import argparse
+import fcntl
 import functools
 import ipaddress
 import json
+import socket
+import struct
 import sys
+import termios
 import traceback
 
 import anyio
@@ -48,7 +55,7 @@ from pipeline.wavfile import wav_bytes
 
 MAX_BODY = 100_000           # bytes of a request body
 MAX_WAV_SECONDS = 600.0      # audio of one non-streamed answer (longer: ?stream=true)
-CLIENT_TIMEOUT = 10.0        # seconds to send a request head, and then its body (--client-timeout)
+CLIENT_TIMEOUT = 10.0        # seconds to send a request head, then its body; to take any of an answer (--client-timeout)
 KEEP_ALIVE = 5               # seconds an idle keep-alive connection stays open
 CONNECTIONS = 256            # uvicorn's limit_concurrency (beyond: its own plain 503)
 MAX_WORKERS = 64             # --workers at most (model calls at a time, each a thread and its memory)
@@ -216,6 +223,10 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
     gate = Gate(workers, queue)
 
     async def synthesize(request):
+        unknown = sorted(set(request.query_params) - {"stream"})
+        if unknown:   # ?pace=3 was taken and ignored: a 200 at the default pace
+            raise ClientError(400, f"unknown query parameter(s) {', '.join(map(repr, unknown))}: the query takes "
+                                   f"only stream; the fields ({', '.join(FIELDS)}) go in the JSON body")
         stream = request.query_params.get("stream", "false").lower()
         if stream not in ("true", "false", "1", "0"):
             raise ClientError(400, "stream: true or false")
@@ -276,11 +287,14 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
 class Protocol(H11Protocol):
     """uvicorn's h11 protocol, closing a connection that has no request under way `timeout` s after it
     opened or after its last answer (uvicorn times out only idle keep-alive connections, so a client
-    that sends half a request head and stalls would hold its socket for ever)."""
+    that sends half a request head and stalls would hold its socket for ever), and cutting one whose
+    client takes none of its answer for `timeout` s while the answer waits on it (a stream would hold
+    its place in the queue for ever, a whole wav its socket and memory)."""
     timeout = CLIENT_TIMEOUT
 
     def connection_made(self, transport):
         super().connection_made(transport)
+        self._write_timer = None
         self._arm()
 
     def on_response_complete(self):
@@ -288,9 +302,20 @@ class Protocol(H11Protocol):
         self._arm()
 
     def connection_lost(self, exc):
-        if getattr(self, "_head_timer", None) is not None:
-            self._head_timer.cancel()
+        for timer in (getattr(self, "_head_timer", None), getattr(self, "_write_timer", None)):
+            if timer is not None:
+                timer.cancel()
         super().connection_lost(exc)
+
+    def pause_writing(self):   # the transport holds over 64 kB the client has not taken: send() waits
+        super().pause_writing()
+        self._watch_writes()
+
+    def resume_writing(self):
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
 
     def _arm(self):
         if getattr(self, "_head_timer", None) is not None:
@@ -301,6 +326,37 @@ class Protocol(H11Protocol):
         idle = self.cycle is None or self.cycle.response_complete
         if idle and not self.transport.is_closing():
             self.transport.close()
+        if idle and self.transport.get_write_buffer_size():   # close() waits for the client to take the rest
+            self._watch_writes()
+
+    def _watch_writes(self):
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.timeout, self._writes_stalled, unsent(self.transport))
+
+    def _writes_stalled(self, before):
+        self._write_timer, left = None, unsent(self.transport)
+        if left < before:   # it took some: a slow reader (a player at real time), not a stalled one
+            self._write_timer = self.loop.call_later(self.timeout, self._writes_stalled, left)
+            return
+        host, port = self.client or ("?", 0)
+        print(f"cut off {host}:{port}: it took none of its answer for {self.timeout:g} s ({left} bytes unsent)",
+              file=sys.stderr, flush=True)
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:   # a reset: a FIN would wait in the kernel behind data nobody takes
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()   # connection_lost: a stream's PcmStream gives its place back
+
+
+def unsent(transport):
+    """Bytes written to a transport that its client has not taken: the transport's buffer and the
+    kernel's send queue (SIOCOUTQ, Linux). The transport's buffer alone sat still for 26 s under a
+    reader at real time: the kernel asks for more only once much of its send buffer (grown to 4 MB) is free."""
+    size = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    try:
+        return size + struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)))[0]
+    except (AttributeError, OSError, ValueError):   # no socket, closed, or no SIOCOUTQ: the buffer alone
+        return size
 
 
 def loopback_names(host):
@@ -325,7 +381,8 @@ def main(argv=None):
     parser.add_argument("--queue", type=int, default=32,
                         help=f"requests waiting beyond those; more get 503 (0..{MAX_QUEUE}, default 32)")
     parser.add_argument("--client-timeout", type=float, default=CLIENT_TIMEOUT,
-                        help=f"seconds a client has to send a request head, then its body (default {CLIENT_TIMEOUT:g})")
+                        help=f"seconds a client has to send a request head, then its body, and to take some "
+                             f"of an answer that waits on it (default {CLIENT_TIMEOUT:g})")
     args = parser.parse_args(argv)
     for option, value, low, high in (("--workers", args.workers, 1, MAX_WORKERS), ("--queue", args.queue, 0, MAX_QUEUE)):
         if not low <= value <= high:

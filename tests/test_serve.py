@@ -1,6 +1,7 @@
 """`python -m pipeline.serve` as a real process on a free loopback port, with the training modules made
 unimportable: every endpoint, every error as one-line JSON, the queue's 503, stalled and vanishing
 clients, and the page driven by headless Chromium (skipped, with the reason, without it)."""
+import errno
 import http.client
 import json
 import os
@@ -280,6 +281,17 @@ def test_other_errors_and_the_server_stays_up(server):
     assert call(server.port, "GET", "/health")[0] == 200 and server.proc.poll() is None
 
 
+@pytest.mark.parametrize("query, names", [("pace=3", "'pace'"), ("speaker=nobody&foo=bar", "'foo', 'speaker'"),
+                                          ("stream=true&pitch_shift=2", "'pitch_shift'")])
+def test_a_field_in_the_query_is_refused_not_ignored(server, query, names):
+    # ?pace=3 was taken and ignored (a 200 at the default pace), ?speaker=nobody&foo=bar too
+    got, headers, answer = call(server.port, "POST", f"/synthesize?{query}", {"text": "Hello"})
+    assert (got, headers["content-type"]) == (400, "application/json") and b"\n" not in answer
+    assert json.loads(answer)["error"] == (f"unknown query parameter(s) {names}: the query takes only stream; "
+                                           "the fields (text, speaker, language, pace, pitch_shift, ssml) go in the "
+                                           "JSON body")
+
+
 def test_a_full_queue_answers_503(server):
     results = []
 
@@ -317,6 +329,64 @@ def test_stalled_and_vanishing_clients_are_dropped(server):
     for _ in range(2):
         assert call(server.port, "POST", "/synthesize", {"text": "Still here."})[0] == 200
     assert call(server.port, "GET", "/health")[0] == 200 and server.proc.poll() is None
+
+
+def unread(port, path, text):
+    """A socket (4 kB receive buffer) that has sent POST `path` with {"text": text} and reads nothing."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    body = json.dumps({"text": text}).encode()
+    sock.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
+    return sock
+
+
+def reset(sock, timeout):
+    """Whether the server resets `sock` within `timeout` s (read without taking its data)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNRESET:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_client_that_stops_reading_is_cut_off_and_gives_its_place_back(server):
+    # a stream that was never read held its place in the queue for ever (2 sockets here, 34 on a default
+    # server: every request a 503 until they closed); a whole wav never read held its socket and memory
+    streams = [unread(server.port, "/synthesize?stream=true", " ".join([LONG] * 25)) for _ in range(2)]  # 150 sentences
+    try:
+        t0 = time.monotonic()
+        while (status := call(server.port, "POST", "/synthesize", {"text": "Hi."})[0]) != 503:
+            assert time.monotonic() - t0 < 10, status                  # both admitted
+        while (status := call(server.port, "POST", "/synthesize", {"text": "Hi."})[0]) != 200:
+            assert time.monotonic() - t0 < 30, "the stalled streams kept their places"
+            time.sleep(0.2)
+        assert all(reset(s, 5) for s in streams)                       # 2 s (--client-timeout) with nothing taken
+        streams.append(unread(server.port, "/synthesize", " ".join([LONG] * 10)))   # 60 sentences, 12 MB of wav
+        assert reset(streams[-1], 40), "the unread wav kept its connection"
+    finally:
+        for s in streams:
+            s.close()
+    assert call(server.port, "POST", "/synthesize", {"text": "Still here."})[0] == 200
+
+
+def test_a_slow_reader_is_not_cut_off(server):
+    # at 128 kB/s the server's writes wait on it for seconds at a time (the kernel's send buffer, grown to
+    # 4 MB, takes data back in steps): it is taking the answer, so it keeps it
+    body = json.dumps({"text": " ".join([LONG] * 25)}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /synthesize?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert sock.recv(15) == b"HTTP/1.1 200 OK"
+        t0, got = time.monotonic(), 0
+        while time.monotonic() - t0 < 12:
+            data = sock.recv(16_384)
+            assert data, f"cut off after {got} bytes"                  # or ConnectionResetError
+            got += len(data)
+            time.sleep(max(0.0, got / 131_072 - (time.monotonic() - t0)))
+    assert call(server.port, "POST", "/synthesize", {"text": "Still here."})[0] == 200
 
 
 def test_a_client_that_hangs_up_gives_its_place_back_after_one_sentence(server):
