@@ -94,7 +94,19 @@ _DOLLARS_RE = re.compile(rf"\${_AMOUNT}(?:\.(\d+))?")
 _POUNDS_RE = re.compile(rf"£{_AMOUNT}(?:\.(\d+))?")
 # "13,100" and "1,234.5"; a bare "1865" is left to _NUMBER_RE, which reads it as a year.
 _GROUPED_RE = re.compile(r"\b\d{1,3}(?:,\d{3})+(?:\.\d+)?\b")
-_DECIMAL_RE = re.compile(r"\b\d+\.\d+\b")
+# "1.5", also before letters ("1.5x", "-3.5c"), not a part of "2.5.3" (_DOTTED_RE reads those).
+_DECIMAL_RE = re.compile(r"(?<![\d.])\d+\.\d+(?!\d|\.\d)")
+# "2.5.3" (a version, an address): each part a number, "point" between ("two point five point three").
+_DOTTED_RE = re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?!\d|\.\d)")
+# A sign, not a hyphen or a range: "-5", "(-3.5", "-$5"; "5-6", "covid-19", "- 5" keep theirs.
+_MINUS_RE = re.compile(r"(?<![\w.,$£-])-(?=[$£]?\d)")
+# "3:05", "12:00", "3:00pm", "11:30 a.m.": hours 0-23, minutes 00-59 (lowercased text).
+_TIME_RE = re.compile(r"(?<![\d:])([01]?\d|2[0-3]):([0-5]\d)(?![\d:])(?:\s?([ap])\.?m\b\.?)?")
+# A number run into a word ("1.5x", "4x4", "h2o"): a space between, but not before an ordinal's suffix
+# or a plural "s" ("21st", "1860s"), which the number's words take.
+_STUCK_RE = re.compile(r"(?<=[a-z])(?=\d)|(\d)(?!(?:st|nd|rd|th|s)\b)(?=[a-z])")
+# Symbols the english cleaners spell out (espeak-ng reads them, the characters front end would drop them).
+_SYMBOL_WORDS = ((re.compile(r"\s*&\s*"), " and "), (re.compile(r"%"), " percent"))
 _ORDINAL_RE = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b", re.IGNORECASE)
 _NUMBER_RE = re.compile(r"\d+")
 # A number as the cleaners read it: digits with grouping commas and decimal points.
@@ -172,6 +184,8 @@ def _decimal_to_words(digits: str) -> str:
 
 def _money_to_words(whole: str, fraction: str | None, unit: str, units: str,
                     sub: str, subs: str) -> str:
+    if fraction and len(fraction) > 2:  # "$1.999" is no number of cents: read as a decimal
+        return f"{_decimal_to_words(whole + '.' + fraction)} {units}"
     amount = int(whole.replace(",", ""))
     cents = int((fraction or "0")[:2].ljust(2, "0"))  # "$1.5" is one dollar fifty
     parts = []
@@ -186,6 +200,20 @@ def _money_scale_to_words(match: re.Match) -> str:
     symbol, whole, fraction, scale = match.groups()
     unit = "dollars" if symbol == "$" else "pounds"
     return f"{_decimal_to_words(whole + (fraction or ''))} {scale} {unit}"
+
+
+def _time_to_words(match: re.Match) -> str:
+    hours, minutes, half = int(match.group(1)), int(match.group(2)), match.group(3)
+    words = number_to_words(hours)
+    if minutes:
+        words += (" oh " if minutes < 10 else " ") + number_to_words(minutes)
+    elif not half:
+        words += " o'clock"
+    return words + (f" {half} m" if half else "")
+
+
+def _dotted_to_words(match: re.Match) -> str:
+    return " point ".join(number_to_words(int(part)) for part in match.group(0).split("."))
 
 
 def _number_to_words_or_year(match: re.Match) -> str:
@@ -223,19 +251,27 @@ def longest_number(text: str) -> int:
 
 
 def expand_numbers(text: str) -> str:
-    """Spell out money, grouped numbers, decimals, ordinals, years and cardinals (text holding a
-    number of more than MAX_DIGITS digits stays as it is: `problem` refuses it)."""
+    """Spell out signs, times, money, grouped numbers, dotted numbers, decimals, ordinals, years and
+    cardinals, then "&" and "%" (text holding a number of more than MAX_DIGITS digits stays as it is:
+    `problem` refuses it)."""
     if longest_number(text) > MAX_DIGITS:
         return text
+    text = _MINUS_RE.sub("minus ", text)
+    text = _TIME_RE.sub(_time_to_words, text)
+    text = _STUCK_RE.sub(lambda m: (m.group(1) or "") + " ", text)
     text = _MONEY_SCALE_RE.sub(_money_scale_to_words, text)
     text = _DOLLARS_RE.sub(lambda m: _money_to_words(*m.groups(), "dollar", "dollars",
                                                      "cent", "cents"), text)
     text = _POUNDS_RE.sub(lambda m: _money_to_words(*m.groups(), "pound", "pounds",
                                                     "penny", "pence"), text)
     text = _GROUPED_RE.sub(lambda m: _decimal_to_words(m.group(0)), text)
+    text = _DOTTED_RE.sub(_dotted_to_words, text)
     text = _DECIMAL_RE.sub(lambda m: _decimal_to_words(m.group(0)), text)
     text = _ORDINAL_RE.sub(lambda m: ordinal_to_words(int(m.group(1))), text)
-    return _NUMBER_RE.sub(_number_to_words_or_year, text)
+    text = _NUMBER_RE.sub(_number_to_words_or_year, text)
+    for regex, words in _SYMBOL_WORDS:
+        text = regex.sub(words, text)
+    return text
 
 
 # --- pipelines -------------------------------------------------------------------------------

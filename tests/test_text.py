@@ -91,8 +91,8 @@ def test_empty_or_blank_sentence_is_one_line(line, capsys):
 
 
 def test_characters_front_end_drops_and_counts():
-    assert text.to_symbols(['He said "no" [sic] & left', "a_b~c"], CHARS) == [
-        ('he said "no" sic  left', 3),  # two brackets, one ampersand
+    assert text.to_symbols(['He said "no" [sic] # left', "a_b~c"], CHARS) == [
+        ('he said "no" sic  left', 3),  # two brackets, one hash sign
         ("abc", 2)]                     # pad and eos characters are never smuggled in
 
 
@@ -169,6 +169,22 @@ def test_lowercase_and_whitespace():
     assert lowercase("The Exhibition") == "the exhibition"
     assert collapse_whitespace("  in  being\tcomparatively \n modern. ") == \
         "in being comparatively modern."
+
+
+@pytest.mark.parametrize("raw, spoken", [
+    # each was said wrong: the sign dropped ("five degrees"), "one.fivex", "two point five.three", a
+    # dollar and ninety-nine cents, "three:zero zero pm", "&" and "%" dropped by the characters front end
+    ("It is -5 degrees, or -$5 (-3.5).", "it is minus five degrees, or minus five dollars (minus three point five)."),
+    ("pages 10-20, COVID-19, - 5 points", "pages ten-twenty, covid-nineteen, - five points"),
+    ("It is 1.5x faster, 4x4, H2O, the 1860s, 21st.", "it is one point five x faster, four x four, h two o, "
+     "the eighteen sixtys, twenty-first."),
+    ("Version 2.5.3 costs $1.999, or 3.14.", "version two point five point three costs one point nine nine nine "
+     "dollars, or three point one four."),
+    ("At 3:00pm, 11:30 a.m., 12:00 and 3:05.", "at three p m, eleven thirty a m, twelve o'clock and three oh five."),
+    ("AT&T: 50% off", "at and t: fifty percent off"),
+])
+def test_english_pipeline_reads_signs_times_versions_and_symbols(raw, spoken):
+    assert clean_text(raw, "english") == spoken
 
 
 def test_english_pipeline():
