@@ -218,24 +218,31 @@ def json_errors(handler):
     return wrapper
 
 
+def check_request(request):
+    """A POST /synthesize's query and Content-Type, before its body is read -> whether it asks for a
+    stream; ClientError (400, 415) naming what is wrong."""
+    unknown = sorted(set(request.query_params) - {"stream"})
+    if unknown:   # ?pace=3 was taken and ignored: a 200 at the default pace
+        raise ClientError(400, f"unknown query parameter(s) {', '.join(map(repr, unknown))}: the query takes "
+                               f"only stream; the fields ({', '.join(FIELDS)}) go in the JSON body")
+    stream = request.query_params.get("stream", "false").lower()
+    if stream not in ("true", "false", "1", "0"):
+        raise ClientError(400, "stream: true or false")
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":   # a page of another site can send text/plain without asking first
+        raise ClientError(415, f"Content-Type {kind or '(none)'}: the body must be application/json "
+                               "(curl: -H 'Content-Type: application/json')")
+    return stream in ("true", "1")
+
+
 def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=None):
     """The Starlette app of a loaded Voice, behind Guard(hosts): the Host names it answers to (None: any)."""
     gate = Gate(workers, queue)
 
     async def synthesize(request):
-        unknown = sorted(set(request.query_params) - {"stream"})
-        if unknown:   # ?pace=3 was taken and ignored: a 200 at the default pace
-            raise ClientError(400, f"unknown query parameter(s) {', '.join(map(repr, unknown))}: the query takes "
-                                   f"only stream; the fields ({', '.join(FIELDS)}) go in the JSON body")
-        stream = request.query_params.get("stream", "false").lower()
-        if stream not in ("true", "false", "1", "0"):
-            raise ClientError(400, "stream: true or false")
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if kind != "application/json":   # a page of another site can send text/plain without asking first
-            raise ClientError(415, f"Content-Type {kind or '(none)'}: the body must be application/json "
-                                   "(curl: -H 'Content-Type: application/json')")
+        streamed = check_request(request)
         fields = parse_fields(await read_body(request, client_timeout))
-        release, streamed = gate.admit(), stream in ("true", "1")
+        release = gate.admit()
         try:
             bound = None if streamed else MAX_WAV_SECONDS   # a stream: each sentence's bound only (pipeline/voice.py)
             prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=streamed, max_seconds=bound))
