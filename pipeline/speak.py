@@ -47,16 +47,13 @@ def _raw_stdout():
 
 def check_out(path):
     """Before the voice loads: an error naming --out unless `path` can become the wav: not empty, not
-    `-`, not a folder (nor a path ending as one's does), and a file can be made in its nearest existing
-    folder (wavfile.check_path)."""
+    `-`, and what wavfile.check_path checks (not a folder, nor a path ending as one's does; a file can
+    be made in its nearest existing folder)."""
     if not path:
         raise VoiceError("--out: an empty path; give the path of the .wav to write")
     if path == "-":   # not standard output here: the wav would be a file named "-"
         raise VoiceError("--out -: a wav goes to a file; give its path (./- for a file named -), or --raw for "
                          "PCM on standard output")
-    if os.path.basename(path) in ("", ".", ".."):   # "new/": Path() drops the "/", and the wav became a file "new"
-        raise VoiceError(f"--out {path}: a folder (a path ending in {os.sep}, . or ..); give the path of the .wav "
-                         "to write")
     check_path(path, "--out")
 
 

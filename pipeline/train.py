@@ -430,6 +430,13 @@ def _checkpoints(folder):
     return [p for p in (state.all_model_checkpoint_paths if state else []) if tf.io.gfile.exists(p + ".index")]
 
 
+def write_state(folder, names):
+    """The state file `checkpoint` of `folder` as CheckpointManager writes it: `names` (ckpt-N, relative
+    to the folder, oldest first), the last one the latest."""
+    files.atomic_write_text(Path(folder) / "checkpoint", "".join(
+        [f'model_checkpoint_path: "{names[-1]}"\n', *(f'all_model_checkpoint_paths: "{n}"\n' for n in names)]))
+
+
 def set_aside(folder, bad, why, log):
     """Move checkpoints `bad` of `folder` into `folder`/diverged/ (kept, not deleted) and point the
     state file at the newest one left (none left: no state file, a fresh start). -> that one or None."""
@@ -439,10 +446,8 @@ def set_aside(folder, bad, why, log):
     for path in bad:
         for f in Path(path).parent.glob(Path(path).name + ".*"):
             os.replace(f, aside / f.name)
-    if keep:  # the state file as CheckpointManager writes it, names relative to the folder
-        files.atomic_write_text(Path(folder) / "checkpoint", "".join(
-            [f'model_checkpoint_path: "{Path(keep[-1]).name}"\n',
-             *(f'all_model_checkpoint_paths: "{Path(p).name}"\n' for p in keep)]))
+    if keep:
+        write_state(folder, [Path(p).name for p in keep])
     else:
         os.replace(Path(folder) / "checkpoint", aside / "checkpoint")
     log(f"set aside {', '.join(Path(p).name for p in bad)} ({why}) in {aside}; the latest checkpoint is now "
@@ -461,8 +466,7 @@ def relist(folder, log):
     if not found:
         return []
     names = [f"ckpt-{n}" for n in found]
-    files.atomic_write_text(Path(folder) / "checkpoint", "".join(  # as CheckpointManager writes it
-        [f'model_checkpoint_path: "{names[-1]}"\n', *(f'all_model_checkpoint_paths: "{n}"\n' for n in names)]))
+    write_state(folder, names)
     log(f"{Path(folder) / 'checkpoint'}: missing or unreadable while {', '.join(names)} are there: "
         f"listed them again; resuming from {names[-1]}")
     return names

@@ -29,9 +29,13 @@ BLOCK = 1 << 18      # samples converted and written at a time: a long wav is ne
 
 
 def check_path(path, flag="--out"):
-    """PipelineError naming `flag` unless `path` can become a wav file: not a folder, a device, a pipe
-    or a socket (files.target: a symbolic link is written through to its target), the nearest existing
-    parent of where it lands a writable folder (missing folders are made when it is written)."""
+    """PipelineError naming `flag` unless `path` can become a wav file: not a folder (nor a path ending
+    as one's does), a device, a pipe or a socket (files.target: a symbolic link is written through to
+    its target), the nearest existing parent of where it lands a writable folder (missing folders are
+    made when it is written)."""
+    if os.path.basename(os.fspath(path)) in ("", ".", ".."):   # "new/": Path() drops the "/": a file "new"
+        raise PipelineError(f"{flag} {path}: a folder (a path ending in {os.sep}, . or ..); give the path of the "
+                            ".wav to write")
     path = Path(path)
     if path.is_dir():
         raise PipelineError(f"{flag} {path}: a folder; give the path of the .wav to write")

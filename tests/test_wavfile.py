@@ -76,6 +76,9 @@ def test_check_path_names_the_flag_before_any_work(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(PipelineError, match=f"^--out {tmp_path / 'f/x.wav'}: {tmp_path / 'f'} is a file, not a folder$"):
         wavfile.check_path(tmp_path / "f/x.wav")
+    for folder in (f"{tmp_path}/new/", f"{tmp_path}/new/.."):   # Path() drops the "/": a file "new" was written
+        with pytest.raises(PipelineError, match="a folder \\(a path ending in /, . or ..\\); give the path of the .wav"):
+            wavfile.check_path(folder, "--out")
 
 
 def test_a_link_is_written_through_and_a_device_or_pipe_is_never_replaced(tmp_path):

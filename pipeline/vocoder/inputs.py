@@ -94,16 +94,15 @@ def switch(folder, key, log):
             f"(these inputs back restore them); training this phase from its start")
         for old in sorted(aside.iterdir(), key=lambda p: p.stat().st_mtime)[:-KEEP]:
             shutil.rmtree(old, ignore_errors=True)
+    # `key` recorded before its set moves back: a job killed between the two leaves the folder saying
+    # `key` with no checkpoints (the next one moves the set back), never another key's name over this
+    # set's checkpoints (which the next job would file under that key, overwriting its set)
+    files.atomic_write_text(path(folder), json.dumps(key, indent=1, sort_keys=True))
     back = aside / _digest(key)
     if not ckpts.exists() and _has_checkpoints(back):
-        # `key` recorded before its set moves back: a job killed between the two leaves the folder saying
-        # `key` with no checkpoints (the next one moves the set back), never another key's name over
-        # this set's checkpoints (which the next job would file under that key, overwriting its set)
-        files.atomic_write_text(path(folder), json.dumps(key, indent=1, sort_keys=True))
         os.replace(back / "checkpoints", ckpts)
         shutil.rmtree(back, ignore_errors=True)
         log(f"{folder}: resuming from the checkpoints set aside when these inputs last changed")
-    files.atomic_write_text(path(folder), json.dumps(key, indent=1, sort_keys=True))
 
 
 def notes(cfg):
