@@ -14,12 +14,18 @@ vocabulary it trained with, with several speakers (languages) the index's sorted
 first as their provenance; the jobs check the second before they use the arrays).
 `load_aligner` and `log_probs` here are the TensorFlow forward pass of the same model, the reference
 the tests and benchmarks/durations.py compare that one with.
-Training is short and starts from scratch each time: `snakemake --forcerun train_aligner` retrains.
+Training starts from scratch each time: `snakemake --forcerun train_aligner` retrains. aligner.json
+records what the weights were trained from (`trained_from`: the aligner's settings and code and the
+bytes of the token and mel shards, not the code that made them), so when a new aligner key comes
+from code that left every shard's content as it was (a text.py edit that changes no token), the job
+copies the aligner of the same `trained_from` from its sibling folder instead of training it again:
+the same durations follow, and nothing downstream trains again either.
 """
 import argparse
 import functools
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -52,9 +58,56 @@ def voice_tables(index):
     return tables if data.voice_fields(index) else {}
 
 
+def trained_from(cfg, index):
+    """Digest of what an aligner trained on these caches is made from: its settings (aligner:, the
+    loader's buckets and seed) and code, the index less its provenance (the clips, splits, vocabulary,
+    statistics) and each token and mel shard's table and checksum, less its provenance."""
+    cache = config.cache_dir(cfg)
+    tables = []
+    for entry in index["shards"]:
+        for kind in ("tokens", "mels"):
+            table = json.loads((cache / f"{entry[kind]}.json").read_text(encoding="utf-8"))
+            tables.append({k: v for k, v in table.items() if k not in ("provenance", "espeak")})
+    return shards.digest(json.dumps({"aligner": dict(cfg["aligner"]), "buckets": cfg["train"]["buckets"],
+                                     "seed": cfg["train"]["seed"]}, sort_keys=True),
+                         shards.code_digest("models/aligner.py", "align.py"),
+                         json.dumps({k: v for k, v in index.items() if k != "provenance"}, sort_keys=True),
+                         json.dumps(tables, sort_keys=True))
+
+
+def copy_trained(out, made_from, log):
+    """The info of an aligner in a sibling folder of `out`'s (runs/{name}/aligner/*/) trained from
+    `made_from`, its weight files checked and copied beside `out` with a new aligner.json; None if none."""
+    out = Path(out)
+    for other in sorted(out.parent.parent.glob(f"*/{out.name}")):
+        if other.parent == out.parent:
+            continue
+        try:
+            info = json.loads(other.read_text(encoding="utf-8"))
+            if info.get("trained_from") != made_from or any(
+                    shards.file_digest(other.with_name(info[f])) != info[f"{f}_digest"] for f in ("weights", "arrays")):
+                continue
+        except (OSError, ValueError, KeyError):
+            continue                                            # damaged or half-written: not a source
+        for f in ("weights", "arrays"):
+            source = other.with_name(info[f])
+            config.atomic_write(out.with_name(info[f]), lambda tmp, source=source: shutil.copyfile(source, tmp),
+                                suffix=source.suffix)
+        info = {**info, "copied_from": other.parent.name}
+        config.atomic_write_text(out, json.dumps(info, indent=1))
+        log(f"aligner: the caches' content is unchanged since {other.parent} (trained from {made_from}): "
+            f"copied its weights instead of training again")
+        return info
+    return None
+
+
 def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
     acfg = cfg["aligner"]
     index = data.read_index(cfg)
+    made_from = trained_from(cfg, index)
+    copied = copy_trained(out, made_from, log)
+    if copied:
+        return copied
     keras.utils.set_random_seed(cfg["train"]["seed"])
     vocab = symbols(index["vocab"])
     mean, std = data.mel_stats(cfg, index)
@@ -101,7 +154,7 @@ def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
             "arrays": arrays.name, "arrays_digest": shards.file_digest(arrays),
             "steps": acfg["steps"], "seconds": round(time.perf_counter() - t0, 1), "history": history,
             "aligner": acfg, "n_mels": index["n_mels"], "vocab": vocab,
-            "mel_mean": mean.tolist(), "mel_std": std.tolist(), **voices}
+            "mel_mean": mean.tolist(), "mel_std": std.tolist(), **voices, "trained_from": made_from}
     config.atomic_write_text(out, json.dumps(info, indent=1))
     log(f"aligner: {acfg['steps']} steps in {info['seconds']} s, weights {weights}")
     return info

@@ -507,9 +507,27 @@ def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_templ
         run_copy(project, "durations", config=config)
         assert rewritten(before, stamps(cache)) == jobs_files(*(("durations", i) for i in range(n))), module
         assert plan_durations() == {}
+    # text.py code that leaves every token as it was: a new aligner key, but the caches' content is the
+    # same, so the job copies the trained aligner instead of training it again (the same durations follow)
+    aligners = tmp_path / "runs" / "t" / "aligner"
+    trained = {p.parent.name: json.loads(p.read_text()) for p in aligners.glob("*/aligner.json")}
+    with open(project / "pipeline" / "text.py", "a") as f:
+        f.write("\n# a comment is a code change too\n")
+    assert plan_durations() == {"token_shard": n, "cache_index": 1, "train_aligner": 1,
+                                "duration_shard": n, "durations": 1}
+    run_copy(project, "durations", config=config)
+    assert plan_durations() == {}
+    (new_key,) = {p.parent.name for p in aligners.glob("*/aligner.json")} - set(trained)
+    copied = json.loads((aligners / new_key / "aligner.json").read_text())
+    assert copied["copied_from"] in trained and copied["weights_digest"] == trained[copied["copied_from"]]["weights_digest"]
+    assert "copied its weights" in (tmp_path / "reports" / "t" / "logs" / "train_aligner.log").read_text()
+    # the aligner's own code trains it again, whatever the caches hold
     with open(project / "pipeline" / "models" / "aligner.py", "a") as f:
         f.write("\n# a comment\n")
     assert plan_durations() == {"train_aligner": 1, "duration_shard": n, "durations": 1}
+    run_copy(project, "durations", config=config)
+    latest = max(aligners.glob("*/aligner.json"), key=lambda p: p.stat().st_mtime)
+    assert "copied_from" not in json.loads(latest.read_text()) and latest.parent.name not in (new_key, *trained)
 
 
 # --- shard assignment -------------------------------------------------------------------------
