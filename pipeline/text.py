@@ -84,6 +84,14 @@ _ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), word) for abbr, wo
     ("ft", "fort"),
 ]]
 
+# "St." and "Dr." after a capitalised word or an ordinal ("Main St.", "5th St.", "Elm Dr.") name a
+# street or a drive, unless a capitalised word that is not a sentence's usual first word follows
+# ("Bury St. Edmunds", "Jekyll and Dr. Hyde" stay saint and doctor). Before such a first word or
+# at the end the period also ends the sentence, and stays.
+_STARTERS = r"(?:The|A|An|I|He|She|It|We|They|You|This|That|These|Those|There|Then|In|On|At|But|And|So|If|When)\b"
+_PLACES = [(re.compile(rf"(\b[A-Z][\w'-]*|\b\d+(?:st|nd|rd|th)) {abbr}\.(?!\s+(?!{_STARTERS})[A-Z])(\s+{_STARTERS}|\s*$)?"),
+            word) for abbr, word in [("St", "street"), ("Dr", "drive")]]
+
 _WHITESPACE_RE = re.compile(r"\s+")
 # A money amount's whole part: comma-grouped or plain, so "$5, then" keeps its comma.
 _AMOUNT = r"(\d{1,3}(?:,\d{3})+|\d+)"
@@ -238,6 +246,14 @@ def collapse_whitespace(text: str) -> str:
     return _WHITESPACE_RE.sub(" ", text).strip()
 
 
+def expand_places(text: str) -> str:
+    """Before lowercasing, which it needs: "Main St." -> "Main street.", "Elm Dr. is" -> "Elm drive is";
+    "St. Paul", "Bury St. Edmunds" and "Dr. Smith" are left to expand_abbreviations (_PLACES)."""
+    for regex, word in _PLACES:
+        text = regex.sub(lambda m, word=word: f"{m[1]} {word}" + (f".{m[2]}" if m[2] is not None else ""), text)
+    return text
+
+
 def expand_abbreviations(text: str) -> str:
     """Spell out common English abbreviations: "Mr." -> "mister", "St." -> "saint"."""
     for regex, word in _ABBREVIATIONS:
@@ -277,7 +293,7 @@ def expand_numbers(text: str) -> str:
 # --- pipelines -------------------------------------------------------------------------------
 CLEANERS = {
     "basic": (lowercase, collapse_whitespace),
-    "english": (convert_to_ascii, lowercase, expand_numbers, expand_abbreviations,
+    "english": (convert_to_ascii, expand_places, lowercase, expand_numbers, expand_abbreviations,
                 collapse_whitespace),
 }
 

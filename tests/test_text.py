@@ -156,6 +156,18 @@ def test_expand_abbreviations(raw, spoken):
     assert expand_abbreviations(raw) == spoken
 
 
+@pytest.mark.parametrize("raw, spoken", [
+    ("I live on Main St. in Boston.", "i live on main street in boston."),
+    ("Go to 42nd St., then Elm Dr.", "go to forty-second street, then elm drive."),
+    ("It is on Main St. The shop is new.", "it is on main street. the shop is new."),  # the period ends it too
+    ("Bury St. Edmunds, St. Paul and the church of St. Sepulchre",  # a name follows: saint
+     "bury saint edmunds, saint paul and the church of saint sepulchre"),
+    ("Jekyll and Dr. Hyde; the Dr. said", "jekyll and doctor hyde; the doctor said"),
+])
+def test_street_and_drive_after_a_name_saint_and_doctor_before_one(raw, spoken):
+    assert clean_text(raw, "english") == spoken
+
+
 def test_convert_to_ascii():
     assert convert_to_ascii("café, naïve, Müller, à la, fête") == "cafe, naive, Muller, a la, fete"
     assert convert_to_ascii("Æsop, encyclopædia, Straße, œuvre, Søren") == \
