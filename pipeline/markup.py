@@ -38,6 +38,8 @@ ELEMENTS = {"speak": None, "p": (), "s": (), "break": ("time", "strength"), "pro
 
 # a sentence ends after . ! ? or … (and closing quotes or brackets) followed by whitespace
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]”’»]*(?=\s)")
+# the first character of the next word (after whitespace and any opening quotes or brackets)
+_NEXT_WORD = re.compile(r"\s+[\"'(\[“‘«]*(\S)")
 # words after which a period does not end the sentence
 _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "drs", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "no", "co", "ltd",
                   "gen", "col", "lt", "sgt", "capt", "rev", "hon", "maj", "esq", "ft", "prof", "mt", "fig"}
@@ -307,15 +309,22 @@ def _pitch(value, fail):
 
 
 def _ends(text):
-    """Offsets in `text` where a sentence ends (after its punctuation)."""
+    """Offsets in `text` where a sentence ends (after its punctuation). A lone period does not end one
+    after an abbreviation or an initial ("Mr. Smith", "J. Smith"), nor before a word that starts with a
+    lower-case letter or a digit ("U.S. economy", "etc. and", "approx. 5"); a dotted initialism before
+    a capital ends one ("in the U.S. The economy")."""
     out = []
     for match in _SENTENCE_END.finditer(text):
-        begin = match.start()
-        while begin > 0 and not text[begin - 1].isspace():   # back to the start of the word (not a regex
-            begin -= 1                                         # over the whole text before: that is quadratic)
-        head = text[begin:match.start()].lower().lstrip("\"'([“‘«")
-        if match.group() == "." and (head in _ABBREVIATIONS or (len(head) == 1 and head.isalpha())):
-            continue                                                 # "Mr. Smith", "J. Smith"
+        if match.group() == ".":
+            begin = match.start()
+            while begin > 0 and not text[begin - 1].isspace():   # back to the start of the word (not a regex
+                begin -= 1                                         # over the whole text before: that is quadratic)
+            head = text[begin:match.start()].lower().lstrip("\"'([“‘«")
+            if head in _ABBREVIATIONS or (len(head) == 1 and head.isalpha()):
+                continue                                             # "Mr. Smith", "J. Smith"
+            after = _NEXT_WORD.match(text, match.end())
+            if after and (after.group(1).islower() or after.group(1).isdigit()):
+                continue                                             # "U.S. economy", "approx. 5"
         out.append(match.end())
     return out
 

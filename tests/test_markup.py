@@ -26,6 +26,20 @@ def test_plain_text_splits_into_sentences_and_paragraphs():
     assert said("one line\nwrapped. Two") == [[("text", "one line wrapped.", 1.0, 0.0)], [("text", "Two", 1.0, 0.0)]]
 
 
+@pytest.mark.parametrize("text, want", [
+    # "The U.S." and " economy grew." were two sentences: "u.s" is no abbreviation and not one letter
+    ("The U.S. economy grew. So did prices.", ["The U.S. economy grew.", "So did prices."]),
+    ("Apples, pears, etc. and more. Fine.", ["Apples, pears, etc. and more.", "Fine."]),
+    ("Use e.g. this one. Or approx. 5 of them.", ["Use e.g. this one.", "Or approx. 5 of them."]),
+    ("Meet at 10 a.m. and the U.K. (see) office.", ["Meet at 10 a.m. and the U.K. (see) office."]),
+    ("I live in the U.S. The economy is big.", ["I live in the U.S.", "The economy is big."]),  # a capital after
+    ("Mr. Smith met J. Smith. Then Dr. Who.", ["Mr. Smith met J. Smith.", "Then Dr. Who."]),
+    ("It ended! then? so… and more.", ["It ended!", "then?", "so…", "and more."]),   # only a lone period
+])
+def test_a_period_before_a_lower_case_word_or_a_digit_does_not_end_a_sentence(text, want):
+    assert [sentence[0][1] for sentence in said(text)] == want
+
+
 def test_inline_phonemes_are_kept_as_they_are():
     assert said("Say [[ təmˈɑːtoʊ  ]] now. [[ haɪ ]]") == [
         [("text", "Say", 1.0, 0.0), ("ph", "təmˈɑːtoʊ", 1.0, 0.0), ("text", "now.", 1.0, 0.0)],
