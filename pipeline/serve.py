@@ -14,6 +14,10 @@ Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py); writes
                               made before the answer starts (its failure: the 4xx/5xx); a later
                               sentence the front end cannot say ends it without the final chunk
 
+Audio that would clip is scaled to a 0.95 peak as save_wav does (pipeline/wavfile.py: to_pcm): a wav
+answer as one utterance, a stream each sentence on its own (a sentence is made whole and sent before
+the next is made, so a later one's peak is not known yet).
+
 Every error is a JSON {"error": "<one line>"} with a 4xx/5xx status: 400 bad JSON, field or markup, or a
 query parameter other than stream (the fields go in the body),
 403 another site's Origin, or (bound to a loopback address) a Host other than localhost, 127.0.0.1,
@@ -51,7 +55,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from pipeline.errors import PipelineError, cli
 from pipeline.voice import TooLong, Voice, VoiceFault
-from pipeline.wavfile import wav_bytes
+from pipeline.wavfile import to_pcm, wav_bytes
 
 MAX_BODY = 100_000           # bytes of a request body
 MAX_WAV_SECONDS = 600.0      # audio of one non-streamed answer (longer: ?stream=true)
@@ -246,8 +250,8 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
         try:
             bound = None if streamed else MAX_WAV_SECONDS   # a stream: each sentence's bound only (pipeline/voice.py)
             prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=streamed, max_seconds=bound))
-            sentences = voice.sentences_audio(prepared)
             if streamed:   # the first sentence before the answer starts: its failure is a 4xx/5xx, not a 200
+                sentences = voice.sentences_audio(prepared)   # int16, each sentence scaled on its own if it would clip
                 first = await gate.run(next, sentences, None)
 
                 async def chunks():
@@ -263,12 +267,13 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
                 response = PcmStream(chunks(), release, media_type=media)   # releases when the stream ends
                 release = None
                 return response
-            pcm = []
+            sentences, audio = voice.sentences_float(prepared), []
             while (chunk := await gate.run(next, sentences, None)) is not None:
-                pcm.append(chunk)
+                audio.append(chunk)
                 if await request.is_disconnected():   # hung up: the next sentences would be for nobody
                     raise ClientDisconnect()
-            return Response(wav_bytes(np.concatenate(pcm), voice.sample_rate), media_type="audio/wav")
+            pcm = to_pcm(np.concatenate(audio), "the answer")   # one utterance: scaled as a whole if it would clip
+            return Response(wav_bytes(pcm, voice.sample_rate), media_type="audio/wav")
         finally:
             if release is not None:
                 release()
@@ -426,20 +431,34 @@ label{margin-right:1em}#status{color:#555;min-height:1.5em}</style></head>
 <script>
 const $ = (id) => document.getElementById(id);
 $("pace").oninput = () => { $("pace-value").textContent = $("pace").value; };
-fetch("voices").then((r) => r.json()).then((v) => {
+// an error answer's message: the server's JSON {"error"}, else (uvicorn's own plain-text 503 beyond its
+// connection limit, a proxy's page) the status and the text as they are, never a JSON parse error
+const failure = async (r) => {
+  const text = await r.text();
+  if ((r.headers.get("Content-Type") || "").toLowerCase().startsWith("application/json")) {
+    try { return JSON.parse(text).error || text; } catch (e) { /* not JSON after all: the text below */ }
+  }
+  return (r.status + " " + (text.trim().slice(0, 300) || r.statusText)).trim();
+};
+fetch("voices").then(async (r) => {
+  if (!r.ok) throw new Error(await failure(r));
+  const v = await r.json();
   for (const name of (v.speakers.length ? v.speakers : [""])) {
     const o = document.createElement("option"); o.value = name; o.textContent = name || "(the voice)";
     $("speaker").appendChild(o);
   }
-});
+}).catch((e) => { $("status").textContent = "error: " + e.message; });
 $("play").onclick = async () => {
   const body = {text: $("text").value, pace: parseFloat($("pace").value), ssml: $("ssml").checked};
   if ($("speaker").value) body.speaker = $("speaker").value;
   $("status").textContent = "speaking...";
-  const r = await fetch("synthesize", {method: "POST", headers: {"Content-Type": "application/json"},
-                                       body: JSON.stringify(body)});
-  if (!r.ok) { $("status").textContent = "error: " + (await r.json()).error; return; }
-  const audio = await r.blob();
+  let audio;
+  try {
+    const r = await fetch("synthesize", {method: "POST", headers: {"Content-Type": "application/json"},
+                                         body: JSON.stringify(body)});
+    if (!r.ok) { $("status").textContent = "error: " + await failure(r); return; }
+    audio = await r.blob();
+  } catch (e) { $("status").textContent = "error: " + e.message; return; }   // the server unreachable
   $("audio").src = URL.createObjectURL(audio);
   $("audio").dataset.bytes = audio.size;
   $("status").textContent = "";

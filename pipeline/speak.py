@@ -3,7 +3,9 @@
 Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py) and the text: the
 arguments, else standard input (UTF-8). Writes `--out F.wav` (16-bit mono at the voice's rate, written
 atomically once all is said) or, with `--raw`, 16-bit little-endian mono PCM at the voice's rate on
-standard output, each sentence as soon as it is ready. Standard input is read a paragraph at a time
+standard output, each sentence as soon as it is ready. Audio that would clip is scaled to a 0.95 peak as
+save_wav does (pipeline/wavfile.py: to_pcm): a --out file as one utterance, --raw each sentence on its
+own (it is sent before the next is made). Standard input is read a paragraph at a time
 (so with --raw a paragraph is spoken while the next is typed), the same for --out. Nothing but audio
 goes to standard output: every log line goes to standard error. Markup (docs/speak.md): `[[ ... ]]`
 inline phonemes, and SSML with `--ssml`, or text (of standard input: a paragraph, then the rest of it)
@@ -23,7 +25,7 @@ import numpy as np
 from pipeline import markup
 from pipeline.errors import PipelineError, cli
 from pipeline.voice import PACE_RANGE, PITCH_RANGE, NothingToSay, Voice, VoiceError, check_number, quick_start
-from pipeline.wavfile import check_path, write_pcm
+from pipeline.wavfile import check_path, to_pcm, write_pcm
 
 # the position an error about a text starts with, and the '[[' it may name: "line L" of that text
 _POSITION = re.compile(r"(^|opened at )line (\d+)(?=, column )")
@@ -112,23 +114,25 @@ def prepared(voice, texts, options, lazy, quiet):
 
 
 def speak(voice, texts, args, out):
-    """Say each (first line, text) (a paragraph, or the whole input); out: the raw PCM file, or None to
-    collect (then every text is checked before any audio is made, as one text would be). A paragraph
-    that says nothing ("...") is passed over; if none says anything, the first one's error. Errors name
-    lines of the whole input. -> (int16 chunks collected, sentences, seconds to the first audio)."""
+    """Say each (first line, text) (a paragraph, or the whole input); out: the raw PCM file, each sentence
+    written as int16 scaled on its own if it would clip (to_pcm), or None to collect float audio (then
+    every text is checked before any audio is made, as one text would be). A paragraph that says nothing
+    ("...") is passed over; if none says anything, the first one's error. Errors name lines of the whole
+    input. -> (float32 chunks collected, sentences, seconds to the first audio)."""
     chunks, sentences, first, t0, quiet = [], 0, None, time.perf_counter(), []
     options = dict(ssml=True if args.ssml else None, pace=args.pace, pitch_shift=args.pitch_shift,
                    speaker=args.speaker, language=args.language)
     requests = prepared(voice, texts, options, out is not None, quiet)   # raw: each sentence as it comes
     for line, request in requests if out is not None else list(requests):
         try:
-            for i, pcm in enumerate(voice.sentences_audio(request)):
+            for i, audio in enumerate(voice.sentences_float(request)):
                 if sentences and not i:   # paragraphs read one by one: the pause markup puts between paragraphs
-                    pcm = np.concatenate([np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.int16), pcm])
+                    audio = np.concatenate([np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.float32),
+                                            audio])
                 if out is None:
-                    chunks.append(pcm)
+                    chunks.append(audio)
                 else:
-                    out.write(pcm.astype("<i2").tobytes())
+                    out.write(to_pcm(audio, "--raw").astype("<i2").tobytes())
                 first = first if first is not None else time.perf_counter() - t0
                 sentences += 1
         except PipelineError as e:
@@ -179,7 +183,7 @@ def main(argv=None):
         raise VoiceError("no text to speak (give TEXT or standard input)")
     wall = time.perf_counter() - t0
     if out is None:
-        pcm = np.concatenate(chunks)
+        pcm = to_pcm(np.concatenate(chunks), f"--out {args.out}")   # one utterance: scaled as a whole
         try:
             write_pcm(args.out, pcm, voice.sample_rate)
         except OSError as e:   # a full disk is pipeline.errors.DiskFull already

@@ -4,8 +4,8 @@ synthesize it sentence by sentence. Shared by `python -m pipeline.speak` and `py
 Reads an export folder (runs/{name}/export, pipeline/export.py): saved_model/ (its `synthesize`
 signature), vocab.json (the symbols and the front end that makes them) and export.json
 (sample_rate, max_seconds and max_frames, speakers, languages). Writes nothing (pipeline/wavfile.py
-writes the wav where asked). Imports TensorFlow, NumPy and the text front end (pipeline/text.py,
-pipeline/symbols.py) only: no training module, no config.
+writes the wav where asked). Imports TensorFlow, NumPy, the text front end (pipeline/text.py,
+pipeline/symbols.py) and pipeline/wavfile.py (its int16 conversion) only: no training module, no config.
 
 The graph stops at max_frames (export.json; `synthesize.max_seconds` of the run), so a longer call
 would be cut. Each sentence is therefore split ahead of the call into pieces that fit (at clause
@@ -22,6 +22,13 @@ MAX_SENTENCE_CHARACTERS (TooLong before the front end), and goes through the fro
     voice = Voice("runs/demo/export")
     request = voice.prepare("Hello there. How are you?", pace=1.1)   # max_seconds=600: a bound on the whole
     for pcm in voice.sentences_audio(request): ...        # int16 [samples], one array per sentence
+    pcm = voice.audio(request)                            # int16 [samples], the whole request
+
+Audio is made as float32 and turned into int16 by pipeline/wavfile.py's to_pcm, the rule of every wav
+the project writes: audio whose peak is over 1 (it would clip) is scaled to a 0.95 peak, quieter audio is
+kept as it is. `audio` (and `speak --out`, `serve`'s wav answers, through sentences_float) scales the
+whole utterance; `sentences_audio` (`speak --raw`, `serve ?stream=true`) each sentence on its own, as
+it is sent before the next is made.
 """
 import json
 import math
@@ -36,6 +43,7 @@ import tensorflow as tf
 
 from pipeline import markup, text
 from pipeline.errors import PipelineError
+from pipeline.wavfile import to_pcm
 
 PACE_RANGE = (0.25, 4.0)          # > 1 speaks faster; also the range of pace x prosody rate
 PITCH_RANGE = (-12.0, 12.0)       # semitones; pitch_shift + prosody pitch within twice that
@@ -141,11 +149,6 @@ def check_text(source):
     except UnicodeEncodeError as e:
         raise VoiceError(f"{markup.locator(source)(e.start)}: {source[e.start]!r} is not a character (a lone "
                          "surrogate); the text must be valid Unicode (UTF-8)") from None
-
-
-def to_int16(audio):
-    """float audio in [-1, 1] -> int16 PCM (clipped). Non-finite samples are the caller's to refuse."""
-    return (np.clip(np.asarray(audio, np.float32), -1.0, 1.0) * 32767.0).astype(np.int16)
 
 
 def split_symbols(symbols, limit):
@@ -513,8 +516,8 @@ class Voice:
         most = self.max_sentence_samples
         return most, f"over the {most / self.sample_rate:g} s of audio one sentence may make", False
 
-    def sentence_audio(self, parts, inputs, limit=None, over=None, whole=False):
-        """int16 audio of one prepared sentence; TooLong (`over`, `whole`) as soon as it would make more
+    def sentence_float(self, parts, inputs, limit=None, over=None, whole=False):
+        """float32 audio of one prepared sentence; TooLong (`over`, `whole`) as soon as it would make more
         than `limit` samples (default MAX_SENTENCE_SECONDS'), so no sentence holds more than that in memory."""
         limit = self.max_sentence_samples if limit is None else limit
         out, made = [], 0
@@ -533,10 +536,14 @@ class Voice:
                 for audio in self._speech(part[1], part[2], part[3], inputs):
                     keep(len(audio))
                     out.append(audio)
-        return to_int16(np.concatenate(out) if out else np.zeros(0, np.float32))
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
 
-    def sentences_audio(self, request):
-        """int16 audio per sentence, each as soon as it is made; TooLong for a sentence over
+    def sentence_audio(self, parts, inputs, limit=None, over=None, whole=False):
+        """int16 audio of one prepared sentence (sentence_float), scaled to a 0.95 peak if it would clip."""
+        return to_pcm(self.sentence_float(parts, inputs, limit, over, whole), self.folder)
+
+    def sentences_float(self, request):
+        """float32 audio per sentence, each as soon as it is made; TooLong for a sentence over
         MAX_SENTENCE_SECONDS, or (request.max_samples) a request over its bound, before its audio is kept."""
         made = 0
         for n, sentence in enumerate(request.sentences):
@@ -546,10 +553,16 @@ class Voice:
                 if self.estimate_seconds(parts) * self.sample_rate > limit:    # before any audio: refuse now
                     raise TooLong(f"{over} (about {self.estimate_seconds(parts):.0f} s){'' if whole else SOONER}",
                                   whole=whole)
-                pcm = self.sentence_audio(parts, request.inputs, limit, over, whole)
-                made += len(pcm)
-                yield pcm
+                audio = self.sentence_float(parts, request.inputs, limit, over, whole)
+                made += len(audio)
+                yield audio
+
+    def sentences_audio(self, request):
+        """int16 audio per sentence, each as soon as it is made (sentences_float), each scaled on its own
+        to a 0.95 peak if it would clip: a stream sends a sentence before the next one is made."""
+        for audio in self.sentences_float(request):
+            yield to_pcm(audio, self.folder)
 
     def audio(self, request):
-        """All of a request's audio, int16."""
-        return np.concatenate(list(self.sentences_audio(request)))
+        """All of a request's audio, int16, scaled as one utterance to a 0.95 peak if it would clip."""
+        return to_pcm(np.concatenate(list(self.sentences_float(request))), self.folder)

@@ -7,6 +7,7 @@ exported voice's commands (pipeline/voice.py: TensorFlow alone) use it too.
     from pipeline import wavfile
     wavfile.check_path(args.out, "--out")           # before the model loads: a folder, a missing parent
     wavfile.save_wav(path, audio, sample_rate)      # float audio; audio that would clip is scaled to a 0.95 peak
+    pcm = wavfile.to_pcm(audio)                     # the int16 samples save_wav writes (speak, serve)
     wavfile.write_pcm(path, pcm, sample_rate)       # int16 samples as they are
     body = wavfile.wav_bytes(pcm, sample_rate)      # a whole wav in memory (an HTTP response)
 
@@ -63,21 +64,42 @@ def write_pcm(path, pcm, sample_rate):
     files.atomic_write_bytes(path, wav_bytes(pcm, sample_rate))
 
 
+def _scale(audio, where):
+    """What flat float audio is multiplied by before its floor: FULL_SCALE, times PEAK / peak when its
+    peak is over 1 (it would clip); PipelineError naming `where` for a NaN or infinite sample."""
+    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+    if not np.isfinite(peak):
+        raise PipelineError(f"{where}: the audio has NaN or infinite samples; nothing written")
+    return np.float32(FULL_SCALE * (PEAK / peak if peak > 1.0 else 1.0))
+
+
+def _pcm(audio, scale):
+    """A block of float audio times `scale` as int16 samples (floored, clipped to int16's range)."""
+    return np.clip(np.floor(audio * scale), -FULL_SCALE, FULL_SCALE - 1).astype("<i2")
+
+
+def to_pcm(audio, where="audio"):
+    """Float audio (any shape, flattened) as the int16 samples save_wav writes: audio that would clip
+    (peak > 1) is scaled to a PEAK peak as one whole, quieter audio is kept as it is; PipelineError
+    naming `where` for a NaN or infinite sample."""
+    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+    scale, out = _scale(audio, where), np.empty(len(audio), "<i2")
+    for start in range(0, len(audio), BLOCK):          # converted a block at a time, as save_wav does
+        out[start:start + BLOCK] = _pcm(audio[start:start + BLOCK], scale)
+    return out
+
+
 def save_wav(path, audio, sample_rate):
     """Float audio (any shape, flattened) as a 16-bit wav at `path`, atomically (temporary file, fsync,
     rename); audio that would clip (peak > 1) is scaled to a 0.95 peak, quieter audio is kept as it is."""
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
-    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
-    if not np.isfinite(peak):
-        raise PipelineError(f"{path}: the audio has NaN or infinite samples; nothing written")
-    scale = np.float32(FULL_SCALE * (PEAK / peak if peak > 1.0 else 1.0))
+    scale = _scale(audio, path)
 
     def write(tmp):
         with open(tmp, "wb") as f:
             with _open(f, sample_rate) as w:
                 for start in range(0, len(audio), BLOCK):
-                    block = np.clip(np.floor(audio[start:start + BLOCK] * scale), -FULL_SCALE, FULL_SCALE - 1)
-                    w.writeframes(block.astype("<i2").tobytes())
+                    w.writeframes(_pcm(audio[start:start + BLOCK], scale).tobytes())
             f.flush()
             os.fsync(f.fileno())
     files.atomic_write(path, write)

@@ -1,6 +1,7 @@
 """`python -m pipeline.serve` as a real process on a free loopback port, with the training modules made
 unimportable: every endpoint, every error as one-line JSON, the queue's 503, stalled and vanishing
 clients, and the page driven by headless Chromium (skipped, with the reason, without it)."""
+import contextlib
 import errno
 import http.client
 import json
@@ -85,6 +86,11 @@ def test_health_voices_and_page(server, exported_voice):
     assert status == 200 and headers["content-type"].startswith("text/html")
     assert all(part in body.decode() for part in ('<textarea id="text"', 'id="speaker"', 'id="pace"', 'id="play"',
                                                   '<audio id="audio"'))
+    # an error answer was read with r.json(): uvicorn's own plain-text 503 ("Service Unavailable", beyond
+    # CONNECTIONS) threw a JSON parse error instead of saying it. Now the text, parsed only when it is JSON
+    script = body.decode().split("<script>")[1]
+    assert "(await r.json()).error" not in script and "await r.text()" in script
+    assert 'r.headers.get("Content-Type")' in script and "JSON.parse(text)" in script and "r.status" in script
 
 
 def stream(port, body, first_only=False):
@@ -121,7 +127,13 @@ def test_synthesize_wav_and_a_stream_of_one_chunk_per_sentence(server):
     assert status == "HTTP/1.1 200 OK" and headers["transfer-encoding"] == "chunked"
     assert headers["content-type"] == "audio/L16;rate=22050;channels=1"
     assert len(chunks) == 3 and all(len(c) > 0 for c in chunks)              # one chunk per sentence
-    np.testing.assert_array_equal(np.frombuffer(b"".join(chunks), ">i2"), wav)  # L16: big-endian, the same audio
+    assert sum(len(c) for c in chunks) == 2 * len(wav)
+    start = 0
+    for chunk in chunks:   # L16: big-endian, the same audio; each sentence scaled on its own if it would clip,
+        got = np.frombuffer(chunk, ">i2").astype(float)          # the wav as one utterance: by as much or more
+        part = wav[start:start + len(got)].astype(float)
+        factor, start = got @ part / (part @ part), start + len(got)
+        assert factor > 0.999 and np.abs(got - factor * part).max() <= 1 + 2 * factor, factor
 
 
 def test_a_stream_stops_at_a_sentence_the_voice_cannot_say(server):
@@ -414,15 +426,14 @@ def test_a_client_that_hangs_up_gives_its_place_back_after_one_sentence(server):
     assert call(server.port, "GET", "/health")[0] == 200 and server.proc.poll() is None
 
 
-def test_the_page_speaks_in_a_browser(server):
-    """Headless Chromium types a sentence, presses play, and its audio element loads the sound."""
+@contextlib.contextmanager
+def browser_on(url):
+    """Headless Chromium showing `url` (the test skipped, with the reason, without it or selenium)."""
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver_path):
         pytest.skip("Debian's chromium and chromium-driver are not installed (install.sh installs them as root)")
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (requirements.txt)")
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
@@ -434,7 +445,19 @@ def test_the_page_speaks_in_a_browser(server):
     service = Service(executable_path=driver_path, env=dict(os.environ, TMPDIR=scratch))
     try:
         browser = webdriver.Chrome(service=service, options=options)
-        browser.get(server.url)
+        browser.get(url)
+        yield browser
+    finally:
+        if browser is not None:
+            browser.quit()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_the_page_speaks_in_a_browser(server):
+    """Headless Chromium types a sentence, presses play, and its audio element loads the sound."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    with browser_on(server.url) as browser:
         box = browser.find_element(By.ID, "text")
         box.clear()
         box.send_keys("Hello from the browser.")
@@ -445,15 +468,31 @@ def test_the_page_speaks_in_a_browser(server):
         ready, duration, size = browser.execute_script(state)
         assert duration > 0.3 and int(size) > 44 * 2, (ready, duration, size)   # a wav of real length
         assert browser.find_element(By.ID, "status").text == ""
-    finally:
-        if browser is not None:
-            browser.quit()
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
-def broken_voice(folder):
-    """A voice folder whose graph gives NaN audio when the pitch shift is above 1.5 semitones (as a broken
-    export would), and a plain tone otherwise: character front end, 16 kHz, hop 4."""
+def test_the_page_says_a_plain_text_error_as_it_is(server):
+    # a 503 in plain text (uvicorn's own beyond CONNECTIONS connections) went to r.json(): the parse error
+    # was thrown, and the page said "speaking..." for ever. The server's own JSON errors still say their message.
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    with browser_on(server.url) as browser:
+        WebDriverWait(browser, 30).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#speaker option"))
+        status = browser.find_element(By.ID, "status")
+        browser.find_element(By.ID, "text").clear()                        # a real 400: {"error": "text: ..."}
+        browser.find_element(By.ID, "play").click()
+        WebDriverWait(browser, 30).until(lambda b: status.text != "speaking...")
+        assert status.text == "error: text: a non-empty string is required"
+        browser.execute_script("""const fetched = window.fetch;   // uvicorn's answer beyond its connection limit
+            window.fetch = (url, init) => url !== "synthesize" ? fetched(url, init) : Promise.resolve(
+                new Response("Service Unavailable", {status: 503, headers: {"Content-Type": "text/plain; charset=utf-8"}}));""")
+        browser.find_element(By.ID, "play").click()
+        WebDriverWait(browser, 10).until(lambda b: status.text != "speaking...")
+        assert status.text == "error: 503 Service Unavailable"
+
+
+def graph_voice(folder, audio):
+    """A voice folder whose graph says audio(tokens, pitch_shift) (float32 [N]): character front end, 16 kHz,
+    hop 4, max_seconds 5."""
     import tensorflow as tf
 
     from pipeline import text
@@ -461,19 +500,71 @@ def broken_voice(folder):
 
     spec = (tf.TensorSpec([1, None], tf.int32), tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32))
 
-    class Broken(tf.Module):
+    class Graph(tf.Module):
         @tf.function(input_signature=spec)
         def synthesize(self, tokens, pace, pitch_shift):
-            n = tf.shape(tokens)[1] * 400
-            tone = 0.1 * tf.sin(tf.range(n, dtype=tf.float32) * 0.1)
-            return {"audio": (tone * tf.sqrt(1.0 - tf.minimum(pitch_shift, 2.0) / 1.5))[tf.newaxis]}
+            return {"audio": audio(tokens, pitch_shift)[tf.newaxis]}
 
-    tf.saved_model.save(Broken(), str(folder / "saved_model"), signatures={SIGNATURE: Broken().synthesize})
+    tf.saved_model.save(Graph(), str(folder / "saved_model"), signatures={SIGNATURE: Graph().synthesize})
     vocab = text.vocabulary({"frontend": "characters", "language": "en-us", "cleaners": "english"})
     (folder / "vocab.json").write_text(json.dumps(vocab))
     (folder / "export.json").write_text(json.dumps({"sample_rate": 16000, "audio": {"hop_length": 4},
                                                     "max_seconds": 5.0, "speakers": [], "languages": []}))
     return folder
+
+
+def broken_voice(folder):
+    """A voice folder whose graph gives NaN audio when the pitch shift is above 1.5 semitones (as a broken
+    export would), and a plain tone otherwise (graph_voice: 400 samples a token)."""
+    import tensorflow as tf
+
+    def audio(tokens, pitch_shift):
+        tone = 0.1 * tf.sin(tf.range(tf.shape(tokens)[1] * 400, dtype=tf.float32) * 0.1)
+        return tone * tf.sqrt(1.0 - tf.minimum(pitch_shift, 2.0) / 1.5)
+    return graph_voice(folder, audio)
+
+
+def loud_tone(tokens):
+    """The audio of loud_voice for `tokens` tokens."""
+    return np.float32(0.1 * tokens) * np.sin(np.arange(tokens * 400, dtype=np.float32) * np.float32(0.1))
+
+
+def loud_voice(folder):
+    """A voice folder whose graph says a tone 400 samples a token of 0.1 x its tokens in amplitude (as
+    loud_tone): "Hello there." (12 symbols and EOS) peaks at 1.3, and would clip; "Hi." (4) at 0.4."""
+    import tensorflow as tf
+
+    def audio(tokens, pitch_shift):
+        n = tf.shape(tokens)[1]
+        return 0.1 * tf.cast(n, tf.float32) * tf.sin(tf.range(n * 400, dtype=tf.float32) * 0.1)
+    return graph_voice(folder, audio)
+
+
+def test_loud_audio_is_scaled_to_a_095_peak_as_save_wav_does_not_clipped(tmp_path):
+    # serve clipped every sample over 1 to +-32767 where save_wav scales the audio to a 0.95 peak: now a
+    # wav answer is scaled as one utterance, a stream each sentence on its own (sent before the next is made)
+    from pipeline.wavfile import to_pcm
+    said = [loud_tone(13), loud_tone(4)]                                    # "hello there." and "hi."
+    whole, each = to_pcm(np.concatenate(said)), np.concatenate([to_pcm(a) for a in said])
+    peak = 0.95 * 32768
+    assert np.abs(whole.astype(int)).max() == pytest.approx(peak, abs=1) and np.abs(each[5200:]).max() > 13000
+    port = free_port()
+    argv = blocked_command("pipeline.serve", "--voice", str(loud_voice(tmp_path / "voice")), "--port", str(port))
+    srv = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT)
+    try:
+        wait_for_health(srv, port)
+        status, _, body = call(port, "POST", "/synthesize", {"text": "Hello there. Hi."})
+        with wave.open(BytesIO(body)) as w:
+            wav = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(int)
+        status_line, _, chunks = stream(port, {"text": "Hello there. Hi."})
+    finally:
+        srv.terminate()
+        srv.wait(timeout=20)
+    assert status == 200 and status_line == "HTTP/1.1 200 OK" and [len(c) for c in chunks] == [2 * 5200, 2 * 1600]
+    streamed = np.frombuffer(b"".join(chunks), ">i2").astype(int)
+    for got, want in ((wav, whole), (streamed, each)):
+        assert np.abs(got).max() == pytest.approx(peak, abs=1)             # no run of samples stuck at 32767
+        assert len(got) == len(want) and np.abs(got - want).max() <= 1
 
 
 def test_a_voice_that_gives_nan_audio_is_an_error_not_silence(tmp_path):

@@ -15,6 +15,7 @@ from conftest import ROOT
 
 from pipeline import markup
 from pipeline.voice import Voice, VoiceError, split_symbols
+from pipeline.wavfile import to_pcm
 
 # what neither speak nor serve may import: training, data, models, vocoders, caches, export, config, Snakemake
 BLOCKED = ("pipeline.train", "pipeline.data", "pipeline.models", "pipeline.vocoder", "pipeline.cache",
@@ -185,6 +186,33 @@ def test_wav_file_and_one_line_errors(voice, exported_voice, tmp_path, capsys):
     assert f"{tmp_path / 'export.json'}: not found" in capsys.readouterr().err
 
 
+def test_loud_audio_is_scaled_to_a_095_peak_as_save_wav_does_not_clipped(voice, exported_voice, tmp_path,
+                                                                          monkeypatch):
+    # speak clipped every sample over 1 to +-32767 (voice.to_int16) where save_wav scales the audio to a
+    # 0.95 peak: now --out scales the whole utterance so, and --raw each sentence as it is sent
+    import io
+    from types import SimpleNamespace
+
+    from pipeline import speak
+    call = Voice._call
+    monkeypatch.setattr(Voice, "_call", lambda self, *a: 4.0 * call(self, *a))   # every sentence's peak over 1
+    text, peak = "Hello there. Goodbye.", 0.95 * 32768
+    speak.main(["--voice", str(exported_voice), "--out", str(tmp_path / "loud.wav"), text])
+    with wave.open(str(tmp_path / "loud.wav")) as w:
+        wav = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(int)
+    assert np.abs(wav).max() == pytest.approx(peak, abs=1)                   # no run of samples stuck at 32767
+    stdout = io.BytesIO()
+    speak.speak(voice, [(1, text)], SimpleNamespace(ssml=False, pace=1.0, pitch_shift=0.0, speaker=None,
+                                                     language=None), stdout)   # what --raw writes
+    raw = np.frombuffer(stdout.getvalue(), "<i2").astype(int)
+    said = list(voice.sentences_float(voice.prepare(text)))
+    assert len(said) == 2 and min(np.abs(a).max() for a in said) > 1
+    parts = np.split(raw, np.cumsum([len(a) for a in said])[:-1])
+    assert [np.abs(part).max() for part in parts] == pytest.approx([peak, peak], abs=1)   # each sentence on its own
+    np.testing.assert_array_equal(raw, np.concatenate([to_pcm(a) for a in said]))
+    assert np.abs(wav - to_pcm(np.concatenate(said))).max() <= 2          # the samples save_wav writes (to 2 LSB)
+
+
 def test_voice_description(voice, exported_voice):
     meta = json.loads((exported_voice / "export.json").read_text())
     assert voice.describe() == {"speakers": meta["speakers"], "languages": meta["languages"],
@@ -309,10 +337,11 @@ def test_raw_and_out_read_the_same_standard_input_the_same_way(voice, exported_v
     assert "wrote " + str(tmp_path / "mixed.wav") + ": 2 sentence(s)" in capsys.readouterr().err
     with wave.open(str(tmp_path / "mixed.wav")) as w:
         wav = np.frombuffer(w.readframes(w.getnframes()), "<i2")
-    pause = np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.int16)
-    want = np.concatenate([voice.audio(voice.prepare("Hello there.")), pause,
-                           voice.audio(voice.prepare('<speak>Hi <break time="1s"/> there.</speak>'))])
-    for got in (np.frombuffer(pcm, "<i2"), wav):
+    pause = np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.float32)
+    said = [*voice.sentences_float(voice.prepare("Hello there.")), pause,
+            *voice.sentences_float(voice.prepare('<speak>Hi <break time="1s"/> there.</speak>'))]
+    raw = np.concatenate([to_pcm(a) for a in said])   # --raw: each sentence scaled on its own if it would clip
+    for got, want in ((np.frombuffer(pcm, "<i2"), raw), (wav, to_pcm(np.concatenate(said)))):   # --out: as one
         assert len(got) == len(want) and np.abs(got.astype(int) - want).max() <= 2
 
 

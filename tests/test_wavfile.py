@@ -41,6 +41,20 @@ def test_save_wav_converts_block_by_block_to_the_samples_soundfile_writes(tmp_pa
     assert (tmp_path / "pcm.wav").read_bytes() == (tmp_path / "ours.wav").read_bytes() == wavfile.wav_bytes(pcm, 22050)
 
 
+def test_to_pcm_gives_the_samples_save_wav_writes(tmp_path, monkeypatch):
+    # speak and serve turn float audio into int16 here: their own conversion clipped what save_wav scales
+    monkeypatch.setattr(wavfile, "BLOCK", 999)                                 # the peak of the whole, not a block's
+    loud = 2.0 * np.sin(np.linspace(0, 200 * np.pi, 4000)).astype(np.float32)
+    for audio in (loud, loud / 4, np.zeros(0, np.float32)):
+        wavfile.save_wav(tmp_path / "a.wav", audio, 22050)
+        pcm = wavfile.to_pcm(audio)
+        assert pcm.dtype == np.int16 and wavfile.wav_bytes(pcm, 22050) == (tmp_path / "a.wav").read_bytes()
+    assert np.abs(wavfile.to_pcm(loud).astype(int)).max() == pytest.approx(0.95 * 32768, abs=1)   # not clipped
+    np.testing.assert_array_equal(wavfile.to_pcm(loud / 4), np.floor(loud / 4 * 32768))   # kept as it is
+    with pytest.raises(PipelineError, match=r"^--raw: the audio has NaN or infinite samples"):
+        wavfile.to_pcm(np.array([0.1, np.nan]), "--raw")
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_audio_with_a_non_finite_sample_is_refused_and_nothing_is_written(tmp_path, bad):
     audio = np.zeros(100, np.float32)
