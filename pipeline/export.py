@@ -26,7 +26,11 @@ refused before any work, one line, so an export never deletes a run or a user's 
 The vocoder is chosen by `export_vocoder` alone, the one `snakemake synthesize` speaks with: the run's
 trained vocoder (runs/{name}/vocoder.json, vocoder.kind source_filter, vocos or hifigan; its STFTs
 are pipeline.dft.transforms', built-in TFLite ops), or Griffin-Lim (pipeline/vocoder/griffin_lim.py) with vocoder.kind
-griffin_lim; export.json says which. Griffin-Lim runs on TensorFlow's FFT in the SavedModel (the very
+griffin_lim; export.json says which. A vocoder fine-tuned on the GTA mels of another acoustic checkpoint
+than the one exported (acoustic training went on, and this command ran without `snakemake export`, which
+fine-tunes it again first) is exported as it is, with one `note:` line on stderr (and in export.json's
+`notes`) naming both and `snakemake --cores all vocoder`, as pipeline.vocoder.inputs.finetuned_elsewhere
+words it. Griffin-Lim runs on TensorFlow's FFT in the SavedModel (the very
 audio `snakemake synthesize` writes), on pipeline.dft's real-FFT pair in the TFLite models (TFLite
 has RFFT2D but no IRFFT; built-in ops only), or its DFT matmuls when audio.n_fft is not a power of two.
 Bad input inside the graph: a token, speaker or language id outside its table, a pace that is not a
@@ -50,6 +54,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -60,6 +65,7 @@ from pipeline import config, dft, files, placement, runinfo
 from pipeline.audio import LOG_CLAMP
 from pipeline.errors import PipelineError, cli
 from pipeline.synthesize import PACE, PITCH_SHIFT, frame_f0, load_synthesizer
+from pipeline.vocoder import inputs
 from pipeline.vocoder.griffin_lim import griffin_lim_graph
 
 SIGNATURE = "synthesize"
@@ -128,7 +134,8 @@ def export_vocoder(cfg, audio, transforms):
         from pipeline.vocoder import kinds
         trained = kinds.load(dict(cfg, audio=dict(audio)))  # the run's audio settings, as synthesize uses
         info = {**trained.made, "trained": True, "phase": trained.summary.get("phase"),
-                "checkpoint": trained.summary["checkpoint"], "summary": str(kinds.summary_path(cfg))}
+                "checkpoint": trained.summary["checkpoint"], "summary": str(kinds.summary_path(cfg)),
+                "gta_from": trained.summary.get("gta_from")}  # the acoustic checkpoints fine-tuning adapted it to
         info["f0"] = "the acoustic model's pitch (Hz, pitch_shift applied), voiced where the vocoder's head " \
             "hears voicing" if trained.uses_f0 else None
         return TrainedVocoder(trained.model, audio["hop_length"], np.log(LOG_CLAMP), trained.uses_f0,
@@ -347,6 +354,10 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     out = check_out(out)
     tflite = cfg["export"]["tflite"] if tflite is None else tflite
     voice, synth, run, vocoder = build_voice(cfg, "fft", log=log)
+    # snakemake export fine-tunes the vocoder on the latest acoustic checkpoint first; a direct export says so
+    stale = inputs.finetuned_elsewhere(cfg, vocoder, synth.checkpoint, then=", then export again")
+    if stale:
+        print(stale, file=sys.stderr, flush=True)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -367,7 +378,7 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
                           "empty_tokens": EMPTY_TOKENS},
             "vocoder": vocoder, "tensorflow": tf.__version__, "tflite": None,
         }
-        meta["notes"] = _notes(meta)
+        meta["notes"] = _notes(meta) + ([stale.removeprefix("note: ")] if stale else [])
         if tflite:  # the same graph on pipeline.dft's transforms, through a SavedModel of its own
             transforms = dft.transform_name(a["n_fft"])   # the vocoders' pair: RFFT2D at powers of two
             voice_dft, *_ = build_voice(cfg, transforms, synth=synth, log=log)

@@ -21,7 +21,7 @@ from conftest import (
     snakemake,
 )
 
-from pipeline import config, text
+from pipeline import config, runinfo, text
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 def clean_python(code, cwd):
@@ -279,8 +279,9 @@ def test_saved_model_with_the_trained_vocoder_speaks_as_pipeline_vocode_without_
     assert meta["vocoder"] == {"kind": "vocos", "trained": True, "steps": 10, "finetune_steps": 4, "finetune_share": 0.75,
                                "phase": "finetune",
                                "checkpoint": summary["checkpoint"], "summary": str(config.run_dir(cfg) / "vocoder.json"),
-                               "f0": None}  # a Vocos takes no F0
-    assert not any(n.startswith("vocoder") for n in meta["notes"])
+                               "gta_from": summary["gta_from"], "f0": None}  # a Vocos takes no F0
+    assert [runinfo.checkpoint_path(c) for c in summary["gta_from"]] == [meta["checkpoint"]]  # fine-tuned for it
+    assert not any(n.startswith("vocoder") or "fine-tuned" in n for n in meta["notes"])
     # the TFLite float32 model runs the trained vocoder on built-in ops in tf.lite.Interpreter
     assert meta["tflite"]["float32"]["ops"] == meta["tflite"]["float16"]["ops"] == "builtin"
     runner = tf.lite.Interpreter(model_path=str(out / "model.tflite")).get_signature_runner("synthesize")
@@ -303,6 +304,43 @@ def test_export_with_a_vocoder_kind_but_no_trained_vocoder_is_one_line_naming_th
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1 and "snakemake --cores all vocoder" in err, err
     assert not (tmp_path / "export").exists()
+
+
+def test_a_direct_export_of_a_vocoder_fine_tuned_for_another_acoustic_checkpoint_says_so_in_one_line(
+        trained_run, tmp_path, capsys):
+    """Acoustic training went on after the vocoder's fine-tuning: `snakemake export` reruns the GTA mels and
+    the fine-tuning first (gta_shard takes train.json); `python -m pipeline.export` exports the vocoder as it
+    is (as `pipeline.synthesize` speaks with it) and says so: one stderr line naming vocoder.json, both
+    acoustic checkpoints and `snakemake --cores all vocoder`, also in export.json's notes. Before, nothing."""
+    import tensorflow as tf
+
+    from pipeline import export
+    from pipeline.synthesize import load_synthesizer
+    from pipeline.vocoder import inputs, kinds
+    user = yaml.safe_load(trained_run.path.read_text())                        # a copy: the shared run stays
+    user.update(name="copy", runs_dir=str(tmp_path / "runs"))
+    (tmp_path / "copy.yaml").write_text(yaml.safe_dump(user))
+    shutil.copytree(trained_run.run, tmp_path / "runs" / "copy")
+    cfg = config.load_config(tmp_path / "copy.yaml")
+    run = config.run_dir(cfg)
+    tuned, summary = run / "checkpoints" / "ckpt-10", kinds.read_summary(kinds.summary_path(cfg))
+    assert summary["phase"] == "finetune" and [runinfo.checkpoint_path(c) for c in summary["gta_from"]] == [
+        str(trained_run.run / "checkpoints" / "ckpt-10")]                      # recorded where it trained
+    older = {k: v for k, v in summary.items() if k != "gta_from"}              # a summary from before the key
+    assert inputs.finetuned_elsewhere(cfg, summary, str(tuned)) is None
+    assert inputs.finetuned_elsewhere(cfg, older, str(tuned)) is None         # read from the GTA shards
+    model = load_synthesizer(cfg, log=lambda *a: None).model                  # more acoustic training: new weights
+    model.trainable_variables[0].assign_add(tf.fill(model.trainable_variables[0].shape, 0.01))
+    tf.train.CheckpointManager(tf.train.Checkpoint(model=model), run / "checkpoints", 3).save(checkpoint_number=20)
+    capsys.readouterr()
+    meta = export.export(cfg, tmp_path / "export", tflite=False, log=lambda *a: None)
+    err = capsys.readouterr().err.splitlines()
+    said = [line for line in err if "fine-tuned" in line]
+    assert len(said) == 1 and said[0].startswith(f"note: {run / 'vocoder.json'}: "), err
+    assert all(f in said[0] for f in (str(trained_run.run / "checkpoints" / "ckpt-10"),
+                                      f"not of {run / 'checkpoints' / 'ckpt-20'}", "`snakemake --cores all vocoder`"))
+    assert meta["checkpoint"] == str(run / "checkpoints" / "ckpt-20") and meta["notes"] == [said[0][len("note: "):]]
+    assert "ckpt-10" in inputs.finetuned_elsewhere(cfg, older, meta["checkpoint"])  # the older summary too
 
 
 def test_a_tflite_model_that_gives_non_finite_audio_is_refused(tmp_path):

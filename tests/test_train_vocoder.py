@@ -146,3 +146,29 @@ def test_a_diverging_vocoder_saves_no_nan_and_sets_aside_what_older_code_saved(b
     assert all(map(train._finite_checkpoint, train._checkpoints(folder)))
     assert list((folder / "diverged").glob("ckpt-*.index"))
     assert not (tmp_path / "train.json").exists()
+
+
+def test_the_summary_reports_the_steps_the_shipped_weights_trained_not_a_lowered_config(built_cache, tmp_path, capsys):
+    """vocoder.steps lowered below the step the checkpoints reached trains nothing and ships those weights:
+    the summaries (vocoder/train.json, vocoder.json) say the steps they trained, with a note. Before, they
+    said the config's. Fine-tuning's summary gives the first phase's step it started from, and its own."""
+    from pipeline import config
+    from pipeline.vocoder import inputs
+    from pipeline.vocoder import train as vocoder_train
+    argv = ["--config", str(built_cache), "--phase", "train", "--out", str(tmp_path / "train.json"), "--final",
+            "--set", *SETTINGS, "vocoder.gan_start_step=100", f"runs_dir={tmp_path}"]
+    vocoder_train.main(argv + ["vocoder.steps=4"])
+    capsys.readouterr()
+    vocoder_train.main(argv + ["vocoder.steps=2"])
+    out = capsys.readouterr().out
+    for summary in (tmp_path / "train.json", tmp_path / "t/vocoder.json"):
+        made = json.loads(summary.read_text())
+        assert made["steps"] == 4 and made["checkpoint"].endswith("ckpt-4"), (summary, made["steps"])
+    assert f"note: vocoder.steps is 2, but {tmp_path / 't/vocoder/train/checkpoints'} already trained 4 steps" in out
+    cfg = config.load_config(built_cache, config.parse_set(SETTINGS + ["vocoder.finetune_steps=2", f"runs_dir={tmp_path}"]))
+    folder, logged = tmp_path / "finetune", []
+    first = f"{tmp_path}/t/vocoder/train/checkpoints/ckpt-12@{'0' * 16}"       # what fine-tuning started from
+    inputs.switch(folder, {**inputs.settings(cfg, "finetune"), "from": first}, log=logged.append)
+    assert vocoder_train._trained_steps(cfg, "finetune", folder, 2, logged.append) == {"steps": 12, "finetune_steps": 2}
+    assert vocoder_train._trained_steps(cfg, "finetune", folder, 3, logged.append)["finetune_steps"] == 3
+    assert logged[-1].startswith("note: vocoder.finetune_steps is 2, but ") and "already trained 3 steps" in logged[-1]

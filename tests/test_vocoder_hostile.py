@@ -269,6 +269,42 @@ def test_a_changed_vocoder_setting_is_announced_at_planning_and_its_checkpoints_
     assert all(np.array_equal(kept[k], weights[k]) for k in kept)
 
 
+def test_checkpoints_whose_inputs_json_is_gone_are_set_aside_not_resumed_whatever_the_settings(built_cache, tmp_path):
+    """vocoder/{phase}/inputs.json deleted (or damaged) under checkpoints, then a setting changed: nothing
+    says what they were trained with, so planning says so and the job sets them aside with a reason.txt in
+    set_aside/unrecorded-<time>/ (never pruned, weights untouched) and trains from the start. Before, the
+    job resumed them silently under the new settings' name."""
+    path = run_config(built_cache, tmp_path, vocoder={**VOCOS, "steps": 2, "checkpoint_every": 2, "log_every": 2})
+    cfg = config.load_config(path)
+    folder, out = config.run_dir(cfg) / "vocoder/train", config.run_dir(cfg) / "vocoder/train.json"
+    train.train_vocoder(cfg, "train", out, log=lambda *a: None)
+    weights = _weights(folder / "checkpoints/ckpt-2")
+    inputs.path(folder).unlink()
+    changed = dict(cfg, vocoder={**cfg["vocoder"], "learning_rate": 2 * cfg["vocoder"]["learning_rate"]})
+    [note] = inputs.notes(changed)
+    assert note.startswith(f"note: {inputs.path(folder)} is missing, so nothing says what {folder / 'checkpoints'} "
+                           "were trained with: the vocoder's train job sets them aside in "), note
+    logged = []
+    summary = train.train_vocoder(changed, "train", out, log=logged.append)
+    assert summary["resumed_from"] == 0 and not any("resumed from" in line for line in logged), logged
+    [aside] = (folder / "set_aside").glob(inputs.UNRECORDED + "*")
+    assert any(line.endswith("training this phase from its start") and str(aside) in line for line in logged)
+    assert (aside / "reason.txt").read_text().startswith(f"{inputs.path(folder)} is missing: nothing says")
+    kept = _weights(aside / "checkpoints/ckpt-2")
+    assert kept.keys() == weights.keys() and all(np.array_equal(kept[k], weights[k]) for k in kept)
+    assert inputs.read(folder) == inputs.settings(changed) and inputs.notes(changed) == []
+    inputs.path(folder).write_text("{")                                       # damaged: the same, with it kept
+    assert "inputs.json is unreadable, so nothing says" in inputs.notes(changed)[0]
+    inputs.switch(folder, inputs.settings(changed), logged.append)
+    assert not (folder / "checkpoints").exists() and "inputs.json is unreadable" in logged[-1]
+    for rate in (1e-4, 2e-4, 3e-4):                                           # three more sets: only KEEP stay
+        (folder / "checkpoints").mkdir()
+        (folder / "checkpoints/checkpoint").write_text("stands in for the weights")
+        inputs.switch(folder, inputs.settings(dict(cfg, vocoder={**cfg["vocoder"], "learning_rate": rate})), logged.append)
+    names = [p.name for p in (folder / "set_aside").iterdir()]
+    assert len(names) == 2 + inputs.KEEP and sum(n.startswith(inputs.UNRECORDED) for n in names) == 2, names
+
+
 def test_shipping_a_blend_whose_first_phase_checkpoint_is_gone_is_one_line_naming_it(tiny, tmp_path):
     """vocoder.finetune_share < 1 reads the first phase's weights that fine-tuning started from: gone
     (deleted by hand), the fine-tuning job stops with one line naming it and the two ways out."""

@@ -5,23 +5,28 @@ with (`vocoder:` less the keys a rerun continues with, `audio:`) and, for `finet
 phase's checkpoint and the GTA shards' checksums (pipeline/vocoder/train.py adds those). When they
 change, `switch` sets the checkpoints aside in vocoder/{phase}/set_aside/<digest>/ (the last `KEEP`
 sets are kept) and the phase trains from its start; when the same inputs come back, their set is
-moved back and training resumes from it. `notes` says so at planning time, before any job runs
-(rules/vocoder.smk prints them, so `snakemake -n vocoder` shows them); it reads two small JSON files
-and needs no TensorFlow.
+moved back and training resumes from it. Checkpoints with no readable inputs.json (deleted, damaged)
+are not resumed either, whatever the settings: nothing says what they were trained with, so they go to
+vocoder/{phase}/set_aside/unrecorded-<time>/ with a reason.txt, never pruned. `notes` says so at
+planning time, before any job runs (rules/vocoder.smk prints them, so `snakemake -n vocoder` shows
+them); it reads two small JSON files and needs no TensorFlow.
 
     from pipeline.vocoder import inputs
     inputs.notes(cfg)              # lines for the phases whose checkpoints the next vocoder job sets aside
     inputs.switch(folder, key, log)  # before a phase trains: the checkpoints made from `key` in place
+    inputs.finetuned_elsewhere(cfg, summary, checkpoint)  # a note when the vocoder was fine-tuned for another acoustic model
 
 Config keys: vocoder.*, audio.*, runs_dir, name.
 """
 import hashlib
 import json
 import os
+import re
 import shutil
+import time
 from pathlib import Path
 
-from pipeline import config, files
+from pipeline import config, files, runinfo
 
 FILE = "inputs.json"
 # a rerun continues (finetune_share is applied after fine-tuning: a change only writes the shipped weights again)
@@ -30,6 +35,7 @@ FINETUNE_ONLY = ("finetune_recorded", "finetune_share")  # read by the second ph
 AS_BEFORE = {"finetune_recorded": 0}  # at this value a key trains as before it existed: left out, so
                                       # checkpoints recorded without it stay valid
 KEEP = 2  # sets of checkpoints kept aside per phase (at the demo's sizes, ~3 MB each)
+UNRECORDED = "unrecorded-"  # set_aside/unrecorded-<time>/: checkpoints no inputs.json vouched for; never pruned
 PHASES = ("train", "finetune")
 
 
@@ -78,11 +84,39 @@ def _has_checkpoints(folder):
     return (Path(folder) / "checkpoints" / "checkpoint").exists()
 
 
+def _unrecorded(folder):
+    """Why the checkpoints in `folder` cannot be vouched for (a checkpoint there and no readable
+    inputs.json), else None."""
+    ckpts = Path(folder) / "checkpoints"
+    if read(folder) is not None or not (_has_checkpoints(folder) or any(ckpts.glob("ckpt-*.index"))):
+        return None
+    return f"{path(folder)} is {'unreadable' if path(folder).exists() else 'missing'}"
+
+
+def _set_aside_unrecorded(folder, why, log):
+    """Checkpoints nothing vouches for (`why`: _unrecorded's) are not resumed: they move, with what is left
+    of their inputs.json, to set_aside/unrecorded-<time>/ beside a reason.txt, never deleted."""
+    target = folder / "set_aside" / f"{UNRECORDED}{time.strftime('%Y%m%d-%H%M%S')}"
+    while target.exists():
+        target = target.with_name(target.name + "-")
+    target.mkdir(parents=True)
+    files.atomic_write_text(target / "reason.txt", f"{why}: nothing says what settings these checkpoints were "
+                                                   f"trained with, so {folder} trained from its start\n")
+    if path(folder).exists():
+        os.replace(path(folder), path(target))
+    os.replace(folder / "checkpoints", target / "checkpoints")
+    log(f"{folder}: {why}, so nothing says what its checkpoints were trained with: set aside in {target} "
+        f"(kept, not resumed); training this phase from its start")
+
+
 def switch(folder, key, log):
     """Before phase folder `folder` trains from inputs `key`: checkpoints made from other inputs are set
     aside (one `log` line naming what changed and where they went), and a set made from `key` earlier
     comes back in their place. Then `key` is recorded."""
     folder, key = Path(folder), json.loads(json.dumps(key))
+    why = _unrecorded(folder)
+    if why:  # deleted or damaged: whatever the settings now, these checkpoints may have been made with others
+        _set_aside_unrecorded(folder, why, log)
     made, ckpts, aside = read(folder), folder / "checkpoints", folder / "set_aside"
     if made is not None and made != key and ckpts.exists():
         target = aside / _digest(made)
@@ -92,7 +126,8 @@ def switch(folder, key, log):
         os.replace(ckpts, target / "checkpoints")
         log(f"{folder}: its checkpoints were made with {'; '.join(changes(made, key))}: set aside in {target} "
             f"(these inputs back restore them); training this phase from its start")
-        for old in sorted(aside.iterdir(), key=lambda p: p.stat().st_mtime)[:-KEEP]:
+        sets = [p for p in aside.iterdir() if not p.name.startswith(UNRECORDED)]  # those: kept until deleted by hand
+        for old in sorted(sets, key=lambda p: p.stat().st_mtime)[:-KEEP]:
             shutil.rmtree(old, ignore_errors=True)
     # `key` recorded before its set moves back: a job killed between the two leaves the folder saying
     # `key` with no checkpoints (the next one moves the set back), never another key's name over this
@@ -114,7 +149,12 @@ def notes(cfg):
     out = []
     for phase in PHASES[:1 + (cfg["vocoder"]["finetune_steps"] > 0)]:
         now, folder = settings(cfg, phase), config.run_dir(cfg) / "vocoder" / phase
-        made = read(folder)
+        made, why = read(folder), _unrecorded(folder)
+        if why:
+            out.append(f"note: {why}, so nothing says what {folder / 'checkpoints'} were trained with: the vocoder's "
+                       f"{phase} job sets them aside in {folder / 'set_aside'}/{UNRECORDED}<time>/ (kept, not resumed) "
+                       f"and trains that phase from its start")
+            continue
         moved = [] if made is None or not _has_checkpoints(folder) else changes(
             {k: made[k] for k in ("vocoder", "audio")}, now)
         if moved:
@@ -123,3 +163,46 @@ def notes(cfg):
             out.append(f"note: {', '.join(moved)} since the vocoder's {phase} phase was trained: its job sets "
                        f"{folder / 'checkpoints'} aside and trains that phase from its start{back}")
     return out
+
+
+def _same_weights(a, b):
+    """Whether checkpoint names `a` and `b` (runinfo.checkpoint_identity's `path@digest`, or a bare path)
+    are the same weights: by digest where both have one (a copied run's paths differ), else by ckpt-N."""
+    da, db = (re.search(r"@([0-9a-f]{16})$", x) for x in (a, b))
+    if da and db:
+        return da.group(1) == db.group(1)
+    return Path(runinfo.checkpoint_path(a)).name == Path(runinfo.checkpoint_path(b)).name
+
+
+def _gta_from_shards(cfg):
+    """For a summary written before summaries recorded `gta_from`: the acoustic checkpoints the run's GTA
+    shards name, when they are the shards fine-tuning trained on (their checksums in its inputs.json); else []."""
+    run = config.run_dir(cfg)
+    metas = []
+    for shard in sorted((run / "gta").glob("shard-*.json")):
+        try:
+            metas.append(json.loads(shard.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return []
+    made = read(run / "vocoder" / "finetune") or {}
+    if not metas or made.get("gta") != [m.get("checksum") for m in metas]:
+        return []
+    return sorted({m["checkpoint"] for m in metas if isinstance(m.get("checkpoint"), str)})
+
+
+def finetuned_elsewhere(cfg, summary, checkpoint, then=""):
+    """A one-line `note:` when the vocoder of `summary` (runs/{name}/vocoder.json as read, or export.json's
+    `vocoder`) was fine-tuned on the GTA mels of another acoustic checkpoint than `checkpoint` (the latest,
+    the one spoken with), else None. Snakemake reruns the GTA mels and the fine-tuning after acoustic
+    training (gta_shard takes train.json); a direct command does not. `then`: appended to the advice."""
+    if summary.get("phase") != "finetune":
+        return None
+    made = summary.get("gta_from")
+    made = _gta_from_shards(cfg) if made is None else made
+    if made and all(_same_weights(m, runinfo.checkpoint_identity(checkpoint)) for m in made):
+        return None
+    run = config.run_dir(cfg)
+    tuned = ", ".join(runinfo.checkpoint_path(m) for m in made) if made else f"other mels than {run / 'gta'}'s"
+    return (f"note: {run / 'vocoder.json'}: the vocoder was fine-tuned on the GTA mels of {tuned}, not of "
+            f"{checkpoint}, the acoustic checkpoint spoken with; run `snakemake --cores all vocoder` to fine-tune it "
+            f"on that one{then}")

@@ -8,6 +8,8 @@ validation clips) and a summary JSON (`--out`).
 A rerun resumes from the phase's last checkpoint, exactly: the segment stream is a pure function
 of (seed, step), so a run killed with kill -9 and rerun ends with the weights of an uninterrupted one.
 With `--final` the summary also goes to runs/{name}/vocoder.json, what synthesize/evaluate/vocode load.
+Its `steps` / `finetune_steps` are those the shipped weights trained (a config lowered below a checkpoint
+trains nothing more); fine-tuning's also names the acoustic checkpoints its GTA mels came from (`gta_from`).
 A loss or weights that turn NaN or infinite stop the run with one line (pipeline.train.Diverged, naming
 the step and vocoder.learning_rate) before anything non-finite is saved; checkpoints that older code
 saved non-finite are moved to checkpoints/diverged/ instead of being resumed, as in pipeline/train.py.
@@ -183,7 +185,7 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
     total = v["steps"] if phase == "train" else v["finetune_steps"]
     trainer = VocoderTrainer(cfg, phase, log)
     (folder := _phase_dir(cfg, phase)).mkdir(parents=True, exist_ok=True)
-    _forget_other_inputs(cfg, phase, folder, log)
+    gta_from = _forget_other_inputs(cfg, phase, folder, log)
     manager = _checkpoints(cfg, phase, trainer, folder, log)
     step = start = int(trainer.step_var.numpy())
     batches = iter(trainer.dataset("train", start_step=step))
@@ -217,14 +219,9 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
     if manager.latest_checkpoint is None:  # 0 steps: the untrained (or first-phase) weights
         acoustic.save_checkpoint(manager, step)
     shipped, share, blend = _shipped(cfg, trainer, folder, manager, log)
-    shipped_val = None
-    if blend is not None and val is not None:  # both on the same validation crops: a bad interpolation shows
-        shipped_val = {"shipped": _val_losses(trainer, blend, val)[0],
-                       "fine_tuned": _val_losses(trainer, trainer.generator, val)[0]}
-        log("validation mel L1 / stft: " + ", ".join(f"the {k.replace('_', '-')} weights {v['mel']:.4f} / {v['stft']:.4f}"
-                                                    for k, v in shipped_val.items()))
-    summary = {"name": cfg["name"], "kind": v["kind"], "phase": phase, "steps": v["steps"],
-               "finetune_steps": v["finetune_steps"] if phase == "finetune" else 0, "finetune_share": share,
+    shipped_val = _shipped_val_losses(trainer, blend, val, log)
+    summary = {"name": cfg["name"], "kind": v["kind"], "phase": phase, **_trained_steps(cfg, phase, folder, step, log),
+               "finetune_share": share, **({"gta_from": gta_from} if phase == "finetune" else {}),
                "resumed_from": start, "traces": trainer.traces,
                "seconds": round(time.perf_counter() - t_start, 1), "checkpoint": shipped,
                "trained_checkpoint": manager.latest_checkpoint,
@@ -238,6 +235,33 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
     weights = sum(float(tf.reduce_sum(tf.cast(w, tf.float64))) for w in trainer.generator.trainable_variables)
     log(f"vocoder {phase} done: {step} steps, checkpoint {manager.latest_checkpoint}, weights checksum {weights:.12g}")
     return summary
+
+
+def _shipped_val_losses(trainer, blend, val, log):
+    """{"shipped", "fine_tuned": validation losses} of the interpolated and the fine-tuned weights on the
+    same validation crops, so a bad interpolation shows; None without a blend or validation crops."""
+    if blend is None or val is None:
+        return None
+    out = {"shipped": _val_losses(trainer, blend, val)[0], "fine_tuned": _val_losses(trainer, trainer.generator, val)[0]}
+    log("validation mel L1 / stft: " + ", ".join(f"the {k.replace('_', '-')} weights {v['mel']:.4f} / {v['stft']:.4f}"
+                                                for k, v in out.items()))
+    return out
+
+
+def _trained_steps(cfg, phase, folder, step, log):
+    """The summary's {"steps", "finetune_steps"}: what the shipped weights trained, from the checkpoints, not
+    the config. A vocoder.steps (finetune_steps) lowered below the step a checkpoint reached trains nothing
+    and ships that checkpoint (one note). Fine-tuning's `steps`: the first phase's checkpoint it started from."""
+    key = "steps" if phase == "train" else "finetune_steps"
+    planned = cfg["vocoder"][key]
+    if step > planned:
+        log(f"note: vocoder.{key} is {planned}, but {folder / 'checkpoints'} already trained {step} steps: the "
+            f"summary and the weights shipped are those {step}; move that folder away to train {planned} from the start")
+    if phase == "train":
+        return {"steps": step, "finetune_steps": 0}
+    first = (inputs.read(folder) or {}).get("from")  # recorded by _forget_other_inputs before this phase trained
+    return {"steps": kinds.step_of(runinfo.checkpoint_path(first)) if first else cfg["vocoder"]["steps"],
+            "finetune_steps": step}
 
 
 def _shipped(cfg, trainer, folder, manager, log):
@@ -347,14 +371,30 @@ def _forget_other_inputs(cfg, phase, folder, log):
     """A phase's checkpoints are resumed only when made from the same model settings (and, for
     `finetune`, the same first phase and GTA mels, by their shards' checksums: GTA jobs rerun for a
     reason that left the mels byte for byte the same resume): more steps continue; other inputs set
-    them aside and restart (pipeline/vocoder/inputs.py), and inputs seen before resume their set."""
-    key = inputs.settings(cfg, phase)
+    them aside and restart (pipeline/vocoder/inputs.py), and inputs seen before resume their set.
+    -> for `finetune`, the acoustic checkpoints its GTA mels came from (_gta_from), else None."""
+    key, gta_from = inputs.settings(cfg, phase), None
     if phase == "finetune":
         first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
         key["from"] = first and runinfo.checkpoint_identity(first)  # its weights: a retrained first phase is another
-        key["gta"] = [shards.read_meta(segments.gta_prefix(cfg, e["shard"]), "gta")["checksum"]
-                      for e in data.read_index(cfg)["shards"]]
+        metas = [shards.read_meta(segments.gta_prefix(cfg, e["shard"]), "gta") for e in data.read_index(cfg)["shards"]]
+        key["gta"], gta_from = [m["checksum"] for m in metas], _gta_from(cfg, metas)
     inputs.switch(folder, key, log)
+    return gta_from
+
+
+def _gta_from(cfg, metas):
+    """The acoustic checkpoints GTA shards `metas` were made from: `path@digest` (runinfo.checkpoint_identity)
+    where the shard's provenance confirms the weights now at that path made it, else the path alone. The
+    fine-tuned summary records them: pipeline.export notes a vocoder fine-tuned for another acoustic model."""
+    from pipeline.vocoder.gta import gta_provenance
+    out = set()
+    for meta in metas:
+        ckpt = meta.get("checkpoint")
+        if isinstance(ckpt, str):
+            known = os.path.exists(f"{ckpt}.index") and gta_provenance(cfg, ckpt) == meta.get("provenance")
+            out.add(runinfo.checkpoint_identity(ckpt) if known else ckpt)
+    return sorted(out)
 
 
 @cli
