@@ -382,12 +382,15 @@ def evaluate(cfg, out, log=_print, threads=1):
     demo, against ~1 s to synthesize and analyse it) while this one synthesizes the next clips."""
     from pipeline.evaluate_report import write_report
     from pipeline.synthesize import load_synthesizer
-    from pipeline.vocoder import kinds
+    from pipeline.vocoder import inputs, kinds
 
     clips = validation_clips(cfg)  # a missing cache first (the earlier stage), then a missing checkpoint
     with Listeners(listeners_for(threads, len(clips))) as listeners:
         synth = load_synthesizer(cfg, log)  # MissingCheckpoint before the vocoder's: the clearest thing to fix
         voc = kinds.load(cfg)
+        stale = inputs.finetuned_elsewhere(cfg, voc.summary, synth.checkpoint, then=", then evaluate again")
+        if stale:  # run directly after more acoustic training (`snakemake evaluate` fine-tunes it again first)
+            log(stale)
         log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips, through the "
             f"{voc.kind} vocoder")
         summary, rows = compare(clips, synth.mel_f0, Analyser(cfg, voc if voc.model is not None else None), log,

@@ -35,7 +35,7 @@ import numpy as np
 
 from pipeline import config, files, markup, models, runinfo, text
 from pipeline.errors import MissingCheckpoint, PipelineError, cli
-from pipeline.vocoder import kinds
+from pipeline.vocoder import inputs, kinds
 from pipeline.wavfile import save_wav
 
 F0_SMOOTH_FRAMES = 5  # a TTS model's token pitch is a staircase: averaged over ~60 ms, a contour
@@ -256,6 +256,9 @@ def _synthesize_into(cfg, out, final, log):
     sentences = [x if isinstance(x, dict) else {"text": x} for x in s["sentences"]]  # voices checked already
     # the run's trained vocoder, or Griffin-Lim with vocoder.kind griffin_lim: on the run's own audio settings
     vocode = kinds.load(dict(cfg, audio=dict(a)))
+    stale = inputs.finetuned_elsewhere(cfg, vocode.summary, synth.checkpoint, then=", then synthesize again")
+    if stale:  # run directly after more acoustic training (`snakemake synthesize` fine-tunes it again first)
+        log(stale)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log(f"synthesizing {len(s['sentences'])} sentences from {synth.checkpoint} "

@@ -318,9 +318,9 @@ def test_a_direct_export_of_a_vocoder_fine_tuned_for_another_acoustic_checkpoint
     from pipeline.synthesize import load_synthesizer
     from pipeline.vocoder import inputs, kinds
     user = yaml.safe_load(trained_run.path.read_text())                        # a copy: the shared run stays
-    user.update(name="copy", runs_dir=str(tmp_path / "runs"))
+    user.update(runs_dir=str(tmp_path / "runs"))                               # the same name: the same caches
     (tmp_path / "copy.yaml").write_text(yaml.safe_dump(user))
-    shutil.copytree(trained_run.run, tmp_path / "runs" / "copy")
+    shutil.copytree(trained_run.run, tmp_path / "runs" / user["name"])
     cfg = config.load_config(tmp_path / "copy.yaml")
     run = config.run_dir(cfg)
     tuned, summary = run / "checkpoints" / "ckpt-10", kinds.read_summary(kinds.summary_path(cfg))
@@ -341,6 +341,15 @@ def test_a_direct_export_of_a_vocoder_fine_tuned_for_another_acoustic_checkpoint
                                       f"not of {run / 'checkpoints' / 'ckpt-20'}", "`snakemake --cores all vocoder`"))
     assert meta["checkpoint"] == str(run / "checkpoints" / "ckpt-20") and meta["notes"] == [said[0][len("note: "):]]
     assert "ckpt-10" in inputs.finetuned_elsewhere(cfg, older, meta["checkpoint"])  # the older summary too
+    # synthesize and evaluate run directly say the same, in their logs
+    from pipeline import evaluate, synthesize
+    for command, call in (("synthesize", lambda log: synthesize.synthesize(cfg, tmp_path / "samples", log=log)),
+                          ("evaluate", lambda log: evaluate.evaluate(cfg, tmp_path / "report", log=log))):
+        logged = []
+        call(logged.append)
+        said = [line for line in logged if "fine-tuned" in line]
+        assert len(said) == 1 and f"not of {run / 'checkpoints' / 'ckpt-20'}" in said[0], (command, logged)
+        assert said[0].endswith(f", then {command} again"), said[0]
 
 
 def test_a_tflite_model_that_gives_non_finite_audio_is_refused(tmp_path):
