@@ -37,12 +37,13 @@ ELEMENTS = {"speak": None, "p": (), "s": (), "break": ("time", "strength"), "pro
             "phoneme": ("alphabet", "ph")}   # element -> the attributes it takes (None: any)
 
 # a sentence ends after . ! ? or … (and closing quotes or brackets) followed by whitespace
-_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]”’»]*(?=\s)")
+_SENTENCE_END = re.compile(r"(?<![.!?…])[.!?…]+[\"')\]”’»]*(?=\s)")  # from a run's first mark: linear
 # the first character of the next word (after whitespace and any opening quotes or brackets)
 _NEXT_WORD = re.compile(r"\s+[\"'(\[“‘«]*(\S)")
 # words after which a period does not end the sentence
 _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "drs", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "no", "co", "ltd",
-                  "gen", "col", "lt", "sgt", "capt", "rev", "hon", "maj", "esq", "ft", "prof", "mt", "fig"}
+                  "gen", "col", "lt", "sgt", "capt", "rev", "hon", "maj", "esq", "ft", "prof", "mt", "fig",
+                  "approx", "vol", "cf", "incl", "dept", "est"}
 _PARAGRAPHS = re.compile(r"\n[ \t\r\f\v]*\n\s*")
 _INLINE = re.compile(r"\[\[|\]\]")
 _TIME = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s)\s*")
@@ -310,9 +311,9 @@ def _pitch(value, fail):
 
 def _ends(text):
     """Offsets in `text` where a sentence ends (after its punctuation). A lone period does not end one
-    after an abbreviation or an initial ("Mr. Smith", "J. Smith"), nor before a word that starts with a
-    lower-case letter or a digit ("U.S. economy", "etc. and", "approx. 5"); a dotted initialism before
-    a capital ends one ("in the U.S. The economy")."""
+    after an abbreviation or an initial ("Mr. Smith", "J. Smith", "approx. 5"), nor after a dotted
+    initialism before a lower-case word ("U.S. economy", "a.m. and"); before a capital it does ("in
+    the U.S. The economy"), and after any other word whatever follows ("it was late. we ate.")."""
     out = []
     for match in _SENTENCE_END.finditer(text):
         if match.group() == ".":
@@ -321,10 +322,10 @@ def _ends(text):
                 begin -= 1                                         # over the whole text before: that is quadratic)
             head = text[begin:match.start()].lower().lstrip("\"'([“‘«")
             if head in _ABBREVIATIONS or (len(head) == 1 and head.isalpha()):
-                continue                                             # "Mr. Smith", "J. Smith"
-            after = _NEXT_WORD.match(text, match.end())
-            if after and (after.group(1).islower() or after.group(1).isdigit()):
-                continue                                             # "U.S. economy", "approx. 5"
+                continue                                             # "Mr. Smith", "J. Smith", "approx. 5"
+            after = _NEXT_WORD.match(text, match.end()) if "." in head else None
+            if after and after.group(1).islower():
+                continue                                             # "U.S. economy", "a.m. and"
         out.append(match.end())
     return out
 

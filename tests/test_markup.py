@@ -35,8 +35,12 @@ def test_plain_text_splits_into_sentences_and_paragraphs():
     ("I live in the U.S. The economy is big.", ["I live in the U.S.", "The economy is big."]),  # a capital after
     ("Mr. Smith met J. Smith. Then Dr. Who.", ["Mr. Smith met J. Smith.", "Then Dr. Who."]),
     ("It ended! then? so… and more.", ["It ended!", "then?", "so…", "and more."]),   # only a lone period
+    # after an ordinary word a period ends the sentence whatever follows: text written in lower case,
+    # a number, a numbered list
+    ("i went home. it was late. we ate.", ["i went home.", "it was late.", "we ate."]),
+    ("Born in 1950. 20 years later he left.", ["Born in 1950.", "20 years later he left."]),
 ])
-def test_a_period_before_a_lower_case_word_or_a_digit_does_not_end_a_sentence(text, want):
+def test_a_period_after_an_initialism_before_a_lower_case_word_does_not_end_a_sentence(text, want):
     assert [sentence[0][1] for sentence in said(text)] == want
 
 
