@@ -86,11 +86,15 @@ _ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), word) for abbr, wo
 
 # "St." and "Dr." after a capitalised word or an ordinal ("Main St.", "5th St.", "Elm Dr.") name a
 # street or a drive, unless a capitalised word that is not a sentence's usual first word follows
-# ("Bury St. Edmunds", "Jekyll and Dr. Hyde" stay saint and doctor). Before such a first word or
-# at the end the period also ends the sentence, and stays.
-_STARTERS = r"(?:The|A|An|I|He|She|It|We|They|You|This|That|These|Those|There|Then|In|On|At|But|And|So|If|When)\b"
-_PLACES = [(re.compile(rf"(\b[A-Z][\w'-]*|\b\d+(?:st|nd|rd|th)) {abbr}\.(?!\s+(?!{_STARTERS})[A-Z])(\s+{_STARTERS}|\s*$)?"),
-            word) for abbr, word in [("St", "street"), ("Dr", "drive")]]
+# ("Bury St. Edmunds", "Jekyll and Dr. Hyde", "Dr. A. Smith" stay saint and doctor); "Dr." also
+# stays a doctor before a name's particle ("Dr. van Helsing") and before , ; : ! ? ("Hi Dr., ...").
+# Before such a first word, a closing quote, or at the end, the period also ends the
+# sentence and stays. One pass over the text: the word before starts where no word character does.
+_STARTERS = r"(?:The|An|He|She|It|We|They|You|This|That|These|Those|There|Then|In|On|At|But|And|So|If|When)\b"
+_PARTICLES = r"(?:van|von|de|der|den|da|di|du|la|le|del|della|ten|ter|al|el|bin|ibn)\b"
+_PLACES = [(re.compile(rf"(?<![\w'-])([A-Z][\w'-]*|\d+(?:st|nd|rd|th)) {abbr}\.(?![\"')\]]*\s+(?!{_STARTERS})[A-Z]){extra}"
+                       rf"((?=[\"']|\s+{_STARTERS}|\s*$))?"), word)
+           for abbr, word, extra in [("St", "street", ""), ("Dr", "drive", rf"(?!\s*[,;:!?])(?!\s+{_PARTICLES})")]]
 
 _WHITESPACE_RE = re.compile(r"\s+")
 # A money amount's whole part: comma-grouped or plain, so "$5, then" keeps its comma.
@@ -250,7 +254,7 @@ def expand_places(text: str) -> str:
     """Before lowercasing, which it needs: "Main St." -> "Main street.", "Elm Dr. is" -> "Elm drive is";
     "St. Paul", "Bury St. Edmunds" and "Dr. Smith" are left to expand_abbreviations (_PLACES)."""
     for regex, word in _PLACES:
-        text = regex.sub(lambda m, word=word: f"{m[1]} {word}" + (f".{m[2]}" if m[2] is not None else ""), text)
+        text = regex.sub(lambda m, word=word: f"{m[1]} {word}" + ("." if m[2] is not None else ""), text)
     return text
 
 

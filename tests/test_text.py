@@ -163,9 +163,14 @@ def test_expand_abbreviations(raw, spoken):
     ("Bury St. Edmunds, St. Paul and the church of St. Sepulchre",  # a name follows: saint
      "bury saint edmunds, saint paul and the church of saint sepulchre"),
     ("Jekyll and Dr. Hyde; the Dr. said", "jekyll and doctor hyde; the doctor said"),
+    # a doctor before an initial, a name's particle or a comma, though a capitalised word comes first
+    ("Yesterday Dr. A. Smith and Ms Dr. van Helsing came. Hi Dr., thanks Dr.!",
+     "yesterday doctor a. smith and ms doctor van helsing came. hi doctor, thanks doctor!"),
+    ('She said "Meet me on Main St." Then she left.', 'she said "meet me on main street." then she left.'),
 ])
 def test_street_and_drive_after_a_name_saint_and_doctor_before_one(raw, spoken):
     assert clean_text(raw, "english") == spoken
+
 
 
 def test_convert_to_ascii():
