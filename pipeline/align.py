@@ -19,7 +19,8 @@ records what the weights were trained from (`trained_from`: the aligner's settin
 bytes of the token and mel shards, not the code that made them), so when a new aligner key comes
 from code that left every shard's content as it was (a text.py edit that changes no token), the job
 copies the aligner of the same `trained_from` from its sibling folder instead of training it again:
-the same durations follow, and nothing downstream trains again either.
+the same durations follow, and nothing downstream trains again either. A forced rerun of a folder
+(`--forcerun train_aligner`: its `.made` marker is still there) always trains.
 """
 import argparse
 import functools
@@ -33,13 +34,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, data, shards
+from pipeline import config, data, files, shards
 from pipeline.errors import PipelineError, cli
 from pipeline.models import aligner as aligner_mod
 from pipeline.models import aligner_numpy, symbols
 from pipeline.train import traced_once_update
 
 PAD_TOKENS, PAD_FRAMES = 16, 64  # inference pads to multiples of these: few traced shapes
+MADE = ".made"  # beside aligner.json once it is trained or copied (not an output: a forced rerun finds it)
 
 
 def loader_config(cfg):
@@ -104,9 +106,12 @@ def copy_trained(out, made_from, log):
 def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
     acfg = cfg["aligner"]
     index = data.read_index(cfg)
-    made_from = trained_from(cfg, index)
-    copied = copy_trained(out, made_from, log)
-    if copied:
+    made_from, made = trained_from(cfg, index), Path(out).with_name(MADE)
+    if made.exists():  # Snakemake deleted this folder's outputs to run it again: a retrain was asked for
+        log(f"aligner: {made.parent} was made before and its job runs again (`--forcerun train_aligner`, or its "
+            f"files deleted): training anew, not copying")
+    elif copied := copy_trained(out, made_from, log):
+        files.atomic_write_text(made, made_from + "\n")
         return copied
     keras.utils.set_random_seed(cfg["train"]["seed"])
     vocab = symbols(index["vocab"])
@@ -156,6 +161,7 @@ def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
             "aligner": acfg, "n_mels": index["n_mels"], "vocab": vocab,
             "mel_mean": mean.tolist(), "mel_std": std.tolist(), **voices, "trained_from": made_from}
     config.atomic_write_text(out, json.dumps(info, indent=1))
+    files.atomic_write_text(made, made_from + "\n")
     log(f"aligner: {acfg['steps']} steps in {info['seconds']} s, weights {weights}")
     return info
 

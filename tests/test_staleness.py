@@ -521,6 +521,10 @@ def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_templ
     copied = json.loads((aligners / new_key / "aligner.json").read_text())
     assert copied["copied_from"] in trained and copied["weights_digest"] == trained[copied["copied_from"]]["weights_digest"]
     assert "copied its weights" in (tmp_path / "reports" / "t" / "logs" / "train_aligner.log").read_text()
+    # a forced rerun of that folder trains, though its sibling still holds the same aligner
+    run_copy(project, "durations", "--forcerun", "train_aligner", config=config)
+    assert "copied_from" not in json.loads((aligners / new_key / "aligner.json").read_text())
+    assert "training anew" in (tmp_path / "reports" / "t" / "logs" / "train_aligner.log").read_text()
     # the aligner's own code trains it again, whatever the caches hold
     with open(project / "pipeline" / "models" / "aligner.py", "a") as f:
         f.write("\n# a comment\n")
