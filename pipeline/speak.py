@@ -183,7 +183,7 @@ def main(argv=None):
         raise VoiceError("no text to speak (give TEXT or standard input)")
     wall = time.perf_counter() - t0
     if out is None:
-        pcm = to_pcm(np.concatenate(chunks), f"--out {args.out}")   # one utterance: scaled as a whole
+        pcm = to_pcm(chunks, f"--out {args.out}")   # one utterance: scaled as a whole, converted chunk by chunk
         try:
             write_pcm(args.out, pcm, voice.sample_rate)
         except OSError as e:   # a full disk is pipeline.errors.DiskFull already

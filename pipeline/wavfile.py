@@ -64,12 +64,19 @@ def write_pcm(path, pcm, sample_rate):
     files.atomic_write_bytes(path, wav_bytes(pcm, sample_rate))
 
 
-def _scale(audio, where):
-    """What flat float audio is multiplied by before its floor: FULL_SCALE, times PEAK / peak when its
-    peak is over 1 (it would clip); PipelineError naming `where` for a NaN or infinite sample."""
-    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
-    if not np.isfinite(peak):
+def _peak(audio):
+    """The largest |sample| of flat float audio, without a copy of it (NaN if any sample is NaN)."""
+    return float(np.maximum(np.max(audio), -np.min(audio))) if audio.size else 0.0
+
+
+def _scale(peaks, where):
+    """What float audio of these peaks (its chunks') is multiplied by before its floor: FULL_SCALE, times
+    PEAK / peak when the peak is over 1 (it would clip); PipelineError naming `where` for a NaN or
+    infinite sample."""
+    peaks = list(peaks)
+    if not all(np.isfinite(p) for p in peaks):
         raise PipelineError(f"{where}: the audio has NaN or infinite samples; nothing written")
+    peak = max(peaks, default=0.0)
     return np.float32(FULL_SCALE * (PEAK / peak if peak > 1.0 else 1.0))
 
 
@@ -79,13 +86,18 @@ def _pcm(audio, scale):
 
 
 def to_pcm(audio, where="audio"):
-    """Float audio (any shape, flattened) as the int16 samples save_wav writes: audio that would clip
-    (peak > 1) is scaled to a PEAK peak as one whole, quieter audio is kept as it is; PipelineError
-    naming `where` for a NaN or infinite sample."""
-    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
-    scale, out = _scale(audio, where), np.empty(len(audio), "<i2")
-    for start in range(0, len(audio), BLOCK):          # converted a block at a time, as save_wav does
-        out[start:start + BLOCK] = _pcm(audio[start:start + BLOCK], scale)
+    """Float audio (any shape, flattened; or a list of such chunks, one utterance) as the int16 samples
+    save_wav writes: audio that would clip (peak > 1) is scaled to a PEAK peak as one whole, quieter
+    audio is kept as it is; PipelineError naming `where` for a NaN or infinite sample. Chunks are
+    converted where they lie, a block at a time: no float copy of the whole utterance is made."""
+    chunks = [np.asarray(c, dtype=np.float32).reshape(-1) for c in (audio if isinstance(audio, list) else [audio])]
+    scale = _scale((_peak(c) for c in chunks), where)
+    out, at = np.empty(sum(len(c) for c in chunks), "<i2"), 0
+    for chunk in chunks:
+        for start in range(0, len(chunk), BLOCK):          # converted a block at a time, as save_wav does
+            block = chunk[start:start + BLOCK]
+            out[at:at + len(block)] = _pcm(block, scale)
+            at += len(block)
     return out
 
 
@@ -93,7 +105,7 @@ def save_wav(path, audio, sample_rate):
     """Float audio (any shape, flattened) as a 16-bit wav at `path`, atomically (temporary file, fsync,
     rename); audio that would clip (peak > 1) is scaled to a 0.95 peak, quieter audio is kept as it is."""
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
-    scale = _scale(audio, path)
+    scale = _scale([_peak(audio)], path)
 
     def write(tmp):
         with open(tmp, "wb") as f:

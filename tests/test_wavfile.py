@@ -53,6 +53,11 @@ def test_to_pcm_gives_the_samples_save_wav_writes(tmp_path, monkeypatch):
     np.testing.assert_array_equal(wavfile.to_pcm(loud / 4), np.floor(loud / 4 * 32768))   # kept as it is
     with pytest.raises(PipelineError, match=r"^--raw: the audio has NaN or infinite samples"):
         wavfile.to_pcm(np.array([0.1, np.nan]), "--raw")
+    # an utterance as its chunks (speak --out): the same samples, no float copy of the whole
+    chunks = [loud[:1500], loud[1500:1501], loud[1501:]]
+    np.testing.assert_array_equal(wavfile.to_pcm(chunks), wavfile.to_pcm(loud))
+    with pytest.raises(PipelineError, match=r"^--out a\.wav: the audio has NaN"):   # in any chunk, not only the first
+        wavfile.to_pcm([loud, np.array([np.nan, 3.0], np.float32)], "--out a.wav")
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
