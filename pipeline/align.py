@@ -79,8 +79,13 @@ def trained_from(cfg, index):
 
 def copy_trained(out, made_from, log):
     """The info of an aligner in a sibling folder of `out`'s (runs/{name}/aligner/*/) trained from
-    `made_from`, its weight files checked and copied beside `out` with a new aligner.json; None if none."""
+    `made_from`, its weight files checked and copied beside `out` with a new aligner.json; None if none,
+    or if `out`'s folder was made before (its MADE marker: a forced rerun, which trains)."""
     out = Path(out)
+    if out.with_name(MADE).exists():  # Snakemake deleted this folder's outputs to run it again: a retrain
+        log(f"aligner: {out.parent} was made before and its job runs again (`--forcerun train_aligner`, or its "
+            f"files deleted): training anew, not copying")
+        return None
     for other in sorted(out.parent.parent.glob(f"*/{out.name}")):
         if other.parent == out.parent:
             continue
@@ -97,6 +102,7 @@ def copy_trained(out, made_from, log):
                                 suffix=source.suffix)
         info = {**info, "copied_from": other.parent.name}
         config.atomic_write_text(out, json.dumps(info, indent=1))
+        files.atomic_write_text(out.with_name(MADE), made_from + "\n")
         log(f"aligner: the caches' content is unchanged since {other.parent} (trained from {made_from}): "
             f"copied its weights instead of training again")
         return info
@@ -107,11 +113,7 @@ def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
     acfg = cfg["aligner"]
     index = data.read_index(cfg)
     made_from, made = trained_from(cfg, index), Path(out).with_name(MADE)
-    if made.exists():  # Snakemake deleted this folder's outputs to run it again: a retrain was asked for
-        log(f"aligner: {made.parent} was made before and its job runs again (`--forcerun train_aligner`, or its "
-            f"files deleted): training anew, not copying")
-    elif copied := copy_trained(out, made_from, log):
-        files.atomic_write_text(made, made_from + "\n")
+    if copied := copy_trained(out, made_from, log):
         return copied
     keras.utils.set_random_seed(cfg["train"]["seed"])
     vocab = symbols(index["vocab"])
