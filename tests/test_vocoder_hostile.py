@@ -397,6 +397,47 @@ def test_a_copied_run_loads_its_own_vocoder_not_the_one_it_was_copied_from(tiny,
     assert os.path.exists(f"{recorded}.index")
 
 
+def test_a_copied_run_resumes_its_fine_tuning_whose_first_phase_has_the_same_weights(tmp_path):
+    # fine-tuning's inputs name the first phase's checkpoint as path@digest: a copy of the run (another
+    # path, the same weights) set its fine-tuning aside and trained it again
+    cfg = config.load_config(None, {"runs_dir": str(tmp_path / "runs"), "name": "copy"}, check_paths=False)
+    folder, logged = tmp_path / "finetune", []
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-100"\n')
+    made = {**inputs.settings(cfg, "finetune"), "from": f"runs/demo/vocoder/train/checkpoints/ckpt-1500@{'a' * 16}"}
+    (folder / inputs.FILE).write_text(json.dumps(made))
+    copied = {**made, "from": f"{tmp_path}/runs/copy/vocoder/train/checkpoints/ckpt-1500@{'a' * 16}"}
+    inputs.switch(folder, copied, log=logged.append)
+    assert logged == [] and (folder / "checkpoints" / "checkpoint").exists()        # resumed where it was
+    assert inputs.read(folder)["from"] == copied["from"]                            # recorded under its own path
+    retrained = {**copied, "from": f"{tmp_path}/runs/copy/vocoder/train/checkpoints/ckpt-1500@{'b' * 16}"}
+    inputs.switch(folder, retrained, log=logged.append)
+    assert len(logged) == 1 and "the first phase's weights" in logged[0]            # other weights: set aside
+    assert not (folder / "checkpoints").exists()
+
+
+def test_an_old_summary_finds_its_gta_checkpoint_in_shard_order_past_leftovers(tmp_path):
+    # a summary from before `gta_from`: the GTA shards that fine-tuning recorded, in shard order, name the
+    # acoustic checkpoint; a leftover of a larger cache.shards (or shard-1000 sorting before shard-200 by
+    # name) made the note say "fine-tuned on other mels" of a vocoder that was not
+    cfg = config.load_config(None, {"runs_dir": str(tmp_path / "runs"), "name": "t"}, check_paths=False)
+    run = config.run_dir(cfg)
+    (run / "gta").mkdir(parents=True)
+    sums = [f"{i:016x}" for i in range(12)]
+    for i in (*range(11), 1000):                                                  # 1000: a leftover
+        (run / "gta" / f"shard-{i:03d}.json").write_text(json.dumps({"checksum": sums[min(i, 11)],
+                                                                     "checkpoint": str(run / "checkpoints/ckpt-10")}))
+    (run / "vocoder" / "finetune").mkdir(parents=True)
+    (run / "vocoder" / "finetune" / inputs.FILE).write_text(json.dumps({**inputs.settings(cfg, "finetune"),
+                                                                        "gta": sums[:11]}))
+    (run / "checkpoints").mkdir()
+    for step in (10, 20):
+        (run / "checkpoints" / f"ckpt-{step}.index").write_bytes(bytes([step]))   # only its digest is read
+    summary = {"phase": "finetune"}
+    assert inputs.finetuned_elsewhere(cfg, summary, str(run / "checkpoints/ckpt-10")) is None
+    assert "ckpt-10, not of " in inputs.finetuned_elsewhere(cfg, summary, str(run / "checkpoints/ckpt-20"))
+
+
 def test_a_job_killed_while_a_set_aside_set_moves_back_files_no_set_under_another_key(tmp_path, monkeypatch):
     # a kill right after the set of inputs A moved back, before A was recorded, left inputs.json saying B
     # over A's checkpoints: the next job filed them as B's, replacing B's real set, and resumed B from A's

@@ -71,9 +71,17 @@ def changes(made, now):
     """'key old -> new' for each setting that differs; the first phase's weights and the GTA mels by name."""
     a, b = _flat({k: made.get(k) for k in ("vocoder", "audio")}, ""), _flat({k: now.get(k) for k in ("vocoder", "audio")}, "")
     out = [f"{k[1:]} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    made, now = _comparable(made), _comparable(now)
     out += [what for key, what in (("from", "the first phase's weights"), ("gta", "the GTA mels"))
             if made.get(key) != now.get(key)]
     return out
+
+
+def _comparable(made):
+    """`made` with the first phase's checkpoint (`from`: runinfo.checkpoint_identity's `path@digest`) named
+    by its weights' digest alone: a run copied or moved under another name resumes its fine-tuning."""
+    weights = re.search(r"@([0-9a-f]{16})$", made.get("from") or "")
+    return {**made, "from": weights.group(1)} if weights else made
 
 
 def _digest(made):
@@ -118,7 +126,7 @@ def switch(folder, key, log):
     if why:  # deleted or damaged: whatever the settings now, these checkpoints may have been made with others
         _set_aside_unrecorded(folder, why, log)
     made, ckpts, aside = read(folder), folder / "checkpoints", folder / "set_aside"
-    if made is not None and made != key and ckpts.exists():
+    if made is not None and _comparable(made) != _comparable(key) and ckpts.exists():
         target = aside / _digest(made)
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
@@ -178,13 +186,15 @@ def _gta_from_shards(cfg):
     """For a summary written before summaries recorded `gta_from`: the acoustic checkpoints the run's GTA
     shards name, when they are the shards fine-tuning trained on (their checksums in its inputs.json); else []."""
     run = config.run_dir(cfg)
+    made = read(run / "vocoder" / "finetune") or {}
+    numbered = sorted((p for p in (run / "gta").glob("shard-*.json") if p.stem[len("shard-"):].isdigit()),
+                      key=lambda p: int(p.stem[len("shard-"):]))    # in shard order (1000 sorts after 999)
     metas = []
-    for shard in sorted((run / "gta").glob("shard-*.json")):
+    for shard in numbered[:len(made.get("gta") or ())]:             # leftovers of a larger cache.shards: after
         try:
             metas.append(json.loads(shard.read_text(encoding="utf-8")))
         except (OSError, ValueError):
             return []
-    made = read(run / "vocoder" / "finetune") or {}
     if not metas or made.get("gta") != [m.get("checksum") for m in metas]:
         return []
     return sorted({m["checkpoint"] for m in metas if isinstance(m.get("checkpoint"), str)})
