@@ -86,15 +86,19 @@ _ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), word) for abbr, wo
 
 # "St." and "Dr." after a capitalised word or an ordinal ("Main St.", "5th St.", "Elm Dr.") name a
 # street or a drive, unless a capitalised word that is not a sentence's usual first word follows
-# ("Bury St. Edmunds", "Jekyll and Dr. Hyde", "Dr. A. Smith" stay saint and doctor); "Dr." also
-# stays a doctor before a name's particle ("Dr. van Helsing") and before , ; : ! ? ("Hi Dr., ...").
-# Before such a first word, a closing quote, or at the end, the period also ends the
-# sentence and stays. One pass over the text: the word before starts where no word character does.
-_STARTERS = r"(?:The|An|He|She|It|We|They|You|This|That|These|Those|There|Then|In|On|At|But|And|So|If|When)\b"
+# ("Bury St. Edmunds", "Jekyll and Dr. Hyde", "Dr. A. Smith" stay saint and doctor), "Dr." comes
+# before a name's particle ("Dr. van Helsing"), or the word before is a greeting, an article or a
+# possessive ("Hi Dr.,", "The Dr. said", "My Dr. is"). Before such a first word or at the end (a
+# closing quote between), the period also ends the sentence and stays. One pass over the text: the
+# word before starts where no word character does.
+_STARTERS = (r"(?:The|An|A(?!\.)|I(?!\.)|He|She|It|We|They|You|This|That|These|Those|There|Then|In|On|At|But|And|"
+             r"So|If|When)\b")
+_NOT_A_NAME = (r"(?:Hi|Hello|Hey|Dear|Thanks|Thank|Yes|No|Okay|Ok|Good|Sorry|The|A|An|My|Our|Your|His|Her|Their|Its|"
+               r"This|That)\b")
 _PARTICLES = r"(?:van|von|de|der|den|da|di|du|la|le|del|della|ten|ter|al|el|bin|ibn)\b"
-_PLACES = [(re.compile(rf"(?<![\w'-])([A-Z][\w'-]*|\d+(?:st|nd|rd|th)) {abbr}\.(?![\"')\]]*\s+(?!{_STARTERS})[A-Z]){extra}"
-                       rf"((?=[\"']|\s+{_STARTERS}|\s*$))?"), word)
-           for abbr, word, extra in [("St", "street", ""), ("Dr", "drive", rf"(?!\s*[,;:!?])(?!\s+{_PARTICLES})")]]
+_PLACES = [(re.compile(rf"(?<![\w-])(?<!\w')(?!{_NOT_A_NAME})([A-Z][\w'-]*|\d+(?:st|nd|rd|th)) {abbr}\."
+                       rf"(?![\"')\]]*\s+(?!{_STARTERS})[A-Z]){extra}((?=[\"']?(?:\s+{_STARTERS}|\s*$)))?"), word)
+           for abbr, word, extra in [("St", "street", ""), ("Dr", "drive", rf"(?!\s+{_PARTICLES})")]]
 
 _WHITESPACE_RE = re.compile(r"\s+")
 # A money amount's whole part: comma-grouped or plain, so "$5, then" keeps its comma.

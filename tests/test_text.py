@@ -167,6 +167,13 @@ def test_expand_abbreviations(raw, spoken):
     ("Yesterday Dr. A. Smith and Ms Dr. van Helsing came. Hi Dr., thanks Dr.!",
      "yesterday doctor a. smith and ms doctor van helsing came. hi doctor, thanks doctor!"),
     ('She said "Meet me on Main St." Then she left.', 'she said "meet me on main street." then she left.'),
+    # a sentence starting with "I" or "A" after a street; an address's comma; a quote; a possessive
+    ("He was on Main St. I think. It's on Elm Dr. A big house.",
+     "he was on main street. i think. it's on elm drive. a big house."),
+    ("He lives at 42 Elm Dr., Springfield; 'Main St.' was empty.",
+     "he lives at forty-two elm drive, springfield; 'main street' was empty."),
+    ("The Main St.'s shops. The Dr. said hello; my Dr.'s office.",
+     "the main street's shops. the doctor said hello; my doctor's office."),
 ])
 def test_street_and_drive_after_a_name_saint_and_doctor_before_one(raw, spoken):
     assert clean_text(raw, "english") == spoken
