@@ -41,9 +41,12 @@ _SENTENCE_END = re.compile(r"(?<![.!?…])[.!?…]+[\"')\]”’»]*(?=\s)")  # 
 # the first character of the next word (after whitespace and any opening quotes or brackets)
 _NEXT_WORD = re.compile(r"\s+[\"'(\[“‘«]*(\S)")
 # words after which a period does not end the sentence
-_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "drs", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "no", "co", "ltd",
-                  "gen", "col", "lt", "sgt", "capt", "rev", "hon", "maj", "esq", "ft", "prof", "mt", "fig",
-                  "approx", "vol", "cf", "incl", "dept", "est"}
+_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "drs", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "co", "ltd",
+                  "gen", "col", "lt", "sgt", "capt", "rev", "hon", "maj", "esq", "ft", "prof", "mt",
+                  "approx", "cf", "incl", "dept", "est", "inc", "corp", "bros", "al", "ave", "blvd", "rd",
+                  "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec"}
+# ... and after which it does not before a number ("No. 5", "pp. 5"), but does otherwise ("I said no. Then")
+_BEFORE_NUMBERS = {"no", "nos", "vol", "fig", "p", "pp", "ch", "sec", "art", "op"}
 _PARAGRAPHS = re.compile(r"\n[ \t\r\f\v]*\n\s*")
 _INLINE = re.compile(r"\[\[|\]\]")
 _TIME = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s)\s*")
@@ -323,9 +326,9 @@ def _ends(text):
             head = text[begin:match.start()].lower().lstrip("\"'([“‘«")
             if head in _ABBREVIATIONS or (len(head) == 1 and head.isalpha()):
                 continue                                             # "Mr. Smith", "J. Smith", "approx. 5"
-            after = _NEXT_WORD.match(text, match.end()) if "." in head else None
-            if after and after.group(1).islower():
-                continue                                             # "U.S. economy", "a.m. and"
+            after = _NEXT_WORD.match(text, match.end()) if "." in head or head in _BEFORE_NUMBERS else None
+            if after and (after.group(1).isdigit() if head in _BEFORE_NUMBERS else after.group(1).islower()):
+                continue                                             # "U.S. economy", "a.m. and", "No. 5"
         out.append(match.end())
     return out
 

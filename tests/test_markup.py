@@ -39,6 +39,10 @@ def test_plain_text_splits_into_sentences_and_paragraphs():
     # a number, a numbered list
     ("i went home. it was late. we ate.", ["i went home.", "it was late.", "we ate."]),
     ("Born in 1950. 20 years later he left.", ["Born in 1950.", "20 years later he left."]),
+    # months, companies, et al.; "No." holds one together only before a number
+    ("Born Jan. 5, 1950. Apple Inc. and Google Corp. are big. Smith et al. found it.",
+     ["Born Jan. 5, 1950.", "Apple Inc. and Google Corp. are big.", "Smith et al. found it."]),
+    ("See No. 5 and pp. 10. I said no. Then he left.", ["See No. 5 and pp. 10.", "I said no.", "Then he left."]),
 ])
 def test_a_period_after_an_initialism_before_a_lower_case_word_does_not_end_a_sentence(text, want):
     assert [sentence[0][1] for sentence in said(text)] == want
