@@ -80,7 +80,8 @@ def changes(made, now):
 def _comparable(made):
     """`made` with the first phase's checkpoint (`from`: runinfo.checkpoint_identity's `path@digest`) named
     by its weights' digest alone: a run copied or moved under another name resumes its fine-tuning."""
-    weights = re.search(r"@([0-9a-f]{16})$", made.get("from") or "")
+    first = made.get("from")
+    weights = re.search(r"@([0-9a-f]{16})$", first) if isinstance(first, str) else None   # damaged: compared as it is
     return {**made, "from": weights.group(1)} if weights else made
 
 
