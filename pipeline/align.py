@@ -34,7 +34,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, data, files, shards
+from pipeline import config, data, shards
 from pipeline.errors import PipelineError, cli
 from pipeline.models import aligner as aligner_mod
 from pipeline.models import aligner_numpy, symbols
@@ -68,7 +68,7 @@ def trained_from(cfg, index):
     tables = []
     for entry in index["shards"]:
         for kind in ("tokens", "mels"):
-            table = json.loads((cache / f"{entry[kind]}.json").read_text(encoding="utf-8"))
+            table = shards.read_meta(cache / entry[kind], kind)
             tables.append({k: v for k, v in table.items() if k not in ("provenance", "espeak")})
     return shards.digest(json.dumps({"aligner": dict(cfg["aligner"]), "buckets": cfg["train"]["buckets"],
                                      "seed": cfg["train"]["seed"]}, sort_keys=True),
@@ -102,7 +102,7 @@ def copy_trained(out, made_from, log):
                                 suffix=source.suffix)
         info = {**info, "copied_from": other.parent.name}
         config.atomic_write_text(out, json.dumps(info, indent=1))
-        files.atomic_write_text(out.with_name(MADE), made_from + "\n")
+        config.atomic_write_text(out.with_name(MADE), made_from + "\n")
         log(f"aligner: the caches' content is unchanged since {other.parent} (trained from {made_from}): "
             f"copied its weights instead of training again")
         return info
@@ -163,7 +163,7 @@ def train_aligner(cfg, out, log=functools.partial(print, flush=True)):
             "aligner": acfg, "n_mels": index["n_mels"], "vocab": vocab,
             "mel_mean": mean.tolist(), "mel_std": std.tolist(), **voices, "trained_from": made_from}
     config.atomic_write_text(out, json.dumps(info, indent=1))
-    files.atomic_write_text(made, made_from + "\n")
+    config.atomic_write_text(made, made_from + "\n")
     log(f"aligner: {acfg['steps']} steps in {info['seconds']} s, weights {weights}")
     return info
 

@@ -66,9 +66,18 @@ def checkpoint_identity(prefix):
     return f"{prefix}@{digest}"
 
 
+_DIGEST = re.compile(r"@([0-9a-f]{16})$")  # checkpoint_identity's suffix
+
+
 def checkpoint_path(identity):
     """The checkpoint a `checkpoint_identity` names (a bare path, as recorded before identities: itself)."""
-    return re.sub(r"@[0-9a-f]{16}$", "", identity)
+    return _DIGEST.sub("", identity)
+
+
+def checkpoint_digest(identity):
+    """The weights' digest a `checkpoint_identity` names; None for a bare path (recorded before identities)."""
+    found = _DIGEST.search(identity)
+    return found and found.group(1)
 
 
 def describe(cfg, index, stats):

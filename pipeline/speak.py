@@ -132,7 +132,7 @@ def speak(voice, texts, args, out):
                 if out is None:
                     chunks.append(audio)
                 else:
-                    out.write(to_pcm(audio, "--raw").astype("<i2").tobytes())
+                    out.write(to_pcm(audio, "--raw").tobytes())
                 first = first if first is not None else time.perf_counter() - t0
                 sentences += 1
         except PipelineError as e:

@@ -538,10 +538,6 @@ class Voice:
                     out.append(audio)
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
-    def sentence_audio(self, parts, inputs, limit=None, over=None, whole=False):
-        """int16 audio of one prepared sentence (sentence_float), scaled to a 0.95 peak if it would clip."""
-        return to_pcm(self.sentence_float(parts, inputs, limit, over, whole), self.folder)
-
     def sentences_float(self, request):
         """float32 audio per sentence, each as soon as it is made; TooLong for a sentence over
         MAX_SENTENCE_SECONDS, or (request.max_samples) a request over its bound, before its audio is kept."""

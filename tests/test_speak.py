@@ -121,7 +121,7 @@ def test_markup_through_the_voice(voice, monkeypatch):
 
 def test_raw_streams_each_sentence_as_it_is_ready_without_the_training_modules(voice, exported_voice):
     first, second = "Hello there. How are you today?", "Fine, thank you."
-    expected = [voice.sentence_audio(s, {}) for text in (first, second) for s in voice.prepare(text).sentences]
+    expected = [to_pcm(voice.sentence_float(s, {})) for text in (first, second) for s in voice.prepare(text).sentences]
     proc = subprocess.Popen(blocked_command("pipeline.speak", "--voice", str(exported_voice), "--raw"),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(),
                             cwd=ROOT)

@@ -21,7 +21,6 @@ Config keys: vocoder.*, audio.*, runs_dir, name.
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -81,8 +80,8 @@ def _comparable(made):
     """`made` with the first phase's checkpoint (`from`: runinfo.checkpoint_identity's `path@digest`) named
     by its weights' digest alone: a run copied or moved under another name resumes its fine-tuning."""
     first = made.get("from")
-    weights = re.search(r"@([0-9a-f]{16})$", first) if isinstance(first, str) else None   # damaged: compared as it is
-    return {**made, "from": weights.group(1)} if weights else made
+    weights = runinfo.checkpoint_digest(first) if isinstance(first, str) else None   # damaged: compared as it is
+    return {**made, "from": weights} if weights else made
 
 
 def _digest(made):
@@ -177,9 +176,9 @@ def notes(cfg):
 def _same_weights(a, b):
     """Whether checkpoint names `a` and `b` (runinfo.checkpoint_identity's `path@digest`, or a bare path)
     are the same weights: by digest where both have one (a copied run's paths differ), else by ckpt-N."""
-    da, db = (re.search(r"@([0-9a-f]{16})$", x) for x in (a, b))
+    da, db = runinfo.checkpoint_digest(a), runinfo.checkpoint_digest(b)
     if da and db:
-        return da.group(1) == db.group(1)
+        return da == db
     return Path(runinfo.checkpoint_path(a)).name == Path(runinfo.checkpoint_path(b)).name
 
 
