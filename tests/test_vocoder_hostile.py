@@ -414,6 +414,14 @@ def test_a_copied_run_resumes_its_fine_tuning_whose_first_phase_has_the_same_wei
     inputs.switch(folder, retrained, log=logged.append)
     assert len(logged) == 1 and "the first phase's weights" in logged[0]            # other weights: set aside
     assert not (folder / "checkpoints").exists()
+    # a damaged record ("from": a number) is another input, set aside, not a TypeError; the set made from
+    # `copied` (set aside just above) comes back
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-7"\n')
+    (folder / inputs.FILE).write_text(json.dumps({**made, "from": 5}))
+    inputs.switch(folder, copied, log=logged.append)
+    assert len(logged) == 3 and "the first phase's weights" in logged[1] and "resuming" in logged[2]
+    assert "ckpt-100" in (folder / "checkpoints" / "checkpoint").read_text()
 
 
 def test_an_old_summary_finds_its_gta_checkpoint_in_shard_order_past_leftovers(tmp_path):
