@@ -88,17 +88,30 @@ _ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), word) for abbr, wo
 # street or a drive, unless a capitalised word that is not a sentence's usual first word follows
 # ("Bury St. Edmunds", "Jekyll and Dr. Hyde", "Dr. A. Smith" stay saint and doctor), "Dr." comes
 # before a name's particle ("Dr. van Helsing"), or the word before is a greeting, an article or a
-# possessive ("Hi Dr.,", "The Dr. said", "My Dr. is"). Before such a first word or at the end (a
-# closing quote between), the period also ends the sentence and stays. One pass over the text: the
-# word before starts where no word character does.
+# possessive ("Hi Dr.,", "The Dr. said", "My Dr. is"). A compass point's letters or a unit word after
+# it is no name ("21st St. NW", "Oak Dr. Suite 200"; a lone N, S, E, W before a period is an initial:
+# "Dr. E. Smith"; "North" and "West" are surnames too: "Dr. West" stays a doctor); "Dr." after "Jr." or "Sr." is a drive ("Martin Luther King Jr. Dr.", but
+# "Sr. Dr. Garcia" still a doctor). A house number (a letter may follow it, not a decade's "s": "the
+# 1850s Bury St. Edmunds") before one or two capitalised words makes an address, a street
+# or a drive whatever follows ("123 Main St. Springfield", "221B Baker St. London", "1600 Old Mill Dr.
+# Austin"): the conditional group skips the name test. A year passes for a house number, so "In 1850
+# Bury St. Edmunds" reads street; addresses are far more common in the text a voice is given. Before a
+# sentence's usual first word or at the end (a closing quote between), the period also ends the
+# sentence and stays. One pass over the text: the first word starts where no word character does, and
+# each attempt reads at most four words.
 _STARTERS = (r"(?:The|An|A(?!\.)|I(?!\.)|He|She|It|We|They|You|This|That|These|Those|There|Then|In|On|At|But|And|"
              r"So|If|When)\b")
 _NOT_A_NAME = (r"(?:Hi|Hello|Hey|Dear|Thanks|Thank|Yes|No|Okay|Ok|Good|Sorry|The|A|An|My|Our|Your|His|Her|Their|Its|"
                r"This|That)\b")
 _PARTICLES = r"(?:van|von|de|der|den|da|di|du|la|le|del|della|ten|ter|al|el|bin|ibn)\b"
-_PLACES = [(re.compile(rf"(?<![\w-])(?<!\w')(?!{_NOT_A_NAME})([A-Z][\w'-]*|\d+(?:st|nd|rd|th)) {abbr}\."
-                       rf"(?![\"')\]]*\s+(?!{_STARTERS})[A-Z]){extra}((?=[\"']?(?:\s+{_STARTERS}|\s*$)))?"), word)
-           for abbr, word, extra in [("St", "street", ""), ("Dr", "drive", rf"(?!\s+{_PARTICLES})")]]
+_ADDRESS_WORDS = r"(?:[NSEW](?![\w.])|(?:[NS][EW]|Apt|Apartment|Suite|Ste|Unit|Room|Floor|Bldg|Building)\b)"
+_NAME = r"(?:[A-Z][\w'-]*|\d+(?:st|nd|rd|th))"
+_PLACES = [(re.compile(rf"(?<![\w-])(?<!\w')(?!{_NOT_A_NAME})(?P<before>(?P<number>\d+(?:(?!s )[A-Za-z])? "
+                       rf"(?:[A-Z][\w'-]* )?)?{_NAME}{jr}) {abbr}\."
+                       rf"(?(number)|(?![\"')\]]*\s+(?!{_STARTERS}|{_ADDRESS_WORDS})[A-Z]){extra})"
+                       rf"(?P<end>(?=[\"']?(?:\s+{_STARTERS}|\s*$)))?"), word)
+           for abbr, word, jr, extra in [("St", "street", "", ""),
+                                         ("Dr", "drive", r"|[JS]r\.", rf"(?!\s+{_PARTICLES})")]]
 
 _WHITESPACE_RE = re.compile(r"\s+")
 # A money amount's whole part: comma-grouped or plain, so "$5, then" keeps its comma.
@@ -122,7 +135,8 @@ _TIME_RE = re.compile(r"(?<![\d:])([01]?\d|2[0-3]):([0-5]\d)(?![\d:])(?:\s?([ap]
 # or a plural "s" ("21st", "1860s"), which the number's words take.
 _STUCK_RE = re.compile(r"(?<=[a-z])(?=\d)|(\d)(?!(?:st|nd|rd|th|s)\b)(?=[a-z])")
 # Symbols the english cleaners spell out (espeak-ng reads them, the characters front end would drop them).
-_SYMBOL_WORDS = ((re.compile(r"\s*&\s*"), " and "), (re.compile(r"%"), " percent"))
+# The "&" match starts where a run of whitespace does: tried inside one, it was quadratic in the run.
+_SYMBOL_WORDS = ((re.compile(r"(?:(?<!\s)\s+)?&\s*"), " and "), (re.compile(r"%"), " percent"))
 _ORDINAL_RE = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b", re.IGNORECASE)
 _NUMBER_RE = re.compile(r"\d+")
 # A number as the cleaners read it: digits with grouping commas and decimal points.
@@ -258,7 +272,7 @@ def expand_places(text: str) -> str:
     """Before lowercasing, which it needs: "Main St." -> "Main street.", "Elm Dr. is" -> "Elm drive is";
     "St. Paul", "Bury St. Edmunds" and "Dr. Smith" are left to expand_abbreviations (_PLACES)."""
     for regex, word in _PLACES:
-        text = regex.sub(lambda m, word=word: f"{m[1]} {word}" + ("." if m[2] is not None else ""), text)
+        text = regex.sub(lambda m, word=word: f"{m['before']} {word}" + ("." if m["end"] is not None else ""), text)
     return text
 
 
