@@ -40,6 +40,8 @@ ELEMENTS = {"speak": None, "p": (), "s": (), "break": ("time", "strength"), "pro
 _SENTENCE_END = re.compile(r"(?<![.!?…])[.!?…]+[\"')\]”’»]*(?=\s)")  # from a run's first mark: linear
 # the first character of the next word (after whitespace and any opening quotes or brackets)
 _NEXT_WORD = re.compile(r"\s+[\"'(\[“‘«]*(\S)")
+_FIRST_WORD = re.compile(r"\s*[\"'(\[“‘«]*(\S)")   # ... and of the next item's text, after a period ending one
+_UNCASED = "x"                   # stands in for a phoneme span there: no case, read as a lower-case word
 # words after which a period does not end the sentence
 _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "drs", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "co", "ltd",
                   "gen", "col", "lt", "sgt", "capt", "rev", "hon", "maj", "esq", "ft", "prof", "mt",
@@ -312,30 +314,58 @@ def _pitch(value, fail):
     return shift
 
 
-def _ends(text):
+def _ends(text, following=None):
     """Offsets in `text` where a sentence ends (after its punctuation). A lone period does not end one
     after an abbreviation or an initial ("Mr. Smith", "J. Smith", "approx. 5"), nor after a dotted
     initialism before a lower-case word ("U.S. economy", "a.m. and"); before a capital it does ("in
-    the U.S. The economy"), and after any other word whatever follows ("it was late. we ate.")."""
+    the U.S. The economy"), and after any other word whatever follows ("it was late. we ate.").
+
+    `following` is the text of the next item when the words after `text` are in another one (None: no
+    more words before a <s>, <p> or paragraph, which ends the sentence anyway): a period whose next word
+    is not in `text` is decided by that text's first word as it would be inside one text. A phoneme
+    span has no case: sentences() passes _UNCASED for it, a lower-case word, so it continues a
+    sentence after a dotted initialism ("the U.S. [[ ɪkˈɑnəmi ]] grew") but, not being a digit, not
+    after "No." and its like."""
     out = []
     for match in _SENTENCE_END.finditer(text):
-        if match.group() == ".":
-            begin = match.start()
-            while begin > 0 and not text[begin - 1].isspace():   # back to the start of the word (not a regex
-                begin -= 1                                         # over the whole text before: that is quadratic)
-            head = text[begin:match.start()].lower().lstrip("\"'([“‘«")
-            if head in _ABBREVIATIONS or (len(head) == 1 and head.isalpha()):
-                continue                                             # "Mr. Smith", "J. Smith", "approx. 5"
-            after = _NEXT_WORD.match(text, match.end()) if "." in head or head in _BEFORE_NUMBERS else None
-            if after and (after.group(1).isdigit() if head in _BEFORE_NUMBERS else after.group(1).islower()):
-                continue                                             # "U.S. economy", "a.m. and", "No. 5"
-        out.append(match.end())
+        if match.group() != "." or not _period_continues(text, match, following):
+            out.append(match.end())
+    return out
+
+
+def _period_continues(text, match, following):
+    """Whether the lone period `match` in `text` is within a sentence (see _ends)."""
+    begin = match.start()
+    while begin > 0 and not text[begin - 1].isspace():   # back to the start of the word (not a regex
+        begin -= 1                                         # over the whole text before: that is quadratic)
+    head = text[begin:match.start()].lower().lstrip("\"'([“‘«")
+    if head in _ABBREVIATIONS or (len(head) == 1 and head.isalpha()):
+        return True                                          # "Mr. Smith", "J. Smith", "approx. 5"
+    if "." not in head and head not in _BEFORE_NUMBERS:
+        return False
+    # None only when nothing but whitespace is left in `text` (the period is followed by some): at most once
+    after = _NEXT_WORD.match(text, match.end()) or (following and _FIRST_WORD.match(following))
+    return bool(after) and (after.group(1).isdigit() if head in _BEFORE_NUMBERS
+                            else after.group(1).islower())   # "U.S. economy", "a.m. and", "No. 5"
+
+
+def _lookahead(items):
+    """For each item, the `following` of _ends: the text of the next Speech item past any Pause
+    (_UNCASED for a phoneme span), or None before a Boundary or at the end."""
+    out, following = [None] * len(items), None
+    for n in range(len(items) - 1, -1, -1):
+        out[n], item = following, items[n]
+        if isinstance(item, Boundary):
+            following = None
+        elif isinstance(item, Speech) and item.text.strip():
+            following = _UNCASED if item.phonemes else item.text
     return out
 
 
 def sentences(items):
     """Group items into sentences (lists of Speech and Pause): plain text splits after . ! ? …,
     <s> and <p> and paragraphs end one; a paragraph's first sentence starts with PARAGRAPH_PAUSE."""
+    items = list(items)
     out, current, paragraph = [], [], False
 
     def flush():
@@ -347,13 +377,13 @@ def sentences(items):
             paragraph = False
         current = []
 
-    for item in items:
+    for item, following in zip(items, _lookahead(items)):
         if isinstance(item, Boundary):
             flush()
             paragraph = paragraph or item.paragraph
         elif isinstance(item, Speech) and not item.phonemes:
             start = 0
-            for end in _ends(item.text):
+            for end in _ends(item.text, following):
                 current.append(Speech(item.text[start:end], False, item.rate, item.pitch, item.where))
                 flush()
                 start = end

@@ -48,6 +48,29 @@ def test_a_period_after_an_initialism_before_a_lower_case_word_does_not_end_a_se
     assert [sentence[0][1] for sentence in said(text)] == want
 
 
+@pytest.mark.parametrize("text, want", [
+    # the word after "U.S." / "No." is in the next item: it decides as it would in one text
+    ("The U.S. [[ ɪkˈɑnəmi ]] grew. Then it fell.",   # a phoneme span has no case: it continues
+     [["The U.S.", "ɪkˈɑnəmi", "grew."], ["Then it fell."]]),
+    ('<speak>The U.S. <prosody rate="slow">economy</prosody> grew. Then.</speak>',
+     [["The U.S.", "economy", "grew."], ["Then."]]),
+    ('<speak>See No. <prosody rate="slow">5</prosody> now. Then.</speak>', [["See No.", "5", "now."], ["Then."]]),
+    ('<speak>I live in the U.S. <prosody rate="slow">The economy</prosody> is big.</speak>',
+     [["I live in the U.S."], ["The economy", "is big."]]),                  # a capital ends it, as in plain text
+    ('<speak>In the U.S.<break time="1s"/> the economy grew.</speak>',
+     [["In the U.S.", 1.0, "the economy grew."]]),
+    # past a break to the next words; a <s>, <p> or paragraph ends the sentence whatever follows
+    ('<speak>In the U.S. <break time="1s"/> "the economy" grew. Then.</speak>',
+     [["In the U.S.", 1.0, '"the economy" grew.'], ["Then."]]),
+    ('<speak>In the U.S. <break time="1s"/> The economy grew.</speak>', [["In the U.S."], [1.0, "The economy grew."]]),
+    ("<speak><s>We left the U.S. </s><s>then we ate.</s><p>the end</p></speak>",
+     [["We left the U.S."], ["then we ate."], [PARAGRAPH_PAUSE, "the end"]]),
+    ("We left the U.S. \n\nthen we ate.", [["We left the U.S."], [PARAGRAPH_PAUSE, "then we ate."]]),
+])
+def test_the_word_after_an_initialism_in_the_next_item_decides_whether_the_sentence_ends(text, want):
+    assert [[part[1] for part in sentence] for sentence in said(text)] == want
+
+
 def test_inline_phonemes_are_kept_as_they_are():
     assert said("Say [[ təmˈɑːtoʊ  ]] now. [[ haɪ ]]") == [
         [("text", "Say", 1.0, 0.0), ("ph", "təmˈɑːtoʊ", 1.0, 0.0), ("text", "now.", 1.0, 0.0)],
