@@ -8,6 +8,7 @@ runs/{name}/vocoder.json written as the trainer writes them) stands in for a tra
     python -m pytest -q tests/test_vocoder_hostile.py
 """
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -422,6 +423,29 @@ def test_a_copied_run_resumes_its_fine_tuning_whose_first_phase_has_the_same_wei
     inputs.switch(folder, copied, log=logged.append)
     assert len(logged) == 3 and "the first phase's weights" in logged[1] and "resuming" in logged[2]
     assert "ckpt-100" in (folder / "checkpoints" / "checkpoint").read_text()
+
+
+@pytest.mark.parametrize("named", ["today", "by its full inputs"])
+def test_a_copied_run_restores_a_fine_tuning_set_its_original_set_aside(tmp_path, named):
+    # sets were named by a digest of their inputs with the first phase's path in it: a run copied after its
+    # fine-tuning was set aside (say, for a change of finetune_recorded) trained it again when the change
+    # was undone, though the set was right there; sets named that way before still come back
+    cfg = config.load_config(None, {"runs_dir": str(tmp_path / "runs"), "name": "copy"}, check_paths=False)
+    folder, logged = tmp_path / "finetune", []
+    made = {**inputs.settings(cfg, "finetune"), "from": f"runs/demo/vocoder/train/checkpoints/ckpt-1500@{'a' * 16}"}
+    name = inputs._digest(made) if named == "today" else \
+        hashlib.sha256(json.dumps(made, sort_keys=True).encode()).hexdigest()[:12]
+    aside = folder / "set_aside" / name
+    (aside / "checkpoints").mkdir(parents=True)
+    (aside / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-100"\n')
+    (aside / inputs.FILE).write_text(json.dumps(made))
+    other = {**made, "vocoder": {**made["vocoder"], "learning_rate": 0.5}}
+    (folder / inputs.FILE).write_text(json.dumps(other))                           # what the copy last trained
+    copied = {**made, "from": f"{tmp_path}/runs/copy/vocoder/train/checkpoints/ckpt-1500@{'a' * 16}"}
+    inputs.switch(folder, copied, log=logged.append)
+    assert logged and "resuming" in logged[-1]
+    assert "ckpt-100" in (folder / "checkpoints" / "checkpoint").read_text() and not aside.exists()
+    assert inputs.read(folder)["from"] == copied["from"]
 
 
 def test_an_old_summary_finds_its_gta_checkpoint_in_shard_order_past_leftovers(tmp_path):

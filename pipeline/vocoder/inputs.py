@@ -85,7 +85,20 @@ def _comparable(made):
 
 
 def _digest(made):
-    return hashlib.sha256(json.dumps(made, sort_keys=True).encode()).hexdigest()[:12]
+    """A set's folder name under set_aside/: its inputs as `_comparable` gives them, so a copied run's key
+    names the set its original set aside."""
+    return hashlib.sha256(json.dumps(_comparable(made), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _set_for(aside, key):
+    """The set of checkpoints under `aside` made from inputs `key`, or None: by its name, else (a set named
+    before names were comparable) by each set's inputs.json."""
+    named = aside / _digest(key)
+    if _has_checkpoints(named):
+        return named
+    sets = aside.iterdir() if aside.is_dir() else ()
+    return next((p for p in sets if not p.name.startswith(UNRECORDED) and _has_checkpoints(p)
+                 and read(p) is not None and _comparable(read(p)) == _comparable(key)), None)
 
 
 def _has_checkpoints(folder):
@@ -141,8 +154,8 @@ def switch(folder, key, log):
     # `key` with no checkpoints (the next one moves the set back), never another key's name over this
     # set's checkpoints (which the next job would file under that key, overwriting its set)
     files.atomic_write_text(path(folder), json.dumps(key, indent=1, sort_keys=True))
-    back = aside / _digest(key)
-    if not ckpts.exists() and _has_checkpoints(back):
+    back = None if ckpts.exists() else _set_for(aside, key)
+    if back is not None:
         os.replace(back / "checkpoints", ckpts)
         shutil.rmtree(back, ignore_errors=True)
         log(f"{folder}: resuming from the checkpoints set aside when these inputs last changed")
@@ -167,7 +180,7 @@ def notes(cfg):
             {k: made[k] for k in ("vocoder", "audio")}, now)
         if moved:
             back = " (a set made with these settings is kept aside: it resumes from that)" \
-                if read(folder / "set_aside" / _digest(now)) == now else ""  # the first phase's key is settings alone
+                if _set_for(folder / "set_aside", now) else ""  # the first phase's key is settings alone
             out.append(f"note: {', '.join(moved)} since the vocoder's {phase} phase was trained: its job sets "
                        f"{folder / 'checkpoints'} aside and trains that phase from its start{back}")
     return out
@@ -200,11 +213,12 @@ def _gta_from_shards(cfg):
     return sorted({m["checkpoint"] for m in metas if isinstance(m.get("checkpoint"), str)})
 
 
-def finetuned_elsewhere(cfg, summary, checkpoint, then=""):
+def finetuned_elsewhere(cfg, summary, checkpoint, then="", log=None):
     """A one-line `note:` when the vocoder of `summary` (runs/{name}/vocoder.json as read, or export.json's
     `vocoder`) was fine-tuned on the GTA mels of another acoustic checkpoint than `checkpoint` (the latest,
-    the one spoken with), else None. Snakemake reruns the GTA mels and the fine-tuning after acoustic
-    training (gta_shard takes train.json); a direct command does not. `then`: appended to the advice."""
+    the one spoken with), else None; passed to `log` too when there is one. Snakemake reruns the GTA mels
+    and the fine-tuning after acoustic training (gta_shard takes train.json); a direct command does not.
+    `then`: appended to the advice."""
     if summary.get("phase") != "finetune":
         return None
     made = summary.get("gta_from")
@@ -213,6 +227,9 @@ def finetuned_elsewhere(cfg, summary, checkpoint, then=""):
         return None
     run = config.run_dir(cfg)
     tuned = ", ".join(runinfo.checkpoint_path(m) for m in made) if made else f"other mels than {run / 'gta'}'s"
-    return (f"note: {run / 'vocoder.json'}: the vocoder was fine-tuned on the GTA mels of {tuned}, not of "
+    note = (f"note: {run / 'vocoder.json'}: the vocoder was fine-tuned on the GTA mels of {tuned}, not of "
             f"{checkpoint}, the acoustic checkpoint spoken with; run `snakemake --cores all vocoder` to fine-tune it "
             f"on that one{then}")
+    if log is not None:
+        log(note)
+    return note
