@@ -388,9 +388,8 @@ def evaluate(cfg, out, log=_print, threads=1):
     with Listeners(listeners_for(threads, len(clips))) as listeners:
         synth = load_synthesizer(cfg, log)  # MissingCheckpoint before the vocoder's: the clearest thing to fix
         voc = kinds.load(cfg)
-        stale = inputs.finetuned_elsewhere(cfg, voc.summary, synth.checkpoint, then=", then evaluate again")
-        if stale:  # run directly after more acoustic training (`snakemake evaluate` fine-tunes it again first)
-            log(stale)
+        # run directly after more acoustic training: a note (`snakemake evaluate` fine-tunes it again first)
+        inputs.finetuned_elsewhere(cfg, voc.summary, synth.checkpoint, then=", then evaluate again", log=log)
         log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips, through the "
             f"{voc.kind} vocoder")
         summary, rows = compare(clips, synth.mel_f0, Analyser(cfg, voc if voc.model is not None else None), log,

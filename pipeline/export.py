@@ -355,9 +355,8 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     tflite = cfg["export"]["tflite"] if tflite is None else tflite
     voice, synth, run, vocoder = build_voice(cfg, "fft", log=log)
     # snakemake export fine-tunes the vocoder on the latest acoustic checkpoint first; a direct export says so
-    stale = inputs.finetuned_elsewhere(cfg, vocoder, synth.checkpoint, then=", then export again")
-    if stale:
-        print(stale, file=sys.stderr, flush=True)
+    stale = inputs.finetuned_elsewhere(cfg, vocoder, synth.checkpoint, then=", then export again",
+                                       log=lambda note: print(note, file=sys.stderr, flush=True))
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

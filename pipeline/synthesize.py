@@ -256,9 +256,8 @@ def _synthesize_into(cfg, out, final, log):
     sentences = [x if isinstance(x, dict) else {"text": x} for x in s["sentences"]]  # voices checked already
     # the run's trained vocoder, or Griffin-Lim with vocoder.kind griffin_lim: on the run's own audio settings
     vocode = kinds.load(dict(cfg, audio=dict(a)))
-    stale = inputs.finetuned_elsewhere(cfg, vocode.summary, synth.checkpoint, then=", then synthesize again")
-    if stale:  # run directly after more acoustic training (`snakemake synthesize` fine-tunes it again first)
-        log(stale)
+    # run directly after more acoustic training: a note (`snakemake synthesize` fine-tunes it again first)
+    inputs.finetuned_elsewhere(cfg, vocode.summary, synth.checkpoint, then=", then synthesize again", log=log)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log(f"synthesizing {len(s['sentences'])} sentences from {synth.checkpoint} "
