@@ -20,8 +20,9 @@ the next is made, so a later one's peak is not known yet).
 
 Every error is a JSON {"error": "<one line>"} with a 4xx/5xx status: 400 bad JSON, field or markup, or a
 query parameter other than stream (the fields go in the body),
-403 another site's Origin, or (bound to a loopback address) a Host other than localhost, 127.0.0.1,
-[::1] or the address itself, 415 a POST body not sent as application/json, 404/405, 408 a body
+403 another site's Origin (`--allow-origin URL`: a reverse proxy's public address may call it too,
+and its host name is answered to), or (bound to a loopback address) a Host other than localhost,
+127.0.0.1, [::1] or the address itself, 415 a POST body not sent as application/json, 404/405, 408 a body
 not sent within `--client-timeout` seconds, 413 a body over MAX_BODY bytes, 503 when the queue is full (`--workers` model calls at a time, `--queue` more waiting); a client
 that hangs up gives its place back at the end of the sentence being made. A connection
 that has not sent a whole request head within `--client-timeout` is closed; an idle keep-alive one after
@@ -29,7 +30,7 @@ KEEP_ALIVE seconds (uvicorn's timeout_keep_alive); at most CONNECTIONS connectio
 whose client takes none of an answer for `--client-timeout` seconds while the answer waits on it is
 reset, and a stream gives its place back (a slow reader that takes some keeps it).
 
-    python -m pipeline.serve --voice runs/demo/export [--host 127.0.0.1] [--port 8050]
+    python -m pipeline.serve --voice runs/demo/export [--host 127.0.0.1] [--port 8050] [--allow-origin URL]
     curl -s localhost:8050/synthesize -H 'Content-Type: application/json' -d '{"text": "Hello there."}' -o hello.wav
 """
 import argparse
@@ -42,6 +43,7 @@ import struct
 import sys
 import termios
 import traceback
+import urllib.parse
 
 import anyio
 import numpy as np
@@ -88,13 +90,35 @@ def host_name(host):
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
+def allowed_origin(value):
+    """An `--allow-origin` value as a browser's Origin header gives it ("https://tts.example.com": lower case,
+    no trailing slash or default port), or a PipelineError naming it: http or https, a host, an optional
+    port, nothing else."""
+    url = urllib.parse.urlsplit(value.strip())
+    try:
+        port = url.port
+    except ValueError:
+        port = -1
+    if url.scheme.lower() not in ("http", "https") or not url.hostname or url.username or url.password \
+            or url.path not in ("", "/") or url.query or url.fragment or port == -1 or port == 0:
+        raise PipelineError(f"--allow-origin {value!r}: an origin is http:// or https://, a host and an optional "
+                            f"port, e.g. https://tts.example.com (the address a reverse proxy serves the page at)")
+    scheme, netloc = url.scheme.lower(), url.netloc.lower()
+    default = {"http": 80, "https": 443}[scheme]
+    return f"{scheme}://{netloc.rsplit(':', 1)[0] if port == default else netloc}"   # as browsers send it
+
+
 class Guard:
     """ASGI middleware against other sites' pages (cross-origin requests, DNS rebinding): 403 for a
     Host whose name is not one of `names` (None: any; a loopback server: LOOPBACK_NAMES and its own
-    address), and for an Origin that is not the server's own (http:// or https:// and the Host)."""
+    address), and for an Origin that is neither the server's own (http:// or https:// and the Host) nor
+    one of `origins` (allowed_origin's: a reverse proxy's public address, whose host name then also
+    joins `names`, for a proxy that passes the browser's Host on)."""
 
-    def __init__(self, app, names=None):
-        self.app, self.names = app, None if names is None else {n.lower() for n in names}
+    def __init__(self, app, names=None, origins=()):
+        self.app, self.origins = app, frozenset(origins)
+        self.names = None if names is None else {n.lower() for n in names} | {
+            host_name(urllib.parse.urlsplit(o).netloc) for o in self.origins}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
@@ -104,8 +128,8 @@ class Guard:
             if self.names is not None and host is not None and host_name(host) not in self.names:
                 refused = (f"Host {host!r}: a server on a loopback address answers only to "
                            f"{', '.join(sorted(self.names))}")
-            elif origin is not None and (host is None or origin.strip().lower() not in
-                                         (f"http://{host.strip().lower()}", f"https://{host.strip().lower()}")):
+            elif origin is not None and origin.strip().lower() not in self.origins and (host is None or origin.strip(
+                    ).lower() not in (f"http://{host.strip().lower()}", f"https://{host.strip().lower()}")):
                 refused = f"Origin {origin!r}: only this server's own page may call it"
             if refused:
                 await error(403, refused)(scope, receive, send)
@@ -239,8 +263,9 @@ def check_request(request):
     return stream in ("true", "1")
 
 
-def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=None):
-    """The Starlette app of a loaded Voice, behind Guard(hosts): the Host names it answers to (None: any)."""
+def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=None, origins=()):
+    """The Starlette app of a loaded Voice, behind Guard(hosts, origins): the Host names it answers to
+    (None: any) and the other origins whose pages may call it."""
     gate = Gate(workers, queue)
 
     async def synthesize(request):
@@ -293,7 +318,7 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
     routes = [Route("/", page, methods=["GET"]), Route("/health", health, methods=["GET"]),
               Route("/voices", voices, methods=["GET"]),
               Route("/synthesize", json_errors(synthesize), methods=["POST"])]
-    return Guard(Starlette(routes=routes, exception_handlers={HTTPException: http_error}), hosts)
+    return Guard(Starlette(routes=routes, exception_handlers={HTTPException: http_error}), hosts, origins)
 
 
 class Protocol(H11Protocol):
@@ -395,7 +420,11 @@ def main(argv=None):
     parser.add_argument("--client-timeout", type=float, default=CLIENT_TIMEOUT,
                         help=f"seconds a client has to send a request head, then its body, and to take some "
                              f"of an answer that waits on it (default {CLIENT_TIMEOUT:g})")
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="URL",
+                        help="another origin whose pages may call the server, e.g. https://tts.example.com: the "
+                             "address a reverse proxy serves it at (repeatable)")
     args = parser.parse_args(argv)
+    origins = [allowed_origin(o) for o in args.allow_origin]
     for option, value, low, high in (("--workers", args.workers, 1, MAX_WORKERS), ("--queue", args.queue, 0, MAX_QUEUE)):
         if not low <= value <= high:
             raise PipelineError(f"{option} {value}: must be in {low}..{high}")
@@ -404,7 +433,8 @@ def main(argv=None):
     if not 1 <= args.port <= 65535:
         raise PipelineError(f"--port {args.port}: a port is 1..65535")
     voice = Voice(args.voice, log=lambda *a: print(*a, file=sys.stderr, flush=True))
-    app = build_app(voice, args.workers, args.queue, args.client_timeout, hosts=loopback_names(args.host))
+    app = build_app(voice, args.workers, args.queue, args.client_timeout, hosts=loopback_names(args.host),
+                    origins=origins)
     protocol = type("Protocol", (Protocol,), {"timeout": args.client_timeout})
     print(f"voice {args.voice} loaded in {voice.load_seconds:.2f} s; serving http://{args.host}:{args.port}/",
           file=sys.stderr, flush=True)

@@ -63,7 +63,7 @@ def server(exported_voice):
     with pipeline.train/data/models/vocoder/cache/export/config, Snakemake, librosa ... unimportable."""
     port = free_port()
     argv = blocked_command("pipeline.serve", "--voice", str(exported_voice), "--port", str(port), "--workers", "1",
-                           "--queue", "1", "--client-timeout", "2")
+                           "--queue", "1", "--client-timeout", "2", "--allow-origin", "HTTPS://tts.example.com:443/")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT)
     try:
         wait_for_health(proc, port)
@@ -263,6 +263,16 @@ def test_other_sites_pages_cannot_drive_the_server(server):
         assert raw(port, "POST", "/synthesize", text, [("Host", host), ("Origin", f"http://{host}"),
                                                       ("Content-Type", "application/json; charset=utf-8")])[0] == 200
     assert 'headers: {"Content-Type": "application/json"}' in call(port, "GET", "/")[2].decode()   # what the page sends
+    # behind a reverse proxy at --allow-origin's address: the browser's Origin is the proxy's, and the Host is
+    # the server's own (nginx's default) or the proxy's (proxy_set_header Host $host); both were 403
+    proxied = ("Origin", "https://tts.example.com")
+    for host in (f"127.0.0.1:{port}", "tts.example.com", "TTS.example.com:443"):
+        assert raw(port, "POST", "/synthesize", text, [("Host", host), proxied, as_json])[0] == 200
+    assert raw(port, "GET", "/voices", headers=[("Host", "tts.example.com")])[0] == 200
+    for origin in ("http://tts.example.com", "https://tts.example.com:8443", "https://evil.tts.example.com"):
+        status, message = raw(port, "POST", "/synthesize", text, [("Host", f"127.0.0.1:{port}"), ("Origin", origin),
+                                                                 as_json])
+        assert status == 403 and message == f"Origin {origin!r}: only this server's own page may call it"
 
 
 def test_a_port_out_of_range_is_refused_before_the_voice_loads(tmp_path):
@@ -282,6 +292,16 @@ def test_workers_and_queue_out_of_range_are_refused_before_the_voice_loads(tmp_p
     with pytest.raises(SystemExit) as exit_:
         serve.main(["--voice", str(tmp_path / "none"), option, value])
     assert exit_.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [message]
+
+
+@pytest.mark.parametrize("value", ["tts.example.com", "ftp://tts.example.com", "https://tts.example.com/page",
+                                   "https://user:secret@tts.example.com", "https://tts.example.com:99999", "https://"])
+def test_an_allowed_origin_that_is_not_an_origin_is_refused_before_the_voice_loads(tmp_path, capsys, value):
+    from pipeline import serve
+    with pytest.raises(SystemExit) as exit_:
+        serve.main(["--voice", str(tmp_path / "none"), "--allow-origin", value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and err[0].startswith(f"error: --allow-origin {value!r}: an origin is")
 
 
 def test_other_errors_and_the_server_stays_up(server):
