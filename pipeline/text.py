@@ -87,28 +87,38 @@ _ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), word) for abbr, wo
 # "St." and "Dr." after a capitalised word or an ordinal ("Main St.", "5th St.", "Elm Dr.") name a
 # street or a drive, unless a capitalised word that is not a sentence's usual first word follows
 # ("Bury St. Edmunds", "Jekyll and Dr. Hyde", "Dr. A. Smith" stay saint and doctor), "Dr." comes
-# before a name's particle ("Dr. van Helsing"), or the word before is a greeting, an article or a
-# possessive ("Hi Dr.,", "The Dr. said", "My Dr. is"). A compass point's letters or a unit word after
-# it is no name ("21st St. NW", "Oak Dr. Suite 200"; a lone N, S, E, W before a period is an initial:
-# "Dr. E. Smith"; "North" and "West" are surnames too: "Dr. West" stays a doctor); "Dr." after "Jr." or "Sr." is a drive ("Martin Luther King Jr. Dr.", but
-# "Sr. Dr. Garcia" still a doctor). A house number (a letter may follow it, not a decade's "s": "the
-# 1850s Bury St. Edmunds") before one or two capitalised words makes an address, a street
-# or a drive whatever follows ("123 Main St. Springfield", "221B Baker St. London", "1600 Old Mill Dr.
-# Austin"): the conditional group skips the name test. A year passes for a house number, so "In 1850
-# Bury St. Edmunds" reads street; addresses are far more common in the text a voice is given. Before a
-# sentence's usual first word or at the end (a closing quote between), the period also ends the
-# sentence and stays. One pass over the text: the first word starts where no word character does, and
-# each attempt reads at most four words.
+# before a name's particle ("Dr. van Helsing"), the word before is a greeting, an article or a
+# possessive ("Hi Dr.,", "The Dr. said", "My Dr. is") or a title ("Minister Dr. Abiy"). A compass
+# point's letters or a unit word after it are no name ("21st St. NW", "Oak Dr. Suite 200"; a lone
+# N, S, E, W before a period or a capitalised word is an initial: "Dr. E. Smith", "Dr. S Jaishankar";
+# "North" and "West" are surnames too: "Dr. West" stays a doctor). "Dr." after "Jr." or "Sr." is a
+# drive ("Martin Luther King Jr. Dr.", but "Sr. Dr. Garcia" still a doctor). A house number (a letter
+# may follow it, not a decade's "s") before one or two capitalised words makes an address: a
+# capitalised word may follow ("123 Main St. Springfield", "221B Baker St. London, UK", "1600 Old Mill
+# Dr. Austin") unless a lower-case word comes after it ("In 1850 Bury St. Edmunds grew", "At 5 PM
+# Dr. Smith will") or it is a possessive ("5 St. Mark's Place"), and a month or AM/PM after the number
+# is a date or a time ("On 17 March St. Patrick's", "On 5 March Dr. Smith."). Title-case headlines
+# ("5 Things Dr. Fauci Wants") still read wrong. Before a sentence's usual first word or at the end (a
+# closing quote between), the period also ends the sentence and stays. One pass over the text: an
+# attempt starts only where a run of word characters, hyphens and apostrophes does (opening
+# apostrophes are part of it), and reads at most five words.
 _STARTERS = (r"(?:The|An|A(?!\.)|I(?!\.)|He|She|It|We|They|You|This|That|These|Those|There|Then|In|On|At|But|And|"
              r"So|If|When)\b")
 _NOT_A_NAME = (r"(?:Hi|Hello|Hey|Dear|Thanks|Thank|Yes|No|Okay|Ok|Good|Sorry|The|A|An|My|Our|Your|His|Her|Their|Its|"
                r"This|That)\b")
+_TITLES = (r"(?:Minister|Reverend|Rev|Professor|Prof|President|Senator|Governor|Chancellor|Secretary|Mayor|Judge|"
+           r"Chief|General|Colonel|Captain|Sir|Dame|Lord|Lady)\b")
+_DATES = (r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sept?(?:ember)?|"
+          r"Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?|AM|PM|A\.M|P\.M)\b")
 _PARTICLES = r"(?:van|von|de|der|den|da|di|du|la|le|del|della|ten|ter|al|el|bin|ibn)\b"
-_ADDRESS_WORDS = r"(?:[NSEW](?![\w.])|(?:[NS][EW]|Apt|Apartment|Suite|Ste|Unit|Room|Floor|Bldg|Building)\b)"
+_ADDRESS_WORDS = (r"(?:[NSEW](?![\w.]|\s+[A-Z])|(?:[NS][EW]|Apt|Apartment|Suite|Unit|Room|Floor|Bldg|Building)\b|"
+                  r"Ste\b(?!\.))")
 _NAME = r"(?:[A-Z][\w'-]*|\d+(?:st|nd|rd|th))"
-_PLACES = [(re.compile(rf"(?<![\w-])(?<!\w')(?!{_NOT_A_NAME})(?P<before>(?P<number>\d+(?:(?!s )[A-Za-z])? "
-                       rf"(?:[A-Z][\w'-]* )?)?{_NAME}{jr}) {abbr}\."
-                       rf"(?(number)|(?![\"')\]]*\s+(?!{_STARTERS}|{_ADDRESS_WORDS})[A-Z]){extra})"
+_FOLLOWS = r"[\"')\]]*\s+"   # after the abbreviation's period: closing quotes or brackets, then a space
+_PLACES = [(re.compile(rf"(?<![\w'-])(?P<before>'*(?!{_NOT_A_NAME})(?:(?P<number>\d+(?:(?!s )[A-Za-z])? (?!{_DATES})"
+                       rf"(?:[A-Z][\w'-]* )?)?(?!{_TITLES}){_NAME}{jr})) {abbr}\."
+                       rf"(?(number)(?!{_FOLLOWS}(?:[A-Z][\w-]*'s\b|(?!{_STARTERS})[A-Z][\w'-]*\s+[a-z]))"
+                       rf"|(?!{_FOLLOWS}(?!{_STARTERS}|{_ADDRESS_WORDS})[A-Z]){extra})"
                        rf"(?P<end>(?=[\"']?(?:\s+{_STARTERS}|\s*$)))?"), word)
            for abbr, word, jr, extra in [("St", "street", "", ""),
                                          ("Dr", "drive", r"|[JS]r\.", rf"(?!\s+{_PARTICLES})")]]
