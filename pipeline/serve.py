@@ -38,6 +38,7 @@ import fcntl
 import functools
 import ipaddress
 import json
+import re
 import socket
 import struct
 import sys
@@ -90,22 +91,36 @@ def host_name(host):
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
+_ORIGIN = re.compile(r"(https?)://([^/:\[\]@?#\s]+|\[[0-9a-f:.]+\])(?::(\d{1,5}))?/?", re.IGNORECASE)
+_HOST = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*")
+
+
+def _origin_host(host):
+    """An origin's host as browsers send it (lower case, IDNA's ASCII form), or None if it is not one."""
+    if host.startswith("["):
+        try:
+            return f"[{ipaddress.IPv6Address(host[1:-1]).compressed}]"
+        except ValueError:
+            return None
+    try:
+        host = host.lower().encode("idna").decode("ascii")
+    except UnicodeError:
+        return None
+    return host if _HOST.fullmatch(host) else None
+
+
 def allowed_origin(value):
     """An `--allow-origin` value as a browser's Origin header gives it ("https://tts.example.com": lower case,
-    no trailing slash or default port), or a PipelineError naming it: http or https, a host, an optional
-    port, nothing else."""
-    url = urllib.parse.urlsplit(value.strip())
-    try:
-        port = url.port
-    except ValueError:
-        port = -1
-    if url.scheme.lower() not in ("http", "https") or not url.hostname or url.username or url.password \
-            or url.path not in ("", "/") or url.query or url.fragment or port == -1 or port == 0:
+    IDNA's ASCII host, no trailing slash or default port), or a PipelineError naming it: http or https,
+    a host name or address, an optional port, nothing else."""
+    match = _ORIGIN.fullmatch(value.strip())
+    host = _origin_host(match[2]) if match else None
+    port = int(match[3]) if match and match[3] else None
+    if host is None or (port is not None and not 0 < port < 65536):
         raise PipelineError(f"--allow-origin {value!r}: an origin is http:// or https://, a host and an optional "
                             f"port, e.g. https://tts.example.com (the address a reverse proxy serves the page at)")
-    scheme, netloc = url.scheme.lower(), url.netloc.lower()
-    default = {"http": 80, "https": 443}[scheme]
-    return f"{scheme}://{netloc.rsplit(':', 1)[0] if port == default else netloc}"   # as browsers send it
+    scheme = match[1].lower()
+    return f"{scheme}://{host}" + ("" if port in (None, {"http": 80, "https": 443}[scheme]) else f":{port}")
 
 
 class Guard:

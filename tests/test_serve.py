@@ -295,13 +295,25 @@ def test_workers_and_queue_out_of_range_are_refused_before_the_voice_loads(tmp_p
 
 
 @pytest.mark.parametrize("value", ["tts.example.com", "ftp://tts.example.com", "https://tts.example.com/page",
-                                   "https://user:secret@tts.example.com", "https://tts.example.com:99999", "https://"])
+                                   "https://user:secret@tts.example.com", "https://tts.example.com:99999", "https://",
+                                   "https://@tts.example.com", "https://:@tts.example.com", "https://tts.example.com:",
+                                   "https://*", "https://a b.example", "https://[zz]"])
 def test_an_allowed_origin_that_is_not_an_origin_is_refused_before_the_voice_loads(tmp_path, capsys, value):
     from pipeline import serve
     with pytest.raises(SystemExit) as exit_:
         serve.main(["--voice", str(tmp_path / "none"), "--allow-origin", value])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1 and err[0].startswith(f"error: --allow-origin {value!r}: an origin is")
+
+
+@pytest.mark.parametrize("value, origin", [
+    ("HTTPS://TTS.Example.com:443/", "https://tts.example.com"), ("http://tts.example.com:8080", "http://tts.example.com:8080"),
+    ("https://bücher.example", "https://xn--bcher-kva.example"), ("http://[0:0::1]:80", "http://[::1]"),
+])
+def test_an_allowed_origin_is_kept_as_a_browser_sends_it(value, origin):
+    # a browser's Origin: lower case, the host in IDNA's ASCII form, no default port, no slash
+    from pipeline import serve
+    assert serve.allowed_origin(value) == origin
 
 
 def test_other_errors_and_the_server_stays_up(server):
