@@ -343,6 +343,23 @@ def validate(cfg, source="config", rules=True):
 # defaults, a job validates as before.
 VALIDATED_ENV = "PIPELINE_CONFIG_VALIDATED"
 
+# How often a trainer logs, checkpoints and writes summaries: a change takes effect at the next run of
+# that trainer and reruns nothing. Rules leave these keys out of every job's params (what Snakemake
+# compares) and hand them to the trainers as `--set` arguments (logging_set) instead.
+LOGGING_KEYS = {"train": ("log_every", "checkpoint_every", "summary_every"),
+                "vocoder": ("log_every", "checkpoint_every", "summary_every")}
+
+
+def without_logging(cfg):
+    """`cfg` (a whole config or some of its sections) less LOGGING_KEYS, for a rule's params."""
+    return {name: {k: v for k, v in section.items() if k not in LOGGING_KEYS[name]}
+            if name in LOGGING_KEYS and isinstance(section, dict) else section for name, section in cfg.items()}
+
+
+def logging_set(cfg, section):
+    """The `--set` arguments that give a trainer `section`'s LOGGING_KEYS (ints the schema checked)."""
+    return [f"{section}.{key}={int(cfg[section][key])}" for key in LOGGING_KEYS[section]]
+
 
 def schema_digest():
     """Digest of the schema and the defaults: what a validation made at planning vouches for."""

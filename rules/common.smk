@@ -71,8 +71,15 @@ wildcard_constraints:
 
 
 def _inline(**sections):
-    """The config sections a job needs, as the inline JSON that `--config` accepts."""
-    return json.dumps(sections, sort_keys=True)
+    """The config sections a job needs, as the inline JSON that `--config` accepts (less the trainers'
+    logging keys: pipeline.config.LOGGING_KEYS)."""
+    return json.dumps(pconfig.without_logging(sections), sort_keys=True)
+
+
+# the trainers' logging keys, passed with --set in their shell lines: not params, so editing them reruns
+# nothing (the next run of a trainer uses them)
+TRAIN_LOGGING = pconfig.logging_set(config, "train")
+VOCODER_LOGGING = pconfig.logging_set(config, "vocoder")
 
 
 def shard_files(kind, *suffixes):
@@ -93,7 +100,7 @@ def config_without(*sections, keep=None):
     def params(wildcards):
         cfg = {k: v for k, v in config.items() if k not in sections}
         cfg.update({s: {k: config[s][k] for k in keys} for s, keys in keep.items()})
-        return json.dumps(cfg, sort_keys=True)
+        return json.dumps(pconfig.without_logging(cfg), sort_keys=True)
 
     return params
 

@@ -219,16 +219,39 @@ def test_snakemake_export_carries_the_final_vocoder_and_a_new_vocoder_reexports(
     assert planned_jobs(edited_copy(trained.path, "gl.yaml", vocoder={"kind": "griffin_lim"}), "export") == {"export": 1}
 
 
-def _job_configs(trained):
-    """{module: [inline config of each job]}: the commands `snakemake -n -p --forceall` prints for the run."""
-    proc = snakemake("all", "-n", "-p", "--forceall", config=trained.path)
+def _job_commands(path):
+    """{module: [argv of each job]}: the commands `snakemake -n -p --forceall` prints for config `path`."""
+    proc = snakemake("all", "-n", "-p", "--forceall", config=path)
     found = {}
     for line in (proc.stdout + proc.stderr).splitlines():
         command = line[line.find("python -m pipeline."):]  # after Snakemake's "Shell command: "
         if "python -m pipeline." in line and " --config " in command:
-            argv = shlex.split(command)
-            found.setdefault(argv[2], []).append(json.loads(argv[argv.index("--config") + 1]))
+            argv = shlex.split(command.split(" | ")[0].split(" > ")[0])
+            found.setdefault(argv[2], []).append(argv)
     return found
+
+
+def _job_configs(trained):
+    """{module: [inline config of each job]}: the commands `snakemake -n -p --forceall` prints for the run."""
+    return {module: [json.loads(argv[argv.index("--config") + 1]) for argv in jobs]
+            for module, jobs in _job_commands(trained.path).items()}
+
+
+def test_logging_keys_rerun_nothing_and_still_reach_the_trainers(trained):
+    # train.log_every and its like were in every job's params: editing one reran train, the GTA shards, the
+    # fine-tuning, evaluate, synthesize, export and diagnose (train.json rewritten)
+    every = {"log_every": 3, "checkpoint_every": 7, "summary_every": 11}
+    before = planned_jobs(trained.path, "all")
+    quiet = edited_copy(trained.path, "logging.yaml", train=every, vocoder=every)
+    assert planned_jobs(quiet, "all") == before
+    jobs = _job_commands(quiet)
+    for module, section, count in (("pipeline.train", "train", 1), ("pipeline.vocoder.train", "vocoder", 2)):
+        assert len(jobs[module]) == count, module
+        for argv in jobs[module]:  # the trainers get them on their command line, outside the params
+            given = argv[argv.index("--set") + 1:argv.index("--set") + 4]
+            assert given == [f"{section}.{k}={v}" for k, v in every.items()], argv
+    assert not any(k in json.loads(argv[argv.index("--config") + 1]).get(section, {})
+                   for argv in sum(jobs.values(), []) for section in ("train", "vocoder") for k in every)
 
 
 def test_synthesize_max_seconds_reruns_the_jobs_that_speak_text_not_the_gta_shards(trained):
