@@ -226,7 +226,7 @@ def _job_commands(path):
     for line in (proc.stdout + proc.stderr).splitlines():
         command = line[line.find("python -m pipeline."):]  # after Snakemake's "Shell command: "
         if "python -m pipeline." in line and " --config " in command:
-            argv = shlex.split(command.split(" | ")[0].split(" > ")[0])
+            argv = shlex.split(command.split(" | ")[0].split(" > ")[0].split(" 2>&1")[0])   # the command alone
             found.setdefault(argv[2], []).append(argv)
     return found
 
