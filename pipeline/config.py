@@ -345,9 +345,11 @@ VALIDATED_ENV = "PIPELINE_CONFIG_VALIDATED"
 
 # How often a trainer logs, checkpoints and writes summaries: a change takes effect at the next run of
 # that trainer and reruns nothing. Rules leave these keys out of every job's params (what Snakemake
-# compares) and hand them to the trainers as `--set` arguments (logging_set) instead.
+# compares); planning puts the config's values in LOGGING_ENV (logging_env), which the jobs inherit as
+# they inherit VALIDATED_ENV, and load_config adds them to an inline config holding their section.
 LOGGING_KEYS = {"train": ("log_every", "checkpoint_every", "summary_every"),
                 "vocoder": ("log_every", "checkpoint_every", "summary_every")}
+LOGGING_ENV = "PIPELINE_LOGGING"
 
 
 def without_logging(cfg):
@@ -356,9 +358,22 @@ def without_logging(cfg):
             if name in LOGGING_KEYS and isinstance(section, dict) else section for name, section in cfg.items()}
 
 
-def logging_set(cfg, section):
-    """The `--set` arguments that give a trainer `section`'s LOGGING_KEYS (ints the schema checked)."""
-    return [f"{section}.{key}={int(cfg[section][key])}" for key in LOGGING_KEYS[section]]
+def logging_env(cfg):
+    """LOGGING_ENV's value for a validated config: its LOGGING_KEYS, as JSON."""
+    return json.dumps({name: {k: cfg[name][k] for k in keys} for name, keys in LOGGING_KEYS.items()}, sort_keys=True)
+
+
+def _inherited_logging(inline):
+    """The LOGGING_KEYS planning passed in LOGGING_ENV, for the sections an inline job config holds."""
+    text = os.environ.get(LOGGING_ENV)
+    if not text:
+        return {}
+    try:
+        given = json.loads(text)
+        return {name: {k: given[name][k] for k in LOGGING_KEYS[name]} for name in LOGGING_KEYS if name in inline}
+    except (ValueError, TypeError, KeyError):
+        raise ConfigError(f"environment variable {LOGGING_ENV}: not what Snakemake's planning writes "
+                          f"(JSON of {', '.join(LOGGING_KEYS)} logging keys); unset it") from None
 
 
 def schema_digest():
@@ -453,6 +468,9 @@ def load_config(path=None, overrides=None, check_paths=True):
         cfg = merge(cfg, user)
         source = "inline config" if text.startswith("{") else str(path)
         inline = user if text.startswith("{") else None
+        if inline is not None:  # a rule's job: its trainer's logging keys come from planning's environment
+            inline = merge(_inherited_logging(inline), inline)   # a key the inline config gives wins
+            cfg = merge(cfg, inline)
     if overrides:
         cfg = merge(cfg, overrides)
         source += " with --set"  # the key may come from either: the message names both

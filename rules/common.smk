@@ -56,6 +56,8 @@ except perrors.PipelineError as e:
     raise WorkflowError(str(e))
 # the jobs started from here inherit this and skip re-validating the sections they get
 os.environ[pconfig.VALIDATED_ENV] = pconfig.schema_digest()
+# ... and the trainers' logging keys, which no job's params hold: editing them reruns nothing
+os.environ[pconfig.LOGGING_ENV] = pconfig.logging_env(config)
 
 NAME = config["name"]
 CACHE = Path(config["cache"]["dir"]) / NAME
@@ -74,12 +76,6 @@ def _inline(**sections):
     """The config sections a job needs, as the inline JSON that `--config` accepts (less the trainers'
     logging keys: pipeline.config.LOGGING_KEYS)."""
     return json.dumps(pconfig.without_logging(sections), sort_keys=True)
-
-
-# the trainers' logging keys, passed with --set in their shell lines: not params, so editing them reruns
-# nothing (the next run of a trainer uses them)
-TRAIN_LOGGING = pconfig.logging_set(config, "train")
-VOCODER_LOGGING = pconfig.logging_set(config, "vocoder")
 
 
 def shard_files(kind, *suffixes):

@@ -35,7 +35,7 @@ rule train:
             keep={"synthesize": ["griffin_lim_iters"]},
         ),
     shell:
-        "python -m pipeline.train --config {params.config:q} --set {TRAIN_LOGGING:q} --out {output.summary:q} --threads {threads} 2>&1 | tee {log:q}"
+        "python -m pipeline.train --config {params.config:q} --out {output.summary:q} --threads {threads} 2>&1 | tee {log:q}"
 
 
 # The one declared output is sentences.json, written last: Snakemake deletes a job's outputs before

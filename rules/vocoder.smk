@@ -38,7 +38,7 @@ rule train_vocoder:
         config=vocoder_settings("train"),
         final="--final" if FINETUNE == 0 else "",
     shell:
-        "python -m pipeline.vocoder.train --config {params.config:q} --set {VOCODER_LOGGING:q} --phase train --out {output.summary:q} {params.final} --threads {threads} 2>&1 | tee {log:q}"
+        "python -m pipeline.vocoder.train --config {params.config:q} --phase train --out {output.summary:q} {params.final} --threads {threads} 2>&1 | tee {log:q}"
 
 
 # A damaged GTA shard (size or checksum) gets a repair marker in runs/{name}/.repair/ as cache shards
@@ -84,7 +84,7 @@ if FINETUNE > 0:
         params:
             config=vocoder_settings("finetune"),
         shell:
-            "python -m pipeline.vocoder.train --config {params.config:q} --set {VOCODER_LOGGING:q} --phase finetune --out {output.summary:q} --final --threads {threads} 2>&1 | tee {log:q}"
+            "python -m pipeline.vocoder.train --config {params.config:q} --phase finetune --out {output.summary:q} --final --threads {threads} 2>&1 | tee {log:q}"
 
 
 rule vocoder:

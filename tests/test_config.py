@@ -233,3 +233,23 @@ def test_a_section_that_is_not_a_mapping_is_one_line_naming_it(tmp_path, value):
 def test_the_config_command_prints_an_inline_config_as_the_job_sees_it(capsys):
     config.main(["--config", '{"train": {"batch_size": 8.0}}', "--set", "cache.shards=2.0"])
     assert yaml.safe_load(capsys.readouterr().out) == {"train": {"batch_size": 8}, "cache": {"shards": 2}}
+
+
+def test_a_rules_job_gets_its_trainers_logging_keys_from_plannings_environment(monkeypatch):
+    # no job's params hold the logging keys (editing them reruns nothing): planning passes them in the
+    # environment, and an inline job config holding train: or vocoder: gets them; its own values win
+    full = config.load_config(None, check_paths=False)
+    inline = json.dumps(config.without_logging({"name": "x", "train": full["train"], "vocoder": full["vocoder"]}))
+    with pytest.raises(KeyError, match="train.log_every was stripped"):
+        config.load_config(inline, check_paths=False)["train"]["log_every"]
+    given = json.loads(config.logging_env(full))
+    given["train"]["log_every"], given["vocoder"]["summary_every"] = 3, 11
+    monkeypatch.setenv(config.LOGGING_ENV, json.dumps(given))
+    cfg = config.load_config(inline, check_paths=False)
+    assert (cfg["train"]["log_every"], cfg["vocoder"]["summary_every"], cfg["train"]["steps"]) == (3, 11, full["train"]["steps"])
+    own = json.dumps({"name": "x", "train": {**full["train"], "log_every": 7}})
+    assert config.load_config(own, check_paths=False)["train"]["log_every"] == 7
+    assert "vocoder" not in config.load_config(own, check_paths=False)      # only the sections given
+    monkeypatch.setenv(config.LOGGING_ENV, "{not json")
+    with pytest.raises(config.ConfigError, match=f"environment variable {config.LOGGING_ENV}: "):
+        config.load_config(inline, check_paths=False)

@@ -245,13 +245,15 @@ def test_logging_keys_rerun_nothing_and_still_reach_the_trainers(trained):
     quiet = edited_copy(trained.path, "logging.yaml", train=every, vocoder=every)
     assert planned_jobs(quiet, "all") == before
     jobs = _job_commands(quiet)
-    for module, section, count in (("pipeline.train", "train", 1), ("pipeline.vocoder.train", "vocoder", 2)):
-        assert len(jobs[module]) == count, module
-        for argv in jobs[module]:  # the trainers get them on their command line, outside the params
-            given = argv[argv.index("--set") + 1:argv.index("--set") + 4]
-            assert given == [f"{section}.{k}={v}" for k, v in every.items()], argv
+    assert len(jobs["pipeline.train"]) == 1 and len(jobs["pipeline.vocoder.train"]) == 2
     assert not any(k in json.loads(argv[argv.index("--config") + 1]).get(section, {})
                    for argv in sum(jobs.values(), []) for section in ("train", "vocoder") for k in every)
+    # the trainers still got the run's own values (5, where the defaults are 10 and 20) from planning's
+    # environment (pipeline.config.LOGGING_ENV): a loss logged at step 5 of 10
+    logs = config.report_dir(trained.cfg) / "logs"
+    assert trained.cfg["train"]["log_every"] == trained.cfg["vocoder"]["log_every"] == 5
+    assert "step 5/10 " in (logs / "train.log").read_text()
+    assert "vocoder train step 5/10 " in (logs / "train_vocoder.log").read_text()
 
 
 def test_synthesize_max_seconds_reruns_the_jobs_that_speak_text_not_the_gta_shards(trained):
