@@ -78,7 +78,7 @@ _ASCII_TABLE = str.maketrans({
 # Whole abbreviation followed by its period (the period is part of the abbreviation).
 _ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), word) for abbr, word in [
     ("mrs", "misess"), ("mr", "mister"), ("drs", "doctors"), ("dr", "doctor"), ("st", "saint"),
-    ("co", "company"), ("jr", "junior"), ("maj", "major"), ("gen", "general"),
+    ("co", "company"), ("jr", "junior"), ("sr", "senior"), ("maj", "major"), ("gen", "general"),
     ("rev", "reverend"), ("lt", "lieutenant"), ("hon", "honorable"), ("sgt", "sergeant"),
     ("capt", "captain"), ("esq", "esquire"), ("ltd", "limited"), ("col", "colonel"),
     ("ft", "fort"),

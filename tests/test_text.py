@@ -193,6 +193,7 @@ def test_street_and_drive_after_a_name_saint_and_doctor_before_one(raw, spoken):
     # after "Jr.": a drive
     ("Martin Luther King Jr. Dr.", "martin luther king junior drive."),
     ("Martin Luther King Jr. Dr. is long", "martin luther king junior drive is long"),
+    ("John Smith Sr. and Sr. Dr. Garcia came.", "john smith senior and senior doctor garcia came."),
     # still saint and doctor: no house number, a number with no name between, a decade, an initial "E."
     ("Bury St. Edmunds, St. Paul, Dr. Smith, Jekyll and Dr. Hyde", "bury saint edmunds, saint paul, doctor smith, "
      "jekyll and doctor hyde"),
