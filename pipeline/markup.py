@@ -325,9 +325,10 @@ def _ends(text, following=None):
     is not in `text` is decided by that text's first word as it would be inside one text. A phoneme
     span has no case: sentences() passes _UNCASED for it, a lower-case word, so it continues a
     sentence after a dotted initialism ("the U.S. [[ ɪkˈɑnəmi ]] grew") but, not being a digit, not
-    after "No." and its like."""
+    after "No." and its like. Before another item a mark at the very end of `text` counts too ("late."
+    then <break/> then "Then"), as if a space followed it."""
     out = []
-    for match in _SENTENCE_END.finditer(text):
+    for match in _SENTENCE_END.finditer(text if following is None else text + " "):
         if match.group() != "." or not _period_continues(text, match, following):
             out.append(match.end())
     return out

@@ -66,6 +66,11 @@ def test_a_period_after_an_initialism_before_a_lower_case_word_does_not_end_a_se
     ("<speak><s>We left the U.S. </s><s>then we ate.</s><p>the end</p></speak>",
      [["We left the U.S."], ["then we ate."], [PARAGRAPH_PAUSE, "the end"]]),
     ("We left the U.S. \n\nthen we ate.", [["We left the U.S."], [PARAGRAPH_PAUSE, "then we ate."]]),
+    # a mark with no space after it, at the end of an item: the next item decides as after a space (these
+    # were one sentence each)
+    ('<speak>It was late.<break time="1s"/>Then we ate.</speak>', [["It was late."], [1.0, "Then we ate."]]),
+    ("It was late![[ ðɛn ]] we ate. Bye.", [["It was late!"], ["ðɛn", "we ate."], ["Bye."]]),
+    ('<speak>Mr.<prosody rate="slow">Smith</prosody> came.</speak>', [["Mr.", "Smith", "came."]]),
 ])
 def test_the_word_after_an_initialism_in_the_next_item_decides_whether_the_sentence_ends(text, want):
     assert [[part[1] for part in sentence] for sentence in said(text)] == want
