@@ -465,12 +465,11 @@ def load_config(path=None, overrides=None, check_paths=True):
     if path is not None:
         text = str(path).strip()
         user = inline_json(text) if text.startswith("{") else _read_yaml(path)
+        if text.startswith("{"):  # a rule's job: its trainer's logging keys come from planning's environment
+            user = merge(_inherited_logging(user), user)   # a key the inline config gives wins
         cfg = merge(cfg, user)
         source = "inline config" if text.startswith("{") else str(path)
         inline = user if text.startswith("{") else None
-        if inline is not None:  # a rule's job: its trainer's logging keys come from planning's environment
-            inline = merge(_inherited_logging(inline), inline)   # a key the inline config gives wins
-            cfg = merge(cfg, inline)
     if overrides:
         cfg = merge(cfg, overrides)
         source += " with --set"  # the key may come from either: the message names both

@@ -139,12 +139,12 @@ class Guard:
         if scope["type"] == "http":
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
             host, origin = headers.get("host"), headers.get("origin")
+            own = () if host is None else (f"http://{host.strip().lower()}", f"https://{host.strip().lower()}")
             refused = None
             if self.names is not None and host is not None and host_name(host) not in self.names:
                 refused = (f"Host {host!r}: a server on a loopback address answers only to "
                            f"{', '.join(sorted(self.names))}")
-            elif origin is not None and origin.strip().lower() not in self.origins and (host is None or origin.strip(
-                    ).lower() not in (f"http://{host.strip().lower()}", f"https://{host.strip().lower()}")):
+            elif origin is not None and origin.strip().lower() not in (*own, *self.origins):
                 refused = f"Origin {origin!r}: only this server's own page may call it"
             if refused:
                 await error(403, refused)(scope, receive, send)

@@ -98,7 +98,7 @@ def _set_for(aside, key):
         return named
     sets = aside.iterdir() if aside.is_dir() else ()
     return next((p for p in sets if not p.name.startswith(UNRECORDED) and _has_checkpoints(p)
-                 and read(p) is not None and _comparable(read(p)) == _comparable(key)), None)
+                 and (made := read(p)) is not None and _comparable(made) == _comparable(key)), None)
 
 
 def _has_checkpoints(folder):
