@@ -370,10 +370,14 @@ def _inherited_logging(inline):
         return {}
     try:
         given = json.loads(text)
-        return {name: {k: given[name][k] for k in LOGGING_KEYS[name]} for name in LOGGING_KEYS if name in inline}
+        out = {name: {k: given[name][k] for k in LOGGING_KEYS[name]} for name in LOGGING_KEYS if name in inline}
     except (ValueError, TypeError, KeyError):
+        out = None
+    # the schema's posint, as planning validated it (a job that trusts VALIDATED_ENV does not validate again)
+    if out is None or not all(type(v) is int and v >= 1 for section in out.values() for v in section.values()):
         raise ConfigError(f"environment variable {LOGGING_ENV}: not what Snakemake's planning writes "
-                          f"(JSON of {', '.join(LOGGING_KEYS)} logging keys); unset it") from None
+                          f"(JSON of {', '.join(LOGGING_KEYS)} logging keys, whole steps >= 1); unset it")
+    return out
 
 
 def schema_digest():

@@ -250,6 +250,8 @@ def test_a_rules_job_gets_its_trainers_logging_keys_from_plannings_environment(m
     own = json.dumps({"name": "x", "train": {**full["train"], "log_every": 7}})
     assert config.load_config(own, check_paths=False)["train"]["log_every"] == 7
     assert "vocoder" not in config.load_config(own, check_paths=False)      # only the sections given
-    monkeypatch.setenv(config.LOGGING_ENV, "{not json")
-    with pytest.raises(config.ConfigError, match=f"environment variable {config.LOGGING_ENV}: "):
-        config.load_config(inline, check_paths=False)
+    for damaged in ("{not json", json.dumps({**given, "train": {**given["train"], "log_every": 0}}),
+                    json.dumps(given).replace('"log_every": 3', '"log_every": NaN')):  # json reads NaN
+        monkeypatch.setenv(config.LOGGING_ENV, damaged)
+        with pytest.raises(config.ConfigError, match=f"environment variable {config.LOGGING_ENV}: "):
+            config.load_config(inline, check_paths=False)
