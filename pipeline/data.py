@@ -359,10 +359,9 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
         rows = _bucketed_rows(rows_table[g], batch, shuffle=buffer, repeat=endless, drop_remainder=drop_remainder,
                               seed=seed)
         return rows.map(_gather_fn(src, read(g, first), n_mels, with_clip_index), num_parallel_calls=tf.data.AUTOTUNE,
-                        deterministic=not shuffle)
+                        deterministic=True)
 
-    return _interleave_groups(group_batches, len(groups), shuffle=shuffle, repeat=repeat and not endless,
-                              seed=seed, ordered=not shuffle)
+    return _interleave_groups(group_batches, len(groups), shuffle=shuffle, repeat=repeat and not endless, seed=seed)
 
 
 def build_worker_dataset(cfg, worker, *, local_replicas=1, durations=False, with_clip_index=False, balance=False):
@@ -388,7 +387,7 @@ def build_worker_dataset(cfg, worker, *, local_replicas=1, durations=False, with
     ds = tf.data.Dataset.range(1).flat_map(group_batches)
     if local_replicas > 1:
         ds = ds.rebatch(batch // local_replicas)
-    options = loader_options(deterministic=True)
+    options = loader_options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
@@ -443,8 +442,13 @@ def _padded_gather(arrays, kinds, max_tokens, max_frames, n_mels, with_clip_inde
     return gather
 
 
-def loader_options(deterministic):
+def loader_options():
     """The tf.data options every loader of the pipeline ends with (this module's, the vocoder's segments).
+
+    Every loader is ordered: its batches come in the order its seeded shuffle made (train.seed),
+    whatever the threads' timing, so every run of a config trains on the same batches in the same
+    order. Its parallel maps are one vectorised gather per batch each, so keeping the order costs
+    nothing measurable (benchmarks/loader.py).
 
     tf.data's autotuner is off. Its model thread sleeps between optimisations, up to 60 s once an
     iterator has lived a few minutes, and deleting the iterator sometimes waits out that sleep: a
@@ -456,12 +460,12 @@ def loader_options(deterministic):
     the same option on its loader itself: its bytes are part of the aligner's key
     (rules/functions/align.smk), and a change there would retrain every run's aligner."""
     options = tf.data.Options()
-    options.deterministic = deterministic
+    options.deterministic = True
     options.autotune.enabled = False
     return options
 
 
-def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed, ordered):
+def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed):
     """Batches of every shard group, two groups in flight (the next one is read while batches come
     from the current one), then the options and the final prefetch.
 
@@ -478,8 +482,8 @@ def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed, ordere
     first_reads = group_ids.enumerate().map(tf.autograph.experimental.do_not_convert(
         lambda i, g: (g, i < n_groups)))  # (group, its first read?)
     ds = first_reads.interleave(group_batches, cycle_length=min(2, n_groups), num_parallel_calls=min(2, n_groups),
-                              deterministic=ordered)
-    return ds.with_options(loader_options(deterministic=ordered)).prefetch(tf.data.AUTOTUNE)
+                              deterministic=True)
+    return ds.with_options(loader_options()).prefetch(tf.data.AUTOTUNE)
 
 
 def clip_ids(cfg, split):

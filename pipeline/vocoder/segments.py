@@ -179,4 +179,4 @@ def build_segments(cfg, split="train", *, source="recorded", recorded_fraction=0
         return rows.map(lambda idx: crops(mel, wav, f0, idx, tf.fill(tf.shape(idx), 0.5)))
 
     ds = tf.data.Dataset.range(1).flat_map(from_arrays)
-    return ds.with_options(loader_options(deterministic=True)).prefetch(tf.data.AUTOTUNE)
+    return ds.with_options(loader_options()).prefetch(tf.data.AUTOTUNE)
