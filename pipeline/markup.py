@@ -45,7 +45,7 @@ _UNCASED = "x"                   # stands in for a phoneme span there: no case, 
 # words after which a period does not end the sentence
 _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "drs", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "co", "ltd",
                   "gen", "col", "lt", "sgt", "capt", "rev", "hon", "maj", "esq", "ft", "prof", "mt",
-                  "approx", "cf", "incl", "dept", "est", "inc", "corp", "bros", "al", "ave", "blvd", "rd",
+                  "approx", "cf", "incl", "dept", "est", "inc", "corp", "bros", "al", "ave", "blvd", "rd", "hwy",
                   "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec"}
 # ... and after which it does not before a number ("No. 5", "pp. 5"), but does otherwise ("I said no. Then")
 _BEFORE_NUMBERS = {"no", "nos", "vol", "fig", "p", "pp", "ch", "sec", "art", "op"}

@@ -97,8 +97,10 @@ _ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), word) for abbr, wo
 # capitalised word may follow ("123 Main St. Springfield", "221B Baker St. London, UK", "1600 Old Mill
 # Dr. Austin") unless a lower-case word comes after it ("In 1850 Bury St. Edmunds grew", "At 5 PM
 # Dr. Smith will") or it is a possessive ("5 St. Mark's Place"), and a month or AM/PM after the number
-# is a date or a time ("On 17 March St. Patrick's", "On 5 March Dr. Smith."). Title-case headlines
-# ("5 Things Dr. Fauci Wants") still read wrong. Before a sentence's usual first word or at the end (a
+# is a date or a time ("On 17 March St. Patrick's", "On 5 March Dr. Smith."). A count of a headline's
+# plural noun is no house number ("5 Things Dr. Fauci Wants", "10 Reasons St. Louis Is Great"). After
+# "St." a compass word is part of the address ("Main St. North": no saint is named North; "Dr. West"
+# stays a doctor). Before a sentence's usual first word or at the end (a
 # closing quote between), the period also ends the sentence and stays. One pass over the text: an
 # attempt starts only where a run of word characters, hyphens and apostrophes does (opening
 # apostrophes are part of it), and reads at most five words.
@@ -114,14 +116,21 @@ _PARTICLES = r"(?:van|von|de|der|den|da|di|du|la|le|del|della|ten|ter|al|el|bin|
 _ADDRESS_WORDS = (r"(?:[NSEW](?![\w.]|\s+[A-Z])|(?:[NS][EW]|Apt|Apartment|Suite|Unit|Room|Floor|Bldg|Building)\b|"
                   r"Ste\b(?!\.))")
 _NAME = r"(?:[A-Z][\w'-]*|\d+(?:st|nd|rd|th))"
+_HEADLINE = (r"(?:Things?|(?:Reason|Way|Tip|Lesson|Fact|Sign|Question|Secret|Mistake|Rule|Step|Habit|Idea|Quote|Myth|"
+             r"Takeaway|Moment|Surprise|Prediction|Trend|Trick|Hack|Photo|Picture|Book|Song|Movie|Film|Food|Time)s|"
+             r"Stories)\b")
 _FOLLOWS = r"[\"')\]]*\s+"   # after the abbreviation's period: closing quotes or brackets, then a space
 _PLACES = [(re.compile(rf"(?<![\w'-])(?P<before>'*(?!{_NOT_A_NAME})(?:(?P<number>\d+(?:(?!s )[A-Za-z])? (?!{_DATES})"
-                       rf"(?:[A-Z][\w'-]* )?)?(?!{_TITLES}){_NAME}{jr})) {abbr}\."
+                       rf"(?!(?:[A-Z][\w'-]* )?{_HEADLINE})(?:[A-Z][\w'-]* )?)?(?!{_TITLES}){_NAME}{jr})) {abbr}\."
                        rf"(?(number)(?!{_FOLLOWS}(?:[A-Z][\w-]*'s\b|(?!{_STARTERS})[A-Z][\w'-]*\s+[a-z]))"
-                       rf"|(?!{_FOLLOWS}(?!{_STARTERS}|{_ADDRESS_WORDS})[A-Z]){extra})"
+                       rf"|(?!{_FOLLOWS}(?!{_STARTERS}|{_ADDRESS_WORDS}{compass})[A-Z]){extra})"
                        rf"(?P<end>(?=[\"']?(?:\s+{_STARTERS}|\s*$)))?"), word)
-           for abbr, word, jr, extra in [("St", "street", "", ""),
-                                         ("Dr", "drive", r"|[JS]r\.", rf"(?!\s+{_PARTICLES})")]]
+           for abbr, word, jr, compass, extra in [("St", "street", "", r"|(?:North|South|East|West)\b", ""),
+                                                  ("Dr", "drive", r"|[JS]r\.", "", rf"(?!\s+{_PARTICLES})")]]
+# Street words no other word shares: "5th Ave." -> avenue; the period stays where it ends a sentence.
+_STREETS = [(re.compile(rf"\b(?i:{abbr})\.(?P<end>(?=[\"']?(?:\s+{_STARTERS}|\s*$)))?"), word)
+            for abbr, word in [("ave", "avenue"), ("blvd", "boulevard"), ("rd", "road"), ("hwy", "highway"),
+                               ("mt", "mount")]]
 
 _WHITESPACE_RE = re.compile(r"\s+")
 # A money amount's whole part: comma-grouped or plain, so "$5, then" keeps its comma.
@@ -279,10 +288,13 @@ def collapse_whitespace(text: str) -> str:
 
 
 def expand_places(text: str) -> str:
-    """Before lowercasing, which it needs: "Main St." -> "Main street.", "Elm Dr. is" -> "Elm drive is";
+    """Before lowercasing, which it needs: "Main St." -> "Main street.", "Elm Dr. is" -> "Elm drive is",
+    "5th Ave. now" -> "5th avenue now";
     "St. Paul", "Bury St. Edmunds" and "Dr. Smith" are left to expand_abbreviations (_PLACES)."""
     for regex, word in _PLACES:
         text = regex.sub(lambda m, word=word: f"{m['before']} {word}" + ("." if m["end"] is not None else ""), text)
+    for regex, word in _STREETS:
+        text = regex.sub(lambda m, word=word: word + ("." if m["end"] is not None else ""), text)
     return text
 
 

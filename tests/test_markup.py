@@ -43,6 +43,8 @@ def test_plain_text_splits_into_sentences_and_paragraphs():
     ("Born Jan. 5, 1950. Apple Inc. and Google Corp. are big. Smith et al. found it.",
      ["Born Jan. 5, 1950.", "Apple Inc. and Google Corp. are big.", "Smith et al. found it."]),
     ("See No. 5 and pp. 10. I said no. Then he left.", ["See No. 5 and pp. 10.", "I said no.", "Then he left."]),
+    # street words the front end reads (avenue, highway, ...): one sentence
+    ("Take Hwy. 1 to Fifth Ave. North. Then stop.", ["Take Hwy. 1 to Fifth Ave. North.", "Then stop."]),
 ])
 def test_a_period_after_an_initialism_before_a_lower_case_word_does_not_end_a_sentence(text, want):
     assert [sentence[0][1] for sentence in said(text)] == want
