@@ -127,10 +127,18 @@ _PLACES = [(re.compile(rf"(?<![\w'-])(?P<before>'*(?!{_NOT_A_NAME})(?:(?P<number
                        rf"(?P<end>(?=[\"']?(?:\s+{_STARTERS}|\s*$)))?"), word)
            for abbr, word, jr, compass, extra in [("St", "street", "", r"|(?:North|South|East|West)\b", ""),
                                                   ("Dr", "drive", r"|[JS]r\.", "", rf"(?!\s+{_PARTICLES})")]]
-# Street words no other word shares: "5th Ave." -> avenue; the period stays where it ends a sentence.
-_STREETS = [(re.compile(rf"\b(?i:{abbr})\.(?P<end>(?=[\"']?(?:\s+{_STARTERS}|\s*$)))?"), word)
-            for abbr, word in [("ave", "avenue"), ("blvd", "boulevard"), ("rd", "road"), ("hwy", "highway"),
-                               ("mt", "mount")]]
+# Street words: "5th Ave." -> avenue, "Sunset Blvd.", "Mulholland Rd." (not "RD", a dietitian), "Hwy.",
+# and "Mt." before a name ("Mt. Hood"; not "MT" for Montana, "mt." for tonnes, nor "Mt. 5:3"). Their
+# period stays where it ends a sentence: at the end, before an ellipsis's other dots, or (closing quotes
+# or brackets between) before a sentence's usual first word (not "Ave. A in ...", a lettered avenue) or
+# a capitalised word and then a lower-case one ("Sunset Blvd. Police said"; not "Park Ave. South is").
+_COMPASS = r"(?:North|South|East|West)\b"
+_STREET_END = (rf"(?P<end>(?=[\"')\]]*(?:\s+(?![AI]\s+(?:in|on|at|to|and|or|near|between|from|north|south|east|west)\b)"
+               rf"(?:{_STARTERS}|(?!{_COMPASS}|{_ADDRESS_WORDS})[A-Z][a-z][\w'-]*\s+[a-z])|\s*$)|\.\.))?")
+_STREETS = [(re.compile(rf"\b{abbr}\.{end}"), word)
+            for abbr, word, end in [("(?i:ave)", "avenue", _STREET_END), ("(?i:blvd)", "boulevard", _STREET_END),
+                                    ("[Rr]d", "road", _STREET_END), ("(?i:hwy)", "highway", _STREET_END),
+                                    (r"Mt(?=\.\s+[A-Z])", "mount", "(?P<end>(?!))?")]]
 
 _WHITESPACE_RE = re.compile(r"\s+")
 # A money amount's whole part: comma-grouped or plain, so "$5, then" keeps its comma.

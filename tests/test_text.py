@@ -235,6 +235,17 @@ def test_an_address_a_compass_point_a_unit_or_jr_make_a_street_or_a_drive(raw, s
      "take highway one to sunset boulevard and mulholland road then climb mount hood."),
     ("I live on Fifth Ave. The house is red.", "i live on fifth avenue. the house is red."),
     ("the 3rd. item; Ave Maria", "the third. item; ave maria"),  # an ordinal's "rd", no period: left alone
+    # the period ends a sentence before a capitalised word and a lower-case one, after a bracket, before ".."
+    # (the review of the first version: these merged two sentences into one)
+    ("Turn left on Sunset Blvd. Police said the car fled.", "turn left on sunset boulevard. police said the car fled."),
+    ("(He lives on Sunset Blvd.) The house is big. He lives on 5th Ave...",
+     "(he lives on sunset boulevard.) the house is big. he lives on fifth avenue..."),
+    # ... and not in an address, nor after a lettered avenue
+    ("5th Ave. New York; Park Ave. South is closed; on Ave. A in the East Village",
+     "fifth avenue new york; park avenue south is closed; on avenue a in the east village"),
+    # Montana, a dietitian, tonnes and the Gospel of Matthew are no mount or road
+    ("Born in Missoula, MT. His father, Jane Doe, RD. Exports reached 9 mt. Read Mt. 5:3 tonight.",
+     "born in missoula, mt. his father, jane doe, rd. exports reached nine mt. read mt. five:three tonight."),
 ])
 def test_headlines_compass_words_and_street_words(raw, spoken):
     assert clean_text(raw, "english") == spoken
@@ -243,7 +254,8 @@ def test_headlines_compass_words_and_street_words(raw, spoken):
 @pytest.mark.parametrize("raw", [
     "A-" * 50000, "1 " * 50000, "1 A " * 25000, "A St. " * 16000, "Jr. " * 25000, "Jr. Dr. " * 12500,
     "1A B C St. " * 10000, "Main St. NW " * 8000, "A Dr. " + " " * 100000 + "x", "''B" * 33000, "-'B" * 33000,
-    "1 A St. B " * 10000, "1 Things St. " * 8000, "Main St. North " * 7000, "Ave. " * 20000,
+    "1 A St. B " * 10000, "1 Things St. " * 8000, "Main St. North " * 7000, "Ave. " * 20000, "Ave. Ab " * 12000,
+    "Blvd.)" * 16000 + "x", "Ave. A " * 14000,
 ])
 def test_the_english_cleaners_take_linear_time(raw):
     # expand_places took 2.9 s on "A-" x 20,000 (quadratic in a hyphen chain) and 42 s on "''B" x 33,000 (an
