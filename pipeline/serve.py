@@ -14,9 +14,8 @@ Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py); writes
                               made before the answer starts (its failure: the 4xx/5xx); a later
                               sentence the front end cannot say ends it without the final chunk
 
-Audio that would clip is scaled to a 0.95 peak as save_wav does (pipeline/wavfile.py: to_pcm): a wav
-answer as one utterance, a stream each sentence on its own (a sentence is made whole and sent before
-the next is made, so a later one's peak is not known yet).
+A sentence that would clip has its peaks limited to 0.95 (pipeline/voice.py), the same in a wav answer
+and in a stream.
 
 Every error is a JSON {"error": "<one line>"} with a 4xx/5xx status: 400 bad JSON, field or markup, or a
 query parameter other than stream (the fields go in the body),
@@ -291,7 +290,7 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
             bound = None if streamed else MAX_WAV_SECONDS   # a stream: each sentence's bound only (pipeline/voice.py)
             prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=streamed, max_seconds=bound))
             if streamed:   # the first sentence before the answer starts: its failure is a 4xx/5xx, not a 200
-                sentences = voice.sentences_audio(prepared)   # int16, each sentence scaled on its own if it would clip
+                sentences = voice.sentences_audio(prepared)   # int16, a sentence at a time
                 first = await gate.run(next, sentences, None)
 
                 async def chunks():
@@ -312,7 +311,7 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
                 audio.append(chunk)
                 if await request.is_disconnected():   # hung up: the next sentences would be for nobody
                     raise ClientDisconnect()
-            pcm = to_pcm(np.concatenate(audio), "the answer")   # one utterance: scaled as a whole if it would clip
+            pcm = to_pcm(np.concatenate(audio), "the answer")
             return Response(wav_bytes(pcm, voice.sample_rate), media_type="audio/wav")
         finally:
             if release is not None:

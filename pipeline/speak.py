@@ -3,9 +3,8 @@
 Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py) and the text: the
 arguments, else standard input (UTF-8). Writes `--out F.wav` (16-bit mono at the voice's rate, written
 atomically once all is said) or, with `--raw`, 16-bit little-endian mono PCM at the voice's rate on
-standard output, each sentence as soon as it is ready. Audio that would clip is scaled to a 0.95 peak as
-save_wav does (pipeline/wavfile.py: to_pcm): a --out file as one utterance, --raw each sentence on its
-own (it is sent before the next is made). Standard input is read a paragraph at a time
+standard output, each sentence as soon as it is ready. A sentence that would clip has its peaks limited
+to 0.95 (pipeline/voice.py), the same in a --out file and in --raw. Standard input is read a paragraph at a time
 (so with --raw a paragraph is spoken while the next is typed), the same for --out. Nothing but audio
 goes to standard output: every log line goes to standard error. Markup (docs/speak.md): `[[ ... ]]`
 inline phonemes, and SSML with `--ssml`, or text (of standard input: a paragraph, then the rest of it)
@@ -115,7 +114,7 @@ def prepared(voice, texts, options, lazy, quiet):
 
 def speak(voice, texts, args, out):
     """Say each (first line, text) (a paragraph, or the whole input); out: the raw PCM file, each sentence
-    written as int16 scaled on its own if it would clip (to_pcm), or None to collect float audio (then
+    written as int16 (to_pcm) as soon as it is made, or None to collect float audio (then
     every text is checked before any audio is made, as one text would be). A paragraph that says nothing
     ("...") is passed over; if none says anything, the first one's error. Errors name lines of the whole
     input. -> (float32 chunks collected, sentences, seconds to the first audio)."""
@@ -183,7 +182,7 @@ def main(argv=None):
         raise VoiceError("no text to speak (give TEXT or standard input)")
     wall = time.perf_counter() - t0
     if out is None:
-        pcm = to_pcm(chunks, f"--out {args.out}")   # one utterance: scaled as a whole, converted chunk by chunk
+        pcm = to_pcm(chunks, f"--out {args.out}")   # converted chunk by chunk: no float copy of the whole
         try:
             write_pcm(args.out, pcm, voice.sample_rate)
         except OSError as e:   # a full disk is pipeline.errors.DiskFull already

@@ -24,11 +24,10 @@ MAX_SENTENCE_CHARACTERS (TooLong before the front end), and goes through the fro
     for pcm in voice.sentences_audio(request): ...        # int16 [samples], one array per sentence
     pcm = voice.audio(request)                            # int16 [samples], the whole request
 
-Audio is made as float32 and turned into int16 by pipeline/wavfile.py's to_pcm, the rule of every wav
-the project writes: audio whose peak is over 1 (it would clip) is scaled to a 0.95 peak, quieter audio is
-kept as it is. `audio` (and `speak --out`, `serve`'s wav answers, through sentences_float) scales the
-whole utterance; `sentences_audio` (`speak --raw`, `serve ?stream=true`) each sentence on its own, as
-it is sent before the next is made.
+Audio is made as float32, a sentence at a time. A sentence whose peak is over 1 (it would clip in 16
+bits) has its peaks brought down to 0.95 by pipeline/wavfile.py's limiter (`limit_peaks`: a smooth gain
+around each peak, 1 elsewhere), so it keeps the loudness of the sentences beside it, in a stream as in
+a whole wav: every sentence comes out the same either way. Then to_pcm makes int16 of it.
 """
 import json
 import math
@@ -43,7 +42,7 @@ import tensorflow as tf
 
 from pipeline import markup, text
 from pipeline.errors import PipelineError
-from pipeline.wavfile import to_pcm
+from pipeline.wavfile import limit_peaks, to_pcm
 
 PACE_RANGE = (0.25, 4.0)          # > 1 speaks faster; also the range of pace x prosody rate
 PITCH_RANGE = (-12.0, 12.0)       # semitones; pitch_shift + prosody pitch within twice that
@@ -539,8 +538,9 @@ class Voice:
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
     def sentences_float(self, request):
-        """float32 audio per sentence, each as soon as it is made; TooLong for a sentence over
-        MAX_SENTENCE_SECONDS, or (request.max_samples) a request over its bound, before its audio is kept."""
+        """float32 audio per sentence, each as soon as it is made, peaks over 1 limited to 0.95 (limit_peaks);
+        TooLong for a sentence over MAX_SENTENCE_SECONDS, or (request.max_samples) a request over its
+        bound, before its audio is kept."""
         made = 0
         for n, sentence in enumerate(request.sentences):
             parts = sentence if n < request.ready else self._parts([sentence], request)[0]
@@ -551,14 +551,13 @@ class Voice:
                                   whole=whole)
                 audio = self.sentence_float(parts, request.inputs, limit, over, whole)
                 made += len(audio)
-                yield audio
+                yield limit_peaks(audio, self.sample_rate)
 
     def sentences_audio(self, request):
-        """int16 audio per sentence, each as soon as it is made (sentences_float), each scaled on its own
-        to a 0.95 peak if it would clip: a stream sends a sentence before the next one is made."""
+        """int16 audio per sentence, each as soon as it is made (sentences_float: peaks limited)."""
         for audio in self.sentences_float(request):
             yield to_pcm(audio, self.folder)
 
     def audio(self, request):
-        """All of a request's audio, int16, scaled as one utterance to a 0.95 peak if it would clip."""
+        """All of a request's audio, int16: its sentences_audio joined."""
         return to_pcm(np.concatenate(list(self.sentences_float(request))), self.folder)

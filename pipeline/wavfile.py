@@ -8,6 +8,7 @@ exported voice's commands (pipeline/voice.py: TensorFlow alone) use it too.
     wavfile.check_path(args.out, "--out")           # before the model loads: a folder, a missing parent
     wavfile.save_wav(path, audio, sample_rate)      # float audio; audio that would clip is scaled to a 0.95 peak
     pcm = wavfile.to_pcm(audio)                     # the int16 samples save_wav writes (speak, serve)
+    audio = wavfile.limit_peaks(audio, sample_rate) # peaks over 1 brought to 0.95, the rest as it is (the voice)
     wavfile.write_pcm(path, pcm, sample_rate)       # int16 samples as they are
     body = wavfile.wav_bytes(pcm, sample_rate)      # a whole wav in memory (an HTTP response)
 
@@ -27,6 +28,7 @@ from pipeline.errors import PipelineError
 PEAK = 0.95          # audio that would clip is scaled to this peak before the 16-bit conversion
 FULL_SCALE = 32768   # float x becomes floor(x * 32768), clipped to int16: libsndfile's (soundfile's) conversion
 BLOCK = 1 << 18      # samples converted and written at a time: a long wav is never converted whole
+LIMIT_SECONDS = 0.01  # limit_peaks: the gain ramps down and up again over this much audio on each side of a peak
 
 
 def check_path(path, flag="--out"):
@@ -62,6 +64,37 @@ def wav_bytes(pcm, sample_rate):
 def write_pcm(path, pcm, sample_rate):
     """int16 samples as a wav at `path`, atomically and durably (fsync before the rename)."""
     files.atomic_write_bytes(path, wav_bytes(pcm, sample_rate))
+
+
+def limit_peaks(audio, sample_rate, seconds=LIMIT_SECONDS):
+    """Flat float32 audio with its peaks over 1 brought down to PEAK by a smooth gain, the rest kept as it
+    is: a look-ahead peak limiter. Its gain dips around each such peak, ramping over `seconds` on each
+    side (slower than a voice's pitch period, so it does not distort it), and is 1 elsewhere, so a
+    sentence that would clip keeps the loudness of the sentences beside it (scaling it whole would make
+    it quieter). Audio peaking at 1 or less, or holding a NaN or an infinite sample (to_pcm refuses
+    it), comes back unchanged. NumPy only, O(samples)."""
+    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+    peak = _peak(audio)
+    if not np.isfinite(peak) or peak <= 1.0:
+        return audio
+    h = max(1, int(round(seconds * sample_rate)))
+    wanted = np.minimum(1.0, PEAK / np.maximum(np.abs(audio), 1e-30))            # the gain each sample needs
+    wanted = np.pad(wanted, 2 * h, constant_values=1.0)
+    lowest = _running_min(wanted, 2 * h + 1)          # [i]: the least over wanted[i .. i + 2h], i.e. centred on i + h
+    sums = np.concatenate([[0.0], np.cumsum(lowest, dtype=np.float64)])
+    gain = (sums[2 * h + 1:] - sums[:-2 * h - 1])[:len(audio)] / (2 * h + 1)   # the mean of 2h + 1 of them
+    # each mean is over minima whose windows all hold the sample itself: never above the gain it needs
+    return (audio * gain).astype(np.float32)
+
+
+def _running_min(values, width):
+    """[i] = min(values[i : i + width]) for each i where the window fits (van Herk / Gil-Werman: prefix
+    and suffix minima of width-long blocks), in O(len(values))."""
+    n = len(values) - width + 1
+    blocks = np.pad(values, (0, -len(values) % width), constant_values=np.inf).reshape(-1, width)
+    prefix = np.minimum.accumulate(blocks, axis=1).ravel()
+    suffix = np.minimum.accumulate(blocks[:, ::-1], axis=1)[:, ::-1].ravel()
+    return np.minimum(suffix[:n], prefix[width - 1:width - 1 + n])
 
 
 def _peak(audio):

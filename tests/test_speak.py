@@ -15,7 +15,7 @@ from conftest import ROOT
 
 from pipeline import markup
 from pipeline.voice import Voice, VoiceError, split_symbols
-from pipeline.wavfile import to_pcm
+from pipeline.wavfile import limit_peaks, to_pcm
 
 # what neither speak nor serve may import: training, data, models, vocoders, caches, export, config, Snakemake
 BLOCKED = ("pipeline.train", "pipeline.data", "pipeline.models", "pipeline.vocoder", "pipeline.cache",
@@ -121,7 +121,8 @@ def test_markup_through_the_voice(voice, monkeypatch):
 
 def test_raw_streams_each_sentence_as_it_is_ready_without_the_training_modules(voice, exported_voice):
     first, second = "Hello there. How are you today?", "Fine, thank you."
-    expected = [to_pcm(voice.sentence_float(s, {})) for text in (first, second) for s in voice.prepare(text).sentences]
+    expected = [to_pcm(limit_peaks(voice.sentence_float(s, {}), voice.sample_rate))
+                for text in (first, second) for s in voice.prepare(text).sentences]
     proc = subprocess.Popen(blocked_command("pipeline.speak", "--voice", str(exported_voice), "--raw"),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(),
                             cwd=ROOT)
@@ -186,10 +187,11 @@ def test_wav_file_and_one_line_errors(voice, exported_voice, tmp_path, capsys):
     assert f"{tmp_path / 'export.json'}: not found" in capsys.readouterr().err
 
 
-def test_loud_audio_is_scaled_to_a_095_peak_as_save_wav_does_not_clipped(voice, exported_voice, tmp_path,
-                                                                          monkeypatch):
-    # speak clipped every sample over 1 to +-32767 (voice.to_int16) where save_wav scales the audio to a
-    # 0.95 peak: now --out scales the whole utterance so, and --raw each sentence as it is sent
+def test_loud_audio_is_limited_to_a_095_peak_not_clipped_the_same_in_out_and_raw(voice, exported_voice, tmp_path,
+                                                                                   monkeypatch):
+    # speak clipped every sample over 1 to +-32767 (voice.to_int16); then --out scaled the whole utterance
+    # to a 0.95 peak and --raw each sentence, so the two differed. Now each sentence's peaks are limited
+    # (wavfile.limit_peaks) and --out holds the very samples --raw sends
     import io
     from types import SimpleNamespace
 
@@ -206,11 +208,12 @@ def test_loud_audio_is_scaled_to_a_095_peak_as_save_wav_does_not_clipped(voice, 
                                                      language=None), stdout)   # what --raw writes
     raw = np.frombuffer(stdout.getvalue(), "<i2").astype(int)
     said = list(voice.sentences_float(voice.prepare(text)))
-    assert len(said) == 2 and min(np.abs(a).max() for a in said) > 1
+    monkeypatch.setattr(Voice, "_call", call)
+    assert len(said) == 2 and min(np.abs(a).max() for a in said) == pytest.approx(0.95, abs=1e-6)   # limited
     parts = np.split(raw, np.cumsum([len(a) for a in said])[:-1])
-    assert [np.abs(part).max() for part in parts] == pytest.approx([peak, peak], abs=1)   # each sentence on its own
+    assert [np.abs(part).max() for part in parts] == pytest.approx([peak, peak], abs=1)   # each sentence's peaks
     np.testing.assert_array_equal(raw, np.concatenate([to_pcm(a) for a in said]))
-    assert np.abs(wav - to_pcm(np.concatenate(said))).max() <= 2          # the samples save_wav writes (to 2 LSB)
+    np.testing.assert_array_equal(wav, raw)                               # --out: the samples --raw sent
 
 
 def test_voice_description(voice, exported_voice):
@@ -340,9 +343,9 @@ def test_raw_and_out_read_the_same_standard_input_the_same_way(voice, exported_v
     pause = np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.float32)
     said = [*voice.sentences_float(voice.prepare("Hello there.")), pause,
             *voice.sentences_float(voice.prepare('<speak>Hi <break time="1s"/> there.</speak>'))]
-    raw = np.concatenate([to_pcm(a) for a in said])   # --raw: each sentence scaled on its own if it would clip
-    for got, want in ((np.frombuffer(pcm, "<i2"), raw), (wav, to_pcm(np.concatenate(said)))):   # --out: as one
-        assert len(got) == len(want) and np.abs(got.astype(int) - want).max() <= 2
+    raw = np.concatenate([to_pcm(a) for a in said])   # each sentence as sentences_float gives it (peaks limited)
+    for got in (np.frombuffer(pcm, "<i2"), wav):      # --raw and --out
+        assert len(got) == len(raw) and np.abs(got.astype(int) - raw).max() <= 2
 
 
 def test_errors_name_lines_of_the_whole_input_read_a_paragraph_at_a_time(exported_voice, tmp_path, capsys,

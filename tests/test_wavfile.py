@@ -1,5 +1,5 @@
-"""pipeline/wavfile.py, the one wav writer: 16-bit PCM that soundfile reads back, clipping scaled away,
-NaN refused, atomic and durable writes, a full disk one line, and the output path checked before work."""
+"""pipeline/wavfile.py, the one wav writer: 16-bit PCM that soundfile reads back, clipping scaled away
+(or limited: the voice's sentences), NaN refused, atomic and durable writes, a full disk one line, and the output path checked before work."""
 import errno
 import os
 
@@ -118,3 +118,27 @@ def test_a_link_is_written_through_and_a_device_or_pipe_is_never_replaced(tmp_pa
             wavfile.save_wav(path, audio, 22050)
     assert not os.path.isfile(os.devnull) and os.path.islink(tmp_path / "null.wav")
     assert sorted(os.listdir(tmp_path)) == ["fifo.wav", "link.wav", "null.wav", "target.wav"]  # no temporary file
+
+
+def test_the_running_minimum_is_every_windows_minimum():
+    values = np.random.default_rng(0).random(1000)
+    for width in (1, 2, 7, 10, 999, 1000):
+        want = [values[i:i + width].min() for i in range(len(values) - width + 1)]
+        np.testing.assert_array_equal(wavfile._running_min(values, width), want)
+
+
+def test_the_limiter_brings_only_the_peaks_over_1_down_to_095():
+    sr, h = 22050, round(wavfile.LIMIT_SECONDS * 22050)
+    audio = (0.5 * np.sin(2 * np.pi * 150 * np.arange(3 * sr) / sr)).astype(np.float32)
+    audio[30000:30100] *= 2.6                                                  # a burst peaking at 1.3
+    out = wavfile.limit_peaks(audio, sr)
+    assert out.dtype == np.float32 and len(out) == len(audio)
+    assert np.abs(out).max() == pytest.approx(wavfile.PEAK, abs=1e-6)         # the peak itself at 0.95, not lower
+    changed = np.flatnonzero(out != audio)
+    assert changed.min() >= 30000 - 2 * h and changed.max() < 30100 + 2 * h     # within 2 x 10 ms of the burst
+    assert np.all(np.abs(out) <= np.abs(audio))                                 # a gain, never above 1
+    # loud noise: every sample needs some gain, and none ends above 0.95
+    noise = np.random.default_rng(1).normal(0, 0.8, sr).astype(np.float32)
+    assert np.abs(noise).max() > 2 and np.abs(wavfile.limit_peaks(noise, sr)).max() <= wavfile.PEAK + 1e-6
+    for kept in (audio / 2.6, np.zeros(0, np.float32), np.array([0.5, np.nan, 2.0], np.float32)):
+        np.testing.assert_array_equal(wavfile.limit_peaks(kept, sr), kept)    # at most 1, or NaN: to_pcm refuses
