@@ -100,12 +100,14 @@ _ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), word) for abbr, wo
 # is a date or a time ("On 17 March St. Patrick's", "On 5 March Dr. Smith."). A count of a headline's
 # plural noun is no house number ("5 Things Dr. Fauci Wants", "10 Reasons St. Louis Is Great"). After
 # "St." a compass word is part of the address ("Main St. North": no saint is named North; "Dr. West"
-# stays a doctor). Before a sentence's usual first word or at the end (a
-# closing quote between), the period also ends the sentence and stays. One pass over the text: an
+# stays a doctor). Before a sentence's usual first word ("Main St. My sister", a possessive or a
+# pronoun: no name) or at the end (closing quotes or brackets between), and before an ellipsis's other
+# dots, the period also ends the sentence and stays. One pass over the text: an
 # attempt starts only where a run of word characters, hyphens and apostrophes does (opening
 # apostrophes are part of it), and reads at most five words.
 _STARTERS = (r"(?:The|An|A(?!\.)|I(?!\.)|He|She|It|We|They|You|This|That|These|Those|There|Then|In|On|At|But|And|"
-             r"So|If|When)\b")
+             r"So|If|When|My|His|Her|Our|Your|Their|Its|Some|Many|All|Every|Each|What|Why|How|Where|Yes|After|"
+             r"Before|Today|Tomorrow|Yesterday|Later|Meanwhile|However|Also|Please|For|With|From|As|Or|Not)\b")
 _NOT_A_NAME = (r"(?:Hi|Hello|Hey|Dear|Thanks|Thank|Yes|No|Okay|Ok|Good|Sorry|The|A|An|My|Our|Your|His|Her|Their|Its|"
                r"This|That)\b")
 _TITLES = (r"(?:Minister|Reverend|Rev|Professor|Prof|President|Senator|Governor|Chancellor|Secretary|Mayor|Judge|"
@@ -124,7 +126,7 @@ _PLACES = [(re.compile(rf"(?<![\w'-])(?P<before>'*(?!{_NOT_A_NAME})(?:(?P<number
                        rf"(?!(?:[A-Z][\w'-]* )?{_HEADLINE})(?:[A-Z][\w'-]* )?)?(?!{_TITLES}){_NAME}{jr})) {abbr}\."
                        rf"(?(number)(?!{_FOLLOWS}(?:[A-Z][\w-]*'s\b|(?!{_STARTERS})[A-Z][\w'-]*\s+[a-z]))"
                        rf"|(?!{_FOLLOWS}(?!{_STARTERS}|{_ADDRESS_WORDS}{compass})[A-Z]){extra})"
-                       rf"(?P<end>(?=[\"']?(?:\s+{_STARTERS}|\s*$)))?"), word)
+                       rf"(?P<end>(?=[\"')\]]*(?:\s+{_STARTERS}|\s*$)|\.\.))?"), word)
            for abbr, word, jr, compass, extra in [("St", "street", "", r"|(?:North|South|East|West)\b", ""),
                                                   ("Dr", "drive", r"|[JS]r\.", "", rf"(?!\s+{_PARTICLES})")]]
 # Street words: "5th Ave." -> avenue, "Sunset Blvd.", "Mulholland Rd." (not "RD", a dietitian), "Hwy.",

@@ -175,6 +175,13 @@ def test_expand_abbreviations(raw, spoken):
      "he lives at forty-two elm drive, springfield; 'main street' was empty."),
     ("The Main St.'s shops. The Dr. said hello; my Dr.'s office.",
      "the main street's shops. the doctor said hello; my doctor's office."),
+    # a possessive or a pronoun is no name: a new sentence (these read saint and doctor, one sentence)
+    ("He lives on Main St. My sister lives on Elm Dr. Yesterday it rained.",
+     "he lives on main street. my sister lives on elm drive. yesterday it rained."),
+    ("Yesterday Dr. Smith came; Then St. Paul said so.", "yesterday doctor smith came; then saint paul said so."),
+    # closing brackets and an ellipsis keep the sentence's end (the period was dropped, a dot of "...")
+    ("(He lives on Main St.) The house is big. [See Elm Dr.] He lives on Main St...",
+     "(he lives on main street.) the house is big. [see elm drive.] he lives on main street..."),
 ])
 def test_street_and_drive_after_a_name_saint_and_doctor_before_one(raw, spoken):
     assert clean_text(raw, "english") == spoken
