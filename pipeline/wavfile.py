@@ -28,7 +28,7 @@ from pipeline.errors import PipelineError
 PEAK = 0.95          # audio that would clip is scaled to this peak before the 16-bit conversion
 FULL_SCALE = 32768   # float x becomes floor(x * 32768), clipped to int16: libsndfile's (soundfile's) conversion
 BLOCK = 1 << 18      # samples converted and written at a time: a long wav is never converted whole
-LIMIT_SECONDS = 0.01  # limit_peaks: the gain ramps down and up again over this much audio on each side of a peak
+LIMIT_SECONDS = 0.01  # limit_peaks: half its windows; the gain ramps over twice this on each side of a peak
 
 
 def check_path(path, flag="--out"):
@@ -68,8 +68,8 @@ def write_pcm(path, pcm, sample_rate):
 
 def limit_peaks(audio, sample_rate, seconds=LIMIT_SECONDS):
     """Flat float32 audio with its peaks over 1 brought down to PEAK by a smooth gain, the rest kept as it
-    is: a look-ahead peak limiter. Its gain dips around each such peak, ramping over `seconds` on each
-    side (slower than a voice's pitch period, so it does not distort it), and is 1 elsewhere, so a
+    is: a look-ahead peak limiter. Its gain dips around each such peak, ramping over 2 x `seconds` on
+    each side (slower than a voice's pitch period, so it does not distort it), and is 1 elsewhere, so a
     sentence that would clip keeps the loudness of the sentences beside it (scaling it whole would make
     it quieter). Audio peaking at 1 or less, or holding a NaN or an infinite sample (to_pcm refuses
     it), comes back unchanged. NumPy only, O(samples)."""
@@ -79,18 +79,24 @@ def limit_peaks(audio, sample_rate, seconds=LIMIT_SECONDS):
         return audio
     h = max(1, int(round(seconds * sample_rate)))
     wanted = np.minimum(1.0, PEAK / np.maximum(np.abs(audio), 1e-30))            # the gain each sample needs
-    wanted = np.pad(wanted, 2 * h, constant_values=1.0)
-    lowest = _running_min(wanted, 2 * h + 1)          # [i]: the least over wanted[i .. i + 2h], i.e. centred on i + h
-    sums = np.concatenate([[0.0], np.cumsum(lowest, dtype=np.float64)])
-    gain = (sums[2 * h + 1:] - sums[:-2 * h - 1])[:len(audio)] / (2 * h + 1)   # the mean of 2h + 1 of them
-    # each mean is over minima whose windows all hold the sample itself: never above the gain it needs
-    return (audio * gain).astype(np.float32)
+    lowest = _running_min(np.pad(wanted, 2 * h, constant_values=1.0), 2 * h + 1)   # [i]: over padded [i .. i + 2h]
+    sums = np.zeros(len(lowest) + 1)
+    np.cumsum(lowest, dtype=np.float64, out=sums[1:])
+    del lowest
+    gain = np.subtract(sums[2 * h + 1:2 * h + 1 + len(audio)], sums[:len(audio)])
+    del sums
+    gain /= 2 * h + 1                                 # the mean of 2h + 1 of them
+    # each mean is over minima whose windows all hold the sample itself: never above the gain it needs,
+    # exactly; the bound is kept after float rounding too (a running sum of ~1e7 loses a 1e-9 gain)
+    np.minimum(gain, wanted, out=gain)
+    out = (audio * gain).astype(np.float32)
+    return np.clip(out, -PEAK, PEAK, out=out)         # float32 rounding gave 0.95000005
 
 
 def _running_min(values, width):
     """[i] = min(values[i : i + width]) for each i where the window fits (van Herk / Gil-Werman: prefix
     and suffix minima of width-long blocks), in O(len(values))."""
-    n = len(values) - width + 1
+    n = max(0, len(values) - width + 1)
     blocks = np.pad(values, (0, -len(values) % width), constant_values=np.inf).reshape(-1, width)
     prefix = np.minimum.accumulate(blocks, axis=1).ravel()
     suffix = np.minimum.accumulate(blocks[:, ::-1], axis=1)[:, ::-1].ravel()
