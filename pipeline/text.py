@@ -100,14 +100,19 @@ _ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), word) for abbr, wo
 # is a date or a time ("On 17 March St. Patrick's", "On 5 March Dr. Smith."). A count of a headline's
 # plural noun is no house number ("5 Things Dr. Fauci Wants", "10 Reasons St. Louis Is Great"). After
 # "St." a compass word is part of the address ("Main St. North": no saint is named North; "Dr. West"
-# stays a doctor). Before a sentence's usual first word ("Main St. My sister", a possessive or a
-# pronoun: no name) or at the end (closing quotes or brackets between), and before an ellipsis's other
-# dots, the period also ends the sentence and stays. One pass over the text: an
+# stays a doctor). Before a sentence's usual first word ("Main St. My sister": after "St." a possessive
+# or a pronoun too, no name) or at the end (closing quotes or brackets between), and before an
+# ellipsis's other dots, the period also ends the sentence and stays. A greeting before "Dr." is no
+# street's name ("Good Morning Dr. The results are in."). One pass over the text: an
 # attempt starts only where a run of word characters, hyphens and apostrophes does (opening
 # apostrophes are part of it), and reads at most five words.
 _STARTERS = (r"(?:The|An|A(?!\.)|I(?!\.)|He|She|It|We|They|You|This|That|These|Those|There|Then|In|On|At|But|And|"
-             r"So|If|When|My|His|Her|Our|Your|Their|Its|Some|Many|All|Every|Each|What|Why|How|Where|Yes|After|"
-             r"Before|Today|Tomorrow|Yesterday|Later|Meanwhile|However|Also|Please|For|With|From|As|Or|Not)\b")
+             r"So|If|When)\b")
+# ... and after a street (not after "Dr.": "Dr. Her", "Dr. How Kim Lee" are names; "Good Morning Dr. How
+# are you?" a doctor), possessives, pronouns, question words and days: "Main St. My sister lives".
+_STREET_STARTERS = (rf"(?:{_STARTERS}|(?:My|His|Her|Our|Your|Their|Its|What|Why|How|Where|Yes|Today|Tomorrow|"
+                    rf"Yesterday|Later|Meanwhile|However)(?![\w'-]))")
+_GREETINGS = r"(?:Morning|Evening|Afternoon|Night|Goodnight|Goodbye|Bye|Welcome|Congratulations|Congrats|Sure)\b"
 _NOT_A_NAME = (r"(?:Hi|Hello|Hey|Dear|Thanks|Thank|Yes|No|Okay|Ok|Good|Sorry|The|A|An|My|Our|Your|His|Her|Their|Its|"
                r"This|That)\b")
 _TITLES = (r"(?:Minister|Reverend|Rev|Professor|Prof|President|Senator|Governor|Chancellor|Secretary|Mayor|Judge|"
@@ -122,13 +127,14 @@ _HEADLINE = (r"(?:Things?|(?:Reason|Way|Tip|Lesson|Fact|Sign|Question|Secret|Mis
              r"Takeaway|Moment|Surprise|Prediction|Trend|Trick|Hack|Photo|Picture|Book|Song|Movie|Film|Food|Time)s|"
              r"Stories)\b")
 _FOLLOWS = r"[\"')\]]*\s+"   # after the abbreviation's period: closing quotes or brackets, then a space
-_PLACES = [(re.compile(rf"(?<![\w'-])(?P<before>'*(?!{_NOT_A_NAME})(?:(?P<number>\d+(?:(?!s )[A-Za-z])? (?!{_DATES})"
+_PLACES = [(re.compile(rf"(?<![\w'-])(?P<before>'*(?!{not_a_name})(?:(?P<number>\d+(?:(?!s )[A-Za-z])? (?!{_DATES})"
                        rf"(?!(?:[A-Z][\w'-]* )?{_HEADLINE})(?:[A-Z][\w'-]* )?)?(?!{_TITLES}){_NAME}{jr})) {abbr}\."
-                       rf"(?(number)(?!{_FOLLOWS}(?:[A-Z][\w-]*'s\b|(?!{_STARTERS})[A-Z][\w'-]*\s+[a-z]))"
-                       rf"|(?!{_FOLLOWS}(?!{_STARTERS}|{_ADDRESS_WORDS}{compass})[A-Z]){extra})"
-                       rf"(?P<end>(?=[\"')\]]*(?:\s+{_STARTERS}|\s*$)|\.\.))?"), word)
-           for abbr, word, jr, compass, extra in [("St", "street", "", r"|(?:North|South|East|West)\b", ""),
-                                                  ("Dr", "drive", r"|[JS]r\.", "", rf"(?!\s+{_PARTICLES})")]]
+                       rf"(?(number)(?!{_FOLLOWS}(?:[A-Z][\w-]*'s\b|(?!{starters})[A-Z][\w'-]*\s+[a-z]))"
+                       rf"|(?!{_FOLLOWS}(?!{starters}|{_ADDRESS_WORDS}{compass})[A-Z]){extra})"
+                       rf"(?P<end>(?=[\"')\]]*(?:\s+{starters}|\s*$)|\.\.))?"), word)
+           for abbr, word, jr, compass, extra, starters, not_a_name in [
+               ("St", "street", "", r"|(?:North|South|East|West)\b", "", _STREET_STARTERS, _NOT_A_NAME),
+               ("Dr", "drive", r"|[JS]r\.", "", rf"(?!\s+{_PARTICLES})", _STARTERS, rf"{_NOT_A_NAME}|{_GREETINGS}")]]
 # Street words: "5th Ave." -> avenue, "Sunset Blvd.", "Mulholland Rd." (not "RD", a dietitian), "Hwy.",
 # and "Mt." before a name ("Mt. Hood"; not "MT" for Montana, "mt." for tonnes, nor "Mt. 5:3"). Their
 # period stays where it ends a sentence: at the end, before an ellipsis's other dots, or (closing quotes
@@ -136,7 +142,7 @@ _PLACES = [(re.compile(rf"(?<![\w'-])(?P<before>'*(?!{_NOT_A_NAME})(?:(?P<number
 # a capitalised word and then a lower-case one ("Sunset Blvd. Police said"; not "Park Ave. South is").
 _COMPASS = r"(?:North|South|East|West)\b"
 _STREET_END = (rf"(?P<end>(?=[\"')\]]*(?:\s+(?![AI]\s+(?:in|on|at|to|and|or|near|between|from|north|south|east|west)\b)"
-               rf"(?:{_STARTERS}|(?!{_COMPASS}|{_ADDRESS_WORDS})[A-Z][a-z][\w'-]*\s+[a-z])|\s*$)|\.\.))?")
+               rf"(?:{_STREET_STARTERS}|(?!{_COMPASS}|{_ADDRESS_WORDS})[A-Z][a-z][\w'-]*\s+[a-z])|\s*$)|\.\.))?")
 _STREETS = [(re.compile(rf"\b{abbr}\.{end}"), word)
             for abbr, word, end in [("(?i:ave)", "avenue", _STREET_END), ("(?i:blvd)", "boulevard", _STREET_END),
                                     ("[Rr]d", "road", _STREET_END), ("(?i:hwy)", "highway", _STREET_END),

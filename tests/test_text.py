@@ -176,9 +176,17 @@ def test_expand_abbreviations(raw, spoken):
     ("The Main St.'s shops. The Dr. said hello; my Dr.'s office.",
      "the main street's shops. the doctor said hello; my doctor's office."),
     # a possessive or a pronoun is no name: a new sentence (these read saint and doctor, one sentence)
-    ("He lives on Main St. My sister lives on Elm Dr. Yesterday it rained.",
-     "he lives on main street. my sister lives on elm drive. yesterday it rained."),
+    ("He lives on Main St. My sister lives on Elm Dr. Then it rained. It's on Main St. Yesterday it was.",
+     "he lives on main street. my sister lives on elm drive. then it rained. it's on main street. yesterday it was."),
     ("Yesterday Dr. Smith came; Then St. Paul said so.", "yesterday doctor smith came; then saint paul said so."),
+    # ... but not after "Dr.": names ("Her" is a Hmong surname) and a doctor greeted (the review of the first
+    # version: each read "drive." and ended a sentence); nor prepositions in a title-case listing
+    ("Contact Dr. Her at the clinic. Stanford's Dr. Or Gozani won. Singapore's Dr. How Kim Lee spoke.",
+     "contact doctor her at the clinic. stanford's doctor or gozani won. singapore's doctor how kim lee spoke."),
+    ("Good Morning Dr. How are you? Morning Dr. The results are in.",
+     "good morning doctor how are you? morning doctor the results are in."),
+    ("Apartment On Park Ave. For Rent; 123 Main St. For Sale", "apartment on park avenue for rent; "
+     "one hundred twenty-three main street for sale"),
     # closing brackets and an ellipsis keep the sentence's end (the period was dropped, a dot of "...")
     ("(He lives on Main St.) The house is big. [See Elm Dr.] He lives on Main St...",
      "(he lives on main street.) the house is big. [see elm drive.] he lives on main street..."),
