@@ -24,7 +24,9 @@ MAX_SENTENCE_CHARACTERS (TooLong before the front end), and goes through the fro
     for pcm in voice.sentences_audio(request): ...        # int16 [samples], one array per sentence
     pcm = voice.audio(request)                            # int16 [samples], the whole request
 
-Audio is made as float32, a sentence at a time. A sentence whose peak is over 1 (it would clip in 16
+Audio is made as float32, a sentence at a time. Each stretch of speech the graph makes fades in and out
+over FADE_SECONDS (fade_edges): the voice often starts a sentence mid-wave, and the jump from the
+silence or the sentence before it would click. A sentence whose peak is over 1 (it would clip in 16
 bits) has its peaks brought down to 0.95 by pipeline/wavfile.py's limiter (`limit_peaks`: a smooth gain
 around each peak, 1 elsewhere), so it keeps the loudness of the sentences beside it, in a stream as in
 a whole wav: every sentence comes out the same either way. Then to_pcm makes int16 of it.
@@ -49,6 +51,7 @@ PITCH_RANGE = (-12.0, 12.0)       # semitones; pitch_shift + prosody pitch withi
 CALIBRATION = "The quick brown fox jumps over the lazy dog."   # said at load: the voice's seconds per symbol
 MARGIN = 1.25                     # the estimate's safety factor: pieces planned to fill at most 1/MARGIN
 MAX_SENTENCE_SECONDS = 600.0      # the most audio one sentence may make (so one sentence's memory is bounded)
+FADE_SECONDS = 0.005              # each stretch of speech fades in and out over this (fade_edges)
 MAX_SENTENCE_CHARACTERS = 20_000  # a sentence's text at most: a longer one is refused before the front end
 FRONT_END_CHARACTERS = 1000       # the text of one front-end call at most (more only where it cannot be cut)
 SOONER = "; end sentences sooner (. ! ?)"
@@ -114,6 +117,18 @@ class Request:
     pitch_shift: float = 0.0
     ready: int = 0
     max_samples: int | None = None   # the most audio the whole request may make (None: no bound)
+
+
+def fade_edges(audio, sample_rate, seconds=FADE_SECONDS):
+    """A copy of float32 `audio` whose first and last `seconds` fade in and out (a raised cosine; at most
+    half of it each): where speech meets silence or other speech it starts and ends at 0, not mid-wave."""
+    audio = np.array(audio, np.float32)
+    n = min(len(audio) // 2, int(round(seconds * sample_rate)))
+    if n:
+        ramp = (0.5 - 0.5 * np.cos(np.pi * (np.arange(n) + 0.5) / n)).astype(np.float32)
+        audio[:n] *= ramp
+        audio[len(audio) - n:] *= ramp[::-1]
+    return audio
 
 
 def _read_json(path):
@@ -516,7 +531,7 @@ class Voice:
         return most, f"over the {most / self.sample_rate:g} s of audio one sentence may make", False
 
     def sentence_float(self, parts, inputs, limit=None, over=None, whole=False):
-        """float32 audio of one prepared sentence; TooLong (`over`, `whole`) as soon as it would make more
+        """float32 audio of one prepared sentence, each stretch of speech faded in and out; TooLong (`over`, `whole`) as soon as it would make more
         than `limit` samples (default MAX_SENTENCE_SECONDS'), so no sentence holds more than that in memory."""
         limit = self.max_sentence_samples if limit is None else limit
         out, made = [], 0
@@ -534,7 +549,7 @@ class Voice:
             else:
                 for audio in self._speech(part[1], part[2], part[3], inputs):
                     keep(len(audio))
-                    out.append(audio)
+                    out.append(fade_edges(audio, self.sample_rate))
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
     def sentences_float(self, request):

@@ -68,6 +68,31 @@ def recorded_calls(voice, monkeypatch):
     return calls
 
 
+def test_each_stretch_of_speech_fades_in_and_out_and_keeps_its_middle(voice, monkeypatch):
+    # the demo-size voice started "Ah." at 0.27 on its first sample: a click after silence or another sentence
+    from pipeline.voice import FADE_SECONDS
+    calls = []
+    call = voice._call
+    monkeypatch.setattr(voice, "_call", lambda *a: calls.append(call(*a)) or calls[-1])
+    n, edges = round(FADE_SECONDS * voice.sample_rate), []
+    for text in ("Ah.", '<speak>It was <break time="200ms"/> late.</speak>'):
+        calls.clear()
+        made = list(voice.sentences_float(voice.prepare(text)))[0]
+        pause = int(round(0.2 * voice.sample_rate)) if "break" in text else 0
+        raw = [np.concatenate([c, np.zeros(pause, np.float32)]) if i == 0 and pause else c
+               for i, c in enumerate(calls)]
+        assert len(calls) == (2 if pause else 1) and len(made) == sum(len(r) for r in raw)
+        at = 0
+        for chunk, stretch in zip(calls, raw):
+            got = made[at:at + len(chunk)]
+            np.testing.assert_array_equal(got[n:-n], chunk[n:-n])                # the middle as the graph made it
+            assert np.all(np.abs(got[:n]) <= np.abs(chunk[:n])) and np.all(np.abs(got[-n:]) <= np.abs(chunk[-n:]))
+            assert abs(got[0]) < 1e-3 * max(abs(chunk[0]), 1e-3) and abs(got[-1]) < 1e-3 * max(abs(chunk[-1]), 1e-3)
+            at += len(stretch)
+            edges += [abs(chunk[0]), abs(chunk[-1])]
+    assert max(edges) > 1e-2                                     # the graph's speech does start or end mid-wave
+
+
 def test_split_symbols_prefers_clauses_then_words():
     assert split_symbols("ab cd, ef gh; ij", 9) == ["ab cd,", "ef gh; ij"]
     assert split_symbols("ab cd, ef gh; ij", 8) == ["ab cd,", "ef gh;", "ij"]
