@@ -122,7 +122,7 @@ _DATES = (r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|
 _PARTICLES = r"(?:van|von|de|der|den|da|di|du|la|le|del|della|ten|ter|al|el|bin|ibn)\b"
 _ADDRESS_WORDS = (r"(?:[NSEW](?![\w.]|\s+[A-Z])|(?:[NS][EW]|Apt|Apartment|Suite|Unit|Room|Floor|Bldg|Building)\b|"
                   r"Ste\b(?!\.))")
-_NAME = r"(?:[A-Z][\w'-]*|\d+(?:st|nd|rd|th))"
+_NAME = r"(?:[A-Z][\w'-]*|\d+(?i:st|nd|rd|th))"
 _HEADLINE = (r"(?:Things?|(?:Reason|Way|Tip|Lesson|Fact|Sign|Question|Secret|Mistake|Rule|Step|Habit|Idea|Quote|Myth|"
              r"Takeaway|Moment|Surprise|Prediction|Trend|Trick|Hack|Photo|Picture|Book|Song|Movie|Film|Food|Time)s|"
              r"Stories)\b")
@@ -133,8 +133,8 @@ _PLACES = [(re.compile(rf"(?<![\w'-])(?P<before>'*(?!{not_a_name})(?:(?P<number>
                        rf"|(?!{_FOLLOWS}(?!{starters}|{_ADDRESS_WORDS}{compass})[A-Z]){extra})"
                        rf"(?P<end>(?=[\"')\]]*(?:\s+{starters}|\s*$)|\.\.))?"), word)
            for abbr, word, jr, compass, extra, starters, not_a_name in [
-               ("St", "street", "", r"|(?:North|South|East|West)\b", "", _STREET_STARTERS, _NOT_A_NAME),
-               ("Dr", "drive", r"|[JS]r\.", "", rf"(?!\s+{_PARTICLES})", _STARTERS, rf"{_NOT_A_NAME}|{_GREETINGS}")]]
+               ("S[tT]", "street", "", r"|(?:North|South|East|West)\b", "", _STREET_STARTERS, _NOT_A_NAME),
+               ("D[rR]", "drive", r"|[JS][rR]\.", "", rf"(?!\s+{_PARTICLES})", _STARTERS, rf"{_NOT_A_NAME}|{_GREETINGS}")]]
 # Street words: "5th Ave." -> avenue, "Sunset Blvd.", "Mulholland Rd." (not "RD", a dietitian), "Hwy.",
 # and "Mt." before a name ("Mt. Hood"; not "MT" for Montana, "mt." for tonnes, nor "Mt. 5:3"). Their
 # period stays where it ends a sentence: at the end, before an ellipsis's other dots, or (closing quotes

@@ -261,6 +261,11 @@ def test_an_address_a_compass_point_a_unit_or_jr_make_a_street_or_a_drive(raw, s
     # Montana, a dietitian, tonnes and the Gospel of Matthew are no mount or road
     ("Born in Missoula, MT. His father, Jane Doe, RD. Exports reached 9 mt. Read Mt. 5:3 tonight.",
      "born in missoula, mt. his father, jane doe, rd. exports reached nine mt. read mt. five:three tonight."),
+    # in capitals: an address with a house number, an ordinal, or at the end (these read saint and doctor)
+    ("123 MAIN ST. SPRINGFIELD; 42 ELM DR. AUSTIN; MARTIN LUTHER KING JR. DR.",
+     "one hundred twenty-three main street springfield; forty-two elm drive austin; martin luther king junior drive."),
+    ("VISIT ST. LOUIS. CALL DR. SMITH. GOOD MORNING DR. HOW ARE YOU?",
+     "visit saint louis. call doctor smith. good morning doctor how are you?"),
 ])
 def test_headlines_compass_words_and_street_words(raw, spoken):
     assert clean_text(raw, "english") == spoken
@@ -270,7 +275,7 @@ def test_headlines_compass_words_and_street_words(raw, spoken):
     "A-" * 50000, "1 " * 50000, "1 A " * 25000, "A St. " * 16000, "Jr. " * 25000, "Jr. Dr. " * 12500,
     "1A B C St. " * 10000, "Main St. NW " * 8000, "A Dr. " + " " * 100000 + "x", "''B" * 33000, "-'B" * 33000,
     "1 A St. B " * 10000, "1 Things St. " * 8000, "Main St. North " * 7000, "Ave. " * 20000, "Ave. Ab " * 12000,
-    "Blvd.)" * 16000 + "x", "Ave. A " * 14000,
+    "Blvd.)" * 16000 + "x", "Ave. A " * 14000, "A ST. " * 16000, "1 A B DR. " * 10000,
 ])
 def test_the_english_cleaners_take_linear_time(raw):
     # expand_places took 2.9 s on "A-" x 20,000 (quadratic in a hyphen chain) and 42 s on "''B" x 33,000 (an
