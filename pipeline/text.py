@@ -127,20 +127,20 @@ _HEADLINE = (r"(?:Things?|(?:Reason|Way|Tip|Lesson|Fact|Sign|Question|Secret|Mis
              r"Takeaway|Moment|Surprise|Prediction|Trend|Trick|Hack|Photo|Picture|Book|Song|Movie|Film|Food|Time)s|"
              r"Stories)\b")
 _FOLLOWS = r"[\"')\]]*\s+"   # after the abbreviation's period: closing quotes or brackets, then a space
+_COMPASS = r"(?:North|South|East|West)\b"
 _PLACES = [(re.compile(rf"(?<![\w'-])(?P<before>'*(?!{not_a_name})(?:(?P<number>\d+(?:(?!s )[A-Za-z])? (?!{_DATES})"
                        rf"(?!(?:[A-Z][\w'-]* )?{_HEADLINE})(?:[A-Z][\w'-]* )?)?(?!{_TITLES}){_NAME}{jr})) {abbr}\."
                        rf"(?(number)(?!{_FOLLOWS}(?:[A-Z][\w-]*'s\b|(?!{starters})[A-Z][\w'-]*\s+[a-z]))"
                        rf"|(?!{_FOLLOWS}(?!{starters}|{_ADDRESS_WORDS}{compass})[A-Z]){extra})"
                        rf"(?P<end>(?=[\"')\]]*(?:\s+{starters}|\s*$)|\.\.))?"), word)
            for abbr, word, jr, compass, extra, starters, not_a_name in [
-               ("S[tT]", "street", "", r"|(?:North|South|East|West)\b", "", _STREET_STARTERS, _NOT_A_NAME),
+               ("S[tT]", "street", "", f"|{_COMPASS}", "", _STREET_STARTERS, _NOT_A_NAME),
                ("D[rR]", "drive", r"|[JS][rR]\.", "", rf"(?!\s+{_PARTICLES})", _STARTERS, rf"{_NOT_A_NAME}|{_GREETINGS}")]]
 # Street words: "5th Ave." -> avenue, "Sunset Blvd.", "Mulholland Rd." (not "RD", a dietitian), "Hwy.",
 # and "Mt." before a name ("Mt. Hood"; not "MT" for Montana, "mt." for tonnes, nor "Mt. 5:3"). Their
 # period stays where it ends a sentence: at the end, before an ellipsis's other dots, or (closing quotes
 # or brackets between) before a sentence's usual first word (not "Ave. A in ...", a lettered avenue) or
 # a capitalised word and then a lower-case one ("Sunset Blvd. Police said"; not "Park Ave. South is").
-_COMPASS = r"(?:North|South|East|West)\b"
 _STREET_END = (rf"(?P<end>(?=[\"')\]]*(?:\s+(?![AI]\s+(?:in|on|at|to|and|or|near|between|from|north|south|east|west)\b)"
                rf"(?:{_STREET_STARTERS}|(?!{_COMPASS}|{_ADDRESS_WORDS})[A-Z][a-z][\w'-]*\s+[a-z])|\s*$)|\.\.))?")
 _STREETS = [(re.compile(rf"\b{abbr}\.{end}"), word)

@@ -531,8 +531,9 @@ class Voice:
         return most, f"over the {most / self.sample_rate:g} s of audio one sentence may make", False
 
     def sentence_float(self, parts, inputs, limit=None, over=None, whole=False):
-        """float32 audio of one prepared sentence, each stretch of speech faded in and out; TooLong (`over`, `whole`) as soon as it would make more
-        than `limit` samples (default MAX_SENTENCE_SECONDS'), so no sentence holds more than that in memory."""
+        """float32 audio of one prepared sentence, each stretch of speech faded in and out; TooLong (`over`,
+        `whole`) as soon as it would make more than `limit` samples (default MAX_SENTENCE_SECONDS'), so no
+        sentence holds more than that in memory."""
         limit = self.max_sentence_samples if limit is None else limit
         out, made = [], 0
 

@@ -96,9 +96,9 @@ def _set_for(aside, key):
     named = aside / _digest(key)
     if _has_checkpoints(named):
         return named
-    sets = aside.iterdir() if aside.is_dir() else ()
+    want, sets = _comparable(key), aside.iterdir() if aside.is_dir() else ()
     return next((p for p in sets if not p.name.startswith(UNRECORDED) and _has_checkpoints(p)
-                 and (made := read(p)) is not None and _comparable(made) == _comparable(key)), None)
+                 and (made := read(p)) is not None and _comparable(made) == want), None)
 
 
 def _has_checkpoints(folder):
