@@ -6,13 +6,16 @@ in the one shard format (pipeline/shards.py). Mel shards and their energy come f
 front end (pipeline/text.py, one espeak-ng backend per job). Per-clip sums (`.stats.npy`) give
 `index` the train split's mel, energy and voiced-pitch mean/std without a second pass. A job leaves
 out, with its reason, each clip it cannot vouch for (audio: load_clip; text: text.problem and
-dropped_words); `index` lists them all in rejected.tsv.
+dropped_words); `index` lists them all in rejected.tsv. `check`, the one reader of dataset.bad_audio,
+stops the run there when it is fail and a clip's audio was left out (the audio_check rule: flipping the
+key reruns it alone).
 
     python -m pipeline.cache tokens --config CFG --shard 3 --out cache/demo/tokens/shard-003
     python -m pipeline.cache mels   --config CFG --shard 3 --out cache/demo/mels/shard-003 --energy cache/demo/energy/shard-003 --audio cache/demo/audio/shard-003
     python -m pipeline.cache pitch  --config CFG --shard 3 --out cache/demo/pitch/shard-003
     python -m pipeline.cache index  --config CFG --out cache/demo/index.json   # every shard of the config's cache
     python -m pipeline.cache index  --config CFG --tokens T.. --mels M.. --energy-shards E.. --pitch P.. --out I
+    python -m pipeline.cache check  --bad-audio fail --rejected cache/demo/rejected.tsv --out cache/demo/audio_check.json
 
 Config keys: dataset.*, cache.shards, text.* (tokens), audio.* (mels; pitch reads sample_rate and
 hop_length), pitch.* (pitch).
@@ -218,18 +221,9 @@ def decode_key(cfg, clips):
                          ds["max_seconds"], *stamps)
 
 
-def _bad_audio_check(ds, shard, what, rejected):
-    """A callable raising BadAudio listing every bad clip when dataset.bad_audio is fail."""
-    def fail_on_bad():
-        if rejected and ds["bad_audio"] == "fail":
-            listing = "; ".join(f"{r['path']}: {r['reason']}" for r in rejected)
-            raise audio.BadAudio(f"{what} shard {shard}: {len(rejected)} bad clip(s) with dataset.bad_audio: fail: {listing}")
-    return fail_on_bad
-
-
 def _audio_of_shard(cfg, shard, what, log, clips):
-    """(clips' signals as (id, float32 audio) pairs, rejected, fail_on_bad) of one shard, decoded
-    from its files; fail_on_bad raises BadAudio listing every bad clip when dataset.bad_audio is fail."""
+    """(clips' signals as (id, float32 audio) pairs, rejected) of one shard, decoded from its files: a
+    bad clip is left out and listed in `rejected` (with dataset.bad_audio: fail, `check` stops the run)."""
     ds, a = cfg["dataset"], cfg["audio"]
     rejected, start = [], time.time()
     fmax = a["fmax"] if what == "mel" else None  # a pitch job is given no audio.fmax (nor depends on it)
@@ -254,11 +248,11 @@ def _audio_of_shard(cfg, shard, what, log, clips):
                 rate = i / max(time.time() - start, 1e-9)
                 log(f"{what} shard {shard}: {i}/{len(clips)} clips, {rate:.1f} clips/s, eta {(len(clips) - i) / rate:.0f} s")
 
-    return signals(), rejected, _bad_audio_check(ds, shard, what, rejected)
+    return signals(), rejected
 
 
 def _cached_audio(cfg, shard, path, key, log):
-    """The signals, rejected and fail_on_bad of `_audio_of_shard`, read from the audio shard at `path`
+    """The signals and rejected of `_audio_of_shard`, read from the audio shard at `path`
     when the mel job that wrote it decoded exactly these clips (`key`, decode_key); None when it is
     missing, from other clips or settings, or being rewritten (a checksum that does not match yet):
     the caller decodes the clips itself, as it does when the mel job left clips out for audio.fmax (a
@@ -284,7 +278,7 @@ def _cached_audio(cfg, shard, path, key, log):
     signals = zip(meta["ids"], waves)
     rejected = [dict(r, stage="pitch") for r in meta["rejected"]]
     log(f"pitch shard {shard}: {len(meta['ids'])} clips from {Path(path).with_suffix('.bin')}")
-    return signals, rejected, _bad_audio_check(cfg["dataset"], shard, "pitch", rejected)
+    return signals, rejected
 
 
 def build_mel_shard(cfg, shard, out, energy_out, audio_out=None, log=_print):
@@ -295,7 +289,7 @@ def build_mel_shard(cfg, shard, out, energy_out, audio_out=None, log=_print):
                             fmax=a["fmax"])
     clips = _shard_clips(cfg, shard, log)
     key = decode_key(cfg, clips)  # before decoding: a file replaced meanwhile is not vouched for
-    signals, rejected, fail_on_bad = _audio_of_shard(cfg, shard, "mel", log, clips)
+    signals, rejected = _audio_of_shard(cfg, shard, "mel", log, clips)
     ids, mels, energies, mel_sums, energy_sums, waves = [], [], [], [], [], []
     for cid, y in signals:
         spec = audio.stft_magnitude(y, n_fft=a["n_fft"], hop_length=a["hop_length"], win_length=a["win_length"])
@@ -308,7 +302,6 @@ def build_mel_shard(cfg, shard, out, energy_out, audio_out=None, log=_print):
             waves.append(y[:len(mel) * a["hop_length"]])                           # (F * hop,)
         mel_sums.append([mel.sum(0, dtype=np.float64), np.square(mel).sum(0, dtype=np.float64)])
         energy_sums.append([energy.sum(dtype=np.float64), np.square(energy, dtype=np.float64).sum()])
-    fail_on_bad()
     n_mels = a["n_mels"]
     frames = sum(len(m) for m in mels)
     seconds = round(frames * a["hop_length"] / a["sample_rate"], 3)
@@ -352,7 +345,7 @@ def build_pitch_shard(cfg, shard, out, audio_shard=None, log=_print):
         _light_pyworld()
     clips = _shard_clips(cfg, shard, log)
     cached = audio_shard and _cached_audio(cfg, shard, audio_shard, decode_key(cfg, clips), log)
-    signals, rejected, fail_on_bad = cached or _audio_of_shard(cfg, shard, "pitch", log, clips)
+    signals, rejected = cached or _audio_of_shard(cfg, shard, "pitch", log, clips)
     ids, tracks, sums = [], [], []
     for cid, y in signals:
         f = pitch.f0(y, sample_rate=a["sample_rate"], hop_length=a["hop_length"],
@@ -360,7 +353,6 @@ def build_pitch_shard(cfg, shard, out, audio_shard=None, log=_print):
         ids.append(cid)
         tracks.append(f)
         sums.append(pitch.voiced_stats(f))
-    fail_on_bad()
     shards.write(out, "pitch", ids, tracks, provenance=shards.provenance("pitch", cfg),
                  stats=np.asarray(sums, np.float64).reshape(len(ids), 3), rejected=rejected)
     voiced = sum(s[0] for s in sums) / max(sum(len(t) for t in tracks), 1)
@@ -403,6 +395,40 @@ def write_rejected(path, rejected):
     lines = ["id\tshard\tstage\tpath\treason"] + [
         f"{r['id']}\t{r['shard']}\t{r['stage']}\t{r['path']}\t{r['reason']}" for r in rejected]
     files.atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+AUDIO_STAGES = ("mels", "pitch")  # the jobs that decode audio; a tokens or index rejection is no bad audio
+LISTED = 20  # bad clips named in audio_check's one-line message (its log and rejected.tsv list them all)
+
+
+def read_rejected(path):
+    """rejected.tsv's rows as dicts (id, shard, stage, path, reason); a path holding a tab stays whole."""
+    rows = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()[1:], start=2):
+        f = line.split("\t")
+        if len(f) < 5:
+            raise shards.CacheError(f"{path}: line {n}: not id, shard, stage, path and reason (rebuild it: "
+                                    f"snakemake --forcerun cache_index)")
+        rows.append(dict(id=f[0], shard=f[1], stage=f[2], path="\t".join(f[3:-1]), reason=f[-1]))
+    return rows
+
+
+def audio_check(bad_audio, rejected_path, out, log=_print):
+    """The audio_check job, the one reader of dataset.bad_audio: with `fail`, BadAudio naming each clip
+    that the mel or pitch jobs left out (the index's rejected.tsv), once every shard is built (the good
+    ones are kept); else `out`, a record of the check. The log gets every bad clip, the message the first LISTED."""
+    bad = [r for r in read_rejected(rejected_path) if r["stage"] in AUDIO_STAGES]
+    if bad and bad_audio == "fail":
+        for r in bad:
+            log(f"bad audio: {r['path']}: {r['reason']}")
+        shown = "; ".join(f"{r['path']}: {r['reason']}" for r in bad[:LISTED])
+        more = f"; and {len(bad) - LISTED} more" if len(bad) > LISTED else ""
+        raise audio.BadAudio(f"dataset.bad_audio: fail: {len(bad)} clip(s) with bad audio, left out of the caches "
+                             f"(listed in {rejected_path}): {shown}{more}. Mend or remove them, or set "
+                             f"dataset.bad_audio: skip to go on without them")
+    files.atomic_write_text(out, json.dumps(dict(bad_audio=bad_audio, left_out=len(bad), rejected=str(rejected_path)),
+                                            indent=1) + "\n")
+    log(f"audio check: {len(bad)} clip(s) with bad audio left out of the caches (dataset.bad_audio: {bad_audio})")
 
 
 def _shard_number(path):
@@ -559,11 +585,14 @@ def keep_freed_memory():
 
 @cli
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Build token, mel (+ energy) and pitch shards and the cache index.")
-    parser.add_argument("what", choices=["tokens", "mels", "pitch", "index"])
+    parser = argparse.ArgumentParser(description="Build token, mel (+ energy) and pitch shards and the cache index; "
+                                                 "check the index's bad audio against dataset.bad_audio.")
+    parser.add_argument("what", choices=["tokens", "mels", "pitch", "index", "check"])
     config.add_arguments(parser)
     parser.add_argument("--shard", type=int)
-    parser.add_argument("--out", required=True, help="shard path without suffix, or index.json")
+    parser.add_argument("--out", required=True, help="shard path without suffix, index.json, or check's record")
+    parser.add_argument("--bad-audio", choices=["skip", "fail"], help="check: dataset.bad_audio")
+    parser.add_argument("--rejected", help="check: the index's rejected.tsv")
     parser.add_argument("--energy", help="mels: the energy shard path without suffix")
     parser.add_argument("--audio", help="mels: the audio shard path to write, without suffix (the waveform on the mel "
                                         "grid); pitch: the one to read when it holds this shard's clips")
@@ -572,6 +601,11 @@ def main(argv=None):
             parser.add_argument(f"--{kind}", nargs="*", default=[], help=f"index: the {kind} shards")
     parser.add_argument("--energy-shards", nargs="*", default=[], help="index: the energy shards")
     args = parser.parse_args(argv)
+    if args.what == "check":
+        if not (args.bad_audio and args.rejected):
+            raise config.ConfigError("check: --bad-audio and --rejected are required")
+        audio_check(args.bad_audio, args.rejected, args.out)
+        return
     # a pitch job gets audio.sample_rate and hop_length alone (its rule passes no other audio key, so
     # an n_mels edit does not rerun it): the cross-key audio checks would see defaults, so skip them
     cfg = config.from_args(args, check_paths=args.what != "pitch")

@@ -358,6 +358,18 @@ def without_logging(cfg):
             if name in LOGGING_KEYS and isinstance(section, dict) else section for name, section in cfg.items()}
 
 
+def job_params(cfg):
+    """`cfg` (a whole config or some of its sections) as a rule's params: less LOGGING_KEYS, and with
+    dataset.bad_audio as "skip", what every job does with a bad clip: leave it out and list it
+    (rejected.tsv). `fail` is the audio_check job's alone (`python -m pipeline.cache check`, given the
+    key on its command line), so flipping the key reruns that job and no shard, aligner or trainer;
+    "skip" rather than no key keeps the params, and so the shards, of caches built before."""
+    out = without_logging(cfg)
+    if isinstance(out.get("dataset"), dict) and "bad_audio" in out["dataset"]:
+        out["dataset"] = dict(out["dataset"], bad_audio="skip")
+    return out
+
+
 def logging_env(cfg):
     """LOGGING_ENV's value for a validated config: its LOGGING_KEYS, as JSON."""
     return json.dumps({name: {k: cfg[name][k] for k in keys} for name, keys in LOGGING_KEYS.items()}, sort_keys=True)

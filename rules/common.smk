@@ -74,8 +74,8 @@ wildcard_constraints:
 
 def _inline(**sections):
     """The config sections a job needs, as the inline JSON that `--config` accepts (less the trainers'
-    logging keys: pipeline.config.LOGGING_KEYS)."""
-    return json.dumps(pconfig.without_logging(sections), sort_keys=True)
+    logging keys, dataset.bad_audio as "skip": pipeline.config.job_params)."""
+    return json.dumps(pconfig.job_params(sections), sort_keys=True)
 
 
 def shard_files(kind, *suffixes):
@@ -96,7 +96,7 @@ def config_without(*sections, keep=None):
     def params(wildcards):
         cfg = {k: v for k, v in config.items() if k not in sections}
         cfg.update({s: {k: config[s][k] for k in keys} for s, keys in keep.items()})
-        return json.dumps(pconfig.without_logging(cfg), sort_keys=True)
+        return json.dumps(pconfig.job_params(cfg), sort_keys=True)
 
     return params
 

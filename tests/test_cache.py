@@ -314,22 +314,38 @@ def test_bad_audio_skip_then_fail(tmp_path, corpus_template):
         assert any(w in reason.lower() for w in BAD_KINDS[kind]), (kind, reason)
     assert planned_jobs(cfg_path) == {}
 
-    # with bad_audio: fail the shard holding them fails, naming the files; the others are kept
+    # with bad_audio: fail the run stops after the caches, naming every bad file; flipping the key
+    # rebuilds no shard (every shard job builds the same bytes either way), and the shards are kept
     fail_path = write_config(tmp_path, root, dataset={"root": str(root), "bad_audio": "fail"}, cache=cache_cfg)
-    proc = snakemake("caches", "--keep-going", config=fail_path, check=False)
+    assert planned_jobs(fail_path) == {"audio_check": 1, "caches": 1}
+    built = {p: p.stat().st_mtime_ns for p in cache_dir.rglob("shard-*")}
+    proc = snakemake("caches", config=fail_path, check=False)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    log = cache_dir.parent.parent / "reports" / "t" / "logs" / "mel_shard" / f"{bad_shard:03d}.log"
+    log = cache_dir.parent.parent / "reports" / "t" / "logs" / "audio_check.log"
     assert str(log) in output  # Snakemake points the user at the failed job's log
     log_text = log.read_text()
+    message = next(line for line in log_text.splitlines() if line.startswith("error: "))
+    assert f"dataset.bad_audio: fail: {len(BAD_KINDS)} clip(s) with bad audio" in message
     for kind, path in bad_paths.items():
-        assert (bad_ids[kind] if kind == "missing" else str(path)) in log_text, kind
-    assert not (cache_dir / "mels" / f"shard-{bad_shard:03d}.json").exists()
-    for k in set(range(shards)) - {bad_shard}:
-        prefix, meta = _load(cache_dir, "mels", k)
-        assert Path(f"{prefix}.bin").stat().st_size == meta["bytes"] > 0
-    assert not (cache_dir / "pitch" / f"shard-{bad_shard:03d}.json").exists()  # its pitch job fails alike
-    assert planned_jobs(fail_path) == {"mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "caches": 1}
+        assert (bad_ids[kind] if kind == "missing" else str(path)) in message, kind
+    assert {p: p.stat().st_mtime_ns for p in cache_dir.rglob("shard-*")} == built
+    assert not (cache_dir / "audio_check.json").exists()
+    assert planned_jobs(fail_path) == {"audio_check": 1, "caches": 1}  # it fails again until they are mended
+
+    # everything that trains on the caches waits for the check
+    graph = snakemake("all", "--rulegraph", config=fail_path).stdout
+    names = dict(re.findall(r"^\s*(\d+)\[label = \"(\w+)\"", graph, flags=re.MULTILINE))
+    after = {names[b] for a, b in re.findall(r"^\s*(\d+) -> (\d+)", graph, flags=re.MULTILINE) if names[a] == "audio_check"}
+    assert {"train", "diagnose"} <= after, graph
+
+    # back to skip: the check passes and records what it let through, again rebuilding nothing
+    cfg_path = write_config(tmp_path, root, dataset={"root": str(root), "bad_audio": "skip"}, cache=cache_cfg)
+    assert planned_jobs(cfg_path) == {"audio_check": 1, "caches": 1}
+    snakemake("caches", config=cfg_path)
+    assert json.loads((cache_dir / "audio_check.json").read_text())["left_out"] == len(BAD_KINDS)
+    assert {p: p.stat().st_mtime_ns for p in cache_dir.rglob("shard-*")} == built
+    assert planned_jobs(cfg_path) == {}
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_KINDS))
