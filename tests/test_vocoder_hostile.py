@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -423,6 +424,24 @@ def test_a_copied_run_resumes_its_fine_tuning_whose_first_phase_has_the_same_wei
     inputs.switch(folder, copied, log=logged.append)
     assert len(logged) == 3 and "the first phase's weights" in logged[1] and "resuming" in logged[2]
     assert "ckpt-100" in (folder / "checkpoints" / "checkpoint").read_text()
+
+
+def test_going_back_to_settings_older_than_the_kept_sets_restores_them_not_prunes_them(tmp_path):
+    # A -> B -> C -> A: A's set is the oldest of three when C's is set aside; pruning to KEEP deleted it
+    # just before it would have come back, and the phase trained anew from step 0
+    cfg = config.load_config(None, {"runs_dir": str(tmp_path / "runs"), "name": "t"}, check_paths=False)
+    folder, logged = tmp_path / "train", []
+    keys = {rate: inputs.settings(dict(cfg, vocoder={**cfg["vocoder"], "learning_rate": rate})) for rate in (1e-3, 2e-3, 3e-3)}
+    for step, rate in enumerate([1e-3, 2e-3, 3e-3, 1e-3], start=1):
+        inputs.switch(folder, keys[rate], log=logged.append)
+        if rate == 1e-3 and step > 1:
+            break
+        (folder / "checkpoints").mkdir()
+        (folder / "checkpoints" / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{step}"\n')
+        time.sleep(0.01)                                                        # sets pruned oldest first
+    assert "resuming" in logged[-1], logged
+    assert 'ckpt-1"' in (folder / "checkpoints" / "checkpoint").read_text()   # A's own checkpoints, back
+    assert len(list((folder / "set_aside").iterdir())) == inputs.KEEP           # B's and C's
 
 
 @pytest.mark.parametrize("named", ["today", "by its full inputs"])

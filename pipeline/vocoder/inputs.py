@@ -147,7 +147,9 @@ def switch(folder, key, log):
         os.replace(ckpts, target / "checkpoints")
         log(f"{folder}: its checkpoints were made with {'; '.join(changes(made, key))}: set aside in {target} "
             f"(these inputs back restore them); training this phase from its start")
-        sets = [p for p in aside.iterdir() if not p.name.startswith(UNRECORDED)]  # those: kept until deleted by hand
+        # the unrecorded are kept until deleted by hand; so is the set `key` made, which comes back below
+        coming_back = _set_for(aside, key)
+        sets = [p for p in aside.iterdir() if not p.name.startswith(UNRECORDED) and p != coming_back]
         for old in sorted(sets, key=lambda p: p.stat().st_mtime)[:-KEEP]:
             shutil.rmtree(old, ignore_errors=True)
     # `key` recorded before its set moves back: a job killed between the two leaves the folder saying
