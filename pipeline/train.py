@@ -363,11 +363,17 @@ def save_alignment_png(align, path, step):
     plt.close(fig)
 
 
+def has_checkpoints(folder):
+    """Whether `folder` holds checkpoints to resume, its state file lost or not: restore lists them
+    again (relist) and resumes, so whatever checks a resume must run on them too."""
+    return tf.train.latest_checkpoint(str(folder)) is not None or any(Path(folder).glob("ckpt-*.index"))
+
+
 def check_same_model(cfg, run):
     """Resuming needs the model that made the checkpoints: another `model:` (the sections of kinds the run
     does not use aside) is an error naming what changed, not a traceback. The run's config.json says
     what made them, else its run.json (config.json deleted: it is rewritten only after this check)."""
-    if not tf.train.latest_checkpoint(run / "checkpoints"):
+    if not has_checkpoints(run / "checkpoints"):
         return
     saved = run / "config.json"
     if saved.is_file():
@@ -401,7 +407,7 @@ def start_run(cfg, run, log):
     Refuses, before anything is built, checkpoints made by another model or on a moved vocabulary."""
     run.mkdir(parents=True, exist_ok=True)
     check_same_model(cfg, run)
-    resuming = tf.train.latest_checkpoint(run / "checkpoints") is not None
+    resuming = has_checkpoints(run / "checkpoints")
     index = data.read_index(cfg)
     return runinfo.for_training(cfg, index, data.feature_stats(cfg, index), run, resuming, log=log)
 

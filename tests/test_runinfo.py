@@ -140,10 +140,18 @@ def test_a_speaker_the_run_does_not_have_is_one_line(trained):
 
 
 @pytest.mark.slow
-def test_resume_on_a_moved_vocabulary_is_one_line(trained):
+@pytest.mark.parametrize("state_file", ["kept", "lost"])
+def test_resume_on_a_moved_vocabulary_is_one_line(trained, state_file):
+    # with the checkpoints' state file lost the trainer still resumes them (it lists them again), so the
+    # vocabulary is checked then too: it was taken as a fresh start, run.json overwritten, and the old
+    # weights trained on with the new ids
     path, cfg, _, _ = trained
     run = config.run_dir(cfg)
     saved = runinfo.path(run).read_text()
+    state = run / "checkpoints" / "checkpoint"
+    kept = state.read_bytes()
+    if state_file == "lost":
+        state.unlink()
     try:
         old = json.loads(saved)
         old["vocab"]["symbols"].remove("ʘ")  # a run trained before a symbol was added to the inventory
@@ -156,8 +164,10 @@ def test_resume_on_a_moved_vocabulary_is_one_line(trained):
         assert last.startswith(f"error: {run / 'checkpoints'}: the vocabulary changed (187 -> 188 symbols, "
                                f"first at id {first}")
         assert "give this run another `name`" in last
+        assert runinfo.path(run).read_text() == json.dumps(old)     # the run's record untouched
     finally:
         runinfo.path(run).write_text(saved)
+        state.write_bytes(kept)
 
 
 def test_what_moved_under_a_checkpoint_is_named(tmp_path):
