@@ -105,7 +105,6 @@ class Trainer:
         keras.utils.set_random_seed(cfg["train"]["seed"])
         clips = data.load_clips(cfg, "all", self.index)[0]  # every shard's JSON read and checked once here
         self.edges, self.shapes = data.bucket_shapes(cfg, clips=clips)
-        self.has_val = bool(clips.val.any())
         self.n_buckets = len(self.shapes)
         self.placement, self.model_device = self.p.name, self.p.model_device
         self.copy_ms = None
@@ -128,6 +127,9 @@ class Trainer:
                 opt = keras.optimizers.LossScaleOptimizer(opt)  # float16 gradients underflow without it
             opt.build(self.model.trainable_variables)  # slots exist before a restore fills them
             self.optimizer = opt
+        if "durations" in self.needs:  # the clips the duration shards leave out are in no split's batches
+            clips = data.load_clips(cfg, "all", self.index, durations=True)[0]
+        self.has_val = bool(clips.val.any())
         self.dataset = self._distribute(self._train_dataset)
         self.val_dataset = self.build_dataset("val") if self.has_val else None  # built once, iterated per validation
         self.update = None  # the optimizer's update, a function of its own where it can be (_make_step)

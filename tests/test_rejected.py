@@ -140,3 +140,20 @@ def test_spoken_characters_the_characters_front_end_drops_reject_the_clip(tmp_pa
     assert meta["rejected"] == [dict(id=ids[0], path=f"{root / 'metadata.csv'}:1", stage="tokens", reason=(
         f"text {line!r}: the characters front end drops {dropped}, which the audio says: write them out in words "
         "(or use text.frontend: phonemes)"))]
+
+
+@pytest.mark.slow
+def test_fastpitch_trains_without_validation_when_the_aligner_left_out_every_validation_clip(aligned_cache, monkeypatch):
+    # whether there is a validation split was judged from the clips without durations: with every
+    # validation clip rejected at durations (a small corpus, a low val_fraction), building the
+    # validation loader failed with "no clips in the 'val' split", before the first step
+    cfg = config.load_config(aligned_cache)
+    real = data.load_clips
+
+    def durations_reject_every_val_clip(cfg, split="all", index=None, durations=False):
+        clips, paths = real(cfg, split, index, durations=durations)
+        return (clips.split("train") if durations else clips), paths
+
+    monkeypatch.setattr(data, "load_clips", durations_reject_every_val_clip)
+    trainer = train_mod.Trainer(cfg, log=lambda *a: None)
+    assert "durations" in trainer.needs and not trainer.has_val and trainer.val_dataset is None
