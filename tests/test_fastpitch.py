@@ -108,6 +108,12 @@ def test_infer_pace_scales_lengths_and_pitch_shift_moves_pitch_in_semitones():
         model.infer(tokens, lengths, pace=0.0, max_frames=10)
     two = model.infer(tf.constant([[3, 4, 5, 0], [6, 7, 8, 9]]), tf.constant([3, 4]), max_frames=1000)
     assert two["lengths"].numpy().tolist() == [18, 24]  # another batch and length: the same graph
+    # a diverged duration predictor (e^25 frames a token) is cut at max_frames; past int32, lengths
+    # went negative and the voice said nothing, with no word of a cut
+    model.duration_predictor.out.bias.assign([25.0])
+    wild = model.infer(tokens, lengths, max_frames=1000)
+    assert int(wild["lengths"][0]) == 1000 and wild["mel"].shape[1] == 1000
+    assert wild["durations"].numpy().min() >= 0 and wild["durations"].numpy().sum() == 1000
     assert model._infer.experimental_get_tracing_count() == 1
 
 

@@ -263,8 +263,10 @@ class FastPitch(keras.Model):
         h, mask = self.encode(tokens, token_lengths, speaker=speaker, language=language)
         frames_f = tf.maximum(tf.exp(self.duration_predictor(h, mask)) - 1.0, 0.0) / pace       # (B, T)
         frames_f *= tf.cast(mask, tf.float32)
-        # round the running total, not each token: the length stays within half a frame of sum / pace
-        ends = tf.cast(tf.round(tf.cumsum(frames_f, axis=1)), tf.int32)                         # (B, T)
+        # round the running total, not each token: the length stays within half a frame of sum / pace;
+        # at most max_frames (a diverged predictor's exp() would pass int32's range: lengths < 0, no audio)
+        ends = tf.minimum(tf.cumsum(frames_f, axis=1), tf.cast(max_frames, tf.float32))
+        ends = tf.cast(tf.round(ends), tf.int32)                                                 # (B, T)
         durations = ends - tf.pad(ends[:, :-1], [[0, 0], [1, 0]])
         return self._at_durations(h, mask, durations, pitch_shift, max_frames, speaker)
 
