@@ -240,6 +240,10 @@ def check_folders(cfg):
                           "choose a folder name without them")
 
 
+STFT_LOSS_LONGEST = 2048  # samples: the longest window of pipeline.vocoder.discriminators.RESOLUTIONS
+TRANSFORMER_TTS_STEPS = 4096  # the decoder steps pipeline.models.transformer_tts has positions for (max_positions)
+
+
 def check_rules(cfg):
     """The rules between keys that the schema cannot state; ConfigError naming the key."""
     check_folders(cfg)
@@ -266,12 +270,25 @@ def check_rules(cfg):
         raise ConfigError(f"audio.n_mels: {empty} of the {a['n_mels']} mel filters between audio.fmin {a['fmin']} and "
                           f"audio.fmax {a['fmax']} Hz hold no FFT bin (bins are {a['sample_rate'] / a['n_fft']:.1f} Hz "
                           "apart): those mel channels would be constant; use fewer mels, a wider band or a larger n_fft")
+    v = cfg["vocoder"]
+    if v["kind"] != "griffin_lim" and v["segment_frames"] * a["hop_length"] < STFT_LOSS_LONGEST:
+        raise ConfigError(f"vocoder.segment_frames: {v['segment_frames']} frames of audio.hop_length {a['hop_length']} "
+                          f"are {v['segment_frames'] * a['hop_length']} samples, shorter than the vocoder's spectral "
+                          f"loss's longest window ({STFT_LOSS_LONGEST}): its loss would be NaN; use at least "
+                          f"{-(-STFT_LOSS_LONGEST // a['hop_length'])}")
     if cfg["diagnose"]["target"] == "vocoder" and cfg["vocoder"]["kind"] == "griffin_lim":
         raise ConfigError("diagnose.target: vocoder, but vocoder.kind griffin_lim has no trained model to diagnose "
                           "(set diagnose.target: acoustic, or a trained vocoder.kind)")
     if cfg["model"]["kind"] == "transformer_tts" and cfg["synthesize"]["pitch_shift"]:
         raise ConfigError(f"synthesize.pitch_shift: {cfg['synthesize']['pitch_shift']}, but model.kind transformer_tts "
                           "has no pitch control; set synthesize.pitch_shift: 0.0 or use model.kind: fastpitch")
+    if cfg["model"]["kind"] == "transformer_tts":  # it decodes at most TRANSFORMER_TTS_STEPS steps of r frames
+        r, seconds = cfg["model"]["transformer_tts"]["reduction"], cfg["synthesize"]["max_seconds"]
+        if math.ceil(seconds * a["sample_rate"] / a["hop_length"] / r) > TRANSFORMER_TTS_STEPS:
+            longest = TRANSFORMER_TTS_STEPS * r * a["hop_length"] / a["sample_rate"]
+            raise ConfigError(f"synthesize.max_seconds: {seconds} s is more than model.kind transformer_tts decodes "
+                              f"({TRANSFORMER_TTS_STEPS} steps of model.transformer_tts.reduction {r} frames: "
+                              f"{math.floor(longest * 10) / 10:g} s); set at most that")
     for kind in ("fastpitch", "transformer_tts"):
         m = cfg["model"][kind]
         if m["d_model"] % m["heads"]:

@@ -4,6 +4,7 @@ user configs merged over the defaults, `--config name=...`.
     python -m pytest -q tests/test_config.py
 """
 import json
+import math
 import re
 import shlex
 
@@ -23,6 +24,12 @@ BAD = {  # name: (overrides merged into the test config, the key the message mus
     "zero shards": ({"cache": {"shards": 0}}, "cache.shards"),
     "bad enum": ({"dataset": {"bad_audio": "ignore"}}, "dataset.bad_audio"),
     "fmax above nyquist": ({"audio": {"fmax": 12000}}, "audio.fmax"),
+    # 4096 decoder steps of r=1 frame: 47.5 s at 22050 Hz and hop 256 (a ValueError traceback after loading)
+    "transformer_tts past its positions": ({"model": {"kind": "transformer_tts", "transformer_tts": {"reduction": 1}},
+                                            "synthesize": {"max_seconds": 60.0}}, "synthesize.max_seconds"),
+    # 8 frames of hop 128: 1024 samples, no frame of the spectral loss's 2048-sample window (a NaN loss)
+    "a vocoder crop shorter than its loss's window": ({"audio": {"hop_length": 128}, "vocoder": {"kind": "vocos", "segment_frames": 8}},
+                                                     "vocoder.segment_frames"),
     "missing dataset folder": ({"dataset": {"root": "/nonexistent/corpus"}}, "dataset.root"),
     # the folders the rules' output paths start with: Snakemake would read {x} as a wildcard
     "braces in cache.dir": ({"cache": {"dir": "/tmp/c{x}"}}, "cache.dir"),
@@ -255,3 +262,17 @@ def test_a_rules_job_gets_its_trainers_logging_keys_from_plannings_environment(m
         monkeypatch.setenv(config.LOGGING_ENV, damaged)
         with pytest.raises(config.ConfigError, match=f"environment variable {config.LOGGING_ENV}: "):
             config.load_config(inline, check_paths=False)
+
+
+def test_the_limits_config_checks_are_the_models():
+    import inspect
+
+    from pipeline.models import transformer_tts
+    from pipeline.vocoder import discriminators
+    assert config.STFT_LOSS_LONGEST == max(win for _, _, win in discriminators.RESOLUTIONS)
+    positions = inspect.signature(transformer_tts.TransformerTTS).parameters["max_positions"].default
+    assert config.TRANSFORMER_TTS_STEPS == positions
+    cfg = config.load_config(overrides={"model": {"kind": "transformer_tts", "transformer_tts": {"reduction": 1}},
+                                        "synthesize": {"max_seconds": 47.5}}, check_paths=False)  # the longest it takes
+    assert math.ceil(47.5 * cfg["audio"]["sample_rate"] / cfg["audio"]["hop_length"]) <= positions
+
