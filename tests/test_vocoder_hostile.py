@@ -374,10 +374,16 @@ def test_the_source_filter_vocoder_bounds_what_it_takes_whole(built_cache, tmp_p
     _one_line(*_vocode(capsys, "--config", path, "--mel", huge, "--out", tmp_path / "x.wav"),
               f"{huge}: 20,001 frames, more than this vocoder takes (20,000, ")
     np.save(tmp_path / "mel.npy", np.full((4, cfg["audio"]["n_mels"]), -5.0, np.float32))
-    np.save(tmp_path / "f0.npy", np.array([0.0, 120.0, 11025.5, 0.0], np.float32))
+    # above Nyquist; above audio.fmax (no harmonic left to sound); a log-F0 (ln 120 = 4.8 "Hz": a 5 Hz buzz)
+    for f0, shown in (([0.0, 120.0, 11025.5, 0.0], "120.0..11025.5"), ([0.0, 120.0, 9000.0, 0.0], "120.0..9000.0"),
+                      ([0.0, 4.79, 4.8, 0.0], "4.8..4.8"), ([-1.0, 120.0, 120.0, 0.0], "-1.0..120.0")):
+        np.save(tmp_path / "f0.npy", np.array(f0, np.float32))
+        _one_line(*_vocode(capsys, "--config", path, "--mel", tmp_path / "mel.npy", "--f0", tmp_path / "f0.npy",
+                           "--out", tmp_path / "x.wav"), f"{tmp_path / 'f0.npy'}: values {shown} are not F0 in Hz (",
+                  "20 Hz up to below 8000 Hz, the vocoder's audio.fmax and half its rate)")
+    np.save(tmp_path / "f0.npy", np.array([0.0, 120.0, 130.0, 0.0], np.complex64))   # complex: not a warning
     _one_line(*_vocode(capsys, "--config", path, "--mel", tmp_path / "mel.npy", "--f0", tmp_path / "f0.npy",
-                       "--out", tmp_path / "x.wav"), f"{tmp_path / 'f0.npy'}: values 0.0..11025.5 are not F0 in Hz (",
-              "at most 11025: half the vocoder's 22050 Hz)")
+                       "--out", tmp_path / "x.wav"), "a complex64 array of shape (4,), expected F0 in Hz [4]")
     assert not (tmp_path / "x.wav").exists()
 
 

@@ -80,17 +80,26 @@ def read_mel(path, audio_cfg, max_frames=MAX_FRAMES):
     return mel
 
 
-def read_f0(path, frames, sample_rate):
-    """(frames,) float32 F0 in Hz (0: unvoiced, at most half `sample_rate`) from `path`, one value per
-    mel frame, or MelError naming the file."""
+F0_LOWEST = 20.0  # Hz: a voiced value below is no voice's pitch (a log-F0, a period in ms, MIDI notes?)
+
+
+def read_f0(path, frames, audio_cfg):
+    """(frames,) float32 F0 in Hz (0: unvoiced; voiced from F0_LOWEST to below the vocoder's audio.fmax and
+    half its rate, where its harmonic source has a first harmonic) from `path`, one value per mel frame,
+    or MelError naming the file."""
     f0 = _load(path)
-    if f0.ndim != 1 or not np.issubdtype(f0.dtype, np.number) or len(f0) != frames:
+    if f0.ndim != 1 or not (np.issubdtype(f0.dtype, np.floating) or np.issubdtype(f0.dtype, np.integer)) \
+            or len(f0) != frames:
         raise MelError(f"{path}: a {f0.dtype} array of shape {f0.shape}, expected F0 in Hz [{frames}] "
                        f"(one value per mel frame, 0 where unvoiced)")
     f0 = np.array(f0, np.float32)
-    if not np.all(np.isfinite(f0)) or f0.min() < 0 or f0.max() > sample_rate / 2:
-        raise MelError(f"{path}: values {f0.min():.1f}..{f0.max():.1f} are not F0 in Hz (finite, 0 where unvoiced, "
-                       f"at most {sample_rate / 2:g}: half the vocoder's {sample_rate} Hz)")
+    top = min(audio_cfg["sample_rate"] / 2, audio_cfg["fmax"])
+    voiced = f0[f0 > 0]
+    if not np.all(np.isfinite(f0)) or f0.min() < 0 or (voiced.size and (voiced.min() < F0_LOWEST or voiced.max() >= top)):
+        shown = voiced if np.all(np.isfinite(f0)) and f0.min() >= 0 else f0  # the voiced values when they are wrong
+        shown = f"{shown.min():.1f}..{shown.max():.1f}"
+        raise MelError(f"{path}: values {shown} are not F0 in Hz (finite; 0 where unvoiced, else "
+                       f"{F0_LOWEST:g} Hz up to below {top:g} Hz, the vocoder's audio.fmax and half its rate)")
     return f0
 
 
@@ -101,7 +110,7 @@ def vocode(cfg, mel_path, out, chunk_frames=kinds.CHUNK_FRAMES, f0_path=None):
     # the vocoder's own settings (the n_mels it takes, the rate it speaks at), read before it is built
     audio_cfg = kinds.trained_audio(cfg)
     mel = read_mel(mel_path, audio_cfg, MAX_FRAMES if chunked else WHOLE_MAX_FRAMES)
-    f0 = read_f0(f0_path, len(mel), audio_cfg["sample_rate"]) if f0_path else None
+    f0 = read_f0(f0_path, len(mel), audio_cfg) if f0_path else None
     voc = kinds.load(cfg)
     audio_cfg = voc.audio
     audio = voc(mel, f0=f0, chunk_frames=chunk_frames)
