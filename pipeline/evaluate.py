@@ -387,7 +387,7 @@ def evaluate(cfg, out, log=_print, threads=1):
     clips = validation_clips(cfg)  # a missing cache first (the earlier stage), then a missing checkpoint
     with Listeners(listeners_for(threads, len(clips))) as listeners:
         synth = load_synthesizer(cfg, log)  # MissingCheckpoint before the vocoder's: the clearest thing to fix
-        voc = kinds.load(cfg)
+        voc = kinds.load(cfg, mels_of="the config (the caches' mels and the acoustic run's)")
         # run directly after more acoustic training: a note (`snakemake evaluate` fine-tunes it again first)
         inputs.finetuned_elsewhere(cfg, voc.summary, synth.checkpoint, then=", then evaluate again", log=log)
         log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips, through the "

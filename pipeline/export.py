@@ -132,7 +132,7 @@ def export_vocoder(cfg, audio, transforms):
     trained vocoder's STFTs are pipeline.dft.transforms' in both."""
     if cfg["vocoder"]["kind"] != "griffin_lim":
         from pipeline.vocoder import kinds
-        trained = kinds.load(dict(cfg, audio=dict(audio)))  # the run's audio settings, as synthesize uses
+        trained = kinds.load(dict(cfg, audio=dict(audio)), mels_of="the acoustic run")  # as synthesize does
         info = {**trained.made, "trained": True, "phase": trained.summary.get("phase"),
                 "checkpoint": trained.summary["checkpoint"], "summary": str(kinds.summary_path(cfg)),
                 "gta_from": trained.summary.get("gta_from")}  # the acoustic checkpoints fine-tuning adapted it to

@@ -255,7 +255,7 @@ def _synthesize_into(cfg, out, final, log):
     s, a = cfg["synthesize"], synth.audio
     sentences = [x if isinstance(x, dict) else {"text": x} for x in s["sentences"]]  # voices checked already
     # the run's trained vocoder, or Griffin-Lim with vocoder.kind griffin_lim: on the run's own audio settings
-    vocode = kinds.load(dict(cfg, audio=dict(a)))
+    vocode = kinds.load(dict(cfg, audio=dict(a)), mels_of="the acoustic run")
     # run directly after more acoustic training: a note (`snakemake synthesize` fine-tunes it again first)
     inputs.finetuned_elsewhere(cfg, vocode.summary, synth.checkpoint, then=", then synthesize again", log=log)
     out = Path(out)

@@ -78,6 +78,19 @@ def test_vocode_speaks_at_the_vocoders_own_settings_whatever_the_config_says(tin
     np.testing.assert_array_equal(moved, plain)
 
 
+def test_a_vocoder_trained_on_other_mels_than_the_acoustic_runs_is_refused_where_they_meet(tiny):
+    # synthesize, export and evaluate give it the acoustic model's mels: a vocoder trained at another
+    # rate or hop made audio of the wrong length at the wrong rate, after only a note
+    _, cfg, _ = tiny
+    moved = dict(cfg, audio=dict(cfg["audio"], sample_rate=16000, hop_length=200))
+    with pytest.raises(runinfo.MissingCheckpoint) as e:
+        kinds.load(moved, mels_of="the acoustic run", log=lambda *a: None)
+    assert str(e.value) == (f"{config.run_dir(cfg) / 'vocoder.json'}: the vocoder was trained on mels of audio.hop_length "
+                            "256, audio.sample_rate 22050, the acoustic run makes them with 200, 16000; run "
+                            "`snakemake --cores all vocoder` to train it on these mels")
+    assert kinds.load(cfg, mels_of="the acoustic run").audio == cfg["audio"]            # the same mels: loads
+
+
 def test_a_vocoder_trained_before_a_setting_of_its_network_existed_is_one_line(tiny, tmp_path, capsys):
     # a setting added to a kind's section (its network built otherwise) is missing from the summary of
     # a vocoder trained before it: vocode, export and evaluate say to train it again, not a KeyError

@@ -301,15 +301,23 @@ def check_trained(cfg, summary=None):
     return path, info
 
 
-def load(cfg, summary=None, log=_note):
+def load(cfg, summary=None, log=_note, mels_of=None):
     """The run's final vocoder from runs/{name}/vocoder.json (or `summary`), built with the `audio:` and
     `vocoder:` settings it was trained with (trained_settings), whatever the config says: one `log`
     line (stderr) names what the config gives otherwise. Griffin-Lim with vocoder.kind griffin_lim.
-    MissingCheckpoint naming the file and what to run when it is not trained yet."""
+    MissingCheckpoint naming the file and what to run when it is not trained yet. `mels_of`: who makes
+    the mels it will be given on `cfg`'s audio settings (the acoustic run); then a vocoder trained on
+    mels of other settings is a PipelineError, not a note (it would speak at another rate or grid)."""
     if KINDS.get(cfg["vocoder"]["kind"]).build is None:
         return Vocoder(cfg)
     path, info = check_trained(cfg, summary)
     audio, vocoder_cfg, where = trained_settings(cfg, info, path)
+    grid = [k for k in sorted(set(audio) | set(cfg["audio"])) if audio.get(k) != cfg["audio"].get(k)]
+    if mels_of and grid:
+        raise MissingCheckpoint(
+            f"{path}: the vocoder was trained on mels of {', '.join(f'audio.{k} {audio.get(k)!r}' for k in grid)}, "
+            f"{mels_of} makes them with {', '.join(repr(cfg['audio'].get(k)) for k in grid)}; run "
+            f"`snakemake --cores all vocoder` to train it on these mels")
     kind = vocoder_cfg["kind"]
     missing = sorted(set(cfg["vocoder"].get(kind) or {}) - set(vocoder_cfg.get(kind) or {}))
     if missing:  # a setting this version's network is built with did not exist when it was trained
