@@ -91,6 +91,21 @@ def test_a_vocoder_trained_on_other_mels_than_the_acoustic_runs_is_refused_where
     assert kinds.load(cfg, mels_of="the acoustic run").audio == cfg["audio"]            # the same mels: loads
 
 
+def test_fine_tuning_from_a_first_phase_of_other_sizes_is_one_line(tiny, tmp_path):
+    # `--phase finetune` after an edit of vocoder.vocos.layers started from the first phase's weights
+    # with the new block at its initial values, and shipped them (or failed after every step)
+    _, cfg, _ = tiny
+    deeper = dict(cfg, vocoder={**cfg["vocoder"], "vocos": {**cfg["vocoder"]["vocos"], "layers": 3}})
+    trainer = train.VocoderTrainer(deeper, "train", lambda *a: None)
+    first = tf.train.latest_checkpoint(str(config.run_dir(cfg) / "vocoder" / "train" / "checkpoints"))
+    with pytest.raises(PipelineError) as e:
+        train._checkpoints(deeper, "finetune", trainer, tmp_path / "finetune", lambda *a: None)
+    assert str(e.value).startswith(f"{first}: the first phase's vocoder does not fit the one these vocoder: settings "
+                                   "build (") and str(e.value).endswith("`snakemake --cores all vocoder`")
+    same = train.VocoderTrainer(cfg, "train", lambda *a: None)                   # its own sizes: fine-tunes
+    train._checkpoints(cfg, "finetune", same, tmp_path / "finetune", lambda *a: None)
+
+
 def test_a_vocoder_trained_before_a_setting_of_its_network_existed_is_one_line(tiny, tmp_path, capsys):
     # a setting added to a kind's section (its network built otherwise) is missing from the summary of
     # a vocoder trained before it: vocode, export and evaluate say to train it again, not a KeyError

@@ -38,7 +38,7 @@ import tensorflow as tf
 from pipeline import config, data, files, optim, runinfo, shards
 from pipeline import placement as placement_mod
 from pipeline import train as acoustic
-from pipeline.errors import MissingCheckpoint, cli
+from pipeline.errors import MissingCheckpoint, PipelineError, cli
 from pipeline.vocoder import discriminators as D
 from pipeline.vocoder import inputs, kinds, segments
 
@@ -308,7 +308,14 @@ def _checkpoints(cfg, phase, trainer, folder, log):
         first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
         if first is None:
             raise MissingCheckpoint(f"{_phase_dir(cfg, 'train')}: no first-phase vocoder; run `snakemake --cores all train_vocoder`")
-        tf.train.Checkpoint(generator=trainer.generator, disc=trainer.disc).restore(first).expect_partial()
+        status = tf.train.Checkpoint(generator=trainer.generator, disc=trainer.disc).restore(first)
+        status.expect_partial()  # its optimizers stay in the file
+        try:  # every weight built here from the first phase's: one of other sizes left new blocks at their start
+            status.assert_existing_objects_matched()
+        except AssertionError as e:
+            raise PipelineError(f"{first}: the first phase's vocoder does not fit the one these vocoder: settings "
+                                f"build ({str(e).splitlines()[0][:200]}); train the first phase with them: "
+                                f"`snakemake --cores all vocoder`") from None
         log(f"fine-tuning from {first}")
     return manager
 
