@@ -108,6 +108,7 @@ class Trainer:
         self.n_buckets = len(self.shapes)
         self.placement, self.model_device = self.p.name, self.p.model_device
         self.copy_ms = None
+        self.start_step = 0  # the step it resumes at (restore)
         with self._scope():
             self.stats = {k: np.asarray(v, np.float32) for k, v in info["stats"].items()}
             self.norm = {k: tf.constant(v, tf.float32) for k, v in self.stats.items()}
@@ -520,10 +521,15 @@ def restore(trainer, run, log):
     latest = set_aside_diverged(run / "checkpoints", chief, log)  # every worker resumes from the chief's
     save_dir = run / "checkpoints" if chief else Path(tempfile.mkdtemp(prefix=f"worker-{trainer.p.worker[0]}-"))
     manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=3)
+    trainer.start_step = 0
     if latest:
         check_loss_scale(latest, {"optimizer": trainer.optimizer}, trainer.p.mixed_precision)
         ckpt.restore(latest).assert_existing_objects_matched()
-        log(f"resumed from {latest} at step {int(trainer.optimizer.iterations.numpy())}")
+        trainer.start_step = runinfo.step_of(latest)  # its name: the steps taken; the optimizer counts those it applied
+        applied = int(trainer.optimizer.iterations.numpy())
+        skipped = f" ({applied} updates applied: float16 loss scaling skipped the others)" \
+            if applied != trainer.start_step else ""
+        log(f"resumed from {latest} at step {trainer.start_step}{skipped}")
     return manager
 
 
@@ -686,7 +692,7 @@ def past_history(run, step):
 def run_steps(trainer, manager, tcfg, chief, log, history_file=None):
     """Steps from the restored one to train.steps: log, validate, checkpoint. (history, val_history, align).
     history_file: each logged loss is appended to it too (the chief's runs/{name}/history.jsonl)."""
-    step, total = int(trainer.optimizer.iterations.numpy()), tcfg["steps"]
+    step, total = trainer.start_step, tcfg["steps"]
     resumed = manager.latest_checkpoint  # the checkpoint this run started from (None: step 0)
     progress, val_history, align = Progress(trainer, total, tcfg["log_every"], log), [], None
     if step == 0 and chief:  # the untrained model's validation loss: the baseline the curve falls from
@@ -742,17 +748,24 @@ def finish(cfg, trainer, run, out, manager, result, started, log):
     return summary
 
 
+def reseeded(cfg, step):
+    """`cfg` for a trainer resuming at `step`: train.seed + step seeds its batch order and dropout, so a
+    run resumed (a preempted job, say) goes on with another order instead of replaying the start of the
+    one it began with, and its reruns draw the same. The recorded config keeps train.seed."""
+    return cfg if not step else dict(cfg, train=dict(cfg["train"], seed=cfg["train"]["seed"] + step))
+
+
 def train(cfg, out, log=functools.partial(print, flush=True)):
     """Resume or start, train to train.steps, write the summary `out` (the chief's; None on other workers)."""
     started, run = time.perf_counter(), config.run_dir(cfg)
     info = start_run(cfg, run, log)
-    trainer = build_trainer(cfg, log=log, info=runinfo.loaded(info))
+    trainer = build_trainer(reseeded(cfg, runinfo.newest_step(run / "checkpoints")), log=log, info=runinfo.loaded(info))
     chief = trainer.p.chief  # False only on multiworker's other workers: they write nothing in run/
     if chief:
         record_run(cfg, run, info)
     manager = restore(trainer, run, log)
     rejected = left_out(cfg, run, "durations" in trainer.needs, log, write=chief)
-    resumed_from = int(trainer.optimizer.iterations.numpy())
+    resumed_from = trainer.start_step
     past = past_history(run, resumed_from) if chief else []  # earlier runs' losses: not a Snakemake output
     trainer.measure_copy()
     writer = tf.summary.create_file_writer(str(run)) if chief else tf.summary.create_noop_writer()

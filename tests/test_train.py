@@ -17,9 +17,9 @@ import soundfile as sf
 import yaml
 from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, load_json, snakemake, write_config
 
-from pipeline import config
+from pipeline import config, runinfo
 from pipeline import placement as placement_mod
-from pipeline.vocoder.kinds import step_of
+from pipeline.runinfo import step_of
 
 TINY_MODEL = {"kind": "transformer_tts",
               "transformer_tts": {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64,
@@ -222,6 +222,46 @@ def _optimizer_states(*checkpoints):
         return {"step": int(value("_iterations")),
                 "slots": [float(np.abs(value(f"_variables/{k}")).sum()) for k in range(1, 6)]}
     return [state(tf.train.load_checkpoint(str(prefix))) for prefix in checkpoints]
+
+
+def test_a_resumed_run_draws_another_batch_order_than_the_one_it_began_with(built_cache, tmp_path):
+    # each run built its loader from train.seed alone: a job resumed (preempted, say) more often than
+    # once an epoch kept training on the start of the same shuffled order
+    from pipeline import data
+    from pipeline.train import reseeded
+    cfg = config.load_config(tiny_config(built_cache, tmp_path, buckets=1))
+
+    def first_batches(c, n=4):
+        ds = data.build_dataset(c, "train", with_clip_index=True)
+        return [b["clip"].numpy().tolist() for b in ds.take(n)]
+
+    fresh = first_batches(cfg)
+    assert reseeded(cfg, 0) is cfg and first_batches(cfg) == fresh
+    resumed = first_batches(reseeded(cfg, 8))
+    assert resumed != fresh and first_batches(reseeded(cfg, 8)) == resumed      # another order; its own each time
+    assert reseeded(cfg, 8)["train"]["seed"] == cfg["train"]["seed"] + 8 and cfg["train"] is not reseeded(cfg, 8)["train"]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_resumes_at_the_step_it_is_named_for_not_the_updates_applied(built_cache, tmp_path):
+    # float16 loss scaling skips a step whose gradients overflow without counting it in the optimizer's
+    # iterations: a resume read those, trained the skipped steps again and overwrote ckpt-N with other weights
+    from pipeline import train as train_mod
+    path = tiny_config(built_cache, tmp_path, steps=8, checkpoint_every=4, buckets=1)
+    _train(path)
+    cfg = config.load_config(path)
+    run = config.run_dir(cfg)
+    trainer = train_mod.build_trainer(cfg, log=lambda *a: None, info=runinfo.loaded(runinfo.load(run)))
+    manager = train_mod.restore(trainer, run, log=lambda *a: None)
+    trainer.optimizer.iterations.assign(6)                                      # as if two of its 8 were skipped
+    manager.save(checkpoint_number=8)
+    proc = _train(path, "--set", "train.steps=10")
+    assert f"resumed from {run / 'checkpoints' / 'ckpt-8'} at step 8 (6 updates applied: float16 loss scaling " \
+           "skipped the others)" in proc.stdout + proc.stderr
+    summary = load_json(run / "train.json")
+    assert summary["resumed_from"] == 8 and summary["steps"] == 10 and summary["checkpoint"].endswith("ckpt-10")
+    (after,) = _optimizer_states(run / "checkpoints" / "ckpt-10")
+    assert after["step"] == 8                                                   # 6 + the 2 steps it took
 
 
 @pytest.mark.slow

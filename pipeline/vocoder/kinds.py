@@ -28,7 +28,6 @@ import importlib
 import json
 import math
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -95,10 +94,6 @@ def build(vocoder_cfg, audio_cfg):
 def summary_path(cfg):
     """runs/{name}/vocoder.json: the final vocoder's summary (kind, steps, checkpoint)."""
     return config.run_dir(cfg) / "vocoder.json"
-
-
-def step_of(checkpoint):
-    return int(re.search(r"ckpt-(\d+)$", str(checkpoint)).group(1))
 
 
 def uses_f0(vocoder_cfg):

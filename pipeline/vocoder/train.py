@@ -63,7 +63,7 @@ class VocoderTrainer:
             self.disc(tf.zeros([1, v["segment_frames"] * cfg["audio"]["hop_length"]]))
             self.g_opt = self._optimizer(self.generator)
             self.d_opt = self._optimizer(self.disc)
-        self.step_var = self.g_opt.iterations
+        self.start_step = 0  # the step it resumes at (_checkpoints)
         self.weights = dict(mel=v["mel_weight"], stft=v["stft_weight"], feature=v["feature_weight"])
         jit = self.p.jit_compile
         # Not converted by AutoGraph: the steps and the losses branch only on Python values (the
@@ -187,7 +187,7 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
     (folder := _phase_dir(cfg, phase)).mkdir(parents=True, exist_ok=True)
     gta_from = _forget_other_inputs(cfg, phase, folder, log)
     manager = _checkpoints(cfg, phase, trainer, folder, log)
-    step = start = int(trainer.step_var.numpy())
+    step = start = trainer.start_step
     batches = iter(trainer.dataset("train", start_step=step))
     val = trainer.dataset("val", batch_size=v["batch_size"]).take(2) if _has_val(cfg) else None
     writer = tf.summary.create_file_writer(str(folder))
@@ -260,7 +260,7 @@ def _trained_steps(cfg, phase, folder, step, log):
     if phase == "train":
         return {"steps": step, "finetune_steps": 0}
     first = (inputs.read(folder) or {}).get("from")  # recorded by _forget_other_inputs before this phase trained
-    return {"steps": kinds.step_of(runinfo.checkpoint_path(first)) if first else cfg["vocoder"]["steps"],
+    return {"steps": runinfo.step_of(first) if first else cfg["vocoder"]["steps"],
             "finetune_steps": step}
 
 
@@ -286,7 +286,7 @@ def _shipped(cfg, trainer, folder, manager, log):
     kinds.restore(blend, first, inputs.path(folder), cfg["vocoder"]["kind"])  # its generator alone
     for mine, tuned in zip(blend.weights, trainer.generator.weights, strict=True):  # the same build: the same order
         mine.assign((1.0 - share) * mine + share * tuned if tf.as_dtype(mine.dtype).is_floating else tuned)
-    step = int(trainer.step_var.numpy())
+    step = runinfo.step_of(manager.latest_checkpoint)
     ckpt = tf.train.CheckpointManager(tf.train.Checkpoint(generator=blend), folder / "shipped", max_to_keep=1)
     path = acoustic.save_checkpoint(ckpt, step)  # a full disk: one line, no ckpt-N_temp/ left
     log(f"shipped: {1 - share:g} x the first phase ({first}) + {share:g} x the fine-tuned weights "
@@ -303,7 +303,9 @@ def _checkpoints(cfg, phase, trainer, folder, log):
     if latest:
         acoustic.check_loss_scale(latest, {"g_opt": trainer.g_opt}, trainer.p.mixed_precision)  # d_opt: unbuilt before the GAN
         ckpt.restore(latest).assert_existing_objects_matched()
-        log(f"resumed from {latest} at step {int(trainer.step_var.numpy())}")
+        # its name: the steps taken (what its batches follow); float16 loss scaling skips some updates
+        trainer.start_step = runinfo.step_of(latest)
+        log(f"resumed from {latest} at step {trainer.start_step}")
     elif phase == "finetune":
         first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
         if first is None:
