@@ -136,5 +136,5 @@ def repair(*kinds, root=CACHE):
 def checked():
     """The audio_check rule's record, as the jobs that read the caches list it: ancient, so a rerun
     audio_check (a flipped dataset.bad_audio) reruns none of them."""
-    return ancient(str(rules.audio_check.output.checked))  # str(): ancient() flags its argument in place
-
+    # str(): ancient() flags its argument in place
+    return ancient(str(rules.audio_check.output.checked))
