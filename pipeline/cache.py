@@ -6,16 +6,15 @@ in the one shard format (pipeline/shards.py). Mel shards and their energy come f
 front end (pipeline/text.py, one espeak-ng backend per job). Per-clip sums (`.stats.npy`) give
 `index` the train split's mel, energy and voiced-pitch mean/std without a second pass. A job leaves
 out, with its reason, each clip it cannot vouch for (audio: load_clip; text: text.problem and
-dropped_words); `index` lists them all in rejected.tsv. `check`, the one reader of dataset.bad_audio,
-stops the run there when it is fail and a clip's audio was left out (the audio_check rule: flipping the
-key reruns it alone).
+dropped_words); `index` lists them all in rejected.tsv, and with dataset.bad_audio `fail` stops the
+run there when a clip's audio was left out (its job is the one given that key: flipping it rebuilds
+no shard).
 
     python -m pipeline.cache tokens --config CFG --shard 3 --out cache/demo/tokens/shard-003
     python -m pipeline.cache mels   --config CFG --shard 3 --out cache/demo/mels/shard-003 --energy cache/demo/energy/shard-003 --audio cache/demo/audio/shard-003
     python -m pipeline.cache pitch  --config CFG --shard 3 --out cache/demo/pitch/shard-003
     python -m pipeline.cache index  --config CFG --out cache/demo/index.json   # every shard of the config's cache
     python -m pipeline.cache index  --config CFG --tokens T.. --mels M.. --energy-shards E.. --pitch P.. --out I
-    python -m pipeline.cache check  --bad-audio fail --rejected cache/demo/rejected.tsv --out cache/demo/audio_check.json
 
 Config keys: dataset.*, cache.shards, text.* (tokens), audio.* (mels; pitch reads sample_rate and
 hop_length), pitch.* (pitch).
@@ -223,7 +222,7 @@ def decode_key(cfg, clips):
 
 def _audio_of_shard(cfg, shard, what, log, clips):
     """(clips' signals as (id, float32 audio) pairs, rejected) of one shard, decoded from its files: a
-    bad clip is left out and listed in `rejected` (with dataset.bad_audio: fail, `check` stops the run)."""
+    bad clip is left out and listed in `rejected` (with dataset.bad_audio: fail, the index stops the run)."""
     ds, a = cfg["dataset"], cfg["audio"]
     rejected, start = [], time.time()
     fmax = a["fmax"] if what == "mel" else None  # a pitch job is given no audio.fmax (nor depends on it)
@@ -398,37 +397,24 @@ def write_rejected(path, rejected):
 
 
 AUDIO_STAGES = ("mels", "pitch")  # the jobs that decode audio; a tokens or index rejection is no bad audio
-LISTED = 20  # bad clips named in audio_check's one-line message (its log and rejected.tsv list them all)
+LISTED = 20  # bad clips named in check_bad_audio's one-line message (the log lists them all)
 
 
-def read_rejected(path):
-    """rejected.tsv's rows as dicts (id, shard, stage, path, reason); a path holding a tab stays whole."""
-    rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()[1:], start=2):
-        f = line.split("\t")
-        if len(f) < 5:
-            raise shards.CacheError(f"{path}: line {n}: not id, shard, stage, path and reason (rebuild it: "
-                                    f"snakemake --forcerun cache_index)")
-        rows.append(dict(id=f[0], shard=f[1], stage=f[2], path="\t".join(f[3:-1]), reason=f[-1]))
-    return rows
-
-
-def audio_check(bad_audio, rejected_path, out, log=_print):
-    """The audio_check job, the one reader of dataset.bad_audio: with `fail`, BadAudio naming each clip
-    that the mel or pitch jobs left out (the index's rejected.tsv), once every shard is built (the good
-    ones are kept); else `out`, a record of the check. The log gets every bad clip, the message the first LISTED."""
-    bad = [r for r in read_rejected(rejected_path) if r["stage"] in AUDIO_STAGES]
-    if bad and bad_audio == "fail":
-        for r in bad:
-            log(f"bad audio: {r['path']}: {r['reason']}")
-        shown = "; ".join(f"{r['path']}: {r['reason']}" for r in bad[:LISTED])
-        more = f"; and {len(bad) - LISTED} more" if len(bad) > LISTED else ""
-        raise audio.BadAudio(f"dataset.bad_audio: fail: {len(bad)} clip(s) with bad audio, left out of the caches "
-                             f"(listed in {rejected_path}): {shown}{more}. Mend or remove them, or set "
-                             f"dataset.bad_audio: skip to go on without them")
-    files.atomic_write_text(out, json.dumps(dict(bad_audio=bad_audio, left_out=len(bad), rejected=str(rejected_path)),
-                                            indent=1) + "\n")
-    log(f"audio check: {len(bad)} clip(s) with bad audio left out of the caches (dataset.bad_audio: {bad_audio})")
+def check_bad_audio(cfg, rejected, log=_print):
+    """With dataset.bad_audio `fail`, BadAudio naming each clip of `rejected` (rejected.tsv's rows) that
+    a mel or pitch job left out: the index's job, the one given the key as the config says (a shard
+    job always leaves a bad clip out and lists it), raises it before it writes anything. The log gets
+    every bad clip, the one-line message the first LISTED."""
+    bad = [r for r in rejected if r["stage"] in AUDIO_STAGES]
+    if not bad or cfg["dataset"]["bad_audio"] != "fail":
+        return
+    for r in bad:
+        log(f"bad audio: {r['path']}: {r['reason']}")
+    shown = "; ".join(f"{r['path']}: {r['reason']}" for r in bad[:LISTED])
+    more = f"; and {len(bad) - LISTED} more (the log lists them all)" if len(bad) > LISTED else ""
+    raise audio.BadAudio(f"dataset.bad_audio: fail: {len(bad)} clip(s) with bad audio, left out of the shards of "
+                         f"{config.cache_dir(cfg)}: {shown}{more}. Mend or remove them, or set "
+                         f"dataset.bad_audio: skip to go on without them")
 
 
 def _shard_number(path):
@@ -540,6 +526,7 @@ def build_index(cfg, paths, out, log=_print):
         entries.append(dict(shard=k, clips=n, val=val, excluded=sorted(short),
                             **{kind: str(Path(p).with_suffix("").relative_to(out.parent))
                                for kind, p in zip(shards.CACHE_KINDS, group)}))
+    check_bad_audio(cfg, rejected.values(), log)
     counts, frames_train = totals.counts, totals.frames
     counts["rejected"] = len(rejected)
     if frames_train == 0:
@@ -585,14 +572,11 @@ def keep_freed_memory():
 
 @cli
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Build token, mel (+ energy) and pitch shards and the cache index; "
-                                                 "check the index's bad audio against dataset.bad_audio.")
-    parser.add_argument("what", choices=["tokens", "mels", "pitch", "index", "check"])
+    parser = argparse.ArgumentParser(description="Build token, mel (+ energy) and pitch shards and the cache index.")
+    parser.add_argument("what", choices=["tokens", "mels", "pitch", "index"])
     config.add_arguments(parser)
     parser.add_argument("--shard", type=int)
-    parser.add_argument("--out", required=True, help="shard path without suffix, index.json, or check's record")
-    parser.add_argument("--bad-audio", choices=["skip", "fail"], help="check: dataset.bad_audio")
-    parser.add_argument("--rejected", help="check: the index's rejected.tsv")
+    parser.add_argument("--out", required=True, help="shard path without suffix, or index.json")
     parser.add_argument("--energy", help="mels: the energy shard path without suffix")
     parser.add_argument("--audio", help="mels: the audio shard path to write, without suffix (the waveform on the mel "
                                         "grid); pitch: the one to read when it holds this shard's clips")
@@ -601,11 +585,6 @@ def main(argv=None):
             parser.add_argument(f"--{kind}", nargs="*", default=[], help=f"index: the {kind} shards")
     parser.add_argument("--energy-shards", nargs="*", default=[], help="index: the energy shards")
     args = parser.parse_args(argv)
-    if args.what == "check":
-        if not (args.bad_audio and args.rejected):
-            raise config.ConfigError("check: --bad-audio and --rejected are required")
-        audio_check(args.bad_audio, args.rejected, args.out)
-        return
     # a pitch job gets audio.sample_rate and hop_length alone (its rule passes no other audio key, so
     # an n_mels edit does not rerun it): the cross-key audio checks would see defaults, so skip them
     cfg = config.from_args(args, check_paths=args.what != "pitch")

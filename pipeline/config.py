@@ -377,10 +377,10 @@ def without_logging(cfg):
 
 def job_params(cfg):
     """`cfg` (a whole config or some of its sections) as a rule's params: less LOGGING_KEYS, and with
-    dataset.bad_audio as "skip", what every job does with a bad clip: leave it out and list it
-    (rejected.tsv). `fail` is the audio_check job's alone (`python -m pipeline.cache check`, given the
-    key on its command line), so flipping the key reruns that job and no shard, aligner or trainer;
-    "skip" rather than no key keeps the params, and so the shards, of caches built before."""
+    dataset.bad_audio as "skip", what every shard job does with a bad clip: leave it out and list it.
+    `fail` is the index job's alone (rules/functions/cache.smk index_settings; pipeline.cache
+    check_bad_audio), so flipping the key reruns the index and what reads it, no shard and not the
+    aligner; "skip" rather than no key keeps the params, and so the shards, of caches built before."""
     out = without_logging(cfg)
     if isinstance(out.get("dataset"), dict) and "bad_audio" in out["dataset"]:
         out["dataset"] = dict(out["dataset"], bad_audio="skip")

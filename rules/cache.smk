@@ -107,41 +107,12 @@ rule cache_index:
     conda:
         "../environment.yml"
     params:
-        config=lambda wildcards: _inline(
-            name=NAME,
-            dataset=DS,
-            cache=config["cache"],
-            audio=config["audio"],
-            text=config["text"],
-            pitch=config["pitch"],
-        ),
+        config=index_settings,
     shell:
         "python -m pipeline.cache index --config {params.config:q} --out {output.index:q} > {log:q} 2>&1"
-
-
-# dataset.bad_audio is read here alone (every other job's params give it as "skip": pipeline.config
-# job_params): the shard jobs always leave a bad clip out and list it in rejected.tsv, and with `fail`
-# this job stops the run once the caches are built, naming every bad clip (the good shards are kept).
-# The jobs that read the caches wait for it, its record `ancient` to them: flipping the key reruns
-# this job and nothing else.
-rule audio_check:
-    input:
-        rejected=rules.cache_index.output.rejected,
-    output:
-        checked=CACHE / "audio_check.json",
-    log:
-        LOGS / "audio_check.log",
-    localrule: True
-    conda:
-        "../environment.yml"
-    params:
-        bad_audio=DS["bad_audio"],
-    shell:
-        "python -m pipeline.cache check --bad-audio {params.bad_audio:q} --rejected {input.rejected:q} --out {output.checked:q} > {log:q} 2>&1"
 
 
 rule caches:
     input:
         rules.cache_index.output,
-        rules.audio_check.output,
     localrule: True

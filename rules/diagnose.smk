@@ -5,7 +5,6 @@
 rule diagnose:
     input:
         index=rules.cache_index.output.index,
-        checked=checked(),
         durations=train_durations,
     output:
         json=REPORT / "diagnose.json",

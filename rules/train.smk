@@ -11,7 +11,6 @@ include: "functions/train.smk"
 rule train:
     input:
         index=rules.cache_index.output.index,
-        checked=checked(),
         durations=train_durations,
     output:
         summary=RUN / "train.json",

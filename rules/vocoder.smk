@@ -20,7 +20,6 @@ for _note in pvinputs.notes(config):
 rule train_vocoder:
     input:
         index=rules.cache_index.output.index,
-        checked=checked(),
         audio=shard_files("audio", ".json"),
         audio_bin=shard_files("audio", ".bin"),
         pitch=shard_files("pitch", ".json", ".bin") if VOCODER_USES_F0 else [],

@@ -314,36 +314,32 @@ def test_bad_audio_skip_then_fail(tmp_path, corpus_template):
         assert any(w in reason.lower() for w in BAD_KINDS[kind]), (kind, reason)
     assert planned_jobs(cfg_path) == {}
 
-    # with bad_audio: fail the run stops after the caches, naming every bad file; flipping the key
-    # rebuilds no shard (every shard job builds the same bytes either way), and the shards are kept
+    # with bad_audio: fail the run stops at the index, naming every bad file, before anything reads
+    # the caches; flipping the key rebuilds no shard (each builds the same bytes either way), and the
+    # shards are kept (the failing shard job deleted its shard before)
     fail_path = write_config(tmp_path, root, dataset={"root": str(root), "bad_audio": "fail"}, cache=cache_cfg)
-    assert planned_jobs(fail_path) == {"audio_check": 1, "caches": 1}
+    assert planned_jobs(fail_path) == {"cache_index": 1, "caches": 1}
+    assert planned_jobs(fail_path, "train") == {"cache_index": 1, "train_aligner": 1, "duration_shard": shards, "train": 1}
     built = {p: p.stat().st_mtime_ns for p in cache_dir.rglob("shard-*")}
-    proc = snakemake("caches", config=fail_path, check=False)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    log = cache_dir.parent.parent / "reports" / "t" / "logs" / "audio_check.log"
-    assert str(log) in output  # Snakemake points the user at the failed job's log
-    log_text = log.read_text()
-    message = next(line for line in log_text.splitlines() if line.startswith("error: "))
-    assert f"dataset.bad_audio: fail: {len(BAD_KINDS)} clip(s) with bad audio" in message
-    for kind, path in bad_paths.items():
-        assert (bad_ids[kind] if kind == "missing" else str(path)) in message, kind
-    assert {p: p.stat().st_mtime_ns for p in cache_dir.rglob("shard-*")} == built
-    assert not (cache_dir / "audio_check.json").exists()
-    assert planned_jobs(fail_path) == {"audio_check": 1, "caches": 1}  # it fails again until they are mended
+    for target in ("caches", "train"):  # it fails again, whatever the target, until they are mended
+        proc = snakemake(target, config=fail_path, check=False)
+        output = proc.stdout + proc.stderr
+        assert proc.returncode != 0
+        log = cache_dir.parent.parent / "reports" / "t" / "logs" / "cache_index.log"
+        assert str(log) in output  # Snakemake points the user at the failed job's log
+        message = next(line for line in log.read_text().splitlines() if line.startswith("error: "))
+        assert f"dataset.bad_audio: fail: {len(BAD_KINDS)} clip(s) with bad audio" in message
+        for kind, path in bad_paths.items():
+            assert (bad_ids[kind] if kind == "missing" else str(path)) in message, kind
+        assert {p: p.stat().st_mtime_ns for p in cache_dir.rglob("shard-*")} == built
+        assert not (tmp_path / "runs" / "t").exists()                         # nothing trained
+    assert planned_jobs(fail_path) == {"cache_index": 1, "caches": 1}
 
-    # everything that trains on the caches waits for the check
-    graph = snakemake("all", "--rulegraph", config=fail_path).stdout
-    names = dict(re.findall(r"^\s*(\d+)\[label = \"(\w+)\"", graph, flags=re.MULTILINE))
-    after = {names[b] for a, b in re.findall(r"^\s*(\d+) -> (\d+)", graph, flags=re.MULTILINE) if names[a] == "audio_check"}
-    assert {"train", "diagnose"} <= after, graph
-
-    # back to skip: the check passes and records what it let through, again rebuilding nothing
+    # back to skip: the index again, with the bad clips left out, and no shard
     cfg_path = write_config(tmp_path, root, dataset={"root": str(root), "bad_audio": "skip"}, cache=cache_cfg)
-    assert planned_jobs(cfg_path) == {"audio_check": 1, "caches": 1}
+    assert planned_jobs(cfg_path) == {"cache_index": 1, "caches": 1}
     snakemake("caches", config=cfg_path)
-    assert json.loads((cache_dir / "audio_check.json").read_text())["left_out"] == len(BAD_KINDS)
+    assert json.loads((cache_dir / "index.json").read_text())["counts"]["rejected"] == len(BAD_KINDS)
     assert {p: p.stat().st_mtime_ns for p in cache_dir.rglob("shard-*")} == built
     assert planned_jobs(cfg_path) == {}
 

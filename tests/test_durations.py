@@ -132,7 +132,7 @@ def test_text_edit_reruns_its_token_and_duration_shard_not_the_aligner(project):
     lines[i] = "|".join([cid] + [c + " Indeed." for c in lines[i].split("|")[1:]])
     project.meta.write_text("\n".join(lines) + "\n")
     try:
-        assert plan(project) == {"token_shard": 1, "cache_index": 1, "audio_check": 1, "duration_shard": 1, "durations": 1}
+        assert plan(project) == {"token_shard": 1, "cache_index": 1, "duration_shard": 1, "durations": 1}
     finally:
         project.meta.write_bytes(original)
     assert plan(project) == {}
@@ -149,7 +149,7 @@ def test_replaced_audio_reruns_its_mel_and_duration_shard_not_the_aligner(projec
     try:
         counts = plan(project)
         assert counts.pop("pitch_shard", 1) == 1  # where the pitch cache exists, its shard too
-        assert counts == {"mel_shard": 1, "cache_index": 1, "audio_check": 1, "duration_shard": 1, "durations": 1}
+        assert counts == {"mel_shard": 1, "cache_index": 1, "duration_shard": 1, "durations": 1}
     finally:
         os.replace(saved, wav)
     assert plan(project) == {}

@@ -26,7 +26,7 @@ SCRIPT = ROOT / "scripts" / "local-slurm.sh"
 PROFILE = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
 TOOLS = ("munged", "mariadbd", "mariadb-install-db", "slurmdbd", "slurmctld", "slurmd", "sbatch", "sacct")
 SHARDS = 2
-LOCAL_RULES = {"caches", "audio_check"}  # localrule: runs in the submitting Snakemake, never a SLURM job
+LOCAL_RULES = {"caches"}  # localrule: runs in the submitting Snakemake, never a SLURM job
 # Snakemake's SLURM executor first asks sacct this long after a submission, then 10 s later each
 # time, and sooner again once a job finishes: 5 s suits these 10-20 s jobs (the profile says 20).
 STATUS_ARGS = ("--slurm-init-seconds-before-status-checks", "5")
@@ -174,7 +174,7 @@ def test_default_profile_gpu_budget_caps_what_train_asks(tmp_path, corpus_templa
 # the shard jobs run no TensorFlow. A new rule must be put in one of the three.
 GPU_TURN = {"train_aligner", "train", "diagnose", "evaluate", "synthesize", "train_vocoder", "finetune_vocoder"}
 CPU_ONLY = {"gta_shard", "export"}
-NO_TENSORFLOW = {"token_shard", "mel_shard", "pitch_shard", "cache_index", "audio_check", "duration_shard"}
+NO_TENSORFLOW = {"token_shard", "mel_shard", "pitch_shard", "cache_index", "duration_shard"}
 
 
 def test_every_tensorflow_job_takes_a_gpu_turn_or_keeps_off_the_gpus(tmp_path, corpus_template):

@@ -105,7 +105,7 @@ def test_editing_one_vctk_transcript_reruns_one_token_shard(project):
     txt.write_text("A different sentence, said by the same voice.\n")
     k = manifest.shard_of("vctk-p226_001", SHARDS)
     counts, shards = plan(project.config)
-    assert counts == {"token_shard": 1, "duration_shard": 1, "cache_index": 1, "audio_check": 1, "durations": 1}
+    assert counts == {"token_shard": 1, "duration_shard": 1, "cache_index": 1, "durations": 1}
     assert shards == {"token_shard": [k], "duration_shard": [k]}
     assert sorted(_rebuild(project)) == sorted(f"{kind}/shard-{k:03d}.{s}" for kind in ("tokens", "durations")
                                                for s in ("bin", "json"))
@@ -116,7 +116,7 @@ def test_one_sources_language_reruns_only_its_token_and_duration_shards(project)
     _configure(project, language="en-us")  # was en-gb
     counts, shards = plan(project.config)
     n = len(gain)
-    assert counts == {"token_shard": n, "duration_shard": n, "cache_index": 1, "audio_check": 1, "durations": 1}
+    assert counts == {"token_shard": n, "duration_shard": n, "cache_index": 1, "durations": 1}
     assert shards == {"token_shard": gain, "duration_shard": gain}
     changed = _rebuild(project)
     assert all(f.startswith(("tokens/", "durations/")) for f in changed)
@@ -131,7 +131,7 @@ def test_adding_a_source_reruns_only_the_shards_that_gain_clips(project):
     _configure(project, mine=True, language="en-us")
     counts, shards = plan(project.config)
     n = len(gain)
-    assert counts == {"token_shard": n, "mel_shard": n, "pitch_shard": n, "duration_shard": n, "cache_index": 1, "audio_check": 1,
+    assert counts == {"token_shard": n, "mel_shard": n, "pitch_shard": n, "duration_shard": n, "cache_index": 1,
                       "durations": 1}  # no train_aligner
     assert shards == {"token_shard": gain, "mel_shard": gain, "pitch_shard": gain, "duration_shard": gain}
     changed = _rebuild(project)

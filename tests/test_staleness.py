@@ -190,7 +190,7 @@ def test_edit_one_line_text_rebuilds_one_token_shard(built):
     lines[i] = "|".join([cid] + [c + " Indeed, quite so." for c in cols[1:]])
     write_lines(built.meta, lines)
     counts, shards = plan(built.config)
-    assert counts == {"token_shard": 1, "cache_index": 1, "audio_check": 1, "caches": 1}  # no mel_shard, no pitch_shard
+    assert counts == {"token_shard": 1, "cache_index": 1, "caches": 1}  # no mel_shard, no pitch_shard
     assert shards == {"token_shard": [2]}
     tokens_before = (built.cache / "tokens/shard-002.bin").read_bytes()
     assert rebuild_then_nothing_to_do(built) == shard_files("tokens", 2)
@@ -219,7 +219,7 @@ def _replace_audio(p, shard, older_mtime=False):
 def test_replace_one_audio_file_rebuilds_its_mel_and_pitch_shard(built):
     cid = _replace_audio(built, 3)
     counts, shards = plan(built.config)
-    assert counts == {"mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "audio_check": 1, "caches": 1}  # no token_shard
+    assert counts == {"mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "caches": 1}  # no token_shard
     assert shards == {"mel_shard": [3], "pitch_shard": [3]}
     assert rebuild_then_nothing_to_do(built) == jobs_files(("mels", 3), ("pitch", 3))
     n = sf.info(str(built.root / "wavs" / f"{cid}.wav")).frames
@@ -236,7 +236,7 @@ def test_replace_audio_with_a_file_older_than_the_cache_still_rebuilds(built):
     # mtime, so Snakemake's mtime trigger alone would miss it: the file's identity must count.
     _replace_audio(built, 0, older_mtime=True)
     counts, shards = plan(built.config)
-    assert counts == {"mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "audio_check": 1, "caches": 1}
+    assert counts == {"mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "caches": 1}
     assert shards == {"mel_shard": [0], "pitch_shard": [0]}
     assert rebuild_then_nothing_to_do(built) == jobs_files(("mels", 0), ("pitch", 0))
 
@@ -252,7 +252,7 @@ def test_add_one_clip_rebuilds_only_its_shard(built):
     write_lines(built.meta, read_lines(built.meta) + [line])
     k = manifest.shard_of(cid, SHARDS)
     counts, shards = plan(built.config)
-    assert counts == {"token_shard": 1, "mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "audio_check": 1, "caches": 1}
+    assert counts == {"token_shard": 1, "mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "caches": 1}
     assert shards == {"token_shard": [k], "mel_shard": [k], "pitch_shard": [k]}
     assert rebuild_then_nothing_to_do(built) == jobs_files(("tokens", k), ("mels", k), ("pitch", k))
     for kind in ("tokens", "mels", "energy", "pitch"):
@@ -267,7 +267,7 @@ def test_remove_one_clip_rebuilds_only_its_shard(built):
     write_lines(built.meta, lines[:i] + lines[i + 1:])
     (built.root / "wavs" / f"{cid}.wav").unlink()
     counts, shards = plan(built.config)
-    assert counts == {"token_shard": 1, "mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "audio_check": 1, "caches": 1}
+    assert counts == {"token_shard": 1, "mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "caches": 1}
     assert shards == {"token_shard": [1], "mel_shard": [1], "pitch_shard": [1]}
     assert rebuild_then_nothing_to_do(built) == jobs_files(("tokens", 1), ("mels", 1), ("pitch", 1))
     for kind in ("tokens", "mels", "energy", "pitch"):
@@ -289,7 +289,7 @@ def test_deleted_and_truncated_shards_rebuild_exactly_their_jobs_and_then_load(b
     with pytest.raises(data.CacheError, match="snakemake --cores all caches"):
         data.load_clips(cfg)
     counts, shards = plan(built.config)
-    assert counts == {"token_shard": 1, "mel_shard": 1, "cache_index": 1, "audio_check": 1, "caches": 1}
+    assert counts == {"token_shard": 1, "mel_shard": 1, "cache_index": 1, "caches": 1}
     assert shards == {"token_shard": [1], "mel_shard": [2]}
     assert rebuild_then_nothing_to_do(built) == jobs_files(("tokens", 1), ("mels", 2))
     clips, _ = data.load_clips(cfg)
@@ -305,7 +305,7 @@ def test_files_the_index_does_not_list_still_rebuild_exactly_their_jobs(built):
     (built.cache / "pitch/shard-003.stats.npy").unlink()
     (built.cache / "energy/shard-001.json").unlink()
     counts, shards = plan(built.config)
-    assert counts == {"mel_shard": 2, "pitch_shard": 1, "cache_index": 1, "audio_check": 1, "caches": 1}
+    assert counts == {"mel_shard": 2, "pitch_shard": 1, "cache_index": 1, "caches": 1}
     assert shards == {"mel_shard": [0, 1], "pitch_shard": [3]}
     assert rebuild_then_nothing_to_do(built) == jobs_files(("mels", 0), ("mels", 1), ("pitch", 3))
 
@@ -341,7 +341,7 @@ def test_flipped_bytes_with_mtime_kept_fail_the_loader_and_rebuild_exactly_their
     named = set(re.findall(r"(\w+)/shard-(\d{3})\.bin", line))
     assert named and named <= {(k, f"{s:03d}") for k, s in damaged.items()}
     counts, shards = plan(built.config)
-    assert counts == {"token_shard": 1, "mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "audio_check": 1, "caches": 1}
+    assert counts == {"token_shard": 1, "mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "caches": 1}
     assert shards == {"token_shard": [0], "mel_shard": [2], "pitch_shard": [3]}
     assert rebuild_then_nothing_to_do(built) == jobs_files(("tokens", 0), ("mels", 2), ("pitch", 3))
     batches = data.build_dataset(cfg, "train")
@@ -397,7 +397,7 @@ def _edited_config(p, path, **sections):
 def test_setting_changes_rebuild_only_what_they_change(built, section, values, stale):
     other = _edited_config(built, built.tmp / "other.yaml", **{section: values})
     counts, _ = plan(other)
-    expected = {} if stale is None else {**stale, "cache_index": 1, "audio_check": 1, "caches": 1}
+    expected = {} if stale is None else {**stale, "cache_index": 1, "caches": 1}
     assert counts == expected
     built.clean = True  # a dry run under other settings changes nothing
 
@@ -406,7 +406,7 @@ def test_setting_changes_rebuild_only_what_they_change(built, section, values, s
 def test_audio_setting_in_configfile_rebuilds_every_mel_shard(built):
     _edited_config(built, built.config, audio={"n_mels": 64})
     counts, shards = plan(built.config)
-    assert counts == {"mel_shard": SHARDS, "cache_index": 1, "audio_check": 1, "caches": 1}
+    assert counts == {"mel_shard": SHARDS, "cache_index": 1, "caches": 1}
     assert shards == {"mel_shard": list(range(SHARDS))}
     changed = rebuild_then_nothing_to_do(built)
     assert changed == jobs_files(*(("mels", k) for k in range(SHARDS)))
@@ -420,7 +420,7 @@ def test_audio_setting_on_the_command_line_rebuilds_every_mel_shard(built):
     # with YAML's BaseLoader, so 48 arrives as the string '48'.
     n_mels = 48 if json.loads((built.cache / "mels/shard-000.json").read_text())["width"] != 48 else 40
     counts, shards = plan(built.config, "--config", f"audio={{n_mels: {n_mels}}}")
-    assert counts == {"mel_shard": SHARDS, "cache_index": 1, "audio_check": 1, "caches": 1}
+    assert counts == {"mel_shard": SHARDS, "cache_index": 1, "caches": 1}
     assert shards == {"mel_shard": list(range(SHARDS))}
     built.clean = True
 
@@ -429,7 +429,7 @@ def test_audio_setting_on_the_command_line_rebuilds_every_mel_shard(built):
 def test_text_setting_rebuilds_every_token_shard(built):
     _edited_config(built, built.config, text={"cleaners": "basic"})
     counts, shards = plan(built.config)
-    assert counts == {"token_shard": SHARDS, "cache_index": 1, "audio_check": 1, "caches": 1}
+    assert counts == {"token_shard": SHARDS, "cache_index": 1, "caches": 1}
     assert shards == {"token_shard": list(range(SHARDS))}
     changed = rebuild_then_nothing_to_do(built)
     assert changed == jobs_files(*(("tokens", k) for k in range(SHARDS)))
@@ -439,7 +439,7 @@ def test_text_setting_rebuilds_every_token_shard(built):
 @pytest.mark.slow
 def test_pitch_setting_on_the_command_line_rebuilds_every_pitch_shard_and_nothing_else(built):
     counts, shards = plan(built.config, "--config", "pitch={fmin: 50.0, fmax: 500.0}")
-    assert counts == {"pitch_shard": SHARDS, "cache_index": 1, "audio_check": 1, "caches": 1}
+    assert counts == {"pitch_shard": SHARDS, "cache_index": 1, "caches": 1}
     assert shards == {"pitch_shard": list(range(SHARDS))}
     changed = rebuild_then_nothing_to_do(built, "--config", "pitch={fmin: 50.0, fmax: 500.0}")
     assert changed == jobs_files(*(("pitch", k) for k in range(SHARDS)))
@@ -479,7 +479,7 @@ def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_templ
             f.write(code or "\n# a comment is a code change too\n")
         counts, _ = plan(config, project=project)
         rules = {"tokens": "token_shard", "mels": "mel_shard", "pitch": "pitch_shard"}
-        assert counts == {**{rules[k]: n for k in kinds}, "cache_index": 1, "audio_check": 1, "caches": 1}, module
+        assert counts == {**{rules[k]: n for k in kinds}, "cache_index": 1, "caches": 1}, module
         before = stamps(cache)
         run_copy(project, "caches", config=config)
         assert rewritten(before, stamps(cache)) == jobs_files(*((k, i) for k in kinds for i in range(n))), module
@@ -513,7 +513,7 @@ def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_templ
     trained = {p.parent.name: json.loads(p.read_text()) for p in aligners.glob("*/aligner.json")}
     with open(project / "pipeline" / "text.py", "a") as f:
         f.write("\n# a comment is a code change too\n")
-    assert plan_durations() == {"token_shard": n, "cache_index": 1, "audio_check": 1, "train_aligner": 1,
+    assert plan_durations() == {"token_shard": n, "cache_index": 1, "train_aligner": 1,
                                 "duration_shard": n, "durations": 1}
     run_copy(project, "durations", config=config)
     assert plan_durations() == {}

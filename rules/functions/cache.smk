@@ -25,6 +25,24 @@ def token_settings(wildcards):
     )
 
 
+def index_settings(wildcards):
+    """cache_index's config: the one job given dataset.bad_audio as the config says.
+    The shard jobs build the same bytes either way (they always leave a bad clip out and
+    list it), so every other job's params give it as "skip" (pipeline.config.job_params,
+    through _inline). Flipping it reruns the index (with `fail`, it stops the run there)
+    and what reads the index, not a shard nor the aligner. These params are the ones
+    _inline gave before: a run built before stays up to date."""
+    sections = dict(
+        name=NAME,
+        dataset=DS,
+        cache=config["cache"],
+        audio=config["audio"],
+        text=config["text"],
+        pitch=config["pitch"],
+    )
+    return json.dumps(pconfig.without_logging(sections), sort_keys=True)
+
+
 def token_rows(wildcards):
     clips = MANIFEST[int(wildcards.shard)]
     return pshards.digest(PROVENANCE["tokens"], *(c.line for c in clips))
@@ -131,10 +149,3 @@ def repair(*kinds, root=CACHE):
         return [marker] if marker.exists() else []
 
     return inputs
-
-
-def checked():
-    """The audio_check rule's record, as the jobs that read the caches list it: ancient, so a rerun
-    audio_check (a flipped dataset.bad_audio) reruns none of them."""
-    # str(): ancient() flags its argument in place
-    return ancient(str(rules.audio_check.output.checked))
