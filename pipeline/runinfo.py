@@ -58,16 +58,12 @@ def latest_checkpoint(folder):
 
 
 def step_of(checkpoint):
-    """The step checkpoint `checkpoint` (.../ckpt-N, or its identity) was saved at. The trainers name
-    each by the steps they took, which under float16 loss scaling can be more than the optimizer's
-    iterations: a step whose gradients overflowed is skipped, not counted."""
-    return int(re.search(r"ckpt-(\d+)$", checkpoint_path(str(checkpoint))).group(1))
-
-
-def newest_step(folder):
-    """The step of the newest checkpoint file in `folder` (0 when none), its state file lost or not."""
-    return max((int(m.group(1)) for p in Path(folder).glob("ckpt-*.index")
-                if (m := re.fullmatch(r"ckpt-(\d+)\.index", p.name))), default=0)
+    """The step checkpoint `checkpoint` (.../ckpt-N, or its identity) was saved at, None for another
+    name (one put there by hand). The trainers name each by the steps they took, which under float16
+    loss scaling can be more than the optimizer's iterations: a step whose gradients overflowed is
+    skipped, not counted."""
+    found = re.search(r"ckpt-(\d+)$", checkpoint_path(str(checkpoint)))
+    return int(found.group(1)) if found else None
 
 
 def checkpoint_identity(prefix):

@@ -498,6 +498,15 @@ def set_aside_diverged(folder, chief, log):
     return keep[-1] if keep else None
 
 
+def resume_step(folder):
+    """The step the trainer will resume at from `folder` (0: from the start), read before it is built
+    (it seeds the loader: reseeded): the newest checkpoint holding only finite numbers, as
+    set_aside_diverged then picks, its state file lost or not."""
+    steps = sorted((n for p in Path(folder).glob("ckpt-*.index") if (n := runinfo.step_of(p.with_suffix(""))) is not None),
+                   reverse=True)
+    return next((n for n in steps if _finite_checkpoint(str(Path(folder) / f"ckpt-{n}"))), 0)
+
+
 def check_loss_scale(latest, optimizers, mixed_precision):
     """PipelineError naming train.mixed_precision when checkpoint `latest` was saved by a loss-scaled
     optimizer (float16) and `optimizers` ({name in the checkpoint: optimizer}) are not, or the other way
@@ -525,8 +534,9 @@ def restore(trainer, run, log):
     if latest:
         check_loss_scale(latest, {"optimizer": trainer.optimizer}, trainer.p.mixed_precision)
         ckpt.restore(latest).assert_existing_objects_matched()
-        trainer.start_step = runinfo.step_of(latest)  # its name: the steps taken; the optimizer counts those it applied
         applied = int(trainer.optimizer.iterations.numpy())
+        named = runinfo.step_of(latest)  # its name: the steps taken; the optimizer counts those it applied
+        trainer.start_step = applied if named is None else named
         skipped = f" ({applied} updates applied: float16 loss scaling skipped the others)" \
             if applied != trainer.start_step else ""
         log(f"resumed from {latest} at step {trainer.start_step}{skipped}")
@@ -759,7 +769,7 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
     """Resume or start, train to train.steps, write the summary `out` (the chief's; None on other workers)."""
     started, run = time.perf_counter(), config.run_dir(cfg)
     info = start_run(cfg, run, log)
-    trainer = build_trainer(reseeded(cfg, runinfo.newest_step(run / "checkpoints")), log=log, info=runinfo.loaded(info))
+    trainer = build_trainer(reseeded(cfg, resume_step(run / "checkpoints")), log=log, info=runinfo.loaded(info))
     chief = trainer.p.chief  # False only on multiworker's other workers: they write nothing in run/
     if chief:
         record_run(cfg, run, info)

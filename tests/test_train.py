@@ -242,6 +242,25 @@ def test_a_resumed_run_draws_another_batch_order_than_the_one_it_began_with(buil
     assert reseeded(cfg, 8)["train"]["seed"] == cfg["train"]["seed"] + 8 and cfg["train"] is not reseeded(cfg, 8)["train"]
 
 
+def test_the_seed_of_a_resumed_run_is_the_step_it_resumes_at_past_diverged_checkpoints(tmp_path):
+    # the reseed step was the newest checkpoint's, counted before a diverged one was set aside: the
+    # first resume drew from seed + 4 while resuming ckpt-2, a rerun from ckpt-2 from seed + 2
+    import tensorflow as tf
+
+    from pipeline.train import resume_step
+    folder = tmp_path / "checkpoints"
+    assert resume_step(folder) == 0
+    v = tf.Variable([1.0, 2.0])
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), str(folder), max_to_keep=5)
+    manager.save(checkpoint_number=2)
+    v.assign([np.nan, 2.0])
+    manager.save(checkpoint_number=4)                                           # diverged
+    assert resume_step(folder) == 2
+    (folder / "checkpoint").unlink()                                            # its state file lost too
+    assert resume_step(folder) == 2
+    assert step_of(folder / "ckpt-4") == 4 and step_of(folder / "best") is None  # a name put there by hand
+
+
 @pytest.mark.slow
 def test_a_checkpoint_resumes_at_the_step_it_is_named_for_not_the_updates_applied(built_cache, tmp_path):
     # float16 loss scaling skips a step whose gradients overflow without counting it in the optimizer's

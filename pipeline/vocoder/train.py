@@ -304,7 +304,8 @@ def _checkpoints(cfg, phase, trainer, folder, log):
         acoustic.check_loss_scale(latest, {"g_opt": trainer.g_opt}, trainer.p.mixed_precision)  # d_opt: unbuilt before the GAN
         ckpt.restore(latest).assert_existing_objects_matched()
         # its name: the steps taken (what its batches follow); float16 loss scaling skips some updates
-        trainer.start_step = runinfo.step_of(latest)
+        named = runinfo.step_of(latest)
+        trainer.start_step = int(trainer.g_opt.iterations.numpy()) if named is None else named
         log(f"resumed from {latest} at step {trainer.start_step}")
     elif phase == "finetune":
         first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
