@@ -6,15 +6,16 @@ in the one shard format (pipeline/shards.py). Mel shards and their energy come f
 front end (pipeline/text.py, one espeak-ng backend per job). Per-clip sums (`.stats.npy`) give
 `index` the train split's mel, energy and voiced-pitch mean/std without a second pass. A job leaves
 out, with its reason, each clip it cannot vouch for (audio: load_clip; text: text.problem and
-dropped_words); `index` lists them all in rejected.tsv, and with dataset.bad_audio `fail` stops the
-run there when a clip's audio was left out (its job is the one given that key: flipping it rebuilds
-no shard).
+dropped_words); `index` lists them all in rejected.tsv. With dataset.bad_audio `fail` it also records
+the clips whose audio was left out, and every job that reads the index refuses (its job is the one
+given that key: flipping it rebuilds no shard).
 
     python -m pipeline.cache tokens --config CFG --shard 3 --out cache/demo/tokens/shard-003
     python -m pipeline.cache mels   --config CFG --shard 3 --out cache/demo/mels/shard-003 --energy cache/demo/energy/shard-003 --audio cache/demo/audio/shard-003
     python -m pipeline.cache pitch  --config CFG --shard 3 --out cache/demo/pitch/shard-003
     python -m pipeline.cache index  --config CFG --out cache/demo/index.json   # every shard of the config's cache
     python -m pipeline.cache index  --config CFG --tokens T.. --mels M.. --energy-shards E.. --pitch P.. --out I
+    python -m pipeline.cache check  --config CFG --out cache/demo/caches.json   # refuses an index with bad audio under `fail`
 
 Config keys: dataset.*, cache.shards, text.* (tokens), audio.* (mels; pitch reads sample_rate and
 hop_length), pitch.* (pitch).
@@ -396,25 +397,39 @@ def write_rejected(path, rejected):
     files.atomic_write_text(path, "\n".join(lines) + "\n")
 
 
-AUDIO_STAGES = ("mels", "pitch")  # the jobs that decode audio; a tokens or index rejection is no bad audio
-LISTED = 20  # bad clips named in check_bad_audio's one-line message (the log lists them all)
+LISTED = 20  # bad clips named in the one-line message of dataset.bad_audio: fail (the log lists them all)
 
 
-def check_bad_audio(cfg, rejected, log=_print):
-    """With dataset.bad_audio `fail`, BadAudio naming each clip of `rejected` (rejected.tsv's rows) that
-    a mel or pitch job left out: the index's job, the one given the key as the config says (a shard
-    job always leaves a bad clip out and lists it), raises it before it writes anything. The log gets
-    every bad clip, the one-line message the first LISTED."""
-    bad = [r for r in rejected if r["stage"] in AUDIO_STAGES]
+def bad_audio_record(cfg, bad, log=_print):
+    """What index.json records under `bad_audio` when dataset.bad_audio is `fail` and a mel or pitch
+    job left clips out (`bad`: their rows), else None. The index is written all the same (a failed
+    index would be deleted, and with it every trained aligner's `ancient` input): every job that reads
+    it (data.read_index) refuses with the record's one-line message, and so does `snakemake caches`
+    (`check`). The index job, the one given the key as the config says, logs every bad clip."""
     if not bad or cfg["dataset"]["bad_audio"] != "fail":
-        return
+        return None
     for r in bad:
         log(f"bad audio: {r['path']}: {r['reason']}")
     shown = "; ".join(f"{r['path']}: {r['reason']}" for r in bad[:LISTED])
-    more = f"; and {len(bad) - LISTED} more (the log lists them all)" if len(bad) > LISTED else ""
-    raise audio.BadAudio(f"dataset.bad_audio: fail: {len(bad)} clip(s) with bad audio, left out of the shards of "
-                         f"{config.cache_dir(cfg)}: {shown}{more}. Mend or remove them, or set "
-                         f"dataset.bad_audio: skip to go on without them")
+    more = f"; and {len(bad) - LISTED} more (rejected.tsv lists them all)" if len(bad) > LISTED else ""
+    return dict(clips=len(bad), message=f"dataset.bad_audio: fail: {len(bad)} clip(s) with bad audio, left out of the "
+                                        f"shards: {shown}{more}. Mend or remove them, or set dataset.bad_audio: skip "
+                                        f"to go on without them")
+
+
+def check_caches(cfg, out, log=_print):
+    """`snakemake caches`' last job: PipelineError with the index's bad_audio message when it has one,
+    else `out`, a record of the check (a file, so a failed check runs again at the next `caches`)."""
+    path = config.cache_dir(cfg) / "index.json"
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise shards.CacheError(f"{path}: unreadable ({e}); run `{shards.REBUILD}`") from None
+    if index.get("bad_audio"):
+        raise PipelineError(f"{path}: {index['bad_audio']['message']}")
+    counts = index.get("counts", {})
+    files.atomic_write_text(out, json.dumps(dict(index=str(path), counts=counts), indent=1) + "\n")
+    log(f"caches: {counts.get('clips')} clips, {counts.get('rejected')} rejected (listed in {path.parent / 'rejected.tsv'})")
 
 
 def _shard_number(path):
@@ -519,14 +534,17 @@ def build_index(cfg, paths, out, log=_print):
     want = {k: shards.provenance(k, cfg, espeak=espeak) for k in shards.CACHE_KINDS}
     n_mels = cfg["audio"]["n_mels"]
     totals = _Totals(n_mels, cfg["dataset"]["val_fraction"])
-    entries, rejected = [], {}
+    entries, rejected, bad_audio = [], {}, {}
     for k, group in enumerate(zip(*(sorted(paths[kind], key=_shard_number) for kind in shards.CACHE_KINDS))):
         metas, stats, usable, short = _read_group(k, group, want, rejected)
+        for kind in ("mels", "pitch"):  # a clip whose text was rejected too is still bad audio
+            for r in metas[kind]["rejected"]:
+                bad_audio.setdefault(r["id"], dict(r, shard=k))
         n, val = totals.add_shard(metas, stats, usable)
         entries.append(dict(shard=k, clips=n, val=val, excluded=sorted(short),
                             **{kind: str(Path(p).with_suffix("").relative_to(out.parent))
                                for kind, p in zip(shards.CACHE_KINDS, group)}))
-    check_bad_audio(cfg, rejected.values(), log)
+    bad_audio = bad_audio_record(cfg, list(bad_audio.values()), log)
     counts, frames_train = totals.counts, totals.frames
     counts["rejected"] = len(rejected)
     if frames_train == 0:
@@ -543,7 +561,7 @@ def build_index(cfg, paths, out, log=_print):
                  pitch_mean=round(float(pitch_mean), 4), pitch_std=round(float(pitch_std), 4),
                  energy_mean=round(float(energy_mean), 6), energy_std=round(float(energy_std), 6),
                  vocab=vocab, speakers=sorted(speakers), languages=sorted(totals.languages), speaker_stats=speakers,
-                 shards=entries)
+                 shards=entries, **({"bad_audio": bad_audio} if bad_audio else {}))
     write_rejected(out.parent / "rejected.tsv", rejected.values())
     files.atomic_write_text(out.parent / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False))
     files.atomic_write_text(out, json.dumps(index, indent=1, ensure_ascii=False))
@@ -572,11 +590,12 @@ def keep_freed_memory():
 
 @cli
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Build token, mel (+ energy) and pitch shards and the cache index.")
-    parser.add_argument("what", choices=["tokens", "mels", "pitch", "index"])
+    parser = argparse.ArgumentParser(description="Build token, mel (+ energy) and pitch shards and the cache index; "
+                                                 "check the index (`snakemake caches`' last job).")
+    parser.add_argument("what", choices=["tokens", "mels", "pitch", "index", "check"])
     config.add_arguments(parser)
     parser.add_argument("--shard", type=int)
-    parser.add_argument("--out", required=True, help="shard path without suffix, or index.json")
+    parser.add_argument("--out", required=True, help="shard path without suffix, index.json, or check's record")
     parser.add_argument("--energy", help="mels: the energy shard path without suffix")
     parser.add_argument("--audio", help="mels: the audio shard path to write, without suffix (the waveform on the mel "
                                         "grid); pitch: the one to read when it holds this shard's clips")
@@ -587,7 +606,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     # a pitch job gets audio.sample_rate and hop_length alone (its rule passes no other audio key, so
     # an n_mels edit does not rerun it): the cross-key audio checks would see defaults, so skip them
-    cfg = config.from_args(args, check_paths=args.what != "pitch")
+    cfg = config.from_args(args, check_paths=args.what not in ("pitch", "check"))
+    if args.what == "check":
+        check_caches(cfg, args.out)
+        return
     keep_freed_memory()
     if args.what == "index":
         given = dict(tokens=args.tokens, mels=args.mels, energy=args.energy_shards, pitch=args.pitch)

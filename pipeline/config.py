@@ -379,7 +379,7 @@ def job_params(cfg):
     """`cfg` (a whole config or some of its sections) as a rule's params: less LOGGING_KEYS, and with
     dataset.bad_audio as "skip", what every shard job does with a bad clip: leave it out and list it.
     `fail` is the index job's alone (rules/functions/cache.smk index_settings; pipeline.cache
-    check_bad_audio), so flipping the key reruns the index and what reads it, no shard and not the
+    bad_audio_record), so flipping the key reruns the index and what reads it, no shard and not the
     aligner; "skip" rather than no key keeps the params, and so the shards, of caches built before."""
     out = without_logging(cfg)
     if isinstance(out.get("dataset"), dict) and "bad_audio" in out["dataset"]:

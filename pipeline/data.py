@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline import config, manifest, multiworker_data, shards
+from pipeline.errors import PipelineError
 from pipeline.models import frame_multiple
 from pipeline.shards import CacheError  # noqa: F401  (re-exported: callers catch data.CacheError)
 
@@ -55,6 +56,8 @@ def read_index(cfg):
                          f"phonemes, pitch and energy); rebuild it with `{shards.REBUILD}`")
     for kind in shards.CACHE_KINDS:
         shards.check_provenance(path, kind, index["provenance"][kind], shards.provenance(kind, cfg))
+    if index.get("bad_audio"):  # built with dataset.bad_audio: fail while clips had bad audio (pipeline.cache)
+        raise PipelineError(f"{path}: {index['bad_audio']['message']}")
     return index
 
 

@@ -112,7 +112,20 @@ rule cache_index:
         "python -m pipeline.cache index --config {params.config:q} --out {output.index:q} > {log:q} 2>&1"
 
 
+# With dataset.bad_audio: fail, an index whose shards left clips out for bad audio records them, and
+# every job that reads it refuses (pipeline.data.read_index); this last job of `caches` refuses too.
+# It writes a record, so after a refusal the next `snakemake caches` checks again.
 rule caches:
     input:
         rules.cache_index.output,
+    output:
+        checked=CACHE / "caches.json",
+    log:
+        LOGS / "caches.log",
     localrule: True
+    conda:
+        "../environment.yml"
+    params:
+        config=lambda wildcards: _inline(name=NAME, cache=config["cache"]),
+    shell:
+        "python -m pipeline.cache check --config {params.config:q} --out {output.checked:q} > {log:q} 2>&1"

@@ -314,32 +314,44 @@ def test_bad_audio_skip_then_fail(tmp_path, corpus_template):
         assert any(w in reason.lower() for w in BAD_KINDS[kind]), (kind, reason)
     assert planned_jobs(cfg_path) == {}
 
-    # with bad_audio: fail the run stops at the index, naming every bad file, before anything reads
-    # the caches; flipping the key rebuilds no shard (each builds the same bytes either way), and the
-    # shards are kept (the failing shard job deleted its shard before)
+    # with bad_audio: fail the index records them and every job that reads it refuses, `snakemake
+    # caches` too; flipping the key rebuilds no shard (each builds the same bytes either way), the
+    # shards are kept (the failing shard job deleted its shard before), and so is the index: a failed
+    # index job's outputs would be deleted, and a trained aligner (which reads it as `ancient`) retrained
     fail_path = write_config(tmp_path, root, dataset={"root": str(root), "bad_audio": "fail"}, cache=cache_cfg)
     assert planned_jobs(fail_path) == {"cache_index": 1, "caches": 1}
     assert planned_jobs(fail_path, "train") == {"cache_index": 1, "train_aligner": 1, "duration_shard": shards, "train": 1}
     built = {p: p.stat().st_mtime_ns for p in cache_dir.rglob("shard-*")}
-    for target in ("caches", "train"):  # it fails again, whatever the target, until they are mended
+    logs = cache_dir.parent.parent / "reports" / "t" / "logs"
+    for target, log in (("caches", logs / "caches.log"), ("caches", logs / "caches.log"),
+                        ("train", logs / "train_aligner.log")):  # again and again, until they are mended
         proc = snakemake(target, config=fail_path, check=False)
-        output = proc.stdout + proc.stderr
         assert proc.returncode != 0
-        log = cache_dir.parent.parent / "reports" / "t" / "logs" / "cache_index.log"
-        assert str(log) in output  # Snakemake points the user at the failed job's log
+        assert str(log) in proc.stdout + proc.stderr  # Snakemake points the user at the failed job's log
         message = next(line for line in log.read_text().splitlines() if line.startswith("error: "))
-        assert f"dataset.bad_audio: fail: {len(BAD_KINDS)} clip(s) with bad audio" in message
+        assert f"{cache_dir / 'index.json'}: dataset.bad_audio: fail: {len(BAD_KINDS)} clip(s) with bad audio" in message
         for kind, path in bad_paths.items():
             assert (bad_ids[kind] if kind == "missing" else str(path)) in message, kind
         assert {p: p.stat().st_mtime_ns for p in cache_dir.rglob("shard-*")} == built
-        assert not (tmp_path / "runs" / "t").exists()                         # nothing trained
-    assert planned_jobs(fail_path) == {"cache_index": 1, "caches": 1}
+        assert json.loads((cache_dir / "index.json").read_text())["bad_audio"]["clips"] == len(BAD_KINDS)
+        assert not list((tmp_path / "runs").rglob("ckpt-*")) and not list((tmp_path / "runs").rglob("aligner.json"))
+    assert planned_jobs(fail_path) == {"caches": 1}
+
+    # a clip whose text is refused as well is still bad audio (rejected.tsv gives it its text's row)
+    (twice,) = _ids_in_shard("twice-", 0, shards, 1)
+    _write_bad(root / "wavs", "silent", twice, good)
+    with open(root / "metadata.csv", "a", encoding="utf-8") as f:
+        f.write(f"{twice}|Smile \U0001F600 now.|Smile \U0001F600 now.\n")
+    assert snakemake("caches", config=fail_path, check=False).returncode != 0
+    assert f"fail: {len(BAD_KINDS) + 1} clip(s) with bad audio" in (logs / "caches.log").read_text()
 
     # back to skip: the index again, with the bad clips left out, and no shard
     cfg_path = write_config(tmp_path, root, dataset={"root": str(root), "bad_audio": "skip"}, cache=cache_cfg)
     assert planned_jobs(cfg_path) == {"cache_index": 1, "caches": 1}
+    built = {p: p.stat().st_mtime_ns for p in cache_dir.rglob("shard-*")}
     snakemake("caches", config=cfg_path)
-    assert json.loads((cache_dir / "index.json").read_text())["counts"]["rejected"] == len(BAD_KINDS)
+    index = json.loads((cache_dir / "index.json").read_text())
+    assert "bad_audio" not in index and index["counts"]["rejected"] == len(BAD_KINDS) + 1
     assert {p: p.stat().st_mtime_ns for p in cache_dir.rglob("shard-*")} == built
     assert planned_jobs(cfg_path) == {}
 
