@@ -500,11 +500,29 @@ def set_aside_diverged(folder, chief, log):
 
 def resume_step(folder):
     """The step the trainer will resume at from `folder` (0: from the start), read before it is built
-    (it seeds the loader: reseeded): the newest checkpoint holding only finite numbers, as
-    set_aside_diverged then picks, its state file lost or not."""
-    steps = sorted((n for p in Path(folder).glob("ckpt-*.index") if (n := runinfo.step_of(p.with_suffix(""))) is not None),
-                   reverse=True)
-    return next((n for n in steps if _finite_checkpoint(str(Path(folder) / f"ckpt-{n}"))), 0)
+    (it seeds the loader: reseeded). The checkpoint is the one restore will take: the state file's
+    latest (every ckpt-N on disk when that file is lost: relist), else, when it is not finite, the
+    newest finite one it lists (set_aside_diverged); its step is its name's, or for a checkpoint
+    named otherwise, the optimizer's count it holds (as restore then reads)."""
+    latest = tf.train.latest_checkpoint(str(folder))
+    if latest is None:  # no state file, or a damaged one: relist lists every ckpt-N on disk
+        on_disk = sorted(n for p in Path(folder).glob("ckpt-*.index")
+                         if (n := runinfo.step_of(p.with_suffix(""))) is not None)
+        listed = [str(Path(folder) / f"ckpt-{n}") for n in on_disk]
+        latest = listed[-1] if listed else None
+    else:
+        listed = [p for p in _checkpoints(folder) if p != latest] + [latest]
+    while listed and not _finite_checkpoint(listed[-1]):
+        listed.pop()
+    if not listed:
+        return 0
+    step = runinfo.step_of(listed[-1])
+    if step is None:
+        try:
+            step = int(tf.train.load_checkpoint(listed[-1]).get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"))
+        except (tf.errors.OpError, ValueError):
+            step = 0
+    return step
 
 
 def check_loss_scale(latest, optimizers, mixed_precision):
@@ -762,7 +780,8 @@ def reseeded(cfg, step):
     """`cfg` for a trainer resuming at `step`: train.seed + step seeds its batch order and dropout, so a
     run resumed (a preempted job, say) goes on with another order instead of replaying the start of the
     one it began with, and its reruns draw the same. The recorded config keeps train.seed."""
-    return cfg if not step else dict(cfg, train=dict(cfg["train"], seed=cfg["train"]["seed"] + step))
+    seed = (cfg["train"]["seed"] + step) % 2 ** 32  # what keras.utils.set_random_seed takes (the schema's range)
+    return cfg if not step else dict(cfg, train=dict(cfg["train"], seed=seed))
 
 
 def train(cfg, out, log=functools.partial(print, flush=True)):

@@ -259,6 +259,17 @@ def test_the_seed_of_a_resumed_run_is_the_step_it_resumes_at_past_diverged_check
     (folder / "checkpoint").unlink()                                            # its state file lost too
     assert resume_step(folder) == 2
     assert step_of(folder / "ckpt-4") == 4 and step_of(folder / "best") is None  # a name put there by hand
+    # a save killed before the state file named it: restore takes the state file's latest, so does the seed
+    v.assign([1.0, 2.0])
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), str(tmp_path / "killed"), max_to_keep=5)
+    manager.save(checkpoint_number=2)
+    state = (tmp_path / "killed" / "checkpoint").read_text()
+    manager.save(checkpoint_number=6)
+    (tmp_path / "killed" / "checkpoint").write_text(state)
+    assert resume_step(tmp_path / "killed") == 2
+    from pipeline.train import reseeded
+    cfg = config.load_config(overrides={"train": {"seed": 2 ** 32 - 1}}, check_paths=False)
+    assert reseeded(cfg, 3)["train"]["seed"] == 2                               # within what Keras takes
 
 
 @pytest.mark.slow
