@@ -517,11 +517,12 @@ def resume_step(folder):
     if not listed:
         return 0
     step = runinfo.step_of(listed[-1])
-    if step is None:
-        try:
-            step = int(tf.train.load_checkpoint(listed[-1]).get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"))
-        except (tf.errors.OpError, ValueError):
-            step = 0
+    if step is None:  # the optimizer's count: a loss-scaled one's is its inner optimizer's (restore reads that)
+        reader = tf.train.load_checkpoint(listed[-1])
+        names = {n for n, _ in tf.train.list_variables(listed[-1])}
+        name = next((n for n in ("optimizer/inner_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE",
+                                 "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") if n in names), None)
+        step = int(reader.get_tensor(name)) if name else 0
     return step
 
 

@@ -267,7 +267,16 @@ def test_the_seed_of_a_resumed_run_is_the_step_it_resumes_at_past_diverged_check
     manager.save(checkpoint_number=6)
     (tmp_path / "killed" / "checkpoint").write_text(state)
     assert resume_step(tmp_path / "killed") == 2
-    from pipeline.train import reseeded
+    # a checkpoint named otherwise: the optimizer's count it holds, a loss-scaled one's inner count
+    import keras
+    opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
+    opt.build([v])
+    for _ in range(3):
+        opt.apply([tf.ones_like(v)], [v])
+    tf.train.Checkpoint(optimizer=opt, v=v).write(str(tmp_path / "named" / "best"))
+    from pipeline.train import reseeded, write_state
+    write_state(tmp_path / "named", ["best"])
+    assert resume_step(tmp_path / "named") == int(opt.iterations.numpy()) == 3
     cfg = config.load_config(overrides={"train": {"seed": 2 ** 32 - 1}}, check_paths=False)
     assert reseeded(cfg, 3)["train"]["seed"] == 2                               # within what Keras takes
 
