@@ -223,7 +223,8 @@ def decode_key(cfg, clips):
 
 def _audio_of_shard(cfg, shard, what, log, clips):
     """(clips' signals as (id, float32 audio) pairs, rejected) of one shard, decoded from its files: a
-    bad clip is left out and listed in `rejected` (with dataset.bad_audio: fail, the index stops the run)."""
+    bad clip is left out and listed in `rejected` (with dataset.bad_audio: fail, the index records it
+    and the jobs that read the index refuse)."""
     ds, a = cfg["dataset"], cfg["audio"]
     rejected, start = [], time.time()
     fmax = a["fmax"] if what == "mel" else None  # a pitch job is given no audio.fmax (nor depends on it)
@@ -397,7 +398,7 @@ def write_rejected(path, rejected):
     files.atomic_write_text(path, "\n".join(lines) + "\n")
 
 
-LISTED = 20  # bad clips named in the one-line message of dataset.bad_audio: fail (the log lists them all)
+LISTED = 20  # bad clips named in the one-line message of dataset.bad_audio: fail (the index job's log: all)
 
 
 def bad_audio_record(cfg, bad, log=_print):
@@ -411,7 +412,7 @@ def bad_audio_record(cfg, bad, log=_print):
     for r in bad:
         log(f"bad audio: {r['path']}: {r['reason']}")
     shown = "; ".join(f"{r['path']}: {r['reason']}" for r in bad[:LISTED])
-    more = f"; and {len(bad) - LISTED} more (rejected.tsv lists them all)" if len(bad) > LISTED else ""
+    more = f"; and {len(bad) - LISTED} more (the log of cache_index lists them all)" if len(bad) > LISTED else ""
     return dict(clips=len(bad), message=f"dataset.bad_audio: fail: {len(bad)} clip(s) with bad audio, left out of the "
                                         f"shards: {shown}{more}. Mend or remove them, or set dataset.bad_audio: skip "
                                         f"to go on without them")

@@ -29,9 +29,9 @@ def index_settings(wildcards):
     """cache_index's config: the one job given dataset.bad_audio as the config says.
     The shard jobs build the same bytes either way (they always leave a bad clip out and
     list it), so every other job's params give it as "skip" (pipeline.config.job_params,
-    through _inline). Flipping it reruns the index (with `fail`, it stops the run there)
-    and what reads the index, not a shard nor the aligner. These params are the ones
-    _inline gave before: a run built before stays up to date."""
+    through _inline). Flipping it reruns the index (with `fail`, it records the bad clips
+    and every job that reads it refuses) and those jobs, not a shard nor the aligner.
+    These params are the ones _inline gave before: a run built before stays up to date."""
     sections = dict(
         name=NAME,
         dataset=DS,
