@@ -31,7 +31,7 @@ def index_settings(wildcards):
     list it), so every other job's params give it as "skip" (pipeline.config.job_params,
     through _inline). Flipping it reruns the index (with `fail`, it records the bad clips
     and every job that reads it refuses) and those jobs, not a shard nor the aligner.
-    These params are the ones _inline gave before: a run built before stays up to date."""
+    These params are the ones _inline gave before: a run built before is up to date."""
     sections = dict(
         name=NAME,
         dataset=DS,
