@@ -464,17 +464,22 @@ def set_aside(folder, bad, why, log):
     return keep[-1] if keep else None
 
 
+def _steps_on_disk(folder):
+    """The steps of the ckpt-N checkpoints in `folder` whose .index file is there, in order: what relist
+    lists, whatever the state file says."""
+    return sorted(int(m.group(1)) for p in Path(folder).glob("ckpt-*.index")
+                  if (m := re.fullmatch(r"ckpt-(\d+)\.index", p.name)))
+
+
 def relist(folder, log):
     """Checkpoints in `folder` that its state file `checkpoint` does not name (the file deleted,
     damaged, or left out of a copy) listed again, oldest first: without it the trainer would start
     from step 0, cut the loss history back and overwrite them. -> the names relisted ([] if none)."""
     if tf.train.latest_checkpoint(str(folder)) is not None:
         return []
-    found = sorted(int(m.group(1)) for p in Path(folder).glob("ckpt-*.index")
-                   if (m := re.fullmatch(r"ckpt-(\d+)\.index", p.name)))
-    if not found:
+    names = [f"ckpt-{n}" for n in _steps_on_disk(folder)]
+    if not names:
         return []
-    names = [f"ckpt-{n}" for n in found]
     write_state(folder, names)
     log(f"{Path(folder) / 'checkpoint'}: missing or unreadable while {', '.join(names)} are there: "
         f"listed them again; resuming from {names[-1]}")
@@ -506,10 +511,7 @@ def resume_step(folder):
     named otherwise, the optimizer's count it holds (as restore then reads)."""
     latest = tf.train.latest_checkpoint(str(folder))
     if latest is None:  # no state file, or a damaged one: relist lists every ckpt-N on disk
-        on_disk = sorted(n for p in Path(folder).glob("ckpt-*.index")
-                         if (n := runinfo.step_of(p.with_suffix(""))) is not None)
-        listed = [str(Path(folder) / f"ckpt-{n}") for n in on_disk]
-        latest = listed[-1] if listed else None
+        listed = [str(Path(folder) / f"ckpt-{n}") for n in _steps_on_disk(folder)]
     else:
         listed = [p for p in _checkpoints(folder) if p != latest] + [latest]
     while listed and not _finite_checkpoint(listed[-1]):
@@ -519,9 +521,8 @@ def resume_step(folder):
     step = runinfo.step_of(listed[-1])
     if step is None:  # the optimizer's count: a loss-scaled one's is its inner optimizer's (restore reads that)
         reader = tf.train.load_checkpoint(listed[-1])
-        names = {n for n, _ in tf.train.list_variables(listed[-1])}
         name = next((n for n in ("optimizer/inner_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE",
-                                 "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") if n in names), None)
+                                 "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") if reader.has_tensor(n)), None)
         step = int(reader.get_tensor(name)) if name else 0
     return step
 
