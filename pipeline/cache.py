@@ -535,17 +535,17 @@ def build_index(cfg, paths, out, log=_print):
     want = {k: shards.provenance(k, cfg, espeak=espeak) for k in shards.CACHE_KINDS}
     n_mels = cfg["audio"]["n_mels"]
     totals = _Totals(n_mels, cfg["dataset"]["val_fraction"])
-    entries, rejected, bad_audio = [], {}, {}
+    entries, rejected, audio_rejected = [], {}, {}
     for k, group in enumerate(zip(*(sorted(paths[kind], key=_shard_number) for kind in shards.CACHE_KINDS))):
         metas, stats, usable, short = _read_group(k, group, want, rejected)
         for kind in ("mels", "pitch"):  # a clip whose text was rejected too is still bad audio
             for r in metas[kind]["rejected"]:
-                bad_audio.setdefault(r["id"], dict(r, shard=k))
+                audio_rejected.setdefault(r["id"], dict(r, shard=k))
         n, val = totals.add_shard(metas, stats, usable)
         entries.append(dict(shard=k, clips=n, val=val, excluded=sorted(short),
                             **{kind: str(Path(p).with_suffix("").relative_to(out.parent))
                                for kind, p in zip(shards.CACHE_KINDS, group)}))
-    bad_audio = bad_audio_record(cfg, list(bad_audio.values()), log)
+    bad_audio = bad_audio_record(cfg, list(audio_rejected.values()), log)
     counts, frames_train = totals.counts, totals.frames
     counts["rejected"] = len(rejected)
     if frames_train == 0:
