@@ -544,7 +544,8 @@ def build_index(cfg, paths, out, log=_print):
         n, val = totals.add_shard(metas, stats, usable)
         entries.append(dict(shard=k, clips=n, val=val, excluded=sorted(short),
                             **{kind: str(Path(p).with_suffix("").relative_to(out.parent))
-                               for kind, p in zip(shards.CACHE_KINDS, group)}))
+                               for kind, p in zip(shards.CACHE_KINDS, group)},
+                            checksums={kind: metas[kind]["checksum"] for kind in shards.CACHE_KINDS}))
     bad_audio = bad_audio_record(cfg, list(audio_rejected.values()), log)
     counts, frames_train = totals.counts, totals.frames
     counts["rejected"] = len(rejected)

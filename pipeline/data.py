@@ -51,6 +51,8 @@ def read_index(cfg):
         index = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CacheError(f"{path}: no cache index; build it with `{shards.REBUILD}`") from None
+    except (OSError, ValueError) as e:  # cut short or not JSON
+        raise CacheError(f"{path}: unreadable ({e}); rebuild it with `{shards.REBUILD}`") from None
     if index.get("format") != shards.FORMAT:
         raise CacheError(f"{path}: a cache in format {index.get('format')} (this code reads format {shards.FORMAT}, with "
                          f"phonemes, pitch and energy); rebuild it with `{shards.REBUILD}`")
@@ -128,9 +130,15 @@ def _shard_metas(root, entry, kinds, index):
     return out
 
 
-def _check_durations(meta, tok, prefix, mel_frames):
-    """Durations must cover the token shard 1:1 and sum to each clip's mel frames."""
+def _check_durations(meta, tok, prefix, mel_frames, made_from=None):
+    """Durations must be made from the token and mel shards at hand (`made_from`: {kind: their JSON's
+    path}; the duration shard's provenance holds those files' digests), cover the token shard 1:1 and
+    sum to each clip's mel frames."""
     target = shards.KINDS["durations"].target
+    for kind, path in (made_from or {}).items():
+        if meta["provenance"].get(kind) != shards.file_digest(path):
+            raise CacheError(f"{prefix}.json: durations aligned to another {path} than the one on disk (stale: "
+                             f"its text or audio changed since); run `{target}`")
     if meta["ids"] != tok["ids"] or meta["lengths"] != tok["lengths"]:
         raise CacheError(f"{prefix}.json: durations for other clips or tokens than {tok['kind']} shard "
                          f"{prefix.name} (stale); run `{target}`")
@@ -139,6 +147,22 @@ def _check_durations(meta, tok, prefix, mel_frames):
         if cid in mel_frames and int(d.sum()) != mel_frames[cid]:
             raise CacheError(f"{prefix}.bin: durations of {cid} sum to {int(d.sum())}, its mel has "
                              f"{mel_frames[cid]} frames (stale); run `{target}`")
+
+
+def _check_entry(root, entry, metas, excluded):
+    """CacheError unless the index was built from these shards: the checksums it recorded (indexes
+    built since they record them) and the number of clips it counted in the shard."""
+    path = root / "index.json"
+    for kind, want in entry.get("checksums", {}).items():
+        if kind in metas and metas[kind][0]["checksum"] != want:
+            raise CacheError(f"{path}: built from another {metas[kind][1]}.bin than the one on disk (a shard rebuilt "
+                             f"after the index, or its index job did not finish); run `{shards.REBUILD}`")
+    mel, kinds = metas["mels"][0], [set(m["ids"]) for kind, (m, _) in metas.items() if kind in shards.CACHE_KINDS]
+    found = sum(cid not in excluded and all(cid in ids for ids in kinds) for cid in mel["ids"])
+    if found != entry["clips"]:
+        raise CacheError(f"{path}: counts {entry['clips']} usable clips in shard {entry['shard']}, its shards hold "
+                         f"{found} (a shard rebuilt after the index, or its index job did not finish); "
+                         f"run `{shards.REBUILD}`")
 
 
 def load_clips(cfg, split="all", index=None, durations=False):
@@ -157,8 +181,10 @@ def load_clips(cfg, split="all", index=None, durations=False):
         at = {kind: {cid: i for i, cid in enumerate(m["ids"])} for kind, (m, _) in metas.items()}
         mel_frames = dict(zip(mel["ids"], mel["lengths"]))
         left_out = set(entry.get("excluded", ()))  # cache_index: audio too short for the text
+        _check_entry(root, entry, metas, left_out)
         if durations:
-            _check_durations(metas["durations"][0], tok, metas["durations"][1], mel_frames)
+            _check_durations(metas["durations"][0], tok, metas["durations"][1], mel_frames,
+                             {kind: metas[kind][1].with_suffix(".json") for kind in ("tokens", "mels")})
             left_out.update(r["id"] for r in metas["durations"][0].get("rejected", ()))
         for j, cid in enumerate(mel["ids"]):
             if cid in left_out or not all(cid in at[kind] for kind in kinds):

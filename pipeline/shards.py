@@ -158,6 +158,9 @@ def check(meta, out, want_provenance=None):
     if meta["bytes"] != expected:
         raise CacheError(f"{path}: its JSON records {meta['bytes']} bytes but its lengths add up to {expected}; "
                          f"run `{target}`")
+    if meta["offsets"] != offsets(meta["lengths"]) or len(set(meta["ids"])) != len(meta["ids"]):
+        raise CacheError(f"{Path(out).with_suffix('.json')}: its offsets are not its lengths' running sums, or an id "
+                         f"repeats (a damaged or hand-edited JSON); run `{target}`")
     try:
         size = os.path.getsize(path)
     except FileNotFoundError:

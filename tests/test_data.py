@@ -188,3 +188,45 @@ def test_planted_duration_shards_load_through_build_dataset(cache_copy):
     shards.write(shards.prefix(root, "durations", 1), "durations", meta["ids"], arrays, provenance="planted")
     with pytest.raises(data.CacheError, match=f"durations of {meta['ids'][0]} sum to .*snakemake --cores all durations"):
         data.build_dataset(cache_copy, "train", durations=True)
+
+
+def test_a_cut_short_index_is_one_line_naming_it(cache_copy):
+    path = config.cache_dir(cache_copy) / "index.json"
+    path.write_text(path.read_text()[:3000])
+    with pytest.raises(data.CacheError, match=r"index\.json: unreadable .*snakemake --cores all caches"):
+        data.build_dataset(cache_copy, "train")
+
+
+def test_a_shard_json_whose_offsets_are_not_its_lengths_sums_is_refused(cache_copy):
+    # the checksum covers the .bin only: an offset moved in the JSON read one clip's mel from inside the next's
+    meta_path = config.cache_dir(cache_copy) / "mels" / "shard-003.json"
+    meta = json.loads(meta_path.read_text())
+    meta["offsets"][1] += 10
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(data.CacheError, match=r"mels/shard-003\.json: its offsets are not its lengths' running sums"):
+        data.build_dataset(cache_copy, "train")
+
+
+@pytest.mark.parametrize("index_records_checksums", [True, False])
+def test_an_index_older_than_its_shards_is_refused(cache_copy, index_records_checksums):
+    # a shard rebuilt by hand (or `snakemake caches` stopped before cache_index): the index's clip
+    # lists, statistics and exclusions describe other shards, and the loader trained on the mix
+    from pipeline import shards
+    root = config.cache_dir(cache_copy)
+    index_path = root / "index.json"
+    index = json.loads(index_path.read_text())
+    assert all("checksums" in entry for entry in index["shards"])  # what cache_index writes now
+    if not index_records_checksums:  # an index written before they were recorded: the clip count still tells
+        for entry in index["shards"]:
+            entry.pop("checksums")
+        index_path.write_text(json.dumps(index))
+    data.build_dataset(cache_copy, "train")
+    prefix = root / "tokens" / "shard-001"
+    meta, arrays = shards.read(prefix, "tokens")
+    extra = {k: (v[1:] if isinstance(v, list) and len(v) == len(meta["ids"]) else v) for k, v in meta.items()
+             if k not in ("kind", "format", "provenance", "dtype", "width", "ids", "lengths", "offsets", "bytes",
+                          "checksum", "rejected")}
+    shards.write(prefix, "tokens", meta["ids"][1:], arrays[1:], provenance=meta["provenance"], **extra)  # one clip fewer
+    match = r"tokens/shard-001\.bin than the one on disk" if index_records_checksums else r"counts \d+ usable clips in shard 1"
+    with pytest.raises(data.CacheError, match=rf"index\.json: .*{match}.*snakemake --cores all caches"):
+        data.build_dataset(cache_copy, "train")

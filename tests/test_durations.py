@@ -205,3 +205,34 @@ def test_damaged_duration_shard_fails_the_loader_and_snakemake_durations_rebuild
     assert plan(project) == {}
     batch = next(iter(data.build_dataset(cfg, "train", durations=True)))
     assert (batch["durations"].numpy().sum(1) == batch["mel_lengths"].numpy()).all()
+
+
+@pytest.mark.slow
+def test_durations_of_an_older_token_shard_are_refused_by_the_loader(project):
+    # a transcript fixed without changing its token count, its token shard rebuilt by hand
+    # (`python -m pipeline.cache tokens ...`) and the durations not: the loader paired the new
+    # tokens with durations aligned to the old text
+    from pipeline import config as pconfig
+    from pipeline import data
+    cfg = pconfig.load_config(project.config)
+    prefix = shards.prefix(project.cache, "tokens", 1)
+    saved = {s: prefix.with_suffix(s).read_bytes() for s in (".json", ".bin")}
+    stat = {s: prefix.with_suffix(s).stat() for s in saved}
+    meta, arrays = shards.read(prefix, "tokens")
+    arrays[0] = np.roll(arrays[0][:-1], 1).tolist() + [arrays[0][-1]]  # other symbols, as many, end-of-sequence kept
+    extra = {k: v for k, v in meta.items() if k not in ("kind", "format", "provenance", "dtype", "width", "ids",
+                                                         "lengths", "offsets", "bytes", "checksum", "rejected")}
+    shards.write(prefix, "tokens", meta["ids"], [np.asarray(a) for a in arrays], provenance=meta["provenance"],
+                 rejected=meta["rejected"], **extra)
+    try:
+        assert shards.read(prefix, "tokens")[0]["lengths"] == meta["lengths"]  # the old check saw nothing
+        with pytest.raises(data.CacheError, match=r"durations/shard-001\.json: durations aligned to another "
+                                                  r".*tokens/shard-001\.json.*snakemake --cores all durations"):
+            data.build_dataset(cfg, "train", durations=True)
+        data.build_dataset(cfg, "train")  # without durations the tokens are fine
+    finally:
+        for s, content in saved.items():
+            prefix.with_suffix(s).write_bytes(content)
+            os.utime(prefix.with_suffix(s), ns=(stat[s].st_atime_ns, stat[s].st_mtime_ns))
+    data.build_dataset(cfg, "train", durations=True)
+    assert plan(project) == {}
