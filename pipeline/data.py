@@ -24,6 +24,7 @@ short for its text) and, with durations, those the duration shards reject (`left
 all, with their stage and reason). `build_worker_dataset(cfg, (index, count))` is multi-worker
 training's builder: one worker's shards, every worker on the same bucket shape at each step.
 """
+import dataclasses
 import functools
 import json
 import os
@@ -40,6 +41,7 @@ from pipeline.shards import CacheError  # noqa: F401  (re-exported: callers catc
 PAD_LOG_MEL = float(np.log(1e-5))  # padded frames look like silence to the model
 GROUP_BYTES = 1 << 30  # shards are read in groups of about this size; a batch mixes clips of one group
 FRAME_KINDS = ("mels", "energy", "pitch")  # one row per mel frame, same ids and counts
+_print = functools.partial(print, flush=True)
 ROW = {name: i for i, name in enumerate(  # the columns of a group's row table
     ("clip", "tokens", "n_tokens", "mels", "frames", "bucket", "energy", "pitch", "durations", "speaker", "language"))}
 
@@ -393,18 +395,36 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     return _interleave_groups(group_batches, len(groups), shuffle=shuffle, repeat=repeat and not endless, seed=seed)
 
 
-def build_worker_dataset(cfg, worker, *, local_replicas=1, durations=False, with_clip_index=False, balance=False):
+def _lifted(src, lift, worker, log):
+    """`src` with each bucket's token width widened to hold the clips lifted into it (multiworker_data.lift_buckets)."""
+    moved = np.flatnonzero(lift != np.arange(len(lift)))
+    if not len(moved):
+        return src
+    bucket = np.searchsorted(src.edges, src.clips.frames)
+    count = int(np.isin(bucket, moved).sum())
+    if count:
+        log(f"multi-worker: {count} training clips in {len(moved)} length bucket(s) that not all {worker[1]} workers "
+            f"hold clips of train in the next larger shape (fewer workers or train.buckets avoid the padding)")
+    shapes = [(max(src.shapes[b][0] for b in np.flatnonzero(lift == t)) if (lift == t).any() else tokens, frames)
+              for t, (tokens, frames) in enumerate(src.shapes)]
+    return dataclasses.replace(src, shapes=shapes)
+
+
+def build_worker_dataset(cfg, worker, *, local_replicas=1, durations=False, with_clip_index=False, balance=False,
+                         log=_print):
     """Worker `worker`=(index, count)'s endless train batches for multi-worker training: its own
     shards (k % count == index), batch train.batch_size / count split over `local_replicas`, and at
     each step the bucket every worker draws from the shared seed (pipeline/multiworker_data.py), so
     all workers run the same shape. tf.distribute's auto-sharding is off: the shards are shared here."""
     src = _source(cfg, "train", durations, balance)
     n_mels, seed = cfg["audio"]["n_mels"], cfg["train"]["seed"]
-    mine, batch, weights = multiworker_data.worker_share(cfg, src.clips, src.edges, worker)
+    mine, batch, weights, lift = multiworker_data.worker_share(cfg, src.clips, src.edges, worker)
     if batch % local_replicas:
         raise config.ConfigError(f"train.batch_size: {cfg['train']['batch_size']} does not split evenly over "
                                  f"{worker[1]} workers x {local_replicas} replicas each")
     rows = _group_rows(src.clips, mine, src.paths, src.edges, src.kinds, n_mels, batch, None, complete=False)
+    src = _lifted(src, lift, worker, log)
+    rows[:, ROW["bucket"]] = lift[rows[:, ROW["bucket"]]]
     read = _group_arrays(src, [mine], n_mels)
 
     @tf.autograph.experimental.do_not_convert  # see _interleave_groups

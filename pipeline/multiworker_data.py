@@ -12,13 +12,15 @@ from pipeline.shards import CacheError
 
 
 def worker_share(cfg, clips, edges, worker):
-    """(the worker's shards, its batch size, bucket weights) for worker=(index, count).
+    """(the worker's shards, its batch size, bucket weights, lift) for worker=(index, count).
 
     Shard k belongs to worker k % count, so workers read disjoint shards. train.batch_size is the
     global batch: each worker batches batch_size / count. Every worker must run the same bucket
     shape at each step (the step's collectives are traced per shape), so all draw the bucket
-    sequence from the same seed, weighted by each bucket's train clips over all workers; a bucket
-    some worker has no clip of is never drawn.
+    sequence from the same seed, weighted by each bucket's train clips over all workers. A bucket
+    some worker has no clip of cannot be drawn, so its clips train in a larger bucket's shape
+    instead (`lift`: bucket -> the bucket whose shape it trains in; see `lift_buckets`): no clip is
+    left out.
     """
     index, count = worker
     owner = clips.shard % count
@@ -32,11 +34,33 @@ def worker_share(cfg, clips, edges, worker):
                                  f"(it is the global batch; each worker takes an equal share)")
     bucket = np.searchsorted(edges, clips.frames)
     per_worker = np.array([np.bincount(bucket[owner == w], minlength=len(edges)) for w in range(count)])
-    weights = np.where(per_worker.min(axis=0) > 0, per_worker.sum(axis=0), 0).astype(np.float64)
-    if not weights.any():
-        raise CacheError(f"{config.cache_dir(cfg)}: no length bucket has training clips on all {count} workers; "
-                         f"use fewer workers or fewer train.buckets")
-    return [int(k) for k in shards_held if k % count == index], batch // count, weights / weights.sum()
+    if not per_worker.sum(axis=1).all():
+        raise CacheError(f"{config.cache_dir(cfg)}: worker(s) {np.flatnonzero(per_worker.sum(axis=1) == 0).tolist()} "
+                         f"of {count} hold no training clip (shard k belongs to worker k % {count}); use fewer "
+                         f"workers or more cache.shards")
+    lift = lift_buckets(per_worker)
+    weights = np.bincount(lift, weights=per_worker.sum(axis=0), minlength=len(edges)).astype(np.float64)
+    return [int(k) for k in shards_held if k % count == index], batch // count, weights / weights.sum(), lift
+
+
+def lift_buckets(per_worker):
+    """per_worker (workers, buckets) train clip counts -> lift (buckets,): the bucket whose shape each
+    bucket's clips train in. Going up from the shortest, a bucket some worker has no clip of joins the
+    next larger one, until every worker has clips in the merged set; the longest buckets, if still
+    short of a worker, join the last complete set (a shape only ever grows, so nothing is cut)."""
+    n = per_worker.shape[1]
+    lift = np.arange(n)
+    pending, have, last = [], np.zeros(per_worker.shape[0], np.int64), None
+    for b in range(n):
+        pending.append(b)
+        have += per_worker[:, b]
+        if (have > 0).all():
+            lift[pending] = b
+            last, pending, have = b, [], np.zeros_like(have)
+    if pending:  # the longest buckets lack a worker: they and the last complete set train at the top shape
+        merged = pending + ([] if last is None else np.flatnonzero(lift == last).tolist())
+        lift[merged] = pending[-1]
+    return lift
 
 
 def aligned_batches(rows, bucket_col, weights, batch, seed, index):

@@ -45,6 +45,37 @@ def test_workers_read_disjoint_shards_with_the_same_bucket_shape_at_each_step(bu
         data.build_dataset(cfg, "train", worker=(0, 3))
 
 
+def test_lift_buckets_moves_a_bucket_some_worker_lacks_into_a_larger_shape():
+    from pipeline.multiworker_data import lift_buckets
+    # 2 workers x 5 buckets: bucket 1 lacks worker 1, buckets 3-4 lack worker 0
+    per_worker = np.array([[2, 3, 1, 0, 0],
+                           [1, 0, 2, 4, 1]])
+    lift = lift_buckets(per_worker)
+    # 1 joins 2; 3-4 still lack worker 0 at the end, so the set {1, 2} joins them in 4's shape
+    assert lift.tolist() == [0, 4, 4, 4, 4]
+    assert (lift >= np.arange(5)).all()  # a clip's shape only ever grows
+    assert lift_buckets(np.array([[1, 1], [1, 1]])).tolist() == [0, 1]  # nothing to move
+    assert lift_buckets(np.array([[1, 0], [0, 1]])).tolist() == [1, 1]
+
+
+def test_clips_in_a_bucket_one_worker_lacks_still_train(built_cache, capsys):
+    cfg = config.load_config(built_cache, {"train": {"batch_size": 2, "buckets": 12}})
+    clips = data.load_clips(cfg, "train")[0]
+    edges, shapes = data.bucket_shapes(cfg)
+    bucket = np.searchsorted(edges, clips.frames)
+    lacking = [b for b in range(len(edges)) if len(set((clips.shard[bucket == b] % 2).tolist())) == 1]
+    assert lacking, "this corpus no longer has a bucket only one worker holds clips of: pick other buckets"
+    steps = [list(data.build_dataset(cfg, "train", worker=(w, 2), with_clip_index=True).take(300)) for w in range(2)]
+    for a, b in zip(*steps):
+        assert a["mel"].shape == b["mel"].shape and a["tokens"].shape == b["tokens"].shape
+        for batch in (a, b):  # no clip cut: its tokens and frames fit the lifted shape
+            assert (batch["token_lengths"].numpy() <= batch["tokens"].shape[1]).all()
+            assert (batch["mel_lengths"].numpy() <= batch["mel"].shape[1]).all()
+    seen = {int(c) for w in range(2) for batch in steps[w] for c in batch["clip"].numpy()}
+    assert seen == set(range(len(clips.ids)))  # every training clip comes up, those of the lacking buckets too
+    assert "train in the next larger shape" in capsys.readouterr().out
+
+
 FAKE_WORKER = """
 import json, os, sys, time
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
