@@ -148,3 +148,24 @@ def test_every_vocoder_kind_gives_frames_times_hop_samples():
         assert out.shape == (2, 5 * cfg["audio"]["hop_length"]) and out.dtype == tf.float32, kind
     with pytest.raises(config.ConfigError, match="audio.hop_length"):
         kinds.build(dict(cfg["vocoder"], kind="hifigan"), dict(cfg["audio"], hop_length=250))
+
+
+@pytest.mark.parametrize("kind", ["audio", "mels", "pitch"])
+def test_a_flipped_byte_in_any_shard_the_vocoder_reads_stops_its_loader(built_cache, tmp_path, kind):
+    # the vocoder's loader read its shards unchecked: a flipped audio byte (mtime kept) trained on 3e38
+    import shutil
+
+    from conftest import write_config
+    from test_staleness import flip_byte
+
+    from pipeline import errors
+    cfg = _cfg(built_cache)
+    shutil.copytree(config.cache_dir(cfg), tmp_path / "cache" / cfg["name"])
+    cfg = _cfg(write_config(tmp_path, cfg["dataset"]["root"]), segment_frames=16, batch_size=3)
+    next(iter(build_segments(cfg, "train")))  # intact: reads
+    flip_byte(config.cache_dir(cfg) / kind / "shard-002.bin")
+    for split in ("train", "val"):
+        with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+            next(iter(build_segments(cfg, split)))
+        line = errors._one_line(caught.value)
+        assert f"{kind}/shard-002.bin" in line and "checksum mismatch" in line and "snakemake --cores all caches" in line

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from pipeline import config, shards
 from pipeline.audio import LOG_CLAMP
-from pipeline.data import load_clips, loader_options, read_index
+from pipeline.data import load_clips, loader_options, read_index, verified
 from pipeline.shards import CacheError
 
 PAD_LOG_MEL = float(np.log(LOG_CLAMP))  # padding is silence, as in the acoustic loader
@@ -61,22 +61,25 @@ def _offsets(cfg, index, clips, kind, prefix_of, length_of):
                              f"(expected {length_of(clips.frames[i])}); run `{shards.KINDS[kind].target}`")
         out[i] = table[cid][0]
     files = [str(where[pos][0].with_suffix(".bin")) for pos in sorted(where)]
-    items = [sum(shards.read_meta(where[pos][0])["lengths"]) for pos in sorted(where)]  # frames or samples
-    rebase = dict(zip(sorted(where), np.cumsum([0] + items)))
-    return out + np.array([rebase[p] for p in clips.shard], np.int64), files
+    metas = [shards.read_meta(where[pos][0]) for pos in sorted(where)]
+    rebase = dict(zip(sorted(where), np.cumsum([0] + [sum(m["lengths"]) for m in metas])))  # frames or samples
+    sums = [shards.checksum_int64(m["checksum"]) for m in metas]
+    return out + np.array([rebase[p] for p in clips.shard], np.int64), files, sums
 
 
 def _cached_offsets(paths, kind, clips, item_bytes):
-    """(offset of each clip in the concatenated `kind` shards of its split, [those shards' .bin paths])."""
+    """(offset of each clip in the concatenated `kind` shards of its split, [those shards' .bin paths],
+    [their checksums as int64])."""
     present = sorted(set(clips.shard.tolist()))
     sizes = np.cumsum([0] + [shards.read_meta(Path(paths[kind][p]).with_suffix(""))["bytes"] // item_bytes
                              for p in present])
     base = dict(zip(present, sizes))
-    return clips.offsets[kind] + np.array([base[p] for p in clips.shard], np.int64), [paths[kind][p] for p in present]
+    return (clips.offsets[kind] + np.array([base[p] for p in clips.shard], np.int64), [paths[kind][p] for p in present],
+            [clips.checksums[kind][p] for p in present])
 
 
 def _sources(cfg, split, source, log, recorded=False):
-    """(Clips of the split, {"mel", "audio", "f0"}: (per-clip offsets, shard .bin files)) of the caches;
+    """(Clips of the split, {"mel", "audio", "f0"}: (per-clip offsets, shard .bin files, their checksums)) of the caches;
     with `recorded` (source "gta"), also "recorded": the recorded mels'."""
     index = read_index(cfg)
     clips, paths = load_clips(cfg, split, index)
@@ -99,10 +102,16 @@ def _sources(cfg, split, source, log, recorded=False):
     return clips, where
 
 
-def _read(files, dtype):
-    """The files' bytes, concatenated, as one flat tensor of `dtype` (read_file + decode_raw: no Python op)."""
-    blobs = tf.map_fn(tf.io.read_file, tf.constant([str(f) for f in files]), fn_output_signature=tf.string)
-    return tf.io.decode_raw(tf.strings.reduce_join(blobs), dtype)
+def _read(parts, dtype):
+    """The files' bytes, concatenated, as one flat tensor of `dtype` (read_file + decode_raw: no Python op).
+    parts: [(files, their checksums as int64, the target that rebuilds them)]; each file's checksum is
+    checked in the graph as the acoustic loader checks it (data.verified): damage stops the read."""
+    blobs = []
+    for files, sums, target in parts:
+        names = tf.constant([str(f) for f in files])
+        read = tf.map_fn(tf.io.read_file, names, fn_output_signature=tf.string)
+        blobs.append(verified(read, names, tf.constant(sums, tf.int64), target))
+    return tf.io.decode_raw(tf.strings.reduce_join(tf.concat(blobs, 0)), dtype)
 
 
 def _cropper(table, S, hop):
@@ -152,19 +161,22 @@ def build_segments(cfg, split="train", *, source="recorded", recorded_fraction=0
     mix = source == "gta" and repeat and recorded_fraction > 0
     clips, where = _sources(cfg, split, source, log, recorded=mix)
     columns = [where["mel"][0], where["audio"][0], where["f0"][0], clips.frames]
-    mel_files = where["mel"][1]
+    part = {k: (where[k][1], where[k][2], shards.KINDS[kind].target) for k, kind in
+            (("mel", source if source == "gta" else "mels"), ("audio", "audio"), ("f0", "pitch"), ("recorded", "mels"))
+            if k in where}
+    mel_parts = [part["mel"]]
     if mix:  # the recorded mels follow the GTA ones in one array: their rows are shifted past them
-        columns.append(where["recorded"][0] + sum(Path(f).stat().st_size for f in mel_files) // (2 * n_mels))
-        mel_files = mel_files + where["recorded"][1]
+        columns.append(where["recorded"][0] + sum(Path(f).stat().st_size for f in part["mel"][0]) // (2 * n_mels))
+        mel_parts.append(part["recorded"])
     table = tf.constant(np.stack(columns, 1), tf.int64)
     n_clips, seed = len(clips.ids), cfg["train"]["seed"]
     crops = _cropper(table, S, hop)
 
     @tf.autograph.experimental.do_not_convert  # no Python branch on a tensor here: see data._interleave_groups
     def from_arrays(_):
-        mel = tf.reshape(_read(mel_files, tf.float16), [-1, n_mels])                  # (all frames, n_mels)
-        wav = _read(where["audio"][1], tf.float32)                                    # (all samples,)
-        f0 = _read(where["f0"][1], tf.float32)                                        # (all frames,)
+        mel = tf.reshape(_read(mel_parts, tf.float16), [-1, n_mels])                  # (all frames, n_mels)
+        wav = _read([part["audio"]], tf.float32)                                      # (all samples,)
+        f0 = _read([part["f0"]], tf.float32)                                          # (all frames,)
         if repeat:
             def batch(step):
                 idx = tf.random.stateless_uniform([B], seed=tf.stack([seed, step]), maxval=n_clips, dtype=tf.int64)
