@@ -39,6 +39,23 @@ class PlacementError(PipelineError):
     """A placement the machine cannot honour; the message names the config key."""
 
 
+class OnDevice:
+    """A tf.function called under `device`'s scope. TensorFlow places a function's ops by the device
+    scope at the call, not where the function was made, so a step made under the model device and
+    called without it runs on the default device (the data's GPU under `split`). Attributes (the
+    tracing count) are the function's."""
+
+    def __init__(self, fn, device):
+        self.fn, self.device = fn, device
+
+    def __call__(self, *args, **kwargs):
+        with tf.device(self.device):
+            return self.fn(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.fn, name)
+
+
 @dataclass
 class Placement:
     name: str

@@ -205,8 +205,8 @@ class Trainer:
                 grads, terms = self._grads(batch)
                 update(grads)
                 return terms
-            with tf.device(self.p.model_device):
-                return tf.function(step, jit_compile=self.p.jit_compile, autograph=False)
+            return placement_mod.OnDevice(tf.function(step, jit_compile=self.p.jit_compile, autograph=False),
+                                          self.p.model_device)
         # mirrored: XLA compiles each replica's forward/backward; the all-reduce and update run outside it
         grads_fn = tf.function(self._grads, jit_compile=self.p.jit_compile, autograph=False)
         strategy = self.p.strategy

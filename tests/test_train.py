@@ -94,12 +94,14 @@ PLACEMENT_RUNS = """
                 before = flat(trainer)
                 trainer.step(given)
                 clipping[placement] = (before, flat(trainer))
-            losses, batches = [], trainer.batches()
+            losses, batches, step_device = [], trainer.batches(), None
             for i in range({steps} if placement != "auto" else 0):  # auto resolves to cpu here: trained above
-                losses.append(float(trainer.step(next(batches))["total"]))
+                terms = trainer.step(next(batches))
+                losses.append(float(terms["total"]))
+                step_device = terms["total"].device  # where the step ran (its ops land with its outputs)
             out = {{"losses": losses, "traces": trainer.traces, "buckets": trainer.n_buckets,
                     "placement": trainer.placement, "devices": trainer.p.devices,
-                    "variable_device": trainer.model.trainable_variables[0].value.device,
+                    "variable_device": trainer.model.trainable_variables[0].value.device, "step_device": step_device,
                     "copy_ms": trainer.copy_ms, "context": trainer.context(),
                     "optimizer": type(trainer.optimizer).__name__,
                     "update_traces": trainer.update.experimental_get_tracing_count() if trainer.update else None}}
@@ -178,10 +180,13 @@ def test_every_placement_trains_and_traces_once_per_bucket(placement_runs, i):
         assert out["update_traces"] == 1, out
     if placement == "split":
         assert out["variable_device"].endswith("CPU:1") and out["copy_ms"] is not None
+        # the step runs where the model lives: a tf.function's ops go where it is called, not where it was made
+        assert out["step_device"].endswith("CPU:1"), out["step_device"]
     if placement == "mirrored":
         assert len(out["devices"]) == 2
     if placement == "single":
         assert out["variable_device"].endswith("CPU:1")  # the CPU stand-in for the GPU
+        assert out["step_device"].endswith("CPU:1"), out["step_device"]
     if extra.get("jit_compile"):
         assert out["context"]["jit_compile"] and out["context"]["mixed_precision"] == "bfloat16"
     if extra.get("mixed_precision") == "float16":
