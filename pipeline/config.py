@@ -255,9 +255,10 @@ def check_rules(cfg):
         raise ConfigError(f"audio.fmin: {a['fmin']} must be below audio.fmax {a['fmax']}")
     if a["win_length"] > a["n_fft"]:
         raise ConfigError(f"audio.win_length: {a['win_length']} is longer than audio.n_fft {a['n_fft']}")
-    if a["hop_length"] > a["win_length"]:
-        raise ConfigError(f"audio.hop_length: {a['hop_length']} is longer than audio.win_length {a['win_length']} "
-                          f"(frames would skip samples; hop <= win_length <= n_fft)")
+    if 2 * a["hop_length"] > a["win_length"]:
+        raise ConfigError(f"audio.hop_length: {a['hop_length']} is more than half of audio.win_length {a['win_length']}: "
+                          f"the Hann windows' overlap-add falls to zero between frames, so no vocoder or Griffin-Lim "
+                          f"can rebuild those samples (clicks, NaN); 2 * hop_length <= win_length <= n_fft")
     if p["fmax"] > nyquist:
         raise ConfigError(f"pitch.fmax: {p['fmax']} is above the Nyquist frequency {nyquist}")
     if p["fmin"] >= p["fmax"]:

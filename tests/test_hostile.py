@@ -68,8 +68,11 @@ def test_a_seed_or_integer_numpy_and_tensorflow_cannot_take_is_refused(capsys, v
 
 
 @pytest.mark.parametrize("sections, key", [
-    ({"audio": {"hop_length": 2048}}, "audio.hop_length: 2048 is longer than audio.win_length 1024"),
-    ({"audio": {"hop_length": 512, "win_length": 256}}, "audio.hop_length: 512 is longer than audio.win_length 256"),
+    ({"audio": {"hop_length": 2048}}, "audio.hop_length: 2048 is more than half of audio.win_length 1024"),
+    ({"audio": {"hop_length": 512, "win_length": 256}}, "audio.hop_length: 512 is more than half of audio.win_length 256"),
+    # hop == win: the periodic Hann window's zero falls on every hop-th sample of every frame (Griffin-Lim gave NaN)
+    ({"audio": {"hop_length": 256, "win_length": 256}}, "audio.hop_length: 256 is more than half of audio.win_length 256"),
+    ({"audio": {"hop_length": 513}}, "audio.hop_length: 513 is more than half of audio.win_length 1024"),
     ({"model": {"fastpitch": {"heads": 3, "d_model": 32}}}, "model.fastpitch.heads: 3 does not divide "
                                                              "model.fastpitch.d_model 32"),
     ({"model": {"transformer_tts": {"heads": 3, "d_model": 32}}}, "model.transformer_tts.heads: 3 does not divide"),
