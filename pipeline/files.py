@@ -65,7 +65,8 @@ def temporary(path, suffix=""):
 def atomic_write(path, write, suffix=""):
     """The one atomic write: `write(tmp)` writes a temporary file beside `path` (named by
     `temporary`; `suffix` for writers that insist on one), which is then renamed to `path`, so
-    readers never see half a file. On any failure the temporary file is removed; a full disk
+    readers never see half a file; the file is synced to disk before the rename, so a crash leaves
+    the old file or the whole new one, never an empty one. On any failure the temporary file is removed; a full disk
     (ENOSPC) becomes one line naming `path` (pipeline.errors.DiskFull). A symbolic link is written
     through (its target replaced); a folder, device, pipe or socket is refused (`target`)."""
     path = target(path)
@@ -73,6 +74,11 @@ def atomic_write(path, write, suffix=""):
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)  # durable before the rename: a crash never leaves an empty `path`
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
@@ -82,13 +88,8 @@ def atomic_write(path, write, suffix=""):
 
 
 def atomic_write_bytes(path, data):
-    """`data` to `path` atomically (and durably: fsync before the rename)."""
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    atomic_write(path, write)
+    """`data` to `path` atomically (and durably: atomic_write syncs before the rename)."""
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def atomic_write_text(path, text):
