@@ -1,10 +1,11 @@
 # The aligner stage: train the alignment model once, then one duration_shard job per shard.
 # train_aligner sees the cache index as `ancient`: an edited line or a replaced clip rebuilds its own
 # shards (and their duration shards) but never retrains the aligner. What does retrain it is named
-# in its folder, runs/{name}/aligner/<key>/: a digest of the `aligner:` section, the text and audio
-# settings and code (a new vocabulary or mel) and the aligner's own code. A changed key is a missing
-# output, which Snakemake always sees (a params change of a job downstream of a rerun shard is not
-# checked when its input is ancient). `snakemake --forcerun train_aligner` retrains on purpose.
+# in its folder, runs/{name}/aligner/<key>/: a digest of its params (the `aligner:` section, the
+# text and audio settings and code: a new vocabulary or mel), its own code and the duration shards'.
+# A changed key is a missing output, which the jobs reading the folder directly (train, `durations`)
+# find even while a rerun shard upstream keeps Snakemake from checking params behind the ancient
+# input. `snakemake --forcerun train_aligner` retrains on purpose.
 
 
 include: "functions/align.smk"
@@ -73,4 +74,8 @@ rule aligner:
 rule durations:
     input:
         expand(CACHE / "durations/shard-{shard}.json", shard=SHARDS),
+        # a new aligner key is found from here (rules/functions/align.smk); the index, not ancient, so
+        # this target is reached when a shard upstream reruns
+        rules.train_aligner.output.summary,
+        rules.cache_index.output.index,
     localrule: True

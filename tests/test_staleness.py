@@ -492,7 +492,8 @@ def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_templ
     assert plan(config, project=project) == NOTHING
 
     # the code that turns the aligner into durations (its NumPy forward pass, MAS) reruns every
-    # duration shard and not the aligner; the aligner's own code retrains it
+    # duration shard; it is in the aligner's key (so a change is found while a shard reruns), whose new
+    # folder copies the trained weights; the aligner's own code retrains it
     run_copy(project, "durations", config=config)
 
     def plan_durations():
@@ -502,10 +503,11 @@ def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_templ
     for module in ("durations.py", "models/aligner_numpy.py"):
         with open(project / "pipeline" / module, "a") as f:
             f.write("\n# a comment is a code change too\n")
-        assert plan_durations() == {"duration_shard": n, "durations": 1}, module
+        assert plan_durations() == {"train_aligner": 1, "duration_shard": n, "durations": 1}, module
         before = stamps(cache)
         run_copy(project, "durations", config=config)
         assert rewritten(before, stamps(cache)) == jobs_files(*(("durations", i) for i in range(n))), module
+        assert "copied its weights" in (tmp_path / "reports" / "t" / "logs" / "train_aligner.log").read_text()
         assert plan_durations() == {}
     # text.py code that leaves every token as it was: a new aligner key, but the caches' content is the
     # same, so the job copies the trained aligner instead of training it again (the same durations follow)

@@ -25,13 +25,20 @@ def aligner_settings(wildcards):
     return _inline(**_aligner_sections(), pitch=config["pitch"])
 
 
+# the code that turns a trained aligner into durations (its NumPy forward pass, MAS)
+DURATION_CODE = pshards.code_digest("durations.py", "models/aligner_numpy.py")[:12]
+# Everything train_aligner's and the duration shards' params hold is in the folder's key, so any change
+# to them is a missing output. Snakemake 9 never checks the params or markers of a job downstream of
+# a job that reruns when it is reached only through an ancient input (train_aligner from cache_index,
+# and the duration shards through it); a missing output it does find, from the jobs that read the
+# aligner's folder directly (train, `durations`). A key whose shards' content is unchanged copies the
+# sibling folder's weights instead of training (pipeline.align: trained_from), so a `pitch:` or code
+# change costs a copy, not a retrain.
 ALIGNER_KEY = pshards.digest(
-    _inline(**_aligner_sections()),
+    aligner_settings(None),
     PROVENANCE["tokens"],
     PROVENANCE["mels"],
     pshards.code_digest("models/aligner.py", "align.py"),
+    DURATION_CODE,
 )[:12]
 ALIGNER = RUN / "aligner" / ALIGNER_KEY
-# the code that turns a trained aligner into durations (its NumPy forward pass, MAS): a duration_shard
-# param, so an edit reruns every duration shard and does not retrain the aligner
-DURATION_CODE = pshards.code_digest("durations.py", "models/aligner_numpy.py")[:12]
