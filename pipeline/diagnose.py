@@ -1,10 +1,12 @@
 """Diagnose a training loop: is it input-bound, compute-bound or retracing?
 
 Runs any tf.data.Dataset of batches and any step function three ways (loader alone, step alone on
-one batch already on the device, the real loop with the wait for each batch timed apart from the
-step), samples GPU utilisation with NVML, scans the input graph for Python ops, counts step traces
-and looks for cycles in the step times. `diagnose()` returns the report dict (its fields are listed
-in docs/architecture.md); pipeline/diagnose_report.py turns it into sentences and files.
+the loader's first batches already on the device, the real loop with the wait for each batch timed
+apart from the step), samples the utilisation of the GPUs this process may use with NVML, scans the
+input graph for Python ops, counts step traces and looks for cycles in the step times. A step of the
+real loop that traces (a first call on a new batch shape) is left out of its timings unless the loop
+keeps retracing. `diagnose()` returns the report dict (its fields are listed in
+docs/architecture.md); pipeline/diagnose_report.py turns it into sentences and files.
 
 Reads the config (`diagnose.steps`, `diagnose.warmup`, `diagnose.target`, `reports_dir`, `name`, and
 through pipeline.train the whole `train:` section; with `diagnose.target: vocoder`, the vocoder's
@@ -24,19 +26,21 @@ import tensorflow as tf
 
 # compare_placements and write_report are public here too: `from pipeline.diagnose import ...`
 from pipeline.diagnose_report import (
+    MIN_GPU_COVERAGE,
     OSC_MIN_UTIL_SPREAD,
     compare_placements,
     cv,
     cycle_of_shapes,
     detect_oscillation,
     phase_medians,
+    plural,
     recommend,
     write_report,
 )
 from pipeline.errors import cli
 from pipeline.gpumon import GpuSampler
 from pipeline.graphscan import find_pyfunc_ops, pyfunc_line, scan_pyfunc_ops  # noqa: F401 (public here too)
-from pipeline.placement import host_id
+from pipeline.placement import OnDevice, host_id
 
 # --- verdict ------------------------------------------------------------------------------
 INPUT_BOUND_WAIT = 0.05         # the TF profiler's input-pipeline analyzer: >= 5 % wait is "moderately" input-bound
@@ -145,58 +149,102 @@ def time_loader(make_iter, *, steps, warmup):
 
 
 def time_step_alone(make_iter, step_fn, *, steps, warmup, device):
-    """2. The step alone, `steps` times on one batch already on `device` (no input wait possible)."""
-    batch = _Batches(make_iter).next()
+    """2. The step alone on the mix of shapes the loop sees: `steps` batches taken up front and copied
+    to `device` (no input wait possible), one untimed call on each distinct shape (first calls trace)
+    and `warmup` more, then one timed call per batch.
+
+    Returns (figures, the batches' shapes in order)."""
+    src = _Batches(make_iter)
+    batches = [src.next() for _ in range(steps)]
     if device:
         with tf.device(device):
-            batch = tf.nest.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, batch)
-    for _ in range(warmup or 1):  # at least one untimed call: the first one traces
-        _block(step_fn(batch))
+            batches = [tf.nest.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, b)
+                       for b in batches]
+    shapes = [shape_key(b) for b in batches]
+    for s in dict.fromkeys(shapes):
+        _block(step_fn(batches[shapes.index(s)]))
+    for i in range(warmup):
+        _block(step_fn(batches[i % steps]))
     alone = []
-    for _ in range(steps):
+    for b in batches:
         t = time.perf_counter()
-        _block(step_fn(batch))
+        _block(step_fn(b))
         alone.append(time.perf_counter() - t)
     alone_ms = 1e3 * np.asarray(alone)
-    return {"steps_per_s": steps / float(np.sum(alone)), "step_ms_mean": float(alone_ms.mean()),
-            "step_ms_median": float(np.median(alone_ms)), "step_ms_p90": float(np.percentile(alone_ms, 90)),
-            "device": device, "batch_shape": shape_key(batch)}
+    figures = {"steps_per_s": steps / float(np.sum(alone)), "step_ms_mean": float(alone_ms.mean()),
+               "step_ms_median": float(np.median(alone_ms)), "step_ms_p90": float(np.percentile(alone_ms, 90)),
+               "device": device, "batch_shape": shapes[0], "batch_shapes": dict(collections.Counter(shapes))}
+    return figures, shapes
 
 
 def time_loop(make_iter, step_fn, *, steps, warmup, sampler):
     """3. The real loop: the wait for each batch timed apart from its step, GPUs sampled meanwhile.
 
-    Returns (combined figures, the loop's batch shapes, its start time, notes)."""
-    src, shapes, notes = _Batches(make_iter), [], []
+    Returns the per-step record: waits and computes (s), shapes, examples, traced (the step
+    function's tracing count rose during the step), warmup_shapes, seconds, t0 (its start), notes."""
+    tracing = getattr(step_fn, "experimental_get_tracing_count", lambda: 0)
+    src, notes = _Batches(make_iter), []
+    loop = {"waits": [], "computes": [], "shapes": [], "examples": [], "traced": [], "warmup_shapes": []}
     for _ in range(warmup):
         b = src.next()
-        shapes.append(shape_key(b))
+        loop["warmup_shapes"].append(shape_key(b))
         _block(step_fn(b))
     sampler.start()
-    waits, computes, examples = [], [], 0
     t0 = time.perf_counter()
     try:
         for _ in range(steps):
             t = time.perf_counter()
             b = src.next()
+            before = tracing()
             t1 = time.perf_counter()
             _block(step_fn(b))
-            waits.append(t1 - t)
-            computes.append(time.perf_counter() - t1)
-            shapes.append(shape_key(b))
-            examples += _batch_stats(b)[0]
+            t2 = time.perf_counter()
+            loop["waits"].append(t1 - t)
+            loop["computes"].append(t2 - t1)
+            loop["traced"].append(tracing() > before)
+            loop["shapes"].append(shape_key(b))
+            loop["examples"].append(_batch_stats(b)[0])
     finally:
         seconds = time.perf_counter() - t0
         sampler.stop()
     if src.restarts:
         notes.append(f"The dataset ended {src.restarts} time(s) during the real loop; restarts were timed as waits.")
-    waits_ms, computes_ms = 1e3 * np.asarray(waits), 1e3 * np.asarray(computes)
-    combined = {"steps_per_s": steps / seconds, "examples_per_s": examples / seconds, "seconds": seconds,
+    return {**loop, "seconds": seconds, "t0": t0, "notes": notes}
+
+
+def loop_figures(loop, retracing):
+    """The real loop's figures (the `combined` report field) and notes on the steps left out.
+
+    A step during which the step function traced (a first call on a new batch shape: a trace, and
+    with XLA a compile, of seconds) is no step training repeats, so it is left out of every figure,
+    unless the loop keeps retracing (then the traces are what training pays) or every step traced."""
+    traced = np.asarray(loop["traced"], dtype=bool)
+    keep, notes = ~traced, []
+    if traced.any() and retracing:
+        keep[:] = True
+        notes.append(f"Kept in the real loop's figures: {plural(int(traced.sum()), 'step')} during which the step "
+                     f"function traced, since it keeps retracing and those traces are what training pays.")
+    elif traced.all():
+        keep[:] = True
+        notes.append(f"Every step of the real loop ({len(traced)}) traced the step function (a first call on a batch "
+                     f"shape), so none was left out and the loop's figures include tracing: raise diagnose.steps to "
+                     f"measure steps that only compute.")
+    waits, computes = np.asarray(loop["waits"]), np.asarray(loop["computes"])
+    left_out_s = float((waits + computes)[~keep].sum())
+    if not keep.all():
+        notes.append(f"Left out of the real loop's figures: {plural(int((~keep).sum()), 'step')} during which the step "
+                     f"function traced (a first call on a batch shape, {left_out_s:.2f} s in all); training traces "
+                     f"each shape once.")
+    seconds = loop["seconds"] - left_out_s
+    waits_ms, computes_ms = 1e3 * waits[keep], 1e3 * computes[keep]
+    combined = {"steps_per_s": int(keep.sum()) / seconds, "seconds": seconds,
+                "examples_per_s": int(np.asarray(loop["examples"])[keep].sum()) / seconds,
                 "wait_ms_mean": float(waits_ms.mean()), "compute_ms_mean": float(computes_ms.mean()),
                 "step_times_ms": (waits_ms + computes_ms).tolist(), "wait_times_ms": waits_ms.tolist(),
-                "compute_times_ms": computes_ms.tolist(),
+                "compute_times_ms": computes_ms.tolist(), "loop_seconds": loop["seconds"],
+                "traced_steps": int(traced.sum()), "traced_steps_left_out": int((~keep).sum()),
                 "input_wait_fraction": float(waits_ms.sum() / 1e3 / seconds) if seconds > 0 else 0.0}
-    return combined, shapes, t0, notes
+    return combined, [s for s, k in zip(loop["shapes"], keep) if k], notes
 
 
 def find_oscillation(walls_ms, gpus, interval_s):
@@ -230,7 +278,7 @@ def verdict_of(retracing, wait_fraction, loader, step):
 
 
 THRESHOLDS = {"input_bound_wait": INPUT_BOUND_WAIT, "highly_input_bound_wait": HIGHLY_INPUT_BOUND_WAIT,
-              "retrace_slack": RETRACE_SLACK}
+              "retrace_slack": RETRACE_SLACK, "min_gpu_coverage": MIN_GPU_COVERAGE}
 
 
 def _oscillation_fields(walls_ms, period, sources, shapes):
@@ -240,11 +288,22 @@ def _oscillation_fields(walls_ms, period, sources, shapes):
             "oscillation_by_shape": cycle_of_shapes(walls_ms, shapes) if period else None}
 
 
+def _gpu_sampling(sampler, gpus, coverage):
+    """One line on what was sampled: how many GPUs, how often, how much of the loop, why it stopped."""
+    if not gpus:
+        return getattr(sampler, "reason", None) or "NVML found no GPU"
+    line = (f"{plural(len(gpus), 'GPU')} sampled every {sampler.interval_s:g} s: {plural(coverage['samples'], 'sample')} "
+            f"covering {coverage['seconds']:.2f} s of the {coverage['loop_seconds']:.2f} s loop "
+            f"({coverage['fraction']:.0%})")
+    stopped = getattr(sampler, "stopped", None)
+    return f"{line}; {stopped}" if stopped else line
+
+
 def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=None,
              gpu_sampler=None, placement=None, context=None, batches=None):
     """Measure loader, step and the real loop; return the report dict (fields in docs/architecture.md).
 
-    device: where the step-alone batch is copied first; expected_shapes: bucket shapes (traces
+    device: where the step-alone batches are copied first; expected_shapes: bucket shapes (traces
     beyond them + RETRACE_SLACK are retracing); gpu_sampler: a started-on-demand GpuSampler
     (default: NVML); context: placement facts for the advice (jit_compile, mixed_precision,
     copy_ms); batches: a callable returning the training loop's own batch iterator for the real
@@ -257,16 +316,20 @@ def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=No
     sampler = gpu_sampler if gpu_sampler is not None else GpuSampler()
 
     loader = time_loader(raw, steps=steps, warmup=warmup)  # its prefetch threads are gone before the step runs
-    step = time_step_alone(raw, step_fn, steps=steps, warmup=warmup, device=device)
-    combined, loop_shapes, loop_t0, notes = time_loop(batches or raw, step_fn, steps=steps, warmup=warmup,
-                                                      sampler=sampler)
+    step, step_shapes = time_step_alone(raw, step_fn, steps=steps, warmup=warmup, device=device)
+    loop = time_loop(batches or raw, step_fn, steps=steps, warmup=warmup, sampler=sampler)
+    traces = tracing() if tracing else None
+    retracing, bound, counts, extra = check_traces(traces, [*step_shapes, *loop["warmup_shapes"], *loop["shapes"]],
+                                                   expected_shapes)
+    combined, kept_shapes, trace_notes = loop_figures(loop, retracing)
     wait_fraction = combined.pop("input_wait_fraction")
     walls_ms = np.asarray(combined["step_times_ms"])
-    gpus = sampler.summary(t0=loop_t0)
-    period, osc_sources = find_oscillation(walls_ms, gpus, sampler.interval_s)
-    traces = tracing() if tracing else None
-    shapes = [step["batch_shape"], *loop_shapes]
-    retracing, bound, counts, extra = check_traces(traces, shapes, expected_shapes)
+    gpus = sampler.summary(t0=loop["t0"])
+    coverage = sampler.coverage(loop["t0"], loop["t0"] + loop["seconds"]) if gpus else None
+    host = host_id()  # the GPUs TensorFlow sees: NVML's others are no GPUs of this loop
+    # a GPU's cycle is the loop's only on a GPU TensorFlow uses, and only seen in samples of most of the loop
+    loop_gpus = gpus if host["gpus"] and coverage and coverage["fraction"] >= MIN_GPU_COVERAGE else []
+    period, osc_sources = find_oscillation(walls_ms, loop_gpus, sampler.interval_s)
     pyfuncs = scan_pyfunc_ops(dataset)
 
     report = {
@@ -278,7 +341,7 @@ def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=No
         "pyfunc_ops": [pyfunc_line(e) for e in pyfuncs],
         "pyfunc_locations": pyfuncs,
         "step_time_cv": cv(walls_ms),
-        **_oscillation_fields(walls_ms, period, osc_sources, loop_shapes[len(loop_shapes) - len(walls_ms):]),
+        **_oscillation_fields(walls_ms, period, osc_sources, kept_shapes),
         "traces": traces,
         "traces_during_diagnose": traces - traces_before if traces is not None else None,
         "expected_shapes": expected_shapes,
@@ -286,15 +349,17 @@ def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=No
         "trace_shapes": dict(counts),
         "retrace_shapes": extra[:10],
         "gpus": gpus,
-        "gpu_sampling": (f"{len(gpus)} GPU(s) sampled every {sampler.interval_s:g} s" if gpus
-                         else getattr(sampler, "reason", None) or "NVML found no GPU"),
+        "gpu_sampling": _gpu_sampling(sampler, gpus, coverage),
+        "gpu_coverage": coverage,
+        # train.placement: auto trusts this report's placements on this host only
+        "host": host,
         "placement": placement,
         "device": device,
         "context": dict(context or {}),
         "steps": steps,
         "warmup": warmup,
         "thresholds": dict(THRESHOLDS),
-        "notes": notes,
+        "notes": loop["notes"] + trace_notes + list(getattr(sampler, "notes", [])),
     }
     report["recommendations"] = recommend(report)
     return report
@@ -319,7 +384,8 @@ def _diagnose_vocoder(cfg):
     from pipeline.vocoder.train import VocoderTrainer
     trainer = VocoderTrainer(cfg)
     gan = cfg["vocoder"]["gan_start_step"] == 0
-    step_fn = trainer.gan_step if gan else trainer.spectral_step
+    # as training calls it (VocoderTrainer.step): a tf.function's ops go where it is called
+    step_fn = OnDevice(trainer.gan_step if gan else trainer.spectral_step, trainer.device)
     d = cfg["diagnose"]
     report = diagnose(trainer.dataset("train"), step_fn, steps=d["steps"], warmup=d["warmup"],
                       device=trainer.device, expected_shapes=1, placement=trainer.p.name,
@@ -364,7 +430,6 @@ def main(argv=None):
                      f"and 'split' and 'mirrored' need two or more."]
     report["placement_comparison"] = sentences
     report["config_name"] = cfg["name"]
-    report["host"] = host_id()  # train.placement: auto trusts this report's placements on this host only
 
     paths = write_report(report, args.out or config.report_dir(cfg))
     print(f"verdict: {report['verdict']} (input wait {report['input_wait_fraction']:.1%}, "

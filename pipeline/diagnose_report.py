@@ -24,6 +24,7 @@ OSC_MIN_REL = 0.10          # step times: phase medians closer than 10 % of the 
 OSC_MIN_UTIL_SPREAD = 10.0  # GPU utilisation: phase medians closer than 10 points are NVML noise
 # --- sentences ----------------------------------------------------------------------------
 LOW_GPU_UTIL = 80.0        # % mean: below this the GPU idles enough to be worth a sentence
+MIN_GPU_COVERAGE = 0.5     # GPU samples spanning less of the loop than this say too little to advise on
 COPY_SHARE = 0.05          # a host-to-device copy above 5 % of the loop's time per step is worth hiding
 SAME_SPEED = 0.05          # placements within 5 % are a tie
 _VERDICTS = {"input_bound": "waits for its input", "compute_bound": "is limited by the step itself",
@@ -111,13 +112,25 @@ def cycle_of_shapes(series, shapes):
     return None if detect_oscillation(rest) else by_shape
 
 
-def _plural(n, word):
+def plural(n, word):
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _off(value):
     # None means "not told", not "off"
     return value is False or (isinstance(value, str) and value.lower() in ("off", "false", "none"))
+
+
+def _tf_sees_gpu(r):
+    # the GPUs TensorFlow sees (report["host"]); a report without them: whether any GPU was sampled
+    host = r.get("host") or {}
+    return bool(host["gpus"]) if "gpus" in host else bool(r["gpus"])
+
+
+def _gpu_label(g):
+    # TensorFlow's number, and NVML's where it differs
+    nvml = g.get("nvml_index", g["index"])
+    return f"GPU {g['index']}" + (f" (NVML GPU {nvml})" if nvml != g["index"] else "")
 
 
 def _input_bound(r):
@@ -129,8 +142,8 @@ def _retrace_advice(r):
     recs = []
     if r["verdict"] == "retracing":
         n_shapes, expected = len(r["trace_shapes"]), r["expected_shapes"]
-        given = _plural(expected, "bucket shape") if expected is not None else \
-            _plural(r["trace_bound"] - 1, "recurring shape")
+        given = plural(expected, "bucket shape") if expected is not None else \
+            plural(r["trace_bound"] - 1, "recurring shape")
         if n_shapes > r["trace_bound"] - 1:
             shown = "; ".join(r["retrace_shapes"][:3])
             recs.append((10.0, f"Step traced {r['traces']} times for {given} ({n_shapes} distinct batch shapes "
@@ -138,7 +151,7 @@ def _retrace_advice(r):
                                f"shapes: group_by_window + padded_batch) or give the tf.function an input_signature; "
                                f"every trace, and every XLA compile, costs seconds."))
         else:
-            recs.append((10.0, f"Step traced {r['traces']} times although only {_plural(n_shapes, 'batch shape')} "
+            recs.append((10.0, f"Step traced {r['traces']} times although only {plural(n_shapes, 'batch shape')} "
                                f"reached it: the retraces come from something else (Python numbers or new objects "
                                f"passed as arguments, changing dtypes, or a new tf.function built per call)."))
     return recs
@@ -209,28 +222,37 @@ def _oscillation_advice(r):
 
 
 def _gpu_advice(r):
-    """Idle or under-used GPUs, cycling utilisation, or no GPU sampled at all."""
+    """Idle or under-used GPUs, cycling utilisation; or why the samples cannot say."""
     recs = []
     input_bound = _input_bound(r)
+    if not r["gpus"]:
+        return [(0.0, f"GPU utilisation was not sampled: {r['gpu_sampling']}.")]
+    if not _tf_sees_gpu(r):  # the loop ran on the CPU: the GPUs' load is other processes'
+        return [(0.3, f"TensorFlow sees no GPU, yet NVML lists {plural(len(r['gpus']), 'GPU')} this process may use, "
+                      f"so the loop ran on the CPU and their utilisation is other processes': if training should use "
+                      f"them, install a TensorFlow with CUDA support (tf.config.list_physical_devices('GPU') is "
+                      f"empty).")]
+    minimum = r["thresholds"]["min_gpu_coverage"]
+    if (r.get("gpu_coverage") or {}).get("fraction", 1.0) < minimum:
+        return [(0.0, f"GPU utilisation was not judged: the samples span under {minimum:.0%} of the loop "
+                      f"({r['gpu_sampling']}), too little to call a GPU idle or busy.")]
     for g in r["gpus"]:
         if g.get("oscillation_period_s"):
-            recs.append((0.05, f"GPU {g['index']} utilisation cycles every {g['oscillation_period_s']:.2g} s: the GPU "
+            recs.append((0.05, f"{_gpu_label(g)} utilisation cycles every {g['oscillation_period_s']:.2g} s: the GPU "
                                f"alternates between busy and idle, usually because batches arrive in bursts; a deeper "
                                f"prefetch buffer smooths it."))
         if g["util_mean"] is not None and g["util_mean"] < 1:
             why = (f"placement '{r['placement']}' should use it: check train.data_device / train.model_device"
                    if r.get("placement") in ("split", "mirrored") else
                    f"placement '{r.get('placement')}' leaves it out; 'mirrored' or 'split' would use it")
-            recs.append((0.5, f"GPU {g['index']} ({g['name']}) was idle during the loop (0 % utilisation, "
+            recs.append((0.5, f"{_gpu_label(g)} ({g['name']}) was idle during the loop (0 % utilisation, "
                               f"{g['mem_used_mb']:.0f} MB used): {why}."))
         elif g["util_mean"] is not None and g["util_mean"] < LOW_GPU_UTIL:
             why = ("feed it faster (see the input advice above)" if input_bound else
                    "give each launch more work: a larger batch, XLA (jit_compile) or mixed precision")
-            recs.append((0.5 * (1 - g["util_mean"] / 100), f"GPU {g['index']} ({g['name']}) utilisation "
+            recs.append((0.5 * (1 - g["util_mean"] / 100), f"{_gpu_label(g)} ({g['name']}) utilisation "
                          f"{g['util_mean']:.0f} % mean with CV {g['util_cv']:.2f}: it idles "
                          f"{100 - g['util_mean']:.0f} % of the time; {why}."))
-    if not r["gpus"]:
-        recs.append((0.0, f"NVML found no GPU, so GPU utilisation was not sampled ({r['gpu_sampling']})."))
     return recs
 
 
@@ -238,7 +260,8 @@ def _precision_advice(r):
     """Mixed precision and XLA left off on a GPU."""
     recs = []
     ctx = r.get("context") or {}
-    on_gpu = bool(r["gpus"]) or "GPU" in str(r.get("device") or "").upper()
+    host = r.get("host") or {}
+    on_gpu = bool(host["gpus"]) if "gpus" in host else (bool(r["gpus"]) or "GPU" in str(r.get("device") or "").upper())
     if on_gpu and _off(ctx.get("mixed_precision", "unknown")):
         recs.append((0.2, "Mixed precision is off on a GPU: train.mixed_precision: bfloat16 (Ampere or newer) "
                           "or float16 typically makes a step 1.5-3x faster on tensor cores."))
@@ -319,22 +342,32 @@ def _json_safe(x):
     return str(x)
 
 
+def _left_out(co):
+    n = co.get("traced_steps_left_out")
+    return f", {plural(n, 'tracing step')} left out" if n else ""
+
+
 def _markdown(r):
     lo, st, co = r["loader"], r["step"], r["combined"]
     lines = [f"# Diagnose: {r['verdict']}", "",
              f"The training loop {_VERDICTS.get(r['verdict'], r['verdict'])}: it waited for input "
              f"{r['input_wait_fraction']:.1%} of the wall time and ran {co['steps_per_s']:.2f} steps/s "
-             f"(step traced {_plural(r['traces'], 'time')}; placement {r.get('placement')}).", "",
+             f"(step traced {plural(r['traces'], 'time')}; placement {r.get('placement')}).", "",
              "| measurement | steps (batches)/s | other |", "|---|---|---|",
              f"| loader alone | {lo['batches_per_s']:.2f} | {lo['examples_per_s']:.1f} examples/s, {lo['mb_per_s']:.2f} MB/s |",
              f"| step alone | {st['steps_per_s']:.2f} | {st['step_ms_mean']:.2f} ms mean, {st['step_ms_p90']:.2f} ms p90 |",
              f"| real loop | {co['steps_per_s']:.2f} | wait {co['wait_ms_mean']:.2f} ms, step {co['compute_ms_mean']:.2f} ms "
-             f"(mean); step-time CV {r['step_time_cv']:.2f}; oscillation "
+             f"(mean){_left_out(co)}; step-time CV {r['step_time_cv']:.2f}; oscillation "
              f"{('yes (the bucket shapes in turn)' if r.get('oscillation_by_shape') else 'yes') if r['oscillation'] else 'no'} |",
              "", "## GPUs", ""]
     if r["gpus"]:
-        lines += [f"- GPU {g['index']} {g['name']}: utilisation {g['util_mean']:.0f} % mean (CV {g['util_cv']:.2f}), "
-                  f"peak memory {g['mem_used_mb']:.0f} MB" for g in r["gpus"] if g["util_mean"] is not None]
+        lines.append(f"Sampled: {r['gpu_sampling']}.")
+        if not _tf_sees_gpu(r):
+            lines.append("TensorFlow sees none of them: the loop ran on the CPU, and their load is other processes'.")
+        lines.append("")
+        lines += [f"- {_gpu_label(g)} {g['name']}: not measured (no sample)" if g["util_mean"] is None else
+                  f"- {_gpu_label(g)} {g['name']}: utilisation {g['util_mean']:.0f} % mean (CV {g['util_cv']:.2f}), "
+                  f"peak memory {g['mem_used_mb']:.0f} MB" for g in r["gpus"]]
     else:
         lines.append(f"None sampled: {r['gpu_sampling']}.")
     lines += ["", "## Python ops in the input graph", ""]
@@ -364,7 +397,8 @@ def _png(r):
     ax = axes[1]
     if r["gpus"]:
         for g in r["gpus"]:
-            ax.plot(g["t_s"], g["util_series"], label=f"GPU {g['index']} {g['name']}")
+            ax.plot(g["t_s"], g["util_series"], label=f"{_gpu_label(g)} {g['name']}"
+                    + (" (not measured)" if g["util_mean"] is None else ""))
         ax.set_ylim(-2, 102)
         ax.legend(loc="best", framealpha=0.8)
     else:

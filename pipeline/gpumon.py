@@ -1,14 +1,21 @@
 """GPU sampler: per-GPU utilisation and memory from NVML, in a background thread.
 
-Reads NVML through `nvidia-ml-py` (module `pynvml`); writes nothing. No config keys: the
-diagnose phase starts one `GpuSampler` around its measured loop. Without a driver, NVML library or
-GPU the sampler is simply unavailable (`available=False`, one-line `reason`), never an error.
+Reads NVML through `nvidia-ml-py` (module `pynvml`) and the environment variables
+CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER; writes nothing. No config keys: the diagnose phase
+starts one `GpuSampler` around its measured loop. Without a driver, NVML library or GPU the sampler
+is simply unavailable (`available=False`, one-line `reason`), never an error.
+
+Only the GPUs this process can use are sampled, those CUDA_VISIBLE_DEVICES leaves visible, and each
+is labelled by its position in that list: TensorFlow's /GPU:i. NVML numbers GPUs in PCI bus order;
+CUDA numbers them fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, so a number in
+CUDA_VISIBLE_DEVICES means the same GPU to both only under that setting or on identical GPUs.
 
 NVML `utilization.gpu` is the share of a 1/6-1 s window in which any kernel ran, so polling faster
 than a few Hz only repeats the same number; 0.2 s is the default interval.
 
     python -m pipeline.gpumon            # samples for 2 s and prints the summary
 """
+import os
 import threading
 import time
 
@@ -24,10 +31,12 @@ def _text(value):
 
 
 class GpuSampler:
-    """Samples every GPU's utilisation (%) and used memory (MB) until stopped.
+    """Samples the utilisation (%) and used memory (MB) of every GPU this process can use until stopped.
 
     `nvml` is a module with pynvml's function names; tests pass a fake. Use as a context manager
-    or call start()/stop(); summary() gives one dict per GPU.
+    or call start()/stop(); summary() gives one dict per GPU, coverage() how much of a stretch of
+    time the samples span. `stopped` says why sampling ended early (NVML failed), `notes` what the
+    GPU numbering assumes.
     """
 
     def __init__(self, interval_s=DEFAULT_INTERVAL_S, nvml=None):
@@ -35,8 +44,11 @@ class GpuSampler:
         self._nvml = nvml
         self._handles = []
         self.names = []
+        self.nvml_indices = []       # NVML's number of each sampled GPU; its position is TensorFlow's
         self.available = False
         self.reason = None
+        self.stopped = None
+        self.notes = []
         self._t = []                 # sample times, time.perf_counter() seconds
         self._util = []              # per sample: list of % per GPU
         self._mem = []               # per sample: list of MB per GPU
@@ -60,17 +72,53 @@ class GpuSampler:
             nvml.nvmlInit()
             self._initialised = True
             count = int(nvml.nvmlDeviceGetCount())
-            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            visible = self._visible(nvml, count)
+            self._handles = [h for h, _ in visible]
+            self.nvml_indices = [i for _, i in visible]
             self.names = [_text(nvml.nvmlDeviceGetName(h)) for h in self._handles]
             self._mem_total = [nvml.nvmlDeviceGetMemoryInfo(h).total / _MB for h in self._handles]
         except (error, OSError) as e:
             self.reason = f"NVML unavailable ({type(e).__name__}: {e})"
-            self._handles, self.names = [], []
+            self._handles, self.names, self.nvml_indices, self.notes = [], [], [], []
             return
-        if not self._handles:
+        if not count:
             self.reason = "NVML found no GPU"
-            return
-        self.available = True
+        elif not self._handles:
+            self.reason = (f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} leaves this process "
+                           f"none of the {count} GPU(s) NVML lists")
+        else:
+            self.available = True
+
+    def _visible(self, nvml, count):
+        """(handle, NVML index) of each GPU CUDA_VISIBLE_DEVICES leaves this process, in CUDA's order.
+
+        Unset: every GPU. Entries are NVML indices or `GPU-<uuid>`s; like CUDA, the list ends at the
+        first entry that names no GPU, so '', '-1' and 'none' leave none.
+        """
+        spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+        entries = [str(i) for i in range(count)] if spec is None else [e.strip() for e in spec.split(",")]
+        visible = []
+        for entry in entries:
+            if entry.isdigit() and int(entry) < count:
+                visible.append((nvml.nvmlDeviceGetHandleByIndex(int(entry)), int(entry)))
+                continue
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(entry) if entry.startswith("GPU-") else None
+            except getattr(nvml, "NVMLError", Exception):
+                handle = None
+            if handle is None:
+                if visible:
+                    self.notes.append(f"CUDA_VISIBLE_DEVICES={spec!r}: NVML knows no GPU {entry!r}, so, as in "
+                                      f"CUDA, the visible GPUs end before it.")
+                break
+            visible.append((handle, int(nvml.nvmlDeviceGetIndex(handle))))
+        by_number = any(e.isdigit() for e in entries[:len(visible)])
+        names = {_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)}
+        if by_number and len(names) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+            self.notes.append(f"GPU numbers were matched to TensorFlow's assuming CUDA orders the GPUs as NVML does "
+                              f"(by PCI bus), which holds only with CUDA_DEVICE_ORDER=PCI_BUS_ID or identical GPUs, "
+                              f"and this host mixes {', '.join(sorted(names))}: set CUDA_DEVICE_ORDER=PCI_BUS_ID.")
+        return visible
 
     def _shutdown(self):
         if self._initialised:
@@ -83,7 +131,7 @@ class GpuSampler:
     # --- sampling -------------------------------------------------------------------------
     def sample_once(self):
         """Take one sample of every GPU now (the thread calls this every interval_s)."""
-        if not self.available:
+        if not self.available or self.stopped:
             return
         nvml = self._nvml
         try:
@@ -91,7 +139,7 @@ class GpuSampler:
             mem = [nvml.nvmlDeviceGetMemoryInfo(h).used / _MB for h in self._handles]
         except getattr(nvml, "NVMLError", Exception) as e:
             # a GPU that falls off the bus mid-run ends sampling, not the diagnosis
-            self.reason = f"NVML sampling stopped ({type(e).__name__}: {e})"
+            self.stopped = f"NVML sampling stopped after {len(self._t)} sample(s) ({type(e).__name__}: {e})"
             self._stop.set()
             return
         self._t.append(time.perf_counter())
@@ -105,8 +153,9 @@ class GpuSampler:
     def start(self):
         self._init()
         if self.available:
+            self._stop.clear()  # before the first sample, which sets it if NVML fails
             self.sample_once()  # here, not in the thread: a loop shorter than one interval still gets a sample
-            self._stop.clear()
+        if self.available and not self.stopped:
             self._thread = threading.Thread(target=self._run, name="GpuSampler", daemon=True)
             self._thread.start()
         return self
@@ -128,7 +177,8 @@ class GpuSampler:
 
     # --- results --------------------------------------------------------------------------
     def summary(self, t0=None):
-        """One dict per GPU: index, name, util_mean, util_cv, mem_used_mb (peak) and the series.
+        """One dict per GPU: index (TensorFlow's), nvml_index, name, util_mean, util_cv, mem_used_mb
+        (peak) and the series; util_mean and the like are None for a GPU without a sample.
 
         `t0` (a perf_counter time) makes `t_s` relative to it; default: the first sample.
         """
@@ -146,6 +196,7 @@ class GpuSampler:
             cv = float(util.std() / util.mean()) if len(util) and util.mean() > 0 else (0.0 if len(util) else None)
             out.append({
                 "index": i,
+                "nvml_index": self.nvml_indices[i],
                 "name": name,
                 "util_mean": mean,
                 "util_cv": cv,
@@ -160,14 +211,30 @@ class GpuSampler:
             })
         return out
 
+    def coverage(self, t0, t1):
+        """How much of [t0, t1] (perf_counter times) the samples cover: {samples, seconds, fraction}.
+
+        Each sample stands for the interval_s after it, so a run that sampled to its end covers all of
+        it and one whose NVML failed covers up to its last sample.
+        """
+        span = max(t1 - t0, 0.0)
+        seconds = min(max(self._t[-1] + self.interval_s, t0), t1) - t0 if self._t else 0.0
+        return {"samples": len(self._t), "seconds": seconds, "loop_seconds": span,
+                "fraction": seconds / span if span > 0 else (1.0 if self._t else 0.0)}
+
 
 def main():
     with GpuSampler() as s:
         time.sleep(2.0)
     if not s.available:
         print(s.reason)
+    for line in [s.stopped, *s.notes]:
+        if line:
+            print(line)
     for g in s.summary():
-        print(f"GPU {g['index']} {g['name']}: util {g['util_mean']:.1f} % (CV {g['util_cv']:.2f}), "
+        label = f"GPU {g['index']} (NVML {g['nvml_index']}) {g['name']}"
+        print(f"{label}: not measured" if g["util_mean"] is None else
+              f"{label}: util {g['util_mean']:.1f} % (CV {g['util_cv']:.2f}), "
               f"peak memory {g['mem_used_mb']:.0f} MB over {g['samples']} samples")
 
 

@@ -3,9 +3,12 @@
     python -m pytest -q tests/test_diagnose.py
 """
 import json
+import subprocess
 import sys
+import textwrap
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from pipeline.diagnose import compare_placements, diagnose, find_pyfunc_ops
 from pipeline.diagnose_report import cycle_of_shapes, detect_oscillation, write_report
 from pipeline.gpumon import GpuSampler
 
+ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ["verdict", "input_wait_fraction", "loader", "step", "combined", "pyfunc_ops", "step_time_cv",
           "oscillation", "traces", "gpus", "recommendations"]
 
@@ -44,16 +48,21 @@ def _nvml_works():
 
 
 class FakeNVML(types.ModuleType):
-    """pynvml's function names over fixed per-GPU series; records what it hands out."""
+    """pynvml's function names over fixed per-GPU series; records what it hands out.
+
+    GPU i's handle is i and its UUID 'GPU-fake-i'; `fail_after` samples of a GPU's utilisation, NVML
+    fails (a GPU lost mid-run); `attempts` counts the utilisation reads, failed ones too."""
 
     class NVMLError(Exception):
         pass
 
-    def __init__(self, util, mem_mb, fail_init=False):
+    def __init__(self, util, mem_mb, fail_init=False, fail_after=None, names=None):
         super().__init__("fake_nvml")
-        self.util, self.mem, self.fail_init = util, mem_mb, fail_init
+        self.util, self.mem, self.fail_init, self.fail_after = util, mem_mb, fail_init, fail_after
+        self.names = names or ["Fake GPU"] * len(util)
         self.emitted_util = [[] for _ in util]
         self.emitted_mem = [[] for _ in util]
+        self.attempts = [0 for _ in util]
         self.shut = False
 
     def nvmlInit(self):
@@ -69,10 +78,21 @@ class FakeNVML(types.ModuleType):
     def nvmlDeviceGetHandleByIndex(self, i):
         return i
 
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        if uuid not in [f"GPU-fake-{i}" for i in range(len(self.util))]:
+            raise self.NVMLError("Not Found")
+        return int(uuid.rsplit("-", 1)[1])
+
+    def nvmlDeviceGetIndex(self, h):
+        return h
+
     def nvmlDeviceGetName(self, h):
-        return b"Fake GPU"  # old pynvml returns bytes
+        return self.names[h].encode()  # old pynvml returns bytes
 
     def nvmlDeviceGetUtilizationRates(self, h):
+        self.attempts[h] += 1
+        if self.fail_after is not None and len(self.emitted_util[h]) >= self.fail_after:
+            raise self.NVMLError("GPU is lost")
         v = self.util[h][len(self.emitted_util[h]) % len(self.util[h])]
         self.emitted_util[h].append(v)
         return types.SimpleNamespace(gpu=v, memory=0)
@@ -84,6 +104,19 @@ class FakeNVML(types.ModuleType):
         used = self.mem[h][i % len(self.mem[h])] * 2**20
         self.emitted_mem[h].append(used / 2**20)
         return types.SimpleNamespace(used=used, total=16 * 2**30, free=16 * 2**30 - used)
+
+
+@pytest.fixture
+def cuda_env(monkeypatch):
+    """No CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER unless a test sets them: every fake GPU visible."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    return monkeypatch
+
+
+def _tensorflow_sees(monkeypatch, n_gpus):
+    # what diagnose records as the GPUs TensorFlow sees, whatever this machine has
+    monkeypatch.setattr(diagnose_mod, "host_id", lambda: {"hostname": "test", "gpus": ["Fake GPU"] * n_gpus})
 
 
 @pytest.fixture(scope="module")
@@ -234,6 +267,64 @@ def test_new_shape_every_batch_is_retracing():
     assert r["traces"] == len(r["trace_shapes"]) == 12
     assert r["retrace_shapes"]
     assert r["recommendations"][0].startswith("Step traced 12 times")
+    # the step alone traced shapes 1-10; the loop's last two traced, and retracing keeps them in its figures
+    assert r["combined"]["traced_steps"] == 2 and r["combined"]["traced_steps_left_out"] == 0
+    assert len(r["combined"]["compute_times_ms"]) == 10
+
+
+def _trace_slowly():
+    @tf.function
+    def step(batch):
+        time.sleep(0.3)  # Python: runs while tracing only, like a model's trace and XLA compile
+        return {"loss": tf.reduce_mean(batch)}
+    return step
+
+
+def test_a_first_trace_in_the_loop_is_left_out_of_its_figures(tmp_path):
+    # two bucket shapes; the second first turns up in the real loop (batch 10: after the step alone's
+    # 10 batches, within the loop's 2 + 10), so the loop's call on it traces, taking 300 ms
+    ds = tf.data.Dataset.range(1000).map(lambda i: tf.zeros(tf.stack([tf.where(i < 10, 4, 8), 4])))
+    r = diagnose(ds, _trace_slowly(), steps=10, warmup=2, expected_shapes=2)
+    co = r["combined"]
+    assert len(co["compute_times_ms"]) == 9 and max(co["compute_times_ms"]) < 250, co["compute_times_ms"]
+    assert r["verdict"] != "retracing" and r["traces"] == 2
+    assert co["traced_steps"] == co["traced_steps_left_out"] == 1
+    assert co["loop_seconds"] - co["seconds"] >= 0.3 and co["steps_per_s"] == pytest.approx(9 / co["seconds"])
+    assert len(co["step_times_ms"]) == len(co["wait_times_ms"]) == 9
+    assert any(s.startswith("Left out of the real loop's figures: 1 step during which") for s in r["notes"])
+    assert any(s.startswith("Left out of the real loop's figures") for s in r["recommendations"])
+    assert "(mean), 1 tracing step left out;" in write_report(r, tmp_path)["md"].read_text()
+
+
+def test_a_loop_that_only_traces_keeps_its_steps():
+    # warmup >= steps: every measured step meets a shape neither the step alone nor the warmup had
+    ds = tf.data.Dataset.range(1000).map(lambda i: tf.zeros(tf.stack([i + 1, 4])))
+    r = diagnose(ds, _cheap_step(), steps=3, warmup=3, expected_shapes=100)
+    assert r["verdict"] != "retracing"
+    assert any(s.startswith("Every step of the real loop (3) traced") for s in r["notes"]), r["notes"]
+    assert r["combined"]["traced_steps"] == 3 and r["combined"]["traced_steps_left_out"] == 0
+    assert len(r["combined"]["compute_times_ms"]) == 3
+
+
+def _sleep_half_ms_per_row(x):
+    time.sleep(0.0005 * x.shape[0])
+    return np.float32(x.sum())
+
+
+def test_step_alone_times_the_mix_of_shapes_the_loop_sees():
+    # a bucketed loader whose first batch is the small bucket: 2 ms for it, 20 ms for the big one
+    ds = tf.data.Dataset.range(1000).map(lambda i: tf.zeros(tf.stack([tf.where(i % 4 == 0, 4, 40), 16])))
+
+    @tf.function
+    def step(x):
+        return {"loss": tf.numpy_function(_sleep_half_ms_per_row, [x], tf.float32)}
+    r = diagnose(ds, step, steps=8, warmup=1, expected_shapes=2)
+    st = r["step"]
+    assert st["step_ms_median"] >= 15, st   # 6 of the 8 batches are big
+    assert st["step_ms_mean"] == pytest.approx((2 * 2 + 6 * 20) / 8, rel=0.5)
+    assert st["batch_shape"] == "[4,16]" and st["batch_shapes"] == {"[4,16]": 2, "[40,16]": 6}
+    assert sum(r["trace_shapes"].values()) == 8 + 1 + 8   # the step alone's batches, the loop's warmup and steps
+    assert r["traces"] == 2 and r["verdict"] != "retracing"
 
 
 @pytest.mark.parametrize("expected", [3, None])
@@ -244,7 +335,7 @@ def test_three_bucket_shapes_are_not_retracing(expected):
     assert r["verdict"] != "retracing"
 
 
-def test_gpu_sampler_matches_numpy_on_known_series():
+def test_gpu_sampler_matches_numpy_on_known_series(cuda_env):
     util = [[10, 90, 30, 70, 50, 55], [0, 0, 100, 100, 0, 0]]
     mem = [[1000, 1200, 1100, 1500, 1300, 1250], [200, 200, 300, 300, 250, 250]]
     fake = FakeNVML(util, mem)
@@ -255,6 +346,7 @@ def test_gpu_sampler_matches_numpy_on_known_series():
     assert fake.shut
     out = s.summary()
     assert [g["index"] for g in out] == [0, 1] and out[0]["name"] == "Fake GPU"
+    assert [g["nvml_index"] for g in out] == [0, 1] and s.notes == [] and s.stopped is None
     for g, u, m in zip(out, util, mem):
         assert g["util_mean"] == pytest.approx(np.mean(u))
         assert g["util_cv"] == pytest.approx(np.std(u) / np.mean(u))
@@ -276,23 +368,115 @@ def test_gpu_sampler_without_nvml_never_crashes():
     assert s.available is False and "Driver Not Loaded" in s.reason and s.summary() == []
 
 
+@pytest.mark.parametrize("visible, order, names, nvml_indices, note", [
+    (None, None, ["A100", "A100", "A100"], [0, 1, 2], None),           # unset: all; identical GPUs
+    (None, None, ["A100", "T4", "A100"], [0, 1, 2], "CUDA_DEVICE_ORDER=PCI_BUS_ID or identical GPUs"),
+    ("2,0", None, ["A100", "T4", "A100"], [2, 0], "CUDA_DEVICE_ORDER=PCI_BUS_ID or identical GPUs"),
+    ("2,0", "PCI_BUS_ID", ["A100", "T4", "A100"], [2, 0], None),
+    ("1,7,0", None, None, [1], "NVML knows no GPU '7'"),                # CUDA stops at an unknown entry
+    ("GPU-fake-2, GPU-nope,0", None, ["A100", "T4", "A100"], [2], "NVML knows no GPU 'GPU-nope'"),
+    ("", None, None, [], None),
+    ("-1", None, None, [], None),
+    ("none", None, None, [], None),
+])
+def test_gpu_sampler_samples_only_the_gpus_cuda_visible_devices_leaves(cuda_env, visible, order, names,
+                                                                        nvml_indices, note):
+    if visible is not None:
+        cuda_env.setenv("CUDA_VISIBLE_DEVICES", visible)
+    if order is not None:
+        cuda_env.setenv("CUDA_DEVICE_ORDER", order)
+    fake = FakeNVML([[10], [20], [30]], [[100], [200], [300]], names=names)
+    s = GpuSampler(interval_s=3600, nvml=fake).start()
+    s.stop()
+    out = s.summary()
+    assert [len(e) for e in fake.emitted_util] == [int(i in nvml_indices) for i in range(3)]  # no other GPU read
+    assert [g["util_mean"] for g in out] == [10.0 * (i + 1) for i in nvml_indices]
+    assert [g["index"] for g in out] == list(range(len(nvml_indices)))   # TensorFlow's /GPU:i
+    assert [g["nvml_index"] for g in out] == nvml_indices
+    assert (note is None and s.notes == []) or (len(s.notes) == 1 and note in s.notes[0]), s.notes
+    if not nvml_indices:
+        assert s.available is False and s.reason.startswith(f"CUDA_VISIBLE_DEVICES={visible!r} leaves this process")
+
+
+def test_gpus_tensorflow_cannot_use_get_no_gpu_advice(tmp_path, cuda_env):
+    # NVML lists another user's busy GPU 0 and an idle GPU 1; TensorFlow sees no GPU
+    ds = tf.data.Dataset.range(1000).map(lambda i: tf.fill([4, 8], tf.cast(i, tf.float32)))
+    _tensorflow_sees(cuda_env, 0)
+    kw = dict(steps=10, warmup=1, placement="cpu",
+              context={"placement": "cpu", "jit_compile": False, "mixed_precision": "off", "copy_ms": None})
+    fake = FakeNVML([[97, 100], [0, 0]], [[70000], [300]])
+    r = diagnose(ds, _cheap_step(), gpu_sampler=GpuSampler(interval_s=0.005, nvml=fake), **kw)
+    assert len(r["gpus"]) == 2
+    assert any(s.startswith("TensorFlow sees no GPU, yet NVML lists 2 GPUs this process may use")
+               for s in r["recommendations"]), r["recommendations"]
+    assert not any("idle" in s or "'split'" in s or "Mixed precision" in s or "XLA" in s
+                   for s in r["recommendations"]), r["recommendations"]
+    assert not any(src.startswith("GPU") for src in r["oscillation_sources"])
+    md = write_report(r, tmp_path)["md"].read_text()
+    assert "TensorFlow sees none of them" in md
+
+    cuda_env.setenv("CUDA_VISIBLE_DEVICES", "")  # the process may use no GPU: none is sampled
+    fake = FakeNVML([[97, 100], [0, 0]], [[70000], [300]])
+    r = diagnose(ds, _cheap_step(), gpu_sampler=GpuSampler(interval_s=0.005, nvml=fake), **kw)
+    assert r["gpus"] == [] and fake.emitted_util == [[], []]
+    assert "GPU utilisation was not sampled: CUDA_VISIBLE_DEVICES='' leaves this process none of the 2 GPU(s)" \
+        in " ".join(r["recommendations"])
+    assert not any("GPU 1" in s or "Mixed precision" in s for s in r["recommendations"])
+
+
+def _sleep_10ms(x):
+    time.sleep(0.01)
+    return np.float32(x.sum())
+
+
+@pytest.mark.parametrize("fail_after", [0, 3])
+def test_nvml_failing_says_how_much_of_the_loop_was_sampled(tmp_path, cuda_env, fail_after):
+    # NVML fails on the first sample, or after 3 of the ~40 a 200 ms loop takes at 5 ms
+    ds = tf.data.Dataset.range(1000).map(lambda i: tf.fill([4, 8], tf.cast(i, tf.float32))).prefetch(2)
+    step = tf.function(lambda x: {"loss": tf.numpy_function(_sleep_10ms, [x], tf.float32)})
+    fake = FakeNVML([[35], [35]], [[9000], [9000]], fail_after=fail_after)
+    _tensorflow_sees(cuda_env, 2)
+    r = diagnose(ds, step, steps=20, warmup=1, placement="mirrored",
+                 gpu_sampler=GpuSampler(interval_s=0.005, nvml=fake),
+                 context={"placement": "mirrored", "jit_compile": True, "mixed_precision": "bfloat16"})
+    assert f"NVML sampling stopped after {fail_after} sample(s) (NVMLError: GPU is lost)" in r["gpu_sampling"]
+    cov = r["gpu_coverage"]
+    assert cov["samples"] == fail_after and cov["fraction"] < 0.5 and cov["seconds"] < 0.5 * cov["loop_seconds"]
+    assert f"{fail_after} samples covering {cov['seconds']:.2f} s" in r["gpu_sampling"]
+    assert fake.attempts[0] == fail_after + 1  # no retry after the failure
+    assert not any("35 %" in s or s.startswith("GPU 0") for s in r["recommendations"]), r["recommendations"]
+    assert any(s.startswith("GPU utilisation was not judged: the samples span under 50% of the loop")
+               for s in r["recommendations"])
+    md = write_report(r, tmp_path)["md"].read_text()
+    gpu_lines = [line for line in md.splitlines() if line.startswith("- GPU ")]
+    assert len(gpu_lines) == 2 and "NVML sampling stopped" in md
+    if fail_after == 0:
+        assert all(line.endswith("Fake GPU: not measured (no sample)") for line in gpu_lines), gpu_lines
+    else:
+        assert all("utilisation 35 % mean" in line for line in gpu_lines), gpu_lines
+
+
 @pytest.mark.skipif(_nvml_works(), reason="this machine has an NVIDIA driver")
 def test_real_no_nvml_path(pyfunc_report):
     assert pyfunc_report["gpus"] == []
-    assert any(s.startswith("NVML found no GPU") for s in pyfunc_report["recommendations"])
+    assert any(s.startswith("GPU utilisation was not sampled: NVML") for s in pyfunc_report["recommendations"])
 
 
-def test_fake_gpus_in_diagnose_and_report_files(tmp_path, pyfunc_report):
+def test_fake_gpus_in_diagnose_and_report_files(tmp_path, pyfunc_report, cuda_env):
     fake = FakeNVML([[30, 40, 35], [0, 0, 0]], [[900, 950, 1000], [10, 10, 10]])
     ds = tf.data.Dataset.range(1000).map(lambda i: tf.fill([4, 8], tf.cast(i, tf.float32))).prefetch(2)
-    r = diagnose(ds, _cheap_step(), steps=20, warmup=2, device="/GPU:0", placement="single",
+    step = tf.function(lambda x: {"loss": tf.numpy_function(_sleep_10ms, [x], tf.float32)})  # a 200 ms loop
+    _tensorflow_sees(cuda_env, 2)
+    r = diagnose(ds, step, steps=20, warmup=2, device="/GPU:0", placement="single",
                  gpu_sampler=GpuSampler(interval_s=0.005, nvml=fake),
                  context={"placement": "single", "jit_compile": False, "mixed_precision": "off", "copy_ms": None})
-    assert [g["index"] for g in r["gpus"]] == [0, 1]
+    assert [g["index"] for g in r["gpus"]] == [0, 1] and [g["nvml_index"] for g in r["gpus"]] == [0, 1]
     assert r["gpus"][0]["util_mean"] == pytest.approx(np.mean(fake.emitted_util[0]))
+    assert r["gpu_coverage"]["fraction"] >= 0.5 and r["gpu_sampling"].startswith("2 GPUs sampled every 0.005 s: ")
     assert any(s.startswith("GPU 0 (Fake GPU) utilisation") for s in r["recommendations"])
+    assert any(s.startswith("GPU 1 (Fake GPU) was idle") for s in r["recommendations"])
     assert any("Mixed precision is off" in s for s in r["recommendations"])
-    assert not any("NVML found no GPU" in s for s in r["recommendations"])
+    assert not any("not sampled" in s or "not judged" in s for s in r["recommendations"])
 
     for report, sub in ((r, "gpu"), (pyfunc_report, "cpu")):
         paths = write_report(report, tmp_path / sub)
@@ -365,3 +549,51 @@ def test_diagnose_target_vocoder_measures_the_segment_loader_and_the_vocoder_ste
     assert report["pyfunc_ops"] == [] and report["traces"] == 1      # one static segment shape, one trace
     assert report["vocoder_step"] == "spectral" and report["verdict"] in ("input_bound", "compute_bound")
     assert report["loader"]["examples_per_s"] > 0 and report["combined"]["steps_per_s"] > 0
+
+
+VOCODER_ON_CPU1 = """
+import json, types, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from pipeline import diagnose as dmod
+
+class Trainer:  # VocoderTrainer's face: its model and steps made on its device, which is not the default
+    device = "/CPU:1"
+    p = types.SimpleNamespace(name="single", jit_compile=False, mixed_precision="off")
+
+    def __init__(self, cfg):
+        with tf.device(self.device):
+            self.v = tf.Variable(tf.ones([4, 4]))
+        self.gan_step = tf.function(lambda b: {"loss": tf.reduce_sum(tf.matmul(b, self.v))}, autograph=False)
+        self.spectral_step = self.gan_step
+
+    def dataset(self, split):
+        return tf.data.Dataset.from_tensors(tf.ones([4, 4])).repeat()
+
+stub = types.ModuleType("pipeline.vocoder.train")
+stub.VocoderTrainer = Trainer
+sys.modules["pipeline.vocoder.train"] = stub
+seen, real = set(), dmod.diagnose
+
+def spy(dataset, step_fn, **kw):
+    def step(batch):
+        out = step_fn(batch)
+        seen.add(out["loss"].device)
+        return out
+    step.experimental_get_tracing_count = step_fn.experimental_get_tracing_count
+    return real(dataset, step, **kw)
+dmod.diagnose = spy
+r = dmod._diagnose_vocoder({"vocoder": {"gan_start_step": 0}, "diagnose": {"steps": 3, "warmup": 1}})
+print(json.dumps({"devices": sorted(seen), "traces": r["traces"]}))
+"""
+
+
+def test_diagnose_runs_the_vocoder_step_on_the_trainers_device():
+    # training calls the step under tf.device(trainer.device), and a tf.function's ops go where the call
+    # is scoped: two logical CPUs stand in for split's model GPU, in a process of their own
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(VOCODER_ON_CPU1)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["devices"] == ["/job:localhost/replica:0/task:0/device:CPU:1"] and out["traces"] == 1, out
