@@ -85,6 +85,23 @@ def check_manifest(cfg, clips_by_shard, targets=None):
         check_sentences(cfg, names)
 
 
+def check_audio(cfg, clips_by_shard, audio):
+    """ConfigError when the manifest lists clips but `audio` ({clip id: its file's stamp, None or
+    absent when missing}, what planning digests per shard) finds none of their files: an empty or
+    unmounted folder would rebuild every audio shard with no clip, then fail the index. Clips missing
+    here and there are left out with their reason by the shard jobs, as before."""
+    clips = [c for group in clips_by_shard.values() for c in group]
+    if not clips or any(audio.get(c.id) for c in clips):
+        return
+    d = cfg["dataset"]
+    if d.get("sources"):
+        raise config.ConfigError(f"dataset.sources: none of the {len(clips)} clips' audio files exists (the first: "
+                                 f"{clips[0].audio}); is a folder unmounted or moved? nothing was run")
+    folder = Path(d["root"]) / d["audio_dir"]
+    raise config.ConfigError(f"dataset.audio_dir: {folder} holds none of the {len(clips)} clips' audio files (an "
+                             f"empty or unmounted folder?); nothing was run, the caches are as they were")
+
+
 def check_sentences(cfg, names):
     """What synthesis refuses in synthesize.sentences (synthesize.check_sentences, as the job checks
     them), with the speakers and languages `names` the run will have and the config's vocabulary. The

@@ -51,6 +51,20 @@ def test_bad_values_stop_snakemake_before_any_job_deletes_an_output(built_cache,
     assert files(cache) == before
 
 
+def test_an_empty_audio_folder_stops_planning_before_any_shard_is_rewritten(built_cache, tmp_path):
+    # an unmounted or emptied folder rewrote every mel and pitch shard with no clip, then failed the
+    # index (deleting it); putting the folder back rebuilt them all
+    empty = tmp_path / "wavs"
+    empty.mkdir()
+    cache = config.cache_dir(config.load_config(built_cache))
+    before = files(cache)
+    proc = snakemake("caches", "--config", f"dataset={{audio_dir: {empty}}}", config=built_cache, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and f"dataset.audio_dir: {empty} holds none of the 24 clips' audio files" in out, out[-2000:]
+    assert "Select jobs to execute" not in out and "Traceback" not in out
+    assert files(cache) == before
+
+
 VAL_NONE = "dataset.val_fraction: 0 puts none of the 24 clips in the validation split, which evaluate compares"
 
 

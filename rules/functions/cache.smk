@@ -82,6 +82,10 @@ if SOURCES:  # each clip names its own file
     }
 else:  # one directory scan, not 3 stats a clip
     AUDIO = pmanifest.audio_files(DS["root"], DS["audio_dir"])
+try:  # an empty or unmounted audio folder: before any shard job rewrites its shards with no clip
+    ppreflight.check_audio(config, MANIFEST, AUDIO)
+except perrors.PipelineError as e:
+    raise WorkflowError(str(e))
 PROVENANCE = {kind: pshards.provenance(kind, config) for kind in pshards.CACHE_KINDS}
 
 
