@@ -69,10 +69,11 @@ def voices(cfg, clips):
 
 def check_manifest(cfg, clips_by_shard, targets=None):
     """What the dataset's manifest ({shard: clips}) can refuse before any job (rules/common.smk):
-    train.balance: speaker with one speaker, and for `targets` (snakemake_targets) that build them,
+    speakers or languages other than a trained run's (runinfo.check_voices), train.balance: speaker with one speaker, and for `targets` (snakemake_targets) that build them,
     evaluate without a validation clip and synthesize.sentences. ConfigError naming the key."""
     clips = [c for group in clips_by_shard.values() for c in group]
     names = voices(cfg, clips)
+    runinfo.check_voices(cfg, names)
     if cfg["train"]["balance"] == "speaker" and len(names["speakers"]) < 2:
         raise config.ConfigError(f"train.balance: speaker needs several speakers; the dataset has "
                                  f"{names['speakers'] or 'one'} (set train.balance: none)")

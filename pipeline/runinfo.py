@@ -205,10 +205,7 @@ def check_unchanged(cfg):
     diff = setting_changes(saved, cfg)
     if "model" in saved["config"]:  # the train job would refuse it after Snakemake deleted train.json
         diff += model_changes(saved["config"]["model"], cfg["model"])
-    if diff and any((run / "checkpoints").glob("ckpt-*.index")):
-        raise RunChanged(f"{path(run)}: run {cfg['name']!r} was trained with other settings: {'; '.join(diff)}. "
-                         f"Nothing was run. Give this configuration another `name` (--config name=...) to build it "
-                         f"beside the trained run, restore the settings, or delete {run / 'checkpoints'} to train anew")
+    _refuse(cfg, run, diff)
     # the voice synthesize and evaluate speak in (pipeline.synthesize.resolve_voice says the same after
     # loading the model): here, before Snakemake deletes those jobs' finished reports
     s, speakers, languages = cfg["synthesize"], list(saved.get("speakers", [])), list(saved.get("languages", []))
@@ -218,6 +215,34 @@ def check_unchanged(cfg):
     if s["language"] and languages and s["language"] not in languages:
         raise PipelineError(f"synthesize.language: unknown language {s['language']!r} in run {cfg['name']!r}; "
                             f"known: {', '.join(languages)}")
+
+
+def _refuse(cfg, run, diff):
+    """RunChanged naming `diff` when the run of cfg's `name` has checkpoints (nothing to refuse before)."""
+    if diff and any((run / "checkpoints").glob("ckpt-*.index")):
+        raise RunChanged(f"{path(run)}: run {cfg['name']!r} was trained with other settings: {'; '.join(diff)}. "
+                         f"Nothing was run. Give this configuration another `name` (--config name=...) to build it "
+                         f"beside the trained run, restore the settings, or delete {run / 'checkpoints'} to train anew")
+
+
+def check_voices(cfg, names):
+    """RunChanged, at planning, when a speaker or language of the trained run has no clip left in
+    the dataset (`names`: the manifest's, pipeline.preflight.voices): renamed or removed, so `train`
+    would refuse the new table after the token shards were rebuilt in place and Snakemake had deleted
+    train.json. A name the manifest adds is not refused here: a job may yet reject all its clips, and
+    then the run's table holds (`train` refuses one that does change, as before)."""
+    run = config.run_dir(cfg)
+    saved = _read(run)
+    if saved is None:
+        return
+    diff = []
+    for table in ("speakers", "languages"):  # one name on both sides is no table: a single-speaker run has none
+        old = list(saved.get(table, []))
+        gone = [n for n in old if n not in names[table]]
+        if gone and len(old) + len(names[table]) > 2:
+            diff.append(f"the {table} changed ({', '.join(old)} -> {', '.join(names[table])}: no clip of "
+                        f"{', '.join(gone)} is left)")
+    _refuse(cfg, run, diff)
 
 
 def for_training(cfg, index, stats, run_dir, resuming, log=print):

@@ -262,3 +262,29 @@ def test_a_checkpoint_retrained_under_the_same_path_is_another_identity(tmp_path
     assert again == first and runinfo.checkpoint_identity(again) != before
     shutil.rmtree(tmp_path / "checkpoints")
     assert runinfo.checkpoint_identity(save(tmp_path / "checkpoints", 1.0)) == before  # the same weights: the same
+
+
+def test_a_speaker_the_trained_run_had_and_the_dataset_lost_stops_planning(tmp_path):
+    # renaming bob to carol in a sources' metadata rebuilt the token shards in place, and then `train`
+    # refused the new speaker table after Snakemake had deleted train.json
+    from pipeline import preflight
+    from pipeline.formats import Clip
+    cfg = config.load_config(overrides={"runs_dir": str(tmp_path)}, check_paths=False)
+    index = {"n_mels": 80, "vocab": text.vocabulary(cfg["text"]), "provenance": {}, "counts": {}}
+    stats = {"mel_mean": np.zeros(80), "mel_std": np.ones(80), "pitch_mean": 120.0, "pitch_std": 20.0,
+             "energy_mean": 1.0, "energy_std": 1.0}
+    run = config.run_dir(cfg)
+    runinfo.write(run, dict(runinfo.describe(cfg, index, stats), speakers=["alice", "bob"], languages=["en-us"]))
+
+    def manifest(*speakers):
+        return {0: [Clip(id=f"c{i}", text="Hi.", line="", lineno=i + 1, speaker=s, language="en-us")
+                    for i, s in enumerate(speakers)]}
+
+    preflight.check_manifest(cfg, manifest("alice", "carol"))  # no checkpoints yet: nothing to keep
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "ckpt-5.index").write_bytes(b"")
+    preflight.check_manifest(cfg, manifest("alice", "bob"))
+    preflight.check_manifest(cfg, manifest("alice", "bob", "dora"))  # added: a job may yet reject all of dora's clips
+    with pytest.raises(runinfo.RunChanged, match=r"run 'demo' was trained with other settings: the speakers changed "
+                                                 r"\(alice, bob -> alice, carol: no clip of bob is left\)\. Nothing was run"):
+        preflight.check_manifest(cfg, manifest("alice", "carol"))
