@@ -106,7 +106,8 @@ def _coerce_strings(cfg, defaults):
     # Snakemake's `--config 'audio={n_mels: 64}'` delivers nested values as strings: read those
     # as YAML where the default is a number or a boolean. Where the default is a string (`jit_compile:
     # auto`, which also takes true or false), only true and false become booleans: `name: "on"` and
-    # `language: "no"` (Norwegian) stay the strings they are, not YAML 1.1's booleans.
+    # `language: "no"` (Norwegian) stay the strings they are, not YAML 1.1's booleans. A whole number
+    # takes the default's spelling (_as_default).
     for key, value in cfg.items():
         default = defaults.get(key) if isinstance(defaults, dict) else None
         if isinstance(value, dict):
@@ -122,7 +123,47 @@ def _coerce_strings(cfg, defaults):
             if isinstance(parsed, str) and isinstance(default, float) and not isinstance(default, bool):
                 parsed = _plain_float(parsed)  # YAML 1.1 reads 1e-4 (no dot) as a string
             if isinstance(parsed, (bool, int, float)):
-                cfg[key] = parsed
+                cfg[key] = _as_default(parsed, default)
+        else:
+            cfg[key] = _as_default(value, default)
+
+
+def _as_default(value, default):
+    """A whole number written as the default is (600 where the default is 600.0, 8000.0 where it is
+    8000), so that one value reaches the jobs' params in one spelling and an edit to the same value
+    reruns nothing. Other values as they are."""
+    if isinstance(value, bool) or isinstance(default, bool):
+        return value
+    if isinstance(value, int) and isinstance(default, float) and abs(value) <= INT64_MAX:
+        return float(value)
+    if isinstance(value, float) and isinstance(default, int) and value.is_integer() and abs(value) <= INT64_MAX:
+        return int(value)
+    return value
+
+
+# the config's folder and file paths: one spelling each ("data/demo/", "./data/demo" are "data/demo")
+PATH_KEYS = (("runs_dir",), ("reports_dir",), ("cache", "dir"), ("dataset", "root"), ("dataset", "metadata"),
+             ("dataset", "audio_dir"))
+
+
+def plain_path(text):
+    """`text` without empty or "." segments and trailing slashes (".." kept: through a symbolic link
+    it can mean another folder than the one its spelling suggests)."""
+    parts = [part for part in text.split("/") if part not in ("", ".")]
+    return ("/" if text.startswith("/") else "") + "/".join(parts) or "."
+
+
+def _plain_paths(cfg):
+    for *parents, leaf in PATH_KEYS:
+        node = cfg
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(leaf), str) and node[leaf]:
+            node[leaf] = plain_path(node[leaf])
+    sources = cfg.get("dataset", {}).get("sources") if isinstance(cfg.get("dataset"), dict) else None
+    for source in sources if isinstance(sources, list) else ():
+        if isinstance(source, dict) and isinstance(source.get("root"), str) and source["root"]:
+            source["root"] = plain_path(source["root"])
 
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -173,6 +214,7 @@ def normalise(cfg):
     """Types as the schema wants them, whichever way the values arrived (in place; returns cfg)."""
     check_structure(cfg)
     _coerce_strings(cfg, _read_yaml(DEFAULTS))
+    _plain_paths(cfg)
     # YAML 1.1 reads a bare `off` as False; the schema accepts both spellings, code sees one.
     train = cfg.get("train")
     if isinstance(train, dict) and train.get("mixed_precision") is False:  # not a mapping: the schema names it

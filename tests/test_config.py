@@ -228,6 +228,35 @@ def test_jobs_get_the_integers_a_whole_number_float_gives_and_rerun_for_nothing(
     assert printed[1] == printed[0]
 
 
+def test_a_whole_number_takes_its_defaults_spelling_and_a_path_one_spelling(tmp_path):
+    # `pitch: {fmax: 600}` against the default 600.0, `audio: {fmax: 8000.0}` against 8000, and
+    # "data/demo/" reached the jobs' params as other values: 25 to 50 jobs reran for the same settings
+    cfg = config.load_config(None, {"pitch": {"fmax": 600, "fmin": 65}, "audio": {"fmax": 8000.0, "fmin": 0.0},
+                                    "dataset": {"root": "./data//demo/", "audio_dir": "wavs/"},
+                                    "cache": {"dir": "cache/"}, "runs_dir": "/tmp/x/../runs/"}, check_paths=False)
+    assert (cfg["pitch"]["fmax"], cfg["pitch"]["fmin"]) == (600.0, 65.0) and type(cfg["pitch"]["fmax"]) is float
+    assert (cfg["audio"]["fmax"], cfg["audio"]["fmin"]) == (8000, 0) and type(cfg["audio"]["fmax"]) is int
+    assert (cfg["dataset"]["root"], cfg["dataset"]["audio_dir"], cfg["cache"]["dir"]) == ("data/demo", "wavs", "cache")
+    assert cfg["runs_dir"] == "/tmp/x/../runs"  # ".." kept: through a link it is another folder
+    assert config.load_config(None, {"pitch": {"fmax": 600.5}}, check_paths=False)["pitch"]["fmax"] == 600.5
+    assert config.load_config(None, {"audio": {"fmax": 7999.5}}, check_paths=False)["audio"]["fmax"] == 7999.5
+    assert config.plain_path("/") == "/" and config.plain_path("./") == "."
+
+
+@pytest.mark.slow
+def test_the_same_values_spelled_otherwise_plan_the_same_jobs(tmp_path, corpus_template):
+    printed = []
+    for pitch_fmax, audio_fmax, slash in ((600.0, 8000, ""), (600, 8000.0, "/")):
+        path = _config_with(tmp_path, corpus_template, {"pitch": {"fmax": pitch_fmax}, "audio": {"fmax": audio_fmax}})
+        text = yaml.safe_load(path.read_text())
+        text["dataset"]["root"] += slash
+        path.write_text(yaml.safe_dump(text))
+        proc = snakemake("caches", "-n", "-p", config=path)
+        printed.append(sorted(line.strip() for line in (proc.stdout + proc.stderr).splitlines()
+                              if "python -m pipeline." in line))
+    assert printed[0] and printed[1] == printed[0]
+
+
 @pytest.mark.parametrize("value", [None, [], 5])
 def test_a_section_that_is_not_a_mapping_is_one_line_naming_it(tmp_path, value):
     for section in (s for s, v in DEFAULTS.items() if isinstance(v, dict)):
