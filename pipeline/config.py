@@ -424,9 +424,26 @@ def job_params(cfg):
     `fail` is the index job's alone (rules/functions/cache.smk index_settings; pipeline.cache
     bad_audio_record), so flipping the key reruns the index and what reads it, no shard and not the
     aligner; "skip" rather than no key keeps the params, and so the shards, of caches built before."""
-    out = without_logging(cfg)
+    out = active_kinds(without_logging(cfg))
     if isinstance(out.get("dataset"), dict) and "bad_audio" in out["dataset"]:
         out["dataset"] = dict(out["dataset"], bad_audio="skip")
+    return out
+
+
+# the subsections of `model:` and `vocoder:` that only their own `kind` reads
+KIND_SECTIONS = {"model": ("fastpitch", "transformer_tts"), "vocoder": ("vocos", "hifigan", "source_filter")}
+
+
+def active_kinds(cfg):
+    """`cfg` (a config or some of its sections) without the `model:` and `vocoder:` subsections of
+    kinds other than the section's `kind` (a job merges their defaults back), so that editing, say,
+    vocoder.vocos while the kind is source_filter reruns no job. A section without its `kind` is kept
+    whole."""
+    out = dict(cfg)
+    for name, kinds in KIND_SECTIONS.items():
+        section = out.get(name)
+        if isinstance(section, dict) and "kind" in section:
+            out[name] = {k: v for k, v in section.items() if k not in kinds or k == section["kind"]}
     return out
 
 

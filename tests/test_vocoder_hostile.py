@@ -261,6 +261,34 @@ def test_a_long_mel_vocodes_in_chunks_to_the_unchunked_audio(frames=130, chunk=4
     assert np.abs(voc(mel, chunk_frames=chunk) - whole).max() > 1e-2 * np.abs(whole).max()
 
 
+def test_settings_of_another_vocoder_kind_set_nothing_aside_and_rerun_nothing(tiny, tmp_path):
+    # vocoder.source_filter or vocoder.hifigan edited while the kind is vocos: planning noted "sets
+    # checkpoints aside and trains that phase from its start" and its jobs threw the training away
+    import yaml
+    from conftest import planned_jobs
+    path, cfg, _ = tiny
+    folder = config.run_dir(cfg) / "vocoder/train"
+    other = config.merge(cfg, {"vocoder": {"source_filter": {"dim": 8}, "hifigan": {"size": "v1"}},
+                               "model": {"transformer_tts": {"dropout": 0.3}}})
+    assert inputs.notes(other) == [] and inputs.settings(other) == inputs.settings(cfg)
+    text = yaml.safe_load(path.read_text())
+    text["vocoder"] = {**text["vocoder"], "source_filter": {"dim": 8}, "hifigan": {"size": "v1"}}
+    text["model"] = {**text["model"], "transformer_tts": {"dropout": 0.3}}
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(text))
+    assert planned_jobs(tmp_path / "other.yaml", "vocoder") == planned_jobs(path, "vocoder")
+    # checkpoints whose inputs.json holds every kind's section (recorded before they were left out) resume
+    recorded = inputs.path(folder).read_text()
+    made = json.loads(recorded)
+    inputs.path(folder).write_text(json.dumps({**made, "vocoder": {**made["vocoder"], "hifigan": {"size": "v2"}}}))
+    try:
+        assert inputs.notes(cfg) == []
+        logged = []
+        inputs.switch(folder, inputs.settings(cfg), logged.append)
+        assert logged == [] and (folder / "checkpoints" / "checkpoint").exists()
+    finally:
+        inputs.path(folder).write_text(recorded)
+
+
 def _weights(checkpoint):
     reader = tf.train.load_checkpoint(str(checkpoint))
     return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k != "_CHECKPOINTABLE_OBJECT_GRAPH"}

@@ -47,7 +47,15 @@ def settings(cfg, phase="train"):
     The first phase does not depend on the keys of fine-tuning alone (`FINETUNE_ONLY`)."""
     skip = RESUMABLE + (FINETUNE_ONLY if phase == "train" else ())
     vocoder = {k: v for k, v in cfg["vocoder"].items() if k not in skip and not (k in AS_BEFORE and v == AS_BEFORE[k])}
-    return json.loads(json.dumps({"vocoder": vocoder, "audio": cfg["audio"]}))
+    return _kind_only(json.loads(json.dumps({"vocoder": vocoder, "audio": cfg["audio"]})))
+
+
+def _kind_only(made):
+    """`made` (inputs) without the `vocoder:` subsections of other kinds than its own, which its weights do
+    not depend on: inputs recorded with them compare equal to those recorded without (config.active_kinds)."""
+    if isinstance(made, dict) and isinstance(made.get("vocoder"), dict):
+        return {**made, "vocoder": config.active_kinds({"vocoder": made["vocoder"]})["vocoder"]}
+    return made
 
 
 def read(folder):
@@ -68,6 +76,7 @@ def _flat(section, prefix):
 
 def changes(made, now):
     """'key old -> new' for each setting that differs; the first phase's weights and the GTA mels by name."""
+    made, now = _kind_only(made), _kind_only(now)
     a, b = _flat({k: made.get(k) for k in ("vocoder", "audio")}, ""), _flat({k: now.get(k) for k in ("vocoder", "audio")}, "")
     out = [f"{k[1:]} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     made, now = _comparable(made), _comparable(now)
@@ -77,8 +86,9 @@ def changes(made, now):
 
 
 def _comparable(made):
-    """`made` with the first phase's checkpoint (`from`: runinfo.checkpoint_identity's `path@digest`) named
+    """`made` without other kinds' sections (`_kind_only`), with the first phase's checkpoint (`from`: runinfo.checkpoint_identity's `path@digest`) named
     by its weights' digest alone: a run copied or moved under another name resumes its fine-tuning."""
+    made = _kind_only(made)
     first = made.get("from")
     weights = runinfo.checkpoint_digest(first) if isinstance(first, str) else None   # damaged: compared as it is
     return {**made, "from": weights} if weights else made
