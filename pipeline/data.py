@@ -137,8 +137,9 @@ def _check_durations(meta, tok, prefix, mel_frames, made_from=None):
     path}; the duration shard's provenance holds those files' digests), cover the token shard 1:1 and
     sum to each clip's mel frames."""
     target = shards.KINDS["durations"].target
+    made = meta["provenance"] if isinstance(meta["provenance"], dict) else {}
     for kind, path in (made_from or {}).items():
-        if meta["provenance"].get(kind) != shards.file_digest(path):
+        if made.get(kind) != shards.file_digest(path):
             raise CacheError(f"{prefix}.json: durations aligned to another {path} than the one on disk (stale: "
                              f"its text or audio changed since); run `{target}`")
     if meta["ids"] != tok["ids"] or meta["lengths"] != tok["lengths"]:

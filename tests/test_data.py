@@ -170,7 +170,8 @@ def test_planted_duration_shards_load_through_build_dataset(cache_copy):
             cuts = np.sort(rng.integers(0, frames[cid] + 1, n - 1))
             arrays.append(np.diff(np.concatenate([[0], cuts, [frames[cid]]])).astype(np.int32))
             planted[cid] = arrays[-1]
-        shards.write(shards.prefix(root, "durations", k), "durations", tok["ids"], arrays, provenance="planted")
+        made_from = {kind: shards.file_digest(shards.prefix(root, kind, k).with_suffix(".json")) for kind in ("tokens", "mels")}
+        shards.write(shards.prefix(root, "durations", k), "durations", tok["ids"], arrays, provenance=made_from)
     ids = data.clip_ids(cache_copy, "all")
     ds = data.build_dataset(cache_copy, "all", durations=True, with_clip_index=True)
     seen = 0
@@ -182,10 +183,16 @@ def test_planted_duration_shards_load_through_build_dataset(cache_copy):
             np.testing.assert_array_equal(batch["durations"][i, :n], planted[ids[clip]])
             seen += 1
     assert seen == len(ids)
+    # durations whose provenance names no token and mel shard are not vouched for
+    meta, arrays = shards.read(shards.prefix(root, "durations", 2), "durations")
+    shards.write(shards.prefix(root, "durations", 2), "durations", meta["ids"], arrays, provenance="planted")
+    with pytest.raises(data.CacheError, match=r"durations/shard-002\.json: durations aligned to another .*tokens"):
+        data.build_dataset(cache_copy, "train", durations=True)
+    shards.write(shards.prefix(root, "durations", 2), "durations", meta["ids"], arrays, provenance=meta["provenance"])
     # durations that no longer sum to the mel (stale after a mel rebuild) are refused
     meta, arrays = shards.read(shards.prefix(root, "durations", 1), "durations")
     arrays[0] = arrays[0] + 1
-    shards.write(shards.prefix(root, "durations", 1), "durations", meta["ids"], arrays, provenance="planted")
+    shards.write(shards.prefix(root, "durations", 1), "durations", meta["ids"], arrays, provenance=meta["provenance"])
     with pytest.raises(data.CacheError, match=f"durations of {meta['ids'][0]} sum to .*snakemake --cores all durations"):
         data.build_dataset(cache_copy, "train", durations=True)
 
