@@ -299,8 +299,10 @@ def check_rules(cfg):
         raise ConfigError(f"audio.win_length: {a['win_length']} is longer than audio.n_fft {a['n_fft']}")
     if 2 * a["hop_length"] > a["win_length"]:
         raise ConfigError(f"audio.hop_length: {a['hop_length']} is more than half of audio.win_length {a['win_length']}: "
-                          f"the Hann windows' overlap-add falls to zero between frames, so no vocoder or Griffin-Lim "
-                          f"can rebuild those samples (clicks, NaN); 2 * hop_length <= win_length <= n_fft")
+                          f"frames overlapping by less than half leave the overlap-added Hann windows dipping between "
+                          f"frames (to 1/8 of their peak at two thirds, to 0 at hop_length = win_length), where the "
+                          f"vocoders and Griffin-Lim rebuild the waveform badly (clicks, NaN); "
+                          f"2 * hop_length <= win_length <= n_fft")
     if p["fmax"] > nyquist:
         raise ConfigError(f"pitch.fmax: {p['fmax']} is above the Nyquist frequency {nyquist}")
     if p["fmin"] >= p["fmax"]:

@@ -179,8 +179,10 @@ def overlap_add(frames, hop_length):
 
 
 def _window_envelope(n_frames, *, n_fft, hop_length, win_length):
-    """(samples,) overlap-added squared window of n_frames frames; > 0 on the trimmed span when
-    hop_length <= win_length (samples outside any window are divided by 1, they are 0 anyway)."""
+    """(samples,) overlap-added squared window of n_frames frames; at least half its peak on the trimmed
+    span when 2 * hop_length <= win_length, which the config requires (towards hop_length == win_length
+    it falls to 0 at every hop-th sample: the periodic window's first value; samples outside any
+    window are divided by 1, they are 0 anyway)."""
     window = hann_window(n_fft=n_fft, win_length=win_length)
     squared = tf.tile(tf.constant(np.square(window))[None], tf.stack([n_frames, 1]))  # (F, n_fft)
     envelope = overlap_add(squared, hop_length)
