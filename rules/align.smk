@@ -5,7 +5,8 @@
 # text and audio settings and code: a new vocabulary or mel), its own code and the duration shards'.
 # A changed key is a missing output, which the jobs reading the folder directly (train, `durations`)
 # find even while a rerun shard upstream keeps Snakemake from checking params behind the ancient
-# input. `snakemake --forcerun train_aligner` retrains on purpose.
+# input; a key that differs only in `pitch:` or the duration code copies the weights
+# (pipeline/aligner_folder.py). `snakemake --forcerun train_aligner` retrains on purpose.
 
 
 include: "functions/align.smk"
@@ -29,8 +30,9 @@ rule train_aligner:
         gpu=min(gpus_wanted(), 1),  # TensorFlow trains it on a GPU when one is visible: it takes a turn
     params:
         config=aligner_settings,
+        train_key=TRAIN_KEY,
     shell:
-        "python -m pipeline.align --config {params.config:q} --out {output.summary:q} --threads {threads} > {log:q} 2>&1"
+        "python -m pipeline.aligner_folder --config {params.config:q} --out {output.summary:q} --train-key {params.train_key} --threads {threads} > {log:q} 2>&1"
 
 
 # Like every cache shard, a damaged duration shard (size or checksum) makes planning write its

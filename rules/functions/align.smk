@@ -27,18 +27,20 @@ def aligner_settings(wildcards):
 
 # the code that turns a trained aligner into durations (its NumPy forward pass, MAS)
 DURATION_CODE = pshards.code_digest("durations.py", "models/aligner_numpy.py")[:12]
-# Everything train_aligner's and the duration shards' params hold is in the folder's key, so any change
-# to them is a missing output. Snakemake 9 never checks the params or markers of a job downstream of
-# a job that reruns when it is reached only through an ancient input (train_aligner from cache_index,
-# and the duration shards through it); a missing output it does find, from the jobs that read the
-# aligner's folder directly (train, `durations`). A key whose shards' content is unchanged copies the
-# sibling folder's weights instead of training (pipeline.align: trained_from), so a `pitch:` or code
-# change costs a copy, not a retrain.
-ALIGNER_KEY = pshards.digest(
-    aligner_settings(None),
+# What the aligner learns from: its settings, the text and mel settings and code, its own code (the
+# whole folder key before it had two parts: a folder of that time is named by it).
+TRAIN_KEY = pshards.digest(
+    _inline(**_aligner_sections()),
     PROVENANCE["tokens"],
     PROVENANCE["mels"],
     pshards.code_digest("models/aligner.py", "align.py"),
-    DURATION_CODE,
 )[:12]
+# The folder's key: the training key, and the rest of what train_aligner's and the duration shards'
+# params hold (`pitch:`, which its loader checks the index with, and the duration shards' code), so any
+# change is a missing output. Snakemake 9 never checks the params or markers of a job downstream of a
+# job that reruns when it is reached only through an ancient input (train_aligner from cache_index, and
+# the duration shards through it); a missing output it does find, from the jobs that read the
+# aligner's folder directly (train, `durations`). A new folder whose training key a sibling has copies
+# its weights (pipeline.aligner_folder), so a `pitch:` or duration code change trains nothing.
+ALIGNER_KEY = pshards.digest(TRAIN_KEY, aligner_settings(None), DURATION_CODE)[:12]
 ALIGNER = RUN / "aligner" / ALIGNER_KEY

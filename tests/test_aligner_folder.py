@@ -1,0 +1,47 @@
+"""Which aligner a new aligner folder holds: a sibling's weights when the training key is the same
+(a `pitch:` or duration-code change, or a folder made before the key had two parts), else training."""
+import json
+
+from pipeline import aligner_folder, shards
+
+
+def _aligner(folder, weights=b"w" * 64, arrays=b"a" * 32, **info):
+    folder.mkdir(parents=True)
+    (folder / "aligner.weights.h5").write_bytes(weights)
+    (folder / "aligner.npz").write_bytes(arrays)
+    info = {"weights": "aligner.weights.h5", "arrays": "aligner.npz", "weights_digest": shards.file_digest(
+        folder / "aligner.weights.h5"), "arrays_digest": shards.file_digest(folder / "aligner.npz"), **info}
+    (folder / "aligner.json").write_text(json.dumps(info))
+    return info
+
+
+def test_a_sibling_under_the_same_training_key_is_copied_by_record_or_by_its_folders_name(tmp_path):
+    root, logged = tmp_path / "runs" / "demo" / "aligner", []
+    _aligner(root / "aaaaaaaaaaaa", weights=b"old" * 20)             # made before: named by its training key
+    _aligner(root / "bbbbbbbbbbbb", weights=b"other" * 20, train_key="cccccccccccc")
+    out = root / "dddddddddddd" / "aligner.json"
+    out.parent.mkdir()
+    copied = aligner_folder.copy_by_key(out, "aaaaaaaaaaaa", logged.append)
+    assert copied["copied_from"] == "aaaaaaaaaaaa" and copied["train_key"] == "aaaaaaaaaaaa"
+    assert (out.parent / "aligner.weights.h5").read_bytes() == b"old" * 20 and "copied its weights" in logged[0]
+    assert json.loads(out.read_text())["train_key"] == "aaaaaaaaaaaa"
+    # a later folder finds that one by the key it recorded (and by the first one's name: the same weights)
+    later = root / "eeeeeeeeeeee" / "aligner.json"
+    later.parent.mkdir()
+    assert aligner_folder.copy_by_key(later, "cccccccccccc", logged.append)["copied_from"] == "bbbbbbbbbbbb"
+    # no sibling of that training key: it trains
+    fresh = root / "ffffffffffff" / "aligner.json"
+    fresh.parent.mkdir()
+    assert aligner_folder.copy_by_key(fresh, "999999999999", logged.append) is None
+    # a folder made before and run again (--forcerun train_aligner): it trains, though a sibling matches
+    assert aligner_folder.copy_by_key(out, "aaaaaaaaaaaa", logged.append) is None
+
+
+def test_a_sibling_whose_weights_do_not_match_their_record_is_not_copied(tmp_path):
+    root = tmp_path / "aligner"
+    _aligner(root / "aaaaaaaaaaaa")
+    (root / "aaaaaaaaaaaa" / "aligner.npz").write_bytes(b"damaged")
+    out = root / "dddddddddddd" / "aligner.json"
+    out.parent.mkdir()
+    assert aligner_folder.copy_by_key(out, "aaaaaaaaaaaa", print) is None
+    assert not (out.parent / "aligner.weights.h5").exists()
