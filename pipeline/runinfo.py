@@ -172,7 +172,7 @@ def setting_changes(saved, cfg):
     return out
 
 
-BUILT_IN_KINDS = ("fastpitch", "transformer_tts")  # model.{kind} sections; only the one in use shapes a run
+BUILT_IN_KINDS = config.KIND_SECTIONS["model"]  # model.{kind} sections; only the one in use shapes a run
 
 
 def model_changes(before, now):
@@ -229,17 +229,18 @@ def check_voices(cfg, names):
     """RunChanged, at planning, when a speaker or language of the trained run has no clip left in
     the dataset (`names`: the manifest's, pipeline.preflight.voices): renamed or removed, so `train`
     would refuse the new table after the token shards were rebuilt in place and Snakemake had deleted
-    train.json. A name the manifest adds is not refused here: a job may yet reject all its clips, and
-    then the run's table holds (`train` refuses one that does change, as before)."""
+    train.json. Only a run with a table (two names or more) is checked, and a name the manifest adds is
+    not refused here: a job may yet reject all of a name's clips, and then the index's table is not the
+    manifest's (`train` refuses one that does change, as before)."""
     run = config.run_dir(cfg)
     saved = _read(run)
     if saved is None:
         return
     diff = []
-    for table in ("speakers", "languages"):  # one name on both sides is no table: a single-speaker run has none
+    for table in ("speakers", "languages"):  # a single-speaker run has no table to move
         old = list(saved.get(table, []))
         gone = [n for n in old if n not in names[table]]
-        if gone and len(old) + len(names[table]) > 2:
+        if gone and len(old) > 1:
             diff.append(f"the {table} changed ({', '.join(old)} -> {', '.join(names[table])}: no clip of "
                         f"{', '.join(gone)} is left)")
     _refuse(cfg, run, diff)

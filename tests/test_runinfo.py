@@ -288,3 +288,6 @@ def test_a_speaker_the_trained_run_had_and_the_dataset_lost_stops_planning(tmp_p
     with pytest.raises(runinfo.RunChanged, match=r"run 'demo' was trained with other settings: the speakers changed "
                                                  r"\(alice, bob -> alice, carol: no clip of bob is left\)\. Nothing was run"):
         preflight.check_manifest(cfg, manifest("alice", "carol"))
+    # a single-speaker run renamed, beside a speaker all of whose clips a job rejects: train sees one name
+    runinfo.write(run, dict(runinfo.describe(cfg, index, stats), speakers=["lj"], languages=["en-us"]))
+    preflight.check_manifest(cfg, manifest("linda", "bob"))
