@@ -432,19 +432,21 @@ def job_params(cfg):
     return out
 
 
-# the subsections of `model:` and `vocoder:` that only their own `kind` reads
+# the subsections of `model:` and `vocoder:` that only their own `kind` reads, and the built-in kinds
 KIND_SECTIONS = {"model": ("fastpitch", "transformer_tts"), "vocoder": ("vocos", "hifigan", "source_filter")}
+BUILT_IN_KINDS = {"model": KIND_SECTIONS["model"], "vocoder": KIND_SECTIONS["vocoder"] + ("griffin_lim",)}
 
 
 def active_kinds(cfg):
     """`cfg` (a config or some of its sections) without the `model:` and `vocoder:` subsections of
     kinds other than the section's `kind` (a job merges their defaults back), so that editing, say,
-    vocoder.vocos while the kind is source_filter reruns no job. A section without its `kind` is kept
-    whole."""
+    vocoder.vocos while the kind is source_filter reruns no job. A section without its `kind`, or whose
+    kind is a user's own (model.kind "package.module:function", which may read a built-in kind's
+    section besides `options`), is kept whole."""
     out = dict(cfg)
     for name, kinds in KIND_SECTIONS.items():
         section = out.get(name)
-        if isinstance(section, dict) and "kind" in section:
+        if isinstance(section, dict) and section.get("kind") in BUILT_IN_KINDS[name]:
             out[name] = {k: v for k, v in section.items() if k not in kinds or k == section["kind"]}
     return out
 

@@ -305,3 +305,16 @@ def test_the_limits_config_checks_are_the_models():
                                         "synthesize": {"max_seconds": 47.5}}, check_paths=False)  # the longest it takes
     assert math.ceil(47.5 * cfg["audio"]["sample_rate"] / cfg["audio"]["hop_length"]) <= positions
 
+
+
+def test_a_jobs_params_hold_only_the_model_and_vocoder_kind_in_use():
+    cfg = config.load_config(None, check_paths=False)
+    params = config.job_params(cfg)
+    assert set(params["model"]) == {"kind", "options", "fastpitch"}
+    assert set(params["vocoder"]) - set(cfg["vocoder"]) == set() and "source_filter" in params["vocoder"]
+    assert not {"vocos", "hifigan"} & set(params["vocoder"])
+    assert not {"vocos", "hifigan", "source_filter"} & set(config.job_params(
+        config.merge(cfg, {"vocoder": {"kind": "griffin_lim"}}))["vocoder"])
+    # a user's own kind may read a built-in kind's section: kept whole
+    own = config.merge(cfg, {"model": {"kind": "my_tts:build", "fastpitch": {"d_model": 256}}})
+    assert config.job_params(own)["model"]["fastpitch"]["d_model"] == 256
