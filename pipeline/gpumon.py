@@ -30,6 +30,22 @@ def _text(value):
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _by_uuid(nvml, entry, count):
+    """The handle of the GPU `entry` names: its whole UUID, or (as CUDA takes them) a prefix only one GPU's
+    UUID starts with; None if none or several."""
+    error = getattr(nvml, "NVMLError", Exception)
+    try:
+        return nvml.nvmlDeviceGetHandleByUUID(entry)
+    except error:
+        pass
+    try:
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        found = [h for h in handles if _text(nvml.nvmlDeviceGetUUID(h)).startswith(entry)]
+    except error:
+        return None
+    return found[0] if len(found) == 1 else None
+
+
 class GpuSampler:
     """Samples the utilisation (%) and used memory (MB) of every GPU this process can use until stopped.
 
@@ -92,8 +108,10 @@ class GpuSampler:
     def _visible(self, nvml, count):
         """(handle, NVML index) of each GPU CUDA_VISIBLE_DEVICES leaves this process, in CUDA's order.
 
-        Unset: every GPU. Entries are NVML indices or `GPU-<uuid>`s; like CUDA, the list ends at the
-        first entry that names no GPU, so '', '-1' and 'none' leave none.
+        Unset: every GPU. Entries are NVML indices or `GPU-<uuid>`s (a unique prefix is enough, as in
+        CUDA); like CUDA, the list ends at the first entry that names no GPU, so '', '-1' and 'none'
+        leave none. A MIG instance (`MIG-...`) ends it too, with a note: NVML reports no utilisation
+        for one.
         """
         spec = os.environ.get("CUDA_VISIBLE_DEVICES")
         entries = [str(i) for i in range(count)] if spec is None else [e.strip() for e in spec.split(",")]
@@ -102,10 +120,11 @@ class GpuSampler:
             if entry.isdigit() and int(entry) < count:
                 visible.append((nvml.nvmlDeviceGetHandleByIndex(int(entry)), int(entry)))
                 continue
-            try:
-                handle = nvml.nvmlDeviceGetHandleByUUID(entry) if entry.startswith("GPU-") else None
-            except getattr(nvml, "NVMLError", Exception):
-                handle = None
+            handle = _by_uuid(nvml, entry, count) if entry.startswith("GPU-") else None
+            if entry.startswith("MIG-"):
+                self.notes.append(f"CUDA_VISIBLE_DEVICES={spec!r}: {entry!r} is a MIG instance, whose utilisation NVML "
+                                  f"does not report: not sampled.")
+                break
             if handle is None:
                 if visible:
                     self.notes.append(f"CUDA_VISIBLE_DEVICES={spec!r}: NVML knows no GPU {entry!r}, so, as in "

@@ -50,7 +50,7 @@ def _nvml_works():
 class FakeNVML(types.ModuleType):
     """pynvml's function names over fixed per-GPU series; records what it hands out.
 
-    GPU i's handle is i and its UUID 'GPU-fake-i'; `fail_after` samples of a GPU's utilisation, NVML
+    GPU i's handle is i and its UUID 'GPU-fake-i-5e1f'; `fail_after` samples of a GPU's utilisation, NVML
     fails (a GPU lost mid-run); `attempts` counts the utilisation reads, failed ones too."""
 
     class NVMLError(Exception):
@@ -78,13 +78,16 @@ class FakeNVML(types.ModuleType):
     def nvmlDeviceGetHandleByIndex(self, i):
         return i
 
-    def nvmlDeviceGetHandleByUUID(self, uuid):
-        if uuid not in [f"GPU-fake-{i}" for i in range(len(self.util))]:
+    def nvmlDeviceGetHandleByUUID(self, uuid):  # the whole UUID only, as NVML
+        if uuid not in [f"GPU-fake-{i}-5e1f" for i in range(len(self.util))]:
             raise self.NVMLError("Not Found")
-        return int(uuid.rsplit("-", 1)[1])
+        return int(uuid.split("-")[2])
 
     def nvmlDeviceGetIndex(self, h):
         return h
+
+    def nvmlDeviceGetUUID(self, h):
+        return f"GPU-fake-{h}-5e1f".encode()  # old pynvml returns bytes
 
     def nvmlDeviceGetName(self, h):
         return self.names[h].encode()  # old pynvml returns bytes
@@ -374,7 +377,10 @@ def test_gpu_sampler_without_nvml_never_crashes():
     ("2,0", None, ["A100", "T4", "A100"], [2, 0], "CUDA_DEVICE_ORDER=PCI_BUS_ID or identical GPUs"),
     ("2,0", "PCI_BUS_ID", ["A100", "T4", "A100"], [2, 0], None),
     ("1,7,0", None, None, [1], "NVML knows no GPU '7'"),                # CUDA stops at an unknown entry
-    ("GPU-fake-2, GPU-nope,0", None, ["A100", "T4", "A100"], [2], "NVML knows no GPU 'GPU-nope'"),
+    ("GPU-fake-2-5e1f, GPU-nope,0", None, ["A100", "T4", "A100"], [2], "NVML knows no GPU 'GPU-nope'"),
+    # a UUID's prefix, as CUDA takes it, when only one GPU's UUID starts with it
+    ("GPU-fake-1,GPU-fake-", None, None, [1], "NVML knows no GPU 'GPU-fake-'"),
+    ("MIG-4f1e2a", None, None, [], "a MIG instance, whose utilisation NVML does not report"),
     ("", None, None, [], None),
     ("-1", None, None, [], None),
     ("none", None, None, [], None),
