@@ -299,6 +299,17 @@ def _gpu_sampling(sampler, gpus, coverage):
     return f"{line}; {stopped}" if stopped else line
 
 
+def _gpu_figures(sampler, loop):
+    """(the sampled GPUs, how much of the loop their samples cover, the host, the GPUs whose series
+    count for the loop): a GPU's cycle is the loop's only on a GPU TensorFlow uses (the host's GPUs:
+    NVML's others are no GPUs of this loop), and only seen in samples of most of the loop."""
+    gpus = sampler.summary(t0=loop["t0"])
+    coverage = sampler.coverage(loop["t0"], loop["t0"] + loop["seconds"]) if gpus else None
+    host = host_id()
+    loop_gpus = gpus if host["gpus"] and coverage and coverage["fraction"] >= MIN_GPU_COVERAGE else []
+    return gpus, coverage, host, loop_gpus
+
+
 def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=None,
              gpu_sampler=None, placement=None, context=None, batches=None):
     """Measure loader, step and the real loop; return the report dict (fields in docs/architecture.md).
@@ -324,11 +335,7 @@ def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=No
     combined, kept_shapes, trace_notes = loop_figures(loop, retracing)
     wait_fraction = combined.pop("input_wait_fraction")
     walls_ms = np.asarray(combined["step_times_ms"])
-    gpus = sampler.summary(t0=loop["t0"])
-    coverage = sampler.coverage(loop["t0"], loop["t0"] + loop["seconds"]) if gpus else None
-    host = host_id()  # the GPUs TensorFlow sees: NVML's others are no GPUs of this loop
-    # a GPU's cycle is the loop's only on a GPU TensorFlow uses, and only seen in samples of most of the loop
-    loop_gpus = gpus if host["gpus"] and coverage and coverage["fraction"] >= MIN_GPU_COVERAGE else []
+    gpus, coverage, host, loop_gpus = _gpu_figures(sampler, loop)
     period, osc_sources = find_oscillation(walls_ms, loop_gpus, sampler.interval_s)
     pyfuncs = scan_pyfunc_ops(dataset)
 

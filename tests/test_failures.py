@@ -65,7 +65,7 @@ def test_an_empty_audio_folder_stops_planning_before_any_shard_is_rewritten(buil
     assert files(cache) == before
 
 
-VAL_NONE = "dataset.val_fraction: 0 puts none of the 24 clips in the validation split, which evaluate compares"
+VAL_NONE = "dataset.val_fraction: 0.0 puts none of the 24 clips in the validation split, which evaluate compares"
 
 
 @pytest.mark.parametrize("targets, override, message", [

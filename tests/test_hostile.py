@@ -139,7 +139,8 @@ def test_a_quoted_yes_or_no_stays_a_string_where_the_key_is_one(tmp_path):
 
 def test_a_set_value_is_named_as_one(capsys):
     line = one_line_error(config.main, ["--set", "train.learning_rate=-1"], capsys)
-    assert f"{config.DEFAULTS} with --set: train.learning_rate: -1 is less than" in line
+    # (a whole number takes the default's spelling, 0.001: -1.0; config._as_default)
+    assert f"{config.DEFAULTS} with --set: train.learning_rate: -1.0 is less than" in line
 
 
 def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path):
