@@ -12,6 +12,9 @@ folder whose caches' content is unchanged. A sibling made before the key had two
 its folder's name, which is its training key. A folder made before and run again (its `.made`
 marker: `--forcerun train_aligner`) trains.
 
+copy_by_key repeats pipeline.align.copy_trained's copy on purpose: align.py's bytes are part of every
+training key, so moving a shared helper into it would retrain every run's aligner once.
+
     python -m pipeline.aligner_folder --config CFG --out runs/{name}/aligner/<key>/aligner.json --train-key KEY [--threads N]
 """
 import argparse
