@@ -9,8 +9,9 @@ provenance with it) and the duration shards' code. The rest is the training key 
 folder key before. A folder whose training key matches a sibling's is that sibling's aligner: its
 weights are copied and the new aligner.json records `copied_from`, as pipeline.align does for a
 folder whose caches' content is unchanged. A sibling made before the key had two parts is found by
-its folder's name, which is its training key. A folder made before and run again (its `.made`
-marker: `--forcerun train_aligner`) trains.
+its folder's name, which is its training key; of several, the newest. A forced train_aligner
+(`--forcerun train_aligner`: a folder made before and run again, its `.made` marker; or a new folder
+while the run forces the rule, FORCED_ENV) trains.
 
 copy_by_key repeats pipeline.align.copy_trained's copy on purpose: align.py's bytes are part of every
 training key, so moving a shared helper into it would retrain every run's aligner once.
@@ -20,6 +21,7 @@ training key, so moving a shared helper into it would retrain every run's aligne
 import argparse
 import functools
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from pipeline import config, files, shards
 from pipeline.errors import cli
 
 MADE = ".made"  # pipeline.align.MADE (not imported: align imports TensorFlow, which a copy does not need)
+FORCED_ENV = "PIPELINE_FORCED_RULES"  # the rules the Snakemake run forces, comma-separated ("*": all)
 
 
 def copy_by_key(out, train_key, log):
@@ -35,12 +38,12 @@ def copy_by_key(out, train_key, log):
     out = Path(out)
     if out.with_name(MADE).exists():
         return None  # a forced rerun: align.train_aligner says so and trains
-    for other in sorted(out.parent.parent.glob(f"*/{out.name}")):
+    for other in _newest_first(out.parent.parent.glob(f"*/{out.name}")):
         if other.parent == out.parent:
             continue
         try:
             info = json.loads(other.read_text(encoding="utf-8"))
-            if train_key not in (info.get("train_key"), other.parent.name) or any(
+            if not isinstance(info, dict) or train_key not in (info.get("train_key"), other.parent.name) or any(
                     shards.file_digest(other.with_name(info[f])) != info[f"{f}_digest"] for f in ("weights", "arrays")):
                 continue
         except (OSError, ValueError, KeyError, TypeError):
@@ -58,10 +61,31 @@ def copy_by_key(out, train_key, log):
     return None
 
 
+def _newest_first(paths):
+    """aligner.json files, the last written first: of siblings under one training key, the newest is
+    what this run last had (an aligner retrained with --forcerun, not the folder it was forced over)."""
+    def written(path):
+        try:
+            return path.stat().st_mtime_ns
+        except OSError:
+            return 0
+    return sorted(paths, key=lambda path: (-written(path), str(path)))
+
+
+def forced():
+    """Whether the Snakemake run that started this job forces train_aligner (--forcerun/-R
+    train_aligner, or --forceall): FORCED_ENV, which the run sets before its first job."""
+    rules = os.environ.get(FORCED_ENV, "").split(",")
+    return "train_aligner" in rules or "*" in rules
+
+
 def fill(cfg, out, train_key, threads=0, log=functools.partial(print, flush=True)):
     """runs/{name}/aligner/<key>/aligner.json: copied (copy_by_key) or trained (align.train_aligner, on
-    `threads` CPU threads, 0: all), with `train_key` recorded in it."""
-    if copied := copy_by_key(out, train_key, log):
+    `threads` CPU threads, 0: all), with `train_key` recorded in it. A forced train_aligner trains, in
+    a new folder too: its `.made` marker is written first, which align.train_aligner reads as a rerun."""
+    if forced():
+        files.atomic_write_text(Path(out).with_name(MADE), "forced\n")
+    elif copied := copy_by_key(out, train_key, log):
         return copied
     import tensorflow as tf  # only to train
 

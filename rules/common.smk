@@ -18,6 +18,7 @@ from pathlib import Path
 gc.freeze()
 sys.path.insert(0, workflow.basedir)
 from pipeline import (
+    aligner_folder as paligner_folder,
     config as pconfig,
     errors as perrors,
     files as pfiles,
@@ -145,8 +146,10 @@ THREADS_BESIDE = max(1, min(32, (workflow.cores or 1) // BESIDE))
 
 
 # Before the first job (Snakemake keeps one onstart handler): each shard's clip list
-# (rules/functions/cache.smk), and for a local run a scheduler without the job-rate limit's
-# timers, which wake it once a second per finished job (pipeline/scheduling.py).
+# (rules/functions/cache.smk), the rules the run forces (rules/functions/align.smk), and for a local
+# run a scheduler without the job-rate limit's timers, which wake it once a second per finished job
+# (pipeline/scheduling.py).
 onstart:
     publish_clip_lists()
+    publish_forced_rules()
     pscheduling.unthrottle_local(workflow)

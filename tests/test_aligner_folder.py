@@ -45,3 +45,40 @@ def test_a_sibling_whose_weights_do_not_match_their_record_is_not_copied(tmp_pat
     out.parent.mkdir()
     assert aligner_folder.copy_by_key(out, "aaaaaaaaaaaa", print) is None
     assert not (out.parent / "aligner.weights.h5").exists()
+
+
+def test_of_siblings_under_one_training_key_the_newest_is_copied(tmp_path):
+    # the old folder (named by the key) sorted first: an aligner retrained since with --forcerun was
+    # silently replaced by the weights it had been forced over
+    import os
+    root = tmp_path / "aligner"
+    _aligner(root / "aaaaaaaaaaaa", weights=b"old" * 20)
+    _aligner(root / "cccccccccccc", weights=b"retrained" * 20, train_key="aaaaaaaaaaaa")
+    os.utime(root / "aaaaaaaaaaaa" / "aligner.json", ns=(1, 1))
+    (root / "bbbbbbbbbbbb").mkdir()
+    (root / "bbbbbbbbbbbb" / "aligner.json").write_text("null")  # valid JSON, no record: not a source
+    out = root / "dddddddddddd" / "aligner.json"
+    out.parent.mkdir()
+    assert aligner_folder.copy_by_key(out, "aaaaaaaaaaaa", print)["copied_from"] == "cccccccccccc"
+    assert (out.parent / "aligner.weights.h5").read_bytes() == b"retrained" * 20
+
+
+def test_a_run_that_forces_train_aligner_trains_a_new_folder(tmp_path, monkeypatch):
+    from pipeline import align
+    root = tmp_path / "aligner"
+    _aligner(root / "aaaaaaaaaaaa")
+    out = root / "dddddddddddd" / "aligner.json"
+    out.parent.mkdir()
+    trained = []
+
+    def train(cfg, path, log):  # what align.train_aligner reads first: the marker of a folder made before
+        trained.append((path.with_name(aligner_folder.MADE)).exists())
+        path.write_text(json.dumps({"weights": "aligner.weights.h5"}))
+    monkeypatch.setattr(align, "train_aligner", train)
+    monkeypatch.setenv(aligner_folder.FORCED_ENV, "cache_index,train_aligner")
+    info = aligner_folder.fill({}, out, "aaaaaaaaaaaa", log=print)
+    assert trained == [True] and "copied_from" not in info and info["train_key"] == "aaaaaaaaaaaa"
+    monkeypatch.setenv(aligner_folder.FORCED_ENV, "")
+    assert not aligner_folder.forced()
+    monkeypatch.setenv(aligner_folder.FORCED_ENV, "*")  # --forceall
+    assert aligner_folder.forced()

@@ -509,6 +509,13 @@ def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_templ
         assert rewritten(before, stamps(cache)) == jobs_files(*(("durations", i) for i in range(n))), module
         assert "copied its weights" in (tmp_path / "reports" / "t" / "logs" / "train_aligner.log").read_text()
         assert plan_durations() == {}
+    # a forced train_aligner trains, in the new folder such a change makes too (not a copy)
+    with open(project / "pipeline" / "durations.py", "a") as f:
+        f.write("\n# once more\n")
+    run_copy(project, "durations", "--forcerun", "train_aligner", config=config)
+    log = (tmp_path / "reports" / "t" / "logs" / "train_aligner.log").read_text()
+    assert "copied its weights" not in log and "training anew" in log
+    assert plan_durations() == {}
     # text.py code that leaves every token as it was: a new aligner key, but the caches' content is the
     # same, so the job copies the trained aligner instead of training it again (the same durations follow)
     aligners = tmp_path / "runs" / "t" / "aligner"

@@ -44,3 +44,13 @@ TRAIN_KEY = pshards.digest(
 # its weights (pipeline.aligner_folder), so a `pitch:` or duration code change trains nothing.
 ALIGNER_KEY = pshards.digest(TRAIN_KEY, aligner_settings(None), DURATION_CODE)[:12]
 ALIGNER = RUN / "aligner" / ALIGNER_KEY
+
+
+def publish_forced_rules():
+    """Before the jobs start: the rules this run forces (--forcerun/-R, or "*" for --forceall), for the
+    jobs in pipeline.aligner_folder's FORCED_ENV: a forced train_aligner trains even in a new folder,
+    where its weights would otherwise be copied. Snakemake knows them only once the DAG is built.
+    """
+    ds = getattr(workflow, "dag_settings", None)
+    rules = sorted(ds.forcerun) + ["*"] * bool(ds.forceall) if ds is not None else []
+    os.environ[paligner_folder.FORCED_ENV] = ",".join(rules)
