@@ -250,13 +250,17 @@ _NOT_A_WORD_RE = re.compile(r"[^a-z']+")  # what WER's word lists drop (punctuat
 
 
 def to_listen_rate(y, sample_rate):
-    """float32 audio at 16 kHz within [-1, 1], as the predictor and the recognizer take it."""
+    """float32 audio at 16 kHz within [-1, 1], as the predictor and the recognizer take it: first as
+    it is saved and spoken (wavfile.as_saved: scaled whole to a 0.95 peak when it would clip, as every
+    delivery path does), so the measures hear what evaluate_audio/ holds, not clipping no one hears."""
     import soxr
 
-    y = np.asarray(y, np.float32)
+    from pipeline.wavfile import as_saved
+
+    y = as_saved(y)
     if sample_rate != LISTEN_RATE:
         y = soxr.resample(y, sample_rate, LISTEN_RATE, quality="HQ")
-    return np.clip(y, -1.0, 1.0)
+    return np.clip(y, -1.0, 1.0)  # the resampler's overshoot of a 0.95 peak, if any
 
 
 @functools.lru_cache(maxsize=1)
@@ -294,9 +298,13 @@ def speech_shaped_noise(y, sample_rate, *, seed=0):
     recording's spectrum and loudness, frame by frame, and no speech in it (the MOS predictor's floor)."""
     import librosa
 
-    spec = librosa.stft(np.asarray(y, np.float32), n_fft=1024, hop_length=256)
+    y = np.asarray(y, np.float32)
+    spec = librosa.stft(y, n_fft=1024, hop_length=256)
     phase = np.exp(2j * np.pi * np.random.default_rng(seed).random(spec.shape))
-    return librosa.istft(np.abs(spec) * phase, hop_length=256, length=len(y)).astype(np.float32)
+    noise = librosa.istft(np.abs(spec) * phase, hop_length=256, length=len(y))
+    # random phases partly cancel where the frames overlap (about 6 dB here): back to the recording's RMS
+    rms = np.sqrt(np.mean(np.square(noise, dtype=np.float64)))
+    return (noise * (np.sqrt(np.mean(np.square(y, dtype=np.float64))) / rms if rms > 0 else 1.0)).astype(np.float32)
 
 
 @functools.lru_cache(maxsize=1)

@@ -119,6 +119,15 @@ def _scale(peaks, where):
     return np.float32(FULL_SCALE * (PEAK / peak if peak > 1.0 else 1.0))
 
 
+def as_saved(audio):
+    """Float audio (flat, finite) as save_wav and to_pcm deliver it, before the 16-bit conversion:
+    scaled to a PEAK peak as one whole when it would clip (peak > 1), else as it is. What a listening
+    measure should hear: no delivery path clips."""
+    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+    peak = _peak(audio)
+    return audio * np.float32(PEAK / peak) if np.isfinite(peak) and peak > 1.0 else audio
+
+
 def _pcm(audio, scale):
     """A block of float audio times `scale` as int16 samples (floored, clipped to int16's range)."""
     return np.clip(np.floor(audio * scale), -FULL_SCALE, FULL_SCALE - 1).astype("<i2")

@@ -189,3 +189,24 @@ def test_heldout_sentences_are_spoken_once_and_worlds_copy_is_scored_near_the_re
         with pytest.raises(SystemExit):
             bench.main(bad)
         assert said in capsys.readouterr().err
+
+
+def test_listening_measures_hear_audio_as_it_is_saved_not_clipped():
+    # the source-filter copies peak at 1.2-1.5: the measures heard them hard-clipped, while every
+    # delivery path (evaluate_audio/, speak --out, synthesize) scales such audio whole to a 0.95 peak
+    from pipeline import wavfile
+    t = np.arange(16000) / 16000
+    y = (1.5 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    heard = metrics.to_listen_rate(y, 16000)
+    np.testing.assert_allclose(heard, y * (0.95 / 1.5), atol=1e-6)
+    np.testing.assert_array_equal(wavfile.as_saved(0.5 * y), 0.5 * y)  # what would not clip is kept as it is
+    saved = wavfile.to_pcm(y)
+    np.testing.assert_allclose(saved / 32768, wavfile.as_saved(y), atol=2 / 32768)  # the same as the wav holds
+
+
+def test_chance_noise_has_the_recordings_loudness():
+    rng = np.random.default_rng(0)
+    y = (0.3 * np.sin(2 * np.pi * 150 * np.arange(22050) / 22050) * (1 + 0.5 * rng.random(22050))).astype(np.float32)
+    noise = metrics.speech_shaped_noise(y, 22050)
+    assert np.sqrt(np.mean(noise.astype(np.float64) ** 2)) == pytest.approx(np.sqrt(np.mean(y.astype(np.float64) ** 2)),
+                                                                             rel=1e-4)
