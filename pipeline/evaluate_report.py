@@ -117,6 +117,16 @@ def lead_lines(report, vocoder):
             f"clips): {'; '.join(parts)}. A target inside an interval is not decided by this run alone.", ""]
 
 
+def _above_reference(mos, wer, heads):
+    """A line naming the signals (`heads`: name -> its column's head) the listener measures score better
+    than the recording, which is no upper bound for them; [] when none does."""
+    better = [f"{measure} {heads[n]} ({_fmt(scores[n])} against {_fmt(scores['recording'])})"
+              for measure, scores, sign in (("naturalness:", mos, 1), ("word error rate:", wer, -1))
+              if scores.get("recording") is not None
+              for n in heads if scores.get(n) is not None and sign * (scores[n] - scores["recording"]) > 0]
+    return [f"Scored better than the recording: {'; '.join(better)}.", ""] if better else []
+
+
 def listener_lines(report):
     """The listener table: naturalness (MOS predictor) and WER for the recording, the synthesized audio,
     both copy-syntheses and chance; [] when the report has neither."""
@@ -125,7 +135,7 @@ def listener_lines(report):
         return []
     name, voc = _vocoder_name(report), "vocoder_ceiling" in mos
     names = ["recording", "synthesized", *(["vocoder_ceiling"] if voc else []), "griffin_lim_ceiling"]
-    heads = ["recording (the ceiling)", f"synthesized (through {name})",
+    heads = ["recording (the reference)", f"synthesized (through {name})",
              *([f"{name} copy-synthesis"] if voc else []), "Griffin-Lim copy-synthesis", "chance"]
     lines = ["| listener measure | " + " | ".join(heads) + " |", "|" + "---|" * (len(heads) + 1),
              "| naturalness: DNSMOS P.835 overall, 1-5 (higher is better) | "
@@ -134,10 +144,11 @@ def listener_lines(report):
              "| word error rate, pocketsphinx en-us (lower is better) | "
              + " | ".join(_fmt(wer.get(n)) for n in names)
              + f" | {_fmt(report.get('wer_chance'))} (the recording's transcript against the other sentences) |", ""]
-    return lines + lead_lines(report, name) + [(
-        "Both judge each signal as it is heard (16 kHz), with no reference signal: the recording's column is what "
-        "they make of the real voice, the ceiling a model can reach; chance is what they make of a signal that "
-        "carries nothing of this sentence. The MOS predictor (trained on noisy and denoised human speech) rewards "
+    return lines + _above_reference(mos, wer, dict(zip(names[1:], heads[1:]))) + lead_lines(report, name) + [(
+        "Both judge each signal as it is saved and heard (16 kHz), with no reference signal: the recording's column "
+        "is what they make of the real voice, the reference a model is held to; it is no upper bound (a smoother "
+        "signal can score above it, as the lines above say where one does); chance is what they make of a signal "
+        "that carries nothing of this sentence. The MOS predictor (trained on noisy and denoised human speech) rewards "
         "clean, smooth audio, so a muffled synthesis can score well: read it beside MCD, WER and the 0-2 kHz "
         "spectrograms in evaluate.png. The recognizer was trained on human speech: on a synthetic voice its WER is "
         "high even for the recording, so compare with the recording's, not with 0. No WER for clips in a language "
