@@ -422,12 +422,8 @@ def check_caches(cfg, out, log=_print):
     """`snakemake caches`' last job: PipelineError with the index's bad_audio message when it has one,
     else `out`, a record of the check (a file, so a failed check runs again at the next `caches`)."""
     path = config.cache_dir(cfg) / "index.json"
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise shards.CacheError(f"{path}: unreadable ({e}); run `{shards.REBUILD}`") from None
-    if index.get("bad_audio"):
-        raise PipelineError(f"{path}: {index['bad_audio']['message']}")
+    index = shards.read_index_json(path)
+    shards.refuse_bad_audio(path, index)
     counts = index.get("counts", {})
     files.atomic_write_text(out, json.dumps(dict(index=str(path), counts=counts), indent=1) + "\n")
     log(f"caches: {counts.get('clips')} clips, {counts.get('rejected')} rejected (listed in {path.parent / 'rejected.tsv'})")

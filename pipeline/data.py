@@ -26,7 +26,6 @@ training's builder: one worker's shards, every worker on the same bucket shape a
 """
 import dataclasses
 import functools
-import json
 import os
 from dataclasses import dataclass, field
 
@@ -34,7 +33,6 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline import config, manifest, multiworker_data, shards
-from pipeline.errors import PipelineError
 from pipeline.models import frame_multiple
 from pipeline.shards import CacheError  # noqa: F401  (re-exported: callers catch data.CacheError)
 
@@ -49,19 +47,13 @@ ROW = {name: i for i, name in enumerate(  # the columns of a group's row table
 def read_index(cfg):
     """index.json, refused (CacheError saying what to run) when built by other code or settings."""
     path = config.cache_dir(cfg) / "index.json"
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CacheError(f"{path}: no cache index; build it with `{shards.REBUILD}`") from None
-    except (OSError, ValueError) as e:  # cut short or not JSON
-        raise CacheError(f"{path}: unreadable ({e}); rebuild it with `{shards.REBUILD}`") from None
+    index = shards.read_index_json(path)
     if index.get("format") != shards.FORMAT:
         raise CacheError(f"{path}: a cache in format {index.get('format')} (this code reads format {shards.FORMAT}, with "
                          f"phonemes, pitch and energy); rebuild it with `{shards.REBUILD}`")
     for kind in shards.CACHE_KINDS:
         shards.check_provenance(path, kind, index["provenance"][kind], shards.provenance(kind, cfg))
-    if index.get("bad_audio"):  # built with dataset.bad_audio: fail while clips had bad audio (pipeline.cache)
-        raise PipelineError(f"{path}: {index['bad_audio']['message']}")
+    shards.refuse_bad_audio(path, index)  # built with dataset.bad_audio: fail while clips had bad audio
     return index
 
 
@@ -152,16 +144,17 @@ def _check_durations(meta, tok, prefix, mel_frames, made_from=None):
                              f"{mel_frames[cid]} frames (stale); run `{target}`")
 
 
-def _check_entry(root, entry, metas, excluded):
+def _check_entry(root, entry, metas, at, excluded):
     """CacheError unless the index was built from these shards: the checksums it recorded (indexes
-    built since they record them) and the number of clips it counted in the shard."""
+    built since they record them) and the number of clips it counted in the shard (`at`: each kind's
+    {clip id: position}, as load_clips made it)."""
     path = root / "index.json"
     for kind, want in entry.get("checksums", {}).items():
         if kind in metas and metas[kind][0]["checksum"] != want:
             raise CacheError(f"{path}: built from another {metas[kind][1]}.bin than the one on disk (a shard rebuilt "
                              f"after the index, or its index job did not finish); run `{shards.REBUILD}`")
-    mel, kinds = metas["mels"][0], [set(m["ids"]) for kind, (m, _) in metas.items() if kind in shards.CACHE_KINDS]
-    found = sum(cid not in excluded and all(cid in ids for ids in kinds) for cid in mel["ids"])
+    found = sum(cid not in excluded and all(cid in at[kind] for kind in shards.CACHE_KINDS)
+                for cid in metas["mels"][0]["ids"])
     if found != entry["clips"]:
         raise CacheError(f"{path}: counts {entry['clips']} usable clips in shard {entry['shard']}, its shards hold "
                          f"{found} (a shard rebuilt after the index, or its index job did not finish); "
@@ -184,7 +177,7 @@ def load_clips(cfg, split="all", index=None, durations=False):
         at = {kind: {cid: i for i, cid in enumerate(m["ids"])} for kind, (m, _) in metas.items()}
         mel_frames = dict(zip(mel["ids"], mel["lengths"]))
         left_out = set(entry.get("excluded", ()))  # cache_index: audio too short for the text
-        _check_entry(root, entry, metas, left_out)
+        _check_entry(root, entry, metas, at, left_out)
         if durations:
             _check_durations(metas["durations"][0], tok, metas["durations"][1], mel_frames,
                              {kind: metas[kind][1].with_suffix(".json") for kind in ("tokens", "mels")})

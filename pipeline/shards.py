@@ -134,6 +134,24 @@ def read_meta(out, kind=None):
     return meta
 
 
+def read_index_json(path):
+    """index.json as written by cache_index, read without TensorFlow (`snakemake caches`' check reads it
+    too); CacheError when it is missing or unreadable."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CacheError(f"{path}: no cache index; build it with `{REBUILD}`") from None
+    except (OSError, ValueError) as e:  # cut short or not JSON
+        raise CacheError(f"{path}: unreadable ({e}); rebuild it with `{REBUILD}`") from None
+
+
+def refuse_bad_audio(path, index):
+    """PipelineError with the index's message when it records bad audio under dataset.bad_audio: fail
+    (pipeline.cache.bad_audio_record): every job that reads the index refuses with it."""
+    if index.get("bad_audio"):
+        raise PipelineError(f"{path}: {index['bad_audio']['message']}")
+
+
 def expected_bytes(meta):
     return sum(meta["lengths"]) * meta["width"] * np.dtype(meta["dtype"]).itemsize
 
