@@ -121,10 +121,11 @@ def _off(value):
     return value is False or (isinstance(value, str) and value.lower() in ("off", "false", "none"))
 
 
-def _tf_sees_gpu(r):
+def _tf_sees_gpu(r, device=None):
     # the GPUs TensorFlow sees (report["host"]); a report without them: whether any GPU was sampled
+    # (or `device`, the step's, names one)
     host = r.get("host") or {}
-    return bool(host["gpus"]) if "gpus" in host else bool(r["gpus"])
+    return bool(host["gpus"]) if "gpus" in host else bool(r["gpus"]) or "GPU" in str(device or "").upper()
 
 
 def _gpu_label(g):
@@ -260,8 +261,7 @@ def _precision_advice(r):
     """Mixed precision and XLA left off on a GPU."""
     recs = []
     ctx = r.get("context") or {}
-    host = r.get("host") or {}
-    on_gpu = bool(host["gpus"]) if "gpus" in host else (bool(r["gpus"]) or "GPU" in str(r.get("device") or "").upper())
+    on_gpu = _tf_sees_gpu(r, r.get("device"))
     if on_gpu and _off(ctx.get("mixed_precision", "unknown")):
         recs.append((0.2, "Mixed precision is off on a GPU: train.mixed_precision: bfloat16 (Ampere or newer) "
                           "or float16 typically makes a step 1.5-3x faster on tensor cores."))

@@ -132,8 +132,10 @@ class GpuSampler:
                 break
             visible.append((handle, int(nvml.nvmlDeviceGetIndex(handle))))
         by_number = any(e.isdigit() for e in entries[:len(visible)])
+        if not by_number or os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
+            return visible
         names = {_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)}
-        if by_number and len(names) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+        if len(names) > 1:
             self.notes.append(f"GPU numbers were matched to TensorFlow's assuming CUDA orders the GPUs as NVML does "
                               f"(by PCI bus), which holds only with CUDA_DEVICE_ORDER=PCI_BUS_ID or identical GPUs, "
                               f"and this host mixes {', '.join(sorted(names))}: set CUDA_DEVICE_ORDER=PCI_BUS_ID.")
