@@ -276,8 +276,10 @@ def measure_clip(clip, synth_mel, analyse):
     # of the diagonal: a model that says the recorded mel), else re-timed along the path: a TTS of the
     # recording's length by coincidence still has its own timing inside (one frame's difference in
     # length moved a clip's PESQ by 0.2), while re-timing an aligned signal only adds cross-fades
-    warped = y_syn[:len(ref)] if keeps_timing(len(smel), len(mel), path_) else metrics.warp_to(y_syn, path_, n_frames=len(mel),
-                                                              hop_length=a["hop_length"])
+    if keeps_timing(len(smel), len(mel), path_):
+        warped = y_syn[:len(ref)]
+    else:
+        warped = metrics.warp_to(y_syn, path_, n_frames=len(mel), hop_length=a["hop_length"])
     heard = {"synthesized": warped, "griffin_lim_ceiling": y_gl[:len(ref)]}     # sample by sample (PESQ, STOI)
     signals = {"recording": ref, "synthesized": y_syn, "griffin_lim_ceiling": y_gl}  # as heard (MOS, WER)
     extra = {}

@@ -46,11 +46,11 @@ def gta_prefix(cfg, shard):
 def _offsets(cfg, index, clips, kind, prefix_of, length_of):
     """Per clip of `clips`, its offset (items) in shard `prefix_of(k)` of `kind`, checking its length."""
     out = np.zeros(len(clips.ids), np.int64)
-    where = {}
+    where, metas = {}, {}
     for pos in np.unique(clips.shard):
         entry = index["shards"][pos]
         prefix = prefix_of(entry["shard"])
-        meta = shards.read_meta(prefix, kind)
+        meta = metas[pos] = shards.read_meta(prefix, kind)
         shards.check(meta, prefix)
         where[pos] = (prefix, {cid: (o, n) for cid, o, n in zip(meta["ids"], meta["offsets"], meta["lengths"])})
     for i, (cid, pos) in enumerate(zip(clips.ids, clips.shard)):
@@ -61,9 +61,8 @@ def _offsets(cfg, index, clips, kind, prefix_of, length_of):
                              f"(expected {length_of(clips.frames[i])}); run `{shards.KINDS[kind].target}`")
         out[i] = table[cid][0]
     files = [str(where[pos][0].with_suffix(".bin")) for pos in sorted(where)]
-    metas = [shards.read_meta(where[pos][0]) for pos in sorted(where)]
-    rebase = dict(zip(sorted(where), np.cumsum([0] + [sum(m["lengths"]) for m in metas])))  # frames or samples
-    sums = [shards.checksum_int64(m["checksum"]) for m in metas]
+    rebase = dict(zip(sorted(where), np.cumsum([0] + [sum(metas[pos]["lengths"]) for pos in sorted(where)])))  # items
+    sums = [shards.checksum_int64(metas[pos]["checksum"]) for pos in sorted(where)]
     return out + np.array([rebase[p] for p in clips.shard], np.int64), files, sums
 
 
