@@ -32,7 +32,7 @@ rule train_aligner:
         config=aligner_settings,
         train_key=TRAIN_KEY,
     shell:
-        "python -m pipeline.aligner_folder --config {params.config:q} --out {output.summary:q} --train-key {params.train_key} --threads {threads} > {log:q} 2>&1"
+        "python -m pipeline.aligner_folder --config {params.config:q} --out {output.summary:q} --train-key {params.train_key:q} --threads {threads} > {log:q} 2>&1"
 
 
 # Like every cache shard, a damaged duration shard (size or checksum) makes planning write its
