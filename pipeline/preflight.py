@@ -88,16 +88,28 @@ def check_manifest(cfg, clips_by_shard, targets=None):
 
 def check_audio(cfg, clips_by_shard, audio):
     """ConfigError when the manifest lists clips but `audio` ({clip id: its file's stamp, None or
-    absent when missing}, what planning digests per shard) finds none of their files: an empty or
-    unmounted folder would rebuild every audio shard with no clip, then fail the index. Clips missing
-    here and there are left out with their reason by the shard jobs, as before."""
+    absent when missing}, what planning digests per shard) finds none of their files, or, with
+    dataset.sources, none of one source's: an empty or unmounted folder would rebuild every audio
+    shard without those clips (a source's speaker gone from the index), then put them all back once
+    the disk returns. Clips missing here and there are left out with their reason by the shard
+    jobs, as before."""
     clips = [c for group in clips_by_shard.values() for c in group]
-    if not clips or any(audio.get(c.id) for c in clips):
-        return
     d = cfg["dataset"]
     if d.get("sources"):
-        raise config.ConfigError(f"dataset.sources: none of the {len(clips)} clips' audio files exists (the first: "
-                                 f"{clips[0].audio}); is a folder unmounted or moved? nothing was run")
+        by_source = {}
+        for c in clips:
+            by_source.setdefault(c.source, []).append(c)
+        for i, src in enumerate(d["sources"]):
+            name = formats.source_name(src, i)
+            mine = by_source.get(name, [])
+            if mine and not any(audio.get(c.id) for c in mine):
+                raise config.ConfigError(
+                    f"dataset.sources[{i}] ({name}, root {src['root']}): none of its {len(mine)} clips' audio files "
+                    f"exists (the first: {mine[0].audio}); is a folder unmounted or moved? nothing was run, the "
+                    "caches are as they were")
+        return
+    if not clips or any(audio.get(c.id) for c in clips):
+        return
     folder = Path(d["root"]) / d["audio_dir"]
     raise config.ConfigError(f"dataset.audio_dir: {folder} holds none of the {len(clips)} clips' audio files (an "
                              f"empty or unmounted folder?); nothing was run, the caches are as they were")

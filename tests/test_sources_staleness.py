@@ -149,3 +149,20 @@ def test_adding_a_source_reruns_only_the_shards_that_gain_clips(project):
     speaker_of = {"mine": "anna", "lj": "lj"}
     for cid, speaker in zip(tok["ids"], tok["speakers"]):
         assert speaker == speaker_of.get(cid.split("-")[0]) or speaker == cid.split("-")[1][:4]
+
+
+def test_one_sources_missing_audio_folder_stops_planning(project):
+    # with several sources, an unmounted disk under one of them rebuilt every audio shard without its
+    # clips (its speakers gone from the index, exit status 0), then rebuilt them all once it returned
+    wavs, away = project.vctk / "wav48", project.tmp / "wav48-away"
+    before = stamps(project.cache)
+    wavs.rename(away)
+    try:
+        proc = snakemake("durations", config=project.config, check=False)
+    finally:
+        away.rename(wavs)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-2000:]
+    assert f"dataset.sources[1] (vctk, root {project.vctk}): none of its 3 clips' audio files exists" in out, out[-2000:]
+    assert "Select jobs to execute" not in out and "Traceback" not in out
+    assert stamps(project.cache) == before
