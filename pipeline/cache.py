@@ -136,6 +136,29 @@ def _header_problem(info, *, max_seconds, fmax):
                          f"to {info.samplerate / 2:g} or use wider-band recordings")
 
 
+OGG_PAGE_MAX = 65307  # 27 header bytes, a 255-entry segment table, 255 segments of 255 bytes
+
+
+def ogg_cut_short(path):
+    """True when an Ogg file (Vorbis, Opus, FLAC in Ogg) does not end with a whole last page flagged
+    end-of-stream: libsndfile decodes a half-copied .ogg as a shorter clip without a word, where
+    audio.wav_shortfall catches a cut WAV and a cut FLAC loses its frame sync. A page is found by its
+    capture pattern and version byte, and is whole when its segment table's lengths reach the end of
+    the file exactly (a pattern inside a packet's bytes does not)."""
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, 2) - OGG_PAGE_MAX))
+        tail = f.read()
+    at = tail.rfind(b"OggS")
+    while at >= 0:
+        if tail[at + 4:at + 5] == b"\0" and at + 27 <= len(tail):
+            n = tail[at + 26]
+            table = tail[at + 27:at + 27 + n]
+            if len(table) == n and at + 27 + n + sum(table) == len(tail):
+                return not tail[at + 5] & 0x04
+        at = tail.rfind(b"OggS", 0, at)
+    return True
+
+
 def _clipped_fraction(path, info, y, sample_rate):
     """The fraction of the file's own samples (every channel, before resampling) at full scale."""
     if info is None or (info.channels == 1 and info.samplerate == sample_rate):
@@ -190,6 +213,9 @@ def load_clip(path, *, sample_rate, max_seconds, fmax=None):
         info = None  # load_audio says what is wrong with it
     if info is not None:
         _header_problem(info, max_seconds=max_seconds, fmax=fmax)
+        if info.format == "OGG" and ogg_cut_short(path):
+            raise audio.BadAudio("truncated (its last Ogg page is cut short or does not end the stream: a "
+                                 "half-copied file)")
     try:
         y = audio.load_audio(path, sample_rate=sample_rate, max_seconds=max_seconds)
     except audio.BadAudio as e:

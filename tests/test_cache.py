@@ -453,6 +453,22 @@ def test_truncated_flac_is_rejected(tmp_path, corpus_template):
     assert len(audio.load_audio(tmp_path / "whole.flac", sample_rate=SR, max_seconds=20.0)) == len(y)
 
 
+@pytest.mark.parametrize("subtype, rate", [("VORBIS", SR), ("OPUS", 48000)])
+def test_truncated_ogg_is_rejected(tmp_path, corpus_template, subtype, rate):
+    # libsndfile decodes a half-copied .ogg as a shorter clip, silently: half the audio under the whole text
+    good = sorted((corpus_template / "wavs").glob("*.wav"))[2]
+    y = soxr.resample(sf.read(str(good), dtype="float32")[0], SR, rate)
+    sf.write(str(tmp_path / "whole.ogg"), y, rate, format="OGG", subtype=subtype)
+    data = (tmp_path / "whole.ogg").read_bytes()
+    whole = cache.load_clip(tmp_path / "whole.ogg", sample_rate=SR, max_seconds=20.0)
+    for fraction in (0.5, 0.9, 0.995):
+        (tmp_path / "cut.ogg").write_bytes(data[:int(len(data) * fraction)])
+        assert 0 < sf.info(str(tmp_path / "cut.ogg")).frames  # what libsndfile would have kept
+        with pytest.raises(audio.BadAudio, match="truncated .its last Ogg page"):
+            cache.load_clip(tmp_path / "cut.ogg", sample_rate=SR, max_seconds=20.0)
+    assert abs(len(whole) - len(sf.read(str(good))[0])) <= SR // 100
+
+
 def test_streamed_wav_with_placeholder_sizes_is_read(tmp_path, corpus_template):
     # a WAV written to a pipe (espeak-ng --stdout, sox -) has 0xFFFFFFFF size fields: not truncated
     good = sorted((corpus_template / "wavs").glob("*.wav"))[2]
