@@ -75,21 +75,33 @@ def plain_id(clip_id, where):
     return clip_id
 
 
+def _utf8_lines(raw, path):
+    """The lines of a UTF-8 file (a BOM dropped), or DatasetError naming the first line that is not
+    UTF-8, and saying so when the file is UTF-16 (a BOM of FF FE or FE FF)."""
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise DatasetError(f"{path}: UTF-16 (it starts with a UTF-16 byte order mark); save it as UTF-8")
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    lines = raw.split(b"\n")
+    for lineno, line in enumerate(lines, start=1):
+        try:
+            lines[lineno - 1] = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DatasetError(f"{path}:{lineno}: not UTF-8 (byte {e.start + 1} of the line)") from None
+    return lines
+
+
+_ONE_FILE = "ids that differ only in case are one file on macOS and Windows"
+
+
 def read_metadata(path):
     """The clips of a metadata.csv, in file order; DatasetError on the first malformed line."""
     path = Path(path)
-    raw = path.read_bytes()
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
     clips, seen = [], {}
-    for lineno, line_bytes in enumerate(raw.split(b"\n"), start=1):
-        line_bytes = line_bytes.rstrip(b"\r")
-        if not line_bytes.strip():
+    for lineno, line in enumerate(_utf8_lines(path.read_bytes(), path), start=1):
+        line = line.rstrip("\r")
+        if not line.strip():
             continue
-        try:
-            line = line_bytes.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DatasetError(f"{path}:{lineno}: not UTF-8 (byte {e.start + 1} of the line)") from None
         cols = line.split("|")
         if len(cols) not in (2, 3):
             raise DatasetError(f"{path}:{lineno}: expected 2 or 3 columns separated by '|' "
@@ -99,9 +111,11 @@ def read_metadata(path):
         if not text:
             raise DatasetError(f"{path}:{lineno}: empty text for id {clip_id!r}")
         check_text(line, f"{path}:{lineno}")
-        if clip_id in seen:
-            raise DatasetError(f"{path}:{lineno}: duplicate id {clip_id!r} (first on line {seen[clip_id]})")
-        seen[clip_id] = lineno
+        first = seen.get(clip_id.casefold())
+        if first is not None:
+            raise DatasetError(f"{path}:{lineno}: duplicate id {clip_id!r} (first on line {first[0]}"
+                               + ("" if first[1] == clip_id else f" as {first[1]!r}: {_ONE_FILE})"))
+        seen[clip_id.casefold()] = (lineno, clip_id)
         clips.append(Clip(clip_id, text, line, lineno))
     if not clips:
         raise DatasetError(f"{path}: no clips (the file is empty)")
@@ -137,7 +151,7 @@ def check_language(language, where):
 
 
 def _scan_audio(folder):
-    """{stem: path} of the audio files in one folder (preferring wav, flac, ogg in that order)."""
+    """{stem: [its audio files' paths, wav first, then flac, then ogg]} of one folder."""
     found = {}
     try:
         entries = list(os.scandir(folder))
@@ -146,10 +160,19 @@ def _scan_audio(folder):
     for e in sorted(entries, key=lambda e: e.name):
         stem, _, ext = e.name.rpartition(".")
         if ext in AUDIO_EXTENSIONS:
-            best = found.get(stem)
-            if best is None or AUDIO_EXTENSIONS.index(ext) < AUDIO_EXTENSIONS.index(best.rpartition(".")[2]):
-                found[stem] = e.path
-    return found
+            found.setdefault(stem, []).append((AUDIO_EXTENSIONS.index(ext), e.path))
+    return {stem: [p for _, p in sorted(files)] for stem, files in found.items()}
+
+
+def one_audio_file(files, clip_id, where):
+    """The one audio file of a clip (files: its paths, preferred first; None when it has none), or
+    DatasetError when it has several formats (LJ001-0001.wav and .flac): the pipeline would read the
+    first and ignore the rest, often a stale copy a conversion or a second make_corpus left behind."""
+    if files and len(files) > 1:
+        names = ", ".join(os.path.basename(f) for f in files)
+        raise DatasetError(f"{where}: clip {clip_id!r} has audio in {len(files)} formats ({names}) beside each "
+                           f"other; keep one (the pipeline would read {os.path.basename(files[0])} and ignore the rest)")
+    return files[0] if files else None
 
 
 def _read_text(path):
@@ -180,9 +203,12 @@ def read_ljspeech(root, src, name, strict):
     if not (root / "metadata.csv").is_file():
         raise DatasetError(f"{root / 'metadata.csv'}: not found (an ljspeech source holds metadata.csv and wavs/)")
     audio = _scan_audio(root / "wavs")
-    return [Clip(c.id, c.text, c.line, c.lineno, speaker, src.get("language") or "",
-                 audio.get(c.id, str(root / "wavs" / f"{c.id}.wav")), f"{root / 'metadata.csv'}:{c.lineno}")
-            for c in read_metadata(root / "metadata.csv")]
+    out = []
+    for c in read_metadata(root / "metadata.csv"):
+        where = f"{root / 'metadata.csv'}:{c.lineno}"
+        wav = one_audio_file(audio.get(c.id), c.id, where) or str(root / "wavs" / f"{c.id}.wav")
+        out.append(Clip(c.id, c.text, c.line, c.lineno, speaker, src.get("language") or "", wav, where))
+    return out
 
 
 def read_vctk(root, src, name, strict):
@@ -196,7 +222,7 @@ def read_vctk(root, src, name, strict):
         audio = _scan_audio(root / ("wav48_silence_trimmed" if trimmed else "wav48") / speaker)
         for txt in sorted((root / "txt" / speaker).glob("*.txt")):
             cid = _file_id(txt.stem, txt)
-            wav = audio.get(f"{cid}_mic1" if trimmed else cid)
+            wav = one_audio_file(audio.get(f"{cid}_mic1" if trimmed else cid), cid, str(txt))
             missing = root / "wav48_silence_trimmed" / speaker / f"{cid}_mic1.flac" if trimmed else \
                 root / "wav48" / speaker / f"{cid}.wav"
             out.append(Clip(cid, _read_text(txt), "", 1, speaker, src.get("language") or "", wav or str(missing),
@@ -216,8 +242,8 @@ def read_libritts(root, src, name, strict):
             audio = _scan_audio(folder)
             for txt in sorted(folder.glob("*.normalized.txt")):
                 cid = _file_id(txt.name[:-len(".normalized.txt")], txt)
-                out.append(Clip(cid, _read_text(txt), "", 1, speaker, src.get("language") or "",
-                                audio.get(cid, str(folder / f"{cid}.wav")), str(txt)))
+                wav = one_audio_file(audio.get(cid), cid, str(txt)) or str(folder / f"{cid}.wav")
+                out.append(Clip(cid, _read_text(txt), "", 1, speaker, src.get("language") or "", wav, str(txt)))
     return out
 
 
@@ -236,12 +262,10 @@ def inside_root(root, relative, where):
 def read_csv(root, src, name, strict):
     path = root / "metadata.csv"
     try:
-        raw = path.read_bytes().decode("utf-8-sig")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise DatasetError(f"{path}: not found (a csv source holds metadata.csv)") from None
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"{path}: not UTF-8 (byte {e.start + 1})") from None
-    lines = [(n, line.rstrip("\r")) for n, line in enumerate(raw.split("\n"), start=1) if line.strip()]
+    lines = [(n, line.rstrip("\r")) for n, line in enumerate(_utf8_lines(raw, path), start=1) if line.strip()]
     if not lines:
         raise DatasetError(f"{path}: empty (expected a header row {'|'.join(CSV_COLUMNS)})")
     header = [h.strip() for h in lines[0][1].split("|")]
@@ -365,13 +389,20 @@ def _same_file(a, b):
         return False
 
 
-def check_same_audio(clips):
+def _of_source(clip):
+    return f" of source {clip.source!r}" if clip.source else ""
+
+
+def check_same_audio(clips, paths=None, where_of=None):
     """DatasetError naming both clips when two are one audio file (the same device and inode: one path
     twice, a symbolic link, a hard link): the same recording under two ids (two sources over one folder,
     a link) would train under one and validate under the other. Each folder is scanned once; only the
     files that are symbolic links are resolved, each to its target's folder listing; two files the
-    listings pair are confirmed by stat (os.path.samefile) before they stop planning."""
+    listings pair are confirmed by stat (os.path.samefile) before they stop planning. `paths` ({clip
+    id: file}) and `where_of` (clip -> file:line) stand in for each clip's `audio` and `where`."""
     listings, seen = {}, {}
+    path_of = paths.__getitem__ if paths is not None else None
+    where_of = where_of or (lambda c: c.where)
 
     def identity(path, follow=True):
         folder, name = os.path.split(path)
@@ -386,12 +417,13 @@ def check_same_audio(clips):
         return device, inodes[name]
 
     for c in clips:
-        key = identity(c.audio)
+        audio = path_of(c.id) if path_of else c.audio
+        key = identity(audio)
         first = seen.setdefault(key, c) if key is not None else c
-        if first is not c and _same_file(first.audio, c.audio):  # stat's word, where the listings agree
-            real, other = os.path.realpath(first.audio), os.path.realpath(c.audio)
-            raise DatasetError(f"clip {first.id!r} of source {first.source!r} ({first.where}) and clip {c.id!r} of "
-                               f"source {c.source!r} ({c.where}) are one audio file "
+        if first is not c and _same_file(path_of(first.id) if path_of else first.audio, audio):  # stat's word
+            real, other = os.path.realpath(path_of(first.id) if path_of else first.audio), os.path.realpath(audio)
+            raise DatasetError(f"clip {first.id!r}{_of_source(first)} ({where_of(first)}) and clip {c.id!r}"
+                               f"{_of_source(c)} ({where_of(c)}) are one audio file "
                                f"{real}{'' if other == real else f' (hard-linked as {other})'}: the same recording "
                                "twice would train under one id and validate under the other; list it once")
 
@@ -407,9 +439,12 @@ def read_sources(sources, strict=True):
                                "give one of them another `name`")
         names[name] = i
         for c in read_source(src, i, strict):
-            if c.id in seen:
-                raise DatasetError(f"clip id {c.id!r} twice: {seen[c.id]} and {c.where}; rename one file or a source")
-            seen[c.id] = c.where
+            first = seen.get(c.id.casefold())
+            if first is not None:
+                same = first[1] == c.id
+                raise DatasetError(f"clip id {c.id!r} twice: {first[0]} and {c.where}"
+                                   f"{'' if same else f' (as {first[1]!r}: {_ONE_FILE})'}; rename one file or a source")
+            seen[c.id.casefold()] = (c.where, c.id)
             out.append(c)
     check_same_audio(out)
     return out

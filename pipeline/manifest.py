@@ -45,11 +45,13 @@ def audio_path(root, audio_dir, clip_id):
     return None
 
 
-def audio_files(root, audio_dir):
+def audio_files(root, audio_dir, twins=None):
     """{clip id: "name:size:mtime_ns"} for every audio file of the folder, from one directory scan.
 
     What the Snakefile digests per mel shard: an added, removed, renamed or replaced file (even one
-    moved in with an older mtime) changes its entry. The preference order is audio_path's.
+    moved in with an older mtime) changes its entry. The preference order is audio_path's. `twins`,
+    a dict, gets {clip id: [its files' names, preferred first]} for each id with several formats
+    (formats.one_audio_file refuses such a clip).
     """
     rank = {ext: k for k, ext in enumerate(AUDIO_EXTENSIONS)}
     best = {}  # stem: (rank, entry); planning runs this on every clip, so no per-file lists or lambdas
@@ -57,12 +59,17 @@ def audio_files(root, audio_dir):
         for e in entries:
             stem, _, ext = e.name.rpartition(".")
             r = rank.get(ext)
-            if r is not None and e.is_file() and (stem not in best or r < best[stem][0]):
-                best[stem] = (r, e)
+            if r is not None and e.is_file():
+                if stem in best and twins is not None:
+                    twins.setdefault(stem, [best[stem][1].name]).append(e.name)
+                if stem not in best or r < best[stem][0]:
+                    best[stem] = (r, e)
     out = {}
     for stem, (_, e) in best.items():
         st = e.stat()
         out[stem] = f"{e.name}:{st.st_size}:{st.st_mtime_ns}"
+    for names in (twins or {}).values():
+        names.sort(key=lambda name: rank[name.rpartition(".")[2]])
     return out
 
 

@@ -9,6 +9,7 @@ planning would rebuild its caches in place). Each failure is one line naming the
 for the targets of the `snakemake` command that build them, evaluate needs a validation clip and
 synthesize sentences it can speak.
 """
+import os
 from pathlib import Path
 
 from pipeline import config, formats, manifest, models, runinfo
@@ -86,13 +87,15 @@ def check_manifest(cfg, clips_by_shard, targets=None):
         check_sentences(cfg, names)
 
 
-def check_audio(cfg, clips_by_shard, audio):
+def check_audio(cfg, clips_by_shard, audio, twins=None):
     """ConfigError when the manifest lists clips but `audio` ({clip id: its file's stamp, None or
     absent when missing}, what planning digests per shard) finds none of their files, or, with
     dataset.sources, none of one source's: an empty or unmounted folder would rebuild every audio
     shard without those clips (a source's speaker gone from the index), then put them all back once
     the disk returns. Clips missing here and there are left out with their reason by the shard
-    jobs, as before."""
+    jobs, as before. In the single-folder form, also DatasetError for a clip with audio in several
+    formats (`twins`, from manifest.audio_files) or two clips that are one file (a link), as
+    formats.read_sources refuses for sources."""
     clips = [c for group in clips_by_shard.values() for c in group]
     d = cfg["dataset"]
     if d.get("sources"):
@@ -108,11 +111,21 @@ def check_audio(cfg, clips_by_shard, audio):
                     f"exists (the first: {mine[0].audio}); is a folder unmounted or moved? nothing was run, the "
                     "caches are as they were")
         return
-    if not clips or any(audio.get(c.id) for c in clips):
-        return
     folder = Path(d["root"]) / d["audio_dir"]
-    raise config.ConfigError(f"dataset.audio_dir: {folder} holds none of the {len(clips)} clips' audio files (an "
-                             f"empty or unmounted folder?); nothing was run, the caches are as they were")
+    if clips and not any(audio.get(c.id) for c in clips):
+        raise config.ConfigError(f"dataset.audio_dir: {folder} holds none of the {len(clips)} clips' audio files (an "
+                                 f"empty or unmounted folder?); nothing was run, the caches are as they were")
+    _check_folder_files(d, clips, audio, twins or {}, folder)
+
+
+def _check_folder_files(d, clips, audio, twins, folder):
+    paths, prefix = {}, os.path.join(folder, "")  # strings, not Paths: 13,100 clips in ~0.05 s
+    for c in clips:
+        if c.id in twins:
+            formats.one_audio_file([prefix + name for name in twins[c.id]], c.id, manifest.clip_where(d, c))
+        if audio.get(c.id):
+            paths[c.id] = prefix + audio[c.id].partition(":")[0]
+    formats.check_same_audio([c for c in clips if c.id in paths], paths, lambda c: manifest.clip_where(d, c))
 
 
 def check_sentences(cfg, names):

@@ -254,3 +254,61 @@ def test_a_language_is_checked_as_the_token_job_spells_it(tmp_path, corpus_templ
     config = write_config(tmp_path, corpus_template, dataset={"sources": [{"root": str(mine), "format": "csv"}]})
     proc = snakemake("caches", "-n", config=config, check=False)
     assert proc.returncode != 0 and f"{mine / 'metadata.csv'}:2: language 'en-US'" in proc.stdout + proc.stderr
+
+
+def test_a_clip_with_audio_in_two_formats_is_refused(tmp_path, corpus_template):
+    # a second make_corpus in flac, or a conversion in place, left the old .wav: it trained silently
+    lj = shutil.copytree(corpus_template, tmp_path / "lj")
+    shutil.copy(lj / "wavs" / "LJ001-0002.wav", lj / "wavs" / "LJ001-0002.flac")
+    assert _error([{"root": str(lj), "format": "ljspeech"}]) == (
+        f"{lj / 'metadata.csv'}:2: clip 'LJ001-0002' has audio in 2 formats (LJ001-0002.wav, LJ001-0002.flac) beside "
+        "each other; keep one (the pipeline would read LJ001-0002.wav and ignore the rest)")
+    vctk = make_vctk(tmp_path / "vctk", trimmed=False)
+    shutil.copy(vctk / "wav48" / "p226" / "p226_002.wav", vctk / "wav48" / "p226" / "p226_002.ogg")
+    assert _error([{"root": str(vctk), "format": "vctk"}]).startswith(
+        f"{vctk / 'txt' / 'p226' / 'p226_002.txt'}: clip 'p226_002' has audio in 2 formats (p226_002.wav, p226_002.ogg)")
+    # the single-folder form, at planning; a stray pair of no listed clip is no one's business
+    (lj / "wavs" / "LJ001-0002.flac").rename(lj / "wavs" / "stray.flac")
+    shutil.copy(lj / "wavs" / "stray.flac", lj / "wavs" / "stray.ogg")
+    config = write_config(tmp_path, lj)
+    assert snakemake("caches", "-n", config=config, check=False).returncode == 0
+    shutil.copy(lj / "wavs" / "LJ001-0005.wav", lj / "wavs" / "LJ001-0005.ogg")
+    proc = snakemake("caches", "-n", config=config, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and f"{lj / 'metadata.csv'}:5: clip 'LJ001-0005' has audio in 2 formats" in out, out
+    assert "Traceback" not in out
+
+
+def test_the_single_folder_form_refuses_one_recording_under_two_ids(tmp_path, corpus_template):
+    # docs/datasets.md promised it for every form; only dataset.sources checked
+    lj = shutil.copytree(corpus_template, tmp_path / "lj")
+    (lj / "wavs" / "LJ001-0003.wav").unlink()
+    (lj / "wavs" / "LJ001-0003.wav").symlink_to("LJ001-0001.wav")
+    proc = snakemake("caches", "-n", config=write_config(tmp_path, lj), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert (f"clip 'LJ001-0001' ({lj / 'metadata.csv'}:1) and clip 'LJ001-0003' ({lj / 'metadata.csv'}:3) are one "
+            f"audio file {lj / 'wavs' / 'LJ001-0001.wav'}") in out, out
+
+
+def test_ids_that_differ_only_in_case_are_refused(tmp_path):
+    # one file on macOS and Windows: two texts paired with one recording
+    path = tmp_path / "metadata.csv"
+    path.write_text("A1|One.\nb2|Two.\na1|Three.\n")
+    with pytest.raises(DatasetError, match=re.escape(f"{path}:3: duplicate id 'a1' (first on line 1 as 'A1': ids "
+                                                     "that differ only in case are one file on macOS and Windows)")):
+        formats.read_metadata(path)
+    mine = make_csv(tmp_path / "mine", ["X1.wav|Hello.|anna|en-us", "x1.flac|Hi.|anna|en-us"])
+    assert _error([{"root": str(mine), "format": "csv"}]) == (
+        f"clip id 'mine-x1' twice: {mine / 'metadata.csv'}:2 and {mine / 'metadata.csv'}:3 (as 'mine-X1': ids that "
+        "differ only in case are one file on macOS and Windows); rename one file or a source")
+
+
+def test_a_csv_that_is_not_utf8_names_its_line(tmp_path):
+    mine = make_csv(tmp_path / "mine", ["x1.wav|Hello.|anna|en-us", "x2.wav|Hi.|anna|en-us"])
+    raw = (mine / "metadata.csv").read_bytes()
+    (mine / "metadata.csv").write_bytes(raw.replace(b"Hi.", "Hé.".encode("latin-1")))
+    assert _error([{"root": str(mine), "format": "csv"}]) == f"{mine / 'metadata.csv'}:3: not UTF-8 (byte 9 of the line)"
+    (mine / "metadata.csv").write_bytes(raw.decode().encode("utf-16"))
+    assert _error([{"root": str(mine), "format": "csv"}]) == (
+        f"{mine / 'metadata.csv'}: UTF-16 (it starts with a UTF-16 byte order mark); save it as UTF-8")

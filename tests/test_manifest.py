@@ -181,6 +181,9 @@ def test_the_folder_scan_picks_the_file_audio_path_picks(tmp_path):
     for stem, entry in found.items():
         assert entry.split(":")[0] == manifest.audio_path(tmp_path, "wavs", stem).name
     assert {k: v.split(":")[0] for k, v in found.items()} == {"a": "a.wav", "b": "b.flac", "c": "c.flac", "d": "d.ogg"}
+    twins = {}  # what planning refuses for a listed clip (formats.one_audio_file)
+    assert manifest.audio_files(tmp_path, "wavs", twins) == found
+    assert twins == {"a": ["a.wav", "a.flac", "a.ogg"], "b": ["b.flac", "b.ogg"]}
     path = tmp_path / "wavs" / "b.flac"
     st = path.stat()
     path.write_bytes(b"FLAC")  # same size, new content

@@ -81,9 +81,11 @@ if SOURCES:  # each clip names its own file
         c.id: pmanifest.audio_stamp(c.audio) for cs in MANIFEST.values() for c in cs
     }
 else:  # one directory scan, not 3 stats a clip
-    AUDIO = pmanifest.audio_files(DS["root"], DS["audio_dir"])
+    # clip ids with several formats (LJ001-0001.wav and .flac): refused below
+    AUDIO_TWINS = {}
+    AUDIO = pmanifest.audio_files(DS["root"], DS["audio_dir"], AUDIO_TWINS)
 try:  # an empty or unmounted audio folder: before any shard job rewrites its shards with no clip
-    ppreflight.check_audio(config, MANIFEST, AUDIO)
+    ppreflight.check_audio(config, MANIFEST, AUDIO, None if SOURCES else AUDIO_TWINS)
 except perrors.PipelineError as e:
     raise WorkflowError(str(e))
 PROVENANCE = {kind: pshards.provenance(kind, config) for kind in pshards.CACHE_KINDS}
