@@ -75,7 +75,7 @@ def plain_id(clip_id, where):
     return clip_id
 
 
-def _utf8_lines(raw, path):
+def utf8_lines(raw, path):
     """The lines of a UTF-8 file (a BOM dropped), or DatasetError naming the first line that is not
     UTF-8, and saying so when the file is UTF-16 (a BOM of FF FE or FE FF)."""
     if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
@@ -98,7 +98,7 @@ def read_metadata(path):
     """The clips of a metadata.csv, in file order; DatasetError on the first malformed line."""
     path = Path(path)
     clips, seen = [], {}
-    for lineno, line in enumerate(_utf8_lines(path.read_bytes(), path), start=1):
+    for lineno, line in enumerate(utf8_lines(path.read_bytes(), path), start=1):
         line = line.rstrip("\r")
         if not line.strip():
             continue
@@ -265,7 +265,7 @@ def read_csv(root, src, name, strict):
         raw = path.read_bytes()
     except FileNotFoundError:
         raise DatasetError(f"{path}: not found (a csv source holds metadata.csv)") from None
-    lines = [(n, line.rstrip("\r")) for n, line in enumerate(_utf8_lines(raw, path), start=1) if line.strip()]
+    lines = [(n, line.rstrip("\r")) for n, line in enumerate(utf8_lines(raw, path), start=1) if line.strip()]
     if not lines:
         raise DatasetError(f"{path}: empty (expected a header row {'|'.join(CSV_COLUMNS)})")
     header = [h.strip() for h in lines[0][1].split("|")]

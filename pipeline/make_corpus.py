@@ -9,7 +9,9 @@ benchmarks without downloading LJSpeech (13,100 lines in data/ljspeech_transcrip
 Each clip speaks the normalized_text column (the one the text front end reads; text when it is
 empty). espeak-ng speaks at 22050 Hz; other rates are resampled with soxr. Every clip carries a
 digest of its request (text, voice, speed, rate) in its comment tag, so a rerun skips the clips
-already made with the same request: an interrupted run continues, a changed one redoes them.
+already made with the same request: an interrupted run continues, a changed one redoes them, and a
+run in another --format removes the clips an earlier run made in the old one (the readers would
+prefer a stale .wav). --start and --count count the lines that hold clips (blank lines skipped).
 
 Run:  python -m pipeline.make_corpus --transcripts data/ljspeech_transcripts.csv \
           --out data/demo --count 100 --sample-rate 16000 --jobs 2
@@ -42,7 +44,7 @@ import soundfile as sf
 import soxr
 
 from pipeline.files import atomic_write, atomic_write_text
-from pipeline.formats import espeak_voices, plain_id
+from pipeline.formats import AUDIO_EXTENSIONS, check_text, espeak_voices, plain_id, utf8_lines
 
 ESPEAK = "espeak-ng"
 ESPEAK_RATE = 22050  # espeak-ng's own output rate
@@ -104,27 +106,56 @@ def speak(text: str, *, voice: str = "en-us", speed: int = 175) -> tuple[np.ndar
 
 
 def read_transcripts(path, *, start: int = 0, count: int | None = None) -> list[tuple[str, str, str]]:
-    """(id, text to speak, original line) for lines start .. start+count of an LJSpeech csv.
+    """(id, text to speak, original line) for clips start .. start+count of an LJSpeech csv (its lines
+    that hold one: a BOM and blank lines are skipped, as the pipeline's reader does).
 
-    An id names its clip's file, so it must be a plain file name (formats.plain_id), once in the lines read."""
+    An id names its clip's file, so it must be a plain file name (formats.plain_id), once in the lines
+    read, also when case is ignored (A1 and a1 are one file on macOS and Windows); a text the pipeline
+    would refuse (a control character: formats.check_text) stops the run before anything is spoken."""
     rows, seen = [], {}
-    with open(path, encoding="utf-8", newline="") as f:
-        # only "\n" ends a line (str.splitlines would also split on \x85, \u2028, ...)
-        lines = [line.removesuffix("\r") for line in f.read().removesuffix("\n").split("\n")]
-    for lineno, line in enumerate(lines[start:] if count is None else lines[start:start + count],
-                                  start + 1):
+    path = Path(path)
+    # only "\n" ends a line (str.splitlines would also split on \x85, \u2028, ...)
+    lines = [(n, line.removesuffix("\r")) for n, line in enumerate(utf8_lines(path.read_bytes(), path), 1)
+             if line.strip()]
+    for lineno, line in lines[start:] if count is None else lines[start:start + count]:
+        where = f"{path}:{lineno}"
         cols = line.split("|")
         if len(cols) not in (2, 3) or not cols[0].strip():
-            raise ValueError(f"{path}:{lineno}: expected id|text|normalized_text, got {line!r}")
+            raise ValueError(f"{where}: expected id|text|normalized_text, got {line!r}")
         spoken = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
         if not spoken:
-            raise ValueError(f"{path}:{lineno}: empty text for id {cols[0]!r}")
-        clip_id = plain_id(cols[0].strip(), f"{path}:{lineno}")
-        if clip_id in seen:
-            raise ValueError(f"{path}:{lineno}: duplicate id {clip_id!r} (first on line {seen[clip_id]})")
-        seen[clip_id] = lineno
+            raise ValueError(f"{where}: empty text for id {cols[0]!r}")
+        clip_id = plain_id(cols[0].strip(), where)
+        check_text(line, where)
+        first = seen.get(clip_id.casefold())
+        if first is not None:
+            raise ValueError(f"{where}: duplicate id {clip_id!r} (first on line {first[0]}"
+                             + (")" if first[1] == clip_id else f" as {first[1]!r}: one file on macOS and Windows)"))
+        seen[clip_id.casefold()] = (lineno, clip_id)
         rows.append((clip_id, spoken, line))
     return rows
+
+
+def remove_other_formats(paths, log):
+    """Delete, beside each clip just made (or kept), a file of the same name in another audio format
+    that make_corpus made (its comment tag): a corpus remade in flac would otherwise keep the old .wav
+    clips, which the readers prefer. Another program's file is left for planning to refuse."""
+    removed = 0
+    for path in paths:
+        for ext in AUDIO_EXTENSIONS:
+            other = path.with_suffix(f".{ext}")
+            if other == path or not other.is_file():
+                continue
+            try:
+                with sf.SoundFile(other) as f:
+                    ours = (f.comment or "").startswith(_TAG_PREFIX)
+            except (sf.LibsndfileError, RuntimeError):
+                ours = False
+            if ours:
+                other.unlink()
+                removed += 1
+    if removed:
+        print(f"make_corpus: removed {removed} clips left in another format by an earlier run", file=log)
 
 
 def _request_tag(text: str, voice: str, speed: int, sample_rate: int) -> str:
@@ -219,6 +250,7 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
     total, made = _make_clips([(f"{transcripts}:{start + k + 1}: clip {clip_id}", wavs / f"{clip_id}.{fmt}", text,
                                 voice) for k, (clip_id, text, _) in enumerate(rows)],
                               speed, sample_rate, compression_level, jobs, log)
+    remove_other_formats([wavs / f"{clip_id}.{fmt}" for clip_id, _, _ in rows], log)
     atomic_write_text(out / "metadata.csv", "".join(line + "\n" for _, _, line in rows))
 
     stats = {"clips": len(rows), "made": made, "skipped": len(rows) - made,
@@ -281,6 +313,8 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
                                 out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}", text, voice)
                                for j, (voice, _, cid, text, _) in enumerate(jobs_list)],
                               speed, sample_rate, None, jobs, log)
+    remove_other_formats([out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}" for voice, _, cid, _, _ in jobs_list],
+                         log)
     lines = ["audio_file|text|speaker|language"] + [
         f"wavs/{voice_file_stem(voice, cid)}.{fmt}|{text}|{voice_speaker(voice)}|{language}"
         for voice, language, cid, text, _ in jobs_list]

@@ -117,6 +117,8 @@ def test_voices_named_by_their_espeak_file_make_a_corpus_planning_takes(tmp_path
     ("D1|First line.", ".hidden|Hello.", "t.csv:2: id '.hidden' is not a plain file name"),
     ("a\\b|Hello.", "D1|First line.", "t.csv:1: id 'a\\\\b' is not a plain file name"),
     ("a\x1bb|Hello.", "D1|First line.", "t.csv:1: id 'a\\x1bb' is not a plain file name"),
+    ("D1|First line.", "d1|Second line.", "t.csv:2: duplicate id 'd1' (first on line 1 as 'D1': one file on macOS"),
+    ("D1|First line.", "D2|Stops\x00 here.", "t.csv:2: control character U+0000 at character 9"),
 ])
 def test_an_id_that_is_no_plain_file_name_or_comes_twice_stops_before_speaking(tmp_path, first, second, message):
     # ids name files under OUT/wavs: one reaching outside --out, or two lines writing one file, is refused
@@ -138,3 +140,26 @@ def test_a_line_spoken_as_silence_stops_the_corpus_naming_its_line(tmp_path):
     # a voices corpus names the line and the voice
     with pytest.raises(RuntimeError, match=r"t.csv:2: clip P1 \(en-us\): espeak-ng spoke only silence"):
         mc.make_voices_corpus(tmp_path / "t.csv", tmp_path / "v", voices=["en-us"], count=2, sample_rate=16000)
+
+
+def test_a_bom_and_blank_lines_read_as_the_pipeline_reads_them(tmp_path):
+    # make_corpus refused files the pipeline's own reader takes
+    (tmp_path / "t.csv").write_bytes("\ufeffA1|Hello there.\n\nA2|Good morning.\r\n\n".encode("utf-8"))
+    rows = mc.read_transcripts(tmp_path / "t.csv")
+    assert [r[0] for r in rows] == ["A1", "A2"] and rows[1][2] == "A2|Good morning."
+    assert [r[0] for r in mc.read_transcripts(tmp_path / "t.csv", start=1, count=1)] == ["A2"]
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 't.csv'}:3: duplicate id 'a1' (first on line 1 as")):
+        (tmp_path / "t.csv").write_text("A1|Hello.\n\na1|Hi.\n")
+        mc.read_transcripts(tmp_path / "t.csv")
+
+
+def test_a_corpus_remade_in_another_format_keeps_no_old_clip(tmp_path):
+    # the readers prefer .wav: a corpus remade in flac trained on the old wav clips
+    mc.make_corpus(TRANSCRIPTS, tmp_path, count=2, fmt="wav", jobs=1)
+    (tmp_path / "wavs" / "mine.wav").write_bytes(b"not make_corpus's")
+    theirs = tmp_path / "wavs" / "LJ001-0002.ogg"
+    sf.write(str(theirs), np.zeros(100, "float32") + 0.1, 22050, format="OGG")  # no make_corpus tag
+    stats = mc.make_corpus(TRANSCRIPTS, tmp_path, count=2, fmt="flac", jobs=1, sample_rate=16000)
+    assert stats["made"] == 2
+    assert sorted(p.name for p in (tmp_path / "wavs").iterdir()) == [
+        "LJ001-0001.flac", "LJ001-0002.flac", "LJ001-0002.ogg", "mine.wav"]  # another program's file stays
