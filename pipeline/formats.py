@@ -180,6 +180,8 @@ def _read_text(path):
         text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise DatasetError(f"{path}: not UTF-8 (byte {e.start + 1})") from None
+    except OSError as e:  # a broken link, a folder named like a transcript, no permission
+        raise DatasetError(f"{path}: cannot read the transcript ({e.strerror or type(e).__name__})") from None
     text = " ".join(check_text(text, str(path)).split())  # line breaks and tabs are whitespace here
     if not text:
         raise DatasetError(f"{path}: empty transcript")

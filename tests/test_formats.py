@@ -312,3 +312,15 @@ def test_a_csv_that_is_not_utf8_names_its_line(tmp_path):
     (mine / "metadata.csv").write_bytes(raw.decode().encode("utf-16"))
     assert _error([{"root": str(mine), "format": "csv"}]) == (
         f"{mine / 'metadata.csv'}: UTF-16 (it starts with a UTF-16 byte order mark); save it as UTF-8")
+
+
+def test_an_unreadable_transcript_file_is_one_line(tmp_path):
+    vctk = make_vctk(tmp_path / "vctk", trimmed=False)
+    txt = vctk / "txt" / "p225" / "p225_002.txt"
+    txt.unlink()
+    txt.symlink_to("/nonexistent/p225_002.txt")  # a broken link
+    assert _error([{"root": str(vctk), "format": "vctk"}]) == (
+        f"{txt}: cannot read the transcript (No such file or directory)")
+    txt.unlink()
+    txt.mkdir()  # a folder named like a transcript
+    assert _error([{"root": str(vctk), "format": "vctk"}]) == f"{txt}: cannot read the transcript (Is a directory)"
