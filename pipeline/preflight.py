@@ -51,6 +51,15 @@ def snakemake_targets(argv):
     return {*(args.targets or ["all"]), *args.forcerun, *args.until}
 
 
+def forced_rules(argv):
+    """The rules a `snakemake` command line forces (--forcerun/-R), read as snakemake_targets reads
+    it; an empty set when `argv` is no such command (a job Snakemake starts reads the Snakefile again)."""
+    if snakemake_targets(argv) is None:
+        return set()
+    from snakemake import cli
+    return set(cli.get_argument_parser().parse_args(argv[1:]).forcerun)
+
+
 def builds(targets, cfg, rule):
     """Whether `targets` (snakemake_targets; None: not known) build rule `evaluate` or `synthesize`:
     by its name, `all`, or a file it writes."""

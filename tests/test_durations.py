@@ -150,6 +150,12 @@ def test_replaced_audio_reruns_its_mel_and_duration_shard_not_the_aligner(projec
         counts = plan(project)
         assert counts.pop("pitch_shard", 1) == 1  # where the pitch cache exists, its shard too
         assert counts == {"mel_shard": 1, "cache_index": 1, "duration_shard": 1, "durations": 1}
+        # forced, the aligner retrains on the rebuilt index: Snakemake 9 dropped a --forcerun behind the
+        # ancient index input while a shard reruns
+        forced = plan(project, "--forcerun", "train_aligner")
+        forced.pop("pitch_shard", None)
+        assert forced == {"mel_shard": 1, "cache_index": 1, "train_aligner": 1, "duration_shard": SHARDS,
+                          "durations": 1}
     finally:
         os.replace(saved, wav)
     assert plan(project) == {}

@@ -54,3 +54,7 @@ def publish_forced_rules():
     ds = getattr(workflow, "dag_settings", None)
     rules = sorted(ds.forcerun) + ["*"] * bool(ds.forceall) if ds is not None else []
     os.environ[paligner_folder.FORCED_ENV] = ",".join(rules)
+
+
+# `--forcerun train_aligner` on the command line (rules/align.smk): its index input is then not ancient
+FORCED_ALIGNER = "train_aligner" in ppreflight.forced_rules(sys.argv)
