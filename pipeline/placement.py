@@ -22,8 +22,10 @@ MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs in th
 `resolve` creates it first thing for multiworker (pipeline.train calls nothing else of TensorFlow
 before), and raises PlacementError if something else came first.
 """
+import atexit
 import json
 import os
+import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -269,6 +271,44 @@ def resolve(train_cfg, override=None, report=None, cpu_bfloat16=False):
         return Placement(name, reason, data_dev, model_dev, devices, jit, mp, strategy, worker, chief, note)
     strategy = tf.distribute.MirroredStrategy(devices) if name == "mirrored" else None
     return Placement(name, reason, data_dev, model_dev, devices, jit, mp, strategy, precision_note=note)
+
+
+def per_replica_dropout(model, strategy):
+    """Give each replica its own dropout masks under a strategy; -> how many seed generators changed.
+    A Keras SeedGenerator's state is one mirrored variable, so without this every replica (of every
+    worker) draws the same seed at each call: the clip at position i of each replica's share gets
+    the same mask. The replica's id (global across workers) is folded into each drawn seed; replica 0
+    keeps the seed as drawn, so one device trains as before."""
+    if strategy is None or strategy.num_replicas_in_sync < 2:
+        return 0
+    generators = [g for layer in model._flatten_layers() for g in layer._seed_generators]
+    for generator in generators:
+        generator.next = _folded_in(generator.next)  # the instance's own: Keras's dropout calls seed.next()
+    return len(generators)
+
+
+def _folded_in(next_seed):
+    def next(ordered=True):
+        seed = next_seed(ordered)
+        context = tf.distribute.get_replica_context()
+        if context is None:  # cross-replica code: one seed for all
+            return seed
+        replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
+        folded = tf.cast(tf.random.experimental.stateless_fold_in(seed, replica), seed.dtype)
+        return tf.where(replica > 0, folded, seed)
+    return next
+
+
+def worker_checkpoints(run, index):
+    """Non-chief worker `index`'s checkpoint folder, run/.worker-{index}/: every worker takes part in a
+    save, the chief's alone are kept. Removed when the process exits, however training ended; a kill
+    (SIGKILL, or the launcher's SIGTERM when a peer failed) skips that, so the next run's start empties
+    it, where a folder in /tmp would stay forever."""
+    folder = Path(run) / f".worker-{index}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    atexit.register(shutil.rmtree, folder, True)  # ignore_errors: finish() removed it already
+    return folder
 
 
 def add_threads_argument(parser):

@@ -39,7 +39,6 @@ import math
 import os
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -113,6 +112,7 @@ class Trainer:
             self.stats = {k: np.asarray(v, np.float32) for k, v in info["stats"].items()}
             self.norm = {k: tf.constant(v, tf.float32) for k, v in self.stats.items()}
             self.model = models.build(cfg["model"], self.vocab, self.n_mels, **self.voices)
+            placement_mod.per_replica_dropout(self.model, self.p.strategy)  # train.seed's masks differ per replica
             check_frame_multiple(cfg["model"], self.model)
             self.needs = tuple(self.model.needs)
             self.model(self._dummy_batch(), training=False)  # create the variables now, in this scope
@@ -543,12 +543,12 @@ def check_loss_scale(latest, optimizers, mixed_precision):
 
 
 def restore(trainer, run, log):
-    """The checkpoint manager (the chief's into run/checkpoints, a worker's into a temporary folder:
+    """The checkpoint manager (the chief's into run/checkpoints, a worker's into run/.worker-N, emptied:
     every worker takes part in a save) after restoring the chief's latest finite checkpoint, if any."""
     ckpt = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer)
     chief = trainer.p.chief
     latest = set_aside_diverged(run / "checkpoints", chief, log)  # every worker resumes from the chief's
-    save_dir = run / "checkpoints" if chief else Path(tempfile.mkdtemp(prefix=f"worker-{trainer.p.worker[0]}-"))
+    save_dir = run / "checkpoints" if chief else placement_mod.worker_checkpoints(run, trainer.p.worker[0])
     manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=3)
     trainer.start_step = 0
     if latest:

@@ -126,6 +126,36 @@ def test_launcher_checks_the_config_before_starting_workers(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("error: config file not found")
 
 
+# A non-chief worker's restore with a stand-in trainer (a one-layer model), then an error mid-run
+WORKER_RUN = """
+import sys, types, keras, tensorflow as tf
+from pathlib import Path
+from pipeline import train
+model = keras.Sequential([keras.layers.Dense(2)])
+model(tf.zeros([1, 3]))
+worker = types.SimpleNamespace(chief=False, worker=(1, 2), mixed_precision="off")
+manager = train.restore(types.SimpleNamespace(model=model, optimizer=keras.optimizers.Adam(), p=worker),
+                        Path(sys.argv[1]), print)
+train.save_checkpoint(manager, 4)
+print("saved into", manager.directory, sorted(p.name for p in Path(manager.directory).iterdir()), flush=True)
+raise RuntimeError("worker 0 failed")
+"""
+
+
+def test_a_workers_checkpoint_folder_goes_when_it_fails_and_a_killed_ones_at_the_next_start(tmp_path):
+    run = tmp_path / "runs" / "demo"
+    stale = run / ".worker-1"  # what a worker killed by SIGKILL left behind
+    stale.mkdir(parents=True)
+    (stale / "ckpt-8.index").write_text("left by a killed worker")
+    proc = subprocess.run([sys.executable, "-c", WORKER_RUN, str(run)], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert "RuntimeError: worker 0 failed" in proc.stderr
+    # in the run folder, not /tmp; the stale checkpoint was cleared before this run's save
+    saved = next(line for line in proc.stdout.splitlines() if line.startswith("saved into"))
+    assert saved.startswith(f"saved into {stale} [") and "ckpt-4.index" in saved and "ckpt-8" not in saved
+    assert not stale.exists()  # removed although training failed
+
+
 def _checksums(log):
     return {int(w): float(x) for w, x in re.findall(r"\[worker (\d)\] .*weights checksum ([-\d.e+]+)", log)}
 

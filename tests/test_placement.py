@@ -5,9 +5,12 @@ TensorFlow lists; nothing in them runs on a device.
 """
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import tensorflow as tf
+from conftest import ROOT
 
 from pipeline import placement
 from pipeline.placement import PlacementError
@@ -175,3 +178,42 @@ def test_the_trainers_refuse_a_negative_thread_count_before_any_work(tmp_path, c
             main(["--config", str(tmp_path / "missing.yaml"), "--threads", "-1", *extra])
         assert exit_.value.code == 2, main.__module__
         assert "argument --threads: invalid thread count (0 or more) value: '-1'" in capsys.readouterr().err
+
+
+# Two logical CPUs stand in for two GPUs; the real model (transformer_tts: Keras dropout in its blocks,
+# a stateless pre-net dropout seeded by its own SeedGenerator) gets the same clip on both replicas.
+DROPOUT_RUN = """
+import json, yaml, keras, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from pipeline import config, models, placement
+model_cfg = config.merge(yaml.safe_load(config.DEFAULTS.read_text())["model"], {model!r})
+strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
+keras.utils.set_random_seed(0)
+with strategy.scope():
+    model = models.build(model_cfg, ["_", "a", "b", "c"], 8)
+    changed = placement.per_replica_dropout(model, strategy)
+    batch = models.dummy_batch(6, 16, 8)
+    model(batch, training=False)
+both = {{k: tf.concat([v, v], 0) for k, v in batch.items()}}
+given = next(iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(both))))
+loss = tf.function(lambda b: model.tts_loss(model(b, training=True), b)[0], autograph=False)
+runs = [strategy.experimental_local_results(strategy.run(loss, args=(given,))) for _ in range(2)]
+print(json.dumps({{"changed": changed, "losses": [[float(x) for x in r] for r in runs],
+                  "single": placement.per_replica_dropout(model, None)}}))
+"""
+
+
+def test_each_replica_draws_its_own_dropout_masks():
+    tiny = {"kind": "transformer_tts", "transformer_tts": {
+        "d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64, "encoder_conv_layers": 1,
+        "prenet_dim": 32, "postnet_channels": 32, "postnet_layers": 2, "dropout": 0.3, "prenet_dropout": 0.5}}
+    proc = subprocess.run([sys.executable, "-c", DROPOUT_RUN.format(model=tiny)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["changed"] >= 2  # the blocks' Dropout layers and the pre-net's generator
+    for first, second in out["losses"]:  # the same clip, dropout on: each replica's loss its own
+        assert first != second
+    assert out["losses"][0] != out["losses"][1]  # and new masks at the next step
+    assert out["single"] == 0  # one device (no strategy): its masks are left as they were
