@@ -25,15 +25,18 @@ before), and raises PlacementError if something else came first.
 import atexit
 import json
 import os
+import re
 import shutil
 import socket
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import keras
 import tensorflow as tf
 
+from pipeline.config import ConfigError
 from pipeline.errors import PipelineError
 
 
@@ -172,19 +175,102 @@ def cluster_resolver():
         return tf.distribute.cluster_resolver.TFConfigClusterResolver(), f"cluster of {workers} from TF_CONFIG"
     tasks = int(environ.get("SLURM_STEP_NUM_TASKS", "1"))
     if tasks > 1 and "SLURM_PROCID" in environ:
-        # SLURM_STEP_TASKS_PER_NODE reads like "2(x3),1": 2 tasks on each of 3 nodes, then 1
-        per_node = max(int(part.split("(")[0]) for part in environ["SLURM_STEP_TASKS_PER_NODE"].split(","))
-        # GPUs are what SLURM's own binding gives each task: the resolver's CUDA_VISIBLE_DEVICES
-        # assignment stays off and its GPU bookkeeping is told one per task (it asks nvidia-smi
-        # otherwise, and fails on CPU nodes). Ports are spread by job id so two jobs can share a node.
-        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
-            port_base=20000 + int(environ.get("SLURM_JOB_ID", "0")) % 1000 * 16, gpus_per_node=per_node,
-            gpus_per_task=1, auto_set_gpu=False)
-        return resolver, f"cluster of {tasks} from SLURM"
+        return slurm_resolver(environ, tasks)
     if int(environ.get("SLURM_NTASKS", "1")) > 1:
         raise PlacementError(f"train.placement: multiworker: this SLURM job has {environ['SLURM_NTASKS']} tasks but "
                              f"this process is not one of an `srun` step's; start the workers with `srun python -m pipeline.train ...`")
     return None, "no TF_CONFIG and no SLURM step: a cluster of one"
+
+
+# TensorFlow's SlurmClusterResolver is not used: it lists the hosts sorted as text (node10 before
+# node9) while SLURM_PROCID follows SLURM's own order, and it gives TensorFlow one GPU per task however
+# many the task sees. The cluster is built here from the same variables instead.
+PORT_LOW, PORT_HIGH = 20000, 32768  # below Linux's ephemeral ports, which outgoing connections take
+
+
+def expand_hostlist(text):
+    """SLURM's compressed host list ("node[9-10],gpu[01,03]") in SLURM's own order, the order
+    `scontrol show hostnames` prints and tasks are numbered in: node9 before node10."""
+    items = re.findall(r"(?:[^,\[\]]|\[[^\]]*\])+", text)  # commas inside brackets do not split
+    try:
+        return [host for item in items for host in _expand_item(item)]
+    except ValueError:
+        raise PlacementError(f"SLURM_STEP_NODELIST: cannot read the host list {text!r}") from None
+
+
+def _expand_item(item):
+    match = re.match(r"([^\[]*)\[([^\]]*)\](.*)$", item)
+    if not match:
+        return [item]
+    prefix, ranges, rest = match.groups()
+    hosts = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        for n in range(int(low), int(high or low) + 1):  # "01-03" keeps its zero padding
+            hosts += [f"{prefix}{n:0{len(low)}d}{tail}" for tail in _expand_item(rest)]
+    return hosts
+
+
+def _counts(text):
+    """SLURM's "2(x3),1" (2 tasks on each of 3 nodes, then 1) as [2, 2, 2, 1]; also its port ranges."""
+    counts = []
+    for part in text.split(","):
+        n, _, times = part.partition("(x")
+        counts += [int(n)] * int(times.rstrip(")") or 1)
+    return counts
+
+
+def _port_list(text):
+    """srun's reserved ports, "12000-12003,12010", as a list."""
+    ports = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        ports += range(int(low), int(high or low) + 1)
+    return ports
+
+
+def slurm_ports(environ, per_node):
+    """(the ports of a node's tasks 0..per_node-1, where they come from). srun --resv-ports reserves
+    them for this step on every node; else a hash of job and step id picks them, so two jobs sharing
+    a node rarely meet (and a port in use is a one-line error: multiworker_strategy)."""
+    if environ.get("SLURM_STEP_RESV_PORTS"):
+        ports = _port_list(environ["SLURM_STEP_RESV_PORTS"])
+        if len(ports) < per_node:
+            raise PlacementError(f"train.placement: multiworker: srun reserved {len(ports)} ports "
+                                 f"({environ['SLURM_STEP_RESV_PORTS']}) for {per_node} tasks a node; use --resv-ports={per_node}")
+        return ports[:per_node], f"ports {environ['SLURM_STEP_RESV_PORTS']} reserved by srun"
+    key = f"{environ.get('SLURM_JOB_ID', '0')}.{environ.get('SLURM_STEP_ID', '0')}"
+    base = PORT_LOW + zlib.crc32(key.encode()) % (PORT_HIGH - PORT_LOW - per_node)
+    return list(range(base, base + per_node)), f"ports from {base} (job {key} hashed; srun --resv-ports reserves them)"
+
+
+def slurm_resolver(environ, tasks):
+    """(resolver, description) for a task of an `srun` step: SLURM's hosts in SLURM's order with each
+    node's tasks on consecutive ports, this task at SLURM_PROCID, and as many GPUs as it sees."""
+    hosts = expand_hostlist(environ["SLURM_STEP_NODELIST"])
+    counts = _counts(environ["SLURM_STEP_TASKS_PER_NODE"])
+    ports, where = slurm_ports(environ, max(counts))
+    # srun's default (block) distribution numbers a node's tasks consecutively, node by node
+    placed = [(host, local) for host, count in zip(hosts, counts) for local in range(count)]
+    procid = int(environ["SLURM_PROCID"])
+    if len(placed) != tasks or procid >= tasks:
+        raise PlacementError(f"train.placement: multiworker: SLURM_STEP_NODELIST {environ['SLURM_STEP_NODELIST']} with "
+                             f"SLURM_STEP_TASKS_PER_NODE {environ['SLURM_STEP_TASKS_PER_NODE']} is not the step's {tasks} tasks")
+    host, local = placed[procid]
+    actual = environ.get("SLURMD_NODENAME", host), int(environ.get("SLURM_LOCALID", local))
+    if actual != (host, local):
+        raise PlacementError(f"train.placement: multiworker: task {procid} runs on {actual[0]} (local task {actual[1]}), "
+                             f"not {host} ({local}) as block distribution places it; start it with `srun --distribution=block`")
+    # TensorFlow mirrors each worker over num_accelerators() GPUs: all this task sees (SLURM's binding)
+    gpus = len(tf.config.list_physical_devices("GPU"))  # lists devices without starting TensorFlow's runtime
+    here, on_node = counts[hosts.index(host)], int(environ.get("SLURM_GPUS_ON_NODE", "0"))
+    if gpus and here > 1 and on_node and here * gpus > on_node:  # tasks that see the same GPUs would share them
+        raise PlacementError(f"train.placement: multiworker: the {here} tasks on {host} each see the node's {gpus} "
+                             f"GPUs; give each its own (`srun --gpus-per-task=1`) or run one task a node")
+    spec = tf.train.ClusterSpec({"worker": [f"{h}:{ports[i]}" for h, i in placed]})
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        spec, task_type="worker", task_id=procid, num_accelerators={"GPU": gpus}, rpc_layer="grpc")
+    return resolver, f"cluster of {tasks} from SLURM, {where}"
 
 
 def _worker_of(resolver):
@@ -200,6 +286,16 @@ def _worker_of(resolver):
     return index, max(chiefs + workers, 1), index == 0
 
 
+def _address(resolver):
+    jobs = resolver.cluster_spec().as_dict()
+    return jobs[resolver.task_type][resolver.task_id or 0]
+
+
+def worker_devices(strategy):
+    """The devices this worker's replicas run on, as "/GPU:0": the strategy's own, not merely those visible."""
+    return ["/" + d.split("device:")[-1] for d in strategy.extended.worker_devices]
+
+
 def multiworker_strategy():
     """(MultiWorkerMirroredStrategy, (index, count), chief, description), created at the first call."""
     global _MULTIWORKER
@@ -213,8 +309,22 @@ def multiworker_strategy():
                 raise
             raise PlacementError("train.placement: multiworker: TensorFlow ran an op before the strategy was created; "
                                  "create it first (pipeline.placement.multiworker_strategy())") from None
+        except tf.errors.UnknownError as e:
+            if "Could not start gRPC server" not in str(e):
+                raise
+            raise PlacementError(f"train.placement: multiworker: worker {index} cannot listen on {_address(resolver)}: "
+                                 f"the port is in use (another job?); {where}") from None
         _MULTIWORKER = strategy, (index, count), chief, where
     return _MULTIWORKER
+
+
+def check_replica_batch(train_cfg, replicas):
+    """ConfigError unless train.batch_size splits evenly over `replicas` (TensorFlow would hand some
+    replica fewer clips, or none: an error about per-replica batch sizes, far from the cause)."""
+    batch = train_cfg.get("batch_size")
+    if batch and batch % replicas:
+        raise ConfigError(f"train.batch_size: {batch} does not split evenly over the {replicas} replicas of "
+                          f"train.placement mirrored; use a multiple of {replicas}")
 
 
 def resolve(train_cfg, override=None, report=None, cpu_bfloat16=False):
@@ -240,6 +350,7 @@ def resolve(train_cfg, override=None, report=None, cpu_bfloat16=False):
         if len(devices) < 2:
             reason += f" (only {len(devices)} device: mirrored runs one replica)"
         data_dev, model_dev = "/CPU:0", devices[0]
+        check_replica_batch(train_cfg, len(devices))
     elif name == "single":
         # one accelerator; without a GPU the last CPU device stands in (a second logical CPU in tests)
         model_dev = gpus[0] if gpus else cpus[-1]
@@ -249,7 +360,7 @@ def resolve(train_cfg, override=None, report=None, cpu_bfloat16=False):
     elif name == "cpu":
         data_dev, model_dev, devices = "/CPU:0", "/CPU:0", ["/CPU:0"]
     elif name == "multiworker":
-        devices = gpus or ["/CPU:0"]  # each worker mirrors over its own GPUs
+        devices = worker_devices(strategy)  # each worker mirrors over the GPUs its resolver reports
         data_dev, model_dev = "/CPU:0", devices[0]
         reason += f", {where}, worker {worker[0]} of {worker[1]}{' (the chief)' if chief else ''}"
     else:

@@ -123,22 +123,108 @@ def test_cluster_from_tf_config_and_one_worker_without_a_cluster(monkeypatch):
         placement.cluster_resolver()
 
 
-def test_cluster_from_a_slurm_step_on_a_cpu_node(monkeypatch):
+def slurm_step(monkeypatch, procid, node, nodes="node[1-2]", per_node="2,1", tasks=3, local=None, **more):
+    """SLURM's variables for task `procid` of an srun step, set by hand, as srun sets them on `node`."""
     monkeypatch.delenv("TF_CONFIG", raising=False)
+    for var in ("SLURM_STEP_RESV_PORTS", "SLURM_GPUS_ON_NODE", "SLURM_LOCALID"):
+        monkeypatch.delenv(var, raising=False)
+    env = {"SLURM_PROCID": procid, "SLURM_STEP_NUM_TASKS": tasks, "SLURM_NTASKS": tasks, "SLURM_STEP_NODELIST": nodes,
+           "SLURM_STEP_TASKS_PER_NODE": per_node, "SLURM_JOB_ID": "4321", "SLURM_STEP_ID": "0",
+           "SLURMD_NODENAME": node, **({} if local is None else {"SLURM_LOCALID": local}), **more}
+    for var, value in env.items():
+        monkeypatch.setenv(var, str(value))
+    return placement.cluster_resolver()
+
+
+def test_cluster_from_a_slurm_step_on_a_cpu_node(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    for var, value in {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "node[1-2]",
-                       "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_JOB_ID": "4321", "SLURM_NTASKS": "3"}.items():
-        monkeypatch.setenv(var, value)
-    resolver, where = placement.cluster_resolver()
-    port = 20000 + 4321 % 1000 * 16
-    assert where == "cluster of 3 from SLURM"
+    resolver, where = slurm_step(monkeypatch, 1, "node1", local=1)
+    port = int(resolver.cluster_spec().as_dict()["worker"][0].split(":")[1])
+    assert where.startswith("cluster of 3 from SLURM, ports from ") and 20000 <= port < 32768
     assert resolver.cluster_spec().as_dict() == {"worker": [f"node1:{port}", f"node1:{port + 1}", f"node2:{port}"]}
     assert placement._worker_of(resolver) == (1, 3, False)
+    assert resolver.num_accelerators() == {"GPU": 0}  # a CPU node: TensorFlow runs the worker on its CPU
     assert "CUDA_VISIBLE_DEVICES" not in os.environ  # SLURM's own GPU binding is left alone
     # inside the allocation but not in an srun step: an error saying how to start the workers
     monkeypatch.delenv("SLURM_STEP_NUM_TASKS")
     with pytest.raises(PlacementError, match="srun python -m pipeline.train"):
         placement.cluster_resolver()
+
+
+@pytest.mark.parametrize("nodes, per_node, hosts", [
+    ("node[9-10]", "1(x2)", ["node9", "node10"]),  # TensorFlow's resolver sorted these as text: node10 first
+    ("gpu[10,2],cpu[08-09]-ib,login1", "2,1(x4)", ["gpu10", "gpu10", "gpu2", "cpu08-ib", "cpu09-ib", "login1"]),
+])
+def test_each_slurm_task_takes_the_address_of_its_own_host(monkeypatch, nodes, per_node, hosts):
+    # SLURM numbers tasks node by node in its host list's order (`scontrol show hostnames`)
+    for procid, host in enumerate(hosts):
+        local = hosts[:procid].count(host)
+        resolver, _ = slurm_step(monkeypatch, procid, host, nodes=nodes, per_node=per_node, tasks=len(hosts), local=local)
+        workers = resolver.cluster_spec().as_dict()["worker"]
+        assert [w.split(":")[0] for w in workers] == hosts
+        assert workers[resolver.task_id].split(":")[0] == host and placement._worker_of(resolver)[2] == (procid == 0)
+    # tasks spread another way (srun --distribution=cyclic) would claim each other's ports: an error
+    with pytest.raises(PlacementError, match="task 1 runs on node10 .*srun --distribution=block"):
+        slurm_step(monkeypatch, 1, "node10", nodes="node[9-10]", per_node="2(x2)", tasks=4)
+    with pytest.raises(PlacementError, match="SLURM_STEP_NODELIST: cannot read"):
+        slurm_step(monkeypatch, 0, "node1", nodes="node[a-b]", per_node="1(x2)", tasks=2)
+
+
+def test_a_slurm_worker_mirrors_over_every_gpu_it_sees(monkeypatch):
+    # no GPU here: TensorFlow's physical device list stands in for a node's GPUs as SLURM binds them
+    fake = {"n": 4}
+    listed = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: [f"GPU:{i}" for i in range(fake["n"])] if kind == "GPU" else listed(kind))
+    resolver, _ = slurm_step(monkeypatch, 0, "node9", nodes="node[9-10]", per_node="1(x2)", tasks=2,
+                             SLURM_GPUS_ON_NODE=4)
+    assert resolver.num_accelerators() == {"GPU": 4}  # was {'GPU': 1}: 3 of 4 GPUs idle
+    # one task a GPU: each task sees its own one (srun --gpus-per-task=1) ...
+    fake["n"] = 1
+    resolver, _ = slurm_step(monkeypatch, 5, "node10", nodes="node[9-10]", per_node="4(x2)", tasks=8, local=1,
+                             SLURM_GPUS_ON_NODE=4)
+    assert resolver.num_accelerators() == {"GPU": 1}
+    # ... while four tasks that each see the node's four would all mirror over the same GPUs
+    fake["n"] = 4
+    with pytest.raises(PlacementError, match="4 tasks on node10 each see the node's 4 GPUs.*--gpus-per-task=1"):
+        slurm_step(monkeypatch, 5, "node10", nodes="node[9-10]", per_node="4(x2)", tasks=8, local=1,
+                   SLURM_GPUS_ON_NODE=4)
+
+
+def test_slurm_ports_come_from_srun_or_differ_between_jobs(monkeypatch):
+    resolver, where = slurm_step(monkeypatch, 0, "node1", SLURM_STEP_RESV_PORTS="31000-31003")
+    assert resolver.cluster_spec().as_dict()["worker"] == ["node1:31000", "node1:31001", "node2:31000"]
+    assert "ports 31000-31003 reserved by srun" in where
+    with pytest.raises(PlacementError, match="srun reserved 1 ports .* use --resv-ports=2"):
+        slurm_step(monkeypatch, 0, "node1", SLURM_STEP_RESV_PORTS="31000")
+    # without reserved ports: jobs 1042 and 2042 (the same base before) get ports of their own
+    spans = []
+    for job in (1042, 2042, 3042):
+        ports, _ = placement.slurm_ports({"SLURM_JOB_ID": str(job), "SLURM_STEP_ID": "0"}, 20)
+        assert ports == list(range(ports[0], ports[0] + 20)) and 20000 <= ports[0] and ports[-1] < 32768
+        spans.append(set(ports))
+    assert not (spans[0] & spans[1] or spans[0] & spans[2] or spans[1] & spans[2])
+
+
+def test_multiworker_records_the_devices_its_strategy_mirrors_over(monkeypatch):
+    # four visible GPUs, a strategy over one (what TensorFlow made of a resolver reporting one)
+    extended = type("Extended", (), {"worker_devices": ("/job:worker/replica:0/task:1/device:GPU:0",)})
+    strategy = type("Strategy", (), {"extended": extended})
+    monkeypatch.setattr(placement, "multiworker_strategy", lambda: (strategy, (1, 2), False, "cluster of 2 from SLURM"))
+    monkeypatch.setattr(placement, "_logical", lambda kind: [f"/GPU:{i}" for i in range(4)] if kind == "GPU" else ["/CPU:0"])
+    monkeypatch.setattr(placement, "_gpu_supports_bf16", lambda: True)
+    p = placement.resolve(dict(TRAIN, placement="multiworker"))
+    assert p.devices == ["/GPU:0"] and "model on /GPU:0;" in p.describe()
+
+
+def test_mirrored_refuses_a_batch_that_does_not_split_over_its_replicas(monkeypatch):
+    from pipeline.config import ConfigError
+    monkeypatch.setattr(placement, "_logical", lambda kind: ["/GPU:0", "/GPU:1"] if kind == "GPU" else ["/CPU:0"])
+    with pytest.raises(ConfigError, match=r"^train.batch_size: 1 does not split evenly over the 2 replicas"):
+        placement.resolve(dict(TRAIN, placement="mirrored", batch_size=1))
+    with pytest.raises(ConfigError, match=r"^train.batch_size: 5 "):
+        placement.resolve(dict(TRAIN, placement="mirrored", batch_size=5))
+    assert placement.resolve(dict(TRAIN, placement="mirrored", batch_size=4)).devices == ["/GPU:0", "/GPU:1"]
 
 
 def test_multiworker_after_another_tensorflow_op_is_an_error_naming_the_rule(monkeypatch):
