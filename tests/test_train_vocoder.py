@@ -172,3 +172,41 @@ def test_the_summary_reports_the_steps_the_shipped_weights_trained_not_a_lowered
     assert vocoder_train._trained_steps(cfg, "finetune", folder, 2, logged.append) == {"steps": 12, "finetune_steps": 2}
     assert vocoder_train._trained_steps(cfg, "finetune", folder, 3, logged.append)["finetune_steps"] == 3
     assert logged[-1].startswith("note: vocoder.finetune_steps is 2, but ") and "already trained 3 steps" in logged[-1]
+
+
+def test_fine_tuning_refuses_a_first_phase_of_other_sizes_in_one_line(built_cache, tmp_path):
+    """A first phase trained with 4 Vocos layers and fine-tuning run with 2 (`--phase finetune` after
+    lowering vocoder.vocos.layers): before, the restore matched the 2 layers the model has and dropped
+    the other 2 silently, and the WiSE-FT blend did the same; a wider one raised a ValueError traceback.
+    Now each is one line naming the key, and the sizes it was trained with still fine-tune."""
+    from pipeline import config
+    from pipeline.errors import PipelineError
+    from pipeline.vocoder import inputs, kinds
+    from pipeline.vocoder import train as vocoder_train
+
+    def cfg(**vocos):
+        sizes = {"dim": 16, "intermediate_dim": 32, "layers": 4, "kernel": 7, **vocos}
+        return config.load_config(built_cache, config.parse_set(SETTINGS + [f"runs_dir={tmp_path}",
+                                  "vocoder.vocos={" + ", ".join(f"{k}: {v}" for k, v in sizes.items()) + "}"]))
+
+    first_cfg, quiet = cfg(), lambda *a: None
+    first = vocoder_train.VocoderTrainer(first_cfg, log=quiet)
+    folder = vocoder_train._phase_dir(first_cfg, "train")
+    inputs.switch(folder, inputs.settings(first_cfg, "train"), quiet)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(generator=first.generator, disc=first.disc),
+                                         folder / "checkpoints", max_to_keep=1)
+    saved = manager.save(checkpoint_number=3)
+    for changed, key in (({"layers": 2}, "vocoder.vocos.layers 2 (the checkpoint's: 4)"),
+                         ({"dim": 24}, "vocoder.vocos.dim 24 (the checkpoint's: 16)")):
+        tuned = vocoder_train.VocoderTrainer(cfg(**changed), "finetune", log=quiet)
+        with pytest.raises(PipelineError) as refused:
+            vocoder_train._checkpoints(cfg(**changed), "finetune", tuned, tmp_path / f"ft{changed}", quiet)
+        assert key in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+        with pytest.raises(PipelineError) as blended:  # the WiSE-FT blend's restore
+            kinds.restore(tuned.generator, saved, "x", "vocos", built_with=cfg(**changed)["vocoder"],
+                          trained_with=first_cfg["vocoder"])
+        assert key in str(blended.value), str(blended.value)
+    same = vocoder_train.VocoderTrainer(first_cfg, "finetune", log=quiet)
+    vocoder_train._checkpoints(first_cfg, "finetune", same, tmp_path / "ft", quiet)
+    for a, b in zip(first.generator.weights, same.generator.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)

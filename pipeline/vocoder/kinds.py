@@ -269,17 +269,51 @@ def _differences(cfg, audio, vocoder_cfg):
     return [f"{key} {a!r} (the vocoder's: {b!r})" for key, a, b in pairs if a != b]
 
 
-def restore(model, checkpoint, where, kind):
-    """The generator's weights from `checkpoint`, every one of them; one line when they do not fit."""
+def restore(model, checkpoint, where, kind, built_with=None, trained_with=None):
+    """The generator's weights from `checkpoint`, every one of them; one line when they do not fit: a
+    weight of other shape, or one the model lacks (a checkpoint of more layers: restoring matches only
+    the model's own weights and would drop the rest). `built_with`, `trained_with`: the `vocoder:`
+    settings of the model and of the checkpoint, when known: the line names the keys that differ."""
     import tensorflow as tf
     try:
         status = tf.train.Checkpoint(generator=model).restore(checkpoint)
+        status.expect_partial()  # the discriminators and optimizers stay in the file
         status.assert_existing_objects_matched()
+        held, built = saved_variables(checkpoint, "generator"), len(model.variables)
+        if held != built:
+            raise AssertionError(f"it holds {held} generator weights, this {kind} vocoder has {built}")
     except (AssertionError, ValueError, tf.errors.OpError) as e:
+        keys = _kind_changes(trained_with, built_with, kind)
         raise PipelineError(f"{checkpoint}: does not fit the {kind} vocoder built with the settings of {where} "
-                            f"({str(e).splitlines()[0][:240]}); set vocoder.{kind} to the sizes it was trained "
-                            f"with, or run `snakemake --cores all vocoder` to train one with these") from None
-    status.expect_partial()  # the discriminators and optimizers stay in the file
+                            f"({keys or str(e).splitlines()[0][:240]}); set vocoder.{kind} to the sizes it was "
+                            f"trained with, or run `snakemake --cores all vocoder` to train one with these") from None
+
+
+def saved_variables(checkpoint, name):
+    """How many variables `checkpoint` holds under its object `name` (its object graph: a model's weights
+    are saved under whichever path reached them first, the optimizer's, but belong to the model too)."""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(tf.train.load_checkpoint(checkpoint).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    todo = [c.node_id for c in graph.nodes[0].children if c.local_name == name]
+    seen = set()
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo += [c.node_id for c in graph.nodes[node].children]
+    return sum(any(a.name == "VARIABLE_VALUE" for a in graph.nodes[n].attributes) for n in seen)
+
+
+def _kind_changes(trained, now, kind):
+    """'vocoder.{kind}.key A (the checkpoint's: B)' for each setting of the kind's own section where
+    `now` (settings) differs from `trained`; "" when either is unknown (not dicts) or none differs."""
+    mine, theirs = (x.get(kind) if isinstance(x, dict) else None for x in (trained, now))
+    if not isinstance(mine, dict) or not isinstance(theirs, dict):
+        return ""
+    return ", ".join(f"vocoder.{kind}.{k} {theirs.get(k)!r} (the checkpoint's: {mine.get(k)!r})"
+                     for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k))
 
 
 def check_trained(cfg, summary=None):

@@ -283,7 +283,7 @@ def _shipped(cfg, trainer, folder, manager, log):
                                 f"(`snakemake --cores all vocoder -R train_vocoder`)")
     with tf.device(trainer.device):
         blend = kinds.build(cfg["vocoder"], cfg["audio"])
-    kinds.restore(blend, first, inputs.path(folder), cfg["vocoder"]["kind"])  # its generator alone
+    _first_phase_generator(cfg, blend, first, inputs.path(folder))
     for mine, tuned in zip(blend.weights, trainer.generator.weights, strict=True):  # the same build: the same order
         mine.assign((1.0 - share) * mine + share * tuned if tf.as_dtype(mine.dtype).is_floating else tuned)
     step = runinfo.step_of(manager.latest_checkpoint)
@@ -311,16 +311,26 @@ def _checkpoints(cfg, phase, trainer, folder, log):
         first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
         if first is None:
             raise MissingCheckpoint(f"{_phase_dir(cfg, 'train')}: no first-phase vocoder; run `snakemake --cores all train_vocoder`")
-        status = tf.train.Checkpoint(generator=trainer.generator, disc=trainer.disc).restore(first)
-        status.expect_partial()  # its optimizers stay in the file
-        try:  # every weight built here from the first phase's: one of other sizes left new blocks at their start
+        # every weight of the first phase's generator, and nothing but them: one of other sizes would leave new
+        # blocks at their start, or (fewer layers) drop its own
+        _first_phase_generator(cfg, trainer.generator, first, "the config")
+        try:
+            status = tf.train.Checkpoint(disc=trainer.disc).restore(first)
+            status.expect_partial()  # its generator (above) and optimizers stay in the file
             status.assert_existing_objects_matched()
-        except AssertionError as e:
-            raise PipelineError(f"{first}: the first phase's vocoder does not fit the one these vocoder: settings "
-                                f"build ({str(e).splitlines()[0][:200]}); train the first phase with them: "
-                                f"`snakemake --cores all vocoder`") from None
+        except (AssertionError, ValueError) as e:
+            raise PipelineError(f"{first}: the first phase's discriminators do not fit these ({str(e).splitlines()[0][:200]}); "
+                                f"train the first phase again: `snakemake --cores all vocoder -R train_vocoder`") from None
         log(f"fine-tuning from {first}")
     return manager
+
+
+def _first_phase_generator(cfg, generator, first, where):
+    """The first phase's generator weights (checkpoint `first`) into `generator`, built with `cfg`'s
+    vocoder: settings (those of `where`): one line naming the keys that differ (the first phase's
+    inputs.json says what it trained with) when they do not fit, every weight either way."""
+    trained = (inputs.read(_phase_dir(cfg, "train")) or {}).get("vocoder")
+    kinds.restore(generator, first, where, cfg["vocoder"]["kind"], built_with=cfg["vocoder"], trained_with=trained)
 
 
 def _report(phase, step, total, terms, every, waited, t_log, log):
