@@ -37,7 +37,10 @@ class WorkerFailed(PipelineError):
 
 
 def free_ports(n):
-    """n distinct free TCP ports on 127.0.0.1 (held open together, so none repeats)."""
+    """n distinct free TCP ports on 127.0.0.1 (held open together, so none repeats). They are closed
+    again before the workers bind them, seconds later: another process may take one meanwhile. That
+    worker then fails with a one-line "port is in use" error (pipeline.placement), and the launcher
+    stops the others; a rerun picks new ports."""
     socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
     try:
         for s in socks:
@@ -64,14 +67,20 @@ def visible_gpus():
     return [str(i) for i in range(sum(line.startswith("GPU ") for line in listing.splitlines()))]
 
 
-def gpu_split(gpus, workers):
-    """Each worker's CUDA_VISIBLE_DEVICES (an equal share of `gpus`), or None for all without GPUs."""
+def gpu_split(gpus, workers, log=print):
+    """Each worker's CUDA_VISIBLE_DEVICES (an equal share of `gpus`), or None for all without GPUs.
+    Workers must mirror over equal numbers of GPUs (MultiWorkerMirroredStrategy), so GPUs left over
+    from an uneven split stay idle: the log names them."""
     if not gpus:
         return [None] * workers
     if workers > len(gpus):
         raise PipelineError(f"--workers {workers}: this host has {len(gpus)} GPUs ({','.join(gpus)}) and workers do "
                             f"not share one; use --workers {len(gpus)} or fewer (or CUDA_VISIBLE_DEVICES= for CPU workers)")
     share = len(gpus) // workers
+    idle = gpus[share * workers:]
+    if idle:
+        log(f"launch: GPU{'s' if len(idle) > 1 else ''} {','.join(idle)} left idle: {len(gpus)} GPUs do not split "
+            f"evenly over {workers} workers (each gets {share}); --workers {len(gpus)} or a divisor of it uses them all")
     return [",".join(gpus[i * share:(i + 1) * share]) for i in range(workers)]
 
 
@@ -126,7 +135,7 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
 
     argv = worker_args(train_args, log) if module == "pipeline.train" else list(train_args)
     ports = free_ports(workers)
-    devices = gpu_split(visible_gpus(), workers)
+    devices = gpu_split(visible_gpus(), workers, log)
     procs, tails = [], [collections.deque(maxlen=200) for _ in range(workers)]
     try:
         for i in range(workers):

@@ -116,6 +116,13 @@ def test_each_local_worker_gets_its_own_share_of_the_gpus(tmp_path, monkeypatch)
     with pytest.raises(launch.PipelineError, match="--workers 5: this host has 4 GPUs"):
         launch.launch(5, [], module="gpu_worker", out=out)
     assert launch.gpu_split([], 3) == [None, None, None]  # CPU workers: CUDA_VISIBLE_DEVICES left alone
+    # three GPUs over two workers: one each, and the third is named as idle rather than silently unused
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    out = io.StringIO()
+    assert launch.launch(2, [], module="gpu_worker", out=out) == 0
+    log = out.getvalue()
+    assert "[worker 0] sees 4" in log and "[worker 1] sees 5" in log
+    assert "launch: GPU 6 left idle: 3 GPUs do not split evenly over 2 workers (each gets 1)" in log
 
 
 def test_launcher_checks_the_config_before_starting_workers(tmp_path):
