@@ -35,6 +35,9 @@ export SLURM_CONF=$CONF
 # looks when neither SLURM_CONF nor /etc/slurm/slurm.conf exists. Jobs need it: Snakemake's job
 # step strips all SLURM_* variables (SLURM_CONF included) before its srun.
 LINK=/run/slurm/conf
+# `start` writes this into the folder it makes; `stop` deletes only a folder that has it (or, from
+# an older start, a slurm.conf with this script's header), never one LOCAL_SLURM_DIR merely names
+MARK=$DIR/.made-by-local-slurm
 
 die() { echo "local-slurm: $*" >&2; exit 1; }
 
@@ -196,7 +199,11 @@ cmd_start() {
     other=$(dirname "$(readlink $LINK)")
     die "$LINK exists: the SLURM under $other is configured; stop it: LOCAL_SLURM_DIR=$other $0 stop"
   fi
+  if [ -d "$DIR" ] && [ ! -e "$MARK" ] && [ -n "$(ls -A "$DIR")" ]; then
+    die "$DIR exists and was not made by $0; set LOCAL_SLURM_DIR to a new folder (stop deletes it)"
+  fi
   mkdir -p "$DIR"/{etc,munge,log,run,spool/ctld,spool/d}
+  touch "$MARK"
   chmod 755 "$DIR" "$DIR/munge"  # munged wants its socket folder traversable by everyone
   write_configs
   mkdir -p "$(dirname $LINK)" && ln -s "$DIR/etc" $LINK
@@ -238,8 +245,10 @@ stop_daemons() {
 }
 
 cmd_stop() {
-  need_root
   [ -d "$DIR" ] || { echo "local-slurm: nothing under $DIR"; return; }
+  [ -e "$MARK" ] || head -n 1 "$CONF" 2>/dev/null | grep -q '^# Written by scripts/local-slurm.sh' ||
+    die "$DIR was not made by $0 (no $MARK): not stopping anything or deleting it"
+  need_root
   # cancel every job and wait until they are gone: a job step left running keeps its
   # slurmstepd alive after slurmd stops (KillWait=5: SIGKILL 5 s after the SIGTERM)
   if [ -f "$DIR/run/slurmctld.pid" ] && scontrol ping >/dev/null 2>&1; then

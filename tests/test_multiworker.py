@@ -163,6 +163,21 @@ def test_a_workers_checkpoint_folder_goes_when_it_fails_and_a_killed_ones_at_the
     assert not stale.exists()  # removed although training failed
 
 
+
+def test_local_slurm_stop_deletes_only_a_folder_it_made(tmp_path):
+    # scripts/local-slurm.sh (the SLURM the sbatch template was tried on) runs as root: `stop` pointed
+    # at any other folder by LOCAL_SLURM_DIR must leave it alone
+    home = tmp_path / "home"
+    (home / "etc").mkdir(parents=True)
+    (home / "thesis.tex").write_text("years of work")
+    (home / "etc" / "slurm.conf").write_text("# a slurm.conf of another cluster\n")
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "local-slurm.sh"), "stop"], capture_output=True, text=True,
+                          env=dict(os.environ, LOCAL_SLURM_DIR=str(home)), timeout=60)
+    assert proc.returncode == 1 and (home / "thesis.tex").read_text() == "years of work"
+    assert proc.stderr.strip() == f"local-slurm: {home} was not made by {ROOT / 'scripts' / 'local-slurm.sh'} " \
+        f"(no {home}/.made-by-local-slurm): not stopping anything or deleting it"
+
+
 def _checksums(log):
     return {int(w): float(x) for w, x in re.findall(r"\[worker (\d)\] .*weights checksum ([-\d.e+]+)", log)}
 
