@@ -210,3 +210,28 @@ def test_fine_tuning_refuses_a_first_phase_of_other_sizes_in_one_line(built_cach
     vocoder_train._checkpoints(first_cfg, "finetune", same, tmp_path / "ft", quiet)
     for a, b in zip(first.generator.weights, same.generator.weights, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+
+
+def test_fine_tuning_continues_the_first_phases_gan_schedule(built_cache, tmp_path):
+    """vocoder.gan_start_step counts both phases' steps. Before, fine-tuning counted from its own step 0:
+    a first phase trained adversarially (12 steps, GAN from step 10) was fine-tuned on spectral losses
+    alone until its own step 10, and a spectral-only one could turn the GAN on mid-fine-tuning. Now the
+    first case is adversarial from fine-tuning's first step, the demo's (GAN past both phases) never, and
+    gan_start_step 0 (configs/ljspeech.yaml) in every step of both."""
+    from pipeline import config
+    from pipeline.vocoder import train as vocoder_train
+
+    def ran(gan_start, phase, steps):
+        cfg = config.load_config(built_cache, config.parse_set(SETTINGS + [
+            f"runs_dir={tmp_path}", f"vocoder.gan_start_step={gan_start}", "vocoder.finetune_steps=4"]))
+        trainer = vocoder_train.VocoderTrainer(cfg, phase, log=lambda *a: None)
+        trainer.gan_step, trainer.spectral_step = (lambda batch: "gan"), (lambda batch: "spectral")
+        return [trainer.step(None, step) for step in steps]
+
+    saved = tmp_path / "t/vocoder/train/checkpoints"
+    tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), saved, 1).save(checkpoint_number=12)
+    assert ran(10, "train", [9, 10]) == ["spectral", "gan"]
+    assert ran(10, "finetune", range(4)) == ["gan"] * 4                          # 12 + 0 >= 10
+    assert ran(14, "finetune", range(4)) == ["spectral"] * 2 + ["gan"] * 2       # from 12 + 2
+    assert ran(100000, "finetune", range(4)) == ["spectral"] * 4                 # configs/config.yaml's
+    assert ran(0, "finetune", range(4)) == ["gan"] * 4                           # configs/ljspeech.yaml's

@@ -16,7 +16,8 @@ saved non-finite are moved to checkpoints/diverged/ instead of being resumed, as
 
 Spectral losses (the project's mel, L1, + multi-resolution STFT) from step 0; from
 vocoder.gan_start_step on, least-squares GAN losses with multi-period and multi-resolution
-discriminators and feature matching, a second optimizer for the discriminators. Placement, XLA and
+discriminators and feature matching, a second optimizer for the discriminators. That step counts
+both phases' steps: fine-tuning continues the first phase's schedule (_gan_from). Placement, XLA and
 mixed precision follow `train:` (pipeline/placement.py); the vocoder runs on one device.
 
     python -m pipeline.vocoder.train --config configs/config.yaml --phase train --out runs/demo/vocoder/train.json
@@ -64,6 +65,7 @@ class VocoderTrainer:
             self.g_opt = self._optimizer(self.generator)
             self.d_opt = self._optimizer(self.disc)
         self.start_step = 0  # the step it resumes at (_checkpoints)
+        self.gan_from = _gan_from(cfg, phase)  # the phase's first adversarial step
         self.weights = dict(mel=v["mel_weight"], stft=v["stft_weight"], feature=v["feature_weight"])
         jit = self.p.jit_compile
         # Not converted by AutoGraph: the steps and the losses branch only on Python values (the
@@ -137,7 +139,7 @@ class VocoderTrainer:
 
     def step(self, batch, step):
         with tf.device(self.device):
-            if step >= self.cfg["vocoder"]["gan_start_step"]:
+            if step >= self.gan_from:
                 return self.gan_step(batch)
             return self.spectral_step(batch)
 
@@ -148,6 +150,20 @@ class VocoderTrainer:
 
 def _phase_dir(cfg, phase):
     return config.run_dir(cfg) / "vocoder" / phase
+
+
+def _gan_from(cfg, phase):
+    """The phase's step from which its steps are adversarial. vocoder.gan_start_step counts the steps of
+    both phases: fine-tuning continues the first phase's schedule from the step of the checkpoint it starts
+    from (the phase's own checkpoints started from that one: _forget_other_inputs). So a first phase
+    trained adversarially fine-tunes adversarially from its first step, with the discriminators it trained,
+    and one trained on spectral losses alone (the demo's) stays so unless both phases' steps reach it."""
+    start = cfg["vocoder"]["gan_start_step"]
+    if phase != "finetune":
+        return start
+    first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
+    done = runinfo.step_of(first) if first else None
+    return max(0, start - (cfg["vocoder"]["steps"] if done is None else done))
 
 
 def _val_losses(trainer, generator, val):
