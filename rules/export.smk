@@ -1,5 +1,9 @@
 # Export: the latest checkpoint as one SavedModel (token ids -> waveform) that loads with TensorFlow
 # alone, its vocab.json and export.json, and the TFLite models when export.tflite is true.
+# The one declared output is the export's stamp (pipeline.export.STAMP), written last into the new
+# folder before it replaces the old one: Snakemake deletes a job's outputs before it runs, and the
+# previous export must stay whole until the new one is (an interrupted export keeps it). The TFLite
+# models are not outputs: export leaves out one that fails its check (export.json says why).
 # Only the keys the export reads are passed: new synthesize.sentences do not rerun it. With a trained
 # vocoder kind the final vocoder (runs/{name}/vocoder.json) is an input: a new vocoder re-exports.
 
@@ -13,14 +17,7 @@ rule export:
         rules.train.output.summary,
         VOCODER,
     output:
-        saved_model=directory(RUN / "export/saved_model"),
-        vocab=RUN / "export/vocab.json",
-        meta=RUN / "export/export.json",
-        tflite=(
-            [RUN / "export/model.tflite", RUN / "export/model_float16.tflite"]
-            if config["export"]["tflite"]
-            else []
-        ),
+        stamp=RUN / "export/.exported",
     log:
         LOGS / "export.log",
     benchmark:
