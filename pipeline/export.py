@@ -67,11 +67,18 @@ from pipeline.errors import PipelineError, cli
 from pipeline.synthesize import PACE, PITCH_SHIFT, frame_f0, load_synthesizer
 from pipeline.vocoder import inputs
 from pipeline.vocoder.griffin_lim import griffin_lim_graph
+from pipeline.voice import symbols_digest
 
 SIGNATURE = "synthesize"
 TFLITE_FILES = {"float32": "model.tflite", "float16": "model_float16.tflite"}
 # everything an export folder holds: name -> is a folder (check_out: what replacing it may delete)
-WRITES = {"saved_model": True, "vocab.json": False, "export.json": False, **dict.fromkeys(TFLITE_FILES.values(), False)}
+# written last into the new export, before it replaces the old one: `snakemake export`'s one declared output.
+# Snakemake deletes a job's outputs before it runs (and a failed job's): only this goes, so an interrupted
+# export keeps the previous one whole, and a folder without it (deleted, or interrupted) exports again.
+STAMP = ".exported"
+WRITES = {"saved_model": True, "vocab.json": False, "export.json": False, STAMP: False,
+          **dict.fromkeys(TFLITE_FILES.values(), False)}
+LEFTOVER_SECONDS = 3600  # a temporary folder of a live export this old is a killed one's (its pid reused)
 EMPTY_TOKENS = "an empty token list gives empty audio, shape [1, 0]"
 
 
@@ -148,6 +155,14 @@ def export_vocoder(cfg, audio, transforms):
     return fn, info
 
 
+def max_tokens(model):
+    """The most tokens one call takes: the acoustic model's max_positions (FastPitch's 4096), the
+    sequence length it is built for. Self-attention's memory grows with the square of the tokens
+    (16,000 took ~3 GB); at 4096 it is a sixteenth of that, and still far more symbols than
+    synthesize.max_seconds of audio needs at any pace in synthesize.pace's range."""
+    return int(model.enc_pos.max_positions)
+
+
 INPUTS = [tf.TensorSpec([1, None], tf.int32, name="tokens"), tf.TensorSpec([], tf.float32, name="pace"),
           tf.TensorSpec([], tf.float32, name="pitch_shift")]
 VOICE_TABLES = {"speaker": "speakers", "language": "languages"}  # input -> its export.json table
@@ -175,6 +190,7 @@ class Voice(tf.Module):
         super().__init__(name="voice")
         self._held, self.model_variables = Held(model), list(model.variables)  # see Held
         self._n_symbols, self._eos = len(vocab["symbols"]), int(vocab["eos_id"])
+        self.max_tokens = max_tokens(model)
         self._mel_mean = tf.constant(mel_mean, tf.float32)
         self._mel_std = tf.constant(mel_std, tf.float32)
         self._max_frames, self._vocoder = int(max_frames), vocoder
@@ -194,7 +210,9 @@ class Voice(tf.Module):
         """tokens (1, T) -> log-mel (F, n_mels), as pipeline.synthesize makes it; checks the inputs.
         voice_ids: the speaker / language id scalars, in self.voices' order. with_f0: -> (log-mel,
         F0 (F,) Hz per frame or None: pipeline.synthesize.frame_f0)."""
-        checks = [tf.debugging.assert_non_negative(tokens, message="tokens: a negative token id"),
+        checks = [tf.debugging.assert_less_equal(tf.shape(tokens)[1], self.max_tokens, message=(
+                      f"tokens: more than {self.max_tokens} (export.json max_tokens); split the text")),
+                  tf.debugging.assert_non_negative(tokens, message="tokens: a negative token id"),
                   tf.debugging.assert_less(tokens, self._n_symbols, message="tokens: an id outside the vocabulary "
                                            f"(0..{self._n_symbols - 1}, vocab.json)"),
                   _in_range(pace, PACE, "pace must be a finite number"),
@@ -207,6 +225,7 @@ class Voice(tf.Module):
         with tf.control_dependencies(checks):  # before the embedding's gather can fail on its own
             tokens, pace, pitch_shift = tf.identity(tokens), tf.identity(pace), tf.identity(pitch_shift)
             voice_ids = [tf.reshape(tf.identity(ids), [1]) for ids in voice_ids]
+        tokens = self._refusable(tokens)
         empty = tf.cast(tf.equal(tf.shape(tokens)[1], 0), tf.int32)
         # no tokens: run one end-of-sequence token (the model needs one) and keep none of its frames
         tokens = tf.pad(tokens, tf.stack([[0, 0], tf.stack([0, empty])]), constant_values=self._eos)
@@ -218,6 +237,14 @@ class Voice(tf.Module):
             return mel
         f0 = frame_f0(self.model, out, voice_ids[0] if "speaker" in self.voices[:1] else None)
         return mel, None if f0 is None else f0[0, :frames]                             # (F,) Hz
+
+    def _refusable(self, tokens):
+        """tokens with every negative id, and all of them past max_tokens, made n_symbols: an id the
+        embedding's gather refuses. TFLite drops the tf.debugging assertions above, and Keras 3's `take`
+        wraps a negative id numpy-style (-1 would speak as the last symbol); this way a TFLite model
+        refuses such input too ("gather index out of bounds"). Built-in ops only (SELECT_V2)."""
+        bad = tf.logical_or(tokens < 0, tf.shape(tokens)[1] > self.max_tokens)
+        return tf.where(bad, tf.constant(self._n_symbols, tf.int32), tokens)
 
     def _synthesize(self, tokens, pace, pitch_shift, *voice_ids):
         """-> {"audio": (1, F * hop_length)}: the serving signature (`synthesize`)."""
@@ -231,9 +258,7 @@ class Voice(tf.Module):
 def build_voice(cfg, transforms="fft", synth=None, log=print):
     """(Voice, synthesizer, vocabulary, vocoder info) for the run's latest checkpoint."""
     synth = synth or load_synthesizer(cfg, log)
-    run = runinfo.run_vocabulary(cfg)
-    if synth.vocab["symbols"] != run["vocab"]["symbols"]:
-        raise ExportError(f"{synth.checkpoint}: its vocabulary differs from the run's; retrain or rebuild the caches")
+    run = runinfo.run_vocabulary(cfg)  # the vocabulary the synthesizer's model was built with (the same run.json)
     if run["model"]["kind"] != "fastpitch":
         raise ExportError(f"model.kind: {run['model']['kind']!r} cannot be exported yet (fastpitch can: its "
                           "inference is one graph with pace and pitch_shift as tensors)")
@@ -357,6 +382,7 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     # snakemake export fine-tunes the vocoder on the latest acoustic checkpoint first; a direct export says so
     stale = inputs.finetuned_elsewhere(cfg, vocoder, synth.checkpoint, then=", then export again",
                                        log=lambda note: print(note, file=sys.stderr, flush=True))
+    remove_leftovers(out, log)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -372,6 +398,7 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
             "sample_rate": a["sample_rate"], "audio": dict(a), "n_mels": run["n_mels"],
             "max_seconds": cfg["synthesize"]["max_seconds"], "max_frames": synth.max_frames,
             "speakers": synth.speakers, "languages": synth.languages,        # names in id order
+            "max_tokens": voice.max_tokens, "vocab_digest": symbols_digest(run["vocab"]["symbols"]),
             "signature": {"name": SIGNATURE, "inputs": signature_description(voice.voices),
                           "outputs": {"audio": "float32 [1, N], N = frames * hop_length"},
                           "empty_tokens": EMPTY_TOKENS},
@@ -399,12 +426,38 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
             shutil.rmtree(tmp / ".dft_model")
         (tmp / "vocab.json").write_text(json.dumps(run["vocab"], indent=1, ensure_ascii=False), encoding="utf-8")
         (tmp / "export.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        (tmp / STAMP).write_text(f"{synth.checkpoint}\n", encoding="utf-8")
         _replace_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     trained = f"trained, {vocoder['steps']} + {vocoder['finetune_steps']} steps" if vocoder["trained"] else "untrained"
     log(f"exported {synth.checkpoint} (step {synth.step}) to {out}: vocoder {vocoder['kind']} ({trained})")
     return meta
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_leftovers(out, log=print):
+    """Remove the temporary folders (.{name}.tmp{pid}, .{name}.old{pid}) a killed export left beside
+    `out`: those of a process no longer alive, or older than LEFTOVER_SECONDS (a reused pid). A live
+    export's are kept: two exports may run at once."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:tmp|old)(\d+)")
+    for path in sorted(out.parent.iterdir()) if out.parent.is_dir() else ():
+        found = pattern.fullmatch(path.name)
+        if not found or not path.is_dir() or path.is_symlink() or int(found.group(1)) == os.getpid():
+            continue
+        if _alive(int(found.group(1))) and time.time() - path.stat().st_mtime < LEFTOVER_SECONDS:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        log(f"{path}: removed, what an interrupted export left")
 
 
 def _replace_folder(new, out):

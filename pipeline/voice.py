@@ -31,6 +31,7 @@ bits) has its peaks brought down to 0.95 by pipeline/wavfile.py's limiter (`limi
 around each peak, 1 elsewhere), so it keeps the loudness of the sentences beside it, in a stream as in
 a whole wav: every sentence comes out the same either way. Then to_pcm makes int16 of it.
 """
+import hashlib
 import json
 import math
 import re
@@ -129,6 +130,12 @@ def fade_edges(audio, sample_rate, seconds=FADE_SECONDS):
         audio[:n] *= ramp
         audio[len(audio) - n:] *= ramp[::-1]
     return audio
+
+
+def symbols_digest(symbols):
+    """export.json's `vocab_digest`: a digest of vocab.json's symbols in id order, so a vocab.json of the
+    same size but another order (ids that would speak other phonemes) is refused at load."""
+    return hashlib.sha256(json.dumps(list(symbols), ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
 
 
 def _read_json(path):
@@ -264,6 +271,7 @@ class Voice:
         if not (folder / "saved_model").is_dir():
             raise VoiceError(f"{folder / 'saved_model'}: not found; export the voice again (snakemake --cores all export)")
         self.sample_rate, self.max_seconds, self.max_samples = self._read_settings()
+        self.max_tokens = self._read_token_settings()
         self.max_sentence_samples = int(MAX_SENTENCE_SECONDS * self.sample_rate)
         self.symbols = [s for s in self.vocab["symbols"] if s not in (text.PAD, text.EOS)]
         self.speakers = list(self.meta.get("speakers") or [])
@@ -311,6 +319,18 @@ class Voice:
         if frames < 1:
             raise VoiceError(f"{where}: max_seconds {seconds:g} is shorter than one frame; export the voice again")
         return rate, seconds, frames * hop
+
+    def _read_token_settings(self):
+        """export.json's max_tokens (None in an export from before it), checking its vocab_digest against
+        vocab.json's symbols: VoiceError naming the file otherwise."""
+        where, digest = self.folder / "export.json", self.meta.get("vocab_digest")
+        if digest is not None and digest != symbols_digest(self.vocab["symbols"]):
+            raise VoiceError(f"{self.folder / 'vocab.json'}: its symbols are not the ones this model was exported "
+                             "with (export.json vocab_digest); export the voice again")
+        most = self.meta.get("max_tokens")
+        if most is not None and not (isinstance(most, int) and not isinstance(most, bool) and 2 <= most <= 2**31 - 1):
+            raise VoiceError(f"{where}: max_tokens {most!r} is not an integer in 2..{2**31 - 1}; export the voice again")
+        return most
 
     def _load(self, path):
         """(model, its `synthesize` signature) of the SavedModel at `path`; VoiceError naming what is wrong."""
@@ -503,6 +523,7 @@ class Voice:
         whose audio reached it is said again in two (between words, else between symbols); a single
         symbol that reaches it is an error. Audio that reached max_frames was cut, and is never kept."""
         limit = max(4, int(self.max_seconds * pace / self._sps))
+        limit = min(limit, self.max_tokens - 1) if self.max_tokens else limit   # EOS comes after: the graph's bound
         queue = split_symbols(symbols, limit)
         while queue:
             piece = queue.pop(0)
