@@ -10,7 +10,8 @@ vocoded whole: Griffin-Lim, and source_filter, whose source's phase runs through
 refused from its header, before it is read. A mel shorter than the vocoder
 takes (source_filter: 2 frames at n_fft 1024, hop 256; kinds.min_frames) gets silent frames after
 it and keeps its own audio, as in the exported voice. Bad input is one line, given before TensorFlow
-loads (the --out path, the run's vocoder summary, the mel and F0 files).
+loads (the --out path, the run's vocoder summary, the mel and F0 files); a mel on another scale
+(dB, normalised, log10, linear) is refused (check_scale; its scale is judged from 40 frames up).
 
 Reads runs/{name}/vocoder.json and its checkpoint; config keys audio.* (Griffin-Lim; a trained vocoder
 uses its own), vocoder.kind, synthesize.griffin_lim_iters (Griffin-Lim only).
@@ -72,12 +73,30 @@ def read_mel(path, audio_cfg, max_frames=MAX_FRAMES):
     mel = np.array(mel, np.float32)
     if not np.all(np.isfinite(mel)):
         raise MelError(f"{path}: holds NaN or infinite values")
-    floor = np.log(LOG_CLAMP)
-    # a model's mel may overshoot the clamp a little (synthesize writes it unclamped); a dB mel goes to -80 or -100
-    if mel.min() < floor - 3.0 or mel.max() > 8.0:
-        raise MelError(f"{path}: values {mel.min():.2f}..{mel.max():.2f} are not a natural-log mel clamped at "
-                       f"log({LOG_CLAMP}) = {floor:.2f} (a dB or normalised mel? made with other audio: settings?)")
+    check_scale(path, mel)
     return mel
+
+
+FLOOR = float(np.log(LOG_CLAMP))
+# A natural-log mel of this pipeline reaches near its floor in quiet frames and high bands: on the demo's
+# cache, GTA and synthesize mels every 40-frame stretch went below -8.1 (whole mels: -11.5 or lower),
+# one loud frame alone only to -4.8. Normalised (z-scored) mels stay above -3.3, log10 ones above -5.5
+# (their floor is -5.0), linear ones above 0: above FLOOR + NEAR_FLOOR is none of this pipeline's.
+NEAR_FLOOR, SCALE_FRAMES = 5.0, 40
+
+
+def check_scale(path, mel):
+    """MelError unless `mel` looks like a natural-log mel clamped at log(LOG_CLAMP): within FLOOR - 3
+    (a model's mel overshoots the clamp a little: synthesize writes it unclamped; a dB mel goes to
+    -80 or -100) .. 8, and, over at least SCALE_FRAMES frames, some value within NEAR_FLOOR of FLOOR."""
+    low, high = float(mel.min()), float(mel.max())
+    clamped = f"a natural-log mel clamped at log({LOG_CLAMP}) = {FLOOR:.2f}"
+    if low < FLOOR - 3.0 or high > 8.0:
+        raise MelError(f"{path}: values {low:.2f}..{high:.2f} are not {clamped} (a dB mel? made with other "
+                       "audio: settings?)")
+    if len(mel) >= SCALE_FRAMES and low > FLOOR + NEAR_FLOOR:
+        raise MelError(f"{path}: values {low:.2f}..{high:.2f} never come near {FLOOR:.2f}, where {clamped} "
+                       "is in its quiet frames and bands (a normalised, log10 or linear mel?)")
 
 
 F0_LOWEST = 20.0  # Hz: a voiced value below is no voice's pitch (a log-F0, a period in ms, MIDI notes?)
