@@ -235,3 +235,43 @@ def test_fine_tuning_continues_the_first_phases_gan_schedule(built_cache, tmp_pa
     assert ran(14, "finetune", range(4)) == ["spectral"] * 2 + ["gan"] * 2       # from 12 + 2
     assert ran(100000, "finetune", range(4)) == ["spectral"] * 4                 # configs/config.yaml's
     assert ran(0, "finetune", range(4)) == ["gan"] * 4                           # configs/ljspeech.yaml's
+
+
+def _two_pass_gan_step(self, batch):
+    """The GAN step as it was before the generator ran once per step: the discriminators' update on one
+    forward pass, the generator's losses on a second, after that update."""
+    from pipeline.vocoder import discriminators as D
+    real = batch["audio"]
+    fake = self._generate(batch)
+    with tf.GradientTape() as tape:
+        d_loss = D.discriminator_loss(self.disc(real), self.disc(tf.stop_gradient(fake)))
+    self._apply(self.d_opt, tape, d_loss, self.disc.trainable_variables)
+    with tf.GradientTape() as tape:
+        fake = self._generate(batch)
+        spectral, _ = D.spectral_loss(real, fake, self.cfg["audio"], mel_weight=self.weights["mel"],
+                                      stft_weight=self.weights["stft"])
+        real_outs, fake_outs = self.disc(real), self.disc(fake)
+        total = spectral + D.generator_loss(fake_outs) + self.weights["feature"] * D.feature_loss(real_outs, fake_outs)
+    self._apply(self.g_opt, tape, total, self.generator.trainable_variables)
+    return {"total": total}
+
+
+def test_a_gan_step_runs_the_generator_once_and_trains_as_two_passes_did(built_cache):
+    """A GAN step cost two generator forward passes (one for the discriminators' fake, one for the
+    generator's losses); it now records one and reuses it. The weights after two GAN steps are those
+    of the two-pass step: the discriminators step on the stop-gradient fake first, and the generator's
+    adversarial loss sees them after that step, as before."""
+    from pipeline import config
+    from pipeline.vocoder.train import VocoderTrainer
+    cfg = config.load_config(built_cache, config.parse_set(SETTINGS + ["vocoder.gan_start_step=0"]))
+    once, twice = (VocoderTrainer(cfg, log=lambda *a: None) for _ in range(2))  # the same seed: the same weights
+    calls, generate = [], once._generate
+    once._generate = lambda batch: calls.append(1) or generate(batch)  # counted as the step is traced
+    twice.gan_step = tf.function(lambda batch: _two_pass_gan_step(twice, batch), autograph=False)
+    batch = next(iter(once.dataset("train")))
+    for _ in range(2):
+        once.step(batch, 0), twice.step(batch, 0)
+    assert len(calls) == 1
+    for model in ("generator", "disc"):
+        for a, b in zip(getattr(once, model).weights, getattr(twice, model).weights, strict=True):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.path)

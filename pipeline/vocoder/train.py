@@ -121,13 +121,15 @@ class VocoderTrainer:
         return {"total": total, **terms}
 
     def _gan_step(self, batch):
+        """One adversarial step, the generator run once (as HiFi-GAN's reference): its tape records the
+        forward pass, stops recording while the discriminators step on the stop-gradient fake, then records
+        their verdict on the same fake with the weights they have after that step (the order of the two
+        updates is as when the generator ran twice; being deterministic, its second run gave this fake)."""
         real = batch["audio"]
-        fake = self._generate(batch)
-        with tf.GradientTape() as tape:
-            d_loss = D.discriminator_loss(self.disc(real), self.disc(tf.stop_gradient(fake)))
-        self._apply(self.d_opt, tape, d_loss, self.disc.trainable_variables)
         with tf.GradientTape() as tape:
             fake = self._generate(batch)
+            with tape.stop_recording():
+                d_loss = self._discriminator_update(real, fake)
             spectral, terms = D.spectral_loss(real, fake, self.cfg["audio"], mel_weight=self.weights["mel"],
                                               stft_weight=self.weights["stft"])
             real_outs, fake_outs = self.disc(real), self.disc(fake)
@@ -136,6 +138,13 @@ class VocoderTrainer:
             total, terms = spectral + adv + self.weights["feature"] * fm + aux, {**terms, **aux_terms}
         self._apply(self.g_opt, tape, total, self.generator.trainable_variables)
         return {"total": total, **terms, "adversarial": adv, "feature": fm, "discriminator": d_loss}
+
+    def _discriminator_update(self, real, fake):
+        """The discriminators' step on real audio against the generator's `fake` (no gradient to it) -> their loss."""
+        with tf.GradientTape() as tape:
+            d_loss = D.discriminator_loss(self.disc(real), self.disc(tf.stop_gradient(fake)))
+        self._apply(self.d_opt, tape, d_loss, self.disc.trainable_variables)
+        return d_loss
 
     def step(self, batch, step):
         with tf.device(self.device):
