@@ -25,6 +25,7 @@ LOSS_KEYS = ("guided_attention_sigma", "guided_attention_weight", "stop_weight")
 OTHER_KEYS = ("stop_threshold",)
 STOP_POS_WEIGHT = 5.0  # about one positive stop step per utterance against ~100 negatives
 NEG_INF = -1e9         # added in float32 only, so it cannot overflow float16
+INFER_SEED = (20180416, 1809)  # pre-net dropout seed at inference, folded with each batch's tokens (_infer_seed)
 
 
 class ScaledPositions(keras.layers.Layer):
@@ -298,7 +299,7 @@ class TransformerTTS(keras.Model):
         M, r = self.n_mels, self.reduction
         B, T = tf.shape(tokens)[0], tf.shape(tokens)[1]
         memory, token_mask = self.encode(tokens, token_lengths, speaker=speaker, language=language)
-        seed = self.seed_generator.next()
+        seed = _infer_seed(tokens)
         dec_in = tf.zeros([B, max_steps, M], self.compute_dtype)               # (B, S, M)
         frames = tf.zeros([B, max_steps, M * r], tf.float32)                    # (B, S, M*r)
         alignment = tf.zeros([B, max_steps, T], tf.float32)                     # (B, S, T)
@@ -332,6 +333,16 @@ class TransformerTTS(keras.Model):
 
     def get_config(self):
         return dict(self.args)
+
+
+def _infer_seed(tokens):
+    """The stateless seed of inference's pre-net dropout (kept on, as in Tacotron 2): INFER_SEED folded with
+    the tokens (position-weighted; padding ids 0 add nothing), not a SeedGenerator's next value. So one
+    checkpoint speaks a sentence alike in every process and call, and sentences still get masks of their own."""
+    tokens = tf.cast(tokens, tf.int64)
+    weights = tf.range(1, tf.shape(tokens)[1] + 1, dtype=tf.int64)[None, :]    # (1, T)
+    return tf.random.experimental.stateless_fold_in(tf.constant(INFER_SEED, tf.int64),
+                                                    tf.reduce_sum(tokens * weights) % (2 ** 31 - 1))
 
 
 def _resample_time(mel, lengths, pace):
