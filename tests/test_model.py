@@ -28,10 +28,11 @@ def make_batch(token_lengths=(9, 6), mel_lengths=(16, 11), T=9, F=16, seed=0, me
 
 
 def repad(batch, T, F, seed=1):
-    """The same real content with more (different) garbage padding."""
+    """The same real content (the frames of every real decoder step, which the loss trains toward the
+    padding the loader puts past the end) with more (different) garbage padding."""
     other = make_batch(batch["token_lengths"].numpy(), batch["mel_lengths"].numpy(), T, F, seed)
     keep_t = tf.sequence_mask(batch["token_lengths"], T)
-    keep_f = tf.sequence_mask(batch["mel_lengths"], F)[:, :, None]
+    keep_f = tf.sequence_mask(-(-batch["mel_lengths"] // R) * R, F)[:, :, None]
     t0, f0 = batch["tokens"].shape[1], batch["mel"].shape[1]
     tokens = tf.pad(batch["tokens"], [[0, 0], [0, T - t0]])
     mel = tf.pad(batch["mel"], [[0, 0], [0, F - f0], [0, 0]])
@@ -218,3 +219,24 @@ def test_inference_from_one_checkpoint_is_the_same_in_every_model_and_call(tmp_p
     tf.train.Checkpoint(model=no_dropout).read(path).expect_partial()
     no_dropout.stop_out.bias.assign([-30.0])
     assert not np.allclose(no_dropout.infer(tokens, lengths, max_frames=12)["mel"], mels[0])  # dropout is on
+
+
+def test_frames_of_the_last_decoder_step_past_the_end_learn_the_padding():
+    """Inference emits whole decoder steps (lengths = stop step x r), so up to r - 1 frames past a
+    sentence's end; the loss masked them out, so they were never trained and spoke whatever came out.
+    Now the mel terms cover them, toward the loader's padding (silence); frames past the last real
+    step still add nothing, and the post-net sees the frames inference gives it."""
+    model = TransformerTTS(**TINY)
+    batch = make_batch()                               # row 1: 11 frames, so step 6's frame 11 is past the end
+    out = model(batch)
+
+    def loss(frame, shift=3.0):
+        mel = batch["mel"].numpy()
+        mel[1, frame] += shift
+        return tts_loss(out, dict(batch, mel=tf.constant(mel)), reduction=R, **LOSS)[1]["mel_before"]
+
+    base = tts_loss(out, batch, reduction=R, **LOSS)[1]["mel_before"]
+    assert not np.isclose(loss(11), base)                                      # trained toward its target
+    np.testing.assert_allclose(loss(12), base, rtol=1e-6)                      # past the last real step
+    forced = model(dict(batch, mel_lengths=tf.constant([16, 12])))             # what inference post-nets
+    np.testing.assert_allclose(forced["mel_after"][1, :12], out["mel_after"][1, :12], atol=1e-6)

@@ -261,7 +261,8 @@ class TransformerTTS(keras.Model):
         frames, stop_logits, alignment = self.decode(dec_in, memory, token_mask, self.seed_generator.next(),
                                                      training=training)
         mel_before = tf.reshape(frames, [B, -1, M])                             # (B, F, M)
-        frame_mask = tf.sequence_mask(inputs["mel_lengths"], tf.shape(mel)[1])  # (B, F)
+        # the frames of every real decoder step, as inference emits (and post-nets) them: see tts_loss
+        frame_mask = tf.sequence_mask(step_frames(inputs["mel_lengths"], r), tf.shape(mel)[1])  # (B, F)
         mel_after = self.run_postnet(mel_before, frame_mask)
         mel_after = tf.cast(mel_after, tf.float32)
         return {"mel_before": tf.cast(mel_before, tf.float32), "mel_after": mel_after, "mel": mel_after,
@@ -361,6 +362,11 @@ def _resample_time(mel, lengths, pace):
     return {"mel": out * keep, "lengths": new_lengths}
 
 
+def step_frames(mel_lengths, reduction):
+    """The frames of the decoder steps holding `mel_lengths` frames: rounded up to a multiple of r."""
+    return (mel_lengths + reduction - 1) // reduction * reduction
+
+
 def build_token_tables(model):
     """Builds a model's token embedding and its speaker and language tables (each None when absent)."""
     model.embedding.build((None, None))
@@ -393,11 +399,14 @@ def tts_loss(outputs, batch, *, reduction, guided_attention_sigma, guided_attent
     Stop BCE: target 1 from the step holding the last real frame, positives weighted by STOP_POS_WEIGHT.
     Guided attention: mean of A * W over real (step, token) cells, as in Tachibana et al.
     Stop and attention terms cover only real decoder steps, so the loss is the same however much a bucket
-    pads, and the model never learns from zero-padded decoder inputs that inference never produces.
+    pads, and the model never learns from zero-padded decoder inputs that inference never produces. The
+    mel terms cover every frame of those steps: the last one's r - 1 frames past the end, which inference
+    emits too (lengths = stop step x r), learn the padding (the loader's silence) instead of nothing.
     Under a distribution strategy this is the per-replica mean: divide by the replica count before summing."""
     mel = tf.cast(batch["mel"], tf.float32)                                    # (B, F, M)
     mel_lengths, token_lengths = batch["mel_lengths"], batch["token_lengths"]
-    frame_mask = tf.cast(tf.sequence_mask(mel_lengths, tf.shape(mel)[1]), tf.float32)[:, :, None]  # (B, F, 1)
+    frames = step_frames(mel_lengths, reduction)                               # (B,)
+    frame_mask = tf.cast(tf.sequence_mask(frames, tf.shape(mel)[1]), tf.float32)[:, :, None]  # (B, F, 1)
     frame_count = tf.reduce_sum(frame_mask) * tf.cast(tf.shape(mel)[2], tf.float32)
 
     def l1(pred):
