@@ -270,10 +270,21 @@ def _differences(cfg, audio, vocoder_cfg):
 
 
 def restore(model, checkpoint, where, kind, built_with=None, trained_with=None):
-    """The generator's weights from `checkpoint`, every one of them; one line when they do not fit: a
-    weight of other shape, or one the model lacks (a checkpoint of more layers: restoring matches only
-    the model's own weights and would drop the rest). `built_with`, `trained_with`: the `vocoder:`
-    settings of the model and of the checkpoint, when known: the line names the keys that differ."""
+    """The generator's weights from `checkpoint`, every one of them; one line when they do not fit
+    (`unfit`: the keys that differ when `built_with` and `trained_with` are given)."""
+    why = unfit(model, checkpoint, kind, built_with, trained_with)
+    if why:
+        raise PipelineError(f"{checkpoint}: does not fit the {kind} vocoder built with the settings of {where} "
+                            f"({why}); set vocoder.{kind} to the sizes it was trained with, or run "
+                            f"`snakemake --cores all vocoder` to train one with these")
+
+
+def unfit(model, checkpoint, kind, built_with=None, trained_with=None):
+    """None when `checkpoint`'s generator weights, all of them, are now `model`'s; else why not, in a few
+    words: a weight of other shape, one the file lacks, or one the model lacks (a checkpoint of more
+    layers: restoring matches only the model's own weights and would drop the rest silently).
+    `built_with`, `trained_with`: the `vocoder:` settings of the model and of the checkpoint, when
+    known: then the words are the keys that differ."""
     import tensorflow as tf
     try:
         status = tf.train.Checkpoint(generator=model).restore(checkpoint)
@@ -283,10 +294,8 @@ def restore(model, checkpoint, where, kind, built_with=None, trained_with=None):
         if held != built:
             raise AssertionError(f"it holds {held} generator weights, this {kind} vocoder has {built}")
     except (AssertionError, ValueError, tf.errors.OpError) as e:
-        keys = _kind_changes(trained_with, built_with, kind)
-        raise PipelineError(f"{checkpoint}: does not fit the {kind} vocoder built with the settings of {where} "
-                            f"({keys or str(e).splitlines()[0][:240]}); set vocoder.{kind} to the sizes it was "
-                            f"trained with, or run `snakemake --cores all vocoder` to train one with these") from None
+        return _kind_changes(trained_with, built_with, kind) or str(e).splitlines()[0][:240]
+    return None
 
 
 def saved_variables(checkpoint, name):

@@ -308,7 +308,7 @@ def _shipped(cfg, trainer, folder, manager, log):
                                 f"(`snakemake --cores all vocoder -R train_vocoder`)")
     with tf.device(trainer.device):
         blend = kinds.build(cfg["vocoder"], cfg["audio"])
-    _first_phase_generator(cfg, blend, first, inputs.path(folder))
+    kinds.restore(blend, first, inputs.path(folder), cfg["vocoder"]["kind"], cfg["vocoder"], _first_phase_settings(cfg))
     for mine, tuned in zip(blend.weights, trainer.generator.weights, strict=True):  # the same build: the same order
         mine.assign((1.0 - share) * mine + share * tuned if tf.as_dtype(mine.dtype).is_floating else tuned)
     step = runinfo.step_of(manager.latest_checkpoint)
@@ -336,26 +336,25 @@ def _checkpoints(cfg, phase, trainer, folder, log):
         first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
         if first is None:
             raise MissingCheckpoint(f"{_phase_dir(cfg, 'train')}: no first-phase vocoder; run `snakemake --cores all train_vocoder`")
-        # every weight of the first phase's generator, and nothing but them: one of other sizes would leave new
-        # blocks at their start, or (fewer layers) drop its own
-        _first_phase_generator(cfg, trainer.generator, first, "the config")
+        # every weight built here from the first phase's, and nothing but them: one of other sizes would leave
+        # new blocks at their start, or (fewer layers) drop its own
+        why = kinds.unfit(trainer.generator, first, cfg["vocoder"]["kind"], cfg["vocoder"], _first_phase_settings(cfg))
         try:
             status = tf.train.Checkpoint(disc=trainer.disc).restore(first)
             status.expect_partial()  # its generator (above) and optimizers stay in the file
             status.assert_existing_objects_matched()
         except (AssertionError, ValueError) as e:
-            raise PipelineError(f"{first}: the first phase's discriminators do not fit these ({str(e).splitlines()[0][:200]}); "
-                                f"train the first phase again: `snakemake --cores all vocoder -R train_vocoder`") from None
+            why = why or str(e).splitlines()[0][:200]
+        if why:
+            raise PipelineError(f"{first}: the first phase's vocoder does not fit the one these vocoder: settings "
+                                f"build ({why}); train the first phase with them: `snakemake --cores all vocoder`")
         log(f"fine-tuning from {first}")
     return manager
 
 
-def _first_phase_generator(cfg, generator, first, where):
-    """The first phase's generator weights (checkpoint `first`) into `generator`, built with `cfg`'s
-    vocoder: settings (those of `where`): one line naming the keys that differ (the first phase's
-    inputs.json says what it trained with) when they do not fit, every weight either way."""
-    trained = (inputs.read(_phase_dir(cfg, "train")) or {}).get("vocoder")
-    kinds.restore(generator, first, where, cfg["vocoder"]["kind"], built_with=cfg["vocoder"], trained_with=trained)
+def _first_phase_settings(cfg):
+    """The `vocoder:` settings the first phase's checkpoints were trained with (its inputs.json), or None."""
+    return (inputs.read(_phase_dir(cfg, "train")) or {}).get("vocoder")
 
 
 def _report(phase, step, total, terms, every, waited, t_log, log):
