@@ -158,8 +158,8 @@ def export_vocoder(cfg, audio, transforms):
 def max_tokens(model):
     """The most tokens one call takes: the acoustic model's max_positions (FastPitch's 4096), the
     sequence length it is built for. Self-attention's memory grows with the square of the tokens
-    (16,000 took ~3 GB); at 4096 it is a sixteenth of that, and still far more symbols than
-    synthesize.max_seconds of audio needs at any pace in synthesize.pace's range."""
+    (16,000 took ~3 GB; the demo voice at 4096: 1.0 GB peak RSS, TensorFlow included); pipeline.voice
+    splits its calls below it."""
     return int(model.enc_pos.max_positions)
 
 

@@ -177,8 +177,8 @@ def test_export_json_and_vocab_json_say_what_was_exported(exported):
     vocab = load_json(out / "vocab.json")
     carried = load_json(config.run_dir(cfg) / "run.json")                      # what the run was trained with
     assert vocab == carried["vocab"] and vocab["symbols"][:2] == ["_", "~"] and vocab["frontend"] == "phonemes"
-    assert sorted(p.name for p in out.iterdir()) == ["export.json", "model.tflite", "model_float16.tflite",
-                                                     "saved_model", "vocab.json"]         # no temporary left
+    assert sorted(p.name for p in out.iterdir()) == [".exported", "export.json", "model.tflite",
+                                                     "model_float16.tflite", "saved_model", "vocab.json"]  # no temporary left
 
 
 def test_text_ids_prints_the_exported_vocabularys_ids(exported, reference, capsys):
@@ -434,7 +434,7 @@ def test_a_previous_export_is_replaced_whole(exported, tmp_path, monkeypatch):
     export.main(["--config", str(cfg_path), "--out", "voice/"])
     meta = load_json(out / "export.json")
     assert meta["run"] == load_json(previous / "export.json")["run"] != "old" and meta["tflite"] is None
-    assert sorted(os.listdir(out)) == ["export.json", "saved_model", "vocab.json"]   # replaced whole: no stale TFLite
+    assert sorted(os.listdir(out)) == [".exported", "export.json", "saved_model", "vocab.json"]  # no stale TFLite
     assert sorted(os.listdir(tmp_path)) == ["voice"]                    # nothing left beside it
 
 
@@ -465,3 +465,141 @@ def test_a_source_filter_export_speaks_an_empty_token_list_and_a_one_frame_mel(b
     mel = np.full((1, cfg["audio"]["n_mels"]), -5.0, np.float32)            # one frame, its F0 head's or given
     for f0 in (None, tf.constant([120.0])):
         assert vocoder(tf.constant(mel), f0).shape == (cfg["audio"]["hop_length"],)
+
+
+def test_tflite_refuses_negative_ids_and_too_many_tokens_as_the_saved_model_does(exported):
+    # Keras 3's `take` wraps a negative id numpy-style and TFLite drops the graph's assertions: -1 spoke
+    # as the last symbol. Self-attention's memory grows with the square of the tokens: a bound, recorded
+    import tensorflow as tf
+    _, out = exported
+    meta = load_json(out / "export.json")
+    n, most = len(load_json(out / "vocab.json")["symbols"]), meta["max_tokens"]
+    assert most == 4096 and meta["tflite"]["float32"]["ops"] == "builtin"     # FastPitch's max_positions
+    args = dict(pace=np.float32(1.0), pitch_shift=np.float32(0.0))
+    runner = tf.lite.Interpreter(model_path=str(out / "model.tflite")).get_signature_runner("synthesize")
+    assert runner(tokens=np.array([[n - 1, 1]], np.int32), **args)["audio"].shape[1] > 0   # the last id speaks
+    for ids in ([[-1, 1]], [[5, -n, 1]], [[-2**31, 1]], np.full((1, most + 1), 5)):
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            runner(tokens=np.array(ids, np.int32), **args)
+    voice = tf.saved_model.load(str(out / "saved_model"))
+    call = lambda ids: voice.synthesize(tf.constant(ids, tf.int32), tf.constant(1.0), tf.constant(0.0))  # noqa: E731
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"tokens: more than {most} .export.json max_tokens."):
+        call(np.full((1, most + 1), 5))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="a negative token id"):
+        call([[-1, 1]])
+    assert call(np.full((1, most), 5))["audio"].shape[1] > 0                     # the bound itself is taken
+
+
+def test_the_bad_input_table_quotes_the_graphs_own_errors(exported):
+    # docs/export.md quoted a pace error the graph never gave
+    import tensorflow as tf
+    _, out = exported
+    table = (ROOT / "docs" / "export.md").read_text()
+    voice = tf.saved_model.load(str(out / "saved_model"))
+    for pace, shift, start in ((0.0, 0.0, "pace must"), (1.0, 99.0, "pitch_shift must")):
+        with pytest.raises(tf.errors.InvalidArgumentError) as e:
+            voice.synthesize(tf.constant([[5, 1]], tf.int32), tf.constant(pace), tf.constant(shift))
+        said = str(e.value)[str(e.value).index(start):].split("; got")[0]
+        assert f'"{said}; got ..."' in table, said
+
+
+def test_a_reordered_vocab_json_is_refused_when_the_voice_loads(exported, tmp_path):
+    # same size, other order: ids that would speak other phonemes; export.json records the symbols' digest
+    from pipeline.voice import Voice, VoiceError
+    _, out = exported
+    shutil.copytree(out, tmp_path / "voice")
+    vocab = load_json(out / "vocab.json")
+    symbols = vocab["symbols"]
+    symbols[5], symbols[6] = symbols[6], symbols[5]
+    (tmp_path / "voice" / "vocab.json").write_text(json.dumps(vocab))
+    with pytest.raises(VoiceError, match=f"{tmp_path / 'voice' / 'vocab.json'}: its symbols are not the ones"):
+        Voice(tmp_path / "voice")
+
+
+def _wrong_scales(mel, mean, std):
+    return {"normalised": (mel - mean) / std, "log10": mel / np.log(10), "linear power": np.exp(mel)}
+
+
+def test_vocode_refuses_a_mel_on_another_scale_and_takes_real_ones(exported, tmp_path):
+    # the range check alone let z-scored, log10 and linear-power mels through (docs/vocoder.md promised
+    # a one-line error); every real mel of the cache, and synthesize's, must still pass
+    from pipeline import data, shards
+    from pipeline.vocoder import vocode
+    cfg = config.load_config(exported[0])
+    stats = load_json(config.run_dir(cfg) / "run.json")["stats"]
+    mels = [m.astype(np.float32) for entry in data.read_index(cfg)["shards"]
+            for m in shards.read(config.cache_dir(cfg) / entry["mels"], "mels")[1]]
+    assert len(mels) == 24
+    for mel in mels:
+        np.save(tmp_path / "real.npy", mel)
+        vocode.read_mel(tmp_path / "real.npy", cfg["audio"])                     # taken
+        for wrong in _wrong_scales(mel, np.array(stats["mel_mean"]), np.array(stats["mel_std"])).values():
+            np.save(tmp_path / "wrong.npy", wrong.astype(np.float32))
+            with pytest.raises(vocode.MelError, match="wrong.npy: values .* never come near -11.51"):
+                vocode.read_mel(tmp_path / "wrong.npy", cfg["audio"])
+    np.save(tmp_path / "short.npy", np.full((3, cfg["audio"]["n_mels"]), -4.0, np.float32))   # a loud cut-out
+    assert vocode.read_mel(tmp_path / "short.npy", cfg["audio"]).shape == (3, cfg["audio"]["n_mels"])
+
+
+MTIME_ONLY = ("--rerun-triggers", "mtime")
+
+
+def _copy_of_trained_run(trained_run, tmp_path, **sections):
+    """(config, run folder) of a copy of the shared trained run under tmp_path (the same name: the same
+    caches), with `sections` merged in. copytree keeps the mtimes: Snakemake run with MTIME_ONLY finds the
+    copy up to date (its other triggers would see the duration shards' aligner moved, and rebuild them)."""
+    user = yaml.safe_load(trained_run.path.read_text())
+    user.update(runs_dir=str(tmp_path / "runs"), reports_dir=str(tmp_path / "reports"), **sections)
+    (tmp_path / "copy.yaml").write_text(yaml.safe_dump(user))
+    run = tmp_path / "runs" / user["name"]
+    shutil.copytree(trained_run.run, run, ignore=shutil.ignore_patterns("export", ".export.*"))
+    return tmp_path / "copy.yaml", run
+
+
+def _kill_the_export_once_started(run, started, timeout=300):
+    """Wait for the export's temporary folder beside runs/{name}/export, then SIGKILL the process it names."""
+    import signal
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and started.is_alive():
+        tmp = sorted(run.glob(".export.tmp*"))
+        if tmp:
+            os.kill(int(tmp[0].name.removeprefix(".export.tmp")), signal.SIGKILL)
+            return tmp[0]
+        time.sleep(0.2)
+    raise AssertionError("snakemake export never started its export")
+
+
+@pytest.mark.slow
+def test_snakemake_export_keeps_the_previous_export_when_killed_and_leaves_out_a_refused_tflite_model(
+        trained_run, tmp_path):
+    # Snakemake deletes a job's declared outputs before it runs: the export's own files were, so a killed
+    # `snakemake export` left no voice. And a TFLite model the export's check refuses (left out on
+    # purpose) was a missing output: the job failed and Snakemake deleted the whole export.
+    import threading
+    path, run = _copy_of_trained_run(trained_run, tmp_path, export={"tflite": True})
+    info = load_json(run / "run.json")               # a NaN mel statistic: NaN audio, both TFLite models refused
+    info["stats"]["mel_mean"][0] = float("nan")
+    (run / "run.json").write_text(json.dumps(info))
+    previous = run / "export"
+    (previous / "saved_model").mkdir(parents=True)
+    (previous / "saved_model" / "saved_model.pb").write_bytes(b"the previous voice")
+    (previous / "vocab.json").write_text(json.dumps(info["vocab"]))
+    (previous / "export.json").write_text(json.dumps({"run": "previous"}))
+    before = {p.relative_to(previous): p.read_bytes() for p in previous.rglob("*") if p.is_file()}
+    assert planned_jobs(path, "export", *MTIME_ONLY) == {"export": 1}            # the copy is up to date
+    done = {}
+    started = threading.Thread(target=lambda: done.update(
+        proc=snakemake("export", *MTIME_ONLY, config=path, check=False)))
+    started.start()
+    killed = _kill_the_export_once_started(run, started)
+    started.join(600)
+    assert done["proc"].returncode != 0 and killed.is_dir()                    # killed: its temporary stays
+    assert {p.relative_to(previous): p.read_bytes() for p in previous.rglob("*") if p.is_file()} == before
+    snakemake("export", *MTIME_ONLY, config=path)                             # again: no MissingOutputException
+    meta = load_json(previous / "export.json")
+    for kind in ("float32", "float16"):
+        assert meta["tflite"][kind]["file"] is None and "non-finite audio" in meta["tflite"][kind]["refused"]
+    assert sorted(os.listdir(previous)) == [".exported", "export.json", "saved_model", "vocab.json"]
+    assert not list(run.glob(".export.*"))                                      # the killed one's removed
+    assert planned_jobs(path, "export", *MTIME_ONLY) == {}
