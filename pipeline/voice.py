@@ -278,7 +278,11 @@ class Voice:
         self.languages = list(self.meta.get("languages") or [])
         self.model, self._fn = self._load(folder / "saved_model")
         self._inputs = set(self._fn.structured_input_signature[1])
-        self._check_vocabulary()
+        self._check_vocabulary()  # its size first (the more telling message), then its order
+        digest = self.meta.get("vocab_digest")
+        if digest is not None and digest != symbols_digest(self.vocab["symbols"]):
+            raise VoiceError(f"{folder / 'vocab.json'}: its symbols are not the ones this model was exported "
+                             "with (export.json vocab_digest); export the voice again")
         self._sps = self._seconds_per_symbol()   # also the graph's one-time start, here rather than in a request
         self.load_seconds = time.perf_counter() - t0
         if self.vocab.get("frontend") == "phonemes" and self.vocab.get("espeak") not in (None, text.espeak_version()):
@@ -321,12 +325,8 @@ class Voice:
         return rate, seconds, frames * hop
 
     def _read_token_settings(self):
-        """export.json's max_tokens (None in an export from before it), checking its vocab_digest against
-        vocab.json's symbols: VoiceError naming the file otherwise."""
-        where, digest = self.folder / "export.json", self.meta.get("vocab_digest")
-        if digest is not None and digest != symbols_digest(self.vocab["symbols"]):
-            raise VoiceError(f"{self.folder / 'vocab.json'}: its symbols are not the ones this model was exported "
-                             "with (export.json vocab_digest); export the voice again")
+        """export.json's max_tokens (None in an export from before it): VoiceError naming the file otherwise."""
+        where = self.folder / "export.json"
         most = self.meta.get("max_tokens")
         if most is not None and not (isinstance(most, int) and not isinstance(most, bool) and 2 <= most <= 2**31 - 1):
             raise VoiceError(f"{where}: max_tokens {most!r} is not an integer in 2..{2**31 - 1}; export the voice again")
