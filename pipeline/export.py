@@ -226,6 +226,8 @@ class Voice(tf.Module):
             tokens, pace, pitch_shift = tf.identity(tokens), tf.identity(pace), tf.identity(pitch_shift)
             voice_ids = [tf.reshape(tf.identity(ids), [1]) for ids in voice_ids]
         tokens = self._refusable(tokens)
+        # a negative speaker / language id: the table's size, which its gather refuses in TFLite too
+        voice_ids = [tf.where(ids < 0, self.voice_sizes[field], ids) for field, ids in zip(self.voices, voice_ids)]
         empty = tf.cast(tf.equal(tf.shape(tokens)[1], 0), tf.int32)
         # no tokens: run one end-of-sequence token (the model needs one) and keep none of its frames
         tokens = tf.pad(tokens, tf.stack([[0, 0], tf.stack([0, empty])]), constant_values=self._eos)

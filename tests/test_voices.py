@@ -368,6 +368,10 @@ def test_export_takes_speaker_and_language_ids(voices_run, tmp_path, capsys):
     heard = runner(tokens=ids.numpy(), pace=np.float32(1.0), pitch_shift=np.float32(0.0), speaker=np.int32(1),
                    language=np.int32(1))["audio"][0]
     np.testing.assert_allclose(heard, said[1], atol=1e-3 * np.abs(said[1]).max())   # bob's voice, in TFLite too
+    for field, bad in (("speaker", -1), ("language", -1), ("speaker", 3)):  # -1 spoke as the last voice
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            runner(tokens=ids.numpy(), pace=np.float32(1.0), pitch_shift=np.float32(0.0),
+                   **{"speaker": np.int32(1), "language": np.int32(1), field: np.int32(bad)})
     # the ids of a sentence in another of the model's languages
     text.main(["--ids", "Hello there.", "--run", str(tmp_path / "export"), "--language", "en-gb"])
     assert json.loads(capsys.readouterr().out) == synth.encode("Hello there.", "en-gb") != synth.encode("Hello there.")
