@@ -59,3 +59,25 @@ def test_transformer_tts_batched_clips_round_frames_up_to_its_reduction():
     for a, b, c in zip(batched, teacher_forced_mels(model, data, NORM, batch_size=1), data):
         assert a.shape == (len(c["mels"]), N_MELS)
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_transformer_tts_gta_mels_are_the_same_in_every_process_and_batch(tmp_path):
+    """Pre-net dropout stays on when teacher-forced (Tacotron 2: GTA mels are what the model speaks with), but
+    its masks came from an unrestored SeedGenerator: every process made other GTA mels (other checksums, so
+    fine-tuning never resumed) and a clip's mel moved with the clips beside it. Now each clip's masks are
+    seeded by its own tokens: fresh models from one checkpoint agree, in batches of 1 or 4."""
+    cfg = dict(TRANSFORMER, prenet_dropout=0.5)
+    path = tf.train.Checkpoint(model=TransformerTTS(**cfg)).write(str(tmp_path / "ckpt"))
+    data = [{k: v for k, v in c.items() if k in ("tokens", "mels", "pitch", "energy")} for c in clips(7, durations=False)]
+    runs = []
+    for batch_size in (4, 1):
+        model = TransformerTTS(**cfg)                                            # a fresh process's model
+        tf.train.Checkpoint(model=model).read(path).assert_existing_objects_matched()
+        model.seed_generator.next()                                              # whatever its generator is at
+        runs.append(teacher_forced_mels(model, data, NORM, batch_size=batch_size))
+    for a, b in zip(*runs):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    no_dropout = TransformerTTS(**dict(cfg, prenet_dropout=0.0))
+    tf.train.Checkpoint(model=no_dropout).read(path).expect_partial()
+    off = teacher_forced_mels(no_dropout, data, NORM, batch_size=4)
+    assert max(np.abs(a - b).max() for a, b in zip(runs[0], off)) > 1e-3  # dropout is on, as at inference

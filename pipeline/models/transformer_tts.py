@@ -223,12 +223,13 @@ class TransformerTTS(keras.Model):
 
     def decode(self, dec_in, memory, token_mask, seed, training=False):
         """dec_in (B, S, n_mels) -> frames (B, S, n_mels*r), stop_logits (B, S), alignment (B, S, T) float32.
-        Pre-net dropout is always on (Tacotron 2); stateless with `seed`, so equal seeds give equal masks."""
+        Pre-net dropout is always on (Tacotron 2); stateless with `seed`, (2,) for the batch or (B, 2) one
+        per clip, so equal seeds give equal masks."""
         x = dec_in
-        for layer, layer_seed in zip(self.prenet, tf.unstack(tf.random.experimental.stateless_split(seed, 2))):
+        for layer, layer_seed in zip(self.prenet, _split_seed(seed, 2)):
             x = layer(x)                                                        # (B, S, prenet_dim)
             if self.prenet_dropout > 0:
-                x = tf.nn.experimental.stateless_dropout(x, self.prenet_dropout, seed=layer_seed)
+                x = _stateless_dropout(x, self.prenet_dropout, layer_seed)
         x = self.dec_pos(self.dec_proj(x))                                      # (B, S, D)
         S = tf.shape(x)[1]
         causal = (tf.range(S)[:, None] >= tf.range(S)[None, :])[None, None]     # (1, 1, S, S)
@@ -258,8 +259,10 @@ class TransformerTTS(keras.Model):
         # teacher forcing: step s sees the last frame of group s-1; step 0 sees a zero go frame
         last = mel[:, r - 1::r, :]                                              # (B, F/r, M)
         dec_in = tf.pad(last[:, :-1], [[0, 0], [1, 0], [0, 0]])                 # (B, F/r, M)
-        frames, stop_logits, alignment = self.decode(dec_in, memory, token_mask, self.seed_generator.next(),
-                                                     training=training)
+        # training draws fresh masks; teacher-forced inference (validation, GTA mels) seeds each clip's from
+        # its tokens: the same mel in every process and whichever clips share its batch
+        seed = self.seed_generator.next() if training else _clip_seeds(tokens)
+        frames, stop_logits, alignment = self.decode(dec_in, memory, token_mask, seed, training=training)
         mel_before = tf.reshape(frames, [B, -1, M])                             # (B, F, M)
         # the frames of every real decoder step, as inference emits (and post-nets) them: see tts_loss
         frame_mask = tf.sequence_mask(step_frames(inputs["mel_lengths"], r), tf.shape(mel)[1])  # (B, F)
@@ -336,14 +339,45 @@ class TransformerTTS(keras.Model):
         return dict(self.args)
 
 
+def _position_sums(tokens):
+    """(B,) int64: each row's tokens weighted by their position (1, 2, ...); padding ids 0 add nothing."""
+    tokens = tf.cast(tokens, tf.int64)
+    weights = tf.range(1, tf.shape(tokens)[1] + 1, dtype=tf.int64)[None, :]    # (1, T)
+    return tf.reduce_sum(tokens * weights, axis=1)
+
+
+def _fold_seed(value):
+    return tf.random.experimental.stateless_fold_in(tf.constant(INFER_SEED, tf.int64), value % (2 ** 31 - 1))
+
+
 def _infer_seed(tokens):
     """The stateless seed of inference's pre-net dropout (kept on, as in Tacotron 2): INFER_SEED folded with
     the tokens (position-weighted; padding ids 0 add nothing), not a SeedGenerator's next value. So one
     checkpoint speaks a sentence alike in every process and call, and sentences still get masks of their own."""
-    tokens = tf.cast(tokens, tf.int64)
-    weights = tf.range(1, tf.shape(tokens)[1] + 1, dtype=tf.int64)[None, :]    # (1, T)
-    return tf.random.experimental.stateless_fold_in(tf.constant(INFER_SEED, tf.int64),
-                                                    tf.reduce_sum(tokens * weights) % (2 ** 31 - 1))
+    return _fold_seed(tf.reduce_sum(_position_sums(tokens)))
+
+
+def _clip_seeds(tokens):
+    """(B, 2): each clip's own `_infer_seed` (the seed inference gives it alone), so a teacher-forced clip's
+    masks do not depend on the clips beside it in the batch."""
+    return tf.map_fn(_fold_seed, _position_sums(tokens), fn_output_signature=tf.TensorSpec([2], tf.int64))
+
+
+def _split_seed(seed, n):
+    """n stateless seeds from `seed`: (2,) -> n of (2,); (B, 2) -> n of (B, 2), each clip's split alone."""
+    if seed.shape.rank == 1:
+        return tf.unstack(tf.random.experimental.stateless_split(seed, n))
+    return tf.unstack(tf.map_fn(lambda s: tf.random.experimental.stateless_split(s, n), seed,
+                                fn_output_signature=tf.TensorSpec([n, 2], seed.dtype)), axis=1)
+
+
+def _stateless_dropout(x, rate, seed):
+    """Dropout of x (B, S, C) with masks from `seed`: (2,) for the batch, or (B, 2) each row by its own seed.
+    A row's masks are Philox draws in frame order, so its first frames' masks do not depend on S (padding)."""
+    if seed.shape.rank == 1:
+        return tf.nn.experimental.stateless_dropout(x, rate, seed=seed)
+    return tf.map_fn(lambda a: tf.nn.experimental.stateless_dropout(a[0], rate, seed=a[1]), (x, seed),
+                     fn_output_signature=x.dtype)
 
 
 def _resample_time(mel, lengths, pace):
