@@ -1,6 +1,9 @@
 """GTA mels: clips batched through the acoustic model give each clip its own teacher-forced mel, in its
 own voice, exactly as one clip at a time would (pipeline.vocoder.gta.teacher_forced_mels)."""
+from types import SimpleNamespace
+
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from pipeline.models.fastpitch import FastPitch
@@ -81,3 +84,56 @@ def test_transformer_tts_gta_mels_are_the_same_in_every_process_and_batch(tmp_pa
     tf.train.Checkpoint(model=no_dropout).read(path).expect_partial()
     off = teacher_forced_mels(no_dropout, data, NORM, batch_size=4)
     assert max(np.abs(a - b).max() for a, b in zip(runs[0], off)) > 1e-3  # dropout is on, as at inference
+
+
+def _one_shard(tmp_path, data, rejected=(), speakers=("a", "b", "c")):
+    """(cfg, synthesizer) of one cached shard of `data` (clips()) with durations rejecting `rejected` ids, and
+    an untrained FastPitch standing for the run's model (what gta.load_synthesizer would give)."""
+    from pipeline import config, shards
+    cfg = config.load_config(None, {"cache": {"dir": str(tmp_path / "cache")}, "runs_dir": str(tmp_path / "runs"),
+                                    "name": "t", "audio": {"n_mels": N_MELS}}, check_paths=False)
+    root, ids = config.cache_dir(cfg), [f"clip{i}" for i in range(len(data))]
+    symbols = [chr(ord("a") + i) for i in range(12)]
+    arrays = {"tokens": [np.array([ord(symbols[t]) for t in c["tokens"]], np.int32) for c in data],
+              **{k: [c[k] for c in data] for k in ("mels", "energy", "pitch", "durations")}}
+    for kind, rows in arrays.items():
+        shards.write(shards.prefix(root, kind, 0), kind, ids, rows, provenance="test",
+                     width=N_MELS if kind == "mels" else 1,
+                     rejected=[dict(id=i, path="d.json", stage="durations", reason="the audio does not carry its "
+                                    "text") for i in rejected] if kind == "durations" else (),
+                     **({"speakers": [speakers[c["speaker"]] for c in data]} if kind == "tokens" else {}))
+    (tmp_path / "ckpt-5.index").write_bytes(b"weights")
+    stats = {k: v.numpy().tolist() for k, v in NORM.items()}
+    synth = SimpleNamespace(model=FastPitch(**FASTPITCH), vocab={"symbols": symbols}, checkpoint=str(tmp_path / "ckpt-5"),
+                            info={"stats": stats, "speakers": ["a", "b", "c"]}, speakers=["a", "b", "c"],
+                            languages=[], mean=stats["mel_mean"], std=stats["mel_std"])
+    return cfg, synth
+
+
+def test_clips_the_durations_stage_rejected_get_no_gta_mel_and_say_why(tmp_path, monkeypatch):
+    """Acoustic training leaves out the clips the durations stage rejected (their durations do not fit their
+    audio); the GTA job made mels of them from those durations all the same, and fine-tuning paired them
+    with their audio. Now they are left out of the GTA shard, listed in its `rejected` with the reason."""
+    from pipeline import shards
+    from pipeline.vocoder import gta
+    cfg, synth = _one_shard(tmp_path, clips(5), rejected=["clip1", "clip3"])
+    monkeypatch.setattr(gta, "load_synthesizer", lambda cfg, log: synth)
+    logged = []
+    gta.build_gta_shard(cfg, 0, tmp_path / "gta" / "shard-000", log=logged.append)
+    meta, mels = shards.read(tmp_path / "gta" / "shard-000", "gta")
+    assert meta["ids"] == ["clip0", "clip2", "clip4"] and len(mels) == 3
+    assert [(r["id"], r["reason"]) for r in meta["rejected"]] == [("clip1", "the audio does not carry its text"),
+                                                                  ("clip3", "the audio does not carry its text")]
+    assert meta["weights"] == f"{synth.checkpoint}@{meta['weights'][-16:]}"   # which weights made them
+    assert "2 left out" in logged[-1]
+
+
+def test_a_voice_the_run_was_not_trained_with_is_one_line_not_the_first_voice(tmp_path, monkeypatch):
+    from pipeline.errors import PipelineError
+    from pipeline.vocoder import gta
+    cfg, synth = _one_shard(tmp_path, clips(3), speakers=("a", "b", "newcomer"))
+    monkeypatch.setattr(gta, "load_synthesizer", lambda cfg, log: synth)
+    with pytest.raises(PipelineError) as e:
+        gta.build_gta_shard(cfg, 0, tmp_path / "gta" / "shard-000", log=lambda *a: None)
+    assert "\n" not in str(e.value)
+    assert all(s in str(e.value) for s in ("tokens/shard-000.json", "clip2", "'newcomer'", "['a', 'b', 'c']", "run.json"))

@@ -169,3 +169,32 @@ def test_a_flipped_byte_in_any_shard_the_vocoder_reads_stops_its_loader(built_ca
             next(iter(build_segments(cfg, split)))
         line = errors._one_line(caught.value)
         assert f"{kind}/shard-002.bin" in line and "checksum mismatch" in line and "snakemake --cores all caches" in line
+
+
+def test_fine_tuning_skips_the_clips_a_gta_shard_left_out(built_cache, tmp_path):
+    """A GTA shard leaves out the clips the durations stage rejected (listed in its `rejected`); the
+    fine-tuning's loader raised CacheError on the first such clip. Now it leaves them out and says so;
+    a clip missing from a GTA shard without a record (a shard older than the cache) is still an error."""
+    from pipeline import shards
+    from pipeline.shards import CacheError
+    from pipeline.vocoder import segments
+    cfg = _cfg(built_cache, segment_frames=8, batch_size=4)
+    cfg["runs_dir"] = str(tmp_path)
+    entries, gone = data.read_index(cfg)["shards"], []
+    for entry in entries:
+        meta, mels = shards.read(config.cache_dir(cfg) / entry["mels"], "mels")
+        gone.append(meta["ids"][0])
+        shards.write(segments.gta_prefix(cfg, entry["shard"]), "gta", meta["ids"][1:], mels[1:], provenance="test",
+                     width=meta["width"], rejected=[dict(id=meta["ids"][0], path="d.json", stage="durations",
+                                                         reason="the audio does not carry its text")])
+    logged = []
+    clips, _ = segments._sources(cfg, "all", "gta", logged.append)
+    assert set(gone).isdisjoint(clips.ids) and len(clips.ids) == len(data.load_clips(cfg, "all")[0].ids) - len(gone)
+    assert any(f"{len(gone)} of" in line and "have no GTA mel" in line for line in logged), logged
+    assert next(iter(build_segments(cfg, "train", source="gta", recorded_fraction=0.5)))["mel"].shape[0] == 4
+    list(build_segments(cfg, "val", source="gta"))
+    meta = shards.read_meta(segments.gta_prefix(cfg, entries[0]["shard"]), "gta")   # no record: stale, an error
+    shards.write(segments.gta_prefix(cfg, entries[0]["shard"]), "gta", meta["ids"], shards.arrays(
+        meta, segments.gta_prefix(cfg, entries[0]["shard"])), provenance="test", width=meta["width"])
+    with pytest.raises(CacheError, match=f"{gone[0]} has no gta items"):
+        segments._sources(cfg, "all", "gta", logged.append)

@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline import config, data, placement, runinfo, shards
-from pipeline.errors import cli
+from pipeline.errors import PipelineError, cli
 from pipeline.synthesize import load_synthesizer
 from pipeline.train import normalise
 
@@ -80,38 +80,71 @@ def gta_provenance(cfg, checkpoint):
                          shards.code_digest("vocoder/gta.py"))
 
 
+def _voices(synth, tokens_meta):
+    """{field: ({name: id} of the run's table, the token shard's name per clip)}: each clip in its own voice,
+    the run's tables as training gave the ids (data.load_clips), for the fields the run tells apart."""
+    return {f: ({name: i for i, name in enumerate(names)}, tokens_meta[f + "s"]) for f, names in
+            (("speaker", synth.speakers), ("language", synth.languages))
+            if f in runinfo.voice_fields(synth.info) and f + "s" in tokens_meta}
+
+
+def _voice_ids(clip_id, voices, row, tokens_json, run):
+    """{field: the run's id} of the clip at token-shard `row`; a voice the run's table lacks is an error,
+    not the first voice (which would pair one voice's mels with another's audio)."""
+    out = {}
+    for field, (table_of, names) in voices.items():
+        if names[row] not in table_of:
+            raise PipelineError(f"{tokens_json}: {clip_id}'s {field} {names[row]!r} is not in the run's {field}s "
+                                f"{sorted(table_of)} ({runinfo.path(run)}); the run was trained before this voice "
+                                f"was in the cache: train it again or give it another `name`")
+        out[field] = table_of[names[row]]
+    return out
+
+
+def _gta_clips(cfg, synth, read, jsons):
+    """(ids, clips, left_out) of one shard's clips: `left_out` ({id, path, stage, reason}) the clips GTA mels are
+    not made for: those the durations stage rejected (acoustic training left them out: their durations do not
+    fit their audio) and those missing from a shard; the fine-tuning's loader skips them (vocoder.segments)."""
+    at = {k: {cid: i for i, cid in enumerate(meta["ids"])} for k, (meta, _) in read.items()}
+    table, tokens_meta = data.token_table(synth.vocab), read["tokens"][0]
+    voices, kinds = _voices(synth, tokens_meta), list(read)
+    rejected = {r["id"]: r for r in read["durations"][0].get("rejected", ())} if "durations" in read else {}
+    ids, clips, left_out = [], [], []
+    for cid in read["mels"][0]["ids"]:
+        missing = [k for k in kinds if cid not in at[k]]
+        if cid in rejected or missing:
+            left_out.append(dict(rejected[cid]) if cid in rejected else dict(
+                id=cid, path=str(jsons[missing[0]]), stage="gta",
+                reason=f"not in the {missing[0]} shard"))
+            continue
+        clip = {k: read[k][1][at[k][cid]] for k in kinds}
+        clip["tokens"] = table[clip["tokens"]]
+        clip.update(_voice_ids(cid, voices, at["tokens"][cid], jsons["tokens"], config.run_dir(cfg)))
+        ids.append(cid)
+        clips.append(clip)
+    return ids, clips, left_out
+
+
 def build_gta_shard(cfg, shard, out, log=_print):
     synth = load_synthesizer(cfg, log=log)
     model, root = synth.model, config.cache_dir(cfg)
     kinds = ["tokens", "mels", "energy", "pitch"] + (["durations"] if "durations" in model.needs else [])
-    read = {k: shards.read(shards.prefix(root, k, shard), k) for k in kinds}
-    at = {k: {cid: i for i, cid in enumerate(meta["ids"])} for k, (meta, _) in read.items()}
-    table = data.token_table(synth.vocab)
+    prefixes = {k: shards.prefix(root, k, shard) for k in kinds}
+    read = {k: shards.read(prefix, k) for k, prefix in prefixes.items()}
     # the statistics the model was trained with (its run.json), not the cache's: after a dataset edit
     # they differ, and the model must see its inputs as training normalised them
     norm = {k: tf.constant(np.asarray(v, np.float32)) for k, v in synth.info["stats"].items()}
-    tokens_meta = read["tokens"][0]
-    # each clip in its own voice: the run's tables, as training gave the ids (data.load_clips)
-    voices = {f: ({name: i for i, name in enumerate(names)}, tokens_meta[f + "s"]) for f, names in
-              (("speaker", synth.speakers), ("language", synth.languages))
-              if f in runinfo.voice_fields(synth.info) and f + "s" in tokens_meta}
-    ids, clips = [], []
-    for cid in read["mels"][0]["ids"]:
-        if not all(cid in at[k] for k in kinds):
-            continue
-        clip = {k: read[k][1][at[k][cid]] for k in kinds}
-        clip["tokens"] = table[clip["tokens"]]
-        for field, (table_of, names) in voices.items():
-            clip[field] = table_of.get(names[at["tokens"][cid]], 0)
-        ids.append(cid)
-        clips.append(clip)
+    ids, clips, left_out = _gta_clips(cfg, synth, read, {k: p.with_suffix(".json") for k, p in prefixes.items()})
     mels = [(m * synth.std + synth.mean).astype(np.float16)                          # (frames, n_mels) log-mel
             for m in teacher_forced_mels(model, clips, norm)]
+    # `weights`: which weights made these mels, kept with them, so a summary names them even after
+    # the checkpoint's path holds others (pipeline/vocoder/train.py _gta_from)
     shards.write(out, "gta", ids, mels, provenance=gta_provenance(cfg, synth.checkpoint), width=cfg["audio"]["n_mels"],
-                 checkpoint=synth.checkpoint)
+                 rejected=left_out, checkpoint=synth.checkpoint, weights=runinfo.checkpoint_identity(synth.checkpoint))
     err = np.mean([np.abs(m.astype(np.float32) - c["mels"].astype(np.float32)).mean()
                    for c, m in zip(clips, mels)]) if ids else float("nan")
-    log(f"gta shard {shard}: {len(ids)} clips from {synth.checkpoint}, mean |GTA - recorded| {err:.3f} (log-mel)")
+    log(f"gta shard {shard}: {len(ids)} clips from {synth.checkpoint}, mean |GTA - recorded| {err:.3f} (log-mel)"
+        + (f"; {len(left_out)} left out (listed in {out}.json's `rejected`)" if left_out else ""))
 
 
 @cli

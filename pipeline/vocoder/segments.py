@@ -77,11 +77,28 @@ def _cached_offsets(paths, kind, clips, item_bytes):
             [clips.checksums[kind][p] for p in present])
 
 
+def _with_gta_mels(cfg, index, clips, log):
+    """`clips` less those the GTA shards left out (their `rejected`: clips the durations stage rejected, which
+    acoustic training left out too). A clip neither in a GTA shard nor listed there stays: a GTA shard older
+    than the cache, which `_offsets` names with what to run."""
+    left = {}
+    for pos in np.unique(clips.shard):
+        meta = shards.read_meta(gta_prefix(cfg, index["shards"][pos]["shard"]), "gta")
+        left.update((r["id"], r.get("reason", "")) for r in meta.get("rejected", ()) if r.get("id") not in meta["ids"])
+    dropped = [cid for cid in clips.ids if cid in left]
+    if dropped:
+        log(f"segments: {len(dropped)} of {len(clips.ids)} clips have no GTA mel (listed in their GTA shard's "
+            f"`rejected`, e.g. {dropped[0]}: {left[dropped[0]]}): left out of fine-tuning")
+    return clips.take(np.array([i for i, cid in enumerate(clips.ids) if cid not in left], np.int64))
+
+
 def _sources(cfg, split, source, log, recorded=False):
     """(Clips of the split, {"mel", "audio", "f0"}: (per-clip offsets, shard .bin files, their checksums)) of the caches;
     with `recorded` (source "gta"), also "recorded": the recorded mels'."""
     index = read_index(cfg)
     clips, paths = load_clips(cfg, split, index)
+    if source == "gta":
+        clips = _with_gta_mels(cfg, index, clips, log)
     if not clips.ids:
         raise CacheError(f"{config.cache_dir(cfg)}: no clips in the {split!r} split")
     root, hop, n_mels = config.cache_dir(cfg), cfg["audio"]["hop_length"], cfg["audio"]["n_mels"]
