@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -275,3 +276,30 @@ def test_a_gan_step_runs_the_generator_once_and_trains_as_two_passes_did(built_c
     for model in ("generator", "disc"):
         for a, b in zip(getattr(once, model).weights, getattr(twice, model).weights, strict=True):
             np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.path)
+
+
+@pytest.mark.parametrize("shard", ["names its weights", "from before it did"])
+def test_fine_tuning_on_gta_mels_of_a_replaced_checkpoint_stays_noted(tmp_path, shard):
+    """An acoustic model trained again to the same step (ckpt-800, other weights) and fine-tuning rerun on
+    the old GTA shards: the summary recorded the bare path, the note compared ckpt-800 with ckpt-800 by name
+    and said nothing, so synthesize, evaluate and export spoke as if the vocoder were fine-tuned for it."""
+    from pipeline import config, runinfo
+    from pipeline.vocoder import inputs
+    from pipeline.vocoder import train as vtrain
+    cfg = config.load_config(None, {"runs_dir": str(tmp_path / "runs"), "name": "t"}, check_paths=False)
+    ckpt = config.run_dir(cfg) / "checkpoints" / "ckpt-800"
+    ckpt.parent.mkdir(parents=True)
+    Path(f"{ckpt}.index").write_bytes(b"the weights that made the GTA mels")
+    meta = {"checkpoint": str(ckpt), "provenance": "of the old weights"}
+    if shard == "names its weights":
+        meta["weights"] = runinfo.checkpoint_identity(str(ckpt))
+    Path(f"{ckpt}.index").write_bytes(b"the weights trained again")                 # same step, same path
+    summary = {"phase": "finetune", "gta_from": vtrain._gta_from(cfg, [meta])}
+    note = inputs.finetuned_elsewhere(cfg, summary, str(ckpt))
+    assert note is not None and "snakemake --cores all vocoder" in note
+    now = runinfo.checkpoint_identity(str(ckpt))
+    assert f"not of {now}, " in note                                                 # not "ckpt-800, not of ckpt-800"
+    said = meta["weights"] if shard == "names its weights" else "out of date"
+    assert f"GTA mels of {ckpt}" in note and said in note, note
+    assert json.loads(json.dumps(summary)) == summary                                # what vocoder.json keeps
+    assert inputs.finetuned_elsewhere(cfg, {"phase": "finetune", "gta_from": [now]}, str(ckpt)) is None

@@ -36,6 +36,8 @@ AS_BEFORE = {"finetune_recorded": 0}  # at this value a key trains as before it 
 KEEP = 2  # sets of checkpoints kept aside per phase (at the demo's sizes, ~3 MB each)
 UNRECORDED = "unrecorded-"  # set_aside/unrecorded-<time>/: checkpoints no inputs.json vouched for; never pruned
 PHASES = ("train", "finetune")
+UNCONFIRMED = "@unconfirmed"  # a `gta_from` entry's suffix: a GTA shard that the weights now at its path did not
+                              # make, nor says which did (pipeline/vocoder/train.py _gta_from)
 
 
 def path(folder):
@@ -200,11 +202,23 @@ def notes(cfg):
 
 def _same_weights(a, b):
     """Whether checkpoint names `a` and `b` (runinfo.checkpoint_identity's `path@digest`, or a bare path)
-    are the same weights: by digest where both have one (a copied run's paths differ), else by ckpt-N."""
+    are the same weights: by digest where both have one (a copied run's paths differ), else by ckpt-N.
+    A name marked UNCONFIRMED is no weights anyone can vouch for: never the same."""
+    if a.endswith(UNCONFIRMED) or b.endswith(UNCONFIRMED):
+        return False
     da, db = runinfo.checkpoint_digest(a), runinfo.checkpoint_digest(b)
     if da and db:
         return da == db
     return Path(runinfo.checkpoint_path(a)).name == Path(runinfo.checkpoint_path(b)).name
+
+
+def _named(made, spoken):
+    """How the note names checkpoint `made` (a `gta_from` entry) beside `spoken` (the path spoken with): by
+    path, with its digest where the paths are the same, or as out of date where UNCONFIRMED."""
+    if made.endswith(UNCONFIRMED):
+        return (f"{made[:-len(UNCONFIRMED)]} as it was when they were made (their shards' provenance does not "
+                f"match the weights now there: they are out of date)")
+    return made if runinfo.checkpoint_path(made) == str(spoken) else runinfo.checkpoint_path(made)
 
 
 def _gta_from_shards(cfg):
@@ -222,7 +236,9 @@ def _gta_from_shards(cfg):
             return []
     if not metas or made.get("gta") != [m.get("checksum") for m in metas]:
         return []
-    return sorted({m["checkpoint"] for m in metas if isinstance(m.get("checkpoint"), str)})
+    # the weights where the shard names them (pipeline/vocoder/gta.py since 2026-12-05), else its path
+    return sorted({m["weights"] if isinstance(m.get("weights"), str) else m["checkpoint"] for m in metas
+                   if isinstance(m.get("checkpoint"), str)})
 
 
 def finetuned_elsewhere(cfg, summary, checkpoint, then="", log=None):
@@ -238,9 +254,12 @@ def finetuned_elsewhere(cfg, summary, checkpoint, then="", log=None):
     if made and all(_same_weights(m, runinfo.checkpoint_identity(checkpoint)) for m in made):
         return None
     run = config.run_dir(cfg)
-    tuned = ", ".join(runinfo.checkpoint_path(m) for m in made) if made else f"other mels than {run / 'gta'}'s"
+    tuned = ", ".join(_named(m, checkpoint) for m in made) if made else f"other mels than {run / 'gta'}'s"
+    # one path on both sides (a model trained again to the same step): the digests tell them apart
+    same_path = any(runinfo.checkpoint_path(m).removesuffix(UNCONFIRMED) == str(checkpoint) for m in made)
+    spoken = runinfo.checkpoint_identity(checkpoint) if same_path else checkpoint
     note = (f"note: {run / 'vocoder.json'}: the vocoder was fine-tuned on the GTA mels of {tuned}, not of "
-            f"{checkpoint}, the acoustic checkpoint spoken with; run `snakemake --cores all vocoder` to fine-tune it "
+            f"{spoken}, the acoustic checkpoint spoken with; run `snakemake --cores all vocoder` to fine-tune it "
             f"on that one{then}")
     if log is not None:
         log(note)

@@ -428,16 +428,21 @@ def _forget_other_inputs(cfg, phase, folder, log):
 
 
 def _gta_from(cfg, metas):
-    """The acoustic checkpoints GTA shards `metas` were made from: `path@digest` (runinfo.checkpoint_identity)
-    where the shard's provenance confirms the weights now at that path made it, else the path alone. The
-    fine-tuned summary records them: pipeline.export notes a vocoder fine-tuned for another acoustic model."""
+    """The acoustic checkpoints GTA shards `metas` were made from, as `path@digest` (runinfo.checkpoint_identity):
+    the weights the shard names (`weights`); for a shard from before it named them, the weights now at its
+    path where its provenance confirms they made it, else `path` + inputs.UNCONFIRMED (other weights, mels or
+    GTA code made it: out of date), never the bare path, which the note would take for the weights now there.
+    The fine-tuned summary records them: synthesize, evaluate and export note a vocoder fine-tuned for another
+    acoustic model (inputs.finetuned_elsewhere)."""
     from pipeline.vocoder.gta import gta_provenance
     out = set()
     for meta in metas:
-        ckpt = meta.get("checkpoint")
-        if isinstance(ckpt, str):
+        ckpt, weights = meta.get("checkpoint"), meta.get("weights")
+        if isinstance(weights, str) and runinfo.checkpoint_digest(weights):
+            out.add(weights)
+        elif isinstance(ckpt, str):
             known = os.path.exists(f"{ckpt}.index") and gta_provenance(cfg, ckpt) == meta.get("provenance")
-            out.add(runinfo.checkpoint_identity(ckpt) if known else ckpt)
+            out.add(runinfo.checkpoint_identity(ckpt) if known else ckpt + inputs.UNCONFIRMED)
     return sorted(out)
 
 
