@@ -13,7 +13,8 @@ sentence is one compiled `model.infer` call (docs/models.md), never a Python loo
 Writes NN.wav (the run's vocoder, or Griffin-Lim; a vocoder that uses F0 gets the model's pitch per
 frame in Hz, `frame_f0`, where its own voicing head hears voicing), NN.npy (the log-mel, float32 (frames, n_mels),
 the project's HiFi-GAN-compatible mel, so any HiFi-GAN trained on it can voice it) and
-sentences.json (checkpoint, step, pace, pitch shift, text and length of each sample). The command refuses
+sentences.json (checkpoint, step, pace, pitch shift, text and length of each sample, and `cut`: true for a
+sentence cut at synthesize.max_seconds, which stderr says too). The command refuses
 what it can before TensorFlow and the model load (check_before_loading): no checkpoint, a pace or pitch
 shift out of range, an unknown speaker, language or symbol, a control character (a NUL: espeak-ng
 would stop there), no trained vocoder.
@@ -29,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +39,8 @@ from pipeline import config, files, markup, models, runinfo, text
 from pipeline.errors import MissingCheckpoint, PipelineError, cli
 from pipeline.vocoder import inputs, kinds
 from pipeline.wavfile import save_wav
+
+_print = functools.partial(print, flush=True)
 
 F0_SMOOTH_FRAMES = 5  # a TTS model's token pitch is a staircase: averaged over ~60 ms, a contour
 PACE = (0.1, 10.0)           # synthesize.pace's range (configs/schema.yaml): > 1 speaks faster
@@ -200,7 +204,7 @@ def note_audio_differences(cfg, info, run, log):
             "which its model was trained with")
 
 
-def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
+def load_synthesizer(cfg, log=_print):
     """The Synthesizer of the latest checkpoint in runs/{name}/checkpoints (MissingCheckpoint if none),
     built from what the run carries (runs/{name}/run.json)."""
     import tensorflow as tf
@@ -227,7 +231,7 @@ def load_synthesizer(cfg, log=functools.partial(print, flush=True)):
     return Synthesizer(cfg, model, latest, info, log)
 
 
-def synthesize(cfg, out, log=functools.partial(print, flush=True)):
+def synthesize(cfg, out, log=_print):
     """Every sentence into a temporary folder beside `out`, then moved into `out`, sentences.json
     last: a failure leaves the previous samples as they were (the rule's one output is sentences.json,
     so Snakemake deletes nothing else before the job). Bad input is refused before TensorFlow and the
@@ -267,8 +271,9 @@ def _synthesize_into(cfg, out, final, log):
         sentence = x["text"]
         res = synth.infer(sentence, speaker=x.get("speaker", ""), language=x.get("language", ""),
                           where=f"synthesize.sentences[{i}]")
-        if res["cut"]:
-            log(f"warning: sentence {i} was cut at synthesize.max_seconds = {s['max_seconds']} s")
+        if res["cut"]:  # in the job's log and on stderr (once where the log is stdout), and in sentences.json
+            _warn(f"warning: sentence {i} was cut at synthesize.max_seconds = {s['max_seconds']} s: "
+                  f"{final / f'{i:02d}.wav'} stops there; raise synthesize.max_seconds to hear it whole", log)
         audio = vocode(res["mel"], f0=vocode.voiced_f0(res["mel"], res["f0"]))  # F0: the model's, voicing: the vocoder's
         path = out / f"{i:02d}.wav"
         save_wav(path, np.asarray(audio), a["sample_rate"])
@@ -277,12 +282,18 @@ def _synthesize_into(cfg, out, final, log):
         log(f"{final / path.name}: {seconds:.2f} s, {res['tokens']} tokens: {sentence!r}")
         samples.append({"wav": str(final / path.name), "mel": str(final / f"{i:02d}.npy"), "text": sentence,
                         "speaker": res["speaker"], "language": res["language"],
-                        "frames": res["frames"], "seconds": round(seconds, 3)})
+                        "frames": res["frames"], "seconds": round(seconds, 3), "cut": bool(res["cut"])})
     files.atomic_write_text(out / "sentences.json", json.dumps(
         {"checkpoint": synth.checkpoint, "step": synth.step, "model": synth.model_kind, "pace": s["pace"],
          "pitch_shift": s["pitch_shift"], "vocoder": vocode.made,
          "samples": samples}, indent=1))
     return [x["wav"] for x in samples]
+
+
+def _warn(line, log):
+    print(line, file=sys.stderr, flush=True)
+    if log is not _print:  # a job's log (Snakemake's synthesize.log) or a caller's: it says so there too
+        log(line)
 
 
 def _npy_bytes(array):
