@@ -143,8 +143,9 @@ def ogg_cut_short(path):
     """True when an Ogg file (Vorbis, Opus, FLAC in Ogg) does not end with a whole last page flagged
     end-of-stream: libsndfile decodes a half-copied .ogg as a shorter clip without a word, where
     audio.wav_shortfall catches a cut WAV and a cut FLAC loses its frame sync. A page is found by its
-    capture pattern and version byte, and is whole when its segment table's lengths reach the end of
-    the file exactly (a pattern inside a packet's bytes does not)."""
+    capture pattern and version byte, and is whole when its segment table's lengths fit in the file;
+    the last whole page is the stream's end unless a page starts after it (cut off). Bytes after it
+    that start no page (an ID3v1 tag, zero padding from a copy tool) are not audio and are ignored."""
     with open(path, "rb") as f:
         f.seek(max(0, f.seek(0, 2) - OGG_PAGE_MAX))
         tail = f.read()
@@ -153,8 +154,9 @@ def ogg_cut_short(path):
         if tail[at + 4:at + 5] == b"\0" and at + 27 <= len(tail):
             n = tail[at + 26]
             table = tail[at + 27:at + 27 + n]
-            if len(table) == n and at + 27 + n + sum(table) == len(tail):
-                return not tail[at + 5] & 0x04
+            end = at + 27 + n + sum(table)
+            if len(table) == n and end <= len(tail):
+                return b"OggS" in tail[end:] or not tail[at + 5] & 0x04
         at = tail.rfind(b"OggS", 0, at)
     return True
 
