@@ -91,9 +91,6 @@ def utf8_lines(raw, path):
     return lines
 
 
-_ONE_FILE = "ids that differ only in case are one file on macOS and Windows"
-
-
 def read_metadata(path):
     """The clips of a metadata.csv, in file order; DatasetError on the first malformed line."""
     path = Path(path)
@@ -111,11 +108,9 @@ def read_metadata(path):
         if not text:
             raise DatasetError(f"{path}:{lineno}: empty text for id {clip_id!r}")
         check_text(line, f"{path}:{lineno}")
-        first = seen.get(clip_id.casefold())
-        if first is not None:
-            raise DatasetError(f"{path}:{lineno}: duplicate id {clip_id!r} (first on line {first[0]}"
-                               + ("" if first[1] == clip_id else f" as {first[1]!r}: {_ONE_FILE})"))
-        seen[clip_id.casefold()] = (lineno, clip_id)
+        if clip_id in seen:
+            raise DatasetError(f"{path}:{lineno}: duplicate id {clip_id!r} (first on line {seen[clip_id]})")
+        seen[clip_id] = lineno
         clips.append(Clip(clip_id, text, line, lineno))
     if not clips:
         raise DatasetError(f"{path}: no clips (the file is empty)")
@@ -441,12 +436,9 @@ def read_sources(sources, strict=True):
                                "give one of them another `name`")
         names[name] = i
         for c in read_source(src, i, strict):
-            first = seen.get(c.id.casefold())
-            if first is not None:
-                same = first[1] == c.id
-                raise DatasetError(f"clip id {c.id!r} twice: {first[0]} and {c.where}"
-                                   f"{'' if same else f' (as {first[1]!r}: {_ONE_FILE})'}; rename one file or a source")
-            seen[c.id.casefold()] = (c.where, c.id)
+            if c.id in seen:
+                raise DatasetError(f"clip id {c.id!r} twice: {seen[c.id]} and {c.where}; rename one file or a source")
+            seen[c.id] = c.where
             out.append(c)
     check_same_audio(out)
     return out

@@ -36,6 +36,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -107,11 +108,16 @@ def speak(text: str, *, voice: str = "en-us", speed: int = 175) -> tuple[np.ndar
 
 def read_transcripts(path, *, start: int = 0, count: int | None = None) -> list[tuple[str, str, str]]:
     """(id, text to speak, original line) for clips start .. start+count of an LJSpeech csv (its lines
-    that hold one: a BOM and blank lines are skipped, as the pipeline's reader does).
+    that hold one: a BOM and blank lines are skipped, as the pipeline's reader does): transcript_rows
+    without the line numbers."""
+    return [row[:3] for row in transcript_rows(path, start=start, count=count)]
 
-    An id names its clip's file, so it must be a plain file name (formats.plain_id), once in the lines
-    read, also when case is ignored (A1 and a1 are one file on macOS and Windows); a text the pipeline
-    would refuse (a control character: formats.check_text) stops the run before anything is spoken."""
+
+def transcript_rows(path, *, start: int = 0, count: int | None = None) -> list[tuple[str, str, str, int]]:
+    """(id, text to speak, original line, its line number) for clips start .. start+count of an
+    LJSpeech csv. An id names its clip's file, so it must be a plain file name (formats.plain_id), once
+    in the lines read; a text the pipeline would refuse (a control character: formats.check_text) stops
+    the run before anything is spoken."""
     rows, seen = [], {}
     path = Path(path)
     # only "\n" ends a line (str.splitlines would also split on \x85, \u2028, ...)
@@ -127,13 +133,33 @@ def read_transcripts(path, *, start: int = 0, count: int | None = None) -> list[
             raise ValueError(f"{where}: empty text for id {cols[0]!r}")
         clip_id = plain_id(cols[0].strip(), where)
         check_text(line, where)
-        first = seen.get(clip_id.casefold())
-        if first is not None:
-            raise ValueError(f"{where}: duplicate id {clip_id!r} (first on line {first[0]}"
-                             + (")" if first[1] == clip_id else f" as {first[1]!r}: one file on macOS and Windows)"))
-        seen[clip_id.casefold()] = (lineno, clip_id)
-        rows.append((clip_id, spoken, line))
+        if clip_id in seen:
+            raise ValueError(f"{where}: duplicate id {clip_id!r} (first on line {seen[clip_id]})")
+        seen[clip_id] = lineno
+        rows.append((clip_id, spoken, line, lineno))
     return rows
+
+
+def case_insensitive(folder):
+    """Whether `folder`'s file system takes names that differ only in case for one file (macOS's and
+    Windows' defaults), tried with a temporary file."""
+    probe = Path(tempfile.mkstemp(prefix=".case-probe-", dir=folder)[1])
+    try:
+        return Path(folder, probe.name.swapcase()).exists()
+    finally:
+        probe.unlink()
+
+
+def check_case_twins(folder, stems):
+    """ValueError naming both lines when two clips' file names (stems: (name, file:line)) differ only in
+    case and `folder` is on a file system that makes them one file: the second clip would overwrite
+    the first's audio, and metadata.csv pair two texts with one recording. On Linux they are two files."""
+    seen = {}
+    for stem, where in stems:
+        first = seen.setdefault(stem.casefold(), (stem, where))
+        if first[0] != stem and case_insensitive(folder):
+            raise ValueError(f"{where}: clip {stem!r} and {first[0]!r} ({first[1]}) differ only in case, and "
+                             f"{folder} is on a file system that makes them one file; rename one")
 
 
 def remove_other_formats(paths, log):
@@ -237,7 +263,7 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
         raise ValueError(f"need count >= 1, start >= 0, jobs >= 1, sample_rate >= 1; got "
                          f"count={count}, start={start}, jobs={jobs}, sample_rate={sample_rate}")
     _check_espeak()
-    rows = read_transcripts(transcripts, start=start, count=count)
+    rows = transcript_rows(transcripts, start=start, count=count)
     if len(rows) < count:
         raise ValueError(f"{transcripts} has {len(rows)} lines from line {start}, not {count}")
     out = Path(out)
@@ -245,13 +271,14 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
     wavs.mkdir(parents=True, exist_ok=True)
     for stale in wavs.glob(".*.tmp[0-9]*"):  # left by a killed run (files.temporary names)
         stale.unlink(missing_ok=True)
+    check_case_twins(wavs, [(clip_id, f"{transcripts}:{lineno}") for clip_id, _, _, lineno in rows])
 
     t0 = time.perf_counter()
-    total, made = _make_clips([(f"{transcripts}:{start + k + 1}: clip {clip_id}", wavs / f"{clip_id}.{fmt}", text,
-                                voice) for k, (clip_id, text, _) in enumerate(rows)],
+    total, made = _make_clips([(f"{transcripts}:{lineno}: clip {clip_id}", wavs / f"{clip_id}.{fmt}", text,
+                                voice) for clip_id, text, _, lineno in rows],
                               speed, sample_rate, compression_level, jobs, log)
-    remove_other_formats([wavs / f"{clip_id}.{fmt}" for clip_id, _, _ in rows], log)
-    atomic_write_text(out / "metadata.csv", "".join(line + "\n" for _, _, line in rows))
+    remove_other_formats([wavs / f"{clip_id}.{fmt}" for clip_id, *_ in rows], log)
+    atomic_write_text(out / "metadata.csv", "".join(line + "\n" for _, _, line, _ in rows))
 
     stats = {"clips": len(rows), "made": made, "skipped": len(rows) - made,
              "seconds": round(total / sample_rate, 2)}
@@ -300,7 +327,7 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
     if fmt not in FORMATS or count < 1 or start < 0 or jobs < 1:
         raise ValueError(f"need a format in {list(FORMATS)}, count >= 1, start >= 0, jobs >= 1")
     _check_espeak()
-    rows = read_transcripts(transcripts, start=start, count=count * len(voices))
+    rows = transcript_rows(transcripts, start=start, count=count * len(voices))
     if len(rows) < count * len(voices):
         raise ValueError(f"{transcripts} has {len(rows)} lines from line {start}, not {count * len(voices)} "
                          f"({count} for each of {len(voices)} voices)")
@@ -309,15 +336,17 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
     jobs_list = [(voice, language, *rows[i * count + k])
                  for i, (voice, language) in enumerate(zip(voices, languages)) for k in range(count)]
     t0 = time.perf_counter()
-    total, made = _make_clips([(f"{transcripts}:{start + j + 1}: clip {cid} ({voice})",
+    check_case_twins(out / "wavs", [(voice_file_stem(voice, cid), f"{transcripts}:{lineno}")
+                                    for voice, _, cid, _, _, lineno in jobs_list])
+    total, made = _make_clips([(f"{transcripts}:{lineno}: clip {cid} ({voice})",
                                 out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}", text, voice)
-                               for j, (voice, _, cid, text, _) in enumerate(jobs_list)],
+                               for voice, _, cid, text, _, lineno in jobs_list],
                               speed, sample_rate, None, jobs, log)
-    remove_other_formats([out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}" for voice, _, cid, _, _ in jobs_list],
+    remove_other_formats([out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}" for voice, _, cid, *_ in jobs_list],
                          log)
     lines = ["audio_file|text|speaker|language"] + [
         f"wavs/{voice_file_stem(voice, cid)}.{fmt}|{text}|{voice_speaker(voice)}|{language}"
-        for voice, language, cid, text, _ in jobs_list]
+        for voice, language, cid, text, *_ in jobs_list]
     atomic_write_text(out / "metadata.csv", "".join(line + "\n" for line in lines))
     stats = {"clips": len(jobs_list), "made": made, "skipped": len(jobs_list) - made,
              "seconds": round(total / sample_rate, 2), "speakers": [voice_speaker(v) for v in voices]}

@@ -117,7 +117,6 @@ def test_voices_named_by_their_espeak_file_make_a_corpus_planning_takes(tmp_path
     ("D1|First line.", ".hidden|Hello.", "t.csv:2: id '.hidden' is not a plain file name"),
     ("a\\b|Hello.", "D1|First line.", "t.csv:1: id 'a\\\\b' is not a plain file name"),
     ("a\x1bb|Hello.", "D1|First line.", "t.csv:1: id 'a\\x1bb' is not a plain file name"),
-    ("D1|First line.", "d1|Second line.", "t.csv:2: duplicate id 'd1' (first on line 1 as 'D1': one file on macOS"),
     ("D1|First line.", "D2|Stops\x00 here.", "t.csv:2: control character U+0000 at character 9"),
 ])
 def test_an_id_that_is_no_plain_file_name_or_comes_twice_stops_before_speaking(tmp_path, first, second, message):
@@ -143,14 +142,31 @@ def test_a_line_spoken_as_silence_stops_the_corpus_naming_its_line(tmp_path):
 
 
 def test_a_bom_and_blank_lines_read_as_the_pipeline_reads_them(tmp_path):
-    # make_corpus refused files the pipeline's own reader takes
+    # make_corpus refused files the pipeline's own reader takes; errors name the file's own line
     (tmp_path / "t.csv").write_bytes("\ufeffA1|Hello there.\n\nA2|Good morning.\r\n\n".encode("utf-8"))
     rows = mc.read_transcripts(tmp_path / "t.csv")
     assert [r[0] for r in rows] == ["A1", "A2"] and rows[1][2] == "A2|Good morning."
     assert [r[0] for r in mc.read_transcripts(tmp_path / "t.csv", start=1, count=1)] == ["A2"]
-    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 't.csv'}:3: duplicate id 'a1' (first on line 1 as")):
-        (tmp_path / "t.csv").write_text("A1|Hello.\n\na1|Hi.\n")
+    (tmp_path / "t.csv").write_text("A1|Hello.\n\nA1|Hi.\n")
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 't.csv'}:3: duplicate id 'A1' (first on line 1)")):
         mc.read_transcripts(tmp_path / "t.csv")
+    (tmp_path / "t.csv").write_text("A1|Hello there.\n\n\nP1|...\n")
+    with pytest.raises(SystemExit, match=r"t.csv:4: clip P1: espeak-ng spoke only silence"):
+        mc.main(["--transcripts", str(tmp_path / "t.csv"), "--out", str(tmp_path / "c"), "--count", "2",
+                 "--format", "wav", "--jobs", "1"])
+
+
+def test_ids_differing_only_in_case_are_refused_where_they_would_be_one_file(tmp_path, monkeypatch):
+    # on macOS and Windows A1.wav and a1.wav are one file: the second clip overwrote the first's audio
+    (tmp_path / "t.csv").write_text("A1|Hello there.\na1|Good morning.\n")
+    assert not mc.case_insensitive(tmp_path)  # this machine: two files, both made
+    assert mc.make_corpus(tmp_path / "t.csv", tmp_path / "linux", count=2, fmt="wav", jobs=1)["made"] == 2
+    monkeypatch.setattr(mc, "case_insensitive", lambda folder: True)
+    with pytest.raises(SystemExit, match=re.escape(f"t.csv:2: clip 'a1' and 'A1' ({tmp_path / 't.csv'}:1) differ "
+                                                   "only in case")):
+        mc.main(["--transcripts", str(tmp_path / "t.csv"), "--out", str(tmp_path / "mac"), "--count", "2",
+                 "--format", "wav", "--jobs", "1"])
+    assert not list((tmp_path / "mac" / "wavs").glob("*.wav"))  # refused before anything was spoken
 
 
 def test_a_corpus_remade_in_another_format_keeps_no_old_clip(tmp_path):
