@@ -319,19 +319,22 @@ def multiworker_strategy():
 
 
 def check_replica_batch(train_cfg, replicas):
-    """ConfigError unless train.batch_size splits evenly over `replicas` (TensorFlow would hand some
-    replica fewer clips, or none: an error about per-replica batch sizes, far from the cause)."""
+    """ConfigError when train.batch_size is smaller than `replicas`: some replica would get no clip
+    (TensorFlow's per-replica batch sizes [1, 0], an error far from the cause). A batch that does not
+    divide evenly is split unevenly and trains: 16 over 3 replicas is 6, 6 and 4."""
     batch = train_cfg.get("batch_size")
-    if batch and batch % replicas:
-        raise ConfigError(f"train.batch_size: {batch} does not split evenly over the {replicas} replicas of "
-                          f"train.placement mirrored; use a multiple of {replicas}")
+    if batch and batch < replicas:
+        raise ConfigError(f"train.batch_size: {batch} is smaller than the {replicas} replicas of "
+                          f"train.placement mirrored (a replica would get no clip); use at least {replicas}")
 
 
-def resolve(train_cfg, override=None, report=None, cpu_bfloat16=False):
+def resolve(train_cfg, override=None, report=None, cpu_bfloat16=False, splits_batch=True):
     """The Placement for `train:` (or `override`), with the reason for `auto` spelled out.
     `report`: the diagnose.json that `auto` consults with two or more GPUs. `cpu_bfloat16`: the caller's
     model trains faster in bfloat16 on a CPU with AMX-BF16 (the acoustic models: docs/scaling.md), so
-    mixed_precision `auto` picks it there when oneDNN's kernels run; on other CPUs `auto` is off."""
+    mixed_precision `auto` picks it there when oneDNN's kernels run; on other CPUs `auto` is off.
+    `splits_batch`: the caller splits train.batch_size over the mirrored replicas, so a batch smaller
+    than their count is refused; False for a caller that trains on devices[0] alone (the vocoder)."""
     name = override or train_cfg["placement"]
     if name == "multiworker":  # before any other TensorFlow op, listing devices included
         strategy, worker, chief, where = multiworker_strategy()
@@ -350,7 +353,8 @@ def resolve(train_cfg, override=None, report=None, cpu_bfloat16=False):
         if len(devices) < 2:
             reason += f" (only {len(devices)} device: mirrored runs one replica)"
         data_dev, model_dev = "/CPU:0", devices[0]
-        check_replica_batch(train_cfg, len(devices))
+        if splits_batch:
+            check_replica_batch(train_cfg, len(devices))
     elif name == "single":
         # one accelerator; without a GPU the last CPU device stands in (a second logical CPU in tests)
         model_dev = gpus[0] if gpus else cpus[-1]

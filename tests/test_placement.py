@@ -217,14 +217,38 @@ def test_multiworker_records_the_devices_its_strategy_mirrors_over(monkeypatch):
     assert p.devices == ["/GPU:0"] and "model on /GPU:0;" in p.describe()
 
 
-def test_mirrored_refuses_a_batch_that_does_not_split_over_its_replicas(monkeypatch):
+def test_mirrored_splits_an_uneven_batch_and_refuses_one_smaller_than_its_replicas(monkeypatch):
     from pipeline.config import ConfigError
+    gpus = ["/GPU:0", "/GPU:1", "/GPU:2"]
+    monkeypatch.setattr(placement, "_logical", lambda kind: gpus if kind == "GPU" else ["/CPU:0"])
+    # TensorFlow splits 16 over 3 replicas as 6, 6 and 4, and 5 as 2, 2 and 1: both train
+    for batch in (16, 5, 3):
+        assert placement.resolve(dict(TRAIN, placement="mirrored", batch_size=batch)).devices == gpus
+    # fewer clips than replicas: one would get none
+    with pytest.raises(ConfigError, match=r"^train.batch_size: 2 is smaller than the 3 replicas of "
+                                          r"train.placement mirrored .*use at least 3$"):
+        placement.resolve(dict(TRAIN, placement="mirrored", batch_size=2))
+    # a caller that trains on one device alone splits nothing
+    assert placement.resolve(dict(TRAIN, placement="mirrored", batch_size=1), splits_batch=False).devices == gpus
+
+
+def test_the_vocoder_on_a_mirrored_config_is_not_held_to_its_replica_count(monkeypatch, tmp_path):
+    # the vocoder trains on devices[0] alone: train.batch_size 1 with two replicas is no error there
+    from pipeline import config
+    from pipeline.vocoder import train as vocoder_train
     monkeypatch.setattr(placement, "_logical", lambda kind: ["/GPU:0", "/GPU:1"] if kind == "GPU" else ["/CPU:0"])
-    with pytest.raises(ConfigError, match=r"^train.batch_size: 1 does not split evenly over the 2 replicas"):
-        placement.resolve(dict(TRAIN, placement="mirrored", batch_size=1))
-    with pytest.raises(ConfigError, match=r"^train.batch_size: 5 "):
-        placement.resolve(dict(TRAIN, placement="mirrored", batch_size=5))
-    assert placement.resolve(dict(TRAIN, placement="mirrored", batch_size=4)).devices == ["/GPU:0", "/GPU:1"]
+    resolved, real = [], placement.resolve
+
+    def resolve(*args, **kwargs):
+        resolved.append(real(*args, **kwargs))
+        raise KeyboardInterrupt  # stop before the vocoder builds anything
+
+    monkeypatch.setattr(placement, "resolve", resolve)
+    cfg = config.load_config(None, {"train": {"placement": "mirrored", "batch_size": 1},
+                                    "runs_dir": str(tmp_path / "runs")}, check_paths=False)
+    with pytest.raises(KeyboardInterrupt):
+        vocoder_train.VocoderTrainer(cfg)
+    assert resolved[0].devices == ["/GPU:0", "/GPU:1"]
 
 
 def test_multiworker_after_another_tensorflow_op_is_an_error_naming_the_rule(monkeypatch):

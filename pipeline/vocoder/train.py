@@ -52,7 +52,9 @@ class VocoderTrainer:
     def __init__(self, cfg, phase="train", log=print):
         self.cfg, self.log, self.phase = cfg, log, phase
         v = cfg["vocoder"]
-        self.p = placement_mod.resolve(cfg["train"], report=config.report_dir(cfg) / "diagnose.json")
+        # one device (devices[0]): train.batch_size is not split over replicas here
+        self.p = placement_mod.resolve(cfg["train"], report=config.report_dir(cfg) / "diagnose.json",
+                                       splits_batch=False)
         placement_mod.set_precision_policy(self.p.mixed_precision)
         keras.utils.set_random_seed(cfg["train"]["seed"])
         self.device = self.p.devices[0]
