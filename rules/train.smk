@@ -38,9 +38,10 @@ rule train:
         "python -m pipeline.train --config {params.config:q} --out {output.summary:q} --threads {threads} 2>&1 | tee {log:q}"
 
 
-# The one declared output is sentences.json, written last: Snakemake deletes a job's outputs before
-# it runs, and the job writes NN.wav/NN.npy beside a temporary folder first, so a failing synthesize
-# keeps the previous samples.
+# Its output is shown as well as logged (tee, as train's): a sentence cut at synthesize.max_seconds
+# is said where the user looks. The one declared output is sentences.json, written last: Snakemake
+# deletes a job's outputs before it runs, and the job writes NN.wav/NN.npy beside a temporary folder
+# first, so a failing synthesize keeps the previous samples.
 rule synthesize:
     input:
         rules.train.output.summary,
@@ -58,4 +59,4 @@ rule synthesize:
         config=config_without("evaluate", "diagnose", "export", "reports_dir"),
         out=RUN / "samples",
     shell:
-        "python -m pipeline.synthesize --config {params.config:q} --out {params.out:q} > {log:q} 2>&1"
+        "python -m pipeline.synthesize --config {params.config:q} --out {params.out:q} 2>&1 | tee {log:q}"

@@ -22,3 +22,12 @@ def test_a_sentence_cut_at_max_seconds_is_recorded_and_said_on_stderr(built_cach
     err = [line for line in capsys.readouterr().err.splitlines() if "cut at synthesize.max_seconds" in line]
     assert len(err) == 1 and err[0].startswith("warning: sentence 1 ") and "01.wav" in err[0], err
     assert err[0] in logged                                      # and in the job's log, as before
+
+
+def test_snakemake_shows_what_synthesize_says():
+    # under Snakemake the job's output went only into synthesize.log: a cut sentence's warning never
+    # reached the terminal. The rule tees it, as train's does (bash's pipefail keeps a failure a failure)
+    from conftest import ROOT
+    rules = (ROOT / "rules" / "train.smk").read_text()
+    shell = rules[rules.index("rule synthesize:"):].split("shell:", 1)[1].split("\n\n", 1)[0]
+    assert "python -m pipeline.synthesize" in shell and shell.rstrip().rstrip('"').endswith("| tee {log:q}"), shell
