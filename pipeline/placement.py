@@ -23,11 +23,13 @@ MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs in th
 before), and raises PlacementError if something else came first.
 """
 import atexit
+import hashlib
 import json
 import os
 import re
 import shutil
 import socket
+import tempfile
 import time
 import zlib
 from dataclasses import dataclass
@@ -414,12 +416,21 @@ def _folded_in(next_seed):
     return next
 
 
+def worker_checkpoint_folder(run, index):
+    """Where non-chief worker `index` of the run in folder `run` saves: node-local, in $TMPDIR (else
+    /tmp), named after a digest of the run folder's absolute path, so a rerun of the run finds it and
+    another run's workers on the node have their own."""
+    digest = hashlib.sha256(str(Path(run).resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"tts-{digest}-worker-{index}"
+
+
 def worker_checkpoints(run, index):
-    """Non-chief worker `index`'s checkpoint folder, run/.worker-{index}/: every worker takes part in a
-    save, the chief's alone are kept. Removed when the process exits, however training ended; a kill
-    (SIGKILL, or the launcher's SIGTERM when a peer failed) skips that, so the next run's start empties
-    it, where a folder in /tmp would stay forever."""
-    folder = Path(run) / f".worker-{index}"
+    """Non-chief worker `index`'s checkpoint folder (worker_checkpoint_folder): every worker takes part
+    in a save, the chief's alone are kept. Node-local, not in the run folder: on a cluster that is
+    shared storage, and every save would write a full checkpoint there per worker. Removed when the
+    process exits, however training ended; a kill (SIGKILL, or the launcher's SIGTERM when a peer
+    failed) skips that, so the next run's start empties what such a kill left."""
+    folder = worker_checkpoint_folder(run, index)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     atexit.register(shutil.rmtree, folder, True)  # ignore_errors: finish() removed it already

@@ -543,13 +543,14 @@ def check_loss_scale(latest, optimizers, mixed_precision):
 
 
 def restore(trainer, run, log):
-    """The checkpoint manager (the chief's into run/checkpoints, a worker's into run/.worker-N, emptied:
-    every worker takes part in a save) after restoring the chief's latest finite checkpoint, if any."""
+    """The checkpoint manager (the chief's into run/checkpoints; a worker's into a node-local folder,
+    emptied, keeping one: every worker takes part in a save, only the chief's are kept) after restoring
+    the chief's latest finite checkpoint, if any."""
     ckpt = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer)
     chief = trainer.p.chief
     latest = set_aside_diverged(run / "checkpoints", chief, log)  # every worker resumes from the chief's
     save_dir = run / "checkpoints" if chief else placement_mod.worker_checkpoints(run, trainer.p.worker[0])
-    manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=3)
+    manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=3 if chief else 1)
     trainer.start_step = 0
     if latest:
         check_loss_scale(latest, {"optimizer": trainer.optimizer}, trainer.p.mixed_precision)

@@ -133,7 +133,7 @@ def test_launcher_checks_the_config_before_starting_workers(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("error: config file not found")
 
 
-# A non-chief worker's restore with a stand-in trainer (a one-layer model), then an error mid-run
+# A non-chief worker's restore with a stand-in trainer (a one-layer model), two saves, then an error mid-run
 WORKER_RUN = """
 import sys, types, keras, tensorflow as tf
 from pathlib import Path
@@ -144,24 +144,33 @@ worker = types.SimpleNamespace(chief=False, worker=(1, 2), mixed_precision="off"
 manager = train.restore(types.SimpleNamespace(model=model, optimizer=keras.optimizers.Adam(), p=worker),
                         Path(sys.argv[1]), print)
 train.save_checkpoint(manager, 4)
+train.save_checkpoint(manager, 12)
 print("saved into", manager.directory, sorted(p.name for p in Path(manager.directory).iterdir()), flush=True)
 raise RuntimeError("worker 0 failed")
 """
 
 
-def test_a_workers_checkpoint_folder_goes_when_it_fails_and_a_killed_ones_at_the_next_start(tmp_path):
-    run = tmp_path / "runs" / "demo"
-    stale = run / ".worker-1"  # what a worker killed by SIGKILL left behind
-    stale.mkdir(parents=True)
+def test_a_workers_checkpoint_folder_is_node_local_emptied_at_start_and_gone_when_it_fails(tmp_path):
+    from pipeline import placement
+    run, node_tmp = tmp_path / "runs" / "demo", tmp_path / "node-tmp"  # runs/: shared storage on a cluster
+    run.mkdir(parents=True), node_tmp.mkdir()
+    env = dict(ENV, TMPDIR=str(node_tmp))
+    stale = placement.worker_checkpoint_folder(run, 1)  # what a worker killed by SIGKILL left behind
+    stale = node_tmp / stale.name  # in this test's $TMPDIR
+    assert stale.name.startswith("tts-") and stale.name.endswith("-worker-1")
+    assert placement.worker_checkpoint_folder(tmp_path / "runs" / "other", 1).name != stale.name
+    stale.mkdir()
     (stale / "ckpt-8.index").write_text("left by a killed worker")
-    proc = subprocess.run([sys.executable, "-c", WORKER_RUN, str(run)], cwd=ROOT, env=ENV, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", WORKER_RUN, str(run)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert "RuntimeError: worker 0 failed" in proc.stderr
-    # in the run folder, not /tmp; the stale checkpoint was cleared before this run's save
+    # in the node's $TMPDIR, not the run folder; the stale checkpoint cleared before this run's saves;
+    # only the last save kept (a worker's saves are taken part in, never restored)
     saved = next(line for line in proc.stdout.splitlines() if line.startswith("saved into"))
-    assert saved.startswith(f"saved into {stale} [") and "ckpt-4.index" in saved and "ckpt-8" not in saved
+    assert saved.startswith(f"saved into {stale} [") and "ckpt-12.index" in saved
+    assert "ckpt-4" not in saved and "ckpt-8" not in saved
     assert not stale.exists()  # removed although training failed
-
+    assert sorted(p.name for p in run.iterdir()) == []  # nothing of the worker's in runs/
 
 
 def test_local_slurm_stop_deletes_only_a_folder_it_made(tmp_path):
