@@ -54,6 +54,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -78,7 +79,7 @@ TFLITE_FILES = {"float32": "model.tflite", "float16": "model_float16.tflite"}
 STAMP = ".exported"
 WRITES = {"saved_model": True, "vocab.json": False, "export.json": False, STAMP: False,
           **dict.fromkeys(TFLITE_FILES.values(), False)}
-LEFTOVER_SECONDS = 3600  # a temporary folder of a live export this old is a killed one's (its pid reused)
+LEFTOVER_SECONDS = 6 * 3600  # untouched this long, another host's export folder is a killed one's
 EMPTY_TOKENS = "an empty token list gives empty audio, shape [1, 0]"
 
 
@@ -385,7 +386,7 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     stale = inputs.finetuned_elsewhere(cfg, vocoder, synth.checkpoint, then=", then export again",
                                        log=lambda note: print(note, file=sys.stderr, flush=True))
     remove_leftovers(out, log)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    tmp = out.with_name(f".{out.name}.tmp{_process_tag()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
@@ -447,16 +448,41 @@ def _alive(pid):
     return True
 
 
+def _host():
+    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
+
+
+def _process_tag():
+    """This export's part of its temporary folders' names: `-{host}-{pid}`, so that an export on another
+    node (or container) writing to the same shared runs folder is never judged by this host's pids."""
+    return f"-{_host()}-{os.getpid()}"
+
+
+def _untouched_seconds(path):
+    """Seconds since anything under `path` was last written."""
+    newest = path.stat().st_mtime
+    for root, dirs, names in os.walk(path):
+        for name in dirs + names:
+            try:
+                newest = max(newest, os.lstat(os.path.join(root, name)).st_mtime)
+            except OSError:
+                pass
+    return time.time() - newest
+
+
 def remove_leftovers(out, log=print):
-    """Remove the temporary folders (.{name}.tmp{pid}, .{name}.old{pid}) a killed export left beside
-    `out`: those of a process no longer alive, or older than LEFTOVER_SECONDS (a reused pid). A live
-    export's are kept: two exports may run at once."""
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:tmp|old)(\d+)")
+    """Remove the temporary folders (.{name}.tmp-{host}-{pid}, .{name}.old-{host}-{pid}) a killed export
+    left beside `out`: on this host, those of a process no longer alive; of another host (or an older
+    export's .tmp{pid}), those untouched for LEFTOVER_SECONDS. A live export's are kept: two exports
+    may run at once, on one node or on several sharing the folder."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:tmp|old)(?:-(?P<host>[A-Za-z0-9._-]+)-)?(?P<pid>\d+)")
+    host = _host()
     for path in sorted(out.parent.iterdir()) if out.parent.is_dir() else ():
         found = pattern.fullmatch(path.name)
-        if not found or not path.is_dir() or path.is_symlink() or int(found.group(1)) == os.getpid():
+        if not found or not path.is_dir() or path.is_symlink() or path.name.endswith(_process_tag()):
             continue
-        if _alive(int(found.group(1))) and time.time() - path.stat().st_mtime < LEFTOVER_SECONDS:
+        pid = int(found.group("pid"))
+        if (_alive(pid) if found.group("host") == host else _untouched_seconds(path) < LEFTOVER_SECONDS):
             continue
         shutil.rmtree(path, ignore_errors=True)
         log(f"{path}: removed, what an interrupted export left")
@@ -466,7 +492,7 @@ def _replace_folder(new, out):
     """Put folder `new` at `out`; an old `out` is moved aside first and removed only after. `out` is
     checked again first (check_out): what it holds may have changed while the export ran."""
     check_out(out)
-    old = out.with_name(f".{out.name}.old{os.getpid()}")
+    old = out.with_name(f".{out.name}.old{_process_tag()}")
     if out.exists():
         os.replace(out, old)
     os.replace(new, out)

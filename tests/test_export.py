@@ -579,7 +579,7 @@ def _kill_the_export_once_started(run, started, timeout=300):
     while time.monotonic() < deadline and started.is_alive():
         tmp = sorted(run.glob(".export.tmp*"))
         if tmp:
-            os.kill(int(tmp[0].name.removeprefix(".export.tmp")), signal.SIGKILL)
+            os.kill(int(tmp[0].name.rpartition("-")[2]), signal.SIGKILL)
             return tmp[0]
         time.sleep(0.2)
     raise AssertionError("snakemake export never started its export")
@@ -618,3 +618,25 @@ def test_snakemake_export_keeps_the_previous_export_when_killed_and_leaves_out_a
     assert sorted(os.listdir(previous)) == [".exported", "export.json", "saved_model", "vocab.json"]
     assert not list(run.glob(".export.*"))                                      # the killed one's removed
     assert planned_jobs(path, "export", *MTIME_ONLY) == {}
+
+
+def test_leftovers_of_a_live_export_on_another_host_are_kept(tmp_path):
+    # a pid is this host's: another node's export writing to the same shared runs folder looked dead
+    # (os.kill sees only this host) and its temporary folder was deleted mid-export
+    import time
+
+    from pipeline import export
+    out = tmp_path / "export"
+    host = export._host()
+    dead = 2 ** 22 + 12345                        # above Linux's pid_max default: no such process
+    names = {f".export.tmp-{host}-{dead}": False, f".export.tmp-{host}-{os.getppid()}": True,
+             f".export.old-other-node-07-{dead}": True, f".export.tmp-other-node-07-{dead + 1}": False,
+             f".export.tmp{dead}": True}          # an older export's name, fresh: kept until it ages
+    for name in names:
+        (tmp_path / name / "saved_model").mkdir(parents=True)
+    old = tmp_path / f".export.tmp-other-node-07-{dead + 1}"
+    stale = time.time() - export.LEFTOVER_SECONDS - 60
+    for p in (old, old / "saved_model"):
+        os.utime(p, (stale, stale))
+    export.remove_leftovers(out, log=lambda *a: None)
+    assert {name: (tmp_path / name).exists() for name in names} == names
