@@ -173,6 +173,33 @@ def test_a_workers_checkpoint_folder_is_node_local_emptied_at_start_and_gone_whe
     assert sorted(p.name for p in run.iterdir()) == []  # nothing of the worker's in runs/
 
 
+def test_the_sbatch_template_passes_reserved_ports_only_where_slurm_has_them(tmp_path):
+    # stand-in srun and scontrol: srun prints what it was given; slurm.conf with and without MpiParams
+    script = ROOT / "scripts" / "train-multiworker.sbatch"
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (bin_ / "scontrol").write_text('#!/bin/sh\ncat "$SCONTROL_OUT"\n')
+    for tool in ("srun", "scontrol"):
+        (bin_ / tool).chmod(0o755)
+    for mpi, expected in (("MpiParams               = ports=12000-12999\n", ["--resv-ports"]), ("", [])):
+        (tmp_path / "config").write_text(f"ClusterName             = demo\n{mpi}")
+        proc = subprocess.run(["bash", str(script), "my.yaml"], capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", SLURM_CPUS_PER_TASK="8",
+                                       SCONTROL_OUT=str(tmp_path / "config")))
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines() == ["--kill-on-bad-exit=1", "--label", "--distribution=block", *expected,
+                                            "python", "-m", "pipeline.train", "--config", "my.yaml", "--threads", "8",
+                                            "--set", "train.placement=multiworker"]
+    # Under `set -u` bash before 4.4 (RHEL/CentOS 7) calls an empty "${ports[@]}" unbound and stops: this
+    # bash (5.x) cannot show it, so every array expansion must carry the ${name[@]+...} guard
+    text = script.read_text()
+    assert "set -euo pipefail" in text
+    bare = re.findall(r'(?<!\+)"\$\{(\w+)\[@\]\}"', text)  # not inside a guard
+    guarded = re.findall(r'\$\{(\w+)\[@\]\+"\$\{\1\[@\]\}"\}', text)
+    assert not bare and guarded == ["ports"], bare
+
+
 def test_local_slurm_stop_deletes_only_a_folder_it_made(tmp_path):
     # scripts/local-slurm.sh (the SLURM the sbatch template was tried on) runs as root: `stop` pointed
     # at any other folder by LOCAL_SLURM_DIR must leave it alone
