@@ -394,9 +394,10 @@ def check_same_audio(clips, paths=None, where_of=None):
     """DatasetError naming both clips when two are one audio file (the same device and inode: one path
     twice, a symbolic link, a hard link): the same recording under two ids (two sources over one folder,
     a link) would train under one and validate under the other. Each folder is scanned once; only the
-    files that are symbolic links are resolved, each to its target's folder listing; two files the
-    listings pair are confirmed by stat (os.path.samefile) before they stop planning. `paths` ({clip
-    id: file}) and `where_of` (clip -> file:line) stand in for each clip's `audio` and `where`."""
+    files that are symbolic links are resolved, each to its target's folder listing (one already
+    listed) or stat (a folder of its own, as git-annex keeps each file); two files the listings pair
+    are confirmed by stat (os.path.samefile) before they stop planning. `paths` ({clip id: file}) and
+    `where_of` (clip -> file:line) stand in for each clip's `audio` and `where`."""
     listings, seen = {}, {}
     path_of = paths.__getitem__ if paths is not None else None
     where_of = where_of or (lambda c: c.where)
@@ -409,8 +410,18 @@ def check_same_audio(clips, paths=None, where_of=None):
             return None  # no such file: the audio jobs report it
         device, inodes, links = listings[folder]
         if name in links:
-            real = os.path.realpath(path)
-            return identity(real, follow=False) if follow and real != path else None
+            if not follow:
+                return None
+            try:
+                target = os.path.normpath(os.path.join(folder, os.readlink(path)))
+                if os.path.dirname(target) in listings:  # a folder listed anyway: its readdir inodes
+                    found = identity(target, follow=False)
+                    if found is not None:
+                        return found
+                st = os.stat(path)  # a folder of its own (git-annex: one per file): one stat, no listing
+            except OSError:  # a broken link or a loop: the audio jobs report it
+                return None
+            return st.st_dev, st.st_ino
         return device, inodes[name]
 
     for c in clips:

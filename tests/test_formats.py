@@ -328,3 +328,20 @@ def test_an_unreadable_transcript_file_is_one_line(tmp_path):
     txt.unlink()
     txt.mkdir()  # a folder named like a transcript
     assert _error([{"root": str(vctk), "format": "vctk"}]) == f"{txt}: cannot read the transcript (Is a directory)"
+
+
+def test_links_into_folders_of_their_own_are_compared_by_stat(tmp_path):
+    # git-annex keeps each file in a folder of its own: listing each cost 0.77 s a plan on 13,100 clips
+    mine = make_csv(tmp_path / "mine", [])
+    rows = []
+    for name, key in (("a", "1"), ("b", "2"), ("c", "1")):
+        _tone(mine / "objects" / key / f"{key}.wav")
+        (mine / "wavs").mkdir(exist_ok=True)
+        (mine / "wavs" / f"{name}.wav").symlink_to(f"../objects/{key}/{key}.wav")
+        rows.append(f"wavs/{name}.wav|Hello.|anna|en-us")
+    (mine / "metadata.csv").write_text("\n".join(["audio_file|text|speaker|language", *rows[:2]]) + "\n")
+    assert len(formats.read_sources([{"root": str(mine), "format": "csv"}])) == 2   # two objects, two clips
+    (mine / "metadata.csv").write_text("\n".join(["audio_file|text|speaker|language", *rows]) + "\n")
+    assert _error([{"root": str(mine), "format": "csv"}]).startswith(
+        f"clip 'mine-a' of source 'mine' ({mine / 'metadata.csv'}:2) and clip 'mine-c' of source 'mine' "
+        f"({mine / 'metadata.csv'}:4) are one audio file {mine / 'objects' / '1' / '1.wav'}")
