@@ -21,7 +21,6 @@ COMMAND = re.compile(r"(?:^|[\s(])(snakemake(?:\s.*)?)$", re.S)
 ENDS = {"&&", "||", ";", "|", "(", ")", ">", ">>", "<", "&"}
 KEY_VALUE = ("resources", "config", "set_threads", "set_resources", "set_scatter", "set_resource_scopes",
              "default_resources")
-RULE_LISTS = ("forcerun", "until", "omit_from")
 
 
 def _command(text):
@@ -68,10 +67,18 @@ def problems(argv, parser, targets):
     raw = {k: getattr(args, k, None) for k in KEY_VALUE}
     found = [f"--{k.replace('_', '-')} swallows {v!r}" for k in ("config",) for v in raw["config"] or []
              if "=" not in v]  # --config keeps its raw strings; the others parse theirs (above)
-    if not args.targets:
-        found += [f"--{k.replace('_', '-')} swallows the target {v!r} (no target is left)"
-                  for k in RULE_LISTS for v in sorted(getattr(args, k, None) or ()) if v in targets]
+    if not args.targets:  # any option of several values (nargs + or *: read from the parser itself)
+        for dest in many_valued(parser):
+            values = getattr(args, dest, None)
+            values = values if isinstance(values, (list, tuple, set, frozenset)) else ()
+            found += [f"--{dest.replace('_', '-')} swallows the target {str(v)!r} (no target is left)"
+                      for v in sorted(map(str, values)) if v in targets]
     return found
+
+
+def many_valued(parser):
+    """The dests of the parser's options that take several values (nargs + or *), targets aside."""
+    return sorted({a.dest for a in parser._actions if a.option_strings and a.nargs in ("+", "*")})
 
 
 def _all_commands():
@@ -96,6 +103,8 @@ def test_every_documented_snakemake_command_parses_as_written():
     ("`snakemake --set-threads train=2 train`", "does not parse"),
     ("run `snakemake\n--forcerun caches` once", "swallows the target 'caches'"),
     ("`snakemake --until caches train`", "swallows the target"),
+    ("`snakemake --configfile configs/ljspeech.yaml train`", "--configfile swallows the target 'train'"),
+    ("`snakemake --envvars HOME train`", "--envvars swallows the target 'train'"),
 ])
 def test_a_target_after_a_many_valued_option_is_found(written, wrong):
     (_, argv), = doc_commands(written)
