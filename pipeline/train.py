@@ -112,10 +112,12 @@ class Trainer:
             self.stats = {k: np.asarray(v, np.float32) for k, v in info["stats"].items()}
             self.norm = {k: tf.constant(v, tf.float32) for k, v in self.stats.items()}
             self.model = models.build(cfg["model"], self.vocab, self.n_mels, **self.voices)
-            placement_mod.per_replica_dropout(self.model, self.p.strategy)  # train.seed's masks differ per replica
             check_frame_multiple(cfg["model"], self.model)
             self.needs = tuple(self.model.needs)
             self.model(self._dummy_batch(), training=False)  # create the variables now, in this scope
+            # after the first call: layers such as MultiHeadAttention(dropout=...) make their seed
+            # generator in build(); train.seed's masks then differ per replica
+            placement_mod.per_replica_dropout(self.model, self.p.strategy)
             if hasattr(self.model, "adapt"):
                 self.model.adapt(self.stats)
             tcfg = cfg["train"]

@@ -327,3 +327,64 @@ def test_each_replica_draws_its_own_dropout_masks():
         assert first != second
     assert out["losses"][0] != out["losses"][1]  # and new masks at the next step
     assert out["single"] == 0  # one device (no strategy): its masks are left as they were
+
+
+# A user's own model.kind whose only dropout is a MultiHeadAttention's: Keras creates that layer's
+# seed generator in build(), at the model's first call, so the trainer must fold replica ids in after it
+ATTENTION_MODEL = '''
+import keras, tensorflow as tf
+
+
+class Attending(keras.Model):
+    needs = ("tokens", "token_lengths", "mel", "mel_lengths")
+
+    def __init__(self, n_symbols, n_mels):
+        super().__init__()
+        self.embed = keras.layers.Embedding(n_symbols, 8)
+        self.attn = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.5)
+        self.out = keras.layers.Dense(n_mels)
+
+    def call(self, batch, training=False):
+        h = self.embed(batch["tokens"])
+        h = tf.reduce_mean(self.attn(h, h, training=training), axis=1, keepdims=True)
+        return {"mel": tf.tile(self.out(h), [1, tf.shape(batch["mel"])[1], 1])}
+
+    def tts_loss(self, outputs, batch):
+        loss = tf.reduce_mean(tf.abs(outputs["mel"] - batch["mel"]))
+        return loss, {"mel": loss, "total": loss}
+
+    def infer(self, tokens, token_lengths, *, pace=1.0, pitch_shift=0.0, max_frames):
+        raise NotImplementedError
+
+
+def build(model_cfg, vocab, n_mels):
+    return Attending(len(vocab), n_mels)
+'''
+
+TRAINER_DROPOUT_RUN = """
+import json, sys, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from pipeline import config, train
+cfg = config.load_config(sys.argv[1], {"model": {"kind": "attention_model:build", "options": {"any": 1}},
+                                       "train": {"placement": "mirrored", "buckets": 1}})
+trainer = train.Trainer(cfg, log=lambda *a: None)
+attn, strategy = trainer.model.attn, trainer.p.strategy
+generators = [g for layer in trainer.model._flatten_layers() for g in layer._seed_generators]
+x = tf.random.stateless_uniform([1, 6, 8], [1, 2])  # the same input on both replicas, dropout on
+outs = strategy.experimental_local_results(tf.function(lambda: strategy.run(lambda: attn(x, x, training=True)),
+                                                       autograph=False)())
+print(json.dumps({"generators": len(generators), "folded": sum("next" in vars(g) for g in generators),
+                  "same": bool(tf.reduce_all(outs[0] == outs[1]))}))
+"""
+
+
+def test_the_trainer_folds_replica_ids_into_generators_a_model_creates_at_build(built_cache, tmp_path):
+    (tmp_path / "attention_model.py").write_text(ATTENTION_MODEL)
+    proc = subprocess.run([sys.executable, "-c", TRAINER_DROPOUT_RUN, str(built_cache)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=f"{ROOT}:{tmp_path}"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["generators"] >= 1 and out["folded"] == out["generators"]  # the attention's, made in build()
+    assert not out["same"]  # each replica its own attention-dropout mask
