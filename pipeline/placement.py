@@ -320,14 +320,23 @@ def multiworker_strategy():
     return _MULTIWORKER
 
 
+def replica_shares(batch, replicas):
+    """How TensorFlow splits a global batch over mirrored replicas: ceil(batch / replicas) each, the
+    last what is left (measured on logical CPUs: 16 over 3 is 6, 6, 4; 4 over 3 is 2, 2, 0)."""
+    each = -(-batch // replicas)
+    return [each] * (replicas - 1) + [batch - each * (replicas - 1)]
+
+
 def check_replica_batch(train_cfg, replicas):
-    """ConfigError when train.batch_size is smaller than `replicas`: some replica would get no clip
-    (TensorFlow's per-replica batch sizes [1, 0], an error far from the cause). A batch that does not
-    divide evenly is split unevenly and trains: 16 over 3 replicas is 6, 6 and 4."""
+    """ConfigError when train.batch_size leaves a mirrored replica no clip (replica_shares: 4 over 3
+    replicas is 2, 2, 0; an empty share is a NaN loss or an error far from the cause). A batch that does
+    not divide evenly but fills every replica trains: 16 over 3 replicas is 6, 6 and 4."""
     batch = train_cfg.get("batch_size")
-    if batch and batch < replicas:
-        raise ConfigError(f"train.batch_size: {batch} is smaller than the {replicas} replicas of "
-                          f"train.placement mirrored (a replica would get no clip); use at least {replicas}")
+    if batch and min(replica_shares(batch, replicas)) <= 0:
+        fits = next(b for b in range(batch, batch + replicas * replicas + 1) if min(replica_shares(b, replicas)) > 0)
+        raise ConfigError(f"train.batch_size: {batch} over the {replicas} replicas of train.placement mirrored is "
+                          f"{replica_shares(batch, replicas)} clips each (a replica with none); use {fits} or a "
+                          f"multiple of {replicas}")
 
 
 def resolve(train_cfg, override=None, report=None, cpu_bfloat16=False, splits_batch=True):
@@ -335,8 +344,8 @@ def resolve(train_cfg, override=None, report=None, cpu_bfloat16=False, splits_ba
     `report`: the diagnose.json that `auto` consults with two or more GPUs. `cpu_bfloat16`: the caller's
     model trains faster in bfloat16 on a CPU with AMX-BF16 (the acoustic models: docs/scaling.md), so
     mixed_precision `auto` picks it there when oneDNN's kernels run; on other CPUs `auto` is off.
-    `splits_batch`: the caller splits train.batch_size over the mirrored replicas, so a batch smaller
-    than their count is refused; False for a caller that trains on devices[0] alone (the vocoder)."""
+    `splits_batch`: the caller splits train.batch_size over the mirrored replicas, so a batch that leaves
+    one of them no clip is refused; False for a caller that trains on devices[0] alone (the vocoder)."""
     name = override or train_cfg["placement"]
     if name == "multiworker":  # before any other TensorFlow op, listing devices included
         strategy, worker, chief, where = multiworker_strategy()

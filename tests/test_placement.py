@@ -5,6 +5,7 @@ TensorFlow lists; nothing in them runs on a device.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -217,19 +218,45 @@ def test_multiworker_records_the_devices_its_strategy_mirrors_over(monkeypatch):
     assert p.devices == ["/GPU:0"] and "model on /GPU:0;" in p.describe()
 
 
-def test_mirrored_splits_an_uneven_batch_and_refuses_one_smaller_than_its_replicas(monkeypatch):
+def test_mirrored_splits_an_uneven_batch_and_refuses_one_that_leaves_a_replica_empty(monkeypatch):
     from pipeline.config import ConfigError
     gpus = ["/GPU:0", "/GPU:1", "/GPU:2"]
     monkeypatch.setattr(placement, "_logical", lambda kind: gpus if kind == "GPU" else ["/CPU:0"])
     # TensorFlow splits 16 over 3 replicas as 6, 6 and 4, and 5 as 2, 2 and 1: both train
     for batch in (16, 5, 3):
         assert placement.resolve(dict(TRAIN, placement="mirrored", batch_size=batch)).devices == gpus
-    # fewer clips than replicas: one would get none
-    with pytest.raises(ConfigError, match=r"^train.batch_size: 2 is smaller than the 3 replicas of "
-                                          r"train.placement mirrored .*use at least 3$"):
-        placement.resolve(dict(TRAIN, placement="mirrored", batch_size=2))
+    # a replica with no clip: fewer clips than replicas, and 4 over 3 (2, 2, 0), which a rule on the
+    # count alone let through
+    for batch, shares, fits in ((2, [1, 1, 0], 3), (4, [2, 2, 0], 5)):
+        with pytest.raises(ConfigError, match=re.escape(f"train.batch_size: {batch} over the 3 replicas of "
+                                                        f"train.placement mirrored is {shares} clips each")
+                           + f".*use {fits} or a multiple of 3$"):
+            placement.resolve(dict(TRAIN, placement="mirrored", batch_size=batch))
     # a caller that trains on one device alone splits nothing
     assert placement.resolve(dict(TRAIN, placement="mirrored", batch_size=1), splits_batch=False).devices == gpus
+
+
+SHARES_RUN = """
+import json, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
+strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1", "/CPU:2"])
+shares = {}
+for batch in (4, 5, 16):
+    data = strategy.experimental_distribute_dataset(tf.data.Dataset.range(batch).batch(batch))
+    shares[batch] = [int(t.shape[0]) for t in strategy.experimental_local_results(next(iter(data)))]
+print(json.dumps(shares))
+"""
+
+
+def test_replica_shares_are_how_tensorflow_splits_a_batch():
+    # measured, not assumed: the shares the check refuses by are the ones a mirrored strategy makes
+    proc = subprocess.run([sys.executable, "-c", SHARES_RUN], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert measured == {str(b): placement.replica_shares(b, 3) for b in (4, 5, 16)}
+    assert measured["4"] == [2, 2, 0]  # the case a rule on the count alone let through
 
 
 def test_the_vocoder_on_a_mirrored_config_is_not_held_to_its_replica_count(monkeypatch, tmp_path):
