@@ -30,6 +30,7 @@ import sys
 import time
 import types
 import unicodedata
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -139,13 +140,26 @@ def _header_problem(info, *, max_seconds, fmax):
 OGG_PAGE_MAX = 65307  # 27 header bytes, a 255-entry segment table, 255 segments of 255 bytes
 
 
+_BIT_REVERSED = bytes(int(f"{b:08b}"[::-1], 2) for b in range(256))
+
+
+def ogg_crc(page):
+    """The CRC-32 an Ogg page carries (polynomial 0x04C11DB7, not reflected, no initial or final xor;
+    computed with its own CRC field zeroed), through zlib's reflected CRC-32: a CRC is affine in its
+    input, so zlib's value less that of as many zero bytes is the plain CRC of the bit-reversed bytes."""
+    data = (page[:22] + bytes(4) + page[26:]).translate(_BIT_REVERSED)
+    plain = zlib.crc32(data) ^ zlib.crc32(bytes(len(data)))
+    return int(f"{plain:032b}"[::-1], 2)
+
+
 def ogg_cut_short(path):
     """True when an Ogg file (Vorbis, Opus, FLAC in Ogg) does not end with a whole last page flagged
     end-of-stream: libsndfile decodes a half-copied .ogg as a shorter clip without a word, where
     audio.wav_shortfall catches a cut WAV and a cut FLAC loses its frame sync. A page is found by its
-    capture pattern and version byte, and is whole when its segment table's lengths fit in the file;
-    the last whole page is the stream's end unless a page starts after it (cut off). Bytes after it
-    that start no page (an ID3v1 tag, zero padding from a copy tool) are not audio and are ignored."""
+    capture pattern and version byte, and is whole when its segment table's lengths fit in the file and
+    its CRC is right (a cut page padded with zeros by a copy tool fits, but fails its CRC); the last
+    whole page is the stream's end unless a page starts after it (cut off). Bytes after it that start
+    no page (an ID3v1 tag, zero padding) are not audio and are ignored."""
     with open(path, "rb") as f:
         f.seek(max(0, f.seek(0, 2) - OGG_PAGE_MAX))
         tail = f.read()
@@ -155,7 +169,8 @@ def ogg_cut_short(path):
             n = tail[at + 26]
             table = tail[at + 27:at + 27 + n]
             end = at + 27 + n + sum(table)
-            if len(table) == n and end <= len(tail):
+            if len(table) == n and end <= len(tail) and \
+                    ogg_crc(tail[at:end]) == int.from_bytes(tail[at + 22:at + 26], "little"):
                 return b"OggS" in tail[end:] or not tail[at + 5] & 0x04
         at = tail.rfind(b"OggS", 0, at)
     return True
