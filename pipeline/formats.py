@@ -398,7 +398,7 @@ def check_same_audio(clips, paths=None, where_of=None):
     listed) or stat (a folder of its own, as git-annex keeps each file); two files the listings pair
     are confirmed by stat (os.path.samefile) before they stop planning. `paths` ({clip id: file}) and
     `where_of` (clip -> file:line) stand in for each clip's `audio` and `where`."""
-    listings, seen = {}, {}
+    listings, seen, real_folders = {}, {}, {}
     path_of = paths.__getitem__ if paths is not None else None
     where_of = where_of or (lambda c: c.where)
 
@@ -406,14 +406,23 @@ def check_same_audio(clips, paths=None, where_of=None):
         folder, name = os.path.split(path)
         if folder not in listings:
             listings[folder] = _listing(folder)
-        if listings[folder] is None or name not in listings[folder][1]:
-            return None  # no such file: the audio jobs report it
+        if listings[folder] is None:
+            return None  # no such folder: the audio jobs report it
+        if name not in listings[folder][1]:
+            # not as listed, yet there on a disk that ignores case (a1.wav is A1.wav on macOS): stat it
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None  # no such file: the audio jobs report it
+            return st.st_dev, st.st_ino
         device, inodes, links = listings[folder]
         if name in links:
             if not follow:
                 return None
             try:
-                target = os.path.normpath(os.path.join(folder, os.readlink(path)))
+                if folder not in real_folders:  # `..` in a target is the real folder's parent
+                    real_folders[folder] = os.path.realpath(folder)
+                target = os.path.normpath(os.path.join(real_folders[folder], os.readlink(path)))
                 if os.path.dirname(target) in listings:  # a folder listed anyway: its readdir inodes
                     found = identity(target, follow=False)
                     if found is not None:

@@ -134,6 +134,10 @@ def _check_folder_files(d, clips, audio, twins, folder):
             formats.one_audio_file([prefix + name for name in twins[c.id]], c.id, manifest.clip_where(d, c))
         if audio.get(c.id):
             paths[c.id] = prefix + audio[c.id].partition(":")[0]
+        else:  # not in the scan, yet maybe there on a disk that ignores case (a1.wav is A1.wav)
+            found = manifest.audio_path(d["root"], d["audio_dir"], c.id)
+            if found is not None:
+                paths[c.id] = str(found)
     formats.check_same_audio([c for c in clips if c.id in paths], paths, lambda c: manifest.clip_where(d, c))
 
 

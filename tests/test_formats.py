@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 from conftest import snakemake, write_config
 
-from pipeline import formats, manifest
+from pipeline import config, formats, manifest
 from pipeline.formats import DatasetError
 
 TEXTS = ["Please call Stella.", "Ask her to bring these things.", "Six spoons of fresh snow peas."]
@@ -345,3 +345,41 @@ def test_links_into_folders_of_their_own_are_compared_by_stat(tmp_path):
     assert _error([{"root": str(mine), "format": "csv"}]).startswith(
         f"clip 'mine-a' of source 'mine' ({mine / 'metadata.csv'}:2) and clip 'mine-c' of source 'mine' "
         f"({mine / 'metadata.csv'}:4) are one audio file {mine / 'objects' / '1' / '1.wav'}")
+
+
+def test_a_link_target_is_read_from_the_folder_the_link_really_is_in(tmp_path):
+    # wavs/ on another disk (a link), a.wav -> ../objects/x.wav: `..` was taken from the corpus's own
+    # folder, where another objects/x.wav sits, and the real duplicate went unpaired
+    disk, mine = tmp_path / "disk", make_csv(tmp_path / "mine", [])
+    _tone(disk / "objects" / "x.wav")
+    (disk / "wavs").mkdir()
+    (disk / "wavs" / "a.wav").symlink_to("../objects/x.wav")
+    (mine / "wavs").symlink_to(disk / "wavs")
+    (mine / "alias.wav").symlink_to(disk / "objects" / "x.wav")
+    _tone(mine / "objects" / "x.wav", seconds=0.4)  # another recording, under the same relative name
+    rows = ["objects/x.wav|One.|anna|en-us", "wavs/a.wav|Two.|anna|en-us", "alias.wav|Three.|anna|en-us"]
+    (mine / "metadata.csv").write_text("\n".join(["audio_file|text|speaker|language", *rows]) + "\n")
+    assert _error([{"root": str(mine), "format": "csv"}]).startswith(
+        f"clip 'mine-a' of source 'mine' ({mine / 'metadata.csv'}:3) and clip 'mine-alias' of source 'mine' "
+        f"({mine / 'metadata.csv'}:4) are one audio file {disk / 'objects' / 'x.wav'}")
+
+
+def test_a_name_a_case_ignoring_disk_finds_is_compared_by_stat(tmp_path, corpus_template, monkeypatch):
+    # on macOS a1.wav is A1.wav: not in the folder's listing, yet the mel job opens it, so two ids
+    # trained on one recording. Simulated here: a1.wav a hard link the listing does not show
+    from pipeline import preflight
+    lj = shutil.copytree(corpus_template, tmp_path / "lj")
+    lines = (lj / "metadata.csv").read_text().splitlines()
+    (lj / "metadata.csv").write_text("\n".join(lines + [lines[0].replace("LJ001-0001", "lj001-0001", 1)]) + "\n")
+    os.link(lj / "wavs" / "LJ001-0001.wav", lj / "wavs" / "lj001-0001.wav")
+    real_listing = formats._listing
+
+    def case_ignoring(folder):
+        found = real_listing(folder)
+        return found and (found[0], {k: v for k, v in found[1].items() if k != "lj001-0001.wav"}, found[2])
+    monkeypatch.setattr(formats, "_listing", case_ignoring)
+    cfg = config.load_config(write_config(tmp_path, lj))
+    audio = manifest.audio_files(lj, "wavs")
+    del audio["lj001-0001"]  # the scan lists names as the disk keeps them
+    with pytest.raises(DatasetError, match="clip 'LJ001-0001' .* and clip 'lj001-0001' .* are one audio file"):
+        preflight.check_audio(cfg, manifest.load_manifest(cfg["dataset"], 4), audio, {})
