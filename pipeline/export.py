@@ -449,7 +449,13 @@ def _alive(pid):
 
 
 def _host():
-    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
+    """This host's name, and its pid namespace where /proc shows one (containers started with one fixed
+    hostname each have their own): where a pid means this process table."""
+    name = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
+    try:
+        return f"{name}.{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return name
 
 
 def _process_tag():
@@ -472,8 +478,8 @@ def _untouched_seconds(path):
 
 def remove_leftovers(out, log=print):
     """Remove the temporary folders (.{name}.tmp-{host}-{pid}, .{name}.old-{host}-{pid}) a killed export
-    left beside `out`: on this host, those of a process no longer alive; of another host (or an older
-    export's .tmp{pid}), those untouched for LEFTOVER_SECONDS. A live export's are kept: two exports
+    left beside `out`: on this host, those of a process no longer alive; any (another host's, an older
+    export's .tmp{pid}, or this host's whose pid a new process took) untouched for LEFTOVER_SECONDS. A live export's are kept: two exports
     may run at once, on one node or on several sharing the folder."""
     pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:tmp|old)(?:-(?P<host>[A-Za-z0-9._-]+)-)?(?P<pid>\d+)")
     host = _host()
@@ -481,9 +487,9 @@ def remove_leftovers(out, log=print):
         found = pattern.fullmatch(path.name)
         if not found or not path.is_dir() or path.is_symlink() or path.name.endswith(_process_tag()):
             continue
-        pid = int(found.group("pid"))
-        if (_alive(pid) if found.group("host") == host else _untouched_seconds(path) < LEFTOVER_SECONDS):
-            continue
+        here = found.group("host") == host
+        if (not here or _alive(int(found.group("pid")))) and _untouched_seconds(path) < LEFTOVER_SECONDS:
+            continue  # a live export's (or another host's, for all a pid here says): kept while it is written
         shutil.rmtree(path, ignore_errors=True)
         log(f"{path}: removed, what an interrupted export left")
 

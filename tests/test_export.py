@@ -631,12 +631,13 @@ def test_leftovers_of_a_live_export_on_another_host_are_kept(tmp_path):
     dead = 2 ** 22 + 12345                        # above Linux's pid_max default: no such process
     names = {f".export.tmp-{host}-{dead}": False, f".export.tmp-{host}-{os.getppid()}": True,
              f".export.old-other-node-07-{dead}": True, f".export.tmp-other-node-07-{dead + 1}": False,
-             f".export.tmp{dead}": True}          # an older export's name, fresh: kept until it ages
+             f".export.tmp{dead}": True,          # an older export's name, fresh: kept until it ages
+             f".export.old-{host}-{os.getppid()}": False}  # a live pid, but untouched for days: a reused pid
     for name in names:
         (tmp_path / name / "saved_model").mkdir(parents=True)
-    old = tmp_path / f".export.tmp-other-node-07-{dead + 1}"
     stale = time.time() - export.LEFTOVER_SECONDS - 60
-    for p in (old, old / "saved_model"):
-        os.utime(p, (stale, stale))
+    for old in (tmp_path / f".export.tmp-other-node-07-{dead + 1}", tmp_path / f".export.old-{host}-{os.getppid()}"):
+        for p in (old, old / "saved_model"):
+            os.utime(p, (stale, stale))
     export.remove_leftovers(out, log=lambda *a: None)
     assert {name: (tmp_path / name).exists() for name in names} == names
