@@ -83,7 +83,8 @@ FLOOR = float(np.log(LOG_CLAMP))
 # SNR: its median stays at or below -2.5 where a normalised (z-scored) mel's is near 0 and a linear
 # one's near 0.01; and where it is clamped, it is clamped at FLOOR, where a log10 mel is clamped at
 # -5.0 and a dB one at -80 or -100. Its minimum alone does not tell: a noisy recording's mel never
-# comes near FLOOR (-7.1 .. -4.3 at 20 .. 0 dB SNR), as a log10 mel's does not.
+# comes near FLOOR (-7.1 .. -4.3 at 20 .. 0 dB SNR), as a log10 mel's does not. An unclamped log10 mel
+# (a recording with a noise floor) passes: its values are a noisier recording's natural-log mel's.
 MEDIAN_HIGHEST, SCALE_FRAMES = -1.5, 40
 CLAMPED_SHARE = 0.005  # this share of the values at one lowest value: a clamp
 
