@@ -43,14 +43,15 @@ def gta_prefix(cfg, shard):
     return shards.prefix(config.run_dir(cfg), "gta", shard)
 
 
-def _offsets(cfg, index, clips, kind, prefix_of, length_of):
-    """Per clip of `clips`, its offset (items) in shard `prefix_of(k)` of `kind`, checking its length."""
+def _offsets(cfg, index, clips, kind, prefix_of, length_of, read=None):
+    """Per clip of `clips`, its offset (items) in shard `prefix_of(k)` of `kind`, checking its length.
+    `read`: {index position: the shard's JSON} already read (each is read once)."""
     out = np.zeros(len(clips.ids), np.int64)
     where, metas = {}, {}
     for pos in np.unique(clips.shard):
         entry = index["shards"][pos]
         prefix = prefix_of(entry["shard"])
-        meta = metas[pos] = shards.read_meta(prefix, kind)
+        meta = metas[pos] = (read or {}).get(pos) or shards.read_meta(prefix, kind)
         shards.check(meta, prefix)
         where[pos] = (prefix, {cid: (o, n) for cid, o, n in zip(meta["ids"], meta["offsets"], meta["lengths"])})
     for i, (cid, pos) in enumerate(zip(clips.ids, clips.shard)):
@@ -78,18 +79,18 @@ def _cached_offsets(paths, kind, clips, item_bytes):
 
 
 def _with_gta_mels(cfg, index, clips, log):
-    """`clips` less those the GTA shards left out (their `rejected`: clips the durations stage rejected, which
-    acoustic training left out too). A clip neither in a GTA shard nor listed there stays: a GTA shard older
-    than the cache, which `_offsets` names with what to run."""
-    left = {}
+    """(`clips` less those the GTA shards left out (their `rejected`: clips the durations stage rejected, which
+    acoustic training left out too), {index position: the GTA shard's JSON}, for _offsets). A clip neither in a
+    GTA shard nor listed there stays: a GTA shard older than the cache, which `_offsets` names with what to run."""
+    left, metas = {}, {}
     for pos in np.unique(clips.shard):
-        meta = shards.read_meta(gta_prefix(cfg, index["shards"][pos]["shard"]), "gta")
+        meta = metas[pos] = shards.read_meta(gta_prefix(cfg, index["shards"][pos]["shard"]), "gta")
         left.update((r["id"], r.get("reason", "")) for r in meta.get("rejected", ()) if r.get("id") not in meta["ids"])
     dropped = [cid for cid in clips.ids if cid in left]
     if dropped:
         log(f"segments: {len(dropped)} of {len(clips.ids)} clips have no GTA mel (listed in their GTA shard's "
             f"`rejected`, e.g. {dropped[0]}: {left[dropped[0]]}): left out of fine-tuning")
-    return clips.take(np.array([i for i, cid in enumerate(clips.ids) if cid not in left], np.int64))
+    return clips.take(np.array([i for i, cid in enumerate(clips.ids) if cid not in left], np.int64)), metas
 
 
 def _sources(cfg, split, source, log, recorded=False):
@@ -97,8 +98,9 @@ def _sources(cfg, split, source, log, recorded=False):
     with `recorded` (source "gta"), also "recorded": the recorded mels'."""
     index = read_index(cfg)
     clips, paths = load_clips(cfg, split, index)
+    gta_metas = {}
     if source == "gta":
-        clips = _with_gta_mels(cfg, index, clips, log)
+        clips, gta_metas = _with_gta_mels(cfg, index, clips, log)
     if not clips.ids:
         raise CacheError(f"{config.cache_dir(cfg)}: no clips in the {split!r} split")
     root, hop, n_mels = config.cache_dir(cfg), cfg["audio"]["hop_length"], cfg["audio"]["n_mels"]
@@ -108,7 +110,7 @@ def _sources(cfg, split, source, log, recorded=False):
     if source == "recorded":
         where["mel"] = where.pop("recorded")
     else:
-        where["mel"] = _offsets(cfg, index, clips, "gta", lambda k: gta_prefix(cfg, k), lambda f: f)
+        where["mel"] = _offsets(cfg, index, clips, "gta", lambda k: gta_prefix(cfg, k), lambda f: f, gta_metas)
     where["audio"] = _offsets(cfg, index, clips, "audio", lambda k: shards.prefix(root, "audio", k), lambda f: f * hop)
     S = cfg["vocoder"]["segment_frames"]
     short = int(np.sum(clips.frames < S))
