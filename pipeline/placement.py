@@ -207,14 +207,20 @@ def _expand_item(item):
     prefix, ranges, rest = match.groups()
     hosts = []
     for part in ranges.split(","):
-        low, _, high = part.partition("-")
-        for n in range(int(low), int(high or low) + 1):  # "01-03" keeps its zero padding
-            hosts += [f"{prefix}{n:0{len(low)}d}{tail}" for tail in _expand_item(rest)]
+        width = len(part.partition("-")[0])  # "01-03" keeps its zero padding
+        for n in _span(part):
+            hosts += [f"{prefix}{n:0{width}d}{tail}" for tail in _expand_item(rest)]
     return hosts
 
 
+def _span(part):
+    """SLURM's "12-15" (or "12") as range(12, 16)."""
+    low, _, high = part.partition("-")
+    return range(int(low), int(high or low) + 1)
+
+
 def _counts(text):
-    """SLURM's "2(x3),1" (2 tasks on each of 3 nodes, then 1) as [2, 2, 2, 1]; also its port ranges."""
+    """SLURM's "2(x3),1" (2 tasks on each of 3 nodes, then 1) as [2, 2, 2, 1]."""
     counts = []
     for part in text.split(","):
         n, _, times = part.partition("(x")
@@ -224,11 +230,7 @@ def _counts(text):
 
 def _port_list(text):
     """srun's reserved ports, "12000-12003,12010", as a list."""
-    ports = []
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        ports += range(int(low), int(high or low) + 1)
-    return ports
+    return [port for part in text.split(",") for port in _span(part)]
 
 
 def slurm_ports(environ, per_node):
