@@ -459,8 +459,9 @@ def _host():
 
 
 def _process_tag():
-    """This export's part of its temporary folders' names: `-{host}-{pid}`, so that an export on another
-    node (or container) writing to the same shared runs folder is never judged by this host's pids."""
+    """This export's part of its temporary folders' names: `-{host}-{pid}` (_host: with the pid namespace),
+    so that an export on another node (or container) writing to the same shared runs folder is never
+    judged by this host's pids."""
     return f"-{_host()}-{os.getpid()}"
 
 
@@ -479,13 +480,13 @@ def _untouched_seconds(path):
 def remove_leftovers(out, log=print):
     """Remove the temporary folders (.{name}.tmp-{host}-{pid}, .{name}.old-{host}-{pid}) a killed export
     left beside `out`: on this host, those of a process no longer alive; any (another host's, an older
-    export's .tmp{pid}, or this host's whose pid a new process took) untouched for LEFTOVER_SECONDS. A live export's are kept: two exports
-    may run at once, on one node or on several sharing the folder."""
+    export's .tmp{pid}, or this host's whose pid a new process took) untouched for LEFTOVER_SECONDS. A
+    live export's are kept: two exports may run at once, on one node or on several sharing the folder."""
     pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:tmp|old)(?:-(?P<host>[A-Za-z0-9._-]+)-)?(?P<pid>\d+)")
-    host = _host()
+    host, mine = _host(), _process_tag()
     for path in sorted(out.parent.iterdir()) if out.parent.is_dir() else ():
         found = pattern.fullmatch(path.name)
-        if not found or not path.is_dir() or path.is_symlink() or path.name.endswith(_process_tag()):
+        if not found or not path.is_dir() or path.is_symlink() or path.name.endswith(mine):
             continue
         here = found.group("host") == host
         if (not here or _alive(int(found.group("pid")))) and _untouched_seconds(path) < LEFTOVER_SECONDS:
