@@ -399,7 +399,7 @@ def check_same_audio(clips, paths=None, where_of=None):
     are confirmed by stat (os.path.samefile) before they stop planning. `paths` ({clip id: file}) and
     `where_of` (clip -> file:line) stand in for each clip's `audio` and `where`."""
     listings, seen, real_folders = {}, {}, {}
-    path_of = paths.__getitem__ if paths is not None else None
+    audio_of = (lambda c: paths[c.id]) if paths is not None else (lambda c: c.audio)
     where_of = where_of or (lambda c: c.where)
 
     def identity(path, follow=True):
@@ -434,11 +434,11 @@ def check_same_audio(clips, paths=None, where_of=None):
         return device, inodes[name]
 
     for c in clips:
-        audio = path_of(c.id) if path_of else c.audio
+        audio = audio_of(c)
         key = identity(audio)
         first = seen.setdefault(key, c) if key is not None else c
-        if first is not c and _same_file(path_of(first.id) if path_of else first.audio, audio):  # stat's word
-            real, other = os.path.realpath(path_of(first.id) if path_of else first.audio), os.path.realpath(audio)
+        if first is not c and _same_file(audio_of(first), audio):  # stat's word, where the listings agree
+            real, other = os.path.realpath(audio_of(first)), os.path.realpath(audio)
             raise DatasetError(f"clip {first.id!r}{_of_source(first)} ({where_of(first)}) and clip {c.id!r}"
                                f"{_of_source(c)} ({where_of(c)}) are one audio file "
                                f"{real}{'' if other == real else f' (hard-linked as {other})'}: the same recording "
