@@ -185,12 +185,14 @@ class Trainer:
         out = self.model(batch, training=False)
         return self.model.tts_loss(out, batch)[1], out
 
-    def _grads(self, batch):
+    def _grads(self, batch, share=None):
+        """The gradient of the loss times `share`, this replica's part of the global batch (None: one
+        device, or replicas with even parts)."""
         batch = self._normalise(batch)
         with tf.GradientTape() as tape:
             out = self.model(batch, training=True)
             loss, terms = self.model.tts_loss(out, batch)
-            scaled = loss / tf.distribute.get_strategy().num_replicas_in_sync
+            scaled = loss / tf.distribute.get_strategy().num_replicas_in_sync if share is None else loss * share
             if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
                 scaled = self.optimizer.scale_loss(scaled)
         return tape.gradient(scaled, self.model.trainable_variables), terms
@@ -215,12 +217,17 @@ class Trainer:
         clip = self.cfg["train"]["grad_clip"]
 
         def replica_step(batch):
-            grads, terms = grads_fn(batch)
+            # Each replica's mean loss weighs as its part of the global batch: TensorFlow splits 16 clips
+            # over 3 replicas as 6, 6 and 4, and the 4 clips' mean must not count as much as the 6's.
+            context = tf.distribute.get_replica_context()
+            clips = tf.cast(tf.shape(batch["tokens"])[0], tf.float32)
+            share = clips / context.all_reduce(tf.distribute.ReduceOp.SUM, clips)
+            grads, terms = grads_fn(batch, share)
             grads = [tf.convert_to_tensor(g) for g in grads]
             # Clipped by the global norm of the summed gradient, as one device clips the whole batch's
             # (Keras's global_clipnorm would clip each replica's share before summing): every replica
             # scales its share by the same factor, and optimizer.apply sums them.
-            total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+            total = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
             norm = tf.linalg.global_norm(total)
             if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
                 norm = norm / tf.cast(self.optimizer.dynamic_scale, norm.dtype)  # the loss scale's
@@ -228,12 +235,12 @@ class Trainer:
             # loss-scale optimizer skips the step on all replicas alike, never on one while another sums.
             factor = tf.where(tf.math.is_finite(norm), clip / tf.maximum(norm, clip), float("nan"))
             self.optimizer.apply([g * tf.cast(factor, g.dtype) for g in grads], variables)
-            return terms
+            return {k: v * tf.cast(share, v.dtype) for k, v in terms.items()}  # summed: the batch's mean
 
         @functools.partial(tf.function, autograph=False)
         def step(batch):
             terms = strategy.run(replica_step, args=(batch,))
-            return {k: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in terms.items()}
+            return {k: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in terms.items()}
         return step
 
     def wait_for_all(self):

@@ -204,6 +204,53 @@ def test_mirrored_clips_the_summed_gradient_as_one_device_clips_the_batch(placem
     assert out["step_diff"] < 0.01 * out["step_size"], out
 
 
+# One global batch of 5 clips, every frame and token real, one step each: on one device, and mirrored over
+# 3 replicas, which TensorFlow splits as 2, 2 and 1. Each replica's mean loss must weigh as its part of
+# the batch: counted alike, the lone clip weighs 2.5x the others and the step is not the batch's.
+UNEVEN_RUN = """
+    import json, tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
+    from pipeline import config
+    from pipeline.train import build_trainer
+    flat = lambda trainer: tf.concat([tf.reshape(v, [-1]) for v in trainer.model.trainable_variables], 0).numpy()
+    cfg = config.load_config({path!r}, {{
+        "train": {{"grad_clip": 1e-3, "mixed_precision": "off", "batch_size": 5, "buckets": 1}},
+        "model": {{"transformer_tts": {{"dropout": 0.0, "prenet_dropout": 0.0}}}}}})
+    out, batch = {{}}, None
+    for placement in ("cpu", "mirrored"):
+        trainer = build_trainer(cfg, placement=placement, log=lambda *a: None)
+        if batch is None:
+            batch = next(iter(trainer.build_dataset("train")))
+            batch = dict(batch, mel_lengths=tf.fill(tf.shape(batch["mel_lengths"]), tf.shape(batch["mel"])[1]),
+                         token_lengths=tf.fill(tf.shape(batch["token_lengths"]), tf.shape(batch["tokens"])[1]))
+        given = batch
+        if trainer.p.strategy is not None:
+            given = next(iter(trainer.p.strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch))))
+            out["shares"] = [int(t.shape[0]) for t in trainer.p.strategy.experimental_local_results(given["tokens"])]
+        before = flat(trainer)
+        terms = trainer.step(given)
+        out[placement] = {{"before": before.tolist(), "after": flat(trainer).tolist(), "total": float(terms["total"])}}
+    print(json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_mirrored_weighs_an_uneven_split_as_one_device_weighs_the_batch(built_cache, tmp_path):
+    path = tiny_config(built_cache, tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(UNEVEN_RUN.format(path=str(path)))],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["shares"] == [2, 2, 1]
+    one, three = ({k: np.array(v) if k != "total" else v for k, v in out[p].items()} for p in ("cpu", "mirrored"))
+    assert np.array_equal(one["before"], three["before"])            # the same seeded weights
+    assert three["total"] == pytest.approx(one["total"], rel=1e-5)   # the loss it reports is the batch's
+    size = np.abs(one["after"] - one["before"]).max()
+    assert size > 1e-5 and np.abs(three["after"] - one["after"]).max() < 0.01 * size
+
+
 def _train(path, *extra, check=True):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     cmd = [sys.executable, "-m", "pipeline.train", "--config", str(path), *extra]
