@@ -68,13 +68,27 @@ class Clip:
     language: str = ""
 
 
-def validation_clips(cfg):
+def validation_clips(cfg, log=None):
     """[Clip] of the cached validation split, sorted by id, at most evaluate.max_clips (taken from
-    each speaker in turn when there are several), each with its recorded F0 from the pitch cache."""
-    from pipeline import data  # TensorFlow: only when a model is evaluated
+    each speaker in turn when there are several), each with its recorded F0 from the pitch cache.
+    Where the model trains on the aligner's durations, the clips the duration stage rejected (audio
+    that does not carry its text) are left out, as training leaves them out, and `log` names them."""
+    from pipeline import data, models  # TensorFlow: only when a model is evaluated
 
     index = data.read_index(cfg)
-    clips, paths = data.load_clips(cfg, "val", index)
+    # (where no duration shard was made yet, as for a vocoder measured before any acoustic model: none)
+    with_durations = models.needs_durations(cfg["model"]) and any(
+        shards.prefix(config.cache_dir(cfg), "durations", e["shard"]).with_suffix(".json").exists() for e in index["shards"])
+    clips, paths = data.load_clips(cfg, "val", index, durations=with_durations)
+    rejected = []
+    if with_durations:
+        dropped = set(data.load_clips(cfg, "val", index)[0].ids) - set(clips.ids)
+        rejected = sorted(r["id"] for r in data.left_out(cfg, index, durations=True)
+                          if r.get("stage") == "durations" and r["id"] in dropped)
+        if rejected and log:
+            log(f"{len(rejected)} validation clip(s) left out, as training leaves them out: the duration stage "
+                f"found their audio does not carry their text ({', '.join(rejected[:5])}"
+                f"{', ...' if len(rejected) > 5 else ''}; reasons in {config.run_dir(cfg) / 'rejected.tsv'})")
     ds = cfg["dataset"]
     known = {c.id: c for group in manifest.load_manifest(ds, cfg["cache"]["shards"]).values() for c in group}
     voices = data.voice_fields(index)
@@ -84,6 +98,10 @@ def validation_clips(cfg):
     turns = [group[i] for i in range(max(map(len, by_speaker.values()), default=0))
              for _, group in sorted(by_speaker.items()) if i < len(group)]
     order = sorted(turns[:cfg["evaluate"]["max_clips"]])
+    if not order and rejected and not len(clips.ids):
+        raise NoValidationClips(
+            f"no validation clip: the duration stage rejected all {len(rejected)} of the split's clips (audio that "
+            f"does not carry its text; reasons in {config.run_dir(cfg) / 'rejected.tsv'})")
     if not order:
         raise NoValidationClips(
             f"no validation clip: dataset.val_fraction = {ds['val_fraction']} holds none of the cached clips "
@@ -119,20 +137,26 @@ def duration_shards(cfg):
 
 
 def aligner_check(cfg):
-    """{clips, sums_ok, monotonic} over every clip of the duration shards (None where there are none):
-    the shares whose durations sum to the clip's mel frames, and that give every token, in order, a
-    whole number >= 0 of frames (a monotonic path through all tokens)."""
+    """{clips, sums_ok, monotonic, rejected} over the clips of the duration shards that training uses
+    (None where there are none): the shares whose durations sum to the clip's mel frames, and whose
+    path goes through every token in order, each at least one frame (what monotonic alignment search
+    gives; a token with none was skipped). `rejected`: the clips the duration stage left out. Clips
+    whose audio the cache rejected (no mel; zeros in the shard) count in neither."""
     root = config.cache_dir(cfg)
-    clips = sums_ok = monotonic = 0
+    clips = sums_ok = monotonic = rejected = 0
     for entry, meta, durations in duration_shards(cfg):
         frames, tokens = _lengths(root / entry["mels"], "mels"), _lengths(root / entry["tokens"], "tokens")
+        left_out = {r["id"] for r in meta.get("rejected", ())}
+        rejected += len(left_out)
         for cid, d in zip(meta["ids"], durations):
+            if cid in left_out or cid not in frames:
+                continue
             clips += 1
-            sums_ok += int(d.sum()) == frames.get(cid)
-            monotonic += len(d) == tokens.get(cid) and bool((d >= 0).all())
+            sums_ok += int(d.sum()) == frames[cid]
+            monotonic += len(d) == tokens.get(cid) and bool((d >= 1).all())
     if not clips:
         return None
-    return {"clips": clips, "sums_ok": sums_ok / clips, "monotonic": monotonic / clips}
+    return {"clips": clips, "sums_ok": sums_ok / clips, "monotonic": monotonic / clips, "rejected": rejected}
 
 
 class Analyser:
@@ -397,7 +421,7 @@ def evaluate(cfg, out, log=_print, threads=1):
     from pipeline.synthesize import load_synthesizer
     from pipeline.vocoder import inputs, kinds
 
-    clips = validation_clips(cfg)  # a missing cache first (the earlier stage), then a missing checkpoint
+    clips = validation_clips(cfg, log)  # a missing cache first (the earlier stage), then a missing checkpoint
     with Listeners(listeners_for(threads, len(clips))) as listeners:
         synth = load_synthesizer(cfg, log)  # MissingCheckpoint before the vocoder's: the clearest thing to fix
         voc = kinds.load(cfg, mels_of="the config (the caches' mels and the acoustic run's)")

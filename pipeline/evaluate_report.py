@@ -200,8 +200,10 @@ def markdown(report):
     lines.append("")
     if "aligner" in report:
         al = report["aligner"]
+        left = (f"; {al['rejected']} clip(s) left out as audio that does not carry its text (rejected.tsv)"
+                if al.get("rejected") else "")
         lines += [(f"Aligner durations: {al['clips']} clips; {100 * al['sums_ok']:.0f} % sum to their mel frames, "
-                  f"{100 * al['monotonic']:.0f} % monotonic."), ""]
+                  f"{100 * al['monotonic']:.0f} % a monotonic path with every token at least one frame{left}."), ""]
     lines += listener_lines(report) + speaker_lines(report)
     voc = len(ceilings) > 1
     lines += [("Medians over the clips. MCD: mel-cepstral distortion (order 24, c0 excluded) of WORLD envelopes over the "

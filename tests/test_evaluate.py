@@ -228,13 +228,20 @@ def test_aligner_block_shares_of_right_sums_and_monotonic_paths(built_cache, tmp
         if i == 0:
             d[0] += 1                  # one frame too many
         if i == 1:
-            d[0], d[1] = -1, d[1] + 2  # right sum, but a path that steps back
+            d[0], d[1] = 0, d[1] + 1   # right sum, but a token skipped (alignment search gives each one a frame)
         durations.append(d)
-    shards.write(shards.prefix(root, "durations", entry["shard"]), "durations", tok["ids"], durations,
-                 provenance="test")
-    n = len(tok["ids"])
-    assert n >= 3
-    assert evaluate.aligner_check(cfg) == {"clips": n, "sums_ok": (n - 1) / n, "monotonic": (n - 1) / n}
+    ids = list(tok["ids"])
+    n = len(ids)
+    assert n >= 4
+    ids[-1] = "LJ999-9999"                                       # a clip whose audio the cache rejected: no mel
+    durations[-1] = np.zeros_like(durations[-1])                 # (the duration stage writes zeros for it)
+    rejected = [{"id": ids[-2], "path": "x", "stage": "durations", "reason": "token 0 lasts 99 frames"}]
+    shards.write(shards.prefix(root, "durations", entry["shard"]), "durations", ids, durations,
+                 provenance="test", rejected=rejected)
+    # the rejected clip and the one without audio are in neither share (they once read as wrong sums)
+    kept = n - 2
+    assert evaluate.aligner_check(cfg) == {"clips": kept, "sums_ok": (kept - 1) / kept, "monotonic": (kept - 1) / kept,
+                                           "rejected": 1}
 
 
 @pytest.mark.slow
@@ -268,7 +275,7 @@ def test_snakemake_evaluate_on_a_tiny_trained_model(trained_run, tmp_path):
     # the run has duration caches: the aligner block counts every clip's durations, all sound
     assert result["model"] == "fastpitch"
     n_clips = len((Path(cfg["dataset"]["root"]) / "metadata.csv").read_text().splitlines())
-    assert result["aligner"] == {"clips": n_clips, "sums_ok": 1.0, "monotonic": 1.0}
+    assert result["aligner"] == {"clips": n_clips, "sums_ok": 1.0, "monotonic": 1.0, "rejected": 0}
     # This corpus is espeak-ng at 22050 Hz, whose energy above the mel's fmax (8 kHz) no vocoder gets
     # back, so Griffin-Lim's MCD sits near chance here (the 16 kHz demo: 6-8 dB). The trained vocoder's
     # copy-synthesis and the 10-step model through that same vocoder keep their order:

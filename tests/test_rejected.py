@@ -117,6 +117,43 @@ def test_a_token_longer_than_max_token_seconds_is_left_out_and_counted(aligned_c
     assert set(rows) == long and all(r["shard"] == "0" for r in rows.values())
 
 
+def test_evaluate_leaves_out_the_validation_clips_the_duration_stage_rejected(aligned_cache, tmp_path):
+    # training leaves them out (their audio does not carry their text); evaluate scored them against
+    # their recordings and transcripts all the same, and said nothing
+    from pipeline import evaluate
+    src = config.load_config(aligned_cache)
+    shutil.copytree(config.cache_dir(src), tmp_path / "cache" / "t")
+    cfg = config.load_config(aligned_cache, {"cache": {"dir": str(tmp_path / "cache")}})
+    val = [c.id for c in evaluate.validation_clips(cfg)]
+    cache = config.cache_dir(cfg)
+    index = data.read_index(cfg)
+    rejects = {}
+    for entry in index["shards"]:
+        out = shards.prefix(cache, "durations", entry["shard"])
+        meta, arrays = shards.read(out, "durations")
+        mine = [cid for cid in meta["ids"] if cid in val]
+        if not mine:
+            continue
+        rejects[entry["shard"]] = mine
+        if len(rejects) == 1:  # the first shard holding one: its first validation clip rejected
+            shards.write(out, "durations", meta["ids"], arrays, provenance=meta["provenance"], frames=meta.get("frames"),
+                         rejected=[dict(id=mine[0], path="x", stage="durations", reason="token 3 lasts 99 frames")])
+            left = [mine[0]]
+    assert len(left) < len(val)
+    assert [c.id for c in evaluate.validation_clips(cfg)] == [cid for cid in val if cid not in left]
+    logged = []
+    evaluate.validation_clips(cfg, logged.append)
+    assert len(logged) == 1 and logged[0].startswith(f"{len(left)} validation clip(s) left out") and left[0] in logged[0]
+    # every one rejected: the error says so, not that dataset.val_fraction holds none
+    for shard, mine in rejects.items():
+        out = shards.prefix(cache, "durations", shard)
+        meta, arrays = shards.read(out, "durations")
+        shards.write(out, "durations", meta["ids"], arrays, provenance=meta["provenance"], frames=meta.get("frames"),
+                     rejected=[dict(id=cid, path="x", stage="durations", reason="too long") for cid in mine])
+    with pytest.raises(evaluate.NoValidationClips, match="the duration stage rejected all"):
+        evaluate.validation_clips(cfg)
+
+
 @pytest.mark.parametrize("cleaners, line, dropped", [
     ("basic", "I have 3 cats & 2 dogs.", "'3', '&', '2'"),
     ("english", "Salt & pepper, 50% off, 2 + 2 = 4.", "'+', '='"),   # the english cleaners say "and", "percent"
