@@ -2,9 +2,10 @@
 under the same training key when there is one, else by training (pipeline.align).
 
 The folder's key (rules/functions/align.smk ALIGNER_KEY) holds everything train_aligner's and the
-duration shards' params hold, so Snakemake sees any change as a missing output. Two parts of it do
+duration shards' params hold, so Snakemake sees any change as a missing output. Three parts of it do
 not change what the aligner learns: the `pitch:` section (the aligner's loader checks the index's
-provenance with it) and the duration shards' code. The rest is the training key (TRAIN_KEY: the
+provenance with it), aligner.max_token_seconds (it judges the durations made after training) and the
+duration shards' code. The rest is the training key (TRAIN_KEY: the
 `aligner:` section, the text and audio settings and code, the aligner's code), which was the whole
 folder key before. A folder whose training key matches a sibling's is that sibling's aligner: its
 weights are copied and the new aligner.json records `copied_from`, as pipeline.align does for a
@@ -55,8 +56,8 @@ def copy_by_key(out, train_key, log):
         info = {**info, "copied_from": other.parent.name, "train_key": train_key}
         files.atomic_write_text(out, json.dumps(info, indent=1))
         files.atomic_write_text(out.with_name(MADE), train_key + "\n")
-        log(f"aligner: {other.parent} was trained under the same training key ({train_key}; only `pitch:` or the "
-            f"duration shards' code differ): copied its weights instead of training again")
+        log(f"aligner: {other.parent} was trained under the same training key ({train_key}; only `pitch:`, "
+            f"aligner.max_token_seconds or the duration shards' code differ): copied its weights instead of training again")
         return info
     return None
 

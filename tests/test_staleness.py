@@ -509,6 +509,15 @@ def test_feature_code_change_rebuilds_the_shards_it_makes(tmp_path, corpus_templ
         assert rewritten(before, stamps(cache)) == jobs_files(*(("durations", i) for i in range(n))), module
         assert "copied its weights" in (tmp_path / "reports" / "t" / "logs" / "train_aligner.log").read_text()
         assert plan_durations() == {}
+    # aligner.max_token_seconds judges the durations made after training: its duration shards rerun,
+    # and the aligner's new folder copies the trained weights (it retrained the aligner before)
+    stricter = ("--config", "aligner={max_token_seconds: 0.9}")
+    assert parse_plan(run_copy(project, "durations", "-n", *stricter, config=config).stdout)[0] == {
+        "train_aligner": 1, "duration_shard": n, "durations": 1}
+    run_copy(project, "durations", *stricter, config=config)
+    assert "copied its weights" in (tmp_path / "reports" / "t" / "logs" / "train_aligner.log").read_text()
+    run_copy(project, "durations", config=config)  # back: the duration shards as they were
+    assert plan_durations() == {}
     # a forced train_aligner trains, in the new folder such a change makes too (not a copy)
     with open(project / "pipeline" / "durations.py", "a") as f:
         f.write("\n# once more\n")

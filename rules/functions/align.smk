@@ -29,8 +29,16 @@ def aligner_settings(wildcards):
 DURATION_CODE = pshards.code_digest("durations.py", "models/aligner_numpy.py")[:12]
 # What the aligner learns from: its settings, the text and mel settings and code, its own code (the
 # whole folder key before it had two parts: a folder of that time is named by it).
+# aligner.max_token_seconds only judges the durations made after training (pipeline.durations): it is
+# held at its default here, so a new threshold reruns the duration shards and its new folder copies
+# the trained weights, and a key made before it was held stays the same at the default.
 TRAIN_KEY = pshards.digest(
-    _inline(**_aligner_sections()),
+    _inline(
+        **{
+            **_aligner_sections(),
+            "aligner": {**config["aligner"], "max_token_seconds": 1.0},
+        }
+    ),
     PROVENANCE["tokens"],
     PROVENANCE["mels"],
     pshards.code_digest("models/aligner.py", "align.py"),
