@@ -146,7 +146,8 @@ def check_language(language, where):
 
 
 def _scan_audio(folder):
-    """{stem: [its audio files' paths, wav first, then flac, then ogg]} of one folder."""
+    """{stem: [its audio files' paths, wav first, then flac, then ogg]} of one folder. Extensions in any
+    case (`.WAV`: what field recorders and TIMIT write)."""
     found = {}
     try:
         entries = list(os.scandir(folder))
@@ -154,6 +155,7 @@ def _scan_audio(folder):
         return {}
     for e in sorted(entries, key=lambda e: e.name):
         stem, _, ext = e.name.rpartition(".")
+        ext = ext.lower()
         if ext in AUDIO_EXTENSIONS:
             found.setdefault(stem, []).append((AUDIO_EXTENSIONS.index(ext), e.path))
     return {stem: [p for _, p in sorted(files)] for stem, files in found.items()}

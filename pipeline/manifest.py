@@ -36,12 +36,13 @@ def is_validation(clip_id, val_fraction):
 
 
 def audio_path(root, audio_dir, clip_id):
-    """The clip's audio file, or None when no {id}.wav/.flac/.ogg exists."""
+    """The clip's audio file, or None when no {id}.wav/.flac/.ogg exists (or .WAV/.FLAC/.OGG)."""
     folder = Path(root) / audio_dir
     for ext in AUDIO_EXTENSIONS:
-        p = folder / f"{clip_id}.{ext}"
-        if p.is_file():
-            return p
+        for spelled in (ext, ext.upper()):
+            p = folder / f"{clip_id}.{spelled}"
+            if p.is_file():
+                return p
     return None
 
 
@@ -58,7 +59,7 @@ def audio_files(root, audio_dir, twins=None):
     with os.scandir(Path(root) / audio_dir) as entries:
         for e in entries:
             stem, _, ext = e.name.rpartition(".")
-            r = rank.get(ext)
+            r = rank.get(ext.lower())  # .WAV too, as audio_path finds it
             if r is not None and e.is_file():
                 if stem in best and twins is not None:
                     twins.setdefault(stem, [best[stem][1].name]).append(e.name)
@@ -69,7 +70,7 @@ def audio_files(root, audio_dir, twins=None):
         st = e.stat()
         out[stem] = f"{e.name}:{st.st_size}:{st.st_mtime_ns}"
     for names in (twins or {}).values():
-        names.sort(key=lambda name: rank[name.rpartition(".")[2]])
+        names.sort(key=lambda name: rank[name.rpartition(".")[2].lower()])
     return out
 
 

@@ -279,6 +279,22 @@ def test_a_clip_with_audio_in_two_formats_is_refused(tmp_path, corpus_template):
     assert "Traceback" not in out
 
 
+def test_audio_extensions_in_capitals_are_found(tmp_path, corpus_template):
+    # field recorders and TIMIT write .WAV: the single folder said "holds none of the clips' audio files"
+    lj = shutil.copytree(corpus_template, tmp_path / "lj")
+    for wav in (lj / "wavs").glob("*.wav"):
+        wav.rename(wav.with_suffix(".WAV"))
+    assert manifest.audio_path(lj, "wavs", "LJ001-0001") == lj / "wavs" / "LJ001-0001.WAV"
+    files = manifest.audio_files(lj, "wavs")
+    assert files["LJ001-0001"].startswith("LJ001-0001.WAV:") and len(files) == len(list((lj / "wavs").iterdir()))
+    [first, *_] = formats.read_sources([{"root": str(lj), "format": "ljspeech"}])
+    assert first.audio.endswith("LJ001-0001.WAV")
+    assert snakemake("caches", "-n", config=write_config(tmp_path, lj), check=False).returncode == 0
+    # beside a lower-case twin it is a second format of one clip, refused as any other
+    shutil.copy(lj / "wavs" / "LJ001-0002.WAV", lj / "wavs" / "LJ001-0002.flac")
+    assert "has audio in 2 formats (LJ001-0002.WAV, LJ001-0002.flac)" in _error([{"root": str(lj), "format": "ljspeech"}])
+
+
 def test_the_single_folder_form_refuses_one_recording_under_two_ids(tmp_path, corpus_template):
     # docs/datasets.md promised it for every form; only dataset.sources checked
     lj = shutil.copytree(corpus_template, tmp_path / "lj")
