@@ -142,7 +142,10 @@ VOCODER = [] if config["vocoder"]["kind"] == "griffin_lim" else [RUN / "vocoder.
 # faster on 2 threads than on 1, so on 2 cores the pair takes ~145 s instead of ~190 s one after the
 # other (benchmarks/RESULTS.md). With GPU turns they still take turns; profiles set their own threads.
 BESIDE = 1 + bool(VOCODER and pmodels.needs_durations(config["model"]))
-THREADS_BESIDE = max(1, min(32, (workflow.cores or 1) // BESIDE))
+# --cores N; a cluster profile gives none (each job gets its own CPUs, profiles/slurm's set-threads),
+# and there `workflow.cores` raises: read the value it reads, None when not given
+CORES = workflow.global_resources["_cores"].value
+THREADS_BESIDE = max(1, min(32, (CORES or 32) // BESIDE))
 
 
 # Before the first job (Snakemake keeps one onstart handler): each shard's clip list

@@ -64,10 +64,12 @@ def corpus(tmp_path, corpus_template):
     return root, write_config(tmp_path, root)
 
 
-def snakemake(*args, config=None, check=True, cwd=ROOT):
+def snakemake(*args, config=None, check=True, cwd=ROOT, cores=2):
     """Run the real snakemake CLI on this project's Snakefile; returns the CompletedProcess (snakemake_cli
-    says how it is started)."""
-    cmd = ["--snakefile", str(ROOT / "Snakefile"), "--cores", "2", "--max-threads", "1", "--directory", str(cwd)]
+    says how it is started). cores=None: no --cores, as a cluster profile's documented command."""
+    cmd = ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(cwd)]
+    if cores is not None:
+        cmd += ["--cores", str(cores), "--max-threads", "1"]
     if Path(cwd) == ROOT:
         # Tests on every xdist worker share the project's .snakemake/ while writing to their own
         # temporary caches. Snakemake's unlock deletes the whole .snakemake/locks/ folder, so a run

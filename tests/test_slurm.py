@@ -76,7 +76,9 @@ def on_slurm(config, state, since):
     of the SLURM jobs it submitted, as sacct records them (Snakemake names every job of one run by
     its run ID and puts rule and wildcards into the job's comment). Each job must have asked SLURM
     for the memory and time limit the profile gives its rule."""
-    run = snakemake("--workflow-profile", "profiles/slurm", "caches", *STATUS_ARGS, config=config, check=False)
+    # as documented, without --cores (each SLURM job has its own CPUs): planning once stopped on it
+    run = snakemake("--workflow-profile", "profiles/slurm", "caches", *STATUS_ARGS, config=config, check=False,
+                    cores=None)
     logs = "\n".join(tail(state / "log" / name) for name in ("slurmctld.log", "slurmd.log"))
     out = run.stdout + run.stderr
     assert run.returncode == 0, f"snakemake on SLURM failed:\n{out[-6000:]}\n{logs}"
