@@ -288,6 +288,33 @@ def digest(*parts):
     return h.hexdigest()[:16]
 
 
+def stale_durations(out, tokens, mels):
+    """Why duration shard `out` (a path without suffix) no longer pairs with the token and mel shards
+    `tokens` and `mels` (their .json) it was aligned to, or None: the digests of their JSON that its
+    provenance records, against the files now (what the loader refuses it for). None when any of the
+    three is missing or unreadable (their own jobs make them)."""
+    try:
+        with open(f"{out}.json", encoding="utf-8") as f:
+            made_from = json.load(f).get("provenance", {})
+        now = {"tokens": file_digest(tokens), "mels": file_digest(mels)}
+    except (OSError, ValueError, AttributeError):
+        return None
+    changed = [str(path) for kind, path in (("tokens", tokens), ("mels", mels))
+               if made_from.get(kind) not in (None, now[kind])]
+    return f"aligned to another {' and '.join(changed)} than the one on disk (stale)" if changed else None
+
+
+def set_aside(out, folder, reason):
+    """Move shard `out`'s JSON into `folder` (kept, not deleted), so its job's output is missing and
+    Snakemake plans it whatever else reruns; `reason` goes beside it. Returns the new path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    moved = folder / f"{Path(out).parent.name}-{Path(out).name}.json"
+    os.replace(f"{out}.json", moved)
+    moved.with_suffix(".why").write_text(f"{reason}\n", encoding="utf-8")
+    return moved
+
+
 def file_digest(*paths):
     h = hashlib.sha256()
     for p in paths:

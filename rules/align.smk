@@ -45,7 +45,7 @@ rule train_aligner:
 # repair marker (rules/functions/cache.smk `repair`), so `snakemake durations` reruns exactly that job.
 rule duration_shard:
     input:
-        repair=repair("durations"),
+        repair=duration_repair,  # a damaged or stale one reruns (rules/functions/align.smk)
         aligner=rules.train_aligner.output.summary,
         tokens=CACHE / "tokens/shard-{shard}.json",
         mels=CACHE / "mels/shard-{shard}.json",

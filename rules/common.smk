@@ -134,6 +134,14 @@ def gpus_wanted():
     return wanted if budget is None else min(wanted, budget)
 
 
+def another_run():
+    """Whether another Snakemake holds this working folder's lock (its .snakemake/locks/): planning
+    then marks no shard damaged and sets none aside, since that run may be writing it. A job that
+    Snakemake started reads the Snakefile again under its run's own lock, and so leaves them too.
+    """
+    return any(Path(".snakemake", "locks").glob("*.lock"))
+
+
 # --- used by several stages' rules ---
 FINETUNE = config["vocoder"]["finetune_steps"]
 VOCODER = [] if config["vocoder"]["kind"] == "griffin_lim" else [RUN / "vocoder.json"]

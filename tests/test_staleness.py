@@ -299,6 +299,26 @@ def test_deleted_and_truncated_shards_rebuild_exactly_their_jobs_and_then_load(b
 
 
 @pytest.mark.slow
+def test_a_dry_run_beside_a_running_build_marks_no_shard_damaged(built, tmp_path):
+    # `snakemake -n` from a second terminal while a build writes a shard: planning took the half-written
+    # shard for a damaged one and wrote its repair marker, so the next run did its job (and the index,
+    # and all after it) again. Another Snakemake's lock in the working folder now holds the marker back.
+    work = tmp_path / "work"
+    (work / ".snakemake" / "locks").mkdir(parents=True)
+    (work / "configs").symlink_to(ROOT / "configs")  # the Snakefile's configfile, relative to its folder
+    mel = built.cache / "mels/shard-002.bin"
+    marker = built.cache / ".repair" / "mels-002"
+    before = marker.read_text() if marker.exists() else None
+    mel.write_bytes(mel.read_bytes()[:-1000])  # as a job half way through it leaves it
+    lock = work / ".snakemake" / "locks" / "0.output.lock"
+    lock.write_text(f"{mel}\n")
+    snakemake("caches", "-n", config=built.config, cwd=work)
+    assert (marker.read_text() if marker.exists() else None) == before
+    lock.unlink()  # no other run: the same shard is damaged, and marked so
+    out = snakemake("caches", "-n", config=built.config, cwd=work)
+    assert marker.read_text() != before and "shard=002" in out.stdout + out.stderr
+
+
 def test_files_the_index_does_not_list_still_rebuild_exactly_their_jobs(built):
     # cache_index lists only the token, mel and pitch JSON files; the repair check covers the rest
     (built.cache / "energy/shard-000.bin").unlink()

@@ -64,5 +64,34 @@ def publish_forced_rules():
     os.environ[paligner_folder.FORCED_ENV] = ",".join(rules)
 
 
+_repair_durations = repair("durations")
+
+
+def duration_repair(wildcards):
+    """repair("durations"), and a duration shard that is damaged or no longer pairs with the token
+    and mel shards it was aligned to (one rebuilt by `snakemake caches` before) set aside in
+    cache/{name}/.repair/ (kept): its job's output is then missing. Snakemake 9 checks no job
+    behind train_aligner's ancient index input while the index reruns (another edit), neither its
+    times nor its repair marker; it does plan a missing output that `durations` or `train` reads.
+    """
+    out = pshards.prefix(CACHE, "durations", wildcards.shard)
+    made = [
+        CACHE / f"{kind}/shard-{wildcards.shard}.json" for kind in ("tokens", "mels")
+    ]
+    reason = None
+    if not another_run() and Path(f"{out}.json").exists():
+        reason = pshards.stale_durations(out, *made) or (
+            "damaged (a file missing, or a .bin unlike its JSON)"
+            if pshards.intact(out) != "ok"
+            else None
+        )
+    if reason:
+        pshards.set_aside(out, CACHE / ".repair", reason)
+        print(
+            f"{out}.json: {reason}; set aside in {CACHE / '.repair'}", file=sys.stderr
+        )
+    return _repair_durations(wildcards)
+
+
 # `--forcerun train_aligner` on the command line (rules/align.smk): its index input is then not ancient
 FORCED_ALIGNER = "train_aligner" in ppreflight.forced_rules(sys.argv)

@@ -139,12 +139,15 @@ def repair(*kinds, root=CACHE):
     marker, once made, stays listed so the input set does not change again. Nothing is deleted.
     A job with some of its files deleted (a .bin, a .stats.npy, the energy shard) is damaged too:
     cache_index lists only the token, mel and pitch JSON files, so no one else would ask for them.
+    While another Snakemake holds this folder's lock (`snakemake -n` beside a running build), no
+    marker is written: a shard it is writing is not damaged.
     """
 
     def inputs(wildcards):
         marker = root / ".repair" / f"{kinds[0]}-{wildcards.shard}"
         if (
-            pshards.intact(
+            not another_run()
+            and pshards.intact(
                 *(pshards.prefix(root, kind, wildcards.shard) for kind in kinds)
             )
             != "ok"
