@@ -729,12 +729,22 @@ def past_history(run, step):
     return kept
 
 
+def note_no_steps(step, total, key, log):
+    """A resumed run already at its last step trains nothing: say so, or an edit to the data looks
+    learned (the jobs after it rerun all the same)."""
+    if step >= total:
+        log(f"{key} = {total} already reached (resumed at step {step}): no step taken, so nothing changed "
+            f"since is learned; raise {key} to train on it")
+
+
 def run_steps(trainer, manager, tcfg, chief, log, history_file=None):
     """Steps from the restored one to train.steps: log, validate, checkpoint. (history, val_history, align).
     history_file: each logged loss is appended to it too (the chief's runs/{name}/history.jsonl)."""
     step, total = trainer.start_step, tcfg["steps"]
     resumed = manager.latest_checkpoint  # the checkpoint this run started from (None: step 0)
     progress, val_history, align = Progress(trainer, total, tcfg["log_every"], log), [], None
+    if resumed:
+        note_no_steps(step, total, "train.steps", log)
     if step == 0 and chief:  # the untrained model's validation loss: the baseline the curve falls from
         validate_and_draw(trainer, 0, val_history, log)
         progress.restart_clock()

@@ -356,7 +356,7 @@ def test_a_checkpoint_resumes_at_the_step_it_is_named_for_not_the_updates_applie
 
 
 @pytest.mark.slow
-def test_rerun_after_kill_resumes_at_the_saved_step_with_optimizer_state(aligned_cache, tmp_path):
+def test_rerun_after_kill_resumes_at_the_saved_step_with_optimizer_state(aligned_cache, tmp_path, capsys):
     path = tiny_config(aligned_cache, tmp_path, model=TINY_FASTPITCH_MODEL, steps=400, checkpoint_every=4, buckets=1)
     cfg = config.load_config(path)
     ckpt_dir = config.run_dir(cfg) / "checkpoints"
@@ -390,8 +390,11 @@ def test_rerun_after_kill_resumes_at_the_saved_step_with_optimizer_state(aligned
     # already at train.steps: a rerun does no step (the command's main() in this process, which has
     # TensorFlow already: the two runs above were the command's own processes)
     from pipeline.train import main as train_main
+    capsys.readouterr()
     train_main(["--config", str(path), "--set", f"train.steps={target}"])
     assert load_json(config.run_dir(cfg) / "train.json")["resumed_from"] == target
+    # and says so: after a data edit, the jobs after it rerun on a model that learned nothing of it
+    assert f"train.steps = {target} already reached (resumed at step {target}): no step taken" in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")

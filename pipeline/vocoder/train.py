@@ -220,6 +220,8 @@ def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flu
     writer = tf.summary.create_file_writer(str(folder))
     history, val_history, waited, t_log, t_start = [], [], 0.0, time.perf_counter(), time.perf_counter()
     resumed = manager.latest_checkpoint  # the checkpoint this run started from (None: step 0 or fine-tuning's start)
+    if resumed:
+        acoustic.note_no_steps(step, total, "vocoder.steps" if phase == "train" else "vocoder.finetune_steps", log)
     with writer.as_default():
         try:
             while step < total:
