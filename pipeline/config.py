@@ -630,8 +630,19 @@ def parse_set(items):
     return out
 
 
+class _Once(argparse.Action):
+    """An option given at most once: a second --config replaced the first without a word (a user
+    who meant to merge two files evaluated another run's folders)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest) is not None:
+            parser.error(f"{option_string} given twice ({getattr(namespace, self.dest)}, then {values}): give one "
+                         "file, with --set KEY=VALUE for single keys")
+        setattr(namespace, self.dest, values)
+
+
 def add_arguments(parser):
-    parser.add_argument("--config", default=None,
+    parser.add_argument("--config", default=None, action=_Once,
                         help="YAML/JSON file merged over configs/config.yaml, or inline JSON as a Snakemake rule "
                              "passes it (the job then sees only the keys given)")
     parser.add_argument("--set", nargs="*", default=[], action="extend", metavar="KEY=VALUE",

@@ -16,6 +16,7 @@ writing X; free space and rerun").
 """
 import errno
 import functools
+import os
 import re
 import sys
 
@@ -63,6 +64,9 @@ def cli(main):
     def wrapper(argv=None):
         try:
             return main(argv)
+        except BrokenPipeError:  # `python -m pipeline.config | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+            raise SystemExit(0) from None
         except PipelineError as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             raise SystemExit(EXIT_EXPECTED) from None

@@ -318,3 +318,32 @@ def test_a_jobs_params_hold_only_the_model_and_vocoder_kind_in_use():
     # a user's own kind may read a built-in kind's section: kept whole
     own = config.merge(cfg, {"model": {"kind": "my_tts:build", "fastpitch": {"d_model": 256}}})
     assert config.job_params(own)["model"]["fastpitch"]["d_model"] == 256
+
+
+def test_a_second_config_file_is_refused_not_silently_taken(tmp_path, corpus_template):
+    # `python -m pipeline.evaluate --config mine.yaml --config other.yaml` kept only the last: another
+    # run's folders, without a word
+    import subprocess
+    import sys
+    mine = write_config(tmp_path, corpus_template)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.config", "--config", str(mine), "--config",
+                           "configs/ljspeech.yaml"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines()[-1].endswith(
+        f"error: --config given twice ({mine}, then configs/ljspeech.yaml): give one file, with --set KEY=VALUE "
+        "for single keys")
+
+
+def test_a_reader_that_stops_reading_is_no_traceback():
+    # `python -m pipeline.config --config c.yaml | head -3`: a BrokenPipeError traceback
+    import os
+    import subprocess
+    import sys
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pipeline.config", "--config", "configs/config.yaml"], cwd=ROOT,
+                              stdout=write, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr and proc.stderr == "", proc.stderr
