@@ -446,6 +446,7 @@ def main(argv=None):
         raise PipelineError(f"--client-timeout {args.client_timeout:g}: must be in (0, 3600) seconds")
     if not 1 <= args.port <= 65535:
         raise PipelineError(f"--port {args.port}: a port is 1..65535")
+    sockets = listen(args.host, args.port)  # before the voice loads: a port in use is one line, at once
     voice = Voice(args.voice, log=lambda *a: print(*a, file=sys.stderr, flush=True))
     app = build_app(voice, args.workers, args.queue, args.client_timeout, hosts=loopback_names(args.host),
                     origins=origins)
@@ -455,7 +456,29 @@ def main(argv=None):
     config = uvicorn.Config(app, host=args.host, port=args.port, http=protocol, log_level="warning",
                             timeout_keep_alive=KEEP_ALIVE, limit_concurrency=CONNECTIONS, timeout_graceful_shutdown=5,
                             h11_max_incomplete_event_size=16_384)
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=sockets)
+
+
+def listen(host, port):
+    """Sockets bound to host:port, one per address the host resolves to (as uvicorn's own server would
+    bind them), or PipelineError naming both: uvicorn found a port in use only after the voice had
+    loaded and "serving" was printed, and exited with status 3 and its own log line."""
+    sockets = []
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError as e:
+        for sock in sockets:
+            sock.close()
+        raise PipelineError(f"--host {host} --port {port}: cannot listen there: {e.strerror or e} (another server on "
+                            "that port? give another --port)") from None
+    return sockets
 
 
 PAGE = """<!doctype html>

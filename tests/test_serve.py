@@ -278,6 +278,28 @@ def test_a_port_out_of_range_is_refused_before_the_voice_loads(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == "error: --port 70000: a port is 1..65535"
 
 
+def test_a_port_in_use_is_one_line_before_the_voice_loads(exported_voice, capsys):
+    # it loaded the voice, printed "serving http://...", then uvicorn logged the error and exited with 3
+    from pipeline import serve
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            serve.main(["--voice", str(exported_voice), "--port", str(port)])
+    finally:
+        taken.close()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --host 127.0.0.1 --port {port}: cannot listen there: Address already in use (another server on that "
+        "port? give another --port)"]
+    # and a free port is what the server then listens on (the fixture's server: it answers)
+    [sock] = serve.listen("127.0.0.1", port)
+    assert sock.getsockname() == ("127.0.0.1", port)
+    sock.close()
+
+
 @pytest.mark.parametrize("option, value, message", [
     ("--workers", "1000000000", "error: --workers 1000000000: must be in 1..64"),   # was taken, unbounded
     ("--queue", "1000000000000", "error: --queue 1000000000000: must be in 0..1000"),
