@@ -116,7 +116,21 @@ ACTIVE_LEVEL, MIN_ACTIVE, FRAME_SECONDS = 1e-3, 0.02, 0.02
 # Speech normalised to peak 1.0 has 0.001-0.004 % of its samples there (data/demo); overdriven 2x
 # (+6 dB) 0.5-1.9 %, x20 24-37 %: over 1 % its flattened peaks are distortion the model would learn.
 FULL_SCALE, MAX_CLIPPED = 0.999, 0.01
-EIGHT_BIT = ("PCM_U8", "PCM_S8", "ULAW", "ALAW")  # libsndfile subtypes of 8-bit samples
+# A lossy decoder rings around a clipped file's flattened peaks (0.95-1.15, not 1.0): those count from
+# 0.95. Peak-normalised speech has 0.004-0.006 % of its samples there as MP3 or Vorbis; overdriven 2x,
+# 1.2-1.3 %; x4, 3.3-3.9 % (the clipped share before encoding: 3.6 %).
+LOSSY, LOSSY_FULL_SCALE = ("VORBIS", "OPUS", "MPEG_LAYER_I", "MPEG_LAYER_II", "MPEG_LAYER_III"), 0.95
+# libsndfile subtypes of 8-bit samples, and of codecs as coarse (speech SNR 22-28 dB, against 37 dB for
+# the u-law already refused): ADPCM, G.721/G.723, GSM 06.10, 12-bit DWVW, 8-bit DPCM
+COARSE = ("PCM_U8", "PCM_S8", "ULAW", "ALAW", "IMA_ADPCM", "MS_ADPCM", "VOX_ADPCM", "NMS_ADPCM_16", "NMS_ADPCM_24",
+          "NMS_ADPCM_32", "G721_32", "G723_24", "G723_40", "GSM610", "DWVW_12", "DPCM_8")
+# Mixed to mono, channels that are one recording lose nothing; speech in one channel of two loses 6 dB.
+# A channel inverted (a lead wired out of phase) or delayed (two microphones) loses 15-40 dB, and the
+# clip would train 40 dB too quiet or comb-filtered: more than MAX_MIX_LOSS is refused.
+MAX_MIX_LOSS = 10.0  # dB below the loudest channel
+# A constant offset (DC) above this gives its silent frames the energy of speech (0.03: more than the
+# clip's median speech frame) and lifts mel band 0 in silence by ~9 nats.
+MAX_DC = 0.01
 
 
 class NarrowBand(audio.BadAudio):
@@ -128,9 +142,10 @@ def _header_problem(info, *, max_seconds, fmax):
     job) a sample rate below 2 * audio.fmax, whose top mel bands would be empty."""
     if info.samplerate > 0 and info.frames / info.samplerate > max_seconds:
         raise audio.BadAudio(f"too long ({info.frames / info.samplerate:.1f} s > dataset.max_seconds {max_seconds})")
-    if info.subtype in EIGHT_BIT:
-        raise audio.BadAudio(f"8-bit samples ({info.subtype}): quantisation noise at about -48 dB, which the model "
-                             "would learn as part of the voice; use 16-bit or better recordings")
+    if info.subtype in COARSE:
+        raise audio.BadAudio(f"{'8-bit' if info.subtype in COARSE[:4] else 'coarsely coded'} samples ({info.subtype}): "
+                             "quantisation noise at about -48 dB or worse, which the model would learn as part of "
+                             "the voice; use 16-bit or better recordings")
     if fmax is not None and 0 < info.samplerate < 2 * fmax:
         raise NarrowBand(f"recorded at {info.samplerate} Hz, which holds nothing above {info.samplerate / 2:g} Hz, "
                          f"but audio.fmax is {fmax:g} Hz (the mel bands above would be empty): lower audio.fmax "
@@ -176,9 +191,12 @@ def ogg_cut_short(path):
     return True
 
 
-def _clipped_fraction(path, info, y, sample_rate):
-    """The fraction of the file's own samples (every channel, before resampling) at full scale."""
-    if info is None or (info.channels == 1 and info.samplerate == sample_rate):
+def _clipped_fraction(path, info, y, sample_rate, native=None):
+    """The fraction of the file's own samples (every channel, before resampling) at full scale (`native`:
+    them, where the caller has read them)."""
+    if native is not None:
+        pass
+    elif info is None or (info.channels == 1 and info.samplerate == sample_rate):
         native = y  # the file's samples themselves
     elif float(np.max(np.abs(y))) * info.channels < 0.9:
         # resampled (and mixed), runs of full-scale samples still reach ~1 (2x overdriven speech at
@@ -187,7 +205,16 @@ def _clipped_fraction(path, info, y, sample_rate):
     else:
         native = sf.read(str(path), dtype="float32", always_2d=True)[0]
     level = np.abs(native)
+    if info is not None and info.subtype in LOSSY:
+        return float(np.count_nonzero(level >= LOSSY_FULL_SCALE)) / native.size
     return float(np.count_nonzero((level >= FULL_SCALE) & (level <= 1))) / native.size  # a float file's 1.2: not clipped
+
+
+def mix_loss_db(native):
+    """How far below its loudest channel (dB, >= 0) a multi-channel clip's mono mix is."""
+    loudest = float(np.max(np.sqrt(np.mean(np.square(native, dtype=np.float64), axis=0))))
+    mixed = float(np.sqrt(np.mean(np.square(native.mean(axis=1), dtype=np.float64))))
+    return 0.0 if loudest == 0 else float(20 * np.log10(loudest / max(mixed, loudest * 1e-10)))
 
 
 def active_fraction(y, sample_rate):
@@ -198,16 +225,29 @@ def active_fraction(y, sample_rate):
 
 
 def _level_problem(path, info, y, sample_rate):
-    """BadAudio for samples beyond full scale, heavy clipping, or too little signal to hold speech."""
+    """BadAudio for samples beyond full scale, heavy clipping, channels that mostly cancel when mixed to
+    mono, a DC offset, or too little signal to hold speech."""
     peak = float(np.max(np.abs(y)))
     if peak > MAX_PEAK:
         raise audio.BadAudio(f"samples reach {peak:.3g}, beyond full scale (1.0): a float file scaled like integers? "
                              "divide it by its peak")
-    clipped = _clipped_fraction(path, info, y, sample_rate)
+    native = None
+    if info is not None and info.channels > 1:
+        native = sf.read(str(path), dtype="float32", always_2d=True)[0]
+        loss = mix_loss_db(native)
+        if loss > MAX_MIX_LOSS:
+            raise audio.BadAudio(f"mixed to mono, its {info.channels} channels are {loss:.0f} dB below the loudest one "
+                                 f"(more than {MAX_MIX_LOSS:.0f} dB: a channel inverted or delayed, or the speech in "
+                                 "one channel of several): keep one channel")
+    clipped = _clipped_fraction(path, info, y, sample_rate, native)
     if clipped > MAX_CLIPPED:
         raise audio.BadAudio(f"clipped: {clipped:.1%} of its samples are at full scale (more than {MAX_CLIPPED:.0%}); "
                              "re-record or take a copy before the gain was raised")
     active = active_fraction(y, sample_rate)
+    offset = float(np.mean(y))
+    if abs(offset) > MAX_DC and active >= MIN_ACTIVE:
+        raise audio.BadAudio(f"a constant offset (DC) of {offset:.3g} (more than {MAX_DC:g}): its silence carries the "
+                             "energy of speech; remove it (a high-pass filter) and keep the file")
     if active < MIN_ACTIVE:
         offset = float(np.mean(y))
         dc = f", a constant offset of {offset:.3g} (DC) removed" if abs(offset) >= ACTIVE_LEVEL else ""
@@ -218,11 +258,11 @@ def _level_problem(path, info, y, sample_rate):
 
 def load_clip(path, *, sample_rate, max_seconds, fmax=None):
     """pipeline.audio.load_audio, after refusing a file whose header says it is longer than
-    `max_seconds` (a 2-hour clip is not decoded whole, ~520 MB, to be refused), holds 8-bit samples,
+    `max_seconds` (a 2-hour clip is not decoded whole, ~520 MB, to be refused), holds 8-bit or as coarse samples,
     or (`fmax`, the mel job's audio.fmax) has a sample rate below 2 * fmax; and refusing a clip whose
     samples go beyond full scale (a float file scaled like 16-bit integers gives mels ~10 nats too
-    loud, one at 1e30 infinite mels and statistics), are clipped, or hold no speech (near-silence, a
-    DC offset: _level_problem). Here, not in audio.py, whose bytes are the mel caches' code digest:
+    loud, one at 1e30 infinite mels and statistics), are clipped, lose more than MAX_MIX_LOSS mixed to
+    mono, carry a DC offset, or hold no speech (near-silence, an offset alone: _level_problem). Here, not in audio.py, whose bytes are the mel caches' code digest:
     these checks change no mel of a clip they keep."""
     try:
         info = sf.info(str(path))

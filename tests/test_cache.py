@@ -250,6 +250,14 @@ def _write_bad(wavs, kind, cid, good):
         y = np.zeros(SR * 10, np.float32) if kind == "near_silent" else np.full(SR * 2, 0.5, np.float32)
         y[SR] = 0.001 if kind == "near_silent" else y[SR]
         sf.write(str(path), y, SR, subtype="PCM_16")
+    elif kind == "near_cancelling":  # a lead wired out of phase: the other channel inverted, 1 % quieter
+        y = sf.read(str(good), dtype="float32")[0]
+        sf.write(str(path), np.stack([y, -0.99 * y], axis=1), SR, subtype="PCM_16")
+    elif kind == "dc_speech":  # speech on a cheap interface's 3 % offset
+        y = sf.read(str(good), dtype="float32")[0]
+        sf.write(str(path), y * 0.9 + 0.03, SR, subtype="PCM_16")
+    elif kind == "adpcm":
+        sf.write(str(path), sf.read(str(good), dtype="float32")[0], SR, subtype="IMA_ADPCM")
     elif kind in ("clipped", "eight_bit", "narrow_band"):
         y = sf.read(str(good), dtype="float32")[0]
         if kind == "narrow_band":  # telephone audio, 8 kHz, with audio.fmax 8000
@@ -275,6 +283,9 @@ BAD_KINDS = {  # kind: words the rejected reason must contain (any of)
     "dc": ("a constant offset of 0.5 (dc) removed",),
     "clipped": ("clipped: ",),
     "eight_bit": ("8-bit samples (pcm_u8)",),
+    "near_cancelling": ("mixed to mono, its 2 channels are 46 db below the loudest one",),
+    "dc_speech": ("a constant offset (dc) of 0.03",),
+    "adpcm": ("coarsely coded samples (ima_adpcm)",),
     "narrow_band": ("recorded at 8000 hz, which holds nothing above 4000 hz, but audio.fmax is 8000 hz",),
 }
 
@@ -396,6 +407,42 @@ def test_clipping_is_counted_on_the_files_own_samples(tmp_path, corpus_template)
     sf.write(str(tmp_path / "m4.wav"), np.clip(mono * 4, -1, 1), 16000, subtype="PCM_16")
     with pytest.raises(audio.BadAudio, match=r"^clipped: "):
         cache.load_clip(tmp_path / "m4.wav", sample_rate=SR, max_seconds=20.0)
+
+
+def test_lossy_files_are_counted_clipped_from_where_their_decoder_rings(tmp_path, corpus_template):
+    # an MP3 or Vorbis decoder rings around flattened peaks (0.95-1.15): few samples sit at exactly 1.0,
+    # and speech clipped 4x before encoding was kept
+    y = sf.read(str(sorted((corpus_template / "wavs").glob("*.wav"))[2]), dtype="float32")[0]
+    y = y / np.abs(y).max()
+    for fmt, subtype, ext in (("MP3", "MPEG_LAYER_III", "mp3"), ("OGG", "VORBIS", "ogg")):
+        for gain in (1, 4):
+            sf.write(str(tmp_path / f"x{gain}.{ext}"), np.clip(y * gain, -1, 1) * 0.999, SR, format=fmt,
+                     subtype=subtype)
+        assert len(cache.load_clip(tmp_path / f"x1.{ext}", sample_rate=SR, max_seconds=20.0)) > 0  # peak-normalised
+        with pytest.raises(audio.BadAudio, match=r"^clipped: [2-9]\.\d% of its samples"):
+            cache.load_clip(tmp_path / f"x4.{ext}", sample_rate=SR, max_seconds=20.0)
+
+
+def test_channels_that_mostly_cancel_and_a_dc_offset_are_refused_others_kept(tmp_path, corpus_template):
+    y = sf.read(str(sorted((corpus_template / "wavs").glob("*.wav"))[2]), dtype="float32")[0]
+    delayed = np.concatenate([[0.0], -y[:-1]]).astype(np.float32)  # inverted, a sample later
+    cases = {"same": np.stack([y, y], 1), "one_side": np.stack([y, np.zeros_like(y)], 1),
+             "spaced": np.stack([y, np.concatenate([[0.0] * 28, y[:-28]])], 1),          # two microphones
+             "inverted_delayed": np.stack([y, delayed], 1), "inverted_quieter": np.stack([y, -0.9 * y], 1)}
+    for name, stereo in cases.items():
+        sf.write(str(tmp_path / f"{name}.wav"), stereo, SR, subtype="PCM_16")
+    for name in ("same", "one_side", "spaced"):  # 0, 6 and a few dB: kept
+        assert len(cache.load_clip(tmp_path / f"{name}.wav", sample_rate=SR, max_seconds=20.0)) > 0, name
+    for name in ("inverted_delayed", "inverted_quieter"):
+        with pytest.raises(audio.BadAudio, match=r"^mixed to mono, its 2 channels are \d+ dB below the loudest one"):
+            cache.load_clip(tmp_path / f"{name}.wav", sample_rate=SR, max_seconds=20.0)
+    for offset, kept in ((0.005, True), (0.02, False)):
+        sf.write(str(tmp_path / "dc.wav"), y * 0.9 + offset, SR, subtype="PCM_16")
+        if kept:
+            assert len(cache.load_clip(tmp_path / "dc.wav", sample_rate=SR, max_seconds=20.0)) > 0
+        else:
+            with pytest.raises(audio.BadAudio, match=r"^a constant offset \(DC\) of 0\.02\d* \(more than 0\.01\)"):
+                cache.load_clip(tmp_path / "dc.wav", sample_rate=SR, max_seconds=20.0)
 
 
 def test_a_corpus_all_at_8_khz_stops_the_index_naming_the_rate_and_fmax(tmp_path, corpus_template):
