@@ -106,7 +106,8 @@ def gpus_wanted():
     """GPUs a GPU rule declares, so `--resources gpu=N` can cap concurrent GPU jobs.
 
     At most N: profiles/default sets gpu=1 (GPU jobs take turns, each using every visible GPU),
-    and a job asking more than the budget would be an error rather than a wait.
+    and a job asking more than the budget would be an error rather than a wait. The budget counts
+    turns and assigns no GPU: two one-GPU jobs under gpu=2 would both see every GPU (docs/scaling.md).
     """
     placement = config["train"]["placement"]
     if placement == "cpu":
