@@ -469,11 +469,24 @@ def cpu_only():
     """Keep this process off the GPUs: for the jobs the DAG runs without a GPU turn (`gta_shard`,
     `export`; rules/common.smk `gpus_wanted`). TensorFlow would otherwise open every visible GPU and
     reserve most of its memory, while a training job beside it holds the GPU turn and needs that
-    memory. Call it before any other TensorFlow op. -> how many GPUs this process now leaves alone."""
+    memory. Call it before any other TensorFlow op. -> how many GPUs this process now leaves alone.
+    Its thread pools are held to the job's threads too (job_threads): TensorFlow sizes them from the
+    machine's cores, so 32 one-thread GTA jobs on a 32-core host each ran 32-thread pools."""
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         tf.config.set_visible_devices([], "GPU")
+    n = job_threads()
+    if n:
+        tf.config.threading.set_intra_op_parallelism_threads(n)
+        tf.config.threading.set_inter_op_parallelism_threads(n)
     return len(gpus)
+
+
+def job_threads():
+    """The CPU threads Snakemake gave this job (it sets OMP_NUM_THREADS to the rule's `threads`); 0
+    where that is not a whole number >= 1 (outside a job: TensorFlow's default)."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) >= 1 else 0
 
 
 def set_precision_policy(mixed_precision):

@@ -415,3 +415,22 @@ def test_the_trainer_folds_replica_ids_into_generators_a_model_creates_at_build(
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["generators"] >= 1 and out["folded"] == out["generators"]  # the attention's, made in build()
     assert not out["same"]  # each replica its own attention-dropout mask
+
+
+JOB_THREADS_RUN = """
+import tensorflow as tf
+from pipeline import placement
+placement.cpu_only()
+print(tf.config.threading.get_intra_op_parallelism_threads(), tf.config.threading.get_inter_op_parallelism_threads())
+"""
+
+
+@pytest.mark.parametrize("omp, expected", [("1", "1 1"), ("3", "3 3"), ("", "0 0"), ("x", "0 0")])
+def test_jobs_without_a_gpu_turn_keep_to_the_threads_snakemake_gave_them(omp, expected):
+    # Snakemake sets OMP_NUM_THREADS to a job's threads; TensorFlow sized its pools from the machine's
+    # cores all the same: 32 one-thread gta_shard jobs on a 32-core host each ran 32-thread pools
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT), OMP_NUM_THREADS=omp)
+    proc = subprocess.run([sys.executable, "-c", JOB_THREADS_RUN], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[-2] == expected  # 0: TensorFlow's own choice
