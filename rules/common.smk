@@ -147,7 +147,8 @@ def another_run():
 FINETUNE = config["vocoder"]["finetune_steps"]
 VOCODER = [] if config["vocoder"]["kind"] == "griffin_lim" else [RUN / "vocoder.json"]
 # train_aligner and train_vocoder need only the caches, so they can run side by side: each asks half
-# the cores when both are in the DAG (all, up to 32, when one is alone). The demo's small vocoder is no
+# the cores where the config trains both, even in a run where one has nothing to do (threads are fixed
+# before Snakemake knows which jobs run); all, up to 32, where it trains one. The demo's small vocoder is no
 # faster on 2 threads than on 1, so on 2 cores the pair takes ~145 s instead of ~190 s one after the
 # other (benchmarks/RESULTS.md). With GPU turns they still take turns; profiles set their own threads.
 BESIDE = 1 + bool(VOCODER and pmodels.needs_durations(config["model"]))
