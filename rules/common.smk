@@ -31,6 +31,15 @@ from pipeline import (
     text as ptext,
 )
 
+
+def stop_planning(error):
+    """A bad config or dataset (a PipelineError): its one line, and Snakemake's exit status for a
+    workflow error, before any job. Raised as a WorkflowError it came framed by this file's name and
+    line, twice, as if the workflow were at fault."""
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
 try:
     # configs/schema.yaml, with one-line messages naming the key (it sets no defaults, so
     # snakemake.utils.validate would only check the same schema a second time)
@@ -54,7 +63,7 @@ try:
     # train.balance's speakers; what evaluate needs when the command's targets build it
     ppreflight.check_manifest(config, MANIFEST, ppreflight.snakemake_targets(sys.argv))
 except perrors.PipelineError as e:
-    raise WorkflowError(str(e))
+    stop_planning(e)
 # the jobs started from here inherit this and skip re-validating the sections they get
 os.environ[pconfig.VALIDATED_ENV] = pconfig.schema_digest()
 # ... and the trainers' logging keys, which no job's params hold: editing them reruns nothing

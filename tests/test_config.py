@@ -77,6 +77,10 @@ def test_config_errors_reach_the_user_through_snakemake(tmp_path, corpus_templat
         assert proc.returncode != 0, name
         assert _names_key(output, key), (name, output[-2000:])
         assert "Traceback" not in output and "RuleException" not in output
+        # one line naming the key, not a WorkflowError framed by rules/common.smk's name and line twice
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and _names_key(errors[0], key), (name, proc.stderr[-2000:])
+        assert "WorkflowError" not in output and "common.smk" not in output, (name, output[-2000:])
 
 
 def test_partial_config_merges_over_the_defaults(tmp_path, corpus_template):

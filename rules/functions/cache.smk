@@ -87,7 +87,7 @@ else:  # one directory scan, not 3 stats a clip
 try:  # an empty or unmounted audio folder: before any shard job rewrites its shards with no clip
     ppreflight.check_audio(config, MANIFEST, AUDIO, None if SOURCES else AUDIO_TWINS)
 except perrors.PipelineError as e:
-    raise WorkflowError(str(e))
+    stop_planning(e)
 PROVENANCE = {kind: pshards.provenance(kind, config) for kind in pshards.CACHE_KINDS}
 
 
