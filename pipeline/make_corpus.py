@@ -44,6 +44,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from pipeline.errors import EXIT_EXPECTED
 from pipeline.files import atomic_write, atomic_write_text
 from pipeline.formats import AUDIO_EXTENSIONS, check_text, espeak_voices, plain_id, utf8_lines
 
@@ -386,8 +387,9 @@ def main(argv=None):
                     fmt=args.format, sample_rate=args.sample_rate, jobs=args.jobs,
                     voice=args.voice, speed=args.speed,
                     compression_level=args.compression_level)
-    except (RuntimeError, ValueError, OSError) as err:
-        sys.exit(f"make_corpus: {err}")
+    except (RuntimeError, ValueError, OSError) as err:  # as every command: one line, status 2
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_EXPECTED) from None
 
 
 if __name__ == "__main__":

@@ -19,6 +19,16 @@ def _lines(n):
     return TRANSCRIPTS.read_text(encoding="utf-8").splitlines()[:n]
 
 
+def refused(capsys, argv):
+    """The command's refusal: status 2 and one `error:` line on stderr, which it returns."""
+    with pytest.raises(SystemExit) as exit_:
+        mc.main(argv)
+    assert exit_.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: "), line
+    return line
+
+
 def test_corpus_of_three_clips(tmp_path):
     stats = mc.make_corpus(TRANSCRIPTS, tmp_path, count=3, jobs=2, sample_rate=16000)
     assert stats["clips"] == stats["made"] == 3 and stats["skipped"] == 0
@@ -119,20 +129,22 @@ def test_voices_named_by_their_espeak_file_make_a_corpus_planning_takes(tmp_path
     ("a\x1bb|Hello.", "D1|First line.", "t.csv:1: id 'a\\x1bb' is not a plain file name"),
     ("D1|First line.", "D2|Stops\x00 here.", "t.csv:2: control character U+0000 at character 9"),
 ])
-def test_an_id_that_is_no_plain_file_name_or_comes_twice_stops_before_speaking(tmp_path, first, second, message):
+def test_an_id_that_is_no_plain_file_name_or_comes_twice_stops_before_speaking(tmp_path, capsys, first, second,
+                                                                                  message):
     # ids name files under OUT/wavs: one reaching outside --out, or two lines writing one file, is refused
     (tmp_path / "t.csv").write_text(f"{first}\n{second}\n", encoding="utf-8")
     out = tmp_path / "a" / "b" / "corpus"
-    with pytest.raises(SystemExit, match=re.escape(message)):
-        mc.main(["--transcripts", str(tmp_path / "t.csv"), "--out", str(out), "--count", "2", "--format", "wav"])
+    line = refused(capsys, ["--transcripts", str(tmp_path / "t.csv"), "--out", str(out), "--count", "2",
+                            "--format", "wav"])
+    assert re.search(re.escape(message), line), line
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["t.csv"]  # nothing spoken, nothing written
 
 
-def test_a_line_spoken_as_silence_stops_the_corpus_naming_its_line(tmp_path):
+def test_a_line_spoken_as_silence_stops_the_corpus_naming_its_line(tmp_path, capsys):
     (tmp_path / "t.csv").write_text("A1|Hello there.\nP1|...\n", encoding="utf-8")
-    with pytest.raises(SystemExit, match=r"t.csv:2: clip P1: espeak-ng spoke only silence for '...'"):
-        mc.main(["--transcripts", str(tmp_path / "t.csv"), "--out", str(tmp_path / "c"), "--count", "2",
-                 "--format", "wav", "--jobs", "1"])
+    line = refused(capsys, ["--transcripts", str(tmp_path / "t.csv"), "--out", str(tmp_path / "c"), "--count", "2",
+                            "--format", "wav", "--jobs", "1"])
+    assert re.search(r"t.csv:2: clip P1: espeak-ng spoke only silence for '...'", line), line
     assert not (tmp_path / "c" / "metadata.csv").exists() and not (tmp_path / "c" / "wavs" / "P1.wav").exists()
     with pytest.raises(ValueError, match="silence"):
         mc.speak("\u2014")  # an em dash alone
@@ -141,7 +153,7 @@ def test_a_line_spoken_as_silence_stops_the_corpus_naming_its_line(tmp_path):
         mc.make_voices_corpus(tmp_path / "t.csv", tmp_path / "v", voices=["en-us"], count=2, sample_rate=16000)
 
 
-def test_a_bom_and_blank_lines_read_as_the_pipeline_reads_them(tmp_path):
+def test_a_bom_and_blank_lines_read_as_the_pipeline_reads_them(tmp_path, capsys):
     # make_corpus refused files the pipeline's own reader takes; errors name the file's own line
     (tmp_path / "t.csv").write_bytes("\ufeffA1|Hello there.\n\nA2|Good morning.\r\n\n".encode("utf-8"))
     rows = mc.read_transcripts(tmp_path / "t.csv")
@@ -151,21 +163,21 @@ def test_a_bom_and_blank_lines_read_as_the_pipeline_reads_them(tmp_path):
     with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 't.csv'}:3: duplicate id 'A1' (first on line 1)")):
         mc.read_transcripts(tmp_path / "t.csv")
     (tmp_path / "t.csv").write_text("A1|Hello there.\n\n\nP1|...\n")
-    with pytest.raises(SystemExit, match=r"t.csv:4: clip P1: espeak-ng spoke only silence"):
-        mc.main(["--transcripts", str(tmp_path / "t.csv"), "--out", str(tmp_path / "c"), "--count", "2",
-                 "--format", "wav", "--jobs", "1"])
+    line = refused(capsys, ["--transcripts", str(tmp_path / "t.csv"), "--out", str(tmp_path / "c"), "--count", "2",
+                            "--format", "wav", "--jobs", "1"])
+    assert re.search(r"t.csv:4: clip P1: espeak-ng spoke only silence", line), line
 
 
-def test_ids_differing_only_in_case_are_refused_where_they_would_be_one_file(tmp_path, monkeypatch):
+def test_ids_differing_only_in_case_are_refused_where_they_would_be_one_file(tmp_path, monkeypatch, capsys):
     # on macOS and Windows A1.wav and a1.wav are one file: the second clip overwrote the first's audio
     (tmp_path / "t.csv").write_text("A1|Hello there.\na1|Good morning.\n")
     assert not mc.case_insensitive(tmp_path)  # this machine: two files, both made
     assert mc.make_corpus(tmp_path / "t.csv", tmp_path / "linux", count=2, fmt="wav", jobs=1)["made"] == 2
     monkeypatch.setattr(mc, "case_insensitive", lambda folder: True)
-    with pytest.raises(SystemExit, match=re.escape(f"t.csv:2: clip 'a1' and 'A1' ({tmp_path / 't.csv'}:1) differ "
-                                                   "only in case")):
-        mc.main(["--transcripts", str(tmp_path / "t.csv"), "--out", str(tmp_path / "mac"), "--count", "2",
-                 "--format", "wav", "--jobs", "1"])
+    line = refused(capsys, ["--transcripts", str(tmp_path / "t.csv"), "--out", str(tmp_path / "mac"), "--count", "2",
+                            "--format", "wav", "--jobs", "1"])
+    assert re.search(re.escape(f"t.csv:2: clip 'a1' and 'A1' ({tmp_path / 't.csv'}:1) differ "
+                                                   "only in case"), line), line
     assert not list((tmp_path / "mac" / "wavs").glob("*.wav"))  # refused before anything was spoken
 
 
