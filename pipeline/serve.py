@@ -460,9 +460,10 @@ def main(argv=None):
 
 
 def listen(host, port):
-    """Sockets bound to host:port, one per address the host resolves to (as uvicorn's own server would
-    bind them), or PipelineError naming both: uvicorn found a port in use only after the voice had
-    loaded and "serving" was printed, and exited with status 3 and its own log line."""
+    """Sockets bound to host:port as uvicorn's server bound them through asyncio's create_server (one
+    per address the host resolves to, SO_REUSEADDR, an IPv6 one IPv6-only), or PipelineError naming
+    both: uvicorn found a port in use only after the voice had loaded and "serving" was printed, and
+    exited with status 3 and its own log line."""
     sockets = []
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
