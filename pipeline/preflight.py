@@ -51,6 +51,28 @@ def snakemake_targets(argv):
     return {*(args.targets or ["all"]), *args.forcerun, *args.until}
 
 
+def another_run(locks, folders):
+    """Whether another Snakemake holds a lock on this run's files: a lock file in `locks` (the working
+    folder's .snakemake/locks/, where each run lists the files it reads and writes) naming a file
+    under one of `folders` (the cache's and the run's). Locks of runs of another `name`, or of other
+    projects sharing the folder, are not this run's business."""
+    roots = [os.path.abspath(f) for f in folders]
+    try:
+        held = sorted(Path(locks).glob("*.lock"))
+    except OSError:
+        return False
+    for lock in held:
+        try:
+            lines = lock.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue  # removed as we read: that run has ended
+        for line in lines:
+            path = os.path.abspath(line)
+            if any(path == root or path.startswith(root + os.sep) for root in roots):
+                return True
+    return False
+
+
 def forced_rules(argv):
     """The rules a `snakemake` command line forces (--forcerun/-R), read as snakemake_targets reads
     it; an empty set when `argv` is no such command (a job Snakemake starts reads the Snakefile again)."""

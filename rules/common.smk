@@ -72,6 +72,10 @@ os.environ[pconfig.LOGGING_ENV] = pconfig.logging_env(config)
 NAME = config["name"]
 CACHE = Path(config["cache"]["dir"]) / NAME
 RUN = Path(config["runs_dir"]) / NAME
+# Another Snakemake holds a lock on this run's cache or run folder (.snakemake/locks/): planning then
+# marks no shard damaged and sets none aside, since that run may be writing it. A job that a run's
+# executor starts as Snakemake again (a SLURM job) finds its own run's lock, and so leaves them too.
+ANOTHER_RUN = ppreflight.another_run(Path(".snakemake", "locks"), [CACHE, RUN])
 REPORT = Path(config["reports_dir"]) / NAME
 LOGS = REPORT / "logs"
 SHARDS = [f"{k:03d}" for k in range(config["cache"]["shards"])]
@@ -142,14 +146,6 @@ def gpus_wanted():
         None if budget is None else budget.value
     )  # None: no --resources gpu=N given
     return wanted if budget is None else min(wanted, budget)
-
-
-def another_run():
-    """Whether another Snakemake holds this working folder's lock (its .snakemake/locks/): planning
-    then marks no shard damaged and sets none aside, since that run may be writing it. A job that
-    Snakemake started reads the Snakefile again under its run's own lock, and so leaves them too.
-    """
-    return any(Path(".snakemake", "locks").glob("*.lock"))
 
 
 # --- used by several stages' rules ---

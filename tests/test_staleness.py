@@ -314,7 +314,12 @@ def test_a_dry_run_beside_a_running_build_marks_no_shard_damaged(built, tmp_path
     lock.write_text(f"{mel}\n")
     snakemake("caches", "-n", config=built.config, cwd=work)
     assert (marker.read_text() if marker.exists() else None) == before
+    # a lock of another run (another `name`, another project in the folder) is not this run's business
+    lock.write_text(f"{tmp_path / 'elsewhere' / 'cache' / 'mels' / 'shard-002.bin'}\n")
+    out = snakemake("caches", "-n", config=built.config, cwd=work)
+    assert marker.read_text() != before and "shard=002" in out.stdout + out.stderr
     lock.unlink()  # no other run: the same shard is damaged, and marked so
+    before = marker.read_text()
     out = snakemake("caches", "-n", config=built.config, cwd=work)
     assert marker.read_text() != before and "shard=002" in out.stdout + out.stderr
 

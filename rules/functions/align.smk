@@ -79,7 +79,7 @@ def duration_repair(wildcards):
         CACHE / f"{kind}/shard-{wildcards.shard}.json" for kind in ("tokens", "mels")
     ]
     reason = None
-    if not another_run() and Path(f"{out}.json").exists():
+    if not ANOTHER_RUN and Path(f"{out}.json").exists():
         reason = pshards.stale_durations(out, *made) or (
             "damaged (a file missing, or a .bin unlike its JSON)"
             if pshards.intact(out) != "ok"

@@ -146,7 +146,7 @@ def repair(*kinds, root=CACHE):
     def inputs(wildcards):
         marker = root / ".repair" / f"{kinds[0]}-{wildcards.shard}"
         if (
-            not another_run()
+            not ANOTHER_RUN
             and pshards.intact(
                 *(pshards.prefix(root, kind, wildcards.shard) for kind in kinds)
             )
