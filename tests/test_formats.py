@@ -290,6 +290,9 @@ def test_audio_extensions_in_capitals_are_found(tmp_path, corpus_template):
     [first, *_] = formats.read_sources([{"root": str(lj), "format": "ljspeech"}])
     assert first.audio.endswith("LJ001-0001.WAV")
     assert snakemake("caches", "-n", config=write_config(tmp_path, lj), check=False).returncode == 0
+    (lj / "wavs" / "LJ001-0003.WAV").rename(lj / "wavs" / "LJ001-0003.Wav")  # any case, as planning found it
+    assert manifest.audio_path(lj, "wavs", "LJ001-0003") == lj / "wavs" / "LJ001-0003.Wav"
+    assert manifest.audio_files(lj, "wavs")["LJ001-0003"].startswith("LJ001-0003.Wav:")
     # beside a lower-case twin it is a second format of one clip, refused as any other
     shutil.copy(lj / "wavs" / "LJ001-0002.WAV", lj / "wavs" / "LJ001-0002.flac")
     assert "has audio in 2 formats (LJ001-0002.WAV, LJ001-0002.flac)" in _error([{"root": str(lj), "format": "ljspeech"}])
