@@ -76,29 +76,31 @@ def validation_clips(cfg, log=None):
     from pipeline import data, models  # TensorFlow: only when a model is evaluated
 
     index = data.read_index(cfg)
-    # (where no duration shard was made yet, as for a vocoder measured before any acoustic model: none)
-    with_durations = models.needs_durations(cfg["model"]) and any(
-        shards.prefix(config.cache_dir(cfg), "durations", e["shard"]).with_suffix(".json").exists() for e in index["shards"])
-    clips, paths = data.load_clips(cfg, "val", index, durations=with_durations)
-    rejected = []
-    if with_durations:
-        dropped = set(data.load_clips(cfg, "val", index)[0].ids) - set(clips.ids)
-        rejected = sorted(r["id"] for r in data.left_out(cfg, index, durations=True)
-                          if r.get("stage") == "durations" and r["id"] in dropped)
-        if rejected and log:
-            log(f"{len(rejected)} validation clip(s) left out, as training leaves them out: the duration stage "
-                f"found their audio does not carry their text ({', '.join(rejected[:5])}"
-                f"{', ...' if len(rejected) > 5 else ''}; reasons in {config.run_dir(cfg) / 'rejected.tsv'})")
+    clips, paths = data.load_clips(cfg, "val", index)
+    # the duration stage's rejects, from the duration shards there are (none before any: a vocoder
+    # measured first), read, not loaded: evaluate uses no durations, and a stale shard set aside is
+    # no reason to stop
+    rejects = set()
+    if models.needs_durations(cfg["model"]):
+        for entry in index["shards"]:
+            prefix = shards.prefix(config.cache_dir(cfg), "durations", entry["shard"])
+            if prefix.with_suffix(".json").exists():
+                rejects.update(r["id"] for r in shards.read_meta(prefix, "durations").get("rejected", ()))
+    rejected = sorted(cid for cid in clips.ids if cid in rejects)
+    if rejected and log:
+        log(f"{len(rejected)} validation clip(s) left out, as training leaves them out: the duration stage "
+            f"found their audio does not carry their text ({', '.join(rejected[:5])}"
+            f"{', ...' if len(rejected) > 5 else ''}; reasons in {config.run_dir(cfg) / 'rejected.tsv'})")
     ds = cfg["dataset"]
     known = {c.id: c for group in manifest.load_manifest(ds, cfg["cache"]["shards"]).values() for c in group}
     voices = data.voice_fields(index)
     by_speaker = {}
-    for cid, k in sorted((cid, k) for k, cid in enumerate(clips.ids) if cid in known):
+    for cid, k in sorted((cid, k) for k, cid in enumerate(clips.ids) if cid in known and cid not in rejects):
         by_speaker.setdefault(int(clips.speaker[k]), []).append((cid, k))
     turns = [group[i] for i in range(max(map(len, by_speaker.values()), default=0))
              for _, group in sorted(by_speaker.items()) if i < len(group)]
     order = sorted(turns[:cfg["evaluate"]["max_clips"]])
-    if not order and rejected and not len(clips.ids):
+    if not order and rejected and len(rejected) == len(clips.ids):
         raise NoValidationClips(
             f"no validation clip: the duration stage rejected all {len(rejected)} of the split's clips (audio that "
             f"does not carry its text; reasons in {config.run_dir(cfg) / 'rejected.tsv'})")
