@@ -93,23 +93,28 @@ def paragraphs(lines):
         yield first, "".join(paragraph)
 
 
-def in_input(error, first):
-    """`error` (about a text that starts at line `first` of the input) with its positions in the input."""
-    if first > 1:
-        error.args = (_POSITION.sub(lambda m: f"{m[1]}line {int(m[2]) + first - 1}", str(error)),)
+def in_input(error, first, named=False):
+    """`error` (about a text that starts at line `first` of the input) with its positions in the input;
+    `named` (a paragraph of standard input): one without a position (a sentence the front end cannot
+    say) names the paragraph's first line."""
+    if _POSITION.search(str(error)):
+        if first > 1:
+            error.args = (_POSITION.sub(lambda m: f"{m[1]}line {int(m[2]) + first - 1}", str(error)),)
+    elif named:
+        error.args = (f"the paragraph at line {first}: {error}",)
     return error
 
 
-def prepared(voice, texts, options, lazy, quiet):
+def prepared(voice, texts, options, lazy, quiet, named=False):
     """(first line, voice.prepare(text)) of each (first line, text); one that says nothing is passed
-    over, its NothingToSay appended to `quiet`."""
+    over, its NothingToSay appended to `quiet`. named: the texts are standard input's (in_input)."""
     for line, source in texts:
         try:
             yield line, voice.prepare(source, **options, lazy=lazy)
         except NothingToSay as e:
             quiet.append(e)
-        except PipelineError as e:
-            raise in_input(e, line) from None
+        except PipelineError as e:  # an SSML document is no paragraph: its errors carry their own lines
+            raise in_input(e, line, named and not markup.is_ssml(source)) from None
 
 
 def speak(voice, texts, args, out):
@@ -121,7 +126,8 @@ def speak(voice, texts, args, out):
     chunks, sentences, first, t0, quiet = [], 0, None, time.perf_counter(), []
     options = dict(ssml=True if args.ssml else None, pace=args.pace, pitch_shift=args.pitch_shift,
                    speaker=args.speaker, language=args.language)
-    requests = prepared(voice, texts, options, out is not None, quiet)   # raw: each sentence as it comes
+    named = not args.text and not args.ssml       # paragraphs of standard input
+    requests = prepared(voice, texts, options, out is not None, quiet, named)   # raw: each sentence as it comes
     for line, request in requests if out is not None else list(requests):
         try:
             for i, audio in enumerate(voice.sentences_float(request)):

@@ -382,6 +382,15 @@ def test_errors_name_lines_of_the_whole_input_read_a_paragraph_at_a_time(exporte
     rc, pcm, err = run_speak(exported_voice, text, "--raw")
     assert (rc, err) == (2, message) and pcm                                   # after the paragraph before it
     assert not list(tmp_path.iterdir())
+    # a sentence the front end cannot say has no column of its own: its paragraph's first line
+    line = speak_error(exported_voice, "Hello there.\n\nOne more\nsay \u263a here.\n".encode(), capsys, monkeypatch,
+                       "--out", str(tmp_path / "x.wav"))
+    assert line.startswith("error: the paragraph at line 3: ") and "\u263a" in line, line
+    # an SSML document is no paragraph (its first line is <speak>): not named so
+    for text, ssml in (("Hello there.\n\n<speak>\nOne more\nsay \u263a here.</speak>\n", []),
+                       ("<speak>\nOne more\nsay \u263a here.</speak>\n", ["--ssml"])):
+        line = speak_error(exported_voice, text.encode(), capsys, monkeypatch, "--out", str(tmp_path / "x.wav"), *ssml)
+        assert "paragraph" not in line and "\u263a" in line, line
 
 
 def test_raw_with_standard_output_closed_is_one_line():
