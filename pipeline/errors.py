@@ -18,6 +18,7 @@ import errno
 import functools
 import os
 import re
+import select
 import sys
 
 EXIT_EXPECTED = 2  # an expected failure; 1 stays Python's exit status for a traceback
@@ -58,13 +59,26 @@ def _one_line(e):
     return None
 
 
+def _stdout_gone():
+    """Whether standard output is a pipe whose reader has closed it (poll reports an error on it)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def cli(main):
     """Run `main(argv)`; a PipelineError becomes one line on stderr and exit status 2."""
     @functools.wraps(main)
     def wrapper(argv=None):
         try:
             return main(argv)
-        except BrokenPipeError:  # `python -m pipeline.config | head`: the reader has what it wanted
+        except BrokenPipeError:
+            if not _stdout_gone():
+                raise  # another pipe (a worker process's): a bug, not a reader that stopped
+            # `python -m pipeline.config | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
             raise SystemExit(0) from None
         except PipelineError as e:
