@@ -206,7 +206,9 @@ def test_mirrored_clips_the_summed_gradient_as_one_device_clips_the_batch(placem
 
 # One global batch of 5 clips, every frame and token real, one step each: on one device, and mirrored over
 # 3 replicas, which TensorFlow splits as 2, 2 and 1. Each replica's mean loss must weigh as its part of
-# the batch: counted alike, the lone clip weighs 2.5x the others and the step is not the batch's.
+# the batch: counted alike, the lone clip weighs 2.5x the others and the step is not the batch's. (Clips
+# of equal length: with shorter ones, each replica's means over real frames weigh them otherwise than
+# one device's mean over the batch; docs/scaling.md gives the difference.)
 UNEVEN_RUN = """
     import json, tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
