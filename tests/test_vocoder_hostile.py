@@ -580,3 +580,34 @@ def test_a_job_killed_while_a_set_aside_set_moves_back_files_no_set_under_anothe
         train_with(key)
         assert json.loads((folder / "checkpoints" / "checkpoint").read_text()) == key
         assert inputs.read(folder) == key
+
+
+def test_a_pitch_change_restarts_a_vocoder_that_trains_on_f0_and_not_one_recorded_before(tmp_path):
+    # the source-filter vocoder trains on the pitch cache's F0, but its phases' key held vocoder: and
+    # audio: alone: a new pitch.method reran the job, which resumed at its last step on the old F0
+    cfg = config.load_config(overrides={"runs_dir": str(tmp_path), "vocoder": {"kind": "source_filter"}},
+                             check_paths=False)
+    assert "pitch" in inputs.settings(cfg) and "pitch" in inputs.settings(cfg, "finetune")
+    assert "pitch" not in inputs.settings(dict(cfg, vocoder={**cfg["vocoder"], "kind": "vocos"}))  # no F0: no key
+    folder = config.run_dir(cfg) / "vocoder" / "train"
+    logged = []
+    inputs.switch(folder, inputs.settings(cfg), logged.append)  # the phase trains at praat
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-5"\n')
+    other = dict(cfg, pitch={**cfg["pitch"], "method": "dio"})
+    [note] = inputs.notes(other)
+    assert note.startswith("note: pitch.method 'praat' -> 'dio' since the vocoder's train phase was trained: its job "
+                           "sets"), note
+    inputs.switch(folder, inputs.settings(other), logged.append)
+    assert not (folder / "checkpoints").exists() and "pitch.method 'praat' -> 'dio'" in logged[-1]
+    # inputs recorded before they held pitch: resumed as before (nothing says which F0 trained them),
+    # and recorded with it from then on
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-5"\n')
+    older = {k: v for k, v in inputs.settings(cfg).items() if k != "pitch"}
+    inputs.path(folder).write_text(json.dumps(older))
+    assert inputs.notes(other) == []
+    logged.clear()
+    inputs.switch(folder, inputs.settings(other), logged.append)
+    assert logged == [] and (folder / "checkpoints" / "checkpoint").exists()
+    assert inputs.read(folder)["pitch"]["method"] == "dio"

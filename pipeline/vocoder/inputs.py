@@ -46,10 +46,26 @@ def path(folder):
 
 def settings(cfg, phase="train"):
     """The settings a phase's checkpoints depend on, JSON-ready: a change of any restarts the phase.
-    The first phase does not depend on the keys of fine-tuning alone (`FINETUNE_ONLY`)."""
+    The first phase does not depend on the keys of fine-tuning alone (`FINETUNE_ONLY`). A kind that
+    trains on F0 from the pitch cache (kinds.uses_f0) depends on `pitch:` too: a new pitch method
+    resumed the phase at its last step, trained on the old F0. Inputs recorded before they held it
+    are compared without it (SECTIONS)."""
+    from pipeline.vocoder import kinds  # no TensorFlow
     skip = RESUMABLE + (FINETUNE_ONLY if phase == "train" else ())
     vocoder = {k: v for k, v in cfg["vocoder"].items() if k not in skip and not (k in AS_BEFORE and v == AS_BEFORE[k])}
-    return _kind_only(json.loads(json.dumps({"vocoder": vocoder, "audio": cfg["audio"]})))
+    made = {"vocoder": vocoder, "audio": cfg["audio"]}
+    if kinds.uses_f0(cfg["vocoder"]):
+        made["pitch"] = cfg["pitch"]
+    return _kind_only(json.loads(json.dumps(made)))
+
+
+SECTIONS = ("vocoder", "audio", "pitch")  # what settings() records; `pitch` only for kinds that take F0
+
+
+def _as_recorded(now, made):
+    """`now` less the sections `made` (inputs recorded earlier) does not hold: `pitch` was not recorded
+    before it was a key, and checkpoints made then resume as they did."""
+    return {k: v for k, v in now.items() if k in made or k not in SECTIONS}
 
 
 def _kind_only(made):
@@ -78,8 +94,9 @@ def _flat(section, prefix):
 
 def changes(made, now):
     """'key old -> new' for each setting that differs; the first phase's weights and the GTA mels by name."""
-    made, now = _kind_only(made), _kind_only(now)
-    a, b = _flat({k: made.get(k) for k in ("vocoder", "audio")}, ""), _flat({k: now.get(k) for k in ("vocoder", "audio")}, "")
+    made, now = _kind_only(made), _kind_only(_as_recorded(now, made))
+    keys = [k for k in SECTIONS if k in made or k in now]
+    a, b = _flat({k: made.get(k) for k in keys}, ""), _flat({k: now.get(k) for k in keys}, "")
     out = [f"{k[1:]} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     made, now = _comparable(made), _comparable(now)
     out += [what for key, what in (("from", "the first phase's weights"), ("gta", "the GTA mels"))
@@ -151,7 +168,7 @@ def switch(folder, key, log):
     if why:  # deleted or damaged: whatever the settings now, these checkpoints may have been made with others
         _set_aside_unrecorded(folder, why, log)
     made, ckpts, aside = read(folder), folder / "checkpoints", folder / "set_aside"
-    if made is not None and _comparable(made) != _comparable(key) and ckpts.exists():
+    if made is not None and _comparable(made) != _comparable(_as_recorded(key, made)) and ckpts.exists():
         target = aside / _digest(made)
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
@@ -191,7 +208,7 @@ def notes(cfg):
                        f"and trains that phase from its start")
             continue
         moved = [] if made is None or not _has_checkpoints(folder) else changes(
-            {k: made[k] for k in ("vocoder", "audio")}, now)
+            {k: made[k] for k in SECTIONS if k in made}, now)
         if moved:
             back = " (a set made with these settings is kept aside: it resumes from that)" \
                 if _set_for(folder / "set_aside", now) else ""  # the first phase's key is settings alone
