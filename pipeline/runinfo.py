@@ -95,7 +95,19 @@ def describe(cfg, index, stats):
             "speakers": list(index.get("speakers", [])), "languages": list(index.get("languages", [])),
             "stats": {k: np.asarray(v, np.float64).round(6).tolist() for k, v in stats.items()},
             "config": {k: json.loads(json.dumps(cfg[k])) for k in SECTIONS},
+            "split": {"val_fraction": cfg["dataset"]["val_fraction"]},
             "cache": {"provenance": index["provenance"], "counts": index.get("counts")}}
+
+
+def split_changes(saved, cfg):
+    """A sentence when dataset.val_fraction differs from the one a run recorded (`split`; runs recorded
+    before it was are not checked): the split is a hash of each id against it, so a new fraction moves
+    clips the model trained on into validation, where evaluate would score them as unseen."""
+    before = saved.get("split", {}).get("val_fraction") if isinstance(saved.get("split"), dict) else None
+    now = cfg["dataset"]["val_fraction"]
+    if before is None or before == now:
+        return []
+    return [f"dataset.val_fraction changed ({before!r} -> {now!r}: clips move between training and validation)"]
 
 
 def write(run_dir, info):
@@ -148,7 +160,7 @@ def load(run_dir):
 
 def changes(saved, now):
     """Sentences naming what differs between a saved run's info and the current one that matters to
-    its weights: the vocabulary's symbols or settings, and the text, audio and pitch sections."""
+    its weights: the vocabulary's symbols or settings, the text, audio and pitch sections, and the split."""
     out = []
     old, new = saved["vocab"], now["vocab"]
     if old["symbols"] != new["symbols"]:
@@ -158,7 +170,7 @@ def changes(saved, now):
     for table in ("speakers", "languages"):  # a speaker's id is its position: a new table moves them
         if saved.get(table, []) != now[table] and len(now[table]) + len(saved.get(table, [])) > 2:
             out.append(f"the {table} changed ({', '.join(saved.get(table, [])) or 'none'} -> {', '.join(now[table])})")
-    return out + setting_changes(saved, now["config"])
+    return out + setting_changes(saved, now["config"]) + split_changes(saved, {"dataset": now["split"]})
 
 
 def setting_changes(saved, cfg):
@@ -193,8 +205,9 @@ def model_changes(before, now):
 
 
 def check_unchanged(cfg):
-    """RunChanged, before any job runs, when the config's text, audio, pitch or model settings differ from
-    those of the trained run of the same `name`: planning would otherwise rebuild the caches in place and
+    """RunChanged, before any job runs, when the config's text, audio, pitch or model settings (or
+    dataset.val_fraction: split_changes) differ from those of the trained run of the same `name`:
+    planning would otherwise rebuild the caches in place and
     delete the run's train.json before `train` refused. Nothing to check before a run exists; once its
     checkpoints are deleted (README: "delete runs/{name}/checkpoints to start over") `train` starts afresh
     with the new settings, so they are no longer refused either."""
@@ -202,7 +215,7 @@ def check_unchanged(cfg):
     saved = _read(run)
     if saved is None:
         return
-    diff = setting_changes(saved, cfg)
+    diff = setting_changes(saved, cfg) + split_changes(saved, cfg)
     if "model" in saved["config"]:  # the train job would refuse it after Snakemake deleted train.json
         diff += model_changes(saved["config"]["model"], cfg["model"])
     _refuse(cfg, run, diff)

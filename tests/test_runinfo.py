@@ -202,6 +202,31 @@ def test_a_run_record_of_another_shape_is_one_line(tmp_path, text):
         runinfo.load(tmp_path)
 
 
+def test_a_new_validation_fraction_on_a_trained_run_stops_planning(tmp_path):
+    # raising it moved clips the model trained on into validation, where evaluate scored them as unseen;
+    # nothing refused it (the split is a hash of each id against the fraction)
+    cfg = config.load_config(overrides={"runs_dir": str(tmp_path)}, check_paths=False)
+    index = {"n_mels": 80, "vocab": text.vocabulary(cfg["text"]), "provenance": {}, "counts": {}}
+    stats = {"mel_mean": np.zeros(80), "mel_std": np.ones(80), "pitch_mean": 120.0, "pitch_std": 20.0,
+             "energy_mean": 1.0, "energy_std": 1.0}
+    run = config.run_dir(cfg)
+    info = runinfo.describe(cfg, index, stats)
+    runinfo.write(run, info)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "ckpt-5.index").write_bytes(b"")
+    raised = dict(cfg, dataset={**cfg["dataset"], "val_fraction": 0.2})
+    runinfo.check_unchanged(cfg)
+    with pytest.raises(runinfo.RunChanged, match=r"run 'demo' was trained with other settings: dataset\.val_fraction "
+                                                 r"changed \(0\.1 -> 0\.2: clips move between training and validation\)"):
+        runinfo.check_unchanged(raised)
+    # and the trainer itself, resuming
+    with pytest.raises(runinfo.RunChanged, match=r"dataset\.val_fraction changed \(0\.1 -> 0\.2"):
+        runinfo.for_training(raised, index, stats, run, resuming=True)
+    # a run recorded before the split was is not checked: nothing says which fraction it had
+    runinfo.write(run, {k: v for k, v in info.items() if k != "split"})
+    runinfo.check_unchanged(raised)
+
+
 def test_a_voice_the_run_lacks_and_a_vocoder_without_weights_stop_planning(tmp_path):
     # both failed only inside the evaluate or diagnose job, after Snakemake had deleted its finished report
     cfg = config.load_config(overrides={"runs_dir": str(tmp_path)}, check_paths=False)
