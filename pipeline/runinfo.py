@@ -99,6 +99,23 @@ def describe(cfg, index, stats):
             "cache": {"provenance": index["provenance"], "counts": index.get("counts")}}
 
 
+def precision_changes(run, cfg):
+    """A sentence when train.mixed_precision, set to float16 or to off/bfloat16, would resume checkpoints
+    saved the other way (train.json's context says how they trained): a loss-scaled optimizer keeps
+    other state, so the train job refused them, but only after Snakemake had deleted train.json. `auto`
+    depends on the machine the job runs on, so the job alone judges it (train.check_loss_scale)."""
+    asked = cfg["train"]["mixed_precision"]
+    try:
+        trained = json.loads((Path(run) / "train.json").read_text(encoding="utf-8"))["context"]["mixed_precision"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if asked == "auto" or not isinstance(trained, str) or (asked == "float16") == (trained == "float16"):
+        return []
+    return [f"train.mixed_precision changed ({trained!r} -> {asked!r}: its checkpoints were saved "
+            f"{'with' if trained == 'float16' else 'without'} float16's loss scaling; set "
+            f"{'float16' if trained == 'float16' else 'off'} or auto to resume them)"]
+
+
 def split_changes(saved, cfg):
     """A sentence when dataset.val_fraction differs from the one a run recorded (`split`; runs recorded
     before it was are not checked): the split is a hash of each id against it, so a new fraction moves
@@ -215,7 +232,7 @@ def check_unchanged(cfg):
     saved = _read(run)
     if saved is None:
         return
-    diff = setting_changes(saved, cfg) + split_changes(saved, cfg)
+    diff = setting_changes(saved, cfg) + split_changes(saved, cfg) + precision_changes(run, cfg)
     if "model" in saved["config"]:  # the train job would refuse it after Snakemake deleted train.json
         diff += model_changes(saved["config"]["model"], cfg["model"])
     _refuse(cfg, run, diff)

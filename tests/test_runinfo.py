@@ -202,7 +202,7 @@ def test_a_run_record_of_another_shape_is_one_line(tmp_path, text):
         runinfo.load(tmp_path)
 
 
-def test_a_new_validation_fraction_on_a_trained_run_stops_planning(tmp_path):
+def test_a_new_validation_fraction_or_loss_scaling_on_a_trained_run_stops_planning(tmp_path):
     # raising it moved clips the model trained on into validation, where evaluate scored them as unseen;
     # nothing refused it (the split is a hash of each id against the fraction)
     cfg = config.load_config(overrides={"runs_dir": str(tmp_path)}, check_paths=False)
@@ -225,6 +225,14 @@ def test_a_new_validation_fraction_on_a_trained_run_stops_planning(tmp_path):
     # a run recorded before the split was is not checked: nothing says which fraction it had
     runinfo.write(run, {k: v for k, v in info.items() if k != "split"})
     runinfo.check_unchanged(raised)
+    # float16's loss scaling keeps other optimizer state: the train job refused its checkpoints only
+    # after Snakemake had deleted train.json; `auto` is judged where the job runs
+    (run / "train.json").write_text(json.dumps({"context": {"mixed_precision": "off"}}))
+    with pytest.raises(runinfo.RunChanged, match=r"train\.mixed_precision changed \('off' -> 'float16': its "
+                                                 r"checkpoints were saved without float16's loss scaling"):
+        runinfo.check_unchanged(dict(cfg, train={**cfg["train"], "mixed_precision": "float16"}))
+    for fine in ("auto", "off", "bfloat16"):
+        runinfo.check_unchanged(dict(cfg, train={**cfg["train"], "mixed_precision": fine}))
 
 
 def test_a_voice_the_run_lacks_and_a_vocoder_without_weights_stop_planning(tmp_path):
