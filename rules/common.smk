@@ -100,16 +100,23 @@ def shard_files(kind, *suffixes):
     ]
 
 
-def config_without(*sections, keep=None):
+def config_without(*sections, keep=None, omit=None):
     """The config minus sections a job ignores, so editing those does not rerun it; `keep` names
-    the few keys of a dropped section the job still reads, e.g. keep={"synthesize": ["griffin_lim_iters"]}.
+    the few keys of a dropped section the job still reads, e.g. keep={"synthesize": ["griffin_lim_iters"]};
+    `omit` the keys of a kept section it does not, e.g. omit={"synthesize": ["sentences"]}.
     The job sees only what this passes: reading a dropped key is a KeyError naming it.
     """
-    keep = keep or {}
+    keep, omit = keep or {}, omit or {}
 
     def params(wildcards):
         cfg = {k: v for k, v in config.items() if k not in sections}
         cfg.update({s: {k: config[s][k] for k in keys} for s, keys in keep.items()})
+        cfg.update(
+            {
+                s: {k: v for k, v in cfg[s].items() if k not in keys}
+                for s, keys in omit.items()
+            }
+        )
         return json.dumps(pconfig.job_params(cfg), sort_keys=True)
 
     return params

@@ -21,7 +21,8 @@ rule evaluate:
     resources:
         gpu=min(gpus_wanted(), 1),
     params:
-        config=config_without("diagnose", "export"),
+        # the sentences synthesize says are not evaluate's (it speaks the validation clips' texts)
+        config=config_without("diagnose", "export", omit={"synthesize": ["sentences"]}),
         out=REPORT,
     shell:
         "python -m pipeline.evaluate --config {params.config:q} --out {params.out:q} --threads {threads} > {log:q} 2>&1"

@@ -267,6 +267,9 @@ def test_snakemake_evaluate_on_a_tiny_trained_model(trained_run, tmp_path):
     # (10 steps + 4 on GTA mels); `snakemake evaluate` runs evaluate alone on it
     path = trained_run.path
     snakemake("evaluate", config=path)
+    # new synthesize.sentences rerun synthesize, not evaluate (it speaks the validation clips' texts)
+    other = edited_copy(path, "evaluate_new_sentences.yaml", synthesize={"sentences": ["Another sentence."]})
+    assert planned_jobs(other, "evaluate") == {}
     cfg = config.load_config(path)
     report_dir = config.report_dir(cfg)
     result = load_json(report_dir / "evaluate.json")
