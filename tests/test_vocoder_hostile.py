@@ -305,6 +305,9 @@ def test_a_changed_vocoder_setting_is_announced_at_planning_and_its_checkpoints_
     assert inputs.settings(mixed, "finetune")["vocoder"]["finetune_recorded"] == 0.9
     gta_only = dict(cfg, vocoder={**cfg["vocoder"], "finetune_recorded": 0})  # as before the key: old checkpoints resume
     assert "finetune_recorded" not in inputs.settings(gta_only, "finetune")["vocoder"]
+    # the note names the value fine-tuning trained at, which settings() leaves out (it said None)
+    assert inputs.changes(inputs.settings(gta_only, "finetune"), inputs.settings(mixed, "finetune")) == [
+        "vocoder.finetune_recorded 0 -> 0.9"]
     shared = dict(cfg, vocoder={**cfg["vocoder"], "finetune_share": 0.25})  # applied after training: both phases resume
     assert all(inputs.settings(shared, p) == inputs.settings(cfg, p) for p in inputs.PHASES)
     note = (f"note: vocoder.learning_rate {lr!r} -> {2 * lr!r} since the vocoder's train phase was trained: its job "

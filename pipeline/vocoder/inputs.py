@@ -96,12 +96,19 @@ def changes(made, now):
     """'key old -> new' for each setting that differs; the first phase's weights and the GTA mels by name."""
     made, now = _kind_only(made), _kind_only(_as_recorded(now, made))
     keys = [k for k in SECTIONS if k in made or k in now]
-    a, b = _flat({k: made.get(k) for k in keys}, ""), _flat({k: now.get(k) for k in keys}, "")
+    a, b = (_flat({k: _with_as_before(x, k) for k in keys}, "") for x in (made, now))
     out = [f"{k[1:]} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     made, now = _comparable(made), _comparable(now)
     out += [what for key, what in (("from", "the first phase's weights"), ("gta", "the GTA mels"))
             if made.get(key) != now.get(key)]
     return out
+
+
+def _with_as_before(made, section):
+    """`made`'s `section`, with the keys settings() leaves out at their AS_BEFORE value put back, so a
+    note names the value the phase trained at (not None)."""
+    value = made.get(section)
+    return {**AS_BEFORE, **value} if section == "vocoder" and isinstance(value, dict) else value
 
 
 def _comparable(made):
