@@ -614,3 +614,16 @@ def test_a_pitch_change_restarts_a_vocoder_that_trains_on_f0_and_not_one_recorde
     inputs.switch(folder, inputs.settings(other), logged.append)
     assert logged == [] and (folder / "checkpoints" / "checkpoint").exists()
     assert inputs.read(folder)["pitch"]["method"] == "dio"
+    # a set put aside when inputs held no pitch comes back for its settings, named as it was
+    inputs.path(folder).write_text(json.dumps({k: v for k, v in inputs.settings(other).items() if k != "pitch"}))
+    faster = dict(other, vocoder={**other["vocoder"], "learning_rate": 2 * other["vocoder"]["learning_rate"]})
+    inputs.switch(folder, inputs.settings(faster), logged.append)   # the old set goes aside
+    assert not (folder / "checkpoints").exists()
+    (folder / "checkpoints").mkdir()                                 # trained anew at the faster rate
+    (folder / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-7"\n')
+    assert inputs.notes(other)[0].endswith("(a set made with these settings is kept aside: it resumes from that)")
+    inputs.switch(folder, inputs.settings(other), logged.append)    # and comes back
+    assert "resuming from the checkpoints set aside" in logged[-1] and (folder / "checkpoints" / "checkpoint").exists()
+    # a kind without F0 names no pitch among what changed
+    vocos = dict(other, vocoder={**other["vocoder"], "kind": "vocos"})
+    assert not any(line.startswith("pitch.") for line in inputs.changes(inputs.read(folder), inputs.settings(vocos)))

@@ -95,7 +95,7 @@ def _flat(section, prefix):
 def changes(made, now):
     """'key old -> new' for each setting that differs; the first phase's weights and the GTA mels by name."""
     made, now = _kind_only(made), _kind_only(_as_recorded(now, made))
-    keys = [k for k in SECTIONS if k in made or k in now]
+    keys = [k for k in SECTIONS if k != "pitch" or k in made and k in now]  # a kind without F0 has no pitch
     a, b = (_flat({k: _with_as_before(x, k) for k in keys}, "") for x in (made, now))
     out = [f"{k[1:]} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     made, now = _comparable(made), _comparable(now)
@@ -127,14 +127,16 @@ def _digest(made):
 
 
 def _set_for(aside, key):
-    """The set of checkpoints under `aside` made from inputs `key`, or None: by its name, else (a set named
-    before names were comparable) by each set's inputs.json."""
-    named = aside / _digest(key)
-    if _has_checkpoints(named):
-        return named
-    want, sets = _comparable(key), aside.iterdir() if aside.is_dir() else ()
+    """The set of checkpoints under `aside` made from inputs `key`, or None: by its name (or the name it
+    had before inputs held `pitch`), else (a set named before names were comparable) by each set's
+    inputs.json, compared as switch compares (_as_recorded)."""
+    for named in dict.fromkeys([aside / _digest(key), aside / _digest({k: v for k, v in key.items() if k != "pitch"})]):
+        if _has_checkpoints(named):
+            return named
+    sets = aside.iterdir() if aside.is_dir() else ()
     return next((p for p in sets if not p.name.startswith(UNRECORDED) and _has_checkpoints(p)
-                 and (made := read(p)) is not None and _comparable(made) == want), None)
+                 and (made := read(p)) is not None and _comparable(made) == _comparable(_as_recorded(key, made))),
+                None)
 
 
 def _has_checkpoints(folder):
