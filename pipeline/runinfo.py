@@ -99,6 +99,15 @@ def describe(cfg, index, stats):
             "cache": {"provenance": index["provenance"], "counts": index.get("counts")}}
 
 
+def _index_fraction(cfg):
+    """The cache index's dataset.val_fraction (None where there is no readable index)."""
+    try:
+        value = json.loads((config.cache_dir(cfg) / "index.json").read_text(encoding="utf-8")).get("val_fraction")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def precision_changes(run, cfg):
     """A sentence when train.mixed_precision, set to float16 or to off/bfloat16, would resume checkpoints
     saved the other way (train.json's context says how they trained): a loss-scaled optimizer keeps
@@ -116,11 +125,13 @@ def precision_changes(run, cfg):
             f"{'float16' if trained == 'float16' else 'off'} or auto to resume them)"]
 
 
-def split_changes(saved, cfg):
-    """A sentence when dataset.val_fraction differs from the one a run recorded (`split`; runs recorded
-    before it was are not checked): the split is a hash of each id against it, so a new fraction moves
-    clips the model trained on into validation, where evaluate would score them as unseen."""
+def split_changes(saved, cfg, index_fraction=None):
+    """A sentence when dataset.val_fraction differs from the one a run recorded (`split`), or, for a run
+    recorded before it was, from `index_fraction` (the cache index's, which the run last trained
+    against): the split is a hash of each id against it, so a new fraction moves clips the model
+    trained on into validation, where evaluate would score them as unseen."""
     before = saved.get("split", {}).get("val_fraction") if isinstance(saved.get("split"), dict) else None
+    before = index_fraction if before is None else before
     now = cfg["dataset"]["val_fraction"]
     if before is None or before == now:
         return []
@@ -232,7 +243,7 @@ def check_unchanged(cfg):
     saved = _read(run)
     if saved is None:
         return
-    diff = setting_changes(saved, cfg) + split_changes(saved, cfg) + precision_changes(run, cfg)
+    diff = setting_changes(saved, cfg) + split_changes(saved, cfg, _index_fraction(cfg)) + precision_changes(run, cfg)
     if "model" in saved["config"]:  # the train job would refuse it after Snakemake deleted train.json
         diff += model_changes(saved["config"]["model"], cfg["model"])
     _refuse(cfg, run, diff)

@@ -205,7 +205,8 @@ def test_a_run_record_of_another_shape_is_one_line(tmp_path, text):
 def test_a_new_validation_fraction_or_loss_scaling_on_a_trained_run_stops_planning(tmp_path):
     # raising it moved clips the model trained on into validation, where evaluate scored them as unseen;
     # nothing refused it (the split is a hash of each id against the fraction)
-    cfg = config.load_config(overrides={"runs_dir": str(tmp_path)}, check_paths=False)
+    cfg = config.load_config(overrides={"runs_dir": str(tmp_path), "cache": {"dir": str(tmp_path / "cache")}},
+                             check_paths=False)
     index = {"n_mels": 80, "vocab": text.vocabulary(cfg["text"]), "provenance": {}, "counts": {}}
     stats = {"mel_mean": np.zeros(80), "mel_std": np.ones(80), "pitch_mean": 120.0, "pitch_std": 20.0,
              "energy_mean": 1.0, "energy_std": 1.0}
@@ -222,9 +223,15 @@ def test_a_new_validation_fraction_or_loss_scaling_on_a_trained_run_stops_planni
     # and the trainer itself, resuming
     with pytest.raises(runinfo.RunChanged, match=r"dataset\.val_fraction changed \(0\.1 -> 0\.2"):
         runinfo.for_training(raised, index, stats, run, resuming=True)
-    # a run recorded before the split was is not checked: nothing says which fraction it had
+    # a run recorded before the split was: the cache index's fraction, which it last trained against
     runinfo.write(run, {k: v for k, v in info.items() if k != "split"})
-    runinfo.check_unchanged(raised)
+    runinfo.check_unchanged(raised)  # no index: nothing says
+    cache = config.cache_dir(cfg)
+    cache.mkdir(parents=True)
+    (cache / "index.json").write_text(json.dumps({"val_fraction": 0.1}))
+    with pytest.raises(runinfo.RunChanged, match=r"dataset\.val_fraction changed \(0\.1 -> 0\.2"):
+        runinfo.check_unchanged(raised)
+    runinfo.check_unchanged(cfg)
     # float16's loss scaling keeps other optimizer state: the train job refused its checkpoints only
     # after Snakemake had deleted train.json; `auto` is judged where the job runs
     (run / "train.json").write_text(json.dumps({"context": {"mixed_precision": "off"}}))
