@@ -13,7 +13,7 @@ from pipeline.vocoder import inputs as pvinputs, kinds as pvkinds
 VOCODER_USES_F0 = pvkinds.uses_f0(config["vocoder"])
 
 # said before any job runs, dry runs too: each phase whose checkpoints a changed setting sets aside
-for _note in pvinputs.notes(config):
+for _note in pvinputs.notes(config, VOCODER_USES_F0):
     print(_note, file=sys.stderr)
 
 

@@ -590,40 +590,44 @@ def test_a_pitch_change_restarts_a_vocoder_that_trains_on_f0_and_not_one_recorde
     # audio: alone: a new pitch.method reran the job, which resumed at its last step on the old F0
     cfg = config.load_config(overrides={"runs_dir": str(tmp_path), "vocoder": {"kind": "source_filter"}},
                              check_paths=False)
-    assert "pitch" in inputs.settings(cfg) and "pitch" in inputs.settings(cfg, "finetune")
-    assert "pitch" not in inputs.settings(dict(cfg, vocoder={**cfg["vocoder"], "kind": "vocos"}))  # no F0: no key
+    assert "pitch" in inputs.settings(cfg, uses_f0=True) and "pitch" in inputs.settings(cfg, "finetune", uses_f0=True)
+    assert "pitch" not in inputs.settings(cfg)  # a kind without F0: no key
+    assert kinds.uses_f0(cfg["vocoder"]) and not kinds.uses_f0({**cfg["vocoder"], "kind": "vocos"})
     folder = config.run_dir(cfg) / "vocoder" / "train"
     logged = []
-    inputs.switch(folder, inputs.settings(cfg), logged.append)  # the phase trains at praat
+    inputs.switch(folder, inputs.settings(cfg, uses_f0=True), logged.append)  # the phase trains at praat
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-5"\n')
     other = dict(cfg, pitch={**cfg["pitch"], "method": "dio"})
-    [note] = inputs.notes(other)
+    [note] = inputs.notes(other, uses_f0=True)
     assert note.startswith("note: pitch.method 'praat' -> 'dio' since the vocoder's train phase was trained: its job "
                            "sets"), note
-    inputs.switch(folder, inputs.settings(other), logged.append)
+    inputs.switch(folder, inputs.settings(other, uses_f0=True), logged.append)
     assert not (folder / "checkpoints").exists() and "pitch.method 'praat' -> 'dio'" in logged[-1]
     # inputs recorded before they held pitch: resumed as before (nothing says which F0 trained them),
     # and recorded with it from then on
     (folder / "checkpoints").mkdir()
     (folder / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-5"\n')
-    older = {k: v for k, v in inputs.settings(cfg).items() if k != "pitch"}
+    older = {k: v for k, v in inputs.settings(cfg, uses_f0=True).items() if k != "pitch"}
     inputs.path(folder).write_text(json.dumps(older))
-    assert inputs.notes(other) == []
+    assert inputs.notes(other, uses_f0=True) == []
     logged.clear()
-    inputs.switch(folder, inputs.settings(other), logged.append)
+    inputs.switch(folder, inputs.settings(other, uses_f0=True), logged.append)
     assert logged == [] and (folder / "checkpoints" / "checkpoint").exists()
     assert inputs.read(folder)["pitch"]["method"] == "dio"
     # a set put aside when inputs held no pitch comes back for its settings, named as it was
-    inputs.path(folder).write_text(json.dumps({k: v for k, v in inputs.settings(other).items() if k != "pitch"}))
+    without = {k: v for k, v in inputs.settings(other, uses_f0=True).items() if k != "pitch"}
+    inputs.path(folder).write_text(json.dumps(without))
     faster = dict(other, vocoder={**other["vocoder"], "learning_rate": 2 * other["vocoder"]["learning_rate"]})
-    inputs.switch(folder, inputs.settings(faster), logged.append)   # the old set goes aside
+    inputs.switch(folder, inputs.settings(faster, uses_f0=True), logged.append)   # the old set goes aside
     assert not (folder / "checkpoints").exists()
     (folder / "checkpoints").mkdir()                                 # trained anew at the faster rate
     (folder / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-7"\n')
-    assert inputs.notes(other)[0].endswith("(a set made with these settings is kept aside: it resumes from that)")
-    inputs.switch(folder, inputs.settings(other), logged.append)    # and comes back
+    assert inputs.notes(other, uses_f0=True)[0].endswith(
+        "(a set made with these settings is kept aside: it resumes from that)")
+    inputs.switch(folder, inputs.settings(other, uses_f0=True), logged.append)    # and comes back
     assert "resuming from the checkpoints set aside" in logged[-1] and (folder / "checkpoints" / "checkpoint").exists()
     # a kind without F0 names no pitch among what changed
     vocos = dict(other, vocoder={**other["vocoder"], "kind": "vocos"})
-    assert not any(line.startswith("pitch.") for line in inputs.changes(inputs.read(folder), inputs.settings(vocos)))
+    changed = inputs.changes(inputs.read(folder), inputs.settings(vocos, uses_f0=False))
+    assert changed and not any(line.startswith("pitch.") for line in changed)

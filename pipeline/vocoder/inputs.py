@@ -12,11 +12,11 @@ planning time, before any job runs (rules/vocoder.smk prints them, so `snakemake
 them); it reads two small JSON files and needs no TensorFlow.
 
     from pipeline.vocoder import inputs
-    inputs.notes(cfg)              # lines for the phases whose checkpoints the next vocoder job sets aside
+    inputs.notes(cfg, uses_f0)     # lines for the phases whose checkpoints the next vocoder job sets aside
     inputs.switch(folder, key, log)  # before a phase trains: the checkpoints made from `key` in place
     inputs.finetuned_elsewhere(cfg, summary, checkpoint)  # a note when the vocoder was fine-tuned for another acoustic model
 
-Config keys: vocoder.*, audio.*, runs_dir, name.
+Config keys: vocoder.*, audio.*, pitch.* (kinds that take F0), runs_dir, name.
 """
 import hashlib
 import json
@@ -44,17 +44,16 @@ def path(folder):
     return Path(folder) / FILE
 
 
-def settings(cfg, phase="train"):
+def settings(cfg, phase="train", uses_f0=False):
     """The settings a phase's checkpoints depend on, JSON-ready: a change of any restarts the phase.
     The first phase does not depend on the keys of fine-tuning alone (`FINETUNE_ONLY`). A kind that
-    trains on F0 from the pitch cache (kinds.uses_f0) depends on `pitch:` too: a new pitch method
-    resumed the phase at its last step, trained on the old F0. Inputs recorded before they held it
-    are compared without it (SECTIONS)."""
-    from pipeline.vocoder import kinds  # no TensorFlow
+    trains on F0 from the pitch cache (`uses_f0`: kinds.uses_f0, which imports this module) depends on
+    `pitch:` too: a new pitch method resumed the phase at its last step, trained on the old F0. Inputs
+    recorded before they held it are compared without it (SECTIONS)."""
     skip = RESUMABLE + (FINETUNE_ONLY if phase == "train" else ())
     vocoder = {k: v for k, v in cfg["vocoder"].items() if k not in skip and not (k in AS_BEFORE and v == AS_BEFORE[k])}
     made = {"vocoder": vocoder, "audio": cfg["audio"]}
-    if kinds.uses_f0(cfg["vocoder"]):
+    if uses_f0:
         made["pitch"] = cfg["pitch"]
     return _kind_only(json.loads(json.dumps(made)))
 
@@ -201,7 +200,7 @@ def switch(folder, key, log):
         log(f"{folder}: resuming from the checkpoints set aside when these inputs last changed")
 
 
-def notes(cfg):
+def notes(cfg, uses_f0=False):
     """Planning-time lines: for each phase whose checkpoints were made with other settings than `cfg`'s,
     what changed and that its job will set them aside and train that phase from its start. [] when
     nothing would be set aside (and for vocoder.kind griffin_lim, which trains nothing)."""
@@ -209,7 +208,7 @@ def notes(cfg):
         return []
     out = []
     for phase in PHASES[:1 + (cfg["vocoder"]["finetune_steps"] > 0)]:
-        now, folder = settings(cfg, phase), config.run_dir(cfg) / "vocoder" / phase
+        now, folder = settings(cfg, phase, uses_f0), config.run_dir(cfg) / "vocoder" / phase
         made, why = read(folder), _unrecorded(folder)
         if why:
             out.append(f"note: {why}, so nothing says what {folder / 'checkpoints'} were trained with: the vocoder's "

@@ -421,7 +421,7 @@ def _forget_other_inputs(cfg, phase, folder, log):
     reason that left the mels byte for byte the same resume): more steps continue; other inputs set
     them aside and restart (pipeline/vocoder/inputs.py), and inputs seen before resume their set.
     -> for `finetune`, the acoustic checkpoints its GTA mels came from (_gta_from), else None."""
-    key, gta_from = inputs.settings(cfg, phase), None
+    key, gta_from = inputs.settings(cfg, phase, kinds.uses_f0(cfg["vocoder"])), None
     if phase == "finetune":
         first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
         key["from"] = first and runinfo.checkpoint_identity(first)  # its weights: a retrained first phase is another
