@@ -117,7 +117,7 @@ def prepared(voice, texts, options, lazy, quiet, named=False):
             raise in_input(e, line, named and not markup.is_ssml(source)) from None
 
 
-def speak(voice, texts, args, out):
+def speak(voice, texts, args, out, named=False):
     """Say each (first line, text) (a paragraph, or the whole input); out: the raw PCM file, each sentence
     written as int16 (to_pcm) as soon as it is made, or None to collect float audio (then
     every text is checked before any audio is made, as one text would be). A paragraph that says nothing
@@ -126,7 +126,6 @@ def speak(voice, texts, args, out):
     chunks, sentences, first, t0, quiet = [], 0, None, time.perf_counter(), []
     options = dict(ssml=True if args.ssml else None, pace=args.pace, pitch_shift=args.pitch_shift,
                    speaker=args.speaker, language=args.language)
-    named = not args.text and not args.ssml       # paragraphs of standard input
     requests = prepared(voice, texts, options, out is not None, quiet, named)   # raw: each sentence as it comes
     for line, request in requests if out is not None else list(requests):
         try:
@@ -180,8 +179,8 @@ def main(argv=None):
     else:   # --out as --raw: one rule for what is SSML (--out read aloud the tags --raw took as SSML)
         texts = paragraphs(utf8_lines(sys.stdin.buffer))
     t0 = time.perf_counter()
-    try:
-        chunks, sentences, first = speak(voice, texts, args, out)
+    try:  # named: the texts are paragraphs of standard input, whose errors name their lines
+        chunks, sentences, first = speak(voice, texts, args, out, named=not args.text and not args.ssml)
     except BrokenPipeError:            # the reader went away (`| head -c ...`): nothing left to say
         return
     if not sentences:
