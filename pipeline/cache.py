@@ -194,16 +194,15 @@ def ogg_cut_short(path):
 def _clipped_fraction(path, info, y, sample_rate, native=None):
     """The fraction of the file's own samples (every channel, before resampling) at full scale (`native`:
     them, where the caller has read them)."""
-    if native is not None:
-        pass
-    elif info is None or (info.channels == 1 and info.samplerate == sample_rate):
-        native = y  # the file's samples themselves
-    elif float(np.max(np.abs(y))) * info.channels < 0.9:
-        # resampled (and mixed), runs of full-scale samples still reach ~1 (2x overdriven speech at
-        # 16 kHz: 1.09 at 22,050 Hz); the demo's clips peak at 0.61-0.89, so are not read twice
-        return 0.0
-    else:
-        native = sf.read(str(path), dtype="float32", always_2d=True)[0]
+    if native is None:
+        if info is None or (info.channels == 1 and info.samplerate == sample_rate):
+            native = y  # the file's samples themselves
+        elif float(np.max(np.abs(y))) * info.channels < 0.9:
+            # resampled (and mixed), runs of full-scale samples still reach ~1 (2x overdriven speech at
+            # 16 kHz: 1.09 at 22,050 Hz); the demo's clips peak at 0.61-0.89, so are not read twice
+            return 0.0
+        else:
+            native = sf.read(str(path), dtype="float32", always_2d=True)[0]
     level = np.abs(native)
     if info is not None and info.subtype in LOSSY:
         return float(np.count_nonzero(level >= LOSSY_FULL_SCALE)) / native.size
@@ -249,7 +248,6 @@ def _level_problem(path, info, y, sample_rate):
         raise audio.BadAudio(f"a constant offset (DC) of {offset:.3g} (more than {MAX_DC:g}): its silence carries the "
                              "energy of speech; remove it (a high-pass filter) and keep the file")
     if active < MIN_ACTIVE:
-        offset = float(np.mean(y))
         dc = f", a constant offset of {offset:.3g} (DC) removed" if abs(offset) >= ACTIVE_LEVEL else ""
         raise audio.BadAudio(f"no speech: {active:.1%} of its {FRAME_SECONDS * 1000:.0f} ms frames reach "
                              f"{20 * np.log10(ACTIVE_LEVEL):.0f} dBFS{dc} (at least {MIN_ACTIVE:.0%} must): "
@@ -258,12 +256,13 @@ def _level_problem(path, info, y, sample_rate):
 
 def load_clip(path, *, sample_rate, max_seconds, fmax=None):
     """pipeline.audio.load_audio, after refusing a file whose header says it is longer than
-    `max_seconds` (a 2-hour clip is not decoded whole, ~520 MB, to be refused), holds 8-bit or as coarse samples,
-    or (`fmax`, the mel job's audio.fmax) has a sample rate below 2 * fmax; and refusing a clip whose
-    samples go beyond full scale (a float file scaled like 16-bit integers gives mels ~10 nats too
+    `max_seconds` (a 2-hour clip is not decoded whole, ~520 MB, to be refused), holds 8-bit or as
+    coarse samples, or (`fmax`, the mel job's audio.fmax) has a sample rate below 2 * fmax; and
+    refusing a clip whose samples go beyond full scale (a float file scaled like 16-bit integers gives mels ~10 nats too
     loud, one at 1e30 infinite mels and statistics), are clipped, lose more than MAX_MIX_LOSS mixed to
-    mono, carry a DC offset, or hold no speech (near-silence, an offset alone: _level_problem). Here, not in audio.py, whose bytes are the mel caches' code digest:
-    these checks change no mel of a clip they keep."""
+    mono, carry a DC offset, or hold no speech (near-silence, an offset alone: _level_problem). Here,
+    not in audio.py, whose bytes are the mel caches' code digest: these checks change no mel of a clip
+    they keep."""
     try:
         info = sf.info(str(path))
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError):
