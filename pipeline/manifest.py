@@ -38,36 +38,24 @@ def is_validation(clip_id, val_fraction):
 
 def audio_path(root, audio_dir, clip_id):
     """The clip's audio file, or None when no {id}.wav/.flac/.ogg exists, its extension in any case
-    (.WAV, .Flac: as audio_files finds them): the lower-case names first, one stat each, then the
-    folder's listing (read once a process)."""
+    (.WAV, .Flac): the lower-case names first, one stat each, then the folder's audio_files (one scan
+    a process), so both find the same file."""
     folder = Path(root) / audio_dir
     for ext in AUDIO_EXTENSIONS:
         p = folder / f"{clip_id}.{ext}"
         if p.is_file():
             return p
     try:
-        found = _any_case(str(folder), os.stat(folder).st_mtime_ns).get(clip_id)
+        listed = _listing(str(folder), os.stat(folder).st_mtime_ns).get(clip_id)
     except OSError:
         return None
-    return folder / found if found else None
+    return folder / listed.rsplit(":", 2)[0] if listed else None
 
 
 @functools.lru_cache(maxsize=4)
-def _any_case(folder, mtime_ns):
-    """{stem: its audio file's name, by AUDIO_EXTENSIONS' order} of the files in `folder` whose
-    extension is one of them in another case; mtime_ns (the folder's): a renamed file is a new key."""
-    rank = {ext: k for k, ext in enumerate(AUDIO_EXTENSIONS)}
-    found = {}
-    try:
-        with os.scandir(folder) as entries:
-            for e in entries:
-                stem, _, ext = e.name.rpartition(".")
-                if ext != ext.lower() and ext.lower() in rank and e.is_file():
-                    if stem not in found or rank[ext.lower()] < rank[found[stem].rpartition(".")[2].lower()]:
-                        found[stem] = e.name
-    except OSError:
-        return {}
-    return found
+def _listing(folder, mtime_ns):
+    """audio_files of `folder`, once a process for each of its mtimes (a renamed file moves it)."""
+    return audio_files(folder, "")
 
 
 def audio_files(root, audio_dir, twins=None):
