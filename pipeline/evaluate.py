@@ -82,10 +82,8 @@ def validation_clips(cfg, log=None):
     # no reason to stop
     rejects = set()
     if models.needs_durations(cfg["model"]):
-        for entry in index["shards"]:
-            prefix = shards.prefix(config.cache_dir(cfg), "durations", entry["shard"])
-            if prefix.with_suffix(".json").exists():
-                rejects.update(r["id"] for r in shards.read_meta(prefix, "durations").get("rejected", ()))
+        rejects = {r["id"] for _, prefix in duration_prefixes(cfg, index)
+                   for r in shards.read_meta(prefix, "durations").get("rejected", ())}
     rejected = sorted(cid for cid in clips.ids if cid in rejects)
     if rejected and log:
         log(f"{len(rejected)} validation clip(s) left out, as training leaves them out: the duration stage "
@@ -126,16 +124,23 @@ def _lengths(prefix, kind):
     return dict(zip(meta["ids"], meta["lengths"]))
 
 
+def duration_prefixes(cfg, index):
+    """(the cache index's shard entry, its duration shard's prefix) for each shard of `index` that has a
+    duration shard, in index order."""
+    root = config.cache_dir(cfg)
+    for entry in index["shards"]:
+        prefix = shards.prefix(root, "durations", entry["shard"])
+        if prefix.with_suffix(".json").exists():
+            yield entry, prefix
+
+
 def duration_shards(cfg):
     """(the cache index's shard entry, its duration shard's meta, its durations [per clip]) for each shard
     of the cache that has a duration shard, in index order (read and verified as shards.read does)."""
     from pipeline import data
 
-    root = config.cache_dir(cfg)
-    for entry in data.read_index(cfg)["shards"]:
-        prefix = shards.prefix(root, "durations", entry["shard"])
-        if prefix.with_suffix(".json").exists():
-            yield (entry, *shards.read(prefix, "durations"))
+    for entry, prefix in duration_prefixes(cfg, data.read_index(cfg)):
+        yield (entry, *shards.read(prefix, "durations"))
 
 
 def aligner_check(cfg):
