@@ -67,6 +67,11 @@ def _as_recorded(now, made):
     return {k: v for k, v in now.items() if k in made or k not in SECTIONS}
 
 
+def _same(made, key):
+    """Whether checkpoints recorded as made from `made` were made from inputs `key`."""
+    return _comparable(made) == _comparable(_as_recorded(key, made))
+
+
 def _kind_only(made):
     """`made` (inputs) without the `vocoder:` subsections of other kinds than its own, which its weights do
     not depend on: inputs recorded with them compare equal to those recorded without (config.active_kinds)."""
@@ -128,14 +133,14 @@ def _digest(made):
 def _set_for(aside, key):
     """The set of checkpoints under `aside` made from inputs `key`, or None: by its name (or the name it
     had before inputs held `pitch`), else (a set named before names were comparable) by each set's
-    inputs.json, compared as switch compares (_as_recorded)."""
-    for named in dict.fromkeys([aside / _digest(key), aside / _digest({k: v for k, v in key.items() if k != "pitch"})]):
+    inputs.json, compared as switch compares (_same)."""
+    without_pitch = {k: v for k, v in key.items() if k != "pitch"}
+    for named in dict.fromkeys([aside / _digest(key), aside / _digest(without_pitch)]):
         if _has_checkpoints(named):
             return named
     sets = aside.iterdir() if aside.is_dir() else ()
     return next((p for p in sets if not p.name.startswith(UNRECORDED) and _has_checkpoints(p)
-                 and (made := read(p)) is not None and _comparable(made) == _comparable(_as_recorded(key, made))),
-                None)
+                 and (made := read(p)) is not None and _same(made, key)), None)
 
 
 def _has_checkpoints(folder):
@@ -176,7 +181,7 @@ def switch(folder, key, log):
     if why:  # deleted or damaged: whatever the settings now, these checkpoints may have been made with others
         _set_aside_unrecorded(folder, why, log)
     made, ckpts, aside = read(folder), folder / "checkpoints", folder / "set_aside"
-    if made is not None and _comparable(made) != _comparable(_as_recorded(key, made)) and ckpts.exists():
+    if made is not None and not _same(made, key) and ckpts.exists():
         target = aside / _digest(made)
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
