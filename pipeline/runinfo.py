@@ -125,14 +125,13 @@ def precision_changes(run, cfg):
             f"{'float16' if trained == 'float16' else 'off'} or auto to resume them)"]
 
 
-def split_changes(saved, cfg, index_fraction=None):
-    """A sentence when dataset.val_fraction differs from the one a run recorded (`split`), or, for a run
-    recorded before it was, from `index_fraction` (the cache index's, which the run last trained
+def split_changes(saved, now, index_fraction=None):
+    """A sentence when dataset.val_fraction `now` differs from the one a run recorded (`split`), or, for
+    a run recorded before it was, from `index_fraction` (the cache index's, which the run last trained
     against): the split is a hash of each id against it, so a new fraction moves clips the model
     trained on into validation, where evaluate would score them as unseen."""
     before = saved.get("split", {}).get("val_fraction") if isinstance(saved.get("split"), dict) else None
     before = index_fraction if before is None else before
-    now = cfg["dataset"]["val_fraction"]
     if before is None or before == now:
         return []
     return [f"dataset.val_fraction changed ({before!r} -> {now!r}: clips move between training and validation)"]
@@ -198,7 +197,7 @@ def changes(saved, now):
     for table in ("speakers", "languages"):  # a speaker's id is its position: a new table moves them
         if saved.get(table, []) != now[table] and len(now[table]) + len(saved.get(table, [])) > 2:
             out.append(f"the {table} changed ({', '.join(saved.get(table, [])) or 'none'} -> {', '.join(now[table])})")
-    return out + setting_changes(saved, now["config"]) + split_changes(saved, {"dataset": now["split"]})
+    return out + setting_changes(saved, now["config"]) + split_changes(saved, now["split"]["val_fraction"])
 
 
 def setting_changes(saved, cfg):
@@ -243,7 +242,8 @@ def check_unchanged(cfg):
     saved = _read(run)
     if saved is None:
         return
-    diff = setting_changes(saved, cfg) + split_changes(saved, cfg, _index_fraction(cfg)) + precision_changes(run, cfg)
+    diff = (setting_changes(saved, cfg) + split_changes(saved, cfg["dataset"]["val_fraction"], _index_fraction(cfg))
+            + precision_changes(run, cfg))
     if "model" in saved["config"]:  # the train job would refuse it after Snakemake deleted train.json
         diff += model_changes(saved["config"]["model"], cfg["model"])
     _refuse(cfg, run, diff)
