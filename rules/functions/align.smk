@@ -64,9 +64,6 @@ def publish_forced_rules():
     os.environ[paligner_folder.FORCED_ENV] = ",".join(rules)
 
 
-_repair_durations = repair("durations")
-
-
 def duration_repair(wildcards):
     """repair("durations"), and a duration shard that is damaged or no longer pairs with the token
     and mel shards it was aligned to (one rebuilt by `snakemake caches` before) set aside in
@@ -78,19 +75,18 @@ def duration_repair(wildcards):
     made = [
         CACHE / f"{kind}/shard-{wildcards.shard}.json" for kind in ("tokens", "mels")
     ]
+    marker, damaged = mark_damaged(("durations",), CACHE, wildcards.shard)
     reason = None
     if not ANOTHER_RUN and Path(f"{out}.json").exists():
         reason = pshards.stale_durations(out, *made) or (
-            "damaged (a file missing, or a .bin unlike its JSON)"
-            if pshards.intact(out) != "ok"
-            else None
+            "damaged (a file missing, or a .bin unlike its JSON)" if damaged else None
         )
     if reason:
         pshards.set_aside(out, CACHE / ".repair", reason)
         print(
             f"{out}.json: {reason}; set aside in {CACHE / '.repair'}", file=sys.stderr
         )
-    return _repair_durations(wildcards)
+    return [marker] if marker.exists() else []
 
 
 # `--forcerun train_aligner` on the command line (rules/align.smk): its index input is then not ancient

@@ -144,17 +144,21 @@ def repair(*kinds, root=CACHE):
     """
 
     def inputs(wildcards):
-        marker = root / ".repair" / f"{kinds[0]}-{wildcards.shard}"
-        if (
-            not ANOTHER_RUN
-            and pshards.intact(
-                *(pshards.prefix(root, kind, wildcards.shard) for kind in kinds)
-            )
-            != "ok"
-        ):
-            pfiles.atomic_write_text(
-                marker, f"damaged shard found at {time.time_ns()}\n"
-            )
+        marker, _ = mark_damaged(kinds, root, wildcards.shard)
         return [marker] if marker.exists() else []
 
     return inputs
+
+
+def mark_damaged(kinds, root, shard):
+    """repair's check of one job's shards: (its marker, whether they are damaged now, when a fresh
+    marker was written)."""
+    marker = root / ".repair" / f"{kinds[0]}-{shard}"
+    damaged = (
+        not ANOTHER_RUN
+        and pshards.intact(*(pshards.prefix(root, kind, shard) for kind in kinds))
+        != "ok"
+    )
+    if damaged:
+        pfiles.atomic_write_text(marker, f"damaged shard found at {time.time_ns()}\n")
+    return marker, damaged
