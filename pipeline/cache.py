@@ -191,6 +191,78 @@ def ogg_cut_short(path):
     return True
 
 
+def wav_size_problem(path, info):
+    """BadAudio for a RIFF/WAVE file whose data chunk declares less audio than the file holds, which
+    libsndfile reads as a shorter clip, silently (its text then sits on part of its audio): a size of
+    0 (a header written before the recording and never filled in: no samples at all), or a size
+    followed by bytes that start no chunk (the recording went on after its header was written). A
+    0xFFFFFFFF placeholder (a WAV written to a pipe) is read to the file's end, and whole chunks after
+    the data (LIST, id3 ), an ID3v1 tag or zero padding are a file's own."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        f.seek(0)
+        head = f.read(12)
+        if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return
+        pos, n = 12, None
+        while pos + 8 <= size:
+            f.seek(pos)
+            chunk, n = f.read(4), int.from_bytes(f.read(4), "little")
+            if chunk == b"data":
+                break
+            pos += 8 + n + (n & 1)
+        else:
+            return
+        start = pos + 8
+        if n == 0xFFFFFFFF or start + n > size:  # streamed, or truncated (audio.wav_shortfall says so)
+            return
+        if n == 0 and size > start:
+            raise audio.BadAudio(f"its WAV header declares no audio (a data size of 0: a header written before the "
+                                 f"recording and never filled in), yet {size - start} bytes follow it: save it "
+                                 "again with the size of its audio")
+        f.seek(start + n)
+        rest = f.read()
+    # whole chunks after the data (at its pad byte, or where a writer left it out), then nothing
+    rest = min((_after_chunks(rest[skip:]) for skip in {n & 1, 0}), key=len)
+    if rest.strip(b"\0") and not (len(rest) == 128 and rest[:3] == b"TAG"):
+        per_second = n / (info.frames / info.samplerate) if info.frames and info.samplerate else 0
+        more = f" (~{len(rest) / per_second:.1f} s of audio at its rate)" if per_second else ""
+        raise audio.BadAudio(f"its WAV header declares {n} bytes of audio, and {len(rest)} bytes{more} follow them "
+                             "that start no chunk: a header written before the recording ended (only the declared "
+                             "part would be read); save it again with the size of all its audio")
+
+
+def _after_chunks(raw):
+    """What follows the whole RIFF chunks at the start of `raw` (the last one's pad byte may be missing)."""
+    at = 0
+    while at + 8 <= len(raw) and all(32 <= b < 127 for b in raw[at:at + 4]) \
+            and at + 8 + int.from_bytes(raw[at + 4:at + 8], "little") <= len(raw) + 1:
+        n = int.from_bytes(raw[at + 4:at + 8], "little")
+        at += 8 + n + (n & 1)
+    return raw[at:]
+
+
+MP3_FRAME = 1152  # samples in an MPEG-1 Layer III frame (576 in MPEG-2/2.5)
+
+
+def mp3_declares_length(path):
+    """Whether an MP3 file's first frame is a Xing, Info or VBRI header, whose frame count libsndfile
+    (mpg123) reports as the file's length; without one the length is an estimate from its size."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    at = 0
+    if head[:3] == b"ID3" and len(head) >= 10:  # an ID3v2 tag first: its size is syncsafe (7 bits a byte)
+        at = 10 + sum((b & 0x7F) << (7 * (3 - i)) for i, b in enumerate(head[6:10])) + 10 * bool(head[5] & 0x10)
+        if at + 4 > len(head):
+            with open(path, "rb") as f:
+                f.seek(at)
+                head = bytes(at) + f.read(4096)
+    while at + 1 < len(head) and not (head[at] == 0xFF and head[at + 1] & 0xE0 == 0xE0):
+        at += 1
+    first = head[at:at + 200]
+    return any(tag in first for tag in (b"Xing", b"Info", b"VBRI"))
+
+
 def _clipped_fraction(path, info, y, sample_rate, native=None):
     """The fraction of the file's own samples (every channel, before resampling) at full scale (`native`:
     them, where the caller has read them)."""
@@ -260,7 +332,9 @@ def load_clip(path, *, sample_rate, max_seconds, fmax=None):
     coarse samples, or (`fmax`, the mel job's audio.fmax) has a sample rate below 2 * fmax; and
     refusing a clip whose samples go beyond full scale (a float file scaled like 16-bit integers gives mels ~10 nats too
     loud, one at 1e30 infinite mels and statistics), are clipped, lose more than MAX_MIX_LOSS mixed to
-    mono, carry a DC offset, or hold no speech (near-silence, an offset alone: _level_problem). Here,
+    mono, carry a DC offset, or hold no speech (near-silence, an offset alone: _level_problem); and a
+    WAV whose header declares less audio than it holds (wav_size_problem) or an MP3 whose Xing header
+    declares more than it decodes to (a half-copied file), which libsndfile reads short. Here,
     not in audio.py, whose bytes are the mel caches' code digest: these checks change no mel of a clip
     they keep."""
     try:
@@ -272,6 +346,8 @@ def load_clip(path, *, sample_rate, max_seconds, fmax=None):
         if info.format == "OGG" and ogg_cut_short(path):
             raise audio.BadAudio("truncated (its last Ogg page is cut short or does not end the stream: a "
                                  "half-copied file)")
+        if info.format == "WAV":
+            wav_size_problem(path, info)
     try:
         y = audio.load_audio(path, sample_rate=sample_rate, max_seconds=max_seconds)
     except audio.BadAudio as e:
@@ -281,6 +357,11 @@ def load_clip(path, *, sample_rate, max_seconds, fmax=None):
                 raise audio.BadAudio(f"its {info.channels} channels cancel when mixed to mono (one is the other "
                                      "inverted?): keep one channel") from None
         raise
+    if info is not None and info.format == "MP3" and info.samplerate > 0 and mp3_declares_length(path):
+        declared, short = info.frames / info.samplerate, 2 * MP3_FRAME / info.samplerate
+        if len(y) / sample_rate < declared - short:
+            raise audio.BadAudio(f"truncated (its header declares {declared:.2f} s, it decodes to "
+                                 f"{len(y) / sample_rate:.2f} s: a half-copied file)")
     _level_problem(path, info, y, sample_rate)
     return y
 

@@ -536,6 +536,48 @@ def test_streamed_wav_with_placeholder_sizes_is_read(tmp_path, corpus_template):
     np.testing.assert_allclose(got, y / 32768.0, atol=1e-6)
 
 
+def test_wav_declaring_less_audio_than_it_holds_is_refused(tmp_path, corpus_template):
+    # libsndfile reads only the declared part: a 0 size was "empty (no samples)", half a size half the clip
+    good = sorted((corpus_template / "wavs").glob("*.wav"))[2]
+    y = sf.read(str(good), dtype="int16")[0]
+    sf.write(str(tmp_path / "whole.wav"), y, SR, subtype="PCM_16")
+    raw = (tmp_path / "whole.wav").read_bytes()
+    at = raw.index(b"data") + 4
+    size = int.from_bytes(raw[at:at + 4], "little")
+    for declared, match in ((0, "declares no audio .a data size of 0"),
+                            (size // 2, f"declares {size // 2} bytes of audio, and {size - size // 2} bytes")):
+        (tmp_path / "short.wav").write_bytes(raw[:at] + declared.to_bytes(4, "little") + raw[at + 4:])
+        assert sf.info(str(tmp_path / "short.wav")).frames == declared // 2  # what libsndfile would keep
+        with pytest.raises(audio.BadAudio, match=match):
+            cache.load_clip(tmp_path / "short.wav", sample_rate=SR, max_seconds=20.0)
+    # what may follow a WAV's data: whole chunks (an odd one without its pad byte), an ID3v1 tag, zeros
+    for extra in (b"LIST" + (5).to_bytes(4, "little") + b"INFOa", b"TAG" + bytes(125), bytes(3000)):
+        (tmp_path / "extra.wav").write_bytes(raw + extra)
+        assert len(cache.load_clip(tmp_path / "extra.wav", sample_rate=SR, max_seconds=20.0)) == len(y)
+
+
+@pytest.mark.parametrize("rate", [SR, 16000])
+def test_mp3_cut_short_is_refused(tmp_path, corpus_template, rate):
+    # libsndfile decodes a half-copied MP3 as a shorter clip, silently, though its Xing header says more
+    good = sorted((corpus_template / "wavs").glob("*.wav"))[2]
+    y = soxr.resample(sf.read(str(good), dtype="float32")[0], SR, rate)
+    sf.write(str(tmp_path / "whole.mp3"), y, rate, format="MP3")
+    data = (tmp_path / "whole.mp3").read_bytes()
+    id3 = b"ID3\x03\x00\x00" + (20).to_bytes(4, "big") + bytes(20)  # an ID3v2 tag before the first frame
+    for head in (b"", id3):
+        (tmp_path / "tagged.mp3").write_bytes(head + data)
+        assert cache.mp3_declares_length(tmp_path / "tagged.mp3")
+        whole = cache.load_clip(tmp_path / "tagged.mp3", sample_rate=SR, max_seconds=20.0)
+        assert abs(len(whole) - len(y) * SR / rate) <= SR // 100
+        for fraction in (0.5, 0.95):
+            (tmp_path / "cut.mp3").write_bytes(head + data[:int(len(data) * fraction)])
+            assert sf.info(str(tmp_path / "cut.mp3")).frames == sf.info(str(tmp_path / "whole.mp3")).frames
+            with pytest.raises(audio.BadAudio, match=r"truncated \(its header declares .* s, it decodes to"):
+                cache.load_clip(tmp_path / "cut.mp3", sample_rate=SR, max_seconds=20.0)
+    (tmp_path / "noise.mp3").write_bytes(b"\xff\xfb\x90\x64" + bytes(400))  # a first frame without one
+    assert not cache.mp3_declares_length(tmp_path / "noise.mp3")
+
+
 # --- other rates, depths, channels, containers -----------------------------------------------
 def _close(mel, ref):
     """Frames within 1, and the same picture where there is speech (log-mel above 1e-2)."""
