@@ -649,9 +649,17 @@ class _Totals:
         return n, val
 
 
-def _read_group(k, group, want, rejected):
+def _audio_files(cfg, shard):
+    """{clip id: its audio file} of one shard, for the index's own rejects (a clip too short for its text)."""
+    ds = cfg["dataset"]
+    clips = _shard_clips(cfg, shard, log=lambda *_: None)
+    return {c.id: str(manifest.clip_audio(ds, c) or manifest.clip_where(ds, c)) for c in clips}
+
+
+def _read_group(k, group, want, rejected, cfg):
     """One shard's metadata and per-clip sums (every kind), checked against the wanted provenance;
-    its rejected and too-short clips go into `rejected`. -> (metas, stats, usable ids, short ids)."""
+    its rejected and too-short clips (named by their audio file) go into `rejected`.
+    -> (metas, stats, usable ids, short ids)."""
     metas = {}
     for kind, p in zip(shards.CACHE_KINDS, group):
         metas[kind] = shards.read_meta(p, kind)
@@ -668,9 +676,10 @@ def _read_group(k, group, want, rejected):
                                 "every clip's normalisation: fix or remove its audio and rerun")
     usable = set(metas["tokens"]["ids"]) & set(metas["energy"]["ids"]) & set(metas["pitch"]["ids"])
     short = _short_clips(metas, usable)
+    files_of = _audio_files(cfg, k) if short else {}
     for cid, reason in short.items():
-        rejected.setdefault(cid, dict(id=cid, shard=k, stage="index", path=str(Path(group[1]).with_suffix(".json")),
-                                      reason=reason))
+        where = files_of.get(cid) or str(Path(group[1]).with_suffix(".json"))
+        rejected.setdefault(cid, dict(id=cid, shard=k, stage="index", path=where, reason=reason))
     return metas, stats, usable - set(short), short
 
 
@@ -696,7 +705,7 @@ def build_index(cfg, paths, out, log=_print):
     totals = _Totals(n_mels, cfg["dataset"]["val_fraction"])
     entries, rejected, audio_rejected = [], {}, {}
     for k, group in enumerate(zip(*(sorted(paths[kind], key=_shard_number) for kind in shards.CACHE_KINDS))):
-        metas, stats, usable, short = _read_group(k, group, want, rejected)
+        metas, stats, usable, short = _read_group(k, group, want, rejected, cfg)
         for kind in ("mels", "pitch"):  # a clip whose text was rejected too is still bad audio
             for r in metas[kind]["rejected"]:
                 audio_rejected.setdefault(r["id"], dict(r, shard=k))

@@ -58,7 +58,8 @@ def test_text_in_another_script_and_audio_too_short_are_rejected_with_reasons(tm
     assert rows["odd-persian"]["path"].endswith(f"metadata.csv:{len(lines) - 2}")
     short = rows["odd-short"]
     assert short["stage"] == "index" and "mel frames for" in short["reason"] and "too short for its text" in short["reason"]
-    assert Path(short["path"]).is_file() and short["path"].endswith(".json")  # the mel shard's JSON, as named
+    # its audio file, as a bad-audio row names it (the mel shard's JSON before)
+    assert Path(short["path"]).resolve() == (root / "wavs" / "odd-short.wav").resolve()
 
     index = json.loads((cache / "index.json").read_text())
     assert index["counts"]["rejected"] == 3 and index["counts"]["clips"] == len(lines) - 3
