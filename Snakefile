@@ -28,7 +28,7 @@ rule all:
         rules.synthesize.output,
         rules.evaluate.output,
         rules.diagnose.output,
-        rules.export.output,
+        EXPORTED,
 
 
 # Snakemake keeps what parsing made (its modules, these rules, the manifest's row per clip) until it

@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from pipeline import config, dft, files, placement, runinfo
+from pipeline import config, dft, files, models, placement, runinfo
 from pipeline.audio import LOG_CLAMP
 from pipeline.errors import PipelineError, cli
 from pipeline.synthesize import PACE, PITCH_SHIFT, frame_f0, load_synthesizer
@@ -262,9 +262,9 @@ def build_voice(cfg, transforms="fft", synth=None, log=print):
     """(Voice, synthesizer, vocabulary, vocoder info) for the run's latest checkpoint."""
     synth = synth or load_synthesizer(cfg, log)
     run = runinfo.run_vocabulary(cfg)  # the vocabulary the synthesizer's model was built with (the same run.json)
-    if run["model"]["kind"] != "fastpitch":
-        raise ExportError(f"model.kind: {run['model']['kind']!r} cannot be exported yet (fastpitch can: its "
-                          "inference is one graph with pace and pitch_shift as tensors)")
+    problem = models.export_problem(run["model"])
+    if problem:
+        raise ExportError(problem)
     vocoder, info = export_vocoder(cfg, run["audio"], transforms)
     tables = {"speaker": synth.speakers, "language": synth.languages}
     voice = Voice(synth.model, run["vocab"], run["mel_mean"], run["mel_std"], synth.max_frames, vocoder,

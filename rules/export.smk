@@ -7,6 +7,11 @@
 # Only the keys the export reads are passed: new synthesize.sentences do not rerun it. With a trained
 # vocoder kind the final vocoder (runs/{name}/vocoder.json) is an input: a new vocoder re-exports.
 
+# A kind export cannot build (transformer_tts, a user's own): the default target leaves export out,
+# and `snakemake export` stops before any job, as the export job would after training
+EXPORT_PROBLEM = pmodels.export_problem(config["model"])
+if EXPORT_PROBLEM and "export" in (ppreflight.snakemake_targets(sys.argv) or ()):
+    stop_planning(EXPORT_PROBLEM)
 EXPORT_VOCODER_KEYS = ["kind"] + (
     [config["vocoder"]["kind"]] if VOCODER else []
 )  # the model's sizes, to build it
@@ -40,3 +45,6 @@ rule export:
         out=RUN / "export",
     shell:
         "python -m pipeline.export --config {params.config:q} --out {params.out:q} > {log:q} 2>&1"
+
+
+EXPORTED = [] if EXPORT_PROBLEM else rules.export.output

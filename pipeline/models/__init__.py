@@ -42,11 +42,12 @@ class ModelError(ConfigError):
 
 # module: where its `build(model_cfg, vocab, n_mels, ...)` lives (imported when a model is built: TensorFlow);
 # needs_durations: `train` first makes the aligner's durations; frame_multiple(model_cfg): the loader pads
-# frame counts to it. A user's own "package.module:function" is no entry: it needs durations in case its
-# `needs` lists them, and sets `model.options.frame_multiple`.
+# frame counts to it; exportable: pipeline.export builds its voice (inference as one graph with pace and
+# pitch_shift as tensors). A user's own "package.module:function" is no entry: it needs durations in case
+# its `needs` lists them, sets `model.options.frame_multiple`, and is not exported.
 KINDS = Registry("model.kind", ModelError, what="kind", module=None, needs_durations=True,
-                 frame_multiple=lambda model_cfg: 1)
-KINDS.add("fastpitch", module="pipeline.models.fastpitch")
+                 frame_multiple=lambda model_cfg: 1, exportable=False)
+KINDS.add("fastpitch", module="pipeline.models.fastpitch", exportable=True)
 KINDS.add("transformer_tts", module="pipeline.models.transformer_tts", needs_durations=False,
           frame_multiple=lambda model_cfg: int(model_cfg["transformer_tts"]["reduction"]))
 
@@ -72,6 +73,17 @@ def needs_durations(model_cfg):
     """Whether `train` must first make the aligner's durations (from the config alone, for Snakemake):
     fastpitch does, transformer_tts does not, a user's own kind gets them in case its `needs` lists them."""
     return KINDS.get(model_cfg["kind"]).needs_durations if model_cfg["kind"] in KINDS else True
+
+
+def export_problem(model_cfg):
+    """Why `snakemake export` cannot export this kind (from the config alone, for Snakemake: the default
+    target then leaves export out), or None."""
+    kind = model_cfg["kind"]
+    if kind in KINDS and KINDS.get(kind).exportable:
+        return None
+    able = ", ".join(k for k in KINDS if KINDS.get(k).exportable)
+    return (f"model.kind: {kind!r} cannot be exported yet ({able} can: its inference is one graph with pace and "
+            "pitch_shift as tensors); synthesize and evaluate use the run's checkpoint instead")
 
 
 def _user_builder(kind):
