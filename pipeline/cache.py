@@ -26,7 +26,9 @@ import functools
 import importlib
 import importlib.util
 import json
+import os
 import sys
+import tempfile
 import time
 import types
 import unicodedata
@@ -191,6 +193,25 @@ def ogg_cut_short(path):
     return True
 
 
+def _wav_data(path):
+    """(offset of its data chunk's header, the size that header declares, the file's size) of a RIFF/WAVE
+    file, or None (another format, or no data chunk)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        f.seek(0)
+        head = f.read(12)
+        if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return None
+        pos = 12
+        while pos + 8 <= size:
+            f.seek(pos)
+            chunk, n = f.read(4), int.from_bytes(f.read(4), "little")
+            if chunk == b"data":
+                return pos, n, size
+            pos += 8 + n + (n & 1)
+    return None
+
+
 def wav_size_problem(path, info):
     """BadAudio for a RIFF/WAVE file whose data chunk declares less audio than the file holds, which
     libsndfile reads as a shorter clip, silently (its text then sits on part of its audio): a size of
@@ -198,28 +219,18 @@ def wav_size_problem(path, info):
     followed by bytes that start no chunk (the recording went on after its header was written). A
     0xFFFFFFFF placeholder (a WAV written to a pipe) is read to the file's end, and whole chunks after
     the data (LIST, id3 ), an ID3v1 tag or zero padding are a file's own."""
+    found = _wav_data(path)
+    if found is None:
+        return
+    pos, n, size = found
+    start = pos + 8
+    if start + n > size:  # a placeholder (streamed_wav), or truncated (pipeline.audio.wav_shortfall says so)
+        return
+    if n == 0 and size > start:
+        raise audio.BadAudio(f"its WAV header declares no audio (a data size of 0: a header written before the "
+                             f"recording and never filled in), yet {size - start} bytes follow it: save it "
+                             "again with the size of its audio")
     with open(path, "rb") as f:
-        size = f.seek(0, 2)
-        f.seek(0)
-        head = f.read(12)
-        if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-            return
-        pos, n = 12, None
-        while pos + 8 <= size:
-            f.seek(pos)
-            chunk, n = f.read(4), int.from_bytes(f.read(4), "little")
-            if chunk == b"data":
-                break
-            pos += 8 + n + (n & 1)
-        else:
-            return
-        start = pos + 8
-        if n == 0xFFFFFFFF or start + n > size:  # streamed, or truncated (audio.wav_shortfall says so)
-            return
-        if n == 0 and size > start:
-            raise audio.BadAudio(f"its WAV header declares no audio (a data size of 0: a header written before the "
-                                 f"recording and never filled in), yet {size - start} bytes follow it: save it "
-                                 "again with the size of its audio")
         f.seek(start + n)
         rest = f.read()
     # whole chunks after the data (at its pad byte, or where a writer left it out), then nothing
@@ -230,6 +241,34 @@ def wav_size_problem(path, info):
         raise audio.BadAudio(f"its WAV header declares {n} bytes of audio, and {len(rest)} bytes{more} follow them "
                              "that start no chunk: a header written before the recording ended (only the declared "
                              "part would be read); save it again with the size of all its audio")
+
+
+STREAMED = 0x7FFF0000  # a data size at least this large, beyond the file's end: a streaming writer's placeholder
+
+
+def streamed_wav(path):
+    """The bytes of a WAV whose data size is the placeholder of a writer that could not seek back to
+    fill it in (espeak-ng --stdout writes 0x7FFFF000, arecord 0x7FFFFFFF: no clip is 2 GB) with that size
+    set to 0xFFFFFFFF, the placeholder pipeline.audio reads to the file's end; else None. A torn copy
+    of a real clip declares what it lost, far less, and stays truncated."""
+    found = _wav_data(path)
+    if found is None or not (STREAMED <= found[1] < 0xFFFFFFFF and found[0] + 8 + found[1] > found[2]):
+        return None
+    pos, raw = found[0], Path(path).read_bytes()
+    return raw[:4] + b"\xff\xff\xff\xff" + raw[8:pos + 4] + b"\xff\xff\xff\xff" + raw[pos + 8:]
+
+
+def decode(path, *, sample_rate, max_seconds):
+    """pipeline.audio.load_audio, a WAV streamed with a placeholder size (streamed_wav) read to its end:
+    how the mel job and evaluate read a clip (pipeline.audio, whose bytes are the mels' code digest, is
+    not edited for it)."""
+    streamed = streamed_wav(path) if os.path.isfile(path) else None
+    if streamed is None:
+        return audio.load_audio(path, sample_rate=sample_rate, max_seconds=max_seconds)
+    with tempfile.NamedTemporaryFile(suffix=".wav") as copy:
+        copy.write(streamed)
+        copy.flush()
+        return audio.load_audio(copy.name, sample_rate=sample_rate, max_seconds=max_seconds)
 
 
 def _after_chunks(raw):
@@ -334,7 +373,8 @@ def load_clip(path, *, sample_rate, max_seconds, fmax=None):
     loud, one at 1e30 infinite mels and statistics), are clipped, lose more than MAX_MIX_LOSS mixed to
     mono, carry a DC offset, or hold no speech (near-silence, an offset alone: _level_problem); and a
     WAV whose header declares less audio than it holds (wav_size_problem) or an MP3 whose Xing header
-    declares more than it decodes to (a half-copied file), which libsndfile reads short. Here,
+    declares more than it decodes to (a half-copied file), which libsndfile reads short. A WAV streamed
+    with a 2 GB placeholder size (espeak-ng --stdout, arecord) is read to its end (streamed_wav). Here,
     not in audio.py, whose bytes are the mel caches' code digest: these checks change no mel of a clip
     they keep."""
     try:
@@ -349,7 +389,7 @@ def load_clip(path, *, sample_rate, max_seconds, fmax=None):
         if info.format == "WAV":
             wav_size_problem(path, info)
     try:
-        y = audio.load_audio(path, sample_rate=sample_rate, max_seconds=max_seconds)
+        y = decode(path, sample_rate=sample_rate, max_seconds=max_seconds)
     except audio.BadAudio as e:
         if str(e).startswith("silent") and info is not None and info.channels > 1:
             loud = np.max(np.abs(sf.read(str(path), dtype="float32", always_2d=True)[0]), axis=0)

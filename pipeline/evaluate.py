@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import audio, config, files, manifest, metrics, pitch, shards
+from pipeline import audio, cache, config, files, manifest, metrics, pitch, shards
 from pipeline.errors import PipelineError, cli
 
 GL_POWER = 1.0  # Griffin-Lim without the listening sharpening (power 1.5 tilts the spectrum: +4 dB MCD)
@@ -291,7 +291,7 @@ def measure_clip(clip, synth_mel, analyse):
     per-clip figure but the listening measures, the analyses are what the chance level compares across
     clips."""
     a, sr = analyse.a, analyse.a["sample_rate"]
-    y = audio.load_audio(clip.audio, sample_rate=sr, max_seconds=analyse.max_seconds)
+    y = cache.decode(clip.audio, sample_rate=sr, max_seconds=analyse.max_seconds)  # as the mel job read it
     mel = audio.mel_spectrogram(y, **a)                                         # (F, n_mels)
     y_gl = analyse.griffin_lim(mel)
     rec, ceil = analyse(y, clip.f0), analyse(y_gl)

@@ -524,7 +524,7 @@ def test_truncated_ogg_is_rejected(tmp_path, corpus_template, subtype, rate):
 
 
 def test_streamed_wav_with_placeholder_sizes_is_read(tmp_path, corpus_template):
-    # a WAV written to a pipe (espeak-ng --stdout, sox -) has 0xFFFFFFFF size fields: not truncated
+    # a WAV written to a pipe (sox -, ffmpeg pipe:) has 0xFFFFFFFF size fields: not truncated
     good = sorted((corpus_template / "wavs").glob("*.wav"))[2]
     y = sf.read(str(good), dtype="int16")[0]
     header = (b"RIFF" + (0xFFFFFFFF).to_bytes(4, "little") + b"WAVEfmt " + (16).to_bytes(4, "little")
@@ -534,6 +534,29 @@ def test_streamed_wav_with_placeholder_sizes_is_read(tmp_path, corpus_template):
     (tmp_path / "streamed.wav").write_bytes(header + y.astype("<i2").tobytes())
     got = audio.load_audio(tmp_path / "streamed.wav", sample_rate=SR, max_seconds=20.0)
     np.testing.assert_allclose(got, y / 32768.0, atol=1e-6)
+
+
+def test_wav_streamed_with_a_2gb_placeholder_is_read_to_its_end(tmp_path, corpus_template):
+    # espeak-ng --stdout writes a data size of 0x7FFFF000, arecord 0x7FFFFFFF: every such clip was refused as
+    # "truncated (the WAV header declares 2147417336 more bytes ...)" though libsndfile reads it whole
+    spoken = subprocess.run(["espeak-ng", "--stdout", "A sentence spoken into a pipe."], capture_output=True,
+                            check=True).stdout
+    (tmp_path / "piped.wav").write_bytes(spoken)
+    assert int.from_bytes(spoken[40:44], "little") == 0x7FFFF000  # its placeholder, after a 16-byte fmt chunk
+    got = cache.load_clip(tmp_path / "piped.wav", sample_rate=SR, max_seconds=20.0)
+    np.testing.assert_array_equal(got, sf.read(str(tmp_path / "piped.wav"), dtype="float32")[0])
+    good = sorted((corpus_template / "wavs").glob("*.wav"))[2]
+    y = sf.read(str(good), dtype="int16")[0]
+    sf.write(str(tmp_path / "whole.wav"), y, SR, subtype="PCM_16")
+    raw = (tmp_path / "whole.wav").read_bytes()
+    at = raw.index(b"data") + 4
+    (tmp_path / "arecord.wav").write_bytes(raw[:at] + (0x7FFFFFFF).to_bytes(4, "little") + raw[at + 4:])
+    np.testing.assert_array_equal(cache.decode(tmp_path / "arecord.wav", sample_rate=SR, max_seconds=20.0),
+                                  y / np.float32(32768))
+    # a torn copy of a real clip declares what it lost: still truncated
+    (tmp_path / "torn.wav").write_bytes(raw[:len(raw) // 2])
+    with pytest.raises(audio.BadAudio, match="truncated .the WAV header declares"):
+        cache.load_clip(tmp_path / "torn.wav", sample_rate=SR, max_seconds=20.0)
 
 
 def test_wav_declaring_less_audio_than_it_holds_is_refused(tmp_path, corpus_template):
