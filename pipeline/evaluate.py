@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import audio, cache, config, files, manifest, metrics, pitch, shards
+from pipeline import audio, cache, config, files, manifest, metrics, pitch, shards, wavfile
 from pipeline.errors import PipelineError, cli
 
 GL_POWER = 1.0  # Griffin-Lim without the listening sharpening (power 1.5 tilts the spectrum: +4 dB MCD)
@@ -179,10 +179,11 @@ class Analyser:
         from pipeline.vocoder.griffin_lim import griffin_lim
 
         y = np.asarray(griffin_lim(log_mel, iters=self.iters, power=GL_POWER, **self.a))
-        return np.pad(y, (0, max(0, MIN_FRAMES * self.a["hop_length"] - len(y))))
+        return wavfile.as_heard(np.pad(y, (0, max(0, MIN_FRAMES * self.a["hop_length"] - len(y)))))
 
     def vocode(self, log_mel, f0=None, gate=False):
-        """The pipeline's vocoder: the trained one, or Griffin-Lim without one. f0 (F,) Hz for a vocoder
+        """The pipeline's vocoder: the trained one, or Griffin-Lim without one, as the saved wav holds it
+        (wavfile.as_heard, as griffin_lim's: every measure takes what a listener gets). f0 (F,) Hz for a vocoder
         that uses F0 (None: its own F0 head's); gate: voiced only where its voicing head hears voicing
         (a TTS model's pitch, as synthesize uses it)."""
         if self.neural is None:
@@ -192,7 +193,7 @@ class Analyser:
         if f0 is not None:
             f0 = np.pad(np.asarray(f0, np.float32), (0, pad))
             f0 = self.neural.voiced_f0(log_mel, f0) if gate else f0
-        return np.asarray(self.neural(log_mel, f0=f0), np.float32)
+        return wavfile.as_heard(np.asarray(self.neural(log_mel, f0=f0), np.float32))
 
     def f0(self, y):
         sr, hop = self.a["sample_rate"], self.a["hop_length"]

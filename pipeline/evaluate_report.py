@@ -124,7 +124,10 @@ def _above_reference(mos, wer, heads):
               for measure, scores, sign in (("naturalness:", mos, 1), ("word error rate:", wer, -1))
               if scores.get("recording") is not None
               for n in heads if scores.get(n) is not None and sign * (scores[n] - scores["recording"]) > 0]
-    return [f"Scored better than the recording: {'; '.join(better)}.", ""] if better else []
+    noise = (" The recognizer's word error rate is no finer than about 0.1 over the demo's 9 clips: audio changed by "
+             "one 16-bit step (inaudible) moved the recording's median from 0.84 to 0.75-0.79, single clips by up to 0.2."
+             if any(b.startswith("word error rate:") for b in better) else "")
+    return [f"Scored better than the recording: {'; '.join(better)}.{noise}", ""] if better else []
 
 
 def listener_lines(report):

@@ -251,13 +251,14 @@ _NOT_A_WORD_RE = re.compile(r"[^a-z']+")  # what WER's word lists drop (punctuat
 
 def to_listen_rate(y, sample_rate):
     """float32 audio at 16 kHz within [-1, 1], as the predictor and the recognizer take it: first as
-    it is saved and spoken (wavfile.as_saved: scaled whole to a 0.95 peak when it would clip, as every
-    delivery path does), so the measures hear what evaluate_audio/ holds, not clipping no one hears."""
+    it is saved and spoken (wavfile.as_heard: scaled whole to a 0.95 peak when it would clip, as every
+    delivery path does, and in 16-bit samples), so the measures hear what evaluate_audio/ holds, not
+    clipping no one hears nor a residue below one 16-bit step."""
     import soxr
 
-    from pipeline.wavfile import as_saved
+    from pipeline.wavfile import as_heard
 
-    y = as_saved(y)
+    y = as_heard(y)
     if sample_rate != LISTEN_RATE:
         y = soxr.resample(y, sample_rate, LISTEN_RATE, quality="HQ")
     return np.clip(y, -1.0, 1.0)  # the resampler's overshoot of a 0.95 peak, if any

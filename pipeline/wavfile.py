@@ -119,13 +119,12 @@ def _scale(peaks, where):
     return np.float32(FULL_SCALE * (PEAK / peak if peak > 1.0 else 1.0))
 
 
-def as_saved(audio):
-    """Float audio (flat, finite) as save_wav and to_pcm deliver it, before the 16-bit conversion:
-    scaled to a PEAK peak as one whole when it would clip (peak > 1), else as it is. What a listening
-    measure should hear: no delivery path clips."""
-    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
-    peak = _peak(audio)
-    return audio * np.float32(PEAK / peak) if np.isfinite(peak) and peak > 1.0 else audio
+def as_heard(audio):
+    """Float audio (flat, finite) as a saved wav holds it: to_pcm's 16-bit samples over FULL_SCALE, what
+    libsndfile reads back from evaluate_audio/ or speak --out. What every measure should take: the
+    float signal's residue below one 16-bit step, where a recording holds digital silence, scored
+    13-20 dB per frame in the mel-cepstral distance and moved the recognizer's transcripts."""
+    return to_pcm(audio).astype(np.float32) / np.float32(FULL_SCALE)
 
 
 def _pcm(audio, scale):
