@@ -120,8 +120,8 @@ def _coerce_strings(cfg, defaults):
                 parsed = yaml.safe_load(value)
             except yaml.YAMLError:
                 continue
-            if isinstance(parsed, str) and isinstance(default, float) and not isinstance(default, bool):
-                parsed = _plain_float(parsed)  # YAML 1.1 reads 1e-4 (no dot) as a string
+            if isinstance(parsed, str) and not isinstance(default, bool):
+                parsed = _plain_float(parsed)  # YAML 1.1 reads 1e-4 (no dot) as a string; 7.6e3 Hz where 8000 is
             if isinstance(parsed, (bool, int, float)):
                 cfg[key] = _as_default(parsed, default)
         else:

@@ -49,6 +49,10 @@ def _one_line(e):
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:
         return str(disk_full(e.filename or "(a file)"))
     text = str(e)
+    if isinstance(e, MemoryError) or type(e).__name__ == "ResourceExhaustedError":  # NumPy's, TensorFlow's
+        what = re.sub(r"\{\{[^}]*\}\}\s*", "", (text.strip().splitlines() or [type(e).__name__])[0])[:200]
+        return (f"out of memory ({what}): lower the model's sizes (model.*, vocoder.*, aligner.d_model) or the batch "
+                "size (train.batch_size, vocoder.batch_size, aligner.batch_size), or free the memory other jobs hold")
     if GRAPH_MARK in text:  # tf.debugging.Assert: "assertion failed: [mark] [[b'path' ...]] [: ...]"
         body = text[text.index(GRAPH_MARK):].split("\n")[0]
         body = re.sub(r"[\[\]]|b'|b\"|'|\"|\s*\{\{node.*", "", body)

@@ -31,6 +31,13 @@ BAD = {  # name: (overrides merged into the test config, the key the message mus
     "a vocoder crop shorter than its loss's window": ({"audio": {"hop_length": 128}, "vocoder": {"kind": "vocos", "segment_frames": 8}},
                                                      "vocoder.segment_frames"),
     "missing dataset folder": ({"dataset": {"root": "/nonexistent/corpus"}}, "dataset.root"),
+    # TensorFlow takes them as int32: 2**32 + 32 Griffin-Lim iterations ran 32, silently
+    "iterations past int32": ({"synthesize": {"griffin_lim_iters": 2**32 + 32}}, "synthesize.griffin_lim_iters"),
+    "steps past int32": ({"train": {"steps": 2**31}}, "train.steps"),
+    # 1e308 s overflowed in the jobs (a traceback; the duration shard job after deleting its shard), and a
+    # voice exported with more than 3600 s could not be loaded
+    "a token of 1e308 s": ({"aligner": {"max_token_seconds": 1e308}}, "aligner.max_token_seconds"),
+    "synthesis past an hour": ({"synthesize": {"max_seconds": 4000.0}}, "synthesize.max_seconds"),
     # the folders the rules' output paths start with: Snakemake would read {x} as a wildcard
     "braces in cache.dir": ({"cache": {"dir": "/tmp/c{x}"}}, "cache.dir"),
     "braces in runs_dir": ({"runs_dir": "/tmp/r{x}"}, "runs_dir"),
@@ -213,6 +220,10 @@ def test_a_whole_number_float_where_an_integer_is_wanted_becomes_that_integer(tm
     cfg = config.load_config(json.dumps({"train": {"steps": 5}}), {"train": {"steps": 10.0, "grad_clip": 1.0}},
                              check_paths=False)
     assert type(cfg["train"]["steps"]) is int and type(cfg["train"]["grad_clip"]) is float
+    # exponent notation YAML 1.1 reads as a string (no dot, or no sign), where the default is a whole number
+    path.write_text("audio: {fmax: 7.6e3}\ntrain: {steps: 1e3}\n")
+    cfg = config.load_config(path, check_paths=False)
+    assert (cfg["audio"]["fmax"], cfg["train"]["steps"]) == (7600, 1000) and type(cfg["train"]["steps"]) is int
     path.write_text("cache: {shards: 8.5}\n")
     with pytest.raises(ConfigError, match=r"cache\.shards: 8\.5 is not of type 'integer'$"):
         config.load_config(path, check_paths=False)

@@ -61,6 +61,20 @@ def test_a_bug_keeps_its_traceback():
     assert e.value.code == 2
 
 
+def test_out_of_memory_is_one_line_naming_the_sizes_to_lower(capsys):
+    # model.fastpitch.ffn_dim: 100000000 planned, then the train job ended in a ResourceExhaustedError traceback
+    import numpy as np
+    import tensorflow as tf
+
+    for allocate, said in ((lambda: np.zeros(1 << 50), "Unable to allocate 8.00 PiB"),
+                           (lambda: tf.zeros([1 << 40]), "OOM when allocating tensor with shape[1099511627776]")):
+        with pytest.raises(SystemExit) as e:
+            cli(lambda argv=None, allocate=allocate: allocate())([])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and "{{" not in err, err
+        assert err.startswith(f"error: out of memory ({said}") and "model.*" in err and "train.batch_size" in err
+
+
 def test_resuming_with_another_model_is_one_line(tmp_path):
     """A run folder whose checkpoints came from another `model:` is refused before any restore."""
     import json
