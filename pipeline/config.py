@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.errors import PipelineError, cli
+from pipeline.errors import PipelineError, cli, unique_pairs
 from pipeline.files import atomic_write, atomic_write_text  # noqa: F401  (audio.py and align.py write through here: their bytes are cache and aligner digests)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -526,14 +526,9 @@ def restrict(cfg, given, where=""):
 
 def _unique_pairs(where):
     """A json object_pairs_hook refusing a key given twice in one object (json keeps the last)."""
-    def pairs_hook(pairs):
-        out = {}
-        for key, value in pairs:
-            if key in out:
-                raise ConfigError(f"{where}: key {key!r} given twice; JSON would keep only the last")
-            out[key] = value
-        return out
-    return pairs_hook
+    def refuse(key):
+        raise ConfigError(f"{where}: key {key!r} given twice; JSON would keep only the last")
+    return unique_pairs(refuse)
 
 
 def inline_json(text):

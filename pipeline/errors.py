@@ -40,6 +40,19 @@ GRAPH_MARK = "damaged cache shard"  # pipeline.shards.DAMAGED: how the loader's 
 ON_DAMAGED = []  # callbacks(bin_path) for a shard the loader found damaged; pipeline.shards adds `unverify`
 
 
+def unique_pairs(refuse):
+    """A json.loads object_pairs_hook that calls refuse(key) (which raises) for a key given twice in one
+    object: json keeps only the last, so what a reader checked need not be what is used."""
+    def pairs_hook(pairs):
+        out = {}
+        for key, value in pairs:
+            if key in out:
+                refuse(key)
+            out[key] = value
+        return out
+    return pairs_hook
+
+
 def disk_full(path):
     return DiskFull(f"no space left on device writing {path}; free space and rerun")
 

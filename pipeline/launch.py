@@ -133,9 +133,13 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
         with lock:
             print(line, file=out, flush=True)
 
+    devices = gpu_split(visible_gpus(), workers, log)
+    cores = max(2, os.cpu_count() or 1)
+    if devices[0] is None and workers > cores:  # on GPUs, gpu_split bounds them
+        raise PipelineError(f"--workers {workers}: more CPU workers than this host's {cores} cores (each is a "
+                            f"TensorFlow process with its own threads); use --workers {cores} or fewer")
     argv = worker_args(train_args, log) if module == "pipeline.train" else list(train_args)
     ports = free_ports(workers)
-    devices = gpu_split(visible_gpus(), workers, log)
     procs, tails = [], [collections.deque(maxlen=200) for _ in range(workers)]
     try:
         for i in range(workers):

@@ -249,6 +249,26 @@ def _make_clips(tasks, speed, sample_rate, compression_level, jobs, log) -> tupl
     return total, made
 
 
+SPEEDS = (80, 450)          # espeak-ng's words a minute (espeakRATE_MINIMUM, _MAXIMUM): it ignores others
+SAMPLE_RATES = (8000, 192000)
+
+
+def check_numbers(*, count, start, jobs, sample_rate, speed, compression_level=None):
+    """ValueError naming the option for a number make_corpus cannot honour: espeak-ng speaks a speed
+    outside SPEEDS at its default (0, -50 and 175 gave the same clip) or not at all (99999), and a
+    2 GHz --sample-rate made a 4 GB wav of a 1 s clip."""
+    checks = (("--count", count, count >= 1), ("--start", start, start >= 0), ("--jobs", jobs, jobs >= 1),
+              ("--sample-rate", sample_rate, SAMPLE_RATES[0] <= sample_rate <= SAMPLE_RATES[1]),
+              ("--speed", speed, SPEEDS[0] <= speed <= SPEEDS[1]),
+              ("--compression-level", compression_level, compression_level is None or 0 <= compression_level <= 1))
+    for option, value, ok in checks:
+        if not ok:
+            bounds = {"--count": "1 or more", "--start": "0 or more", "--jobs": "1 or more",
+                      "--sample-rate": "%d to %d Hz" % SAMPLE_RATES, "--speed": "%d to %d words a minute" % SPEEDS,
+                      "--compression-level": "0 to 1"}[option]
+            raise ValueError(f"{option} {value}: {bounds}")
+
+
 def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "flac",
                 sample_rate: int = ESPEAK_RATE, jobs: int = 1, voice: str = "en-us",
                 speed: int = 175, compression_level: float | None = None, log=sys.stderr) -> dict:
@@ -260,9 +280,8 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
-    if count < 1 or start < 0 or jobs < 1 or sample_rate < 1:
-        raise ValueError(f"need count >= 1, start >= 0, jobs >= 1, sample_rate >= 1; got "
-                         f"count={count}, start={start}, jobs={jobs}, sample_rate={sample_rate}")
+    check_numbers(count=count, start=start, jobs=jobs, sample_rate=sample_rate, speed=speed,
+                  compression_level=compression_level)
     _check_espeak()
     rows = transcript_rows(transcripts, start=start, count=count)
     if len(rows) < count:
@@ -325,8 +344,9 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
         if known is not None and language not in known:
             raise ValueError(f"--voices {voice}: espeak-ng has no language {language!r} for the token job; "
                              "give each voice's language with --languages (`espeak-ng --voices` lists them)")
-    if fmt not in FORMATS or count < 1 or start < 0 or jobs < 1:
-        raise ValueError(f"need a format in {list(FORMATS)}, count >= 1, start >= 0, jobs >= 1")
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
+    check_numbers(count=count, start=start, jobs=jobs, sample_rate=sample_rate, speed=speed)
     _check_espeak()
     rows = transcript_rows(transcripts, start=start, count=count * len(voices))
     if len(rows) < count * len(voices):

@@ -55,7 +55,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from pipeline.errors import PipelineError, cli
+from pipeline.errors import PipelineError, cli, unique_pairs
 from pipeline.voice import TooLong, Voice, VoiceFault
 from pipeline.wavfile import to_pcm, wav_bytes
 
@@ -152,10 +152,15 @@ class Guard:
 
 
 class Gate:
-    """A bounded queue in front of `workers` model calls: admit() refuses (503) beyond workers + queue."""
+    """A bounded queue in front of `workers` model calls: admit() refuses (503) beyond workers + queue.
+    At most `workers` whole (non-streamed) answers are built at once (`answers`, first come first
+    served): each holds up to MAX_WAV_SECONDS of audio (53 MB), so the others wait holding only their
+    request, not 34 answers at once (2.8 GB at the defaults; CONNECTIONS of them, 14 GB). A stream
+    holds one sentence at a time and takes its turns at the model calls alone."""
 
     def __init__(self, workers, queue):
         self.limiter, self.capacity, self.admitted = anyio.CapacityLimiter(workers), workers + queue, 0
+        self.answers = anyio.Semaphore(workers)
 
     def admit(self):
         if self.admitted >= self.capacity:
@@ -191,10 +196,14 @@ async def read_body(request, timeout):
     return bytes(body)
 
 
+def _twice(key):
+    raise ValueError(f"the field {key!r} is given twice")
+
+
 def parse_fields(body):
     """The JSON body's fields (only FIELDS; text a non-empty string) -> dict; ClientError 400 otherwise."""
     try:
-        fields = json.loads(body.decode("utf-8"))
+        fields = json.loads(body.decode("utf-8"), object_pairs_hook=unique_pairs(_twice))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ClientError(400, f"the body is not JSON: {e}") from None
     if not isinstance(fields, dict):
@@ -267,6 +276,8 @@ def check_request(request):
     if unknown:   # ?pace=3 was taken and ignored: a 200 at the default pace
         raise ClientError(400, f"unknown query parameter(s) {', '.join(map(repr, unknown))}: the query takes "
                                f"only stream; the fields ({', '.join(FIELDS)}) go in the JSON body")
+    if len(request.query_params.getlist("stream")) > 1:
+        raise ClientError(400, "stream: given twice")
     stream = request.query_params.get("stream", "false").lower()
     if stream not in ("true", "false", "1", "0"):
         raise ClientError(400, "stream: true or false")
@@ -287,9 +298,9 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
         fields = parse_fields(await read_body(request, client_timeout))
         release = gate.admit()
         try:
-            bound = None if streamed else MAX_WAV_SECONDS   # a stream: each sentence's bound only (pipeline/voice.py)
-            prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=streamed, max_seconds=bound))
             if streamed:   # the first sentence before the answer starts: its failure is a 4xx/5xx, not a 200
+                # each sentence's bound only (pipeline/voice.py)
+                prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=True, max_seconds=None))
                 sentences = voice.sentences_audio(prepared)   # int16, a sentence at a time
                 first = await gate.run(next, sentences, None)
 
@@ -306,13 +317,16 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
                 response = PcmStream(chunks(), release, media_type=media)   # releases when the stream ends
                 release = None
                 return response
-            sentences, audio = voice.sentences_float(prepared), []
-            while (chunk := await gate.run(next, sentences, None)) is not None:
-                audio.append(chunk)
-                if await request.is_disconnected():   # hung up: the next sentences would be for nobody
-                    raise ClientDisconnect()
-            pcm = to_pcm(np.concatenate(audio), "the answer")
-            return Response(wav_bytes(pcm, voice.sample_rate), media_type="audio/wav")
+            async with gate.answers:
+                prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=False,
+                                                            max_seconds=MAX_WAV_SECONDS))
+                sentences, audio = voice.sentences_float(prepared), []
+                while (chunk := await gate.run(next, sentences, None)) is not None:
+                    audio.append(chunk)
+                    if await request.is_disconnected():   # hung up: the next sentences would be for nobody
+                        raise ClientDisconnect()
+                wav = wav_bytes(to_pcm(np.concatenate(audio), "the answer"), voice.sample_rate)
+            return Response(wav, media_type="audio/wav")
         finally:
             if release is not None:
                 release()

@@ -85,6 +85,23 @@ def test_errors(tmp_path, monkeypatch):
         mc.speak("hello")
 
 
+@pytest.mark.parametrize("option, value, said", [
+    ("--speed", "0", "--speed 0: 80 to 450 words a minute"),      # espeak-ng spoke it at 175, silently
+    ("--speed", "99999", "--speed 99999: 80 to 450"),               # "produced no audio for 'Second line.'"
+    ("--sample-rate", "2000000000", "--sample-rate 2000000000: 8000 to 192000 Hz"),  # a 4 GB wav of 1 s
+    ("--compression-level", "nan", "--compression-level nan: 0 to 1"),  # named a transcript line
+])
+def test_numbers_espeak_or_the_files_cannot_honour_are_refused_naming_the_option(tmp_path, capsys, option, value,
+                                                                                 said):
+    for voices in ([], ["--voices", "en-us,en-us+f2"]):
+        if option == "--compression-level" and voices:
+            continue  # --voices takes no compression level
+        line = refused(capsys, ["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / "c"), "--count", "1",
+                                option, value, *voices])
+        assert line == f"error: {said}" or line.startswith(f"error: {said}"), line
+    assert not (tmp_path / "c").exists()
+
+
 def test_voices_corpus_in_the_csv_format(tmp_path):
     from pipeline import formats
 

@@ -147,6 +147,8 @@ BOMB = ('<?xml version="1.0"?><!DOCTYPE speak [<!ENTITY a "aaaaaaaaaa">'
 
 @pytest.mark.parametrize("body, status, message", [
     ('{"text": "Hello', 400, "the body is not JSON"),
+    # the last of two was spoken: a proxy or a log that checked the first saw other text
+    ('{"text": "Hi.", "text": "Something else entirely."}', 400, "the field 'text' is given twice"),
     ('{"text": "Hello", "pace": NaN}', 400, "pace: nan is outside 0.25..4"),
     ({"text": "Hello", "pace": -1}, 400, "pace: -1 is outside 0.25..4"),
     ({"text": "Hello", "pace": 1e308}, 400, "pace: 1e+308 is outside"),
@@ -340,6 +342,8 @@ def test_other_errors_and_the_server_stays_up(server):
         assert got == status and "error" in json.loads(answer)
     got, _, answer = call(server.port, "POST", "/synthesize?stream=maybe", {"text": "Hi"})
     assert got == 400 and json.loads(answer) == {"error": "stream: true or false"}
+    got, _, answer = call(server.port, "POST", "/synthesize?stream=true&stream=false", {"text": "Hi"})
+    assert got == 400 and json.loads(answer) == {"error": "stream: given twice"}  # one was picked, silently
     assert call(server.port, "GET", "/health")[0] == 200 and server.proc.poll() is None
 
 
@@ -369,6 +373,35 @@ def test_a_full_queue_answers_503(server):
     busy = [json.loads(r[2])["error"] for r in results if r[0] == 503]
     assert all(e.startswith("busy: 2 requests in progress or queued") for e in busy)
     assert call(server.port, "POST", "/synthesize", {"text": "Hi."})[0] == 200   # the places were given back
+
+
+def test_a_queued_request_waits_for_a_whole_answer_instead_of_building_its_own_beside_it(server):
+    # One model call at a time (--workers 1): a request admitted while a long answer was being built was
+    # built beside it, sentence by sentence, so every admitted answer grew in memory at once (34 answers of
+    # ~475 s held 2.8 GB at the defaults). Now it waits its turn holding only its request.
+    done = {}
+
+    def ask(name, text):
+        status = call(server.port, "POST", "/synthesize", {"text": text})[0]
+        done[name] = (status, time.monotonic())
+
+    first = threading.Thread(target=ask, args=("long", LONG * 3))
+    first.start()
+    time.sleep(1.0)  # the long answer is being built (6 x 3 sentences take several seconds)
+    second = threading.Thread(target=ask, args=("short", "Hi."))
+    second.start()
+    for t in (first, second):
+        t.join(timeout=300)
+    assert done["long"][0] == done["short"][0] == 200
+    assert done["short"][1] > done["long"][1]  # after it: interleaved, the one sentence finished first
+    # a stream is not held back by a whole answer being built: it takes its turns at the model calls
+    first = threading.Thread(target=ask, args=("long", LONG * 3))
+    first.start()
+    time.sleep(1.0)
+    status, _, chunks = stream(server.port, {"text": "Hi."})
+    streamed = time.monotonic()
+    first.join(timeout=300)
+    assert status.endswith("200 OK") and chunks and streamed < done["long"][1]
 
 
 def test_stalled_and_vanishing_clients_are_dropped(server):
