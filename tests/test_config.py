@@ -38,6 +38,7 @@ BAD = {  # name: (overrides merged into the test config, the key the message mus
     # voice exported with more than 3600 s could not be loaded
     "a token of 1e308 s": ({"aligner": {"max_token_seconds": 1e308}}, "aligner.max_token_seconds"),
     "synthesis past an hour": ({"synthesize": {"max_seconds": 4000.0}}, "synthesize.max_seconds"),
+    "a subnormal fmax": ({"audio": {"fmax": 5e-324}}, "audio.fmax"),  # its mel filters' check underflowed
     # the folders the rules' output paths start with: Snakemake would read {x} as a wildcard
     "braces in cache.dir": ({"cache": {"dir": "/tmp/c{x}"}}, "cache.dir"),
     "braces in runs_dir": ({"runs_dir": "/tmp/r{x}"}, "runs_dir"),
