@@ -252,10 +252,12 @@ def spectrogram_panel(axes, row, vocoder):
     shown = [(key, title.format(vocoder=vocoder)) for key, title in PANEL if key in signals]
     specs = {key: _spectrogram(signals[key], sample_rate) for key, _ in shown}
     top = max(spec.max() for spec, _ in specs.values())
+    half = sample_rate / SPECTRUM_FFT / 2  # each row is a bin, centred on its frequency
     for ax, (key, title) in zip(axes, shown):
         spec, hz = specs[key]
         ax.imshow(spec, origin="lower", aspect="auto", vmin=top - SPECTRUM_DB, vmax=top, cmap="magma",
-                  extent=[0, len(signals[key]) / sample_rate, 0, hz], interpolation="nearest")
+                  extent=[0, len(signals[key]) / sample_rate, -half, hz + half], interpolation="nearest")
+        ax.set_ylim(0, hz)
         ax.set_title(title)
         ax.set_xlabel("s")
     axes[0].set_ylabel("Hz")

@@ -355,3 +355,24 @@ def test_a_word_error_rate_above_the_recordings_says_how_fine_the_recognizer_is(
     line = evaluate_report._above_reference({"recording": 2.9, "synthesized": 3.0}, {"recording": 0.84, "synthesized": 0.9},
                                             heads)[0]
     assert "naturalness:" in line and "no finer" not in line
+
+
+def test_the_spectrogram_panel_draws_each_bin_at_its_own_frequency():
+    # the rows ran from 0 to the top bin's centre: every bin drawn half a bin (5 Hz) off
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sr = 22050
+    df = sr / evaluate_report.SPECTRUM_FFT
+    tone = 40 * df                                         # a bin's own frequency, ~431 Hz
+    y = (0.5 * np.sin(2 * np.pi * tone * np.arange(sr) / sr)).astype(np.float32)
+    fig, axes = plt.subplots(1, 1, squeeze=False)
+    evaluate_report.spectrogram_panel(axes[0], {"signals": (sr, {"recording": y})}, "Vocos")
+    image = axes[0][0].images[0]
+    left, right, bottom, top = image.get_extent()
+    rows = image.get_array().shape[0]
+    brightest = int(np.argmax(image.get_array().max(axis=1)))
+    centre = bottom + (brightest + 0.5) * (top - bottom) / rows
+    assert abs(centre - tone) < 1e-6 and axes[0][0].get_ylim() == (0, pytest.approx((rows - 1) * df))
+    plt.close(fig)
