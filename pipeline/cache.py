@@ -212,6 +212,9 @@ def _wav_data(path):
     return None
 
 
+STRAY_SECONDS = 0.01  # bytes after a WAV's chunks worth less audio than this are strays, not a recording
+
+
 def wav_size_problem(path, info):
     """BadAudio for a RIFF/WAVE file whose data chunk declares less audio than the file holds, which
     libsndfile reads as a shorter clip, silently (its text then sits on part of its audio): a size of
@@ -226,21 +229,24 @@ def wav_size_problem(path, info):
     start = pos + 8
     if start + n > size:  # a placeholder (streamed_wav), or truncated (pipeline.audio.wav_shortfall says so)
         return
-    if n == 0 and size > start:
-        raise audio.BadAudio(f"its WAV header declares no audio (a data size of 0: a header written before the "
-                             f"recording and never filled in), yet {size - start} bytes follow it: save it "
-                             "again with the size of its audio")
     with open(path, "rb") as f:
         f.seek(start + n)
         rest = f.read()
     # whole chunks after the data (at its pad byte, or where a writer left it out), then nothing
     rest = min((_after_chunks(rest[skip:]) for skip in {n & 1, 0}), key=len)
-    if rest.strip(b"\0") and not (len(rest) == 128 and rest[:3] == b"TAG"):
-        per_second = n / (info.frames / info.samplerate) if info.frames and info.samplerate else 0
-        more = f" (~{len(rest) / per_second:.1f} s of audio at its rate)" if per_second else ""
-        raise audio.BadAudio(f"its WAV header declares {n} bytes of audio, and {len(rest)} bytes{more} follow them "
-                             "that start no chunk: a header written before the recording ended (only the declared "
-                             "part would be read); save it again with the size of all its audio")
+    if not rest.strip(b"\0") or (len(rest) == 128 and rest[:3] == b"TAG") or rest[:3] == b"ID3":
+        return  # zero padding, an ID3v1 tag, an ID3v2 tag appended by a tagger
+    if n == 0:
+        raise audio.BadAudio(f"its WAV header declares no audio (a data size of 0: a header written before the "
+                             f"recording and never filled in), yet {len(rest)} bytes follow it: save it "
+                             "again with the size of its audio")
+    per_second = n / (info.frames / info.samplerate) if info.frames and info.samplerate else 0
+    if per_second and len(rest) < STRAY_SECONDS * per_second:
+        return  # a few stray bytes, not audio
+    more = f" (~{len(rest) / per_second:.1f} s of audio at its rate)" if per_second else ""
+    raise audio.BadAudio(f"its WAV header declares {n} bytes of audio, and {len(rest)} bytes{more} follow them "
+                         "that start no chunk: a header written before the recording ended (only the declared "
+                         "part would be read); save it again with the size of all its audio")
 
 
 STREAMED = 0x7FFF0000  # a data size at least this large, beyond the file's end: a streaming writer's placeholder
@@ -285,8 +291,9 @@ MP3_FRAME = 1152  # samples in an MPEG-1 Layer III frame (576 in MPEG-2/2.5)
 
 
 def mp3_declares_length(path):
-    """Whether an MP3 file's first frame is a Xing, Info or VBRI header, whose frame count libsndfile
-    (mpg123) reports as the file's length; without one the length is an estimate from its size."""
+    """Whether an MP3 file's first frame is a Xing or Info header with a frame count (its flags' bit 0),
+    which libsndfile (mpg123) reports as the file's length; without one (a VBRI header too, which
+    mpg123 does not read) the length is an estimate from the file's size and first bitrate."""
     with open(path, "rb") as f:
         head = f.read(1 << 16)
     at = 0
@@ -299,7 +306,11 @@ def mp3_declares_length(path):
     while at + 1 < len(head) and not (head[at] == 0xFF and head[at + 1] & 0xE0 == 0xE0):
         at += 1
     first = head[at:at + 200]
-    return any(tag in first for tag in (b"Xing", b"Info", b"VBRI"))
+    for tag in (b"Xing", b"Info"):
+        found = first.find(tag)
+        if found >= 0 and found + 8 <= len(first):
+            return bool(int.from_bytes(first[found + 4:found + 8], "big") & 1)
+    return False
 
 
 def _clipped_fraction(path, info, y, sample_rate, native=None):
@@ -386,7 +397,7 @@ def load_clip(path, *, sample_rate, max_seconds, fmax=None):
         if info.format == "OGG" and ogg_cut_short(path):
             raise audio.BadAudio("truncated (its last Ogg page is cut short or does not end the stream: a "
                                  "half-copied file)")
-        if info.format == "WAV":
+        if info.format in ("WAV", "WAVEX"):  # WAVEX: WAVE_FORMAT_EXTENSIBLE (24-bit, multichannel: ffmpeg, sox)
             wav_size_problem(path, info)
     try:
         y = decode(path, sample_rate=sample_rate, max_seconds=max_seconds)

@@ -124,8 +124,9 @@ def _above_reference(mos, wer, heads):
               for measure, scores, sign in (("naturalness:", mos, 1), ("word error rate:", wer, -1))
               if scores.get("recording") is not None
               for n in heads if scores.get(n) is not None and sign * (scores[n] - scores["recording"]) > 0]
-    noise = (" The recognizer's word error rate is no finer than about 0.1 over the demo's 9 clips: audio changed by "
-             "one 16-bit step (inaudible) moved the recording's median from 0.84 to 0.75-0.79, single clips by up to 0.2."
+    noise = (" The recognizer is coarse: on the shipped demo's 9 clips, audio changed by one 16-bit step (inaudible) "
+             "moved the recording's median word error rate from 0.84 to 0.75-0.79 and single clips by up to 0.2 "
+             "(docs/evaluate.md), so a difference under about 0.1 is none."
              if any(b.startswith("word error rate:") for b in better) else "")
     return [f"Scored better than the recording: {'; '.join(better)}.{noise}", ""] if better else []
 

@@ -134,7 +134,7 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
             print(line, file=out, flush=True)
 
     devices = gpu_split(visible_gpus(), workers, log)
-    cores = max(2, os.cpu_count() or 1)
+    cores = max(2, len(os.sched_getaffinity(0)))  # the cores this process may use (SLURM, cgroups, taskset)
     if devices[0] is None and workers > cores:  # on GPUs, gpu_split bounds them
         raise PipelineError(f"--workers {workers}: more CPU workers than this host's {cores} cores (each is a "
                             f"TensorFlow process with its own threads); use --workers {cores} or fewer")

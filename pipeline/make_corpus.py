@@ -249,7 +249,7 @@ def _make_clips(tasks, speed, sample_rate, compression_level, jobs, log) -> tupl
     return total, made
 
 
-SPEEDS = (80, 450)          # espeak-ng's words a minute (espeakRATE_MINIMUM, _MAXIMUM): it ignores others
+SPEEDS = (80, 5000)         # words a minute: espeak-ng speaks slower ones at its default, none from ~10000
 SAMPLE_RATES = (8000, 192000)
 
 

@@ -64,6 +64,7 @@ MAX_WAV_SECONDS = 600.0      # audio of one non-streamed answer (longer: ?stream
 CLIENT_TIMEOUT = 10.0        # seconds to send a request head, then its body; to take any of an answer (--client-timeout)
 KEEP_ALIVE = 5               # seconds an idle keep-alive connection stays open
 CONNECTIONS = 256            # uvicorn's limit_concurrency (beyond: its own plain 503)
+WATCH_SECONDS = 0.5          # how often a request waiting for a place to build its answer checks its client is there
 MAX_WORKERS = 64             # --workers at most (model calls at a time, each a thread and its memory)
 MAX_QUEUE = 1000             # --queue at most (no more than CONNECTIONS requests are open at once anyway)
 FIELDS = ("text", "speaker", "language", "pace", "pitch_shift", "ssml")
@@ -176,6 +177,23 @@ class Gate:
 
     async def run(self, fn, *args):
         return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    async def take_answer(self, request):
+        """Wait for a place to build a whole answer (`answers`, first come first served); ClientDisconnect
+        when the client hangs up meanwhile, its admission then given back by the caller at once rather
+        than after the answers ahead of it."""
+        taken = False
+        async with anyio.create_task_group() as group:
+            async def watch():
+                while not await request.is_disconnected():
+                    await anyio.sleep(WATCH_SECONDS)
+                group.cancel_scope.cancel()
+            group.start_soon(watch)
+            await self.answers.acquire()
+            taken = True
+            group.cancel_scope.cancel()
+        if not taken:
+            raise ClientDisconnect()
 
 
 async def read_body(request, timeout):
@@ -317,15 +335,19 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
                 response = PcmStream(chunks(), release, media_type=media)   # releases when the stream ends
                 release = None
                 return response
-            async with gate.answers:
-                prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=False,
-                                                            max_seconds=MAX_WAV_SECONDS))
+            # checked (400, 413) before waiting: text and phonemes, no audio yet
+            prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=False,
+                                                        max_seconds=MAX_WAV_SECONDS))
+            await gate.take_answer(request)
+            try:
                 sentences, audio = voice.sentences_float(prepared), []
                 while (chunk := await gate.run(next, sentences, None)) is not None:
                     audio.append(chunk)
                     if await request.is_disconnected():   # hung up: the next sentences would be for nobody
                         raise ClientDisconnect()
                 wav = wav_bytes(to_pcm(np.concatenate(audio), "the answer"), voice.sample_rate)
+            finally:
+                gate.answers.release()
             return Response(wav, media_type="audio/wav")
         finally:
             if release is not None:

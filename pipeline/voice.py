@@ -307,7 +307,8 @@ class Voice:
             rate = setting(meta, "sample_rate", 1000, 192_000, integer=True)
             hop = setting(meta["audio"], "hop_length", 1, rate, integer=True)
             seconds = setting(meta, "max_seconds", 1e-3, 3600)
-            frames = (setting(meta, "max_frames", 1, 3600 * rate / hop, integer=True) if meta.get("max_frames")
+            # export writes ceil(max_seconds * rate / hop): the bound is that of 3600 s
+            frames = (setting(meta, "max_frames", 1, math.ceil(3600 * rate / hop), integer=True) if meta.get("max_frames")
                       is not None else int(seconds * rate / hop))
             symbols = vocab["symbols"]
             if not (isinstance(symbols, list) and symbols and all(isinstance(s, str) and len(s) == 1 for s in symbols)

@@ -573,10 +573,26 @@ def test_wav_declaring_less_audio_than_it_holds_is_refused(tmp_path, corpus_temp
         assert sf.info(str(tmp_path / "short.wav")).frames == declared // 2  # what libsndfile would keep
         with pytest.raises(audio.BadAudio, match=match):
             cache.load_clip(tmp_path / "short.wav", sample_rate=SR, max_seconds=20.0)
-    # what may follow a WAV's data: whole chunks (an odd one without its pad byte), an ID3v1 tag, zeros
-    for extra in (b"LIST" + (5).to_bytes(4, "little") + b"INFOa", b"TAG" + bytes(125), bytes(3000)):
+    # WAVE_FORMAT_EXTENSIBLE (ffmpeg's and sox's 24-bit or multichannel WAVs), which libsndfile calls WAVEX
+    sf.write(str(tmp_path / "wavex.wav"), y, SR, subtype="PCM_24", format="WAVEX")
+    wavex = (tmp_path / "wavex.wav").read_bytes()
+    at_x = wavex.index(b"data") + 4
+    half = int.from_bytes(wavex[at_x:at_x + 4], "little") // 2 // 3 * 3
+    (tmp_path / "short.wav").write_bytes(wavex[:at_x] + half.to_bytes(4, "little") + wavex[at_x + 4:])
+    assert sf.info(str(tmp_path / "short.wav")).format == "WAVEX"
+    with pytest.raises(audio.BadAudio, match=f"declares {half} bytes of audio"):
+        cache.load_clip(tmp_path / "short.wav", sample_rate=SR, max_seconds=20.0)
+    # what may follow a WAV's data: whole chunks (an odd one without its pad byte), an ID3v1 tag, zeros, an
+    # ID3v2 tag a tagger appended, a stray byte or two (less than 10 ms of audio)
+    id3v2 = b"ID3\x03\x00\x00" + (300).to_bytes(4, "big") + b"\x01" * 300
+    for extra in (b"LIST" + (5).to_bytes(4, "little") + b"INFOa", b"TAG" + bytes(125), bytes(3000), id3v2,
+                  b"LIST" + (4).to_bytes(4, "little") + b"INFO" + b"\x07"):
         (tmp_path / "extra.wav").write_bytes(raw + extra)
         assert len(cache.load_clip(tmp_path / "extra.wav", sample_rate=SR, max_seconds=20.0)) == len(y)
+    # no samples, then only whole chunks: empty, as before
+    (tmp_path / "empty.wav").write_bytes(raw[:at] + bytes(4) + b"LIST" + (4).to_bytes(4, "little") + b"INFO")
+    with pytest.raises(audio.BadAudio, match="^empty"):
+        cache.load_clip(tmp_path / "empty.wav", sample_rate=SR, max_seconds=20.0)
 
 
 @pytest.mark.parametrize("rate", [SR, 16000])
@@ -599,6 +615,12 @@ def test_mp3_cut_short_is_refused(tmp_path, corpus_template, rate):
                 cache.load_clip(tmp_path / "cut.mp3", sample_rate=SR, max_seconds=20.0)
     (tmp_path / "noise.mp3").write_bytes(b"\xff\xfb\x90\x64" + bytes(400))  # a first frame without one
     assert not cache.mp3_declares_length(tmp_path / "noise.mp3")
+    # a VBRI header (mpg123 reads no length from it) or a Xing header without a frame count: not checked,
+    # as libsndfile's length is then an estimate (an intact VBR file was refused as truncated)
+    tag = data.index(b"Xing") if b"Xing" in data[:200] else data.index(b"Info")
+    for changed in (data[:tag] + b"VBRI" + data[tag + 4:], data[:tag + 4] + bytes(4) + data[tag + 8:]):
+        (tmp_path / "other.mp3").write_bytes(changed)
+        assert not cache.mp3_declares_length(tmp_path / "other.mp3")
 
 
 # --- other rates, depths, channels, containers -----------------------------------------------

@@ -118,7 +118,7 @@ def test_each_local_worker_gets_its_own_share_of_the_gpus(tmp_path, monkeypatch)
     assert launch.gpu_split([], 3) == [None, None, None]  # CPU workers: CUDA_VISIBLE_DEVICES left alone
     # CPU workers, at most one a core: --workers 5000 opened ports until "Too many open files" (a traceback)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    cores = max(2, os.cpu_count() or 1)
+    cores = max(2, len(os.sched_getaffinity(0)))
     with pytest.raises(launch.PipelineError, match=f"--workers 5000: more CPU workers than this host's {cores} cores"):
         launch.launch(5000, [], module="gpu_worker", out=out)
     # three GPUs over two workers: one each, and the third is named as idle rather than silently unused

@@ -402,6 +402,25 @@ def test_a_queued_request_waits_for_a_whole_answer_instead_of_building_its_own_b
     streamed = time.monotonic()
     first.join(timeout=300)
     assert status.endswith("200 OK") and chunks and streamed < done["long"][1]
+    # text the voice cannot say is refused before the wait, not after the answer ahead of it
+    first = threading.Thread(target=ask, args=("long", LONG * 3))
+    first.start()
+    time.sleep(1.0)
+    got, _, answer = call(server.port, "POST", "/synthesize", {"text": "Say [[ Q ]]"})
+    refused = time.monotonic()
+    first.join(timeout=300)
+    assert got == 400 and "phoneme(s) Q" in json.loads(answer)["error"] and refused < done["long"][1]
+    # a client that hangs up while it waits gives its place back then (its place held the queue's last one)
+    first = threading.Thread(target=ask, args=("long", LONG * 3))
+    first.start()
+    time.sleep(1.0)
+    gone = unread(server.port, "/synthesize", "Hello there.")
+    time.sleep(0.5)
+    gone.close()
+    time.sleep(1.5)
+    ask("after", "Hi.")                          # admitted (it was 503: two places, both still held)
+    first.join(timeout=300)
+    assert done["after"][0] == 200
 
 
 def test_stalled_and_vanishing_clients_are_dropped(server):

@@ -45,6 +45,17 @@ def test_a_damaged_voice_folder_is_one_error_naming_it(exported_voice, tmp_path,
     assert message in str(e.value) and str(folder) in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_voice_exported_at_the_longest_max_seconds_loads(exported_voice, tmp_path):
+    # synthesize.max_seconds 3600 (the schema's bound) exported max_frames = ceil(3600 * rate / hop), one
+    # more than the loader's 3600 * rate / hop: "max_frames 310079 is not an integer in 1..310078"
+    import math
+    folder = copy_of(exported_voice, tmp_path)
+    meta = json.loads((folder / "export.json").read_text())
+    frames = math.ceil(3600 * meta["sample_rate"] / meta["audio"]["hop_length"])
+    edit_json(folder / "export.json", max_seconds=3600.0, max_frames=frames)
+    assert load(folder).max_samples == frames * meta["audio"]["hop_length"]
+
+
 @pytest.mark.parametrize("change", [1, -1])
 def test_a_vocabulary_of_another_size_than_the_models_is_refused_at_load(exported_voice, tmp_path, change):
     # a vocab.json one symbol longer loaded, and `[[ Q ]]` then failed inside the graph (a 500)
