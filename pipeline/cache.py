@@ -287,13 +287,12 @@ def _after_chunks(raw):
     return raw[at:]
 
 
-MP3_FRAME = 1152  # samples in an MPEG-1 Layer III frame (576 in MPEG-2/2.5)
-
-
-def mp3_declares_length(path):
-    """Whether an MP3 file's first frame is a Xing or Info header with a frame count (its flags' bit 0),
-    which libsndfile (mpg123) reports as the file's length; without one (a VBRI header too, which
-    mpg123 does not read) the length is an estimate from the file's size and first bitrate."""
+def mp3_declared_samples(path, info):
+    """(samples, samples a frame) an MP3 file's first frame declares it holds, or None: a Xing or
+    Info header with a frame count (its flags' bit 0), whose length libsndfile (mpg123) reports as
+    info.frames, or a VBRI header (Fraunhofer's), which mpg123 does not read: it then stops at its own
+    estimate from the file's size and first bitrate and can drop half an intact file's audio. Without
+    either, the length is that estimate, and nothing is checked."""
     with open(path, "rb") as f:
         head = f.read(1 << 16)
     at = 0
@@ -305,12 +304,17 @@ def mp3_declares_length(path):
                 head = bytes(at) + f.read(4096)
     while at + 1 < len(head) and not (head[at] == 0xFF and head[at + 1] & 0xE0 == 0xE0):
         at += 1
+    if at + 4 > len(head):
+        return None
+    per_frame = 1152 if (head[at + 1] >> 3) & 3 == 3 else 576  # MPEG-1 Layer III, else MPEG-2 / 2.5
     first = head[at:at + 200]
     for tag in (b"Xing", b"Info"):
         found = first.find(tag)
         if found >= 0 and found + 8 <= len(first):
-            return bool(int.from_bytes(first[found + 4:found + 8], "big") & 1)
-    return False
+            return (info.frames, per_frame) if int.from_bytes(first[found + 4:found + 8], "big") & 1 else None
+    if first[36:40] == b"VBRI" and len(first) >= 54:  # at 32 bytes of side information past the header
+        return int.from_bytes(first[50:54], "big") * per_frame, per_frame
+    return None
 
 
 def _clipped_fraction(path, info, y, sample_rate, native=None):
@@ -408,11 +412,13 @@ def load_clip(path, *, sample_rate, max_seconds, fmax=None):
                 raise audio.BadAudio(f"its {info.channels} channels cancel when mixed to mono (one is the other "
                                      "inverted?): keep one channel") from None
         raise
-    if info is not None and info.format == "MP3" and info.samplerate > 0 and mp3_declares_length(path):
-        declared, short = info.frames / info.samplerate, 2 * MP3_FRAME / info.samplerate
-        if len(y) / sample_rate < declared - short:
-            raise audio.BadAudio(f"truncated (its header declares {declared:.2f} s, it decodes to "
-                                 f"{len(y) / sample_rate:.2f} s: a half-copied file)")
+    declared = mp3_declared_samples(path, info) if info is not None and info.format == "MP3" else None
+    if declared is not None and info.samplerate > 0:
+        samples, per_frame = declared
+        seconds, got = samples / info.samplerate, len(y) / sample_rate
+        if got < seconds - 2 * per_frame / info.samplerate:
+            raise audio.BadAudio(f"truncated (its header declares {seconds:.2f} s, it decodes to {got:.2f} s: a "
+                                 "half-copied file, or a VBR file libsndfile reads short: convert it to FLAC)")
     _level_problem(path, info, y, sample_rate)
     return y
 

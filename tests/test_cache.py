@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -605,7 +606,8 @@ def test_mp3_cut_short_is_refused(tmp_path, corpus_template, rate):
     id3 = b"ID3\x03\x00\x00" + (20).to_bytes(4, "big") + bytes(20)  # an ID3v2 tag before the first frame
     for head in (b"", id3):
         (tmp_path / "tagged.mp3").write_bytes(head + data)
-        assert cache.mp3_declares_length(tmp_path / "tagged.mp3")
+        info = sf.info(str(tmp_path / "tagged.mp3"))
+        assert cache.mp3_declared_samples(tmp_path / "tagged.mp3", info) == (info.frames, 576)  # MPEG-2: 576 a frame
         whole = cache.load_clip(tmp_path / "tagged.mp3", sample_rate=SR, max_seconds=20.0)
         assert abs(len(whole) - len(y) * SR / rate) <= SR // 100
         for fraction in (0.5, 0.95):
@@ -614,13 +616,37 @@ def test_mp3_cut_short_is_refused(tmp_path, corpus_template, rate):
             with pytest.raises(audio.BadAudio, match=r"truncated \(its header declares .* s, it decodes to"):
                 cache.load_clip(tmp_path / "cut.mp3", sample_rate=SR, max_seconds=20.0)
     (tmp_path / "noise.mp3").write_bytes(b"\xff\xfb\x90\x64" + bytes(400))  # a first frame without one
-    assert not cache.mp3_declares_length(tmp_path / "noise.mp3")
-    # a VBRI header (mpg123 reads no length from it) or a Xing header without a frame count: not checked,
-    # as libsndfile's length is then an estimate (an intact VBR file was refused as truncated)
+    assert cache.mp3_declared_samples(tmp_path / "noise.mp3", None) is None
     tag = data.index(b"Xing") if b"Xing" in data[:200] else data.index(b"Info")
-    for changed in (data[:tag] + b"VBRI" + data[tag + 4:], data[:tag + 4] + bytes(4) + data[tag + 8:]):
-        (tmp_path / "other.mp3").write_bytes(changed)
-        assert not cache.mp3_declares_length(tmp_path / "other.mp3")
+    (tmp_path / "uncounted.mp3").write_bytes(data[:tag + 4] + bytes(4) + data[tag + 8:])  # no frame-count flag
+    assert cache.mp3_declared_samples(tmp_path / "uncounted.mp3", None) is None
+    # A VBRI header (Fraunhofer's), which mpg123 does not read: libsndfile stops at its estimate from the
+    # size and the first frame's bitrate. At 64 kbps that is half an intact VBR file's audio, kept silently
+    # before; at 24 kbps it overestimates, and the whole file is kept.
+    vbr = tmp_path / "vbr.mp3"
+    sf.write(str(vbr), y, rate, format="MP3", bitrate_mode="VARIABLE", compression_level=0.9)
+    raw = vbr.read_bytes()
+    header = int.from_bytes(raw[:4], "big")
+    kbps = [0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160][(header >> 12) & 0xF]
+    frames = int.from_bytes(raw[raw.index(b"Xing") + 8:][:4], "big")
+    music = raw[72 * kbps * 1000 // rate + ((header >> 9) & 1):]   # the frames after the Xing frame (MPEG-2)
+    decoded = len(sf.read(str(vbr))[0])
+    for kbps, index in ((64, 8), (24, 3)):
+        size = 72 * kbps * 1000 // rate
+        first = ((header & ~(0xF << 12) & ~(1 << 9)) | (index << 12)).to_bytes(4, "big") + bytes(32) + b"VBRI" \
+            + struct.pack(">HHHII", 1, 1105, 75, len(music) + size, frames) + struct.pack(">HHHH", 0, 1, 2, 1)
+        (tmp_path / "vbri.mp3").write_bytes(first + bytes(size - len(first)) + music)
+        assert cache.mp3_declared_samples(tmp_path / "vbri.mp3", None) == (frames * 576, 576)
+        got = len(sf.read(str(tmp_path / "vbri.mp3"))[0])
+        if kbps == 64:
+            assert got < decoded * 0.9  # what libsndfile keeps of it
+            with pytest.raises(audio.BadAudio, match="or a VBR file libsndfile reads short"):
+                cache.load_clip(tmp_path / "vbri.mp3", sample_rate=SR, max_seconds=20.0)
+        else:
+            assert got >= decoded - 1152
+            assert abs(len(cache.load_clip(tmp_path / "vbri.mp3", sample_rate=SR, max_seconds=20.0))
+                       - got * SR / rate) <= SR // 100
+
 
 
 # --- other rates, depths, channels, containers -----------------------------------------------
