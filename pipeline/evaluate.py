@@ -115,6 +115,8 @@ def validation_clips(cfg, log=None):
         voice = {}
         if voices:
             voice = {"speaker": index["speakers"][clips.speaker[k]], "language": index["languages"][clips.language[k]]}
+        elif index.get("languages"):  # one language: the corpus's (a source's own), not text.language's
+            voice = {"language": index["languages"][0]}
         out.append(Clip(cid, known[cid].text, manifest.clip_audio(ds, known[cid]), pitch[shard][cid], **voice))
     return out
 
@@ -296,9 +298,10 @@ def measure_clip(clip, synth_mel, analyse):
     mel = audio.mel_spectrogram(y, **a)                                         # (F, n_mels)
     y_gl = analyse.griffin_lim(mel)
     rec, ceil = analyse(y, clip.f0), analyse(y_gl)
-    smel = synth_mel(clip.text, speaker=clip.speaker, language=clip.language) if clip.speaker \
+    said = synth_mel(clip.text, speaker=clip.speaker, language=clip.language) if clip.speaker \
         else synth_mel(clip.text)                                               # (F', n_mels)
-    smel, sf0 = smel if isinstance(smel, tuple) else (smel, None)              # (log-mel, F0 Hz or None)
+    said = said if isinstance(said, tuple) else (said,)
+    smel, sf0, cut = (*said, *(None, False)[len(said) - 1:])                  # log-mel, F0 Hz or None, cut
     y_syn = analyse.vocode(smel, sf0, gate=True)
     syn = analyse(y_syn)
     mcd_db, path_ = metrics.mcd(syn["mc"], rec["mc"])
@@ -319,7 +322,7 @@ def measure_clip(clip, synth_mel, analyse):
         y_voc = analyse.vocode(mel, rec["f0"] if len(rec["f0"]) == len(mel) else None)  # the recording's F0
         extra.update(_vocoder_ceiling(analyse(y_voc), rec))
         heard["vocoder_ceiling"], signals["vocoder_ceiling"] = y_voc[:len(ref)], y_voc
-    row = {"id": clip.id, "text": clip.text, "mcd_db": mcd_db, "mcd_db_ceiling": mcd_ceiling, **extra,
+    row = {"id": clip.id, "text": clip.text, "mcd_db": mcd_db, "mcd_db_ceiling": mcd_ceiling, **extra, "cut": bool(cut),
            "duration_ratio": len(smel) / len(mel),
            "f0_rmse_hz": _f0_rmse(syn["f0"], rec["f0"], path_),
            "f0_rmse_hz_ceiling": _f0_rmse(ceil["f0"], rec["f0"], path_ceiling),
@@ -341,24 +344,31 @@ def _chance(rows, recorded, synthesized, texts):
             row["wer_chance"] = _median([metrics.wer(texts[j], row["heard_recording"]) for j in others])
 
 
+FIGURES = ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz", "f0_rmse_hz_ceiling",
+           "f0_gross_error", "f0_gross_error_ceiling")
+VOCODER_FIGURES = ("mcd_db_vocoder_ceiling", "f0_rmse_hz_vocoder_ceiling", "f0_gross_error_vocoder_ceiling")
+
+
+def _figures(rows, vocoder):
+    """The medians over `rows` of every per-clip figure: MCD, F0 and length, the trained vocoder's
+    copy-synthesis (`vocoder`), and the listening measures of each signal."""
+    out = {k: _median([r[k] for r in rows]) for k in FIGURES + (VOCODER_FIGURES if vocoder else ())}
+    for measure, names in (("pesq", LISTENED), ("stoi", LISTENED), ("mos", SIGNALS), ("wer", SIGNALS)):
+        out[measure] = {name: _median([r.get(f"{measure}_{name}") for r in rows])
+                        for name in names if any(f"{measure}_{name}" in r for r in rows)}
+    return out
+
+
 def summarise(rows, vocoder):
     """evaluate.json's summary fields: medians over the rows (and per speaker with several)."""
-    figures = ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz", "f0_rmse_hz_ceiling",
-               "f0_gross_error", "f0_gross_error_ceiling")
-    summary = {"clips": len(rows), **{k: _median([r[k] for r in rows]) for k in figures}}
+    summary = {"clips": len(rows), "cut": sum(bool(r.get("cut")) for r in rows), **_figures(rows, vocoder)}
     speakers = sorted({r["speaker"] for r in rows if r["speaker"]})
     if len(speakers) > 1:  # every figure per speaker, and whether the voice is the right one
         summary["per_speaker"] = {s: {"clips": sum(r["speaker"] == s for r in rows),
-                                      **{k: _median([r[k] for r in rows if r["speaker"] == s]) for k in figures}}
+                                      **_figures([r for r in rows if r["speaker"] == s], vocoder)}
                                   for s in speakers}
         summary["speaker_similarity"] = metrics.speaker_similarity(
             [r["voice"][0] for r in rows], [r["voice"][1] for r in rows], [r["speaker"] for r in rows])
-    if vocoder:
-        for k in ("mcd_db_vocoder_ceiling", "f0_rmse_hz_vocoder_ceiling", "f0_gross_error_vocoder_ceiling"):
-            summary[k] = _median([r[k] for r in rows])
-    for measure, names in (("pesq", LISTENED), ("stoi", LISTENED), ("mos", SIGNALS), ("wer", SIGNALS)):
-        summary[measure] = {name: _median([r.get(f"{measure}_{name}") for r in rows])
-                            for name in names if any(f"{measure}_{name}" in r for r in rows)}
     for measure in ("mos", "wer"):
         summary[f"{measure}_chance"] = _median([r.get(f"{measure}_chance") for r in rows])
     leads = {f"{a}_over_{b}": lead([r.get(f"mos_{a}") for r in rows], [r.get(f"mos_{b}") for r in rows])
@@ -393,7 +403,8 @@ def _log_clip(row, log):
     vc = f", vocoder ceiling {row['mcd_db_vocoder_ceiling']:.2f}" if "mcd_db_vocoder_ceiling" in row else ""
     mos, wer = row.get("mos_synthesized"), row.get("wer_synthesized")
     log(f"{row['id']}: MCD {row['mcd_db']:.2f} dB (Griffin-Lim ceiling {row['mcd_db_ceiling']:.2f}{vc}), "
-        f"{len(row['synthesized_mel'])} / {len(row['recorded_mel'])} frames, MOS {_fmt(mos)}, WER {_fmt(wer)}: "
+        f"{len(row['synthesized_mel'])} / {len(row['recorded_mel'])} frames"
+        f"{' (cut at synthesize.max_seconds)' if row.get('cut') else ''}, MOS {_fmt(mos)}, WER {_fmt(wer)}: "
         f"{row['text']!r}")
 
 
@@ -425,7 +436,7 @@ def evaluate(cfg, out, log=_print, threads=1):
     """Measure the latest checkpoint on the validation clips; write the report into `out`. threads > 1:
     min(threads, MAX_LISTENERS) processes take the listening measures (most of the time: ~5 s a clip on the
     demo, against ~1 s to synthesize and analyse it) while this one synthesizes the next clips."""
-    from pipeline.evaluate_report import write_report
+    from pipeline.evaluate_report import mcd_ceiling, write_report
     from pipeline.synthesize import load_synthesizer
     from pipeline.vocoder import inputs, kinds
 
@@ -452,7 +463,10 @@ def evaluate(cfg, out, log=_print, threads=1):
     save_listening(Path(out) / "evaluate_audio", rows)
     _tensorboard(cfg, report)
     mos, wer = report["mos"], report["wer"]
-    log(f"MCD {report['mcd_db']:.2f} dB; ceiling {report['mcd_db_ceiling']:.2f}, chance {_fmt(report['mcd_db_other'])}; "
+    if report["cut"]:
+        log(f"warning: {report['cut']} of the {report['clips']} syntheses were cut at synthesize.max_seconds "
+            f"({cfg['synthesize']['max_seconds']} s): their figures measure a cut sentence (evaluate.md)")
+    log(f"MCD {report['mcd_db']:.2f} dB; ceiling {mcd_ceiling(report):.2f}, chance {_fmt(report['mcd_db_other'])}; "
         f"MOS {_fmt(mos.get('synthesized'))} (recording {_fmt(mos.get('recording'))}, chance {_fmt(report['mos_chance'])}); "
         f"WER {_fmt(wer.get('synthesized'))} (recording {_fmt(wer.get('recording'))}, chance "
         f"{_fmt(report['wer_chance'])}); report in {out}")

@@ -95,10 +95,14 @@ def speaker_lines(report):
     out = [f"Speaker similarity: {_pct(sim['accuracy'])} of {sim['clips']} synthesized clips are nearest their own "
            f"speaker's recordings (chance {_pct(sim['chance'])}; voice = mean mel-cepstrum, mean and spread of log F0)."
            if sim else "Speaker similarity: n/a (too few validation clips per speaker).", "",
-           "| speaker | clips | MCD dB | chance dB | length ratio | F0 RMSE Hz |", "|---|---|---|---|---|---|"]
+           "| speaker | clips | MCD dB | ceiling dB | chance dB | length ratio | F0 RMSE Hz | MOS (recording) "
+           "| WER (recording) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r in report["per_speaker"].items():
-        out.append(f"| {name} | {r['clips']} | {_fmt(r['mcd_db'])} | {_fmt(r['mcd_db_other'])} "
-                   f"| {_fmt(r['duration_ratio'])} | {_fmt(r['f0_rmse_hz'], 1)} |")
+        mos, wer = r.get("mos") or {}, r.get("wer") or {}
+        out.append(f"| {name} | {r['clips']} | {_fmt(r['mcd_db'])} | {_fmt(mcd_ceiling(r))} | {_fmt(r['mcd_db_other'])} "
+                   f"| {_fmt(r['duration_ratio'])} | {_fmt(r['f0_rmse_hz'], 1)} "
+                   f"| {_fmt(mos.get('synthesized'))} ({_fmt(mos.get('recording'))}) "
+                   f"| {_fmt(wer.get('synthesized'))} ({_fmt(wer.get('recording'))}) |")
     return out + [""]
 
 
@@ -198,8 +202,12 @@ def markdown(report):
              "ceiling": "reference: Griffin-Lim copy-synthesis" if len(ceilings) > 1 else
                         "ceiling: Griffin-Lim copy-synthesis of the recording"}
     cols = ["measure", f"synthesized (through {name})", *[heads[c] for c in ceilings], "chance (other sentences)"]
+    cut = ([f"Warning: {report['cut']} of the {report['clips']} syntheses were cut at synthesize.max_seconds: their "
+            "figures measure a cut sentence (the length ratio below 1 is the cut, not the model's pace); raise "
+            "synthesize.max_seconds, or keep clips shorter than it (dataset.max_seconds).", ""]
+           if report.get("cut") else [])
     lines = [f"# Evaluate: {report['clips']} validation clips, checkpoint step {report['step']}", "",
-             verdict(report), "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+             verdict(report), "", *cut, "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join([label, syn, *ceil, chance]) + " |" for label, syn, ceil, chance in rows]
     lines.append("")
     if "aligner" in report:

@@ -317,17 +317,32 @@ def run_vocabulary(cfg):
             "model": info["config"]["model"]}
 
 
+def _spoken(vocab, languages):
+    """The vocabulary with the language its clips were spoken in where the run has one: a source's own
+    `language`, which text.language (the vocabulary's) need not be; several: the vocabulary's."""
+    return dict(vocab, language=languages[0]) if languages and len(languages) == 1 else vocab
+
+
+def _exported(folder):
+    """(vocab, where) of an export folder: its vocab.json, spoken in export.json's one language."""
+    meta = folder / "export.json"
+    languages = json.loads(meta.read_text(encoding="utf-8")).get("languages") if meta.is_file() else None
+    return _spoken(json.loads((folder / "vocab.json").read_text(encoding="utf-8")), languages), str(folder / "vocab.json")
+
+
 def ids_vocabulary(run=None, config_path=None):
     """(vocab, where it came from) for `pipeline.text --ids`: {run}/vocab.json or {run}/export/vocab.json
     when `run` is given; else the config's run's export/vocab.json; else, before any export, the
-    run's own vocabulary (run_vocabulary)."""
+    run's own vocabulary (run_vocabulary). Its language is the one the run's clips were spoken in,
+    where they were all in one (a German source under the default text.language: de, not en-us)."""
     if run is not None:
-        for p in (Path(run) / "vocab.json", Path(run) / "export" / "vocab.json"):
-            if p.is_file():
-                return json.loads(p.read_text(encoding="utf-8")), str(p)
+        for folder in (Path(run), Path(run) / "export"):
+            if (folder / "vocab.json").is_file():
+                return _exported(folder)
         raise PipelineError(f"--run {run}: no vocab.json there nor in its export/; run `snakemake export` first")
     cfg = config.load_config(config_path, check_paths=False)
-    p = config.run_dir(cfg) / "export" / "vocab.json"
-    if p.is_file():
-        return json.loads(p.read_text(encoding="utf-8")), str(p)
-    return run_vocabulary(cfg)["vocab"], f"the vocabulary of run {cfg['name']!r} (not exported yet)"
+    folder = config.run_dir(cfg) / "export"
+    if (folder / "vocab.json").is_file():
+        return _exported(folder)
+    info = load(config.run_dir(cfg))
+    return _spoken(info["vocab"], info.get("languages")), f"the vocabulary of run {cfg['name']!r} (not exported yet)"

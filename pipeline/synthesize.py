@@ -186,9 +186,10 @@ class Synthesizer:
         return self.infer(sentence, speaker=speaker, language=language)["mel"]
 
     def mel_f0(self, sentence, speaker="", language=""):
-        """(log-mel (frames, n_mels), F0 Hz (frames,) or None: frame_f0) for `sentence`."""
+        """(log-mel (frames, n_mels), F0 Hz (frames,) or None: frame_f0, whether it was cut at
+        synthesize.max_seconds) for `sentence`."""
         res = self.infer(sentence, speaker=speaker, language=language)
-        return res["mel"], res["f0"]
+        return res["mel"], res["f0"], bool(res["cut"])
 
 
 def note_audio_differences(cfg, info, run, log):

@@ -109,6 +109,16 @@ def test_demo_references_and_verdicts_for_a_perfect_and_a_wrong_model(tmp_path):
     # the recognizer hears the other sentence in it: (nearly) every word wrong, well past the right one's
     assert wrong["wer"]["synthesized"] >= 0.8 and wrong["wer"]["synthesized"] > perfect["wer"]["synthesized"] + 0.2
     assert evaluate_report.verdict({**wrong, "mcd_db_other": perfect["mcd_db_other"]}).startswith("At chance")
+    # a model whose every synthesis was cut at synthesize.max_seconds (a decoder that never stops, clips
+    # longer than the cap): measured as it was, but said, in the log, the clip's row and evaluate.md
+    logged = []
+    cut, rows = evaluate.compare(demo_clips(), lambda t: (mels[t][:len(mels[t]) // 2], None, True), analyse,
+                                 log=logged.append)
+    assert cut["cut"] == 2 and all(r["cut"] for r in rows) and perfect["cut"] == 0
+    assert all("frames (cut at synthesize.max_seconds)" in line for line in logged)
+    md = evaluate_report.markdown({**report, **cut, "per_clip": rows})
+    assert "Warning: 2 of the 2 syntheses were cut at synthesize.max_seconds" in md
+    assert "Warning:" not in evaluate_report.markdown(report)
 
 
 def test_vocoder_rows_beside_griffin_lims():
@@ -376,3 +386,21 @@ def test_the_spectrogram_panel_draws_each_bin_at_its_own_frequency():
     centre = bottom + (brightest + 0.5) * (top - bottom) / rows
     assert abs(centre - tone) < 1e-6 and axes[0][0].get_ylim() == (0, pytest.approx((rows - 1) * df))
     plt.close(fig)
+
+
+@pytest.mark.slow
+def test_a_corpus_in_one_other_language_is_not_scored_by_the_english_recognizer(tmp_path, corpus_template):
+    # A German-only source under the default text.language (en-us): its clips carried no language, so
+    # evaluate fell back on text.language and scored German speech with the en-us recognizer (WER 0.92)
+    from conftest import write_config
+
+    path = write_config(tmp_path, corpus_template, dataset={"sources": [
+        {"root": str(corpus_template), "format": "ljspeech", "name": "de", "language": "de"}]},
+        cache={"dir": str(tmp_path / "cache"), "shards": 2}, dataset__val_fraction=0.2)
+    snakemake("caches", config=path)
+    clips = evaluate.validation_clips(config.load_config(path))
+    assert clips and {c.language for c in clips} == {"de"} and {c.speaker for c in clips} == {""}
+    sr = 22050
+    y = (0.3 * np.sin(2 * np.pi * 150 * np.arange(sr) / sr)).astype(np.float32)
+    assert not any(k.startswith("wer_") for k in evaluate.listen(y, {}, {"recording": y}, "Guten Tag.", clips[0].language,
+                                                                     sr))

@@ -331,3 +331,17 @@ def test_a_speaker_the_trained_run_had_and_the_dataset_lost_stops_planning(tmp_p
     # a single-speaker run renamed, beside a speaker all of whose clips a job rejects: train sees one name
     runinfo.write(run, dict(runinfo.describe(cfg, index, stats), speakers=["lj"], languages=["en-us"]))
     preflight.check_manifest(cfg, manifest("linda", "bob"))
+
+
+def test_text_ids_speak_a_one_language_runs_language_not_text_languages(tmp_path):
+    # a German-only source under the default text.language: `pipeline.text --ids` phonemized as en-us,
+    # while the voice (export.json's languages) takes only de
+    from pipeline import runinfo
+    vocab = {"symbols": ["_", "a"], "pad_id": 0, "eos_id": 1, "frontend": "phonemes", "language": "en-us",
+             "cleaners": "basic", "espeak": None}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    for languages, spoken in ((["de"], "de"), (["de", "en-us"], "en-us"), (None, "en-us")):
+        (tmp_path / "export.json").write_text(json.dumps({} if languages is None else {"languages": languages}))
+        got, where = runinfo.ids_vocabulary(run=tmp_path)
+        assert got["language"] == spoken and where == str(tmp_path / "vocab.json")
+        assert {k: v for k, v in got.items() if k != "language"} == {k: v for k, v in vocab.items() if k != "language"}

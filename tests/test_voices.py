@@ -263,7 +263,12 @@ def test_fastpitch_with_speakers_trains_and_speaks_each_voice(voices_run, tmp_pa
     assert sorted(r["clips"] for r in per.values()) == [2, 2, 3] and all(r["mcd_db"] > 0 for r in per.values())
     sim = report["speaker_similarity"]
     assert sim["chance"] == pytest.approx(1 / 3) and 0 <= sim["accuracy"] <= 1 and sim["clips"] == 7
-    assert "Speaker similarity" in (tmp_path / "report" / "evaluate.md").read_text()
+    md = (tmp_path / "report" / "evaluate.md").read_text()
+    assert "Speaker similarity" in md
+    # ... every figure: the listening measures and the ceiling too (per speaker only MCD, F0 and length were)
+    assert all({"recording", "synthesized"} <= set(r["mos"]) and "griffin_lim_ceiling" in r["pesq"]
+               for r in per.values())
+    assert "| speaker | clips | MCD dB | ceiling dB | chance dB | length ratio | F0 RMSE Hz | MOS (recording) |" in md
 
 
 USER_MODEL = """
