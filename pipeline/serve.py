@@ -306,6 +306,22 @@ def check_request(request):
     return stream in ("true", "1")
 
 
+async def whole_answer(gate, voice, fields, request):
+    """A non-streamed answer's wav bytes, built in one of the gate's `answers` places (the text checked
+    first: a 400 or 413 does not wait for the answers ahead)."""
+    prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=False, max_seconds=MAX_WAV_SECONDS))
+    await gate.take_answer(request)
+    try:
+        sentences, audio = voice.sentences_float(prepared), []
+        while (chunk := await gate.run(next, sentences, None)) is not None:
+            audio.append(chunk)
+            if await request.is_disconnected():   # hung up: the next sentences would be for nobody
+                raise ClientDisconnect()
+        return wav_bytes(to_pcm(np.concatenate(audio), "the answer"), voice.sample_rate)
+    finally:
+        gate.answers.release()
+
+
 def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=None, origins=()):
     """The Starlette app of a loaded Voice, behind Guard(hosts, origins): the Host names it answers to
     (None: any) and the other origins whose pages may call it."""
@@ -335,20 +351,7 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
                 response = PcmStream(chunks(), release, media_type=media)   # releases when the stream ends
                 release = None
                 return response
-            # checked (400, 413) before waiting: text and phonemes, no audio yet
-            prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=False,
-                                                        max_seconds=MAX_WAV_SECONDS))
-            await gate.take_answer(request)
-            try:
-                sentences, audio = voice.sentences_float(prepared), []
-                while (chunk := await gate.run(next, sentences, None)) is not None:
-                    audio.append(chunk)
-                    if await request.is_disconnected():   # hung up: the next sentences would be for nobody
-                        raise ClientDisconnect()
-                wav = wav_bytes(to_pcm(np.concatenate(audio), "the answer"), voice.sample_rate)
-            finally:
-                gate.answers.release()
-            return Response(wav, media_type="audio/wav")
+            return Response(await whole_answer(gate, voice, fields, request), media_type="audio/wav")
         finally:
             if release is not None:
                 release()
