@@ -220,8 +220,9 @@ def wav_size_problem(path, info):
     libsndfile reads as a shorter clip, silently (its text then sits on part of its audio): a size of
     0 (a header written before the recording and never filled in: no samples at all), or a size
     followed by bytes that start no chunk (the recording went on after its header was written). A
-    0xFFFFFFFF placeholder (a WAV written to a pipe) is read to the file's end, and whole chunks after
-    the data (LIST, id3 ), an ID3v1 tag or zero padding are a file's own."""
+    placeholder size (a WAV written to a pipe: streamed_wav) is read to the file's end, and whole
+    chunks after the data (LIST, id3 ), an ID3v1 or ID3v2 tag, zero padding and stray bytes worth less
+    than STRAY_SECONDS of audio are a file's own."""
     found = _wav_data(path)
     if found is None:
         return
@@ -387,8 +388,9 @@ def load_clip(path, *, sample_rate, max_seconds, fmax=None):
     refusing a clip whose samples go beyond full scale (a float file scaled like 16-bit integers gives mels ~10 nats too
     loud, one at 1e30 infinite mels and statistics), are clipped, lose more than MAX_MIX_LOSS mixed to
     mono, carry a DC offset, or hold no speech (near-silence, an offset alone: _level_problem); and a
-    WAV whose header declares less audio than it holds (wav_size_problem) or an MP3 whose Xing header
-    declares more than it decodes to (a half-copied file), which libsndfile reads short. A WAV streamed
+    WAV whose header declares less audio than it holds (wav_size_problem) or an MP3 that decodes to less
+    than its Xing, Info or VBRI header declares (mp3_declared_samples: a half-copied file, or a VBR file
+    libsndfile reads short), which libsndfile keeps short, silently. A WAV streamed
     with a 2 GB placeholder size (espeak-ng --stdout, arecord) is read to its end (streamed_wav). Here,
     not in audio.py, whose bytes are the mel caches' code digest: these checks change no mel of a clip
     they keep."""
