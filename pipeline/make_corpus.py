@@ -257,15 +257,15 @@ def check_numbers(*, count, start, jobs, sample_rate, speed, compression_level=N
     """ValueError naming the option for a number make_corpus cannot honour: espeak-ng speaks a speed
     outside SPEEDS at its default (0, -50 and 175 gave the same clip) or not at all (99999), and a
     2 GHz --sample-rate made a 4 GB wav of a 1 s clip."""
-    checks = (("--count", count, count >= 1), ("--start", start, start >= 0), ("--jobs", jobs, jobs >= 1),
-              ("--sample-rate", sample_rate, SAMPLE_RATES[0] <= sample_rate <= SAMPLE_RATES[1]),
-              ("--speed", speed, SPEEDS[0] <= speed <= SPEEDS[1]),
-              ("--compression-level", compression_level, compression_level is None or 0 <= compression_level <= 1))
-    for option, value, ok in checks:
+    checks = (("--count", count, count >= 1, "1 or more"), ("--start", start, start >= 0, "0 or more"),
+              ("--jobs", jobs, jobs >= 1, "1 or more"),
+              ("--sample-rate", sample_rate, SAMPLE_RATES[0] <= sample_rate <= SAMPLE_RATES[1],
+               "%d to %d Hz" % SAMPLE_RATES),
+              ("--speed", speed, SPEEDS[0] <= speed <= SPEEDS[1], "%d to %d words a minute" % SPEEDS),
+              ("--compression-level", compression_level, compression_level is None or 0 <= compression_level <= 1,
+               "0 to 1"))
+    for option, value, ok, bounds in checks:
         if not ok:
-            bounds = {"--count": "1 or more", "--start": "0 or more", "--jobs": "1 or more",
-                      "--sample-rate": "%d to %d Hz" % SAMPLE_RATES, "--speed": "%d to %d words a minute" % SPEEDS,
-                      "--compression-level": "0 to 1"}[option]
             raise ValueError(f"{option} {value}: {bounds}")
 
 
