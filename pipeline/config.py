@@ -57,6 +57,36 @@ class UniqueKeyLoader(_LOADER):
         return super().construct_mapping(node, deep=deep)
 
 
+class AmbiguousNumber(yaml.constructor.ConstructorError):
+    """A plain scalar YAML 1.1 reads as a number its writer may not have meant."""
+
+
+# YAML 1.1 (PyYAML, Snakemake's loader) reads these plain scalars as numbers: `10:00` as 600 (base 60),
+# `010` as 8 (octal), `0x10` as 16 and `0b10` as 2; YAML 1.2 and JSON read none of them so
+NOT_DECIMAL = re.compile(r"[-+]?(?:[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?|0[0-9_]+|0[xXbB][0-9a-fA-F_]*)")
+BASES = (("0x", "hexadecimal"), ("0b", "binary"), ("0", "octal"))
+
+
+def _decimal_only(constructor):
+    """A YAML int or float constructor that refuses base-60, octal, hexadecimal and binary spellings
+    (AmbiguousNumber, at the value's line): a duration written `10:00` or a seed written `010` would
+    reach the jobs as 600 or 8 without a word."""
+    def construct(loader, node):
+        value = constructor(loader, node)
+        text = str(node.value)
+        if NOT_DECIMAL.fullmatch(text):
+            digits = text.lstrip("+-").lower()
+            base = "base 60" if ":" in text else next(name for prefix, name in BASES if digits.startswith(prefix))
+            raise AmbiguousNumber(None, None, f"{text} is read as {value:g} ({base}, YAML 1.1): write the decimal "
+                                  f"number you mean, or quote it (\"{text}\") for text", node.start_mark)
+        return value
+    return construct
+
+
+UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _decimal_only(_LOADER.construct_yaml_int))
+UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _decimal_only(_LOADER.construct_yaml_float))
+
+
 def _read_yaml(path):
     try:
         with open(path, encoding="utf-8") as f:
@@ -83,6 +113,8 @@ def yaml_problem(path, e):
     mark = getattr(e, "problem_mark", None)
     where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    if isinstance(e, AmbiguousNumber):
+        return f"{where}: {problem}"
     context = getattr(e, "context", None)
     return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
 
@@ -102,7 +134,7 @@ def merge(base, override):
     return out
 
 
-def _coerce_strings(cfg, defaults):
+def _coerce_strings(cfg, defaults, where=""):
     # Snakemake's `--config 'audio={n_mels: 64}'` delivers nested values as strings: read those
     # as YAML where the default is a number or a boolean. Where the default is a string (`jit_compile:
     # auto`, which also takes true or false), only true and false become booleans: `name: "on"` and
@@ -111,13 +143,15 @@ def _coerce_strings(cfg, defaults):
     for key, value in cfg.items():
         default = defaults.get(key) if isinstance(defaults, dict) else None
         if isinstance(value, dict):
-            _coerce_strings(value, default)
+            _coerce_strings(value, default, f"{where}{key}.")
         elif isinstance(value, str) and isinstance(default, str):
             if value.strip().lower() in ("true", "false"):
                 cfg[key] = value.strip().lower() == "true"
         elif isinstance(value, str) and isinstance(default, (bool, int, float)):
             try:
-                parsed = yaml.safe_load(value)
+                parsed = yaml.load(value, Loader=UniqueKeyLoader)
+            except AmbiguousNumber as e:
+                raise ConfigError(f"{where}{key}: {e.problem}") from None
             except yaml.YAMLError:
                 continue
             if isinstance(parsed, str) and not isinstance(default, bool):
@@ -620,6 +654,8 @@ def parse_set(items):
                 raise ConfigError(f"--set {item!r}: {p} was set to a value above, not a section")
         try:
             node[leaf] = yaml.load(value, Loader=UniqueKeyLoader)
+        except AmbiguousNumber as e:
+            raise ConfigError(f"--set {item!r}: {e.problem}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"--set {item!r}: the value is {yaml_problem('', e).split(': ', 1)[1]}") from None
     return out

@@ -230,6 +230,48 @@ def test_a_whole_number_float_where_an_integer_is_wanted_becomes_that_integer(tm
         config.load_config(path, check_paths=False)
 
 
+
+@pytest.mark.parametrize("text, read_as, base", [("dataset: {max_seconds: 1:30}", 90, "base 60"),
+                                                 ("train: {seed: 010}", 8, "octal"),
+                                                 ("train: {steps: 0x10}", 16, "hexadecimal"),
+                                                 ("train: {steps: 0b101}", 5, "binary"),
+                                                 ("synthesize: {max_seconds: 1:00:00.5}", 3600.5, "base 60")])
+def test_a_number_yaml_1_1_reads_in_another_base_is_refused_at_its_line(tmp_path, corpus_template, text, read_as,
+                                                                         base):
+    # YAML 1.1 (PyYAML, and Snakemake's own loader) reads `1:30` as 90 and `010` as 8: a duration or a seed a
+    # user wrote would reach the jobs as another number without a word
+    path = tmp_path / "my.yaml"
+    path.write_text(f"# a comment\n{text}\n")
+    value = text.split(": ", 2)[2].rstrip("}")
+    message = f"{path}:2:{text.index(value) + 1}: {value} is read as {read_as:g} ({base}, YAML 1.1)"
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        config.load_config(path, check_paths=False)
+    key = text.split(":")[0] + "." + text.split("{")[1].split(":")[0]
+    with pytest.raises(ConfigError, match=re.escape(f"--set '{key}={value}': {value} is read as")):
+        config.load_config(None, config.parse_set([f"{key}={value}"]), check_paths=False)
+    # quoted, where a number is wanted: the same, naming the key
+    path.write_text(text.replace(value, f'"{value}"') + "\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{key}: {value} is read as {read_as:g} ({base}")):
+        config.load_config(path, check_paths=False)
+    if base == "octal":   # through Snakemake, which read the file itself: one line
+        mine = write_config(tmp_path, corpus_template)
+        mine.write_text(mine.read_text() + text + "\n")
+        proc = snakemake("caches", "-n", config=mine, check=False)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        assert proc.returncode != 0 and errors == [f"error: {mine}:{len(mine.read_text().splitlines())}:"
+                                                   f"{text.index(value) + 1}: {message.split(': ', 1)[1]}: "
+                                                   f"write the decimal number you mean, or quote it (\"{value}\") "
+                                                   "for text"], proc.stderr[-2000:]
+
+
+def test_decimal_numbers_and_quoted_text_still_read_as_before(tmp_path):
+    path = tmp_path / "my.yaml"
+    path.write_text("train: {seed: 0, steps: 1_000, grad_clip: 0.5}\naudio: {fmax: 8000.0}\n"
+                    "text: {language: \"10:00\"}\n")
+    cfg = config._read_yaml(path)
+    assert cfg == {"train": {"seed": 0, "steps": 1000, "grad_clip": 0.5}, "audio": {"fmax": 8000.0},
+                   "text": {"language": "10:00"}}
+
 @pytest.mark.slow
 def test_jobs_get_the_integers_a_whole_number_float_gives_and_rerun_for_nothing(tmp_path, corpus_template):
     # the float config plans the very commands (params) of the one written with integers
