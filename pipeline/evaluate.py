@@ -336,12 +336,14 @@ def measure_clip(clip, synth_mel, analyse):
 
 def _chance(rows, recorded, synthesized, texts):
     """Each row's chance levels: its synthesis's MCD against the other clips' recordings, and the
-    recognizer's transcript of its recording scored against the other clips' sentences."""
+    recognizer's transcript of its recording scored against the other heard clips' sentences (those in
+    English: a German sentence against an English transcript would count every word wrong)."""
     for i, row in enumerate(rows):
         others = [j for j in range(len(rows)) if j != i]
         row["mcd_db_other"] = _median([metrics.mcd(synthesized[i]["mc"], recorded[j]["mc"])[0] for j in others])
         if "heard_recording" in row:
-            row["wer_chance"] = _median([metrics.wer(texts[j], row["heard_recording"]) for j in others])
+            row["wer_chance"] = _median([metrics.wer(texts[j], row["heard_recording"])
+                                         for j in others if "heard_recording" in rows[j]])
 
 
 FIGURES = ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz", "f0_rmse_hz_ceiling",
@@ -361,7 +363,8 @@ def _figures(rows, vocoder):
 
 def summarise(rows, vocoder):
     """evaluate.json's summary fields: medians over the rows (and per speaker with several)."""
-    summary = {"clips": len(rows), "cut": sum(bool(r.get("cut")) for r in rows), **_figures(rows, vocoder)}
+    summary = {"clips": len(rows), "cut": sum(bool(r.get("cut")) for r in rows),
+               "wer_clips": sum("wer_recording" in r for r in rows), **_figures(rows, vocoder)}
     speakers = sorted({r["speaker"] for r in rows if r["speaker"]})
     if len(speakers) > 1:  # every figure per speaker, and whether the voice is the right one
         summary["per_speaker"] = {s: {"clips": sum(r["speaker"] == s for r in rows),

@@ -61,6 +61,12 @@ def verdict(report):
     if report["mcd_db_other"] is None:
         return ("No chance reference: it needs at least two validation clips (raise dataset.val_fraction), "
                 "so only the ceiling row below places the model.")
+    if p is None and report.get("mcd_db_vocoder_ceiling") is not None \
+            and report["mcd_db_ceiling"] < report["mcd_db_other"] <= report["mcd_db_vocoder_ceiling"]:
+        return (f"The {_vocoder_name(report)} vocoder's own copy of the recordings is no nearer them than other "
+                f"sentences are (MCD {report['mcd_db_vocoder_ceiling']:.2f} dB, chance {report['mcd_db_other']:.2f}; "
+                f"Griffin-Lim's copy {report['mcd_db_ceiling']:.2f}), so it cannot place the model: train the "
+                "vocoder longer (vocoder.steps), or evaluate with vocoder.kind: griffin_lim.")
     if p is None:
         return ("The references do not separate (resynthesis is no nearer the recordings than other sentences "
                 "are), so the MCD says little here: check the corpus and audio settings.")
@@ -135,6 +141,12 @@ def _above_reference(mos, wer, heads):
     return [f"Scored better than the recording: {'; '.join(better)}.{noise}", ""] if better else []
 
 
+def _wer_clips(report):
+    """How many clips the WER row covers, where the recognizer heard only some (the English ones)."""
+    heard = report.get("wer_clips")
+    return "" if heard is None or heard == report["clips"] else f", the {heard} of {report['clips']} clips in English"
+
+
 def listener_lines(report):
     """The listener table: naturalness (MOS predictor) and WER for the recording, the synthesized audio,
     both copy-syntheses and chance; [] when the report has neither."""
@@ -149,7 +161,7 @@ def listener_lines(report):
              "| naturalness: DNSMOS P.835 overall, 1-5 (higher is better) | "
              + " | ".join(_fmt(mos.get(n)) for n in names)
              + f" | {_fmt(report.get('mos_chance'))} (the recording's spectrogram with random phase) |",
-             "| word error rate, pocketsphinx en-us (lower is better) | "
+             f"| word error rate, pocketsphinx en-us (lower is better){_wer_clips(report)} | "
              + " | ".join(_fmt(wer.get(n)) for n in names)
              + f" | {_fmt(report.get('wer_chance'))} (the recording's transcript against the other sentences) |", ""]
     return lines + _above_reference(mos, wer, dict(zip(names[1:], heads[1:]))) + lead_lines(report, name) + [(

@@ -195,6 +195,40 @@ def test_verdict_between_and_without_chance():
     assert evaluate_report.verdict({**demo, "mcd_db": 4.5}).startswith("Near the ceiling (8 %")
 
 
+
+def test_a_vocoder_whose_own_copy_is_at_chance_is_named_not_the_corpus():
+    # a barely trained vocoder: its copy of the recordings is no nearer them than other sentences, while
+    # Griffin-Lim's copy is; the verdict said "check the corpus and audio settings"
+    report = {"mcd_db": 12.5, "mcd_db_ceiling": 4.0, "mcd_db_vocoder_ceiling": 12.0, "mcd_db_other": 11.0,
+              "vocoder": {"kind": "vocos"}}
+    said = evaluate_report.verdict(report)
+    assert said.startswith("The Vocos vocoder's own copy of the recordings is no nearer them than other sentences "
+                           "are (MCD 12.00 dB, chance 11.00; Griffin-Lim's copy 4.00)") and "vocoder.steps" in said
+    # where Griffin-Lim's copy does not separate either, the corpus and audio settings are the suspects
+    assert evaluate_report.verdict({**report, "mcd_db_ceiling": 11.5}).startswith("The references do not separate")
+
+
+def test_wer_chance_scores_english_transcripts_against_english_sentences_only():
+    # two English clips (heard by the en-us recognizer) and two German ones (not heard): an English
+    # transcript scored against a German sentence gets every word wrong, which raised the chance level
+    rng = np.random.default_rng(0)
+    analyses = [{"mc": rng.normal(size=(20, 24))} for _ in range(4)]
+    texts = ["the cat sat on the mat", "the dog ran in the park", "der Hund lief im Park", "die Katze sass"]
+    rows = [{"heard_recording": "the cat sat on the mat"}, {"heard_recording": "the dog ran in the park"}, {}, {}]
+    evaluate._chance(rows, analyses, analyses, texts)
+    from pipeline import metrics
+    assert rows[0]["wer_chance"] == pytest.approx(metrics.wer(texts[1], rows[0]["heard_recording"]))
+    assert rows[1]["wer_chance"] == pytest.approx(metrics.wer(texts[0], rows[1]["heard_recording"]))
+    assert rows[0]["wer_chance"] < 1 and "wer_chance" not in rows[2]
+    # the WER row says how many of the clips it covers
+    report = {"clips": 4, "wer_clips": 2, "mos": {"recording": 3.0}, "wer": {"recording": 0.5}, "mos_chance": 1.0,
+              "wer_chance": 0.8, "mcd_db_ceiling": 4.0}
+    lines = evaluate_report.listener_lines(report)
+    assert any(line.startswith("| word error rate, pocketsphinx en-us (lower is better), the 2 of 4 clips in "
+                               "English | 0.50 |") for line in lines), lines
+    assert any(line.startswith("| word error rate, pocketsphinx en-us (lower is better) | ")
+               for line in evaluate_report.listener_lines({**report, "wer_clips": 4}))
+
 def run_module(*args):
     return subprocess.run([sys.executable, "-m", "pipeline.evaluate", *map(str, args)], check=False, capture_output=True,
                           text=True, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3",
