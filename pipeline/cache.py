@@ -288,23 +288,37 @@ def _after_chunks(raw):
     return raw[at:]
 
 
+def _id3v2_size(head):
+    """The bytes an ID3v2 tag at the start of `head` takes (0: none): its size is syncsafe (7 bits a byte),
+    plus 10 for a footer."""
+    if head[:3] != b"ID3" or len(head) < 10:
+        return 0
+    return 10 + sum((b & 0x7F) << (7 * (3 - i)) for i, b in enumerate(head[6:10])) + 10 * bool(head[5] & 0x10)
+
+
+def _frame_sync(data, at):
+    """The first offset from `at` where `data` holds an MPEG audio frame sync (11 set bits), or len(data) - 1
+    (none)."""
+    at = data.find(b"\xff", at)
+    while 0 <= at < len(data) - 1 and data[at + 1] & 0xE0 != 0xE0:
+        at = data.find(b"\xff", at + 1)
+    return len(data) - 1 if at < 0 else at
+
+
 def mp3_declared_samples(path, info):
     """(samples, samples a frame) an MP3 file's first frame declares it holds, or None: a Xing or
     Info header with a frame count (its flags' bit 0), whose length libsndfile (mpg123) reports as
     info.frames, or a VBRI header (Fraunhofer's), which mpg123 does not read: it then stops at its own
     estimate from the file's size and first bitrate and can drop half an intact file's audio. Without
-    either, the length is that estimate, and nothing is checked."""
+    either, the length is that estimate, and nothing is checked here (mp3_cut_frame still is)."""
     with open(path, "rb") as f:
         head = f.read(1 << 16)
-    at = 0
-    if head[:3] == b"ID3" and len(head) >= 10:  # an ID3v2 tag first: its size is syncsafe (7 bits a byte)
-        at = 10 + sum((b & 0x7F) << (7 * (3 - i)) for i, b in enumerate(head[6:10])) + 10 * bool(head[5] & 0x10)
-        if at + 4 > len(head):
-            with open(path, "rb") as f:
-                f.seek(at)
-                head = bytes(at) + f.read(4096)
-    while at + 1 < len(head) and not (head[at] == 0xFF and head[at + 1] & 0xE0 == 0xE0):
-        at += 1
+    at = _id3v2_size(head)  # an ID3v2 tag first
+    if at + 4 > len(head):
+        with open(path, "rb") as f:
+            f.seek(at)
+            head = bytes(at) + f.read(4096)
+    at = _frame_sync(head, at)
     if at + 4 > len(head):
         return None
     per_frame = 1152 if (head[at + 1] >> 3) & 3 == 3 else 576  # MPEG-1 Layer III, else MPEG-2 / 2.5
@@ -315,6 +329,49 @@ def mp3_declared_samples(path, info):
             return (info.frames, per_frame) if int.from_bytes(first[found + 4:found + 8], "big") & 1 else None
     if first[36:40] == b"VBRI" and len(first) >= 54:  # at 32 bytes of side information past the header
         return int.from_bytes(first[50:54], "big") * per_frame, per_frame
+    return None
+
+
+MP3_KBPS = {3: (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),  # Layer III, MPEG-1
+            2: (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)}  # MPEG-2 and 2.5
+MP3_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}  # by version bits
+MP3_STREAM_BITS = 0xFFFE0C00  # sync, version, layer, sample rate: the same in every frame of a stream
+
+
+def mp3_frame_length(header):
+    """The bytes an MPEG Layer III frame takes, from its 4-byte header (an int), or None: not a frame
+    header, another layer, or one whose length it does not say (free format, a bad or reserved value)."""
+    version, layer, index, rate = (header >> 19) & 3, (header >> 17) & 3, (header >> 12) & 0xF, (header >> 10) & 3
+    if header >> 21 != 0x7FF or version == 1 or layer != 1 or index in (0, 15) or rate == 3 or header & 3 == 2:
+        return None
+    kbps = MP3_KBPS[3 if version == 3 else 2][index]
+    return (144 if version == 3 else 72) * kbps * 1000 // MP3_RATES[version][rate] + ((header >> 9) & 1)
+
+
+def mp3_cut_frame(path):
+    """What is cut short at the end of an MP3 file (a description), or None: its Layer III frames are
+    walked from the first frame sync (after an ID3v2 tag), one step a frame, each header giving its
+    length, while the header at the walk's position is a frame's with the first one's version, layer and
+    sample rate. The file is cut (a half-copied file, which libsndfile decodes as a shorter clip without
+    a word, whatever its Xing or VBRI header says) when, after a whole frame, a frame declares more bytes
+    than the file has left, or only the start of a header (2-3 bytes) is left. The walk stops, and
+    nothing is refused, at bytes that start no frame: an ID3v1, APEv2 or Lyrics3 tag, zero padding,
+    garbage; or at a frame of Layer I or II, a free-format one or a bad or reserved value in a header. A
+    file cut exactly between two frames cannot be told from a whole one (unless its Xing, Info or
+    VBRI header declares more: mp3_declared_samples); nor one cut inside its first frame."""
+    data = Path(path).read_bytes()
+    at = _frame_sync(data, _id3v2_size(data))
+    stream, last = None, None
+    while at + 4 <= len(data):
+        header = int.from_bytes(data[at:at + 4], "big")
+        size = mp3_frame_length(header)
+        if size is None or stream not in (None, header & MP3_STREAM_BITS):
+            return None
+        if at + size > len(data):
+            return None if last is None else f"its last MP3 frame is cut short ({len(data) - at} of its {size} bytes)"
+        stream, last, at = header & MP3_STREAM_BITS, at, at + size
+    if last is not None and 2 <= len(data) - at and data[at:at + 2] == data[last:last + 2]:
+        return f"its last MP3 frame is cut short ({len(data) - at} of its header's 4 bytes)"
     return None
 
 
@@ -381,6 +438,21 @@ def _level_problem(path, info, y, sample_rate):
                              "near-silence, a click or an offset")
 
 
+def _mp3_problem(path, info, got):
+    """BadAudio for an MP3 file that decodes to `got` seconds, less than its Xing, Info or VBRI header
+    declares (mp3_declared_samples), or whose last frame is cut short (mp3_cut_frame)."""
+    declared = mp3_declared_samples(path, info)
+    if declared is not None and info.samplerate > 0:
+        samples, per_frame = declared
+        seconds = samples / info.samplerate
+        if got < seconds - 2 * per_frame / info.samplerate:
+            raise audio.BadAudio(f"truncated (its header declares {seconds:.2f} s, it decodes to {got:.2f} s: a "
+                                 "half-copied file, or a VBR file libsndfile reads short: convert it to FLAC)")
+    cut = mp3_cut_frame(path)
+    if cut is not None:
+        raise audio.BadAudio(f"truncated ({cut}: a half-copied file)")
+
+
 def load_clip(path, *, sample_rate, max_seconds, fmax=None):
     """pipeline.audio.load_audio, after refusing a file whose header says it is longer than
     `max_seconds` (a 2-hour clip is not decoded whole, ~520 MB, to be refused), holds 8-bit or as
@@ -390,7 +462,8 @@ def load_clip(path, *, sample_rate, max_seconds, fmax=None):
     mono, carry a DC offset, or hold no speech (near-silence, an offset alone: _level_problem); and a
     WAV whose header declares less audio than it holds (wav_size_problem) or an MP3 that decodes to less
     than its Xing, Info or VBRI header declares (mp3_declared_samples: a half-copied file, or a VBR file
-    libsndfile reads short), which libsndfile keeps short, silently. A WAV streamed
+    libsndfile reads short) or whose last frame is cut short (mp3_cut_frame: a half-copied file, with or
+    without such a header), which libsndfile keeps short, silently. A WAV streamed
     with a 2 GB placeholder size (espeak-ng --stdout, arecord) is read to its end (streamed_wav). Here,
     not in audio.py, whose bytes are the mel caches' code digest: these checks change no mel of a clip
     they keep."""
@@ -414,13 +487,8 @@ def load_clip(path, *, sample_rate, max_seconds, fmax=None):
                 raise audio.BadAudio(f"its {info.channels} channels cancel when mixed to mono (one is the other "
                                      "inverted?): keep one channel") from None
         raise
-    declared = mp3_declared_samples(path, info) if info is not None and info.format == "MP3" else None
-    if declared is not None and info.samplerate > 0:
-        samples, per_frame = declared
-        seconds, got = samples / info.samplerate, len(y) / sample_rate
-        if got < seconds - 2 * per_frame / info.samplerate:
-            raise audio.BadAudio(f"truncated (its header declares {seconds:.2f} s, it decodes to {got:.2f} s: a "
-                                 "half-copied file, or a VBR file libsndfile reads short: convert it to FLAC)")
+    if info is not None and info.format == "MP3":
+        _mp3_problem(path, info, len(y) / sample_rate)
     _level_problem(path, info, y, sample_rate)
     return y
 

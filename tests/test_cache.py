@@ -649,6 +649,51 @@ def test_mp3_cut_short_is_refused(tmp_path, corpus_template, rate):
 
 
 
+def test_mp3_frame_length():
+    assert cache.mp3_frame_length(0xFFFB90C4) == 417  # MPEG-1, 128 kbps, 44,100 Hz
+    assert cache.mp3_frame_length(0xFFFB92C4) == 418  # padded
+    assert cache.mp3_frame_length(0xFFF390C4) == 261  # MPEG-2, 80 kbps, 22,050 Hz
+    assert cache.mp3_frame_length(0xFFE348C4) == 288  # MPEG-2.5, 32 kbps, 8,000 Hz
+    # not a frame whose length it says: free format, a bad bitrate, a reserved version, rate or emphasis, Layer II
+    for header in (0xFFFB00C4, 0xFFFBF0C4, 0xFFEB90C4, 0xFFFB9CC4, 0xFFFB90C6, 0xFFFD90C4, 0x54414700):
+        assert cache.mp3_frame_length(header) is None
+
+
+@pytest.mark.parametrize("rate", [SR, 44100, 8000])
+def test_mp3_without_header_cut_short_is_refused(tmp_path, corpus_template, rate):
+    # A CBR MP3 without a Xing, Info or VBRI header (its Info frame dropped) declares no length: libsndfile
+    # decodes a half-copied one as a shorter clip, silently. Its last frame, cut short, gives it away.
+    good = sorted((corpus_template / "wavs").glob("*.wav"))[2]
+    y = soxr.resample(sf.read(str(good), dtype="float32")[0], SR, rate)
+    sf.write(str(tmp_path / "cbr.mp3"), y, rate, format="MP3", bitrate_mode="CONSTANT", compression_level=0.5)
+    data = (tmp_path / "cbr.mp3").read_bytes()
+    assert b"Info" in data[:200]
+    bare = data[cache.mp3_frame_length(int.from_bytes(data[:4], "big")):]
+    assert cache.mp3_frame_length(int.from_bytes(bare[:4], "big")) and b"Info" not in bare[:200]
+    (tmp_path / "bare.mp3").write_bytes(bare)
+    assert cache.mp3_declared_samples(tmp_path / "bare.mp3", None) is None
+    whole = cache.load_clip(tmp_path / "bare.mp3", sample_rate=SR, max_seconds=20.0)
+    assert 0 <= len(whole) - len(y) * SR / rate <= SR // 4  # with the encoder's delay and padding, untrimmed
+    at = 0  # the start of a frame near the middle
+    while at < len(bare) // 2:
+        at += cache.mp3_frame_length(int.from_bytes(bare[at:at + 4], "big"))
+    size = cache.mp3_frame_length(int.from_bytes(bare[at:at + 4], "big"))
+    id3 = b"ID3\x03\x00\x00" + (20).to_bytes(4, "big") + bytes(20)  # an ID3v2 tag before the first frame
+    for head, cut in [(b"", at + n) for n in (2, 3, 4, 5, 100, size - 1)] + [(id3, at + 7), (b"", len(bare) - 1)]:
+        (tmp_path / "cut.mp3").write_bytes(head + bare[:cut])
+        assert len(sf.read(str(tmp_path / "cut.mp3"))[0]) < len(sf.read(str(tmp_path / "bare.mp3"))[0])
+        with pytest.raises(audio.BadAudio, match=r"^truncated \(its last MP3 frame is cut short \(.*: a half-copied"):
+            cache.load_clip(tmp_path / "cut.mp3", sample_rate=SR, max_seconds=20.0)
+    # cut between two frames: a whole, shorter file (nothing tells them apart); what may follow the last
+    # frame: an ID3v1 tag, an APEv2 tag, zero padding (under 1024 bytes: mpg123 gives up on more)
+    (tmp_path / "even.mp3").write_bytes(bare[:at])
+    assert len(whole) * 0.4 < len(cache.load_clip(tmp_path / "even.mp3", sample_rate=SR, max_seconds=20.0)) \
+        < len(whole) * 0.6
+    for extra in (b"TAG" + bytes(125), b"APETAGEX" + bytes(24), bytes(1000)):
+        (tmp_path / "extra.mp3").write_bytes(id3 + bare + extra)
+        assert cache.mp3_cut_frame(tmp_path / "extra.mp3") is None
+        assert len(cache.load_clip(tmp_path / "extra.mp3", sample_rate=SR, max_seconds=20.0)) == len(whole)
+
 # --- other rates, depths, channels, containers -----------------------------------------------
 def _close(mel, ref):
     """Frames within 1, and the same picture where there is speech (log-mel above 1e-2)."""
