@@ -51,6 +51,15 @@ def snakemake_targets(argv):
     return {*(args.targets or ["all"]), *args.forcerun, *args.until}
 
 
+def asks_for(targets, rule, folder):
+    """Whether Snakemake `targets` (snakemake_targets) name `rule`, or a file or folder in `folder`
+    (where its outputs lie): `snakemake runs/demo/export/.exported` asks for the export as
+    `snakemake export` does."""
+    root = os.path.abspath(folder)
+    return any(t == rule or os.path.abspath(t) == root or os.path.abspath(t).startswith(root + os.sep)
+               for t in targets or ())
+
+
 def another_run(locks, folders):
     """Whether another Snakemake holds a lock on this run's files: a lock file in `locks` (the working
     folder's .snakemake/locks/, where each run lists the files it reads and writes) naming a file

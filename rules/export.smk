@@ -8,9 +8,11 @@
 # vocoder kind the final vocoder (runs/{name}/vocoder.json) is an input: a new vocoder re-exports.
 
 # A kind export cannot build (transformer_tts, a user's own): the default target leaves export out,
-# and `snakemake export` stops before any job, as the export job would after training
+# and `snakemake export` (or its output's path) stops before any job, as the export job would after training
 EXPORT_PROBLEM = pmodels.export_problem(config["model"])
-if EXPORT_PROBLEM and "export" in (ppreflight.snakemake_targets(sys.argv) or ()):
+if EXPORT_PROBLEM and ppreflight.asks_for(
+    ppreflight.snakemake_targets(sys.argv), "export", RUN / "export"
+):
     stop_planning(EXPORT_PROBLEM)
 EXPORT_VOCODER_KEYS = ["kind"] + (
     [config["vocoder"]["kind"]] if VOCODER else []
