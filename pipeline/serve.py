@@ -23,11 +23,14 @@ query parameter other than stream (the fields go in the body),
 and its host name is answered to), or (bound to a loopback address) a Host other than localhost,
 127.0.0.1, [::1] or the address itself, 415 a POST body not sent as application/json, 404/405, 408 a body
 not sent within `--client-timeout` seconds, 413 a body over MAX_BODY bytes, 503 when the queue is full (`--workers` model calls at a time, `--queue` more waiting); a client
-that hangs up gives its place back at the end of the sentence being made. A connection
+that hangs up gives its place back at the end of the sentence being made. A place is held until the
+answer is sent, not only made: a stream's until its end, a whole wav's (sent WAV_CHUNK bytes at a
+time) until the client has taken all but its last ~64 kB and what its socket's send buffer holds. A connection
 that has not sent a whole request head within `--client-timeout` is closed; an idle keep-alive one after
 KEEP_ALIVE seconds (uvicorn's timeout_keep_alive); at most CONNECTIONS connections at once. One
 whose client takes none of an answer for `--client-timeout` seconds while the answer waits on it is
-reset, and a stream gives its place back (a slow reader that takes some keeps it).
+reset, as is one that takes under MIN_TAKE_RATE bytes a second of it (a trickle would keep its place
+for ever), and the answer gives its place back (a slow reader, a player at real time, keeps it).
 
     python -m pipeline.serve --voice runs/demo/export [--host 127.0.0.1] [--port 8050] [--allow-origin URL]
     curl -s localhost:8050/synthesize -H 'Content-Type: application/json' -d '{"text": "Hello there."}' -o hello.wav
@@ -61,6 +64,8 @@ from pipeline.wavfile import to_pcm, wav_bytes
 
 MAX_BODY = 100_000           # bytes of a request body
 MAX_WAV_SECONDS = 600.0      # audio of one non-streamed answer (longer: ?stream=true)
+WAV_CHUNK = 65_536           # bytes of a whole answer handed to uvicorn at a time (WavAnswer)
+MIN_TAKE_RATE = 4096         # bytes a second a client must take of an answer waiting on it (a tenth of real time)
 CLIENT_TIMEOUT = 10.0        # seconds to send a request head, then its body; to take any of an answer (--client-timeout)
 KEEP_ALIVE = 5               # seconds an idle keep-alive connection stays open
 CONNECTIONS = 256            # uvicorn's limit_concurrency (beyond: its own plain 503)
@@ -153,7 +158,10 @@ class Guard:
 
 
 class Gate:
-    """A bounded queue in front of `workers` model calls: admit() refuses (503) beyond workers + queue.
+    """A bounded queue in front of `workers` model calls: admit() refuses (503) beyond workers + queue
+    requests admitted and not given back, waiting, being made or being sent: a stream until it ends
+    (PcmStream), a whole wav until its last WAV_CHUNK is handed to uvicorn (WavAnswer). A slow reader's
+    wav (up to 53 MB) is held inside that count, workers + queue of them at most, not CONNECTIONS.
     At most `workers` whole (non-streamed) answers are built at once (`answers`, first come first
     served): each holds up to MAX_WAV_SECONDS of audio (53 MB), so the others wait holding only their
     request, not 34 answers at once (2.8 GB at the defaults; CONNECTIONS of them, 14 GB). A stream
@@ -262,6 +270,32 @@ class PcmStream(StreamingResponse):
             self.release()
 
 
+class WavAnswer(Response):
+    """A whole (non-streamed) wav answer, sent WAV_CHUNK bytes at a time, that gives its place in the
+    queue back however it ends (sent, the client gone, or cut off), as PcmStream does. uvicorn's send
+    waits while its transport holds over 64 kB the client has not taken, so the place is held until
+    the client has taken all but the last chunk and its socket's send buffer: one send of the whole
+    body (Response) put all of it (up to 53 MB) in the transport's buffer at once and gave the place
+    back, and a slow reader then held its answer in memory outside the queue's count."""
+    media_type = "audio/wav"
+
+    def __init__(self, body, release):
+        super().__init__(body)   # Content-Length: the whole body's
+        self.release = release
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            size = len(self.body)
+            for start in range(0, max(size, 1), WAV_CHUNK):   # a client gone: uvicorn's send returns at once
+                await send({"type": "http.response.body", "body": self.body[start:start + WAV_CHUNK],
+                            "more_body": start + WAV_CHUNK < size})
+        except (ClientDisconnect, OSError):
+            pass
+        finally:
+            self.release()
+
+
 def json_errors(handler):
     """Every failure of a handler as a JSON error: ClientError and PipelineError (bad text, markup,
     speaker) as 4xx, a VoiceFault (the voice gave NaN audio) as 500, anything else as 500 with its
@@ -348,10 +382,11 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
                         print(f"a stream stopped: {e}", file=sys.stderr, flush=True)
                         raise StreamStopped() from None
                 media = f"audio/L16;rate={voice.sample_rate};channels=1"
-                response = PcmStream(chunks(), release, media_type=media)   # releases when the stream ends
-                release = None
-                return response
-            return Response(await whole_answer(gate, voice, fields, request), media_type="audio/wav")
+                response = PcmStream(chunks(), release, media_type=media)
+            else:
+                response = WavAnswer(await whole_answer(gate, voice, fields, request), release)
+            release = None   # the answer gives its place back once it is sent (or its client is gone)
+            return response
         finally:
             if release is not None:
                 release()
@@ -379,7 +414,7 @@ class Protocol(H11Protocol):
     opened or after its last answer (uvicorn times out only idle keep-alive connections, so a client
     that sends half a request head and stalls would hold its socket for ever), and cutting one whose
     client takes none of its answer for `timeout` s while the answer waits on it (a stream would hold
-    its place in the queue for ever, a whole wav its socket and memory)."""
+    its place in the queue for ever, a whole wav its place, socket and memory)."""
     timeout = CLIENT_TIMEOUT
 
     def connection_made(self, transport):
@@ -425,16 +460,19 @@ class Protocol(H11Protocol):
 
     def _writes_stalled(self, before):
         self._write_timer, left = None, unsent(self.transport)
-        if left < before:   # it took some: a slow reader (a player at real time), not a stalled one
+        took = before - left
+        if took >= MIN_TAKE_RATE * self.timeout:   # a slow reader (a player at real time), not a stalled one
             self._write_timer = self.loop.call_later(self.timeout, self._writes_stalled, left)
             return
+        # none, or a trickle (a byte every few seconds would hold its place in the queue for ever)
+        what = "none of its answer" if took <= 0 else f"{took} bytes of its answer (under {MIN_TAKE_RATE} a second)"
         host, port = self.client or ("?", 0)
-        print(f"cut off {host}:{port}: it took none of its answer for {self.timeout:g} s ({left} bytes unsent)",
+        print(f"cut off {host}:{port}: it took {what} in {self.timeout:g} s ({left} bytes unsent)",
               file=sys.stderr, flush=True)
         sock = self.transport.get_extra_info("socket")
         if sock is not None:   # a reset: a FIN would wait in the kernel behind data nobody takes
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.transport.abort()   # connection_lost: a stream's PcmStream gives its place back
+        self.transport.abort()   # connection_lost: the answer (PcmStream, WavAnswer) gives its place back
 
 
 def unsent(transport):

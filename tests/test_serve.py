@@ -6,6 +6,7 @@ import errno
 import http.client
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -501,6 +502,80 @@ def test_a_slow_reader_is_not_cut_off(server):
             got += len(data)
             time.sleep(max(0.0, got / 131_072 - (time.monotonic() - t0)))
     assert call(server.port, "POST", "/synthesize", {"text": "Still here."})[0] == 200
+
+
+
+def test_a_client_that_takes_a_trickle_is_cut_off_and_gives_its_place_back(exported_voice):
+    # a client taking a little now and then (some within every --client-timeout) kept its place in the
+    # queue for ever: a handful of them held every place, and every other request was a 503
+    port = free_port()
+    argv = blocked_command("pipeline.serve", "--voice", str(exported_voice), "--port", str(port), "--workers", "1",
+                           "--queue", "0", "--client-timeout", "4")          # one place; 16 kB to take in 4 s
+    srv = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT)
+    try:
+        wait_for_health(srv, port)
+        # 150 s of silence (6.6 MB at once, no model calls): over what the socket's buffers take (4 MB here)
+        trickle = unread(port, "/synthesize", "<speak>Hi. " + '<break time="10s"/>' * 15 + "</speak>")
+        with trickle:
+            trickle.settimeout(1)
+            t0, got = time.monotonic(), 0
+            while time.monotonic() - t0 < 30:
+                if trickle.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNRESET:
+                    break                                                  # reset (its buffer may hold more)
+                try:
+                    data = trickle.recv(1500)                              # ~2-3 kB a second: under 4096
+                except ConnectionResetError:
+                    break
+                except TimeoutError:
+                    data = b"-"                                            # nothing sent yet
+                if not data:
+                    break                                                  # closed
+                got += len(data)
+                if got < 5000:                                             # taking it: its place is held
+                    assert call(port, "POST", "/synthesize", {"text": "Hi."})[0] == 503
+                time.sleep(0.5)
+            assert time.monotonic() - t0 < 15, f"still served after {got} bytes"
+        assert call(port, "POST", "/synthesize", {"text": "Hi."})[0] == 200    # its place came back
+    finally:
+        srv.terminate()
+        out = srv.communicate(timeout=30)[0].decode()
+    assert re.search(r"cut off 127\.0\.0\.1:\d+: it took \d+ bytes of its answer \(under 4096 a second\) in 4 s", out), \
+        out[-2000:]
+
+
+def test_a_slow_reader_of_a_whole_answer_keeps_its_place_until_it_has_taken_it(exported_voice):
+    # a whole wav went to uvicorn in one send (all of it into the transport's buffer) and its place in the
+    # queue came back at once: clients that read slowly held their answers (up to 53 MB each, 256 of them)
+    # in the server's memory outside the queue's count. Now the place is held until the answer is handed over
+    port = free_port()
+    argv = blocked_command("pipeline.serve", "--voice", str(exported_voice), "--port", str(port), "--workers", "1",
+                           "--queue", "0")                                     # one place
+    srv = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT)
+    try:
+        wait_for_health(srv, port)
+        # 150 s of silence (6.6 MB, no model calls): over what the socket's buffers take (tcp_wmem, 4 MB here)
+        most = int(open("/proc/sys/net/ipv4/tcp_wmem").read().split()[2])
+        slow = unread(port, "/synthesize", "<speak>Hi. " + '<break time="10s"/>' * 15 + "</speak>")
+        with slow:
+            slow.settimeout(60)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += slow.recv(1)                                       # the head only: the answer is made
+            length = int(re.search(rb"content-length: (\d+)", head.lower())[1])
+            assert head.startswith(b"HTTP/1.1 200") and length > most + 1_000_000, (head, most)
+            for pause in (0.2, 2.0):                                       # reading nothing (under --client-timeout)
+                time.sleep(pause)
+                status, _, answer = call(port, "POST", "/synthesize", {"text": "Hi."})
+                assert status == 503 and json.loads(answer)["error"].startswith("busy: 1 requests"), status
+            body = b""
+            while len(body) < length and (data := slow.recv(65_536)):
+                body += data
+        with wave.open(BytesIO(body)) as w:
+            assert len(body) == length == 44 + 2 * w.getnframes() and w.getnframes() > 150 * 22050
+        assert call(port, "POST", "/synthesize", {"text": "Hi."})[0] == 200   # its place came back
+    finally:
+        srv.terminate()
+        srv.wait(timeout=20)
 
 
 def test_a_client_that_hangs_up_gives_its_place_back_after_one_sentence(server):
