@@ -22,6 +22,7 @@ import select
 import sys
 
 EXIT_EXPECTED = 2  # an expected failure; 1 stays Python's exit status for a traceback
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports a command it stopped
 
 
 class PipelineError(ValueError):
@@ -87,11 +88,15 @@ def _stdout_gone():
 
 
 def cli(main):
-    """Run `main(argv)`; a PipelineError becomes one line on stderr and exit status 2."""
+    """Run `main(argv)`; a PipelineError becomes one line on stderr and exit status 2, Ctrl-C one line
+    and status 130 (what it stopped was written atomically: finished files are whole, the rest absent)."""
     @functools.wraps(main)
     def wrapper(argv=None):
         try:
             return main(argv)
+        except KeyboardInterrupt:
+            print("stopped (Ctrl-C)", file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_INTERRUPTED) from None
         except BrokenPipeError:
             if not _stdout_gone():
                 raise  # another pipe (a worker process's): a bug, not a reader that stopped

@@ -36,10 +36,12 @@ for ever), and the answer gives its place back (a slow reader, a player at real 
     curl -s localhost:8050/synthesize -H 'Content-Type: application/json' -d '{"text": "Hello there."}' -o hello.wav
 """
 import argparse
+import asyncio
 import fcntl
 import functools
 import ipaddress
 import json
+import logging
 import re
 import socket
 import struct
@@ -533,7 +535,17 @@ def main(argv=None):
     config = uvicorn.Config(app, host=args.host, port=args.port, http=protocol, log_level="warning",
                             timeout_keep_alive=KEEP_ALIVE, limit_concurrency=CONNECTIONS, timeout_graceful_shutdown=5,
                             h11_max_incomplete_event_size=16_384)
-    uvicorn.Server(config).run(sockets=sockets)
+    logging.getLogger("uvicorn.error").addFilter(cut_at_shutdown)
+    uvicorn.Server(config).run(sockets=sockets)   # SIGINT raised again after it stops: errors.cli's one line
+
+
+def cut_at_shutdown(record):
+    """uvicorn's log filter: an answer still being made or sent when the server stops (it cancels them
+    after timeout_graceful_shutdown) is one line, not "Exception in ASGI application" and a traceback."""
+    if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
+        print("stopping: an answer still being sent was cut off", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def listen(host, port):

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -577,6 +578,33 @@ def test_a_slow_reader_of_a_whole_answer_keeps_its_place_until_it_has_taken_it(e
         srv.terminate()
         srv.wait(timeout=20)
 
+
+
+def test_stopping_the_server_is_one_line_even_mid_answer(exported_voice):
+    # Ctrl-C printed a KeyboardInterrupt traceback (uvicorn raises the signal again once it has stopped);
+    # an answer still being sent when it stopped, "Exception in ASGI application" and 30 more lines
+    for sig, client in ((signal.SIGINT, False), (signal.SIGTERM, True)):
+        port = free_port()
+        argv = blocked_command("pipeline.serve", "--voice", str(exported_voice), "--port", str(port),
+                               "--client-timeout", "60")
+        srv = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT)
+        try:
+            wait_for_health(srv, port)
+            slow = unread(port, "/synthesize", "<speak>Hi. " + '<break time="10s"/>' * 15 + "</speak>") \
+                if client else None
+            if slow:
+                slow.settimeout(30)
+                assert slow.recv(12) == b"HTTP/1.1 200"                       # being sent, not read
+            srv.send_signal(sig)
+            out = srv.communicate(timeout=30)[0].decode()
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+            if slow:
+                slow.close()
+        lines = [line for line in out.splitlines() if "cuInit" not in line]
+        assert "Traceback" not in out and srv.returncode == (130 if sig == signal.SIGINT else -signal.SIGTERM), out
+        assert lines[-1] == ("stopping: an answer still being sent was cut off" if client else "stopped (Ctrl-C)"), out
 
 def test_a_client_that_hangs_up_gives_its_place_back_after_one_sentence(server):
     # a non-streamed answer went on making every sentence for a client that had gone, holding its place
