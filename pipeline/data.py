@@ -547,7 +547,27 @@ def left_out(cfg, index=None, durations=False):
         rows.append(dict(zip(header, line.split("\t", len(header) - 1))))
     if durations:
         for entry in index["shards"]:
-            meta = shards.read_meta(shards.prefix(root, "durations", entry["shard"]), "durations")
+            prefix = shards.prefix(root, "durations", entry["shard"])
+            meta = shards.read_meta(prefix, "durations")
             listed = {r["id"] for r in rows}
-            rows += [dict(r, shard=entry["shard"]) for r in meta.get("rejected", ()) if r["id"] not in listed]
+            new = [dict(r, shard=entry["shard"]) for r in meta.get("rejected", ()) if r["id"] not in listed]
+            if any(r["reason"].startswith("token ") for r in new):
+                tokens = dict(zip(meta["ids"], map(len, shards.arrays(meta, prefix))))
+                new = [dict(r, reason=at_an_end(r["reason"], tokens.get(r["id"], 0))) for r in new]
+            rows += new
     return rows
+
+
+def at_an_end(reason, n_tokens):
+    """A duration reject's reason (pipeline.durations.check), saying so where the token too long is the
+    first or the last of its clip's `n_tokens`: the aligner gives a clip's leading silence to its first
+    token and its trailing silence to the end-of-sentence one, so there it is most often silence at the
+    clip's ends, not text the audio does not carry (docs/datasets.md). Here, not in durations.py, whose
+    bytes key every duration shard."""
+    head, sep, _ = reason.partition(": the audio does not carry its text")
+    token = head.split(" ", 2)[1] if head.startswith("token ") else ""
+    if not sep or not token.isdigit() or int(token) not in (0, n_tokens - 1):
+        return reason
+    end, where = ("first", "start") if int(token) == 0 else ("last (end of sentence)", "end")
+    return (f"{head}: the {end} token, which takes any silence at the clip's {where}: trim the clip's quiet ends "
+            "(docs/datasets.md), or its audio does not carry its text")

@@ -116,6 +116,24 @@ def test_a_token_longer_than_max_token_seconds_is_left_out_and_counted(aligned_c
     assert log == [f"left out {len(long)} clips ({len(long)} at durations); listed in {run / 'rejected.tsv'}"]
     header, rows = _table(run / "rejected.tsv")
     assert set(rows) == long and all(r["shard"] == "0" for r in rows.values())
+    # a clip whose first or last token is too long is most often silence at its ends, not text it lacks
+    ends = {cid: int(d.argmax()) in (0, len(d) - 1) for cid, d in zip(meta["ids"], arrays) if cid in long}
+    assert any(ends.values()), ends
+    for cid, at_end in ends.items():
+        assert ("takes any silence at the clip's" in rows[cid]["reason"]) == at_end, rows[cid]
+
+
+def test_a_token_too_long_at_a_clips_end_is_said_to_be_likely_silence():
+    said = "token {} lasts 92 frames, longer than aligner.max_token_seconds (86 frames): the audio does not carry its text"
+    assert data.at_an_end(said.format(0), 30) == (
+        "token 0 lasts 92 frames, longer than aligner.max_token_seconds (86 frames): the first token, which takes "
+        "any silence at the clip's start: trim the clip's quiet ends (docs/datasets.md), or its audio does not "
+        "carry its text")
+    assert "the last (end of sentence) token, which takes any silence at the clip's end" in data.at_an_end(
+        said.format(29), 30)
+    assert data.at_an_end(said.format(12), 30) == said.format(12)            # within the sentence: as it was
+    other = "20 mel frames for 30 tokens: the audio is too short for its text"
+    assert data.at_an_end(other, 30) == other
 
 
 def test_evaluate_leaves_out_the_validation_clips_the_duration_stage_rejected(aligned_cache, tmp_path):
