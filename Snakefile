@@ -2,12 +2,16 @@
 #   snakemake --cores all              # caches, aligner, acoustic model, vocoder, samples, reports
 #   snakemake --cores all train        # the main job on the shipped demo corpus
 #   snakemake -n caches                # shows only the stale shards after a dataset edit
+import os
+
 from snakemake.utils import min_version
 
 min_version("9.0")
 
 
-configfile: "configs/config.yaml"
+# the defaults beside this Snakefile, whatever the working folder (`snakemake -s PATH/Snakefile`, or
+# --directory): looked up in the working folder, they were skipped without a word there
+configfile: os.path.join(workflow.basedir, "configs", "config.yaml")
 
 
 include: "rules/common.smk"

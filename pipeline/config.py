@@ -303,8 +303,13 @@ def empty_mel_filters(a):
 
 
 def check_folders(cfg):
-    """ConfigError naming a folder key that Snakemake or TensorFlow would read as a pattern."""
+    """ConfigError naming a folder key that Snakemake or TensorFlow would read as a pattern, or the jobs'
+    commands as an option."""
     for key, folder in (("cache.dir", cfg["cache"]["dir"]), ("runs_dir", cfg["runs_dir"]), ("reports_dir", cfg["reports_dir"])):
+        if folder.startswith("-"):  # the jobs' `--out {output}` would take it for an option of their own
+            raise ConfigError(f"{key}: {folder!r} starts with '-', which the jobs' commands would read as an option "
+                              f"(error: argument --out: expected one argument); give its absolute path "
+                              f"({os.path.abspath(folder)}) or another name")
         braces = sorted(set("{}") & set(folder))
         if braces:  # the rules' output paths start with these folders: Snakemake would see a wildcard
             raise ConfigError(f"{key}: {folder!r} holds {' '.join(braces)}, which Snakemake reads as a wildcard in "

@@ -63,6 +63,9 @@ def _one_line(e):
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:
         return str(disk_full(e.filename or "(a file)"))
     text = str(e)
+    if "No space left on device" in text:  # TensorFlow's (a ResourceExhaustedError from a checkpoint's save)
+        where = re.search(r"(/[^\s;:'\"]+)", text)
+        return str(disk_full(where[1] if where else "(a file)"))
     if isinstance(e, MemoryError) or type(e).__name__ == "ResourceExhaustedError":  # NumPy's, TensorFlow's
         what = re.sub(r"\{\{[^}]*\}\}\s*", "", (text.strip().splitlines() or [type(e).__name__])[0])[:200]
         return (f"out of memory ({what}): lower the model's sizes (model.*, vocoder.*, aligner.d_model) or the batch "
@@ -87,12 +90,26 @@ def _stdout_gone():
         return False
 
 
+def not_utf8(args):
+    """PipelineError naming the first of `args` (a command line) that is not UTF-8 text: Python keeps its
+    bytes as lone surrogates, which fail later, wherever the text is written (a traceback)."""
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raw = arg.encode("utf-8", "surrogateescape")
+            shown = raw.decode("utf-8", "backslashreplace")
+            raise PipelineError(f"argument '{shown}' is not UTF-8 text (byte {ord(arg[e.start]) - 0xDC00:#04x}); "
+                                "paths, text and options are read as UTF-8") from None
+
+
 def cli(main):
     """Run `main(argv)`; a PipelineError becomes one line on stderr and exit status 2, Ctrl-C one line
     and status 130 (what it stopped was written atomically: finished files are whole, the rest absent)."""
     @functools.wraps(main)
     def wrapper(argv=None):
         try:
+            not_utf8(sys.argv[1:] if argv is None else argv)
             return main(argv)
         except KeyboardInterrupt:
             print("stopped (Ctrl-C)", file=sys.stderr, flush=True)

@@ -42,6 +42,22 @@ def check_writable(path, flag, folder):
     os.unlink(probe)
 
 
+def check_not_input(path, flag, inputs):
+    """Before any work: PipelineError naming `flag` when `path` is one of the command's `inputs`
+    ({option: path or None}), through a link or a second name too, or lies inside one that is a folder:
+    the command would write its output over what it reads (`speak --out VOICE/export.json`)."""
+    out = Path(os.path.realpath(path))
+    for option, given in inputs.items():
+        if not given or not os.path.exists(given):
+            continue
+        source = Path(os.path.realpath(given))
+        same = out.exists() and os.path.samefile(out, source)
+        if same or (source.is_dir() and source in out.parents):
+            where = "is that file" if same else "lies in that folder"
+            raise PipelineError(f"{flag} {path}: it {where}, {option} {given}, which this command reads; "
+                                "write the output elsewhere")
+
+
 def target(path, flag=None):
     """Where an atomic write of `path` lands: a symbolic link's target (the link stays a link, as with a
     shell's `>`), else `path` itself. PipelineError (naming `flag` when given) when that is something a

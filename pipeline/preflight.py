@@ -51,6 +51,13 @@ def snakemake_targets(argv):
     return {*(args.targets or ["all"]), *args.forcerun, *args.until}
 
 
+def jobs_find_code(basedir):
+    """Put the project's folder (`basedir`, the Snakefile's) first on the jobs' PYTHONPATH, so that their
+    `python -m pipeline.X` runs from any working folder (`snakemake -s PATH/Snakefile`, --directory):
+    they found no module named 'pipeline' outside the project."""
+    os.environ["PYTHONPATH"] = os.pathsep.join([basedir, *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def asks_for(targets, rule, folder):
     """Whether Snakemake `targets` (snakemake_targets) name `rule`, or a file or folder in `folder`
     (where its outputs lie): `snakemake runs/demo/export/.exported` asks for the export as

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import config, files
+from pipeline import config, files, symbols
 from pipeline.errors import MissingCheckpoint, PipelineError
 
 FORMAT = 1
@@ -327,7 +327,13 @@ def _exported(folder):
     """(vocab, where) of an export folder: its vocab.json, spoken in export.json's one language."""
     meta = folder / "export.json"
     languages = json.loads(meta.read_text(encoding="utf-8")).get("languages") if meta.is_file() else None
-    return _spoken(json.loads((folder / "vocab.json").read_text(encoding="utf-8")), languages), str(folder / "vocab.json")
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    try:
+        symbols.inventory(vocab["frontend"])   # a front end this pipeline has
+    except (KeyError, TypeError):
+        raise PipelineError(f"{folder / 'vocab.json'}: not a vocabulary an export writes (no front end this "
+                            "pipeline has: characters or phonemes); export the voice again") from None
+    return _spoken(vocab, languages), str(folder / "vocab.json")
 
 
 def ids_vocabulary(run=None, config_path=None):

@@ -534,7 +534,8 @@ def main(argv=None):
           file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, http=protocol, log_level="warning",
                             timeout_keep_alive=KEEP_ALIVE, limit_concurrency=CONNECTIONS, timeout_graceful_shutdown=5,
-                            h11_max_incomplete_event_size=16_384)
+                            h11_max_incomplete_event_size=16_384,
+                            use_colors=False)   # else it asks sys.stdout.isatty(): None when started with `>&-`
     logging.getLogger("uvicorn.error").addFilter(cut_at_shutdown)
     uvicorn.Server(config).run(sockets=sockets)   # SIGINT raised again after it stops: errors.cli's one line
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from pipeline import markup
 from pipeline.errors import PipelineError, cli
+from pipeline.files import check_not_input
 from pipeline.voice import PACE_RANGE, PITCH_RANGE, NothingToSay, Voice, VoiceError, check_number, quick_start
 from pipeline.wavfile import check_path, to_pcm, write_pcm
 
@@ -165,6 +166,9 @@ def main(argv=None):
     check_number("--pitch-shift", args.pitch_shift, *PITCH_RANGE)
     if args.out is not None:
         check_out(args.out)
+        check_not_input(args.out, "--out", {"--voice": args.voice})
+    if not args.text and sys.stdin is None:   # started with standard input closed (`<&-`)
+        raise VoiceError("no text to speak: no TEXT given and standard input is closed")
     if args.text:
         markup.parse(" ".join(args.text), True if args.ssml else None)
     out = _raw_stdout() if args.raw else None

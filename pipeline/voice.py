@@ -316,6 +316,9 @@ class Voice:
                     and all(isinstance(vocab[k], (str, list)) for k in ("frontend", "language", "cleaners"))):
                 raise TypeError(f"{self.folder / 'vocab.json'}: a vocabulary (symbols, eos_id, frontend, language, "
                                 "cleaners)")
+            if vocab["frontend"] not in text.FRONTENDS:
+                raise TypeError(f"{self.folder / 'vocab.json'}: frontend {vocab['frontend']!r}, not one of "
+                                f"{', '.join(text.FRONTENDS)}")
         except KeyError as e:
             raise VoiceError(f"{self.folder}: export.json / vocab.json lack {e}; export the voice again") from None
         except (TypeError, AttributeError) as e:

@@ -478,3 +478,97 @@ def test_an_out_folder_that_is_a_file_is_one_line_before_any_work(module, tmp_pa
     assert one_line_error(main, [*cfg, "--out", str(tmp_path / "report/x")], capsys) == \
         f"error: --out {tmp_path / 'report/x'}: {tmp_path / 'report'} is a file, not a folder"
     assert (tmp_path / "report").read_text() == "keep me" and sorted(os.listdir(tmp_path)) == ["report"]
+
+
+# --- paths a command reads and writes, arguments that are not text, another working folder ------
+def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path, capsys):
+    # `speak --out VOICE/export.json` wrote a wav over the voice's export.json (exit 0: the voice broken),
+    # `vocode --mel m.npy --out m.npy` over the mel, `--out c.yaml` over its config
+    from pipeline import files, speak
+    from pipeline.vocoder import vocode
+    voice = tmp_path / "voice"
+    voice.mkdir()
+    (voice / "export.json").write_text("{}")
+    said = one_line_error(speak.main, ["--voice", str(voice), "--out", str(voice / "export.json"), "Hi."], capsys)
+    assert said == (f"error: --out {voice / 'export.json'}: it lies in that folder, --voice {voice}, which this "
+                    "command reads; write the output elsewhere")
+    assert (voice / "export.json").read_text() == "{}"
+    mel, cfg = tmp_path / "m.npy", tmp_path / "c.yaml"
+    np.save(mel, np.zeros((4, 80), np.float32))
+    cfg.write_text("name: t\n")
+    os.symlink(mel, tmp_path / "link.npy")
+    for out, option in ((mel, "--mel"), (tmp_path / "link.npy", "--mel"), (cfg, "--config")):
+        said = one_line_error(vocode.main, ["--config", str(cfg), "--mel", str(mel), "--out", str(out)], capsys)
+        assert said.startswith(f"error: --out {out}: it is that file, {option} ") and "write the output elsewhere" in said
+    assert np.load(mel).shape == (4, 80) and cfg.read_text() == "name: t\n"
+    files.check_not_input(tmp_path / "other.wav", "--out", {"--mel": str(mel), "--f0": None})   # elsewhere: fine
+
+
+def test_speak_with_standard_input_closed_is_one_line(tmp_path):
+    # `python -m pipeline.speak --voice V --out x.wav <&-`: sys.stdin is None, an AttributeError after the
+    # model had loaded
+    proc = subprocess.run([sys.executable, "-m", "pipeline.speak", "--voice", str(tmp_path / "voice"), "--out",
+                           str(tmp_path / "x.wav")], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          cwd=ROOT, env=ENV, preexec_fn=lambda: os.close(0))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        "error: no text to speak: no TEXT given and standard input is closed"), proc.stderr[-2000:]
+
+
+def test_arguments_that_are_not_utf8_are_one_line(capsys):
+    # `--set name=t\xe9`, `pipeline.text caf\xe9`: a UnicodeEncodeError traceback wherever the text was written
+    from pipeline import config as config_mod
+    bad = os.fsdecode(b"caf\xe9")
+    said = one_line_error(text.main, [bad], capsys)
+    assert said == "error: argument 'caf\\xe9' is not UTF-8 text (byte 0xe9); paths, text and options are read as UTF-8"
+    said = one_line_error(config_mod.main, ["--set", os.fsdecode(b"name=t\xe9")], capsys)
+    assert said.startswith("error: argument 'name=t\\xe9' is not UTF-8 text")
+
+
+def test_a_full_disk_under_tensorflow_is_a_full_disk_not_out_of_memory(capsys):
+    # a checkpoint's save on a full disk raises TensorFlow's ResourceExhaustedError, which said "out of memory:
+    # lower the model's sizes"
+    import tensorflow as tf
+    err = tf.errors.ResourceExhaustedError(None, None, "/runs/t/export/.tmp/variables/variables_temp/part-00000-of-00001"
+                                           ".data-00000-of-00001.tempstate123; No space left on device [Op:SaveV2]")
+
+    def main(argv=None):
+        raise err
+    said = one_line_error(errors.cli(main), [], capsys)
+    assert said == ("error: no space left on device writing /runs/t/export/.tmp/variables/variables_temp/"
+                    "part-00000-of-00001.data-00000-of-00001.tempstate123; free space and rerun")
+
+
+@pytest.mark.parametrize("key", ["cache", "runs_dir", "reports_dir"])
+def test_a_folder_key_that_starts_with_a_dash_is_refused_naming_it(tmp_path, key):
+    # `runs_dir: -runs` planned, then every job failed with "argument --out: expected one argument"
+    overrides = {"cache": {"dir": "-cache"}} if key == "cache" else {key: "-x"}
+    with pytest.raises(ConfigError, match=r"^(cache\.dir|runs_dir|reports_dir): '-(cache|x)' starts with '-', which the "
+                                          r"jobs' commands would read as an option"):
+        config.load_config(None, overrides, check_paths=False)
+
+
+@pytest.mark.slow
+def test_snakemake_from_another_working_folder_finds_its_defaults_and_its_code(tmp_path, corpus_template,
+                                                                               monkeypatch):
+    # `cd elsewhere; snakemake -s PROJECT/Snakefile --configfile my.yaml`: configs/config.yaml was looked up in
+    # the working folder and skipped (a partial config: "'audio' is a required property"), and with a whole
+    # config every job failed with "No module named 'pipeline'"
+    from conftest import snakemake, write_config
+    mine = write_config(tmp_path, corpus_template)                           # partial, absolute paths
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.delenv("PYTHONPATH", raising=False)                           # as a user's shell has it
+    snakemake("caches", config=mine, cwd=elsewhere)
+    assert (tmp_path / "cache" / "t" / "caches.json").is_file()
+
+
+
+def test_a_voice_whose_vocabulary_names_no_front_end_is_one_line(tmp_path, capsys):
+    # vocab.json with "frontend": "klingon": `pipeline.text --ids --run` (and speak) ended in KeyError: 'klingon'
+    voice = tmp_path / "voice"
+    voice.mkdir()
+    (voice / "vocab.json").write_text(json.dumps({"symbols": ["_", "~", "a"], "pad_id": 0, "eos_id": 1,
+                                                  "frontend": "klingon", "language": "en-us", "cleaners": "basic"}))
+    said = one_line_error(text.main, ["--ids", "--run", str(voice), "Hi."], capsys)
+    assert said == (f"error: {voice / 'vocab.json'}: not a vocabulary an export writes (no front end this pipeline "
+                    "has: characters or phonemes); export the voice again")

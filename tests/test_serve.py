@@ -606,6 +606,31 @@ def test_stopping_the_server_is_one_line_even_mid_answer(exported_voice):
         assert "Traceback" not in out and srv.returncode == (130 if sig == signal.SIGINT else -signal.SIGTERM), out
         assert lines[-1] == ("stopping: an answer still being sent was cut off" if client else "stopped (Ctrl-C)"), out
 
+
+def test_a_server_started_with_standard_output_closed_serves(exported_voice, tmp_path):
+    # `python -m pipeline.serve --voice V >&- 2>err` (a daemon): uvicorn asked sys.stdout.isatty() for its
+    # log colours, and sys.stdout was None: a traceback after "serving"
+    port = free_port()
+    argv = blocked_command("pipeline.serve", "--voice", str(exported_voice), "--port", str(port))
+    with open(tmp_path / "err", "wb") as err:
+        srv = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=child_env(), cwd=ROOT,
+                               preexec_fn=lambda: os.close(1))
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                assert srv.poll() is None, (tmp_path / "err").read_text()[-3000:]
+                try:
+                    if call(port, "POST", "/synthesize", {"text": "Hi."})[0] == 200:
+                        break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline
+                time.sleep(0.3)
+        finally:
+            srv.terminate()
+            srv.wait(timeout=30)
+    assert "Traceback" not in (tmp_path / "err").read_text()
+
 def test_a_client_that_hangs_up_gives_its_place_back_after_one_sentence(server):
     # a non-streamed answer went on making every sentence for a client that had gone, holding its place
     # in the queue (the server's places: 1 model call + 1 waiting) until the last one

@@ -28,6 +28,7 @@ import numpy as np
 from pipeline import config
 from pipeline.audio import LOG_CLAMP
 from pipeline.errors import PipelineError, cli
+from pipeline.files import check_not_input
 from pipeline.vocoder import kinds
 from pipeline.wavfile import check_path, save_wav
 
@@ -134,9 +135,11 @@ def read_f0(path, frames, audio_cfg):
     return f0
 
 
-def vocode(cfg, mel_path, out, chunk_frames=kinds.CHUNK_FRAMES, f0_path=None):
-    """`f0_path`: F0 per frame (.npy, Hz, 0 unvoiced) for kinds that use F0; None: their own F0 head's."""
+def vocode(cfg, mel_path, out, chunk_frames=kinds.CHUNK_FRAMES, f0_path=None, config_path=None):
+    """`f0_path`: F0 per frame (.npy, Hz, 0 unvoiced) for kinds that use F0; None: their own F0 head's.
+    `config_path`: the --config file, which --out must not be either."""
     check_path(out, "--out")
+    check_not_input(out, "--out", {"--mel": mel_path, "--f0": f0_path, "--config": config_path})
     chunked = kinds.KINDS.get(cfg["vocoder"]["kind"]).context is not None
     # the vocoder's own settings (the n_mels it takes, the rate it speaks at), read before it is built
     audio_cfg = kinds.trained_audio(cfg)
@@ -164,7 +167,7 @@ def main(argv=None):
                         "default: its own F0 head's estimate from the mel; other kinds ignore it)")
     parser.add_argument("--out", required=True, help="the wav to write")
     args = parser.parse_args(argv)
-    vocode(config.from_args(args, check_paths=False), args.mel, args.out, f0_path=args.f0)
+    vocode(config.from_args(args, check_paths=False), args.mel, args.out, f0_path=args.f0, config_path=args.config)
 
 
 if __name__ == "__main__":
