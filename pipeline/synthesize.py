@@ -17,7 +17,11 @@ sentences.json (checkpoint, step, pace, pitch shift, text and length of each sam
 sentence cut at synthesize.max_seconds, which stderr says too). The command refuses
 what it can before TensorFlow and the model load (check_before_loading): no checkpoint, a pace or pitch
 shift out of range, an unknown speaker, language or symbol, a control character (a NUL: espeak-ng
-would stop there), no trained vocoder.
+would stop there), no trained vocoder. In the --out folder it replaces, and removes, only the previous
+run's samples (those its sentences.json lists; in runs/{name}/samples, the run's own folder, whose
+sentences.json `snakemake synthesize` deletes before the job, every NN.wav and NN.npy): anything else
+there stays as it is, and a file it would write over that is not the previous run's (a user's 00.wav,
+a sentences.json it did not write) is refused before anything loads (check_out).
 
     from pipeline.synthesize import load_synthesizer
     synth = load_synthesizer(cfg)          # MissingCheckpoint when nothing is trained
@@ -232,13 +236,65 @@ def load_synthesizer(cfg, log=_print):
     return Synthesizer(cfg, model, latest, info, log)
 
 
+SAMPLE = re.compile(r"(0\d|[1-9]\d+)\.(wav|npy)")  # the names `_synthesize_into` writes: f"{i:02d}.wav" and .npy
+
+
+def previous_samples(cfg, out):
+    """The names in folder `out` that the previous synthesize wrote, so this one may replace or remove
+    them: those its sentences.json lists (each sample's wav and mel, or NN.wav/NN.npy by index where a
+    sample names none) and that file itself; in the run's own runs/{name}/samples also every NN.wav and
+    NN.npy, since `snakemake synthesize` deletes sentences.json (the rule's output) before the job. None
+    when out/sentences.json is there but not a synthesize record (not JSON, no list of samples)."""
+    out = Path(out)
+    held = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    ours = set()
+    if os.path.realpath(out) == os.path.realpath(config.run_dir(cfg) / "samples"):
+        ours |= {name for name in held if SAMPLE.fullmatch(name)}
+    if "sentences.json" in held:
+        try:
+            samples = json.loads((out / "sentences.json").read_text(encoding="utf-8"))["samples"]
+            if not isinstance(samples, list):
+                return None
+            for i, x in enumerate(samples):
+                for key, suffix in (("wav", ".wav"), ("mel", ".npy")):
+                    name = Path(x[key]).name if isinstance(x, dict) and isinstance(x.get(key), str) else f"{i:02d}{suffix}"
+                    if SAMPLE.fullmatch(name):  # never another kind of file, whatever the record says
+                        ours.add(name)
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+            return None
+        ours.add("sentences.json")
+    return ours & held
+
+
+def check_out(cfg, out, flag="--out"):
+    """Before TensorFlow and the model load: the names in `out` that this run may replace or remove
+    (previous_samples), or PipelineError naming `flag`, the folder and the files this run would write
+    over that no previous synthesize wrote there (a user's 01.wav; nothing is changed)."""
+    out = Path(out)
+    ours = previous_samples(cfg, out)
+    if ours is None:
+        raise PipelineError(f"{flag} {out}: holds sentences.json, which is not one synthesize wrote (not JSON "
+                            "with a list of samples); give a new or empty folder, or move it away")
+    n = len(cfg["synthesize"]["sentences"])
+    writes = [f"{i:02d}{suffix}" for i in range(n) for suffix in (".wav", ".npy")] + ["sentences.json"]
+    theirs = [name for name in writes if (out / name).exists() or (out / name).is_symlink()]
+    theirs = [name for name in theirs if name not in ours]
+    if theirs:
+        shown, them = ", ".join(theirs[:4]) + (", ..." if len(theirs) > 4 else ""), "it" if len(theirs) == 1 else "them"
+        raise PipelineError(f"{flag} {out}: holds {shown}, which no earlier synthesize wrote there (no sentences.json "
+                            f"lists {them}) and this one would write over; give a new or empty folder, or move {them} away")
+    return ours
+
+
 def synthesize(cfg, out, log=_print):
     """Every sentence into a temporary folder beside `out`, then moved into `out`, sentences.json
     last: a failure leaves the previous samples as they were (the rule's one output is sentences.json,
-    so Snakemake deletes nothing else before the job). Bad input is refused before TensorFlow and the
-    model load (check_before_loading)."""
+    so Snakemake deletes nothing else before the job). Only the previous run's samples are replaced or
+    removed (check_out); the folder's other files stay. Bad input is refused before TensorFlow and the
+    model load (check_before_loading, check_out)."""
     check_before_loading(cfg)
     final = Path(out)
+    previous = check_out(cfg, final)
     out = files.temporary(final)
     try:
         samples = _synthesize_into(cfg, out, final, log)
@@ -246,9 +302,8 @@ def synthesize(cfg, out, log=_print):
         made = sorted(p.name for p in out.iterdir())
         for name in made:  # sentences.json sorts after NN.npy/wav
             os.replace(out / name, final / name)
-        for old in final.iterdir():  # a previous run's samples past this run's last sentence
-            if re.fullmatch(r"\d+\.(wav|npy)", old.name) and old.name not in made:
-                old.unlink()
+        for name in sorted(previous - set(made)):  # the previous run's samples past this run's last sentence
+            (final / name).unlink(missing_ok=True)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     return samples

@@ -31,3 +31,88 @@ def test_snakemake_shows_what_synthesize_says():
     rules = (ROOT / "rules" / "train.smk").read_text()
     shell = rules[rules.index("rule synthesize:"):].split("shell:", 1)[1].split("\n\n", 1)[0]
     assert "python -m pipeline.synthesize" in shell and shell.rstrip().rstrip('"').endswith("| tee {log:q}"), shell
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_users_files_in_the_out_folder_stay_as_they_were(built_cache, tmp_path, monkeypatch, capsys):
+    """`synthesize --out` removed every file named like `\\d+.(wav|npy)` in the folder, a user's own
+    (01.wav, 1.npy) with a previous run's. Now it leaves what no earlier sentences.json lists alone, and
+    refuses, before the model loads and changing nothing, to write over such a file (or a sentences.json
+    it did not write)."""
+    import pytest
+
+    from pipeline import synthesize
+    from pipeline.errors import PipelineError
+    path = run_config(built_cache, tmp_path, steps=10)
+    write_untrained_checkpoint(path, step=1)
+    cfg = config.load_config(path)
+    music = tmp_path / "music"
+    music.mkdir()
+    for name, data in (("01.wav", b"song"), ("02.wav", b"a"), ("1.npy", b"c"), ("notes.txt", b"mine")):
+        (music / name).write_bytes(data)
+    users = _files(music)
+    cfg["synthesize"]["sentences"] = ["A."]
+    synthesize.synthesize(cfg, music, log=lambda line: None)
+    after = _files(music)
+    assert set(after) == set(users) | {"00.wav", "00.npy", "sentences.json"}
+    assert {name: after[name] for name in users} == users            # byte for byte
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model loaded before the folder was checked")
+    monkeypatch.setattr(synthesize, "load_synthesizer", no_model)
+    cfg["synthesize"]["sentences"] = ["A.", "B.", "C."]               # would write 01.wav and 02.wav
+    with pytest.raises(PipelineError, match=r"--out .*music: holds 01\.wav, 02\.wav, which no earlier synthesize"):
+        synthesize.synthesize(cfg, music, log=lambda line: None)
+    assert _files(music) == after
+    with pytest.raises(SystemExit) as stop:                           # the command: the config's two sentences
+        synthesize.main(["--config", str(path), "--out", str(music)])
+    err = capsys.readouterr().err.splitlines()
+    assert stop.value.code == 2 and err == [f"error: --out {music}: holds 01.wav, which no earlier synthesize wrote "
+                                            "there (no sentences.json lists it) and this one would write over; give a "
+                                            "new or empty folder, or move it away"], err
+    assert _files(music) == after
+    (music / "sentences.json").write_text("my own list of songs")
+    with pytest.raises(PipelineError, match=r"holds sentences\.json, which is not one synthesize wrote"):
+        synthesize.synthesize(cfg, music, log=lambda line: None)
+
+
+def test_a_rerun_with_fewer_sentences_leaves_no_sample_of_the_previous_run(built_cache, tmp_path):
+    """What the previous run wrote and this one does not is removed: the samples its sentences.json
+    lists (by index where a sample names no file), and in runs/{name}/samples, whose sentences.json
+    `snakemake synthesize` deletes before the job, every NN.wav and NN.npy. The folder's other files stay."""
+    from pipeline import synthesize
+    path = run_config(built_cache, tmp_path, steps=10)
+    write_untrained_checkpoint(path, step=1)
+    cfg = config.load_config(path)
+    quiet = lambda line: None  # noqa: E731
+
+    def samples_in(folder):
+        return sorted(p.name for p in folder.iterdir() if p.suffix in (".wav", ".npy"))
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    cfg["synthesize"]["sentences"] = ["A.", "B.", "C."]
+    synthesize.synthesize(cfg, mine, log=quiet)
+    assert samples_in(mine) == ["00.npy", "00.wav", "01.npy", "01.wav", "02.npy", "02.wav"]
+    cfg["synthesize"]["sentences"] = ["A.", "B."]
+    synthesize.synthesize(cfg, mine, log=quiet)
+    assert samples_in(mine) == ["00.npy", "00.wav", "01.npy", "01.wav"]
+    record = json.loads((mine / "sentences.json").read_text())      # a record that names no files
+    record["samples"] = [{"text": s["text"]} for s in record["samples"]]
+    (mine / "sentences.json").write_text(json.dumps(record))
+    cfg["synthesize"]["sentences"] = ["A."]
+    synthesize.synthesize(cfg, mine, log=quiet)
+    assert samples_in(mine) == ["00.npy", "00.wav"] and (mine / "notes.txt").read_text() == "mine"
+
+    own = config.run_dir(cfg) / "samples"                          # as `snakemake synthesize` runs it
+    cfg["synthesize"]["sentences"] = ["A.", "B."]
+    synthesize.synthesize(cfg, own, log=quiet)
+    (own / "sentences.json").unlink()                               # Snakemake removes the rule's output
+    cfg["synthesize"]["sentences"] = ["A."]
+    synthesize.synthesize(cfg, own, log=quiet)
+    assert samples_in(own) == ["00.npy", "00.wav"]
+    assert [s["wav"] for s in json.loads((own / "sentences.json").read_text())["samples"]] == [str(own / "00.wav")]
