@@ -12,6 +12,10 @@ digest of its request (text, voice, speed, rate) in its comment tag, so a rerun 
 already made with the same request: an interrupted run continues, a changed one redoes them, and a
 run in another --format removes the clips an earlier run made in the old one (the readers would
 prefer a stale .wav). --start and --count count the lines that hold clips (blank lines skipped).
+A run replaces only what it made: before speaking anything it refuses an audio file in its way
+that lacks its tag (a recording of the user's own) and a metadata.csv holding a row it would not
+write again (another --start, a smaller --count, other transcripts): give an empty or new --out.
+Rerunning the command, a larger --count and another --format keep every row.
 
 Run:  python -m pipeline.make_corpus --transcripts data/ljspeech_transcripts.csv \
           --out data/demo --count 100 --sample-rate 16000 --jobs 2
@@ -29,10 +33,12 @@ take stops the run before any clip is made.
 """
 import argparse
 import concurrent.futures
+import errno
 import hashlib
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -44,7 +50,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from pipeline.errors import EXIT_EXPECTED
+from pipeline.errors import DiskFull, PipelineError, cli, disk_full
 from pipeline.files import atomic_write, atomic_write_text
 from pipeline.formats import AUDIO_EXTENSIONS, check_text, espeak_voices, plain_id, utf8_lines
 
@@ -88,6 +94,8 @@ def _speak_pcm(text: str, voice: str, speed: int) -> tuple[np.ndarray, int]:
     except FileNotFoundError:
         _check_espeak()
         raise
+    if proc.returncode == -signal.SIGINT:  # Ctrl-C reached espeak-ng too: a stop, not a failed line
+        raise KeyboardInterrupt
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): "
                            f"{proc.stderr.decode(errors='replace').strip()}")
@@ -163,6 +171,69 @@ def check_case_twins(folder, stems):
                              f"{folder} is on a file system that makes them one file; rename one")
 
 
+def _tagged(path) -> bool:
+    """Whether path is an audio file make_corpus made (its comment tag); False for anything else,
+    a folder, a pipe or a file libsndfile cannot read included."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        with sf.SoundFile(path) as f:
+            return (f.comment or "").startswith(_TAG_PREFIX)
+    except (OSError, RuntimeError):  # sf.LibsndfileError is a RuntimeError
+        return False
+
+
+def check_out_path(out):
+    """ValueError for an --out whose name is not UTF-8: libsndfile takes UTF-8 paths only, and every clip
+    failed with an encoding error that named its transcript line."""
+    try:
+        os.fspath(out).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"--out {os.fspath(out)!r}: not a UTF-8 path, which libsndfile cannot write to; "
+                         "give a folder whose name is UTF-8") from None
+
+
+def check_ours(paths):
+    """ValueError naming the first of `paths` (the clips a run would write) that exists without
+    make_corpus's tag: a user's own recording, or a file it cannot read, is never replaced. Every path
+    is checked before anything is spoken."""
+    theirs = [path for path in paths if os.path.lexists(path) and not _tagged(path)]
+    if theirs:
+        more = f" (and {len(theirs) - 1} more of the clips to write)" if len(theirs) > 1 else ""
+        raise ValueError(f"{theirs[0]}{more}: not made by make_corpus (it has no make_corpus tag), so it is "
+                         "not replaced; give an empty or new --out")
+
+
+def check_metadata(path, lines, key=lambda line: line):
+    """ValueError naming metadata.csv at `path` and how many of its rows replacing it with `lines` would
+    lose: a row is kept when key(row) is one of the new lines' (the whole line; for a voices corpus the
+    line without its audio file's extension, which --format changes). A rerun, a larger --count and
+    another --format keep every row; another --start, a smaller --count or other transcripts do not."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    old = [line.removesuffix("\r") for line in utf8_lines(path.read_bytes(), path) if line.strip()]
+    keep = {key(line) for line in lines}
+    lost = [line for line in old if key(line) not in keep]
+    if lost:
+        raise ValueError(f"{path}: {len(lost)} of its {len(old)} rows are not among the {len(lines)} this run "
+                         f"would write (first {lost[0][:40]!r}), and replacing it would lose them; give an "
+                         "empty or new --out")
+
+
+def check_space(path, size):
+    """DiskFull naming path's folder when a failed write of about `size` bytes there did not fit in its
+    free space (libsndfile reports a full disk as "System error."), else None."""
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        return None
+    if free >= size + (1 << 20):  # room for the clip and then some: another failure
+        return None
+    return DiskFull(f"no space left on device in {path.parent} ({free // 1024} KiB free, writing {path.name}); "
+                    "free space and rerun (the clips made so far stay)")
+
+
 def remove_other_formats(paths, log):
     """Delete, beside each clip just made (or kept), a file of the same name in another audio format
     that make_corpus made (its comment tag): a corpus remade in flac would otherwise keep the old .wav
@@ -171,14 +242,7 @@ def remove_other_formats(paths, log):
     for path in paths:
         for ext in AUDIO_EXTENSIONS:
             other = path.with_suffix(f".{ext}")
-            if other == path or not other.is_file():
-                continue
-            try:
-                with sf.SoundFile(other) as f:
-                    ours = (f.comment or "").startswith(_TAG_PREFIX)
-            except (sf.LibsndfileError, RuntimeError):
-                ours = False
-            if ours:
+            if other != path and _tagged(other):
                 other.unlink()
                 removed += 1
     if removed:
@@ -197,7 +261,7 @@ def _existing_frames(path: Path, tag: str, sample_rate: int) -> int | None:
             same = f.comment == tag and f.samplerate == sample_rate and f.channels == 1
             return f.frames if same else None
     except (OSError, RuntimeError, sf.LibsndfileError):
-        return None  # missing or unreadable (e.g. a torn copy): make it again
+        return None  # missing (a file it did not make never gets here: check_ours refused it)
 
 
 def write_atomic(path: Path, pcm: np.ndarray, sample_rate: int, *, comment: str = "",
@@ -223,7 +287,13 @@ def _make_clip(path: Path, text: str, voice: str, speed: int, sample_rate: int,
     pcm, rate = _speak_pcm(text, voice, speed)
     if rate != sample_rate:
         pcm = soxr.resample(pcm, rate, sample_rate)  # int16 in, int16 out
-    write_atomic(path, pcm, sample_rate, comment=tag, compression_level=compression_level)
+    try:
+        write_atomic(path, pcm, sample_rate, comment=tag, compression_level=compression_level)
+    except (OSError, RuntimeError) as err:
+        full = check_space(path, pcm.nbytes)
+        if full is None:
+            raise
+        raise full from err
     return len(pcm), True
 
 
@@ -238,6 +308,8 @@ def _make_clips(tasks, speed, sample_rate, compression_level, jobs, log) -> tupl
             for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
                 try:
                     frames, new = future.result()
+                except DiskFull:
+                    raise  # names its folder; no transcript line is to blame
                 except Exception as err:
                     raise RuntimeError(f"{futures[future]}: {err}") from err
                 total, made = total + frames, made + new
@@ -282,12 +354,15 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
         raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
     check_numbers(count=count, start=start, jobs=jobs, sample_rate=sample_rate, speed=speed,
                   compression_level=compression_level)
+    check_out_path(out)
     _check_espeak()
     rows = transcript_rows(transcripts, start=start, count=count)
     if len(rows) < count:
         raise ValueError(f"{transcripts} has {len(rows)} lines from line {start}, not {count}")
     out = Path(out)
     wavs = out / "wavs"
+    check_metadata(out / "metadata.csv", [line for _, _, line, _ in rows])
+    check_ours([wavs / f"{clip_id}.{fmt}" for clip_id, *_ in rows])
     wavs.mkdir(parents=True, exist_ok=True)
     for stale in wavs.glob(".*.tmp[0-9]*"):  # left by a killed run (files.temporary names)
         stale.unlink(missing_ok=True)
@@ -330,6 +405,13 @@ def voice_languages(voices):
     return [by_file.get(v.split("+")[0], v.split("+")[0]) for v in voices]
 
 
+def _without_extension(row):
+    """A voices corpus's metadata row with its audio file's extension dropped: a run in another --format
+    writes the same row but for it."""
+    audio_file, bar, rest = row.partition("|")
+    return os.path.splitext(audio_file)[0] + bar + rest
+
+
 def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, start: int = 0, fmt: str = "flac",
                        sample_rate: int = ESPEAK_RATE, jobs: int = 1, speed: int = 175, log=sys.stderr) -> dict:
     """A csv-format corpus of several espeak-ng voices, `count` different lines each (see the module
@@ -347,15 +429,21 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
     check_numbers(count=count, start=start, jobs=jobs, sample_rate=sample_rate, speed=speed)
+    check_out_path(out)
     _check_espeak()
     rows = transcript_rows(transcripts, start=start, count=count * len(voices))
     if len(rows) < count * len(voices):
         raise ValueError(f"{transcripts} has {len(rows)} lines from line {start}, not {count * len(voices)} "
                          f"({count} for each of {len(voices)} voices)")
     out = Path(out)
-    (out / "wavs").mkdir(parents=True, exist_ok=True)
     jobs_list = [(voice, language, *rows[i * count + k])
                  for i, (voice, language) in enumerate(zip(voices, languages)) for k in range(count)]
+    lines = ["audio_file|text|speaker|language"] + [
+        f"wavs/{voice_file_stem(voice, cid)}.{fmt}|{text}|{voice_speaker(voice)}|{language}"
+        for voice, language, cid, text, *_ in jobs_list]
+    check_metadata(out / "metadata.csv", lines, key=_without_extension)
+    check_ours([out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}" for voice, _, cid, *_ in jobs_list])
+    (out / "wavs").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     check_case_twins(out / "wavs", [(voice_file_stem(voice, cid), f"{transcripts}:{lineno}")
                                     for voice, _, cid, _, _, lineno in jobs_list])
@@ -365,9 +453,6 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
                               speed, sample_rate, None, jobs, log)
     remove_other_formats([out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}" for voice, _, cid, *_ in jobs_list],
                          log)
-    lines = ["audio_file|text|speaker|language"] + [
-        f"wavs/{voice_file_stem(voice, cid)}.{fmt}|{text}|{voice_speaker(voice)}|{language}"
-        for voice, language, cid, text, *_ in jobs_list]
     atomic_write_text(out / "metadata.csv", "".join(line + "\n" for line in lines))
     stats = {"clips": len(jobs_list), "made": made, "skipped": len(jobs_list) - made,
              "seconds": round(total / sample_rate, 2), "speakers": [voice_speaker(v) for v in voices]}
@@ -376,6 +461,7 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
     return stats
 
 
+@cli
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--transcripts", required=True, help="id|text|normalized_text file")
@@ -407,9 +493,10 @@ def main(argv=None):
                     fmt=args.format, sample_rate=args.sample_rate, jobs=args.jobs,
                     voice=args.voice, speed=args.speed,
                     compression_level=args.compression_level)
-    except (RuntimeError, ValueError, OSError) as err:  # as every command: one line, status 2
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_EXPECTED) from None
+    except (RuntimeError, ValueError, OSError) as err:  # @cli: one line, status 2, as every command
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            raise disk_full(err.filename or args.out) from None
+        raise PipelineError(str(err)) from None
 
 
 if __name__ == "__main__":

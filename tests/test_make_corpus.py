@@ -1,7 +1,15 @@
 """Tests for pipeline/make_corpus.py: speak 3 LJSpeech lines with espeak-ng into tmp_path."""
+import errno
+import hashlib
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -9,7 +17,8 @@ import soundfile as sf
 
 from pipeline import make_corpus as mc
 
-TRANSCRIPTS = Path(__file__).resolve().parent.parent / "data" / "ljspeech_transcripts.csv"
+ROOT = Path(__file__).resolve().parent.parent
+TRANSCRIPTS = ROOT / "data" / "ljspeech_transcripts.csv"
 
 pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
                                 reason="espeak-ng is not installed (apt-get install espeak-ng)")
@@ -53,7 +62,11 @@ def test_corpus_of_three_clips(tmp_path):
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "wavs").iterdir()}
     assert mc.make_corpus(TRANSCRIPTS, tmp_path, count=3, jobs=2, sample_rate=16000)["made"] == 0
     assert before == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "wavs").iterdir()}
+    # a file it cannot read carries no tag: it might be the user's, so it is refused, not replaced
     (tmp_path / "wavs" / "LJ001-0002.flac").write_bytes(b"torn copy")
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'wavs' / 'LJ001-0002.flac'}: not made by make_corpus")):
+        mc.make_corpus(TRANSCRIPTS, tmp_path, count=3, sample_rate=16000)
+    (tmp_path / "wavs" / "LJ001-0002.flac").unlink()
     assert mc.make_corpus(TRANSCRIPTS, tmp_path, count=3, sample_rate=16000)["made"] == 1
     assert mc.make_corpus(TRANSCRIPTS, tmp_path, count=3, sample_rate=16000, speed=200)["made"] == 3
 
@@ -208,3 +221,133 @@ def test_a_corpus_remade_in_another_format_keeps_no_old_clip(tmp_path):
     assert stats["made"] == 2
     assert sorted(p.name for p in (tmp_path / "wavs").iterdir()) == [
         "LJ001-0001.flac", "LJ001-0002.flac", "LJ001-0002.ogg", "mine.wav"]  # another program's file stays
+
+
+def checksums(folder):
+    """{path under folder: sha256} of every file, to show a refused run changed nothing."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+def _argv(out, count, *more):
+    return ["--transcripts", str(TRANSCRIPTS), "--out", str(out), "--count", str(count), "--jobs", "2", *more]
+
+
+def test_recordings_make_corpus_did_not_make_are_never_replaced(tmp_path, capsys):
+    # a folder of the user's own LJ001-0001.wav, LJ001-0002.wav and a 3-line metadata.csv: the clips were
+    # spoken over the recordings and metadata.csv cut to 2 lines, with exit status 0
+    user = tmp_path / "user"
+    (user / "wavs").mkdir(parents=True)
+    for name in ("LJ001-0001", "LJ001-0002"):
+        sf.write(str(user / "wavs" / f"{name}.wav"), np.full(2205, 0.1, "float32"), 22050)
+    (user / "metadata.csv").write_text("".join(line + "\n" for line in _lines(3)), encoding="utf-8")
+    before = checksums(user)
+    line = refused(capsys, _argv(user, 2, "--format", "wav"))
+    assert line.startswith(f"error: {user / 'metadata.csv'}: 1 of its 3 rows are not among the 2 this run "
+                           "would write"), line
+    assert line.endswith("give an empty or new --out"), line
+    line = refused(capsys, _argv(user, 3, "--format", "wav"))  # metadata kept whole, the audio refused
+    assert line == (f"error: {user / 'wavs' / 'LJ001-0001.wav'} (and 1 more of the clips to write): not made by "
+                    "make_corpus (it has no make_corpus tag), so it is not replaced; give an empty or new --out"), line
+    assert checksums(user) == before  # nothing spoken, nothing written: every target is checked first
+    # the same for a voices corpus: a file in one of its clips' place
+    (tmp_path / "v" / "wavs").mkdir(parents=True)
+    (tmp_path / "v" / "wavs" / "en-us-LJ001-0002.flac").write_bytes(b"not audio")
+    line = refused(capsys, _argv(tmp_path / "v", 1, "--voices", "en-gb,en-us"))
+    assert re.search(r"en-us-LJ001-0002.flac: not made by make_corpus", line), line
+    assert checksums(tmp_path / "v") == {"wavs/en-us-LJ001-0002.flac": hashlib.sha256(b"not audio").hexdigest()}
+
+
+def test_a_run_that_would_cut_metadata_csv_short_is_refused(tmp_path, capsys):
+    # --transcripts X/metadata.csv --out X --count 3 on the demo corpus left 3 of its 90 rows
+    mc.main(_argv(tmp_path, 3, "--format", "wav", "--sample-rate", "16000"))
+    before = checksums(tmp_path)
+    line = refused(capsys, ["--transcripts", str(tmp_path / "metadata.csv"), "--out", str(tmp_path),
+                            "--count", "2", "--format", "wav", "--sample-rate", "16000"])
+    assert line.startswith(f"error: {tmp_path / 'metadata.csv'}: 1 of its 3 rows are not among the 2"), line
+    line = refused(capsys, _argv(tmp_path, 3, "--start", "1", "--format", "wav", "--sample-rate", "16000"))
+    assert "1 of its 3 rows are not among the 3" in line, line
+    line = refused(capsys, _argv(tmp_path, 2, "--voices", "en-us,en-gb", "--format", "wav"))
+    assert "3 of its 3 rows" in line, line
+    assert checksums(tmp_path) == before
+    # a voices corpus: its rows in the csv format
+    (tmp_path / "v").mkdir()
+    rows = [f"wavs/en-us-{line.split('|')[0]}.flac|{line.split('|')[2]}|en-us|en-us" for line in _lines(2)]
+    (tmp_path / "v" / "metadata.csv").write_text("audio_file|text|speaker|language\n" + "\n".join(rows) + "\n")
+    line = refused(capsys, _argv(tmp_path / "v", 1, "--voices", "en-us"))
+    assert line.startswith(f"error: {tmp_path / 'v' / 'metadata.csv'}: 1 of its 3 rows are not among the 2"), line
+    assert not (tmp_path / "v" / "wavs").exists()
+
+
+def test_the_same_command_again_a_larger_count_and_another_format_keep_every_row(tmp_path):
+    argv = _argv(tmp_path, 2, "--format", "wav", "--sample-rate", "16000")
+    mc.main(argv)
+    before = checksums(tmp_path)
+    made = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "wavs").iterdir()}
+    mc.main(argv)  # the same command: nothing to make, nothing changed
+    assert checksums(tmp_path) == before
+    assert made == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "wavs").iterdir()}
+    mc.main(_argv(tmp_path, 3, "--format", "wav", "--sample-rate", "16000"))  # grow the corpus
+    assert made.items() < {p.name: p.stat().st_mtime_ns for p in (tmp_path / "wavs").iterdir()}.items()
+    assert (tmp_path / "metadata.csv").read_text(encoding="utf-8").splitlines() == _lines(3)
+    assert {k: v for k, v in checksums(tmp_path).items() if k != "metadata.csv"}.items() > \
+        {k: v for k, v in before.items() if k != "metadata.csv"}.items()
+    mc.main(_argv(tmp_path, 3, "--sample-rate", "16000"))  # flac: the wav clips it made are redone
+    assert sorted(p.name for p in (tmp_path / "wavs").iterdir()) == [f"LJ001-000{i}.flac" for i in (1, 2, 3)]
+    assert (tmp_path / "metadata.csv").read_text(encoding="utf-8").splitlines() == _lines(3)
+    # a voices corpus's rows name the audio file, whose extension another --format changes
+    mc.main(_argv(tmp_path / "v", 1, "--voices", "en-us,en-gb", "--format", "wav"))
+    mc.main(_argv(tmp_path / "v", 1, "--voices", "en-us,en-gb"))
+    assert (tmp_path / "v" / "metadata.csv").read_text().splitlines()[1].startswith("wavs/en-us-LJ001-0001.flac|")
+    assert sorted(p.suffix for p in (tmp_path / "v" / "wavs").iterdir()) == [".flac", ".flac"]
+
+
+@pytest.mark.parametrize("whom", ["the command", "its process group, espeak-ng too, as a terminal's Ctrl-C"])
+def test_ctrl_c_stops_with_one_line_and_status_130(tmp_path, whom):
+    # make_corpus's main lacked @cli: a KeyboardInterrupt traceback and status -2
+    out = tmp_path / "c"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.make_corpus", *_argv(out, 200, "--format", "wav")],
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((out / "wavs").glob("*.wav")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (os.killpg if whom.startswith("its") else os.kill)(proc.pid, signal.SIGINT)
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()
+    assert (proc.returncode, err) == (130, "stopped (Ctrl-C)\n")
+    made = list((out / "wavs").iterdir())
+    assert 1 <= len(made) < 200 and all(p.suffix == ".wav" for p in made)  # whole clips, no temporary file
+    assert not (out / "metadata.csv").exists()  # written last, once every clip is there
+
+
+def test_a_full_disk_is_named_not_a_transcript_line(tmp_path, monkeypatch, capsys):
+    # libsndfile says "System error." when the disk fills: the message named the transcript line
+    def full(path, *args, **kwargs):
+        raise sf.LibsndfileError(2)  # "System error."
+    monkeypatch.setattr(mc, "write_atomic", full)
+    monkeypatch.setattr(mc.shutil, "disk_usage", lambda path: SimpleNamespace(free=40960))
+    line = refused(capsys, _argv(tmp_path, 1, "--format", "wav"))
+    assert line == (f"error: no space left on device in {tmp_path / 'wavs'} (40 KiB free, writing LJ001-0001.wav); "
+                    "free space and rerun (the clips made so far stay)"), line
+    monkeypatch.setattr(mc.shutil, "disk_usage", lambda path: SimpleNamespace(free=9 << 30))
+    line = refused(capsys, _argv(tmp_path, 1, "--format", "wav"))  # room to spare: another failure
+    assert line.endswith("ljspeech_transcripts.csv:1: clip LJ001-0001: System error."), line
+    monkeypatch.undo()
+
+    def no_space(path, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(mc, "atomic_write_text", no_space)  # metadata.csv
+    line = refused(capsys, _argv(tmp_path, 1, "--format", "wav"))
+    assert line == f"error: no space left on device writing {tmp_path}; free space and rerun", line
+
+
+def test_an_out_folder_whose_name_is_not_utf8_is_named(tmp_path, capsys):
+    # libsndfile takes UTF-8 paths: each clip failed with an encoding error blamed on its transcript line
+    out = tmp_path / os.fsdecode(b"corpus\xff")
+    with pytest.raises(ValueError, match=r"--out .*corpus\\udcff': not a UTF-8 path"):
+        mc.make_corpus(TRANSCRIPTS, out, count=1)
+    line = refused(capsys, _argv(out, 1))
+    assert "UTF-8" in line and "transcripts" not in line, line
+    assert not out.exists()
