@@ -14,6 +14,7 @@ starting with `<speak>`. Bad input: one line `error: ...` and exit status 2.
     python -m pipeline.speak --voice runs/demo/export --raw < book.txt | aplay -r 22050 -f S16_LE -c 1
 """
 import argparse
+import errno
 import os
 import re
 import sys
@@ -118,6 +119,17 @@ def prepared(voice, texts, options, lazy, quiet, named=False):
             raise in_input(e, line, named and not markup.is_ssml(source)) from None
 
 
+def write_raw(out, data):
+    """`data` to the raw PCM stream `out`; a full disk behind standard output (`--raw > F` on a full
+    disk, /dev/full) named as standard output, not as a file."""
+    try:
+        out.write(data)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise VoiceError("--raw: no space left on device writing standard output; free space and rerun") from None
+        raise
+
+
 def speak(voice, texts, args, out, named=False):
     """Say each (first line, text) (a paragraph, or the whole input); out: the raw PCM file, each sentence
     written as int16 (to_pcm) as soon as it is made, or None to collect float audio (then
@@ -137,7 +149,7 @@ def speak(voice, texts, args, out, named=False):
                 if out is None:
                     chunks.append(audio)
                 else:
-                    out.write(to_pcm(audio, "--raw").tobytes())
+                    write_raw(out, to_pcm(audio, "--raw").tobytes())
                 first = first if first is not None else time.perf_counter() - t0
                 sentences += 1
         except PipelineError as e:

@@ -393,6 +393,16 @@ def test_errors_name_lines_of_the_whole_input_read_a_paragraph_at_a_time(exporte
         assert "paragraph" not in line and "\u263a" in line, line
 
 
+
+def test_raw_on_a_full_disk_names_standard_output(exported_voice):
+    # `speak --raw ... > /dev/full`: "no space left on device writing (a file)"
+    argv = blocked_command("pipeline.speak", "--voice", str(exported_voice), "--raw", "Hi there.")
+    proc = subprocess.run(["sh", "-c", 'exec "$@" > /dev/full', "sh", *argv], stderr=subprocess.PIPE,
+                          env=child_env(), cwd=ROOT, timeout=300)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "Traceback" not in err and err.strip().splitlines()[-1] == (
+        "error: --raw: no space left on device writing standard output; free space and rerun"), err[-3000:]
+
 def test_raw_with_standard_output_closed_is_one_line():
     # `speak --raw ... >&-`: a traceback, AttributeError: 'NoneType' object has no attribute 'flush'
     argv = blocked_command("pipeline.speak", "--voice", "no/such/export", "--raw", "Hi there.")
