@@ -357,10 +357,13 @@ def check_out(out, flag="--out"):
     PipelineError naming `flag` unless it is a folder export may replace whole: new, empty, or a
     previous export (WRITES only: export.json with it, or only the TFLite models, which is what
     `snakemake export` leaves once it has removed the rule's outputs), with a writable parent (the new
-    export is written beside it, then renamed)."""
+    export is written beside it, then renamed). A symbolic link is followed: the folder it leads to is
+    replaced, the link kept (it was replaced by a folder, and the old link left beside it)."""
     if not str(out).strip():
         raise PipelineError(f"{flag}: an empty path; give the export folder to write")
     out = Path(os.path.abspath(out))
+    if out.is_symlink():  # written through, as a shell's `>` writes: the link stays, where it leads is replaced
+        out = Path(os.path.realpath(out))
     if not out.name:
         raise PipelineError(f"{flag} {out}: the root folder; give the export folder to write")
     files.check_folder(out, flag)

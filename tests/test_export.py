@@ -454,6 +454,13 @@ def test_a_previous_export_is_replaced_whole(exported, tmp_path, monkeypatch):
     assert meta["run"] == load_json(previous / "export.json")["run"] != "old" and meta["tflite"] is None
     assert sorted(os.listdir(out)) == [".exported", "export.json", "saved_model", "vocab.json"]  # no stale TFLite
     assert sorted(os.listdir(tmp_path)) == ["voice"]                    # nothing left beside it
+    # through a symbolic link: the folder it leads to is replaced and the link kept (the link was replaced
+    # by a folder, the old link left beside it as .link.old-..., and the folder kept its stale export)
+    (out / "export.json").write_text(json.dumps({**load_json(out / "export.json"), "run": "old"}))
+    os.symlink(out, tmp_path / "link")
+    export.main(["--config", str(cfg_path), "--out", str(tmp_path / "link")])
+    assert (tmp_path / "link").is_symlink() and load_json(out / "export.json")["run"] != "old"
+    assert sorted(os.listdir(tmp_path)) == ["link", "voice"]
 
 
 SOURCE_FILTER = {"kind": "source_filter", "steps": 0, "finetune_steps": 0, "learning_rate": 0.001, "batch_size": 2,
