@@ -74,13 +74,22 @@ def _decimal_only(constructor):
     def construct(loader, node):
         value = constructor(loader, node)
         text = str(node.value)
-        if NOT_DECIMAL.fullmatch(text):
+        if NOT_DECIMAL.fullmatch(text) and not _same_in_decimal(text, value):
             digits = text.lstrip("+-").lower()
             base = "base 60" if ":" in text else next(name for prefix, name in BASES if digits.startswith(prefix))
-            raise AmbiguousNumber(None, None, f"{text} is read as {value:g} ({base}, YAML 1.1): write the decimal "
+            if len(text) > 40:   # shown in part; its value would be hundreds of digits
+                raise AmbiguousNumber(None, None, f"{text[:20]}... ({len(text)} characters) is read in {base} "
+                                      "(YAML 1.1): write the decimal number you mean", node.start_mark)
+            raise AmbiguousNumber(None, None, f"{text} is read as {value!r} ({base}, YAML 1.1): write the decimal "
                                   f"number you mean, or quote it (\"{text}\") for text", node.start_mark)
         return value
     return construct
+
+
+def _same_in_decimal(text, value):
+    """Whether `text` read in decimal is `value` too (`00`, `07`: octal and decimal agree)."""
+    digits = text.replace("_", "")
+    return digits.lstrip("+-").isdigit() and int(digits, 10) == value
 
 
 UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _decimal_only(_LOADER.construct_yaml_int))
@@ -150,8 +159,9 @@ def _coerce_strings(cfg, defaults, where=""):
         elif isinstance(value, str) and isinstance(default, (bool, int, float)):
             try:
                 parsed = yaml.load(value, Loader=UniqueKeyLoader)
-            except AmbiguousNumber as e:
-                raise ConfigError(f"{where}{key}: {e.problem}") from None
+            except AmbiguousNumber:   # text (quoted, or Snakemake's --config) where a number goes
+                raise ConfigError(f"{where}{key}: {value!r} is not a decimal number (YAML 1.1 reads it in "
+                                  "another base); write the number you mean in decimal") from None
             except yaml.YAMLError:
                 continue
             if isinstance(parsed, str) and not isinstance(default, bool):

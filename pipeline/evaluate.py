@@ -34,6 +34,7 @@ the copies of the recording) and TensorBoard scalars `evaluate/*` at the checkpo
 import argparse
 import functools
 import multiprocessing
+import signal
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,6 +249,13 @@ def listeners_for(threads, n_clips):
     return min(threads, MAX_LISTENERS, n_clips) if threads > 1 else 0
 
 
+def _start_listener():
+    """A listening process's start: its models loaded, and Ctrl-C left to the evaluate process (a terminal
+    sends it to the whole group: each listener printed a KeyboardInterrupt traceback), which stops it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    metrics.load_listeners()
+
+
 class Listeners:
     """Runs `listen` beside the clips' synthesis: in `workers` spawned processes (they import no
     TensorFlow), or in this process when workers is 0. submit(*args) -> a future's result(). The
@@ -257,7 +265,7 @@ class Listeners:
         self.pool, self.workers = None, workers
         if workers > 0:
             self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=metrics.load_listeners)
+                                            initializer=_start_listener)
             for _ in range(workers):  # the pool starts a process per waiting task
                 self.pool.submit(int)
 

@@ -511,8 +511,9 @@ def main(argv=None):
     parser.add_argument("--queue", type=int, default=32,
                         help=f"requests waiting beyond those; more get 503 (0..{MAX_QUEUE}, default 32)")
     parser.add_argument("--client-timeout", type=float, default=CLIENT_TIMEOUT,
-                        help=f"seconds a client has to send a request head, then its body, and to take some "
-                             f"of an answer that waits on it (default {CLIENT_TIMEOUT:g})")
+                        help=f"seconds a client has to send a request head, then its body, and over which it "
+                             f"must take at least {MIN_TAKE_RATE} bytes a second of an answer that waits on it "
+                             f"(default {CLIENT_TIMEOUT:g})")
     parser.add_argument("--allow-origin", action="append", default=[], metavar="URL",
                         help="another origin whose pages may call the server, e.g. https://tts.example.com: the "
                              "address a reverse proxy serves it at (repeatable)")
@@ -544,7 +545,7 @@ def cut_at_shutdown(record):
     """uvicorn's log filter: an answer still being made or sent when the server stops (it cancels them
     after timeout_graceful_shutdown) is one line, not "Exception in ASGI application" and a traceback."""
     if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
-        print("stopping: an answer still being sent was cut off", file=sys.stderr, flush=True)
+        print("stopping: an answer still being made or sent was cut off", file=sys.stderr, flush=True)
         return False
     return True
 

@@ -249,9 +249,10 @@ def test_a_number_yaml_1_1_reads_in_another_base_is_refused_at_its_line(tmp_path
     key = text.split(":")[0] + "." + text.split("{")[1].split(":")[0]
     with pytest.raises(ConfigError, match=re.escape(f"--set '{key}={value}': {value} is read as")):
         config.load_config(None, config.parse_set([f"{key}={value}"]), check_paths=False)
-    # quoted, where a number is wanted: the same, naming the key
+    # quoted, where a number is wanted: text, not a number, naming the key
     path.write_text(text.replace(value, f'"{value}"') + "\n")
-    with pytest.raises(ConfigError, match=re.escape(f"{key}: {value} is read as {read_as:g} ({base}")):
+    with pytest.raises(ConfigError, match=re.escape(f"{key}: '{value}' is not a decimal number (YAML 1.1 reads it "
+                                                    "in another base); write the number you mean in decimal")):
         config.load_config(path, check_paths=False)
     if base == "octal":   # through Snakemake, which read the file itself: one line
         mine = write_config(tmp_path, corpus_template)
@@ -266,11 +267,15 @@ def test_a_number_yaml_1_1_reads_in_another_base_is_refused_at_its_line(tmp_path
 
 def test_decimal_numbers_and_quoted_text_still_read_as_before(tmp_path):
     path = tmp_path / "my.yaml"
-    path.write_text("train: {seed: 0, steps: 1_000, grad_clip: 0.5}\naudio: {fmax: 8000.0}\n"
-                    "text: {language: \"10:00\"}\n")
+    path.write_text("train: {seed: 0, steps: 1_000, grad_clip: 0.5, batch_size: 07}\naudio: {fmax: 8000.0}\n"
+                    "text: {language: \"10:00\"}\n")                       # 07: octal and decimal agree
     cfg = config._read_yaml(path)
-    assert cfg == {"train": {"seed": 0, "steps": 1000, "grad_clip": 0.5}, "audio": {"fmax": 8000.0},
+    assert cfg == {"train": {"seed": 0, "steps": 1000, "grad_clip": 0.5, "batch_size": 7}, "audio": {"fmax": 8000.0},
                    "text": {"language": "10:00"}}
+    path.write_text(f"train: {{seed: 0x{'F' * 5000}}}\n")                  # one line, not 6,000 digits (or a traceback)
+    with pytest.raises(ConfigError, match=r"my\.yaml:1:15: 0xFFFFFFFFFFFFFFFFFF\.\.\. \(5002 characters\) is read in "
+                                          r"hexadecimal \(YAML 1\.1\): write the decimal number you mean$"):
+        config.load_config(path, check_paths=False)
 
 @pytest.mark.slow
 def test_jobs_get_the_integers_a_whole_number_float_gives_and_rerun_for_nothing(tmp_path, corpus_template):

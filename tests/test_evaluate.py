@@ -229,6 +229,40 @@ def test_wer_chance_scores_english_transcripts_against_english_sentences_only():
     assert any(line.startswith("| word error rate, pocketsphinx en-us (lower is better) | ")
                for line in evaluate_report.listener_lines({**report, "wer_clips": 4}))
 
+
+def test_ctrl_c_stops_evaluate_and_its_listening_processes_with_one_line(tmp_path):
+    # a terminal's Ctrl-C reaches the whole process group: each listening process printed its own
+    # KeyboardInterrupt traceback before evaluate's one line
+    import os
+    import signal
+    import time
+    code = ("import sys, time\n"
+            "from pipeline.errors import cli\n"
+            "from pipeline.evaluate import Listeners\n"
+            "@cli\n"
+            "def main(argv=None):\n"
+            "    listeners = Listeners(2)\n"
+            "    listeners.pool.submit(time.sleep, 0).result()\n"
+            "    print('ready', file=sys.stderr, flush=True)\n"
+            "    time.sleep(120)\n"
+            "main()\n")
+    with open(tmp_path / "err", "w+") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], stderr=err, cwd=ROOT, start_new_session=True,
+                                env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+        try:
+            deadline = time.monotonic() + 120
+            while "ready" not in (tmp_path / "err").read_text() and time.monotonic() < deadline:
+                assert proc.poll() is None, (tmp_path / "err").read_text()
+                time.sleep(0.2)
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    time.sleep(0.5)                                                    # the listeners' last words, if any
+    said = (tmp_path / "err").read_text()
+    assert proc.returncode == 130 and said.splitlines() == ["ready", "stopped (Ctrl-C)"], said[-3000:]
+
 def run_module(*args):
     return subprocess.run([sys.executable, "-m", "pipeline.evaluate", *map(str, args)], check=False, capture_output=True,
                           text=True, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3",
