@@ -207,9 +207,12 @@ def test_wav_file_and_one_line_errors(voice, exported_voice, tmp_path, capsys):
     assert not list(tmp_path.parent.glob(f".{tmp_path.name}*"))             # nothing written beside the folder
     speak.main(["--voice", str(exported_voice), "--out", str(tmp_path / "new/sub/x.wav"), "Hi."])  # folders made
     assert (tmp_path / "new/sub/x.wav").stat().st_size > 44 and os.listdir(tmp_path / "new/sub") == ["x.wav"]
-    with pytest.raises(SystemExit):
-        speak.main(["--voice", str(tmp_path), "--out", str(tmp_path / "x.wav"), "Hello."])
-    assert f"{tmp_path / 'export.json'}: not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):                                       # a folder that is not an export
+        speak.main(["--voice", str(tmp_path / "new"), "--out", str(tmp_path / "x.wav"), "Hello."])
+    assert f"{tmp_path / 'new' / 'export.json'}: not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):                                       # --out inside the voice: refused first
+        speak.main(["--voice", str(tmp_path / "new"), "--out", str(tmp_path / "new" / "x.wav"), "Hello."])
+    assert "which this command reads; write the output elsewhere" in capsys.readouterr().err
 
 
 def test_loud_audio_is_limited_to_a_095_peak_not_clipped_the_same_in_out_and_raw(voice, exported_voice, tmp_path,
