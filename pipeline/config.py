@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import sys
 from pathlib import Path
 
 import yaml
@@ -716,7 +717,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    print(yaml.safe_dump(json.loads(json.dumps(from_args(args))), sort_keys=False))  # an inline config's Sections as mappings
+    merged = yaml.safe_dump(json.loads(json.dumps(from_args(args))), sort_keys=False)  # an inline config's Sections as mappings
+    if sys.stdout is None:   # started with it closed (`>&-`): print() would drop the config without a word
+        raise ConfigError("standard output is closed: the merged config has nowhere to go; send it to a file or a pipe")
+    print(merged)
 
 
 if __name__ == "__main__":

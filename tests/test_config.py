@@ -410,3 +410,14 @@ def test_a_reader_that_stops_reading_is_no_traceback():
     finally:
         os.close(write)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr and proc.stderr == "", proc.stderr
+
+
+
+def test_the_config_command_with_standard_output_closed_is_one_line():
+    # `python -m pipeline.config >&-` printed to nowhere and exited 0
+    import subprocess
+    import sys
+    proc = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "pipeline.config"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: standard output is closed: the merged config has nowhere to go; send it to a file or a pipe"], proc.stderr
