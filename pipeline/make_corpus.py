@@ -13,9 +13,10 @@ already made with the same request: an interrupted run continues, a changed one 
 run in another --format removes the clips an earlier run made in the old one (the readers would
 prefer a stale .wav). --start and --count count the lines that hold clips (blank lines skipped).
 A run replaces only what it made: before speaking anything it refuses an audio file in its way
-that lacks its tag (a recording of the user's own) and a metadata.csv holding a row it would not
-write again (another --start, a smaller --count, other transcripts): give an empty or new --out.
-Rerunning the command, a larger --count and another --format keep every row.
+that lacks its tag (a recording of the user's own) and a metadata.csv holding a row of a clip it did
+not make that it would not write again (a user's own row): give an empty or new --out. Rows of clips
+it made may go (a smaller --count keeps their audio, and a rerun takes them back); rerunning the
+command, a larger --count, another --format and a corrected transcript line keep working.
 
 Run:  python -m pipeline.make_corpus --transcripts data/ljspeech_transcripts.csv \
           --out data/demo --count 100 --sample-rate 16000 --jobs 2
@@ -204,21 +205,23 @@ def check_ours(paths):
                          "not replaced; give an empty or new --out")
 
 
-def check_metadata(path, lines, key=lambda line: line):
-    """ValueError naming metadata.csv at `path` and how many of its rows replacing it with `lines` would
-    lose: a row is kept when key(row) is one of the new lines' (the whole line; for a voices corpus the
-    line without its audio file's extension, which --format changes). A rerun, a larger --count and
-    another --format keep every row; another --start, a smaller --count or other transcripts do not."""
+def check_metadata(path, lines, clip_of):
+    """ValueError naming metadata.csv at `path` when replacing it with `lines` would lose a row of a clip
+    make_corpus did not make: a row is kept when its clip (clip_of(row) -> (key, [its audio files as
+    each format names them])) is one of the new lines' clips, and may go when one of its audio files
+    carries make_corpus's tag (a rerun makes it again). A rerun, a larger --count, another --format or
+    a corrected transcript line keep every row; a user's own rows (their recordings, or no audio at all)
+    are never dropped."""
     path = Path(path)
     if not os.path.lexists(path):
         return
-    old = [line.removesuffix("\r") for line in utf8_lines(path.read_bytes(), path) if line.strip()]
-    keep = {key(line) for line in lines}
-    lost = [line for line in old if key(line) not in keep]
+    old = [line.removesuffix("\r").lstrip("\ufeff") for line in utf8_lines(path.read_bytes(), path) if line.strip()]
+    keep = {clip_of(line)[0] for line in lines}
+    lost = [line for line in old if clip_of(line)[0] not in keep and not any(map(_tagged, clip_of(line)[1]))]
     if lost:
-        raise ValueError(f"{path}: {len(lost)} of its {len(old)} rows are not among the {len(lines)} this run "
-                         f"would write (first {lost[0][:40]!r}), and replacing it would lose them; give an "
-                         "empty or new --out")
+        raise ValueError(f"{path}: {len(lost)} of its {len(old)} rows name clips make_corpus did not make and are not "
+                         f"among the {len(lines)} this run would write (first {lost[0][:40]!r}); replacing it would "
+                         "lose them: give an empty or new --out")
 
 
 def check_space(path, size):
@@ -361,7 +364,8 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
         raise ValueError(f"{transcripts} has {len(rows)} lines from line {start}, not {count}")
     out = Path(out)
     wavs = out / "wavs"
-    check_metadata(out / "metadata.csv", [line for _, _, line, _ in rows])
+    check_metadata(out / "metadata.csv", [line for _, _, line, _ in rows],
+                   lambda row: _clip_files(wavs, row.split("|", 1)[0]))
     check_ours([wavs / f"{clip_id}.{fmt}" for clip_id, *_ in rows])
     wavs.mkdir(parents=True, exist_ok=True)
     for stale in wavs.glob(".*.tmp[0-9]*"):  # left by a killed run (files.temporary names)
@@ -405,11 +409,9 @@ def voice_languages(voices):
     return [by_file.get(v.split("+")[0], v.split("+")[0]) for v in voices]
 
 
-def _without_extension(row):
-    """A voices corpus's metadata row with its audio file's extension dropped: a run in another --format
-    writes the same row but for it."""
-    audio_file, bar, rest = row.partition("|")
-    return os.path.splitext(audio_file)[0] + bar + rest
+def _clip_files(out, stem):
+    """(stem, the clip's audio file in every format) under `out`: what check_metadata asks of a row."""
+    return stem, [Path(out) / f"{stem}.{ext}" for ext in AUDIO_EXTENSIONS]
 
 
 def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, start: int = 0, fmt: str = "flac",
@@ -441,7 +443,8 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
     lines = ["audio_file|text|speaker|language"] + [
         f"wavs/{voice_file_stem(voice, cid)}.{fmt}|{text}|{voice_speaker(voice)}|{language}"
         for voice, language, cid, text, *_ in jobs_list]
-    check_metadata(out / "metadata.csv", lines, key=_without_extension)
+    check_metadata(out / "metadata.csv", lines,
+                   lambda row: _clip_files(out, os.path.splitext(row.split("|", 1)[0])[0]))
     check_ours([out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}" for voice, _, cid, *_ in jobs_list])
     (out / "wavs").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

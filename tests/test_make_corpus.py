@@ -243,8 +243,8 @@ def test_recordings_make_corpus_did_not_make_are_never_replaced(tmp_path, capsys
     (user / "metadata.csv").write_text("".join(line + "\n" for line in _lines(3)), encoding="utf-8")
     before = checksums(user)
     line = refused(capsys, _argv(user, 2, "--format", "wav"))
-    assert line.startswith(f"error: {user / 'metadata.csv'}: 1 of its 3 rows are not among the 2 this run "
-                           "would write"), line
+    assert line.startswith(f"error: {user / 'metadata.csv'}: 1 of its 3 rows name clips make_corpus did not make "
+                           "and are not among the 2 this run would write"), line
     assert line.endswith("give an empty or new --out"), line
     line = refused(capsys, _argv(user, 3, "--format", "wav"))  # metadata kept whole, the audio refused
     assert line == (f"error: {user / 'wavs' / 'LJ001-0001.wav'} (and 1 more of the clips to write): not made by "
@@ -258,25 +258,44 @@ def test_recordings_make_corpus_did_not_make_are_never_replaced(tmp_path, capsys
     assert checksums(tmp_path / "v") == {"wavs/en-us-LJ001-0002.flac": hashlib.sha256(b"not audio").hexdigest()}
 
 
-def test_a_run_that_would_cut_metadata_csv_short_is_refused(tmp_path, capsys):
-    # --transcripts X/metadata.csv --out X --count 3 on the demo corpus left 3 of its 90 rows
-    mc.main(_argv(tmp_path, 3, "--format", "wav", "--sample-rate", "16000"))
+def test_a_run_that_would_drop_a_users_metadata_rows_is_refused(tmp_path, capsys):
+    # --transcripts X/metadata.csv --out X --count 3 on a corpus left 3 of its 90 rows: rows of clips
+    # make_corpus made may go (a rerun makes them again), a user's own rows may not
+    argv = _argv(tmp_path, 3, "--format", "wav", "--sample-rate", "16000")
+    mc.main(argv)
+    made = (tmp_path / "metadata.csv").read_text(encoding="utf-8")
+    (tmp_path / "metadata.csv").write_text(made + "MY-0001|My own line.|My own line.\n", encoding="utf-8")
     before = checksums(tmp_path)
-    line = refused(capsys, ["--transcripts", str(tmp_path / "metadata.csv"), "--out", str(tmp_path),
-                            "--count", "2", "--format", "wav", "--sample-rate", "16000"])
-    assert line.startswith(f"error: {tmp_path / 'metadata.csv'}: 1 of its 3 rows are not among the 2"), line
-    line = refused(capsys, _argv(tmp_path, 3, "--start", "1", "--format", "wav", "--sample-rate", "16000"))
-    assert "1 of its 3 rows are not among the 3" in line, line
-    line = refused(capsys, _argv(tmp_path, 2, "--voices", "en-us,en-gb", "--format", "wav"))
-    assert "3 of its 3 rows" in line, line
+    for more in (["--count", "2"], ["--count", "3", "--start", "1"]):   # a smaller --count, another --start
+        line = refused(capsys, [*argv, *more])
+        assert line == (f"error: {tmp_path / 'metadata.csv'}: 1 of its 4 rows name clips make_corpus did not make and "
+                        f"are not among the {more[1]} this run would write (first 'MY-0001|My own line.|My own "
+                        "line.'); replacing it would lose them: give an empty or new --out"), line
     assert checksums(tmp_path) == before
-    # a voices corpus: its rows in the csv format
-    (tmp_path / "v").mkdir()
+    # its own rows alone: a smaller --count keeps the clips it made, and a larger one takes them back
+    (tmp_path / "metadata.csv").write_text(made, encoding="utf-8")
+    mc.main([*argv, "--count", "2"])
+    assert (tmp_path / "metadata.csv").read_text(encoding="utf-8").splitlines() == _lines(2)
+    assert (tmp_path / "wavs" / "LJ001-0003.wav").is_file()
+    mc.main(argv)
+    assert (tmp_path / "metadata.csv").read_text(encoding="utf-8") == made
+    # a transcript line corrected: the same clip, made again with the new text
+    fixed = tmp_path / "fixed.csv"
+    fixed.write_text("\n".join(_lines(3)[:1] + [_lines(3)[1].replace(".", "!")] + _lines(3)[2:]) + "\n")
+    mc.main(["--transcripts", str(fixed), *argv[2:]])
+    assert (tmp_path / "metadata.csv").read_text(encoding="utf-8").splitlines()[1].endswith("!")
+    # a voices corpus: a larger --count moves later voices onto other lines, rows of clips it made
+    mc.main(_argv(tmp_path / "v", 1, "--voices", "en-us,en-gb", "--format", "wav"))
+    mc.main(_argv(tmp_path / "v", 2, "--voices", "en-us,en-gb", "--format", "wav"))
+    assert len((tmp_path / "v" / "metadata.csv").read_text().splitlines()) == 5
+    # ... and a user's csv rows with no audio of make_corpus's
+    (tmp_path / "u").mkdir()
     rows = [f"wavs/en-us-{line.split('|')[0]}.flac|{line.split('|')[2]}|en-us|en-us" for line in _lines(2)]
-    (tmp_path / "v" / "metadata.csv").write_text("audio_file|text|speaker|language\n" + "\n".join(rows) + "\n")
-    line = refused(capsys, _argv(tmp_path / "v", 1, "--voices", "en-us"))
-    assert line.startswith(f"error: {tmp_path / 'v' / 'metadata.csv'}: 1 of its 3 rows are not among the 2"), line
-    assert not (tmp_path / "v" / "wavs").exists()
+    (tmp_path / "u" / "metadata.csv").write_text("audio_file|text|speaker|language\n" + "\n".join(rows) + "\n")
+    line = refused(capsys, _argv(tmp_path / "u", 1, "--voices", "en-us"))
+    assert line.startswith(f"error: {tmp_path / 'u' / 'metadata.csv'}: 1 of its 3 rows name clips make_corpus did "
+                           "not make and are not among the 2"), line
+    assert not (tmp_path / "u" / "wavs").exists()
 
 
 def test_the_same_command_again_a_larger_count_and_another_format_keep_every_row(tmp_path):
