@@ -243,25 +243,28 @@ def previous_samples(cfg, out):
     """The names in folder `out` that the previous synthesize wrote, so this one may replace or remove
     them: those its sentences.json lists (each sample's wav and mel, or NN.wav/NN.npy by index where a
     sample names none) and that file itself; in the run's own runs/{name}/samples also every NN.wav and
-    NN.npy, since `snakemake synthesize` deletes sentences.json (the rule's output) before the job. None
-    when out/sentences.json is there but not a synthesize record (not JSON, no list of samples)."""
+    NN.npy and sentences.json whatever it holds, since `snakemake synthesize` deletes sentences.json (the
+    rule's output) before the job. An older record's {wav path: sentence} counts as its list. None when
+    out/sentences.json, elsewhere, is not a synthesize record (not JSON, no list of samples)."""
     out = Path(out)
     held = {p.name for p in out.iterdir()} if out.is_dir() else set()
     ours = set()
-    if os.path.realpath(out) == os.path.realpath(config.run_dir(cfg) / "samples"):
-        ours |= {name for name in held if SAMPLE.fullmatch(name)}
+    if os.path.realpath(out) == os.path.realpath(config.run_dir(cfg) / "samples"):   # the run's own: all of it
+        ours |= {name for name in held if SAMPLE.fullmatch(name) or name == "sentences.json"}
     if "sentences.json" in held:
         try:
             samples = json.loads((out / "sentences.json").read_text(encoding="utf-8"))["samples"]
+            if isinstance(samples, dict):   # an older record: {wav path: sentence}
+                samples = [{"wav": path} for path in samples]
             if not isinstance(samples, list):
-                return None
+                return None if "sentences.json" not in ours else ours & held
             for i, x in enumerate(samples):
                 for key, suffix in (("wav", ".wav"), ("mel", ".npy")):
                     name = Path(x[key]).name if isinstance(x, dict) and isinstance(x.get(key), str) else f"{i:02d}{suffix}"
                     if SAMPLE.fullmatch(name):  # never another kind of file, whatever the record says
                         ours.add(name)
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-            return None
+            return None if "sentences.json" not in ours else ours & held
         ours.add("sentences.json")
     return ours & held
 

@@ -107,6 +107,10 @@ def test_a_rerun_with_fewer_sentences_leaves_no_sample_of_the_previous_run(built
     cfg["synthesize"]["sentences"] = ["A."]
     synthesize.synthesize(cfg, mine, log=quiet)
     assert samples_in(mine) == ["00.npy", "00.wav"] and (mine / "notes.txt").read_text() == "mine"
+    (mine / "sentences.json").write_text(json.dumps({"samples": {str(mine / "00.wav"): "A."}}))  # an older record
+    cfg["synthesize"]["sentences"] = ["B."]
+    synthesize.synthesize(cfg, mine, log=quiet)
+    assert samples_in(mine) == ["00.npy", "00.wav"]
 
     own = config.run_dir(cfg) / "samples"                          # as `snakemake synthesize` runs it
     cfg["synthesize"]["sentences"] = ["A.", "B."]
@@ -116,3 +120,6 @@ def test_a_rerun_with_fewer_sentences_leaves_no_sample_of_the_previous_run(built
     synthesize.synthesize(cfg, own, log=quiet)
     assert samples_in(own) == ["00.npy", "00.wav"]
     assert [s["wav"] for s in json.loads((own / "sentences.json").read_text())["samples"]] == [str(own / "00.wav")]
+    (own / "sentences.json").write_text("written by another version")   # the run's own folder: all of it ours
+    synthesize.synthesize(cfg, own, log=quiet)
+    assert samples_in(own) == ["00.npy", "00.wav"] and json.loads((own / "sentences.json").read_text())["samples"]
