@@ -120,10 +120,13 @@ def prepared(voice, texts, options, lazy, quiet, named=False):
 
 
 def write_raw(out, data):
-    """`data` to the raw PCM stream `out`; a full disk behind standard output (`--raw > F` on a full
-    disk, /dev/full) named as standard output, not as a file."""
+    """`data` to the raw PCM stream `out` (unbuffered: a write may take part of it, so until all is
+    taken); a full disk behind standard output (`--raw > F` on a full disk, /dev/full) named as
+    standard output, not as a file."""
+    view = memoryview(data)
     try:
-        out.write(data)
+        while view:
+            view = view[out.write(view) or 0:]
     except OSError as e:
         if e.errno == errno.ENOSPC:
             raise VoiceError("--raw: no space left on device writing standard output; free space and rerun") from None
