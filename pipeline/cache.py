@@ -305,14 +305,17 @@ def _frame_sync(data, at):
     return len(data) - 1 if at < 0 else at
 
 
-def mp3_declared_samples(path, info):
+def mp3_declared_samples(path, info, data=None):
     """(samples, samples a frame) an MP3 file's first frame declares it holds, or None: a Xing or
     Info header with a frame count (its flags' bit 0), whose length libsndfile (mpg123) reports as
     info.frames, or a VBRI header (Fraunhofer's), which mpg123 does not read: it then stops at its own
     estimate from the file's size and first bitrate and can drop half an intact file's audio. Without
-    either, the length is that estimate, and nothing is checked here (mp3_cut_frame still is)."""
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)
+    either, the length is that estimate, and nothing is checked here (mp3_cut_frame still is). `data`:
+    the file's bytes, where the caller has read them."""
+    if data is None:
+        with open(path, "rb") as f:
+            data = f.read(1 << 16)
+    head = data
     at = _id3v2_size(head)  # an ID3v2 tag first
     if at + 4 > len(head):
         with open(path, "rb") as f:
@@ -348,7 +351,7 @@ def mp3_frame_length(header):
     return (144 if version == 3 else 72) * kbps * 1000 // MP3_RATES[version][rate] + ((header >> 9) & 1)
 
 
-def mp3_cut_frame(path):
+def mp3_cut_frame(path, data=None):
     """What is cut short at the end of an MP3 file (a description), or None: its Layer III frames are
     walked from the first frame sync (after an ID3v2 tag), one step a frame, each header giving its
     length, while the header at the walk's position is a frame's with the first one's version, layer and
@@ -358,8 +361,9 @@ def mp3_cut_frame(path):
     nothing is refused, at bytes that start no frame: an ID3v1, APEv2 or Lyrics3 tag, zero padding,
     garbage; or at a frame of Layer I or II, a free-format one or a bad or reserved value in a header. A
     file cut exactly between two frames cannot be told from a whole one (unless its Xing, Info or
-    VBRI header declares more: mp3_declared_samples); nor one cut inside its first frame."""
-    data = Path(path).read_bytes()
+    VBRI header declares more: mp3_declared_samples); nor one cut inside its first frame. `data`: the
+    file's bytes, where the caller has read them."""
+    data = Path(path).read_bytes() if data is None else data
     at = _frame_sync(data, _id3v2_size(data))
     stream, last = None, None
     while at + 4 <= len(data):
@@ -440,15 +444,17 @@ def _level_problem(path, info, y, sample_rate):
 
 def _mp3_problem(path, info, got):
     """BadAudio for an MP3 file that decodes to `got` seconds, less than its Xing, Info or VBRI header
-    declares (mp3_declared_samples), or whose last frame is cut short (mp3_cut_frame)."""
-    declared = mp3_declared_samples(path, info)
+    declares (mp3_declared_samples), or whose last frame is cut short (mp3_cut_frame): the file read
+    once for both."""
+    data = Path(path).read_bytes()
+    declared = mp3_declared_samples(path, info, data)
     if declared is not None and info.samplerate > 0:
         samples, per_frame = declared
         seconds = samples / info.samplerate
         if got < seconds - 2 * per_frame / info.samplerate:
             raise audio.BadAudio(f"truncated (its header declares {seconds:.2f} s, it decodes to {got:.2f} s: a "
                                  "half-copied file, or a VBR file libsndfile reads short: convert it to FLAC)")
-    cut = mp3_cut_frame(path)
+    cut = mp3_cut_frame(path, data)
     if cut is not None:
         raise audio.BadAudio(f"truncated ({cut}: a half-copied file)")
 

@@ -217,7 +217,7 @@ def check_metadata(path, lines, clip_of):
         return
     old = [line.removesuffix("\r").lstrip("\ufeff") for line in utf8_lines(path.read_bytes(), path) if line.strip()]
     keep = {clip_of(line)[0] for line in lines}
-    lost = [line for line in old if clip_of(line)[0] not in keep and not any(map(_tagged, clip_of(line)[1]))]
+    lost = [line for line in old if (clip := clip_of(line))[0] not in keep and not any(map(_tagged, clip[1]))]
     if lost:
         raise ValueError(f"{path}: {len(lost)} of its {len(old)} rows name clips make_corpus did not make and are not "
                          f"among the {len(lines)} this run would write (first {lost[0][:40]!r}); replacing it would "

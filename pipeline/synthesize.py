@@ -248,25 +248,31 @@ def previous_samples(cfg, out):
     out/sentences.json, elsewhere, is not a synthesize record (not JSON, no list of samples)."""
     out = Path(out)
     held = {p.name for p in out.iterdir()} if out.is_dir() else set()
-    ours = set()
-    if os.path.realpath(out) == os.path.realpath(config.run_dir(cfg) / "samples"):   # the run's own: all of it
-        ours |= {name for name in held if SAMPLE.fullmatch(name) or name == "sentences.json"}
+    own = os.path.realpath(out) == os.path.realpath(config.run_dir(cfg) / "samples")   # the run's own: all of it
+    ours = {name for name in held if SAMPLE.fullmatch(name) or name == "sentences.json"} if own else set()
     if "sentences.json" in held:
-        try:
-            samples = json.loads((out / "sentences.json").read_text(encoding="utf-8"))["samples"]
-            if isinstance(samples, dict):   # an older record: {wav path: sentence}
-                samples = [{"wav": path} for path in samples]
-            if not isinstance(samples, list):
-                return None if "sentences.json" not in ours else ours & held
-            for i, x in enumerate(samples):
-                for key, suffix in (("wav", ".wav"), ("mel", ".npy")):
-                    name = Path(x[key]).name if isinstance(x, dict) and isinstance(x.get(key), str) else f"{i:02d}{suffix}"
-                    if SAMPLE.fullmatch(name):  # never another kind of file, whatever the record says
-                        ours.add(name)
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-            return None if "sentences.json" not in ours else ours & held
+        samples = _recorded(out / "sentences.json")
+        if samples is None:
+            return ours if own else None
+        for i, x in enumerate(samples):
+            for key, suffix in (("wav", ".wav"), ("mel", ".npy")):
+                name = Path(x[key]).name if isinstance(x, dict) and isinstance(x.get(key), str) else f"{i:02d}{suffix}"
+                if SAMPLE.fullmatch(name):  # never another kind of file, whatever the record says
+                    ours.add(name)
         ours.add("sentences.json")
     return ours & held
+
+
+def _recorded(path):
+    """The samples a synthesize record at `path` lists (an older record's {wav path: sentence} as
+    [{"wav": path}]), or None when it is not one (unreadable, not JSON, no list of samples)."""
+    try:
+        samples = json.loads(path.read_text(encoding="utf-8"))["samples"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+    if isinstance(samples, dict):
+        samples = [{"wav": wav} for wav in samples]
+    return samples if isinstance(samples, list) else None
 
 
 def check_out(cfg, out, flag="--out"):
@@ -280,8 +286,7 @@ def check_out(cfg, out, flag="--out"):
                             "with a list of samples); give a new or empty folder, or move it away")
     n = len(cfg["synthesize"]["sentences"])
     writes = [f"{i:02d}{suffix}" for i in range(n) for suffix in (".wav", ".npy")] + ["sentences.json"]
-    theirs = [name for name in writes if (out / name).exists() or (out / name).is_symlink()]
-    theirs = [name for name in theirs if name not in ours]
+    theirs = [name for name in writes if name not in ours and ((out / name).exists() or (out / name).is_symlink())]
     if theirs:
         shown, them = ", ".join(theirs[:4]) + (", ..." if len(theirs) > 4 else ""), "it" if len(theirs) == 1 else "them"
         raise PipelineError(f"{flag} {out}: holds {shown}, which no earlier synthesize wrote there (no sentences.json "

@@ -72,11 +72,11 @@ os.environ[pconfig.LOGGING_ENV] = pconfig.logging_env(config)
 NAME = config["name"]
 CACHE = Path(config["cache"]["dir"]) / NAME
 RUN = Path(config["runs_dir"]) / NAME
+# the jobs' `python -m pipeline.X` find the project from any working folder, as planning does
+ppreflight.jobs_find_code(workflow.basedir)
 # Another Snakemake holds a lock on this run's cache or run folder (.snakemake/locks/): planning then
 # marks no shard damaged and sets none aside, since that run may be writing it. A job that a run's
 # executor starts as Snakemake again (a SLURM job) finds its own run's lock, and so leaves them too.
-# the jobs' `python -m pipeline.X` find the project from any working folder, as planning does
-ppreflight.jobs_find_code(workflow.basedir)
 ANOTHER_RUN = ppreflight.another_run(Path(".snakemake", "locks"), [CACHE, RUN])
 REPORT = Path(config["reports_dir"]) / NAME
 LOGS = REPORT / "logs"
