@@ -241,10 +241,10 @@ def test_ctrl_c_stops_evaluate_and_its_listening_processes_with_one_line(tmp_pat
             "from pipeline.evaluate import Listeners\n"
             "@cli\n"
             "def main(argv=None):\n"
-            "    listeners = Listeners(2)\n"
-            "    listeners.pool.submit(time.sleep, 0).result()\n"
-            "    print('ready', file=sys.stderr, flush=True)\n"
-            "    time.sleep(120)\n"
+            "    with Listeners(2) as listeners:\n"                # as evaluate's main holds them
+            "        listeners.pool.submit(time.sleep, 0).result()\n"
+            "        print('ready', file=sys.stderr, flush=True)\n"
+            "        time.sleep(120)\n"
             "main()\n")
     with open(tmp_path / "err", "w+") as err:
         proc = subprocess.Popen([sys.executable, "-c", code], stderr=err, cwd=ROOT, start_new_session=True,
