@@ -144,16 +144,18 @@ def merge(base, override):
     return out
 
 
-def _coerce_strings(cfg, defaults, where=""):
+def _coerce_strings(cfg, defaults, where="", schema=None):
     # Snakemake's `--config 'audio={n_mels: 64}'` delivers nested values as strings: read those
     # as YAML where the default is a number or a boolean. Where the default is a string (`jit_compile:
     # auto`, which also takes true or false), only true and false become booleans: `name: "on"` and
     # `language: "no"` (Norwegian) stay the strings they are, not YAML 1.1's booleans. A whole number
-    # takes the default's spelling (_as_default).
+    # takes the schema's spelling (_spelled).
+    schema = _schema() if schema is None else schema
     for key, value in cfg.items():
         default = defaults.get(key) if isinstance(defaults, dict) else None
+        node = _property(schema, key)
         if isinstance(value, dict):
-            _coerce_strings(value, default, f"{where}{key}.")
+            _coerce_strings(value, default, f"{where}{key}.", node)
         elif isinstance(value, str) and isinstance(default, str):
             if value.strip().lower() in ("true", "false"):
                 cfg[key] = value.strip().lower() == "true"
@@ -168,22 +170,39 @@ def _coerce_strings(cfg, defaults, where=""):
             if isinstance(parsed, str) and not isinstance(default, bool):
                 parsed = _plain_float(parsed)  # YAML 1.1 reads 1e-4 (no dot) as a string; 7.6e3 Hz where 8000 is
             if isinstance(parsed, (bool, int, float)):
-                cfg[key] = _as_default(parsed, default)
+                cfg[key] = _spelled(parsed, node)
         else:
-            cfg[key] = _as_default(value, default)
+            cfg[key] = _spelled(value, node)
 
 
-def _as_default(value, default):
-    """A whole number written as the default is (600 where the default is 600.0, 8000.0 where it is
-    8000), so that one value reaches the jobs' params in one spelling and an edit to the same value
-    reruns nothing. Other values as they are."""
-    if isinstance(value, bool) or isinstance(default, bool):
+@functools.lru_cache(maxsize=1)
+def _schema():
+    return load_schema()
+
+
+def _property(schema, key):
+    """The schema node of `key` under `schema` (through a $ref to $defs), or None."""
+    node = (schema or {}).get("properties", {}).get(key)
+    while isinstance(node, dict) and "$ref" in node:
+        node = {**_schema()["$defs"][node["$ref"].rsplit("/", 1)[-1]], **{k: v for k, v in node.items() if k != "$ref"}}
+    return node
+
+
+def _spelled(value, node):
+    """A whole number in one spelling for its key, whichever way the user wrote it: an int where the schema
+    wants an integer, a float where it wants a number (600 where pitch.fmax is 600.0), an int where it
+    marks `spelling: int` (audio.fmin and fmax, which runs have always been keyed with as ints). So one value
+    reaches the jobs' params in one spelling and an edit to the same value reruns nothing, whether it is
+    made in a user's config or in configs/config.yaml itself. Other values as they are."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not isinstance(node, dict):
         return value
-    if isinstance(value, int) and isinstance(default, float) and abs(value) <= INT64_MAX:
-        return float(value)
-    if isinstance(value, float) and isinstance(default, int) and value.is_integer() and abs(value) <= INT64_MAX:
+    types = node.get("type") if isinstance(node.get("type"), list) else [node.get("type")]
+    whole = isinstance(value, int) or value.is_integer()
+    if not whole or abs(value) > INT64_MAX or "number" not in types and "integer" not in types:
+        return value
+    if "integer" in types or node.get("spelling") == "int":
         return int(value)
-    return value
+    return float(value)
 
 
 # the config's folder and file paths: one spelling each ("data/demo/", "./data/demo" are "data/demo")

@@ -306,6 +306,41 @@ def test_a_whole_number_takes_its_defaults_spelling_and_a_path_one_spelling(tmp_
     assert config.plain_path("/") == "/" and config.plain_path("./") == "."
 
 
+def _leaves(node, path=()):
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, path + (key,))
+        else:
+            yield path + (key,), value
+
+
+def test_a_whole_number_respelled_in_the_defaults_file_itself_keeps_the_jobs_params(tmp_path, monkeypatch):
+    # editing configs/config.yaml in place (600.0 -> 600, 0 -> 0.0) moved the spelling the other values
+    # were measured against: 6 to 42 jobs of a built run reran for the same settings
+    shipped = json.dumps(config.job_params(config.load_config(None, check_paths=False)), sort_keys=True)
+    text = config.DEFAULTS.read_text()
+    respelled = {"fmax: 600.0": "fmax: 600", "fmin: 65.0": "fmin: 65", "max_seconds: 20.0": "max_seconds: 20",
+                 "fmin: 0\n": "fmin: 0.0\n", "fmax: 8000": "fmax: 8000.0", "mel_weight: 45.0": "mel_weight: 45",
+                 "grad_clip: 1.0": "grad_clip: 1", "shards: 8": "shards: 8.0"}
+    for old, new in respelled.items():
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    edited = tmp_path / "config.yaml"
+    edited.write_text(text)
+    monkeypatch.setattr(config, "DEFAULTS", edited)
+    assert json.dumps(config.job_params(config.load_config(None, check_paths=False)), sort_keys=True) == shipped
+
+
+def test_the_shipped_values_keep_their_spelling(tmp_path):
+    # the spelling runs were keyed with: a change here would rerun every built run's jobs once
+    cfg = config.load_config(None, check_paths=False)
+    for path, value in _leaves(DEFAULTS):
+        got = cfg
+        for key in path:
+            got = got[key]
+        assert (got, type(got)) == (value, type(value)), path
+
+
 @pytest.mark.slow
 def test_the_same_values_spelled_otherwise_plan_the_same_jobs(tmp_path, corpus_template):
     printed = []

@@ -139,7 +139,7 @@ def test_a_quoted_yes_or_no_stays_a_string_where_the_key_is_one(tmp_path):
 
 def test_a_set_value_is_named_as_one(capsys):
     line = one_line_error(config.main, ["--set", "train.learning_rate=-1"], capsys)
-    # (a whole number takes the default's spelling, 0.001: -1.0; config._as_default)
+    # (a whole number takes the schema's spelling, a float here: -1.0; config._spelled)
     assert f"{config.DEFAULTS} with --set: train.learning_rate: -1.0 is less than" in line
 
 
