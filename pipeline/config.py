@@ -638,10 +638,10 @@ def load_config(path=None, overrides=None, check_paths=True):
         cfg = normalise(cfg)  # a rule's sections of the config planning validated
     else:
         cfg = validate(normalise(cfg), source, rules=inline is None)
-    if check_paths:
-        check_dataset_paths(cfg)
     if inline is not None:
         cfg = restrict(cfg, merge(inline, overrides or {}))
+    if check_paths and "dataset" in cfg:  # a job's folders, not the defaults' (data/demo) where its rule gave none
+        check_dataset_paths(cfg)
     return cfg
 
 

@@ -456,3 +456,19 @@ def test_the_config_command_with_standard_output_closed_is_one_line():
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "error: standard output is closed: the merged config has nowhere to go; send it to a file or a pipe"], proc.stderr
+
+
+def test_a_job_given_no_dataset_folder_checks_none_in_its_working_folder(tmp_path, monkeypatch):
+    # with dataset.sources, train_aligner's rule passes no dataset folder; its job then checked the
+    # defaults' data/demo in the working folder: "dataset.root: folder not found: data/demo" in any
+    # folder but the checkout's
+    monkeypatch.chdir(tmp_path)
+    inline = {"name": "x", "dataset": {"bad_audio": "skip", "max_seconds": 20.0, "val_fraction": 0.1}}
+    cfg = config.load_config(json.dumps(inline))
+    assert cfg["dataset"]["max_seconds"] == 20.0
+    with pytest.raises(KeyError, match="dataset.root was stripped"):
+        cfg["dataset"]["root"]
+    assert config.load_config(json.dumps({"name": "x"}))["name"] == "x"  # no dataset at all
+    inline["dataset"]["root"] = "data/demo"  # a job given a folder has it checked
+    with pytest.raises(ConfigError, match=r"^dataset.root: folder not found: data/demo$"):
+        config.load_config(json.dumps(inline))
