@@ -195,14 +195,16 @@ def check_out_path(out):
 
 
 def check_ours(paths):
-    """ValueError naming the first of `paths` (the clips a run would write) that exists without
-    make_corpus's tag: a user's own recording, or a file it cannot read, is never replaced. Every path
-    is checked before anything is spoken."""
-    theirs = [path for path in paths if os.path.lexists(path) and not _tagged(path)]
+    """ValueError naming the first file in the place of one of `paths` (the clips a run would write), in
+    any audio format, that exists without make_corpus's tag: a user's own recording, or a file it cannot
+    read, is never replaced, nor given a twin in another format (MY007.wav beside a new MY007.flac: the
+    readers refuse a clip with two). Every path is checked before anything is spoken."""
+    places = [Path(path).with_suffix(f".{ext}") for path in paths for ext in AUDIO_EXTENSIONS]
+    theirs = [path for path in places if os.path.lexists(path) and not _tagged(path)]
     if theirs:
-        more = f" (and {len(theirs) - 1} more of the clips to write)" if len(theirs) > 1 else ""
-        raise ValueError(f"{theirs[0]}{more}: not made by make_corpus (it has no make_corpus tag), so it is "
-                         "not replaced; give an empty or new --out")
+        more = f" (and {len(theirs) - 1} more in the clips' places)" if len(theirs) > 1 else ""
+        raise ValueError(f"{theirs[0]}{more}: not made by make_corpus (it has no make_corpus tag), so no clip "
+                         "replaces it or goes beside it; give an empty or new --out")
 
 
 def check_metadata(path, lines, clip_of):

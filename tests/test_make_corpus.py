@@ -217,10 +217,16 @@ def test_a_corpus_remade_in_another_format_keeps_no_old_clip(tmp_path):
     (tmp_path / "wavs" / "mine.wav").write_bytes(b"not make_corpus's")
     theirs = tmp_path / "wavs" / "LJ001-0002.ogg"
     sf.write(str(theirs), np.zeros(100, "float32") + 0.1, 22050, format="OGG")  # no make_corpus tag
+    # another program's file in a clip's place, in a third format: refused before anything is spoken
+    with pytest.raises(ValueError, match=re.escape(f"{theirs}: not made by make_corpus")):
+        mc.make_corpus(TRANSCRIPTS, tmp_path, count=2, fmt="flac", jobs=1, sample_rate=16000)
+    assert sorted(p.name for p in (tmp_path / "wavs").iterdir()) == [
+        "LJ001-0001.wav", "LJ001-0002.ogg", "LJ001-0002.wav", "mine.wav"]
+    theirs.unlink()
     stats = mc.make_corpus(TRANSCRIPTS, tmp_path, count=2, fmt="flac", jobs=1, sample_rate=16000)
     assert stats["made"] == 2
     assert sorted(p.name for p in (tmp_path / "wavs").iterdir()) == [
-        "LJ001-0001.flac", "LJ001-0002.flac", "LJ001-0002.ogg", "mine.wav"]  # another program's file stays
+        "LJ001-0001.flac", "LJ001-0002.flac", "mine.wav"]  # a file in no clip's place stays
 
 
 def checksums(folder):
@@ -247,8 +253,14 @@ def test_recordings_make_corpus_did_not_make_are_never_replaced(tmp_path, capsys
                            "and are not among the 2 this run would write"), line
     assert line.endswith("give an empty or new --out"), line
     line = refused(capsys, _argv(user, 3, "--format", "wav"))  # metadata kept whole, the audio refused
-    assert line == (f"error: {user / 'wavs' / 'LJ001-0001.wav'} (and 1 more of the clips to write): not made by "
-                    "make_corpus (it has no make_corpus tag), so it is not replaced; give an empty or new --out"), line
+    assert line == (f"error: {user / 'wavs' / 'LJ001-0001.wav'} (and 1 more in the clips' places): not made by "
+                    "make_corpus (it has no make_corpus tag), so no clip replaces it or goes beside it; give an "
+                    "empty or new --out"), line
+    # in another format (the default flac beside the user's wav): the clips went beside the recordings, the
+    # user's transcripts were replaced by the transcripts file's, and the corpus had clips in two formats
+    line = refused(capsys, _argv(user, 3))
+    assert line.startswith(f"error: {user / 'wavs' / 'LJ001-0001.wav'} (and 1 more in the clips' places): not made "
+                           "by make_corpus"), line
     assert checksums(user) == before  # nothing spoken, nothing written: every target is checked first
     # the same for a voices corpus: a file in one of its clips' place
     (tmp_path / "v" / "wavs").mkdir(parents=True)
