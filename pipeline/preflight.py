@@ -115,13 +115,23 @@ def voices(cfg, clips):
     return {"speakers": sorted({c.speaker or folder for c in clips}), "languages": sorted({c.language or own for c in clips})}
 
 
+def cache_rejected(cfg):
+    """The ids of the clips the built cache's index left out (its rejected.tsv); none without one."""
+    try:
+        lines = (config.cache_dir(cfg) / "rejected.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    except (OSError, UnicodeDecodeError):
+        return set()
+    return {line.split("\t", 1)[0] for line in lines if line.strip()}
+
+
 def check_manifest(cfg, clips_by_shard, targets=None):
     """What the dataset's manifest ({shard: clips}) can refuse before any job (rules/common.smk):
     speakers or languages other than a trained run's (runinfo.check_voices), train.balance: speaker with one speaker, and for `targets` (snakemake_targets) that build them,
     evaluate without a validation clip and synthesize.sentences. ConfigError naming the key."""
     clips = [c for group in clips_by_shard.values() for c in group]
     names = voices(cfg, clips)
-    runinfo.check_voices(cfg, names)
+    left_out = cache_rejected(cfg)
+    runinfo.check_voices(cfg, names, voices(cfg, [c for c in clips if c.id not in left_out]) if left_out else names)
     if cfg["train"]["balance"] == "speaker" and len(names["speakers"]) < 2:
         raise config.ConfigError(f"train.balance: speaker needs several speakers; the dataset has "
                                  f"{names['speakers'] or 'one'} (set train.balance: none)")

@@ -266,24 +266,29 @@ def _refuse(cfg, run, diff):
                          f"beside the trained run, restore the settings, or delete {run / 'checkpoints'} to train anew")
 
 
-def check_voices(cfg, names):
-    """RunChanged, at planning, when a speaker or language of the trained run has no clip left in
-    the dataset (`names`: the manifest's, pipeline.preflight.voices): renamed or removed, so `train`
-    would refuse the new table after the token shards were rebuilt in place and Snakemake had deleted
-    train.json. Only a run with a table (two names or more) is checked, and a name the manifest adds is
-    not refused here: a job may yet reject all of a name's clips, and then the index's table is not the
-    manifest's (`train` refuses one that does change, as before)."""
+def check_voices(cfg, names, kept=None):
+    """RunChanged, at planning, when the speakers or languages of the trained run would change: a name
+    with no clip left in the dataset (`names`: the manifest's, pipeline.preflight.voices), renamed or
+    removed, or a name added (`kept`: the names of the clips the built cache has not already left out,
+    default `names`). Either way `train` would refuse the new table (runinfo.changes) after the shards
+    were rebuilt in place and Snakemake had deleted train.json. A name whose clips the cache left out
+    (bad audio) was never in the run's table and is not an addition."""
     run = config.run_dir(cfg)
     saved = _read(run)
     if saved is None:
         return
+    kept = names if kept is None else kept
     diff = []
     for table in ("speakers", "languages"):  # a single-speaker run has no table to move
         old = list(saved.get(table, []))
         gone = [n for n in old if n not in names[table]]
+        added = [n for n in kept[table] if n not in old]
         if gone and len(old) > 1:
             diff.append(f"the {table} changed ({', '.join(old)} -> {', '.join(names[table])}: no clip of "
                         f"{', '.join(gone)} is left)")
+        elif added and len(old) + len(kept[table]) > 2:  # what `train` refuses (changes)
+            diff.append(f"the {table} changed ({', '.join(old) or 'none'} -> {', '.join(kept[table])}: "
+                        f"{', '.join(added)} added, which the trained model has no place for)")
     _refuse(cfg, run, diff)
 
 

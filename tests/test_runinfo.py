@@ -309,12 +309,18 @@ def test_a_speaker_the_trained_run_had_and_the_dataset_lost_stops_planning(tmp_p
     # refused the new speaker table after Snakemake had deleted train.json
     from pipeline import preflight
     from pipeline.formats import Clip
-    cfg = config.load_config(overrides={"runs_dir": str(tmp_path)}, check_paths=False)
+    cfg = config.load_config(overrides={"runs_dir": str(tmp_path), "cache": {"dir": str(tmp_path / "cache")}},
+                             check_paths=False)
     index = {"n_mels": 80, "vocab": text.vocabulary(cfg["text"]), "provenance": {}, "counts": {}}
     stats = {"mel_mean": np.zeros(80), "mel_std": np.ones(80), "pitch_mean": 120.0, "pitch_std": 20.0,
              "energy_mean": 1.0, "energy_std": 1.0}
     run = config.run_dir(cfg)
     runinfo.write(run, dict(runinfo.describe(cfg, index, stats), speakers=["alice", "bob"], languages=["en-us"]))
+
+    def left_out(*ids):  # the built cache's rejected.tsv
+        config.cache_dir(cfg).mkdir(parents=True, exist_ok=True)
+        (config.cache_dir(cfg) / "rejected.tsv").write_text(
+            "id\tshard\tstage\tpath\treason\n" + "".join(f"{i}\t000\tmels\tx.wav\tsilent\n" for i in ids))
 
     def manifest(*speakers):
         return {0: [Clip(id=f"c{i}", text="Hi.", line="", lineno=i + 1, speaker=s, language="en-us")
@@ -324,13 +330,22 @@ def test_a_speaker_the_trained_run_had_and_the_dataset_lost_stops_planning(tmp_p
     (run / "checkpoints").mkdir()
     (run / "checkpoints" / "ckpt-5.index").write_bytes(b"")
     preflight.check_manifest(cfg, manifest("alice", "bob"))
-    preflight.check_manifest(cfg, manifest("alice", "bob", "dora"))  # added: a job may yet reject all of dora's clips
     with pytest.raises(runinfo.RunChanged, match=r"run 'demo' was trained with other settings: the speakers changed "
                                                  r"\(alice, bob -> alice, carol: no clip of bob is left\)\. Nothing was run"):
         preflight.check_manifest(cfg, manifest("alice", "carol"))
-    # a single-speaker run renamed, beside a speaker all of whose clips a job rejects: train sees one name
+    # a source of a new speaker added: the caches were rebuilt, then `train` refused the new table
+    with pytest.raises(runinfo.RunChanged, match=r"the speakers changed \(alice, bob -> alice, bob, dora: dora added, "
+                                                 r"which the trained model has no place for\)\. Nothing was run"):
+        preflight.check_manifest(cfg, manifest("alice", "bob", "dora"))
+    left_out("c2")  # ... but a speaker every clip of whom the built cache left out was never in the table
+    preflight.check_manifest(cfg, manifest("alice", "bob", "dora"))
+    # a single-speaker run renamed, beside a speaker all of whose clips the cache left out: train sees one name
     runinfo.write(run, dict(runinfo.describe(cfg, index, stats), speakers=["lj"], languages=["en-us"]))
+    left_out("c1")
     preflight.check_manifest(cfg, manifest("linda", "bob"))
+    left_out()
+    with pytest.raises(runinfo.RunChanged, match=r"the speakers changed \(lj -> bob, linda: bob, linda added"):
+        preflight.check_manifest(cfg, manifest("linda", "bob"))
 
 
 def test_text_ids_speak_a_one_language_runs_language_not_text_languages(tmp_path):
