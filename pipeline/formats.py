@@ -287,7 +287,8 @@ def read_csv(root, src, name, strict):
         audio = inside_root(root, row["audio_file"], f"{where}: audio_file")
         cid = audio.name.rpartition(".")[0] or audio.name
         if not _ID.fullmatch(cid):
-            raise DatasetError(f"{where}: audio_file {row['audio_file']!r} is not a plain file name under {root}")
+            raise DatasetError(f"{where}: audio_file {row['audio_file']!r} is not a plain file name under {root} "
+                               "(letters, digits, '_', '-', '.')")
         speaker = row.get("speaker") or src.get("speaker") or ""
         language = row.get("language") or src.get("language") or ""
         if strict:

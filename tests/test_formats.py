@@ -337,6 +337,13 @@ def test_a_csv_that_is_not_utf8_names_its_line(tmp_path):
         f"{mine / 'metadata.csv'}: UTF-16 (it starts with a UTF-16 byte order mark); save it as UTF-8")
 
 
+def test_a_csv_file_name_with_a_space_says_what_a_plain_name_is(tmp_path):
+    mine = make_csv(tmp_path / "mine", ["wavs/take 2.wav|Hello.|anna|en-us"])
+    assert _error([{"root": str(mine), "format": "csv"}]) == (
+        f"{mine / 'metadata.csv'}:2: audio_file 'wavs/take 2.wav' is not a plain file name under {mine} "
+        "(letters, digits, '_', '-', '.')")
+
+
 def test_an_unreadable_transcript_file_is_one_line(tmp_path):
     vctk = make_vctk(tmp_path / "vctk", trimmed=False)
     txt = vctk / "txt" / "p225" / "p225_002.txt"
