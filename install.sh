@@ -15,6 +15,9 @@ if ! command -v espeak-ng >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep li
   fi
 fi
 python3 -m pip install -q --disable-pip-version-check -r requirements.txt
+# the checkout itself, editable (no copy: the code stays here), so that `python -m pipeline.speak` and the
+# other commands work from any working folder, beside a run of one's own (README: another working folder)
+python3 -m pip install -q --disable-pip-version-check --no-deps -e .
 
 # --- headless Chromium (tests/test_serve.py drives the voice server's page with it) -----------------
 # Debian's chromium and chromium-driver; without root they are not installed and that one test skips.

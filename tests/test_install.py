@@ -9,7 +9,9 @@ CI (`.ci/run`) runs the suite in a fresh virtual environment, so an undeclared p
 """
 import ast
 import importlib.metadata
+import os
 import re
+import subprocess
 import sys
 import tomllib
 
@@ -146,3 +148,16 @@ def test_every_profile_executor_is_installed_with_the_project(profile):
     plugin = f"snakemake-executor-plugin-{executor}"
     assert plugin in requirements_txt(), f"profiles/{profile} uses executor {executor!r}: {plugin} is in no install file"
     importlib.metadata.version(plugin)  # installed here, by those files
+
+
+def test_the_commands_run_from_another_working_folder(tmp_path):
+    # `cd my-project; python -m pipeline.speak ...` beside a run of one's own: "No module named 'pipeline'"
+    # (install.sh installed the packages, not the checkout)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "pipeline.text", "--frontend", "characters", "Hello, there."],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[0] == "hello, there."
+    spec = subprocess.run([sys.executable, "-c", "import pipeline; print(pipeline.__file__)"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert spec.stdout.strip() == str(ROOT / "pipeline" / "__init__.py")  # this checkout's code, not a copy
