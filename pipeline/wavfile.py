@@ -31,6 +31,11 @@ BLOCK = 1 << 18      # samples converted and written at a time: a long wav is ne
 LIMIT_SECONDS = 0.01  # limit_peaks: half its windows; the gain ramps over twice this on each side of a peak
 
 
+# names of audio formats a wav written under them would pretend to be
+OTHER_AUDIO = {"mp3": "MP3", "flac": "FLAC", "ogg": "Ogg", "oga": "Ogg", "opus": "Opus", "m4a": "AAC", "aac": "AAC",
+               "aif": "AIFF", "aiff": "AIFF", "wma": "WMA", "webm": "WebM"}
+
+
 def check_path(path, flag="--out"):
     """PipelineError naming `flag` unless `path` can become a wav file: not a folder (nor a path ending
     as one's does), a device, a pipe or a socket (files.target: a symbolic link is written through to
@@ -42,6 +47,10 @@ def check_path(path, flag="--out"):
     path = Path(path)
     if path.is_dir():
         raise PipelineError(f"{flag} {path}: a folder; give the path of the .wav to write")
+    kind = path.suffix.lower().lstrip(".")
+    if kind in OTHER_AUDIO:   # hello.mp3 held a wav: a player or a tool that trusts the name fails on it
+        raise PipelineError(f"{flag} {path}: this writes a 16-bit wav, not {OTHER_AUDIO[kind]}; name it .wav "
+                            f"(and convert it after, e.g. `ffmpeg -i out.wav out.{kind}`)")
     files.check_writable(path, flag, files.target(path, flag).parent)
 
 

@@ -2,6 +2,7 @@
 (or limited: the voice's sentences), NaN refused, atomic and durable writes, a full disk one line, and the output path checked before work."""
 import errno
 import os
+import re
 
 import numpy as np
 import pytest
@@ -98,6 +99,13 @@ def test_check_path_names_the_flag_before_any_work(tmp_path):
     for folder in (f"{tmp_path}/new/", f"{tmp_path}/new/.."):   # Path() drops the "/": a file "new" was written
         with pytest.raises(PipelineError, match="a folder \\(a path ending in /, . or ..\\); give the path of the .wav"):
             wavfile.check_path(folder, "--out")
+    # `speak --out hello.mp3` wrote a wav named .mp3, exit 0: a player that trusts the name fails on it
+    for name, kind in (("hello.mp3", "MP3"), ("Hello.FLAC", "FLAC"), ("x.ogg", "Ogg")):
+        with pytest.raises(PipelineError, match=f"^--out {re.escape(str(tmp_path / name))}: this writes a 16-bit wav, "
+                                                f"not {kind}; name it .wav"):
+            wavfile.check_path(tmp_path / name, "--out")
+    wavfile.check_path(tmp_path / "hello", "--out")          # no extension: a wav all the same
+    wavfile.check_path(tmp_path / "take.2.WAV", "--out")
 
 
 def test_a_link_is_written_through_and_a_device_or_pipe_is_never_replaced(tmp_path):
