@@ -504,7 +504,8 @@ def _shard_clips(cfg, shard, log):
 
 
 def decode_key(cfg, clips):
-    """What a shard's decoded waveforms depend on: each clip's file (name, size, mtime_ns), the decode
+    """What a shard's decoded waveforms depend on: each clip's file (name, size, mtime_ns, as planning keyed
+    it: manifest.keyed_stamp), the decode
     settings and the decoding code. The mel job records it in the audio shard it writes; the pitch
     job reads that shard only when its own key is the same, so it never reads audio that its clips
     no longer have (a replaced wav, a changed hop), whichever job Snakemake ran first."""
@@ -512,7 +513,7 @@ def decode_key(cfg, clips):
     stamps = []
     for c in clips:
         path = manifest.clip_audio(ds, c)
-        stamps.append(f"{c.id}={manifest.audio_stamp(path) if path else None}")
+        stamps.append(f"{c.id}={manifest.keyed_stamp(c.id, path) if path else None}")
     return shards.digest(shards.code_digest("audio.py", "cache.py"), a["sample_rate"], a["hop_length"],
                          ds["max_seconds"], *stamps)
 

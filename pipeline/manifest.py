@@ -21,6 +21,8 @@ import shutil
 import time
 from pathlib import Path
 
+from pipeline.errors import PipelineError
+from pipeline.files import atomic_write_text
 from pipeline.formats import AUDIO_EXTENSIONS, Clip, read_metadata, read_sources
 
 
@@ -124,6 +126,94 @@ def audio_stamp(path):
     except OSError:
         return None
     return f"{Path(path).name}:{st.st_size}:{st.st_mtime_ns}"
+
+
+# --- an audio file known by its bytes, not its timestamp ---------------------------------------
+# Planning keys each mel and pitch shard by its clips' "name:size:mtime_ns" (reading every clip's bytes
+# at every plan would cost seconds on a large corpus). But `touch`, a copy without `cp -p` or `rsync -t`
+# and a fresh checkout change a timestamp and not a byte, and every shard they touched reran, and all
+# that follows it. So planning keeps a memo in the cache folder, {clip id: [the stamp it last saw, the
+# stamp its shard was keyed with, the file's sha256 then]}: a clip whose stamp moved is hashed, and
+# keeps its keyed stamp when its bytes are the same. A new or replaced file is hashed once, when it is
+# first seen (every file at a corpus's first plan: ~1 s a GB); the jobs map stamps the same way
+# (keyed_stamp), through the memo planning names in STAMPS_ENV.
+
+STAMPS_FILE = ".audio-stamps.json"
+STAMPS_ENV = "PIPELINE_AUDIO_STAMPS"
+
+
+def _file_sha256(path):
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None   # unreadable: its stamp stands, and its job says what is wrong with it
+
+
+def _read_memo(path):
+    try:
+        memo = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(memo, dict):
+        return {}
+    return {k: v for k, v in memo.items() if isinstance(v, list) and len(v) == 3 and all(isinstance(x, (str, type(None))) for x in v)}
+
+
+def steady_stamps(stamps, paths, memo_path):
+    """({clip id: stamp}, the memo to record) for `stamps` ({clip id: "name:size:mtime_ns", None when it has
+    no file}), where a clip whose file changed only its timestamp keeps the stamp its shard was keyed with.
+    `paths`: {clip id: its file}. Reads the memo at `memo_path`; the run that starts jobs records the new
+    one (write_stamps), so a dry run or a lint writes nothing."""
+    memo = _read_memo(memo_path)
+    out, kept = {}, {}
+    for cid, stamp in stamps.items():
+        seen = memo.get(cid)
+        if stamp is None:
+            out[cid] = None
+        elif seen is not None and seen[0] == stamp:
+            out[cid], kept[cid] = seen[1], seen
+        else:
+            digest = _file_sha256(paths[cid])
+            same = (seen is not None and digest is not None and seen[2] == digest
+                    and seen[1].rsplit(":", 2)[0] == stamp.rsplit(":", 2)[0])   # the same name, the same bytes
+            out[cid] = seen[1] if same else stamp
+            kept[cid] = [stamp, out[cid], digest]
+    return out, (None if kept == memo else kept)
+
+
+def write_stamps(memo_path, memo, log=print):
+    """Record the memo steady_stamps made (None: unchanged, nothing to write). One that cannot be
+    written is said once: its changed files are read again at the next plan."""
+    if memo is None:
+        return
+    try:
+        atomic_write_text(memo_path, json.dumps(memo, separators=(",", ":")))
+    except (OSError, PipelineError) as e:
+        log(f"audio file digests not recorded in {memo_path} ({e.strerror if isinstance(e, OSError) else e}): "
+            "the next plan reads the changed files again")
+
+
+def stamped_files(dataset_cfg, manifest, stamps):
+    """{clip id: its audio file} for the clips of `manifest` ({shard: clips}) that `stamps` (audio_files'
+    or audio_stamp's, by clip id) found a file for: what steady_stamps hashes."""
+    folder = None if "sources" in dataset_cfg else Path(dataset_cfg["root"]) / dataset_cfg["audio_dir"]
+    return {c.id: c.audio if folder is None else folder / stamps[c.id].rsplit(":", 2)[0]
+            for cs in manifest.values() for c in cs if stamps.get(c.id)}
+
+
+@functools.lru_cache(maxsize=1)
+def _job_memo(path):
+    return _read_memo(path)
+
+
+def keyed_stamp(clip_id, path):
+    """audio_stamp(path), or the stamp planning keyed the clip's shard with when the file has changed only
+    its timestamp since (the memo planning named in STAMPS_ENV; the file's own stamp without one)."""
+    stamp = audio_stamp(path)
+    memo = os.environ.get(STAMPS_ENV)
+    seen = _job_memo(memo).get(clip_id) if memo and stamp is not None else None
+    return seen[1] if seen is not None and seen[0] == stamp else stamp
 
 
 # --- each shard job's own clips, written once by the run that starts the jobs -----------------

@@ -191,6 +191,61 @@ def test_the_folder_scan_picks_the_file_audio_path_picks(tmp_path):
     assert manifest.audio_files(tmp_path, "wavs")["b"] != found["b"]
 
 
+# --- an audio file known by its bytes: steady_stamps, keyed_stamp ---------------------------------
+def test_a_file_whose_timestamp_alone_moved_keeps_its_keyed_stamp(tmp_path, monkeypatch):
+    # `touch`, a copy without -p, a fresh checkout: the same bytes, a new mtime, and every shard they
+    # touched reran with all that follows it (3 min 27 s of the demo for one touched clip)
+    (tmp_path / "wavs").mkdir()
+    for stem in "abc":
+        (tmp_path / "wavs" / f"{stem}.wav").write_bytes(stem.encode() * 100)
+    memo = tmp_path / "cache" / manifest.STAMPS_FILE
+
+    def steady():  # a plan, and the run it starts
+        found = manifest.audio_files(tmp_path, "wavs")
+        files = {cid: tmp_path / "wavs" / entry.split(":")[0] for cid, entry in found.items()}
+        keyed, record = manifest.steady_stamps(found, files, memo)
+        manifest.write_stamps(memo, record, log=pytest.fail)
+        return found, keyed
+
+    found, keyed = steady()
+    assert keyed == found and memo.is_file()  # the first plan: every file's own stamp, each hashed once
+    written = memo.stat().st_mtime_ns
+    assert steady()[1] == keyed and memo.stat().st_mtime_ns == written  # nothing new: the memo is not rewritten
+    a, b, c = (tmp_path / "wavs" / f"{s}.wav" for s in "abc")
+    later = time.time() + 100
+    os.utime(a, (later, later))                                          # touch
+    b.write_bytes(b.read_bytes())                                        # copied over itself, without -p
+    now, keyed2 = steady()
+    assert now["a"] != found["a"] and now["b"] != found["b"]
+    assert keyed2 == keyed                                               # the shards' keys: nothing reruns
+    assert steady()[1] == keyed                                          # and the next plan reads nothing
+    st = c.stat()
+    c.write_bytes(b"x" * 100)                                            # the same size, other bytes,
+    os.utime(c, ns=(st.st_atime_ns, st.st_mtime_ns - 10**12))            # an older mtime (cp -p, mv)
+    assert steady()[1]["c"] == manifest.audio_stamp(c) != keyed["c"]
+    c.rename(tmp_path / "wavs" / "c.flac")                               # another name, the same bytes
+    found = manifest.audio_files(tmp_path, "wavs")
+    assert manifest.steady_stamps(found, {k: tmp_path / "wavs" / v.split(":")[0] for k, v in found.items()},
+                                  memo)[0]["c"].startswith("c.flac:")
+    # the jobs map a stamp the same way, through the memo planning names (decode keys of the audio shards)
+    monkeypatch.setenv(manifest.STAMPS_ENV, str(memo))
+    manifest._job_memo.cache_clear()
+    assert manifest.keyed_stamp("a", a) == keyed["a"] != manifest.audio_stamp(a)
+    monkeypatch.delenv(manifest.STAMPS_ENV)
+    assert manifest.keyed_stamp("a", a) == manifest.audio_stamp(a)       # without a memo: the file's own
+
+
+def test_a_memo_that_cannot_be_written_is_said_and_changes_nothing(tmp_path):
+    (tmp_path / "x.wav").write_bytes(b"RIFF")
+    (tmp_path / "cache").write_text("a file where the cache folder goes")
+    said = []
+    stamps = {"x": manifest.audio_stamp(tmp_path / "x.wav"), "gone": None}
+    keyed, record = manifest.steady_stamps(stamps, {"x": tmp_path / "x.wav"}, tmp_path / "cache" / manifest.STAMPS_FILE)
+    assert keyed == stamps
+    manifest.write_stamps(tmp_path / "cache" / manifest.STAMPS_FILE, record, log=said.append)
+    assert len(said) == 1 and said[0].startswith(f"audio file digests not recorded in {tmp_path / 'cache'}")
+
+
 # --- the clip lists a run writes for its shard jobs -------------------------------------------
 def _listed_dataset(tmp_path, n=40):
     root = tmp_path / "data"

@@ -18,6 +18,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import snakemake_cli
 import soundfile as sf
@@ -239,6 +240,27 @@ def test_replace_audio_with_a_file_older_than_the_cache_still_rebuilds(built):
     assert counts == {"mel_shard": 1, "pitch_shard": 1, "cache_index": 1, "caches": 1}
     assert shards == {"mel_shard": [0], "pitch_shard": [0]}
     assert rebuild_then_nothing_to_do(built) == jobs_files(("mels", 0), ("pitch", 0))
+
+
+@pytest.mark.slow
+def test_an_audio_file_with_a_new_timestamp_and_its_bytes_reruns_nothing(built):
+    # `touch`, a copy without -p or rsync -t, a fresh checkout: every shard it touched reran, and what follows
+    wavs = sorted((built.root / "wavs").iterdir())
+    future = time.time() + 60
+    os.utime(wavs[0], (future, future))
+    for wav in wavs[1:]:
+        wav.write_bytes(wav.read_bytes())      # copied over itself: a new mtime, the same bytes
+    assert plan(built.config) == NOTHING
+    recorded = json.loads((built.cache / manifest.STAMPS_FILE).read_text())  # what the plan read is recorded
+    assert recorded[wavs[0].stem][0] == manifest.audio_stamp(wavs[0]) != recorded[wavs[0].stem][1]
+    # the same size, other bytes: that shard reruns (planning read the changed file)
+    i, cid = clip_of_shard(built, 2)
+    wav = built.root / "wavs" / f"{cid}.wav"
+    y, sr = sf.read(str(wav), dtype="int16")
+    sf.write(str(wav), np.roll(y, 1), sr, subtype="PCM_16")
+    counts, shards = plan(built.config)
+    assert shards == {"mel_shard": [2], "pitch_shard": [2]}
+    assert rebuild_then_nothing_to_do(built) == jobs_files(("mels", 2), ("pitch", 2))
 
 
 @pytest.mark.slow

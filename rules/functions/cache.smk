@@ -88,14 +88,42 @@ try:  # an empty or unmounted audio folder: before any shard job rewrites its sh
     ppreflight.check_audio(config, MANIFEST, AUDIO, None if SOURCES else AUDIO_TWINS)
 except perrors.PipelineError as e:
     stop_planning(e)
+# a file whose timestamp alone moved (touch, a copy without -p) keeps the stamp its shard was keyed
+# with: its bytes are compared with the memo's (pipeline/manifest.py, steady_stamps)
+AUDIO, AUDIO_MEMO = pmanifest.steady_stamps(
+    {c.id: AUDIO.get(c.id) for cs in MANIFEST.values() for c in cs},
+    pmanifest.stamped_files(DS, MANIFEST, AUDIO),
+    CACHE / pmanifest.STAMPS_FILE,
+)
+
+
+def record_stamps():
+    """The memo steady_stamps made, once: here when the cache exists (a run with nothing to do calls no
+    onstart, and the files read would be read again at every plan), else by the run that starts the
+    first jobs (publish_clip_lists): a dry run or a lint of a fresh checkout makes no cache folder.
+    """
+    global AUDIO_MEMO
+    pmanifest.write_stamps(
+        CACHE / pmanifest.STAMPS_FILE,
+        AUDIO_MEMO,
+        log=lambda line: print(line, file=sys.stderr),
+    )
+    AUDIO_MEMO = None
+
+
+if CACHE.is_dir():
+    record_stamps()
+os.environ[pmanifest.STAMPS_ENV] = str((CACHE / pmanifest.STAMPS_FILE).resolve())
 PROVENANCE = {kind: pshards.provenance(kind, config) for kind in pshards.CACHE_KINDS}
 
 
 def publish_clip_lists():
-    """Before the jobs start: each shard's clips, from the manifest read above, where the shard jobs
+    """Before the jobs start: the audio files' stamp memo (steady_stamps), and each shard's clips, from
+    the manifest read above, where the shard jobs
     read theirs (pipeline/manifest.py, shard_manifest) instead of reading the whole dataset each.
     Unchanged data writes nothing. If it cannot be written, the jobs read the dataset as before.
     """
+    record_stamps()
     dataset = {"sources": list(SOURCES.values())} if SOURCES else DS
     try:
         folder = pmanifest.write_clip_lists(
