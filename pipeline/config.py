@@ -154,8 +154,8 @@ def _coerce_strings(cfg, defaults, where="", schema=None):
     for key, value in cfg.items():
         default = defaults.get(key) if isinstance(defaults, dict) else None
         node = _property(schema, key)
-        if isinstance(value, dict):
-            _coerce_strings(value, default, f"{where}{key}.", node)
+        if isinstance(value, dict):  # {} under a key the schema leaves free (model.options): nothing re-spelled
+            _coerce_strings(value, default, f"{where}{key}.", node if isinstance(node, dict) else {})
         elif isinstance(value, str) and isinstance(default, str):
             if value.strip().lower() in ("true", "false"):
                 cfg[key] = value.strip().lower() == "true"

@@ -331,6 +331,15 @@ def test_a_whole_number_respelled_in_the_defaults_file_itself_keeps_the_jobs_par
     assert json.dumps(config.job_params(config.load_config(None, check_paths=False)), sort_keys=True) == shipped
 
 
+def test_a_free_form_section_keeps_its_spelling():
+    # model.options is the user's own model's: its train.steps 5.0 became 5 and pitch.fmin 65 became 65.0
+    # (the whole schema's spelling, from its top), changing the user's types and the train job's params
+    options = {"ema": {"train": {"steps": 5.0}, "pitch": {"fmin": 65}}, "steps": 3.0}
+    got = config.load_config(None, {"model": {"options": options}}, check_paths=False)["model"]["options"]
+    assert got == options and type(got["ema"]["train"]["steps"]) is float and type(got["ema"]["pitch"]["fmin"]) is int
+    assert type(got["steps"]) is float
+
+
 def test_the_shipped_values_keep_their_spelling(tmp_path):
     # the spelling runs were keyed with: a change here would rerun every built run's jobs once
     cfg = config.load_config(None, check_paths=False)
