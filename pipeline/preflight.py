@@ -10,6 +10,7 @@ for the targets of the `snakemake` command that build them, evaluate needs a val
 synthesize sentences it can speak.
 """
 import os
+import sys
 from pathlib import Path
 
 from pipeline import config, formats, manifest, models, runinfo
@@ -131,7 +132,8 @@ def check_manifest(cfg, clips_by_shard, targets=None):
     clips = [c for group in clips_by_shard.values() for c in group]
     names = voices(cfg, clips)
     left_out = cache_rejected(cfg)
-    runinfo.check_voices(cfg, names, voices(cfg, [c for c in clips if c.id not in left_out]) if left_out else names)
+    runinfo.check_voices(cfg, names, voices(cfg, [c for c in clips if c.id not in left_out]) if left_out else names,
+                         log=lambda line: print(line, file=sys.stderr))
     if cfg["train"]["balance"] == "speaker" and len(names["speakers"]) < 2:
         raise config.ConfigError(f"train.balance: speaker needs several speakers; the dataset has "
                                  f"{names['speakers'] or 'one'} (set train.balance: none)")

@@ -266,13 +266,14 @@ def _refuse(cfg, run, diff):
                          f"beside the trained run, restore the settings, or delete {run / 'checkpoints'} to train anew")
 
 
-def check_voices(cfg, names, kept=None):
-    """RunChanged, at planning, when the speakers or languages of the trained run would change: a name
-    with no clip left in the dataset (`names`: the manifest's, pipeline.preflight.voices), renamed or
-    removed, or a name added (`kept`: the names of the clips the built cache has not already left out,
-    default `names`). Either way `train` would refuse the new table (runinfo.changes) after the shards
-    were rebuilt in place and Snakemake had deleted train.json. A name whose clips the cache left out
-    (bad audio) was never in the run's table and is not an addition."""
+def check_voices(cfg, names, kept=None, log=None):
+    """RunChanged, at planning, when a speaker or language of the trained run has no clip left in the
+    dataset (`names`: the manifest's, pipeline.preflight.voices): renamed or removed, so `train` would
+    refuse the new table after the token shards were rebuilt in place and Snakemake had deleted
+    train.json. A name the manifest adds is only said (`log`), not refused: a job may yet reject every
+    clip of it (bad audio), and planning cannot know that before the jobs read the audio (a deleted
+    or moved cache, a speaker whose every clip was rejected). `kept`: the names of the clips the built
+    cache has not left out (default `names`), so a name it left out whole is not said to be new."""
     run = config.run_dir(cfg)
     saved = _read(run)
     if saved is None:
@@ -286,9 +287,11 @@ def check_voices(cfg, names, kept=None):
         if gone and len(old) > 1:
             diff.append(f"the {table} changed ({', '.join(old)} -> {', '.join(names[table])}: no clip of "
                         f"{', '.join(gone)} is left)")
-        elif added and len(old) + len(kept[table]) > 2:  # what `train` refuses (changes)
-            diff.append(f"the {table} changed ({', '.join(old) or 'none'} -> {', '.join(kept[table])}: "
-                        f"{', '.join(added)} added, which the trained model has no place for)")
+        elif (added and len(old) + len(kept[table]) > 2 and log is not None
+              and any((run / "checkpoints").glob("ckpt-*.index"))):  # what `train` refuses (changes)
+            log(f"note: the dataset has {table} that run {cfg['name']!r} did not train on ({', '.join(added)}); its "
+                f"model has no place for them, so `train` stops unless the caches leave out every clip of them: "
+                f"give this configuration another `name` to train a model with them")
     _refuse(cfg, run, diff)
 
 
