@@ -16,8 +16,12 @@ if ! command -v espeak-ng >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep li
 fi
 python3 -m pip install -q --disable-pip-version-check -r requirements.txt
 # the checkout itself, editable (no copy: the code stays here), so that `python -m pipeline.speak` and the
-# other commands work from any working folder, beside a run of one's own (README: another working folder)
-python3 -m pip install -q --disable-pip-version-check --no-deps -e .
+# other commands work from any working folder, beside a run of one's own (README: another working folder).
+# Offline, without the setuptools a build fetches, it builds with the environment's own; failing that, it
+# says so and goes on (the commands then work inside the checkout, as Snakemake's jobs always do).
+python3 -m pip install -q --disable-pip-version-check --no-deps -e . 2>/dev/null \
+  || python3 -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . \
+  || echo "install.sh: the checkout was not installed (see pip's message above): python -m pipeline.... works only inside $(pwd)" >&2
 
 # --- headless Chromium (tests/test_serve.py drives the voice server's page with it) -----------------
 # Debian's chromium and chromium-driver; without root they are not installed and that one test skips.
