@@ -33,7 +33,8 @@ LIMIT_SECONDS = 0.01  # limit_peaks: half its windows; the gain ramps over twice
 
 # names of audio formats a wav written under them would pretend to be
 OTHER_AUDIO = {"mp3": "MP3", "flac": "FLAC", "ogg": "Ogg", "oga": "Ogg", "opus": "Opus", "m4a": "AAC", "aac": "AAC",
-               "aif": "AIFF", "aiff": "AIFF", "wma": "WMA", "webm": "WebM"}
+               "mp4": "MP4", "m4b": "AAC", "aif": "AIFF", "aiff": "AIFF", "wma": "WMA", "webm": "WebM", "au": "Sun audio",
+               "caf": "CAF", "wv": "WavPack", "ape": "Monkey's Audio"}
 
 
 def check_path(path, flag="--out"):
@@ -47,11 +48,14 @@ def check_path(path, flag="--out"):
     path = Path(path)
     if path.is_dir():
         raise PipelineError(f"{flag} {path}: a folder; give the path of the .wav to write")
-    kind = path.suffix.lower().lstrip(".")
-    if kind in OTHER_AUDIO:   # hello.mp3 held a wav: a player or a tool that trusts the name fails on it
-        raise PipelineError(f"{flag} {path}: this writes a 16-bit wav, not {OTHER_AUDIO[kind]}; name it .wav "
-                            f"(and convert it after, e.g. `ffmpeg -i out.wav out.{kind}`)")
-    files.check_writable(path, flag, files.target(path, flag).parent)
+    written = files.target(path, flag)   # through a link: what is written is its target
+    for name in dict.fromkeys((path, written)):
+        kind = name.suffix.lower().lstrip(".")
+        if kind in OTHER_AUDIO:   # hello.mp3 held a wav: a player or a tool that trusts the name fails on it
+            raise PipelineError(f"{flag} {path}: this writes a 16-bit wav, not {OTHER_AUDIO[kind]}"
+                                f"{'' if name == path else f' (into {name})'}; name it .wav (and convert it after, "
+                                f"e.g. `ffmpeg -i out.wav out.{kind}`)")
+    files.check_writable(path, flag, written.parent)
 
 
 def _open(target, sample_rate):

@@ -104,6 +104,9 @@ def test_check_path_names_the_flag_before_any_work(tmp_path):
         with pytest.raises(PipelineError, match=f"^--out {re.escape(str(tmp_path / name))}: this writes a 16-bit wav, "
                                                 f"not {kind}; name it .wav"):
             wavfile.check_path(tmp_path / name, "--out")
+    os.symlink("target.mp3", tmp_path / "link.wav")         # a link written through to a .mp3
+    with pytest.raises(PipelineError, match=re.escape(f"not MP3 (into {tmp_path / 'target.mp3'}); name it .wav")):
+        wavfile.check_path(tmp_path / "link.wav", "--out")
     wavfile.check_path(tmp_path / "hello", "--out")          # no extension: a wav all the same
     wavfile.check_path(tmp_path / "take.2.WAV", "--out")
 
