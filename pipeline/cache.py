@@ -533,6 +533,7 @@ def _audio_of_shard(cfg, shard, what, log, clips):
                 if path is None:
                     raise audio.BadAudio(f"missing file ({Path(c.audio).name})" if c.audio
                                          else f"missing file (no {c.id}.wav, .flac or .ogg)")
+                manifest.check_planned(c.id, path)  # not the bytes this job's key names: stop, leave no shard
                 y = load_clip(path, sample_rate=a["sample_rate"], max_seconds=ds["max_seconds"], fmax=fmax)
                 audio.check_length(y, a["hop_length"])
             except audio.BadAudio as e:

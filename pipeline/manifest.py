@@ -157,7 +157,8 @@ def _read_memo(path):
         return {}
     if not isinstance(memo, dict):
         return {}
-    return {k: v for k, v in memo.items() if isinstance(v, list) and len(v) == 3 and all(isinstance(x, (str, type(None))) for x in v)}
+    return {k: v for k, v in memo.items() if isinstance(v, list) and len(v) == 3 and isinstance(v[0], str)
+            and isinstance(v[1], str) and isinstance(v[2], (str, type(None)))}
 
 
 def steady_stamps(stamps, paths, memo_path):
@@ -192,6 +193,21 @@ def write_stamps(memo_path, memo, log=print):
     except (OSError, PipelineError) as e:
         log(f"audio file digests not recorded in {memo_path} ({e.strerror if isinstance(e, OSError) else e}): "
             "the next plan reads the changed files again")
+
+
+def check_planned(clip_id, path):
+    """PipelineError when the clip's file holds other bytes than planning read (the memo it named in
+    STAMPS_ENV): changed while the run was under way. Its shard would hold those bytes under the key of
+    the ones planning read, and a later return of the old bytes would map back to that key with nothing
+    rerun; stopped here, the job leaves no shard and the next plan builds it from what the file holds.
+    A file that only changed its timestamp passes (its bytes are read to tell)."""
+    memo = os.environ.get(STAMPS_ENV)
+    seen = _job_memo(memo).get(clip_id) if memo else None
+    stamp = audio_stamp(path)
+    if seen is None or stamp is None or stamp == seen[0] or (seen[2] and _file_sha256(path) == seen[2]):
+        return
+    raise PipelineError(f"{path}: changed while this run was under way (its bytes are not those planning read); "
+                        "run snakemake again to build its shard from what it holds now")
 
 
 def stamped_files(dataset_cfg, manifest, stamps):

@@ -3,6 +3,7 @@ DatasetError naming file and line (also through `snakemake -n caches`), stable s
 
     python -m pytest -q tests/test_manifest.py
 """
+import json
 import os
 import random
 import re
@@ -11,7 +12,7 @@ import time
 import pytest
 from conftest import snakemake
 
-from pipeline import formats, manifest
+from pipeline import errors, formats, manifest
 from pipeline.formats import DatasetError
 
 
@@ -233,6 +234,36 @@ def test_a_file_whose_timestamp_alone_moved_keeps_its_keyed_stamp(tmp_path, monk
     assert manifest.keyed_stamp("a", a) == keyed["a"] != manifest.audio_stamp(a)
     monkeypatch.delenv(manifest.STAMPS_ENV)
     assert manifest.keyed_stamp("a", a) == manifest.audio_stamp(a)       # without a memo: the file's own
+
+
+def test_a_file_changed_while_the_run_was_under_way_stops_its_job(tmp_path, monkeypatch):
+    # the memo held the bytes planning read, the job decoded others under that key, and when the old bytes
+    # came back (a checkout switched back, a backup restored) the plan mapped them to that key: nothing reran
+    wav = tmp_path / "wavs" / "a.wav"
+    wav.parent.mkdir()
+    wav.write_bytes(b"A" * 100)
+    memo = tmp_path / manifest.STAMPS_FILE
+    found = manifest.audio_files(tmp_path, "wavs")
+    manifest.write_stamps(memo, manifest.steady_stamps(found, {"a": wav}, memo)[1], log=pytest.fail)
+    monkeypatch.setenv(manifest.STAMPS_ENV, str(memo))
+    manifest._job_memo.cache_clear()
+    manifest.check_planned("a", wav)                    # as planned
+    later = time.time() + 100
+    os.utime(wav, (later, later))
+    manifest.check_planned("a", wav)                    # touched: the same bytes
+    wav.write_bytes(b"B" * 100)
+    with pytest.raises(errors.PipelineError, match=f"^{re.escape(str(wav))}: changed while this run was under way"):
+        manifest.check_planned("a", wav)
+    manifest.check_planned("other", wav)                # a clip planning did not read: nothing to compare
+
+
+def test_a_hand_edited_memo_entry_is_unseen(tmp_path):
+    (tmp_path / "a.wav").write_bytes(b"A")
+    memo = tmp_path / manifest.STAMPS_FILE
+    stamp = manifest.audio_stamp(tmp_path / "a.wav")
+    for entry in (["a.wav:1:1", None, "x"], [stamp, None, None], [stamp, 5, None], "junk"):
+        memo.write_text(json.dumps({"a": entry}))
+        assert manifest.steady_stamps({"a": stamp}, {"a": tmp_path / "a.wav"}, memo)[0] == {"a": stamp}
 
 
 def test_a_memo_that_cannot_be_written_is_said_and_changes_nothing(tmp_path):
