@@ -638,10 +638,11 @@ def load_config(path=None, overrides=None, check_paths=True):
         cfg = normalise(cfg)  # a rule's sections of the config planning validated
     else:
         cfg = validate(normalise(cfg), source, rules=inline is None)
-    if inline is not None:
-        cfg = restrict(cfg, merge(inline, overrides or {}))
-    if check_paths and "dataset" in cfg:  # a job's folders, not the defaults' (data/demo) where its rule gave none
-        check_dataset_paths(cfg)
+    given = None if inline is None else merge(inline, overrides or {})
+    if check_paths and (given is None or {"root", "sources"} & set(given.get("dataset") or {})):
+        check_dataset_paths(cfg)  # a job's folders, not the defaults' (data/demo) where its rule gave none
+    if given is not None:
+        cfg = restrict(cfg, given)
     return cfg
 
 
