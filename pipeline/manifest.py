@@ -51,7 +51,7 @@ def audio_path(root, audio_dir, clip_id):
         listed = _listing(str(folder), os.stat(folder).st_mtime_ns).get(clip_id)
     except OSError:
         return None
-    return folder / listed.rsplit(":", 2)[0] if listed else None
+    return folder / stamp_name(listed) if listed else None
 
 
 @functools.lru_cache(maxsize=4)
@@ -119,6 +119,11 @@ def clip_where(dataset_cfg, clip):
     return clip.where or f"{Path(dataset_cfg['root']) / dataset_cfg['metadata']}:{clip.lineno}"
 
 
+def stamp_name(stamp):
+    """The file name in a "name:size:mtime_ns" stamp (names may hold colons)."""
+    return stamp.rsplit(":", 2)[0]
+
+
 def audio_stamp(path):
     """"name:size:mtime_ns" of a file (None when missing): what the Snakefile digests per mel shard."""
     try:
@@ -177,7 +182,7 @@ def steady_stamps(stamps, paths, memo_path):
         else:
             digest = _file_sha256(paths[cid])
             same = (seen is not None and digest is not None and seen[2] == digest
-                    and seen[1].rsplit(":", 2)[0] == stamp.rsplit(":", 2)[0])   # the same name, the same bytes
+                    and stamp_name(seen[1]) == stamp_name(stamp))   # the same name, the same bytes
             out[cid] = seen[1] if same else stamp
             kept[cid] = [stamp, out[cid], digest]
     return out, (None if kept == memo else kept)
@@ -201,10 +206,8 @@ def check_planned(clip_id, path):
     the ones planning read, and a later return of the old bytes would map back to that key with nothing
     rerun; stopped here, the job leaves no shard and the next plan builds it from what the file holds.
     A file that only changed its timestamp passes (its bytes are read to tell)."""
-    memo = os.environ.get(STAMPS_ENV)
-    seen = _job_memo(memo).get(clip_id) if memo else None
-    stamp = audio_stamp(path)
-    if seen is None or stamp is None or stamp == seen[0] or (seen[2] and _file_sha256(path) == seen[2]):
+    stamp, seen = _planned(clip_id, path)
+    if seen is None or stamp == seen[0] or (seen[2] and _file_sha256(path) == seen[2]):
         return
     raise PipelineError(f"{path}: changed while this run was under way (its bytes are not those planning read); "
                         "run snakemake again to build its shard from what it holds now")
@@ -214,7 +217,7 @@ def stamped_files(dataset_cfg, manifest, stamps):
     """{clip id: its audio file} for the clips of `manifest` ({shard: clips}) that `stamps` (audio_files'
     or audio_stamp's, by clip id) found a file for: what steady_stamps hashes."""
     folder = None if "sources" in dataset_cfg else Path(dataset_cfg["root"]) / dataset_cfg["audio_dir"]
-    return {c.id: c.audio if folder is None else folder / stamps[c.id].rsplit(":", 2)[0]
+    return {c.id: c.audio if folder is None else folder / stamp_name(stamps[c.id])
             for cs in manifest.values() for c in cs if stamps.get(c.id)}
 
 
@@ -223,12 +226,18 @@ def _job_memo(path):
     return _read_memo(path)
 
 
+def _planned(clip_id, path):
+    """(audio_stamp(path), the clip's entry in the memo planning named in STAMPS_ENV, or None: no memo,
+    no entry, or no file)."""
+    stamp = audio_stamp(path)
+    memo = os.environ.get(STAMPS_ENV)
+    return stamp, (_job_memo(memo).get(clip_id) if memo and stamp is not None else None)
+
+
 def keyed_stamp(clip_id, path):
     """audio_stamp(path), or the stamp planning keyed the clip's shard with when the file has changed only
     its timestamp since (the memo planning named in STAMPS_ENV; the file's own stamp without one)."""
-    stamp = audio_stamp(path)
-    memo = os.environ.get(STAMPS_ENV)
-    seen = _job_memo(memo).get(clip_id) if memo and stamp is not None else None
+    stamp, seen = _planned(clip_id, path)
     return seen[1] if seen is not None and seen[0] == stamp else stamp
 
 

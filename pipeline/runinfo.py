@@ -258,9 +258,14 @@ def check_unchanged(cfg):
                             f"known: {', '.join(languages)}")
 
 
+def _trained(run):
+    """Whether the run folder holds a checkpoint."""
+    return any((run / "checkpoints").glob("ckpt-*.index"))
+
+
 def _refuse(cfg, run, diff):
     """RunChanged naming `diff` when the run of cfg's `name` has checkpoints (nothing to refuse before)."""
-    if diff and any((run / "checkpoints").glob("ckpt-*.index")):
+    if diff and _trained(run):
         raise RunChanged(f"{path(run)}: run {cfg['name']!r} was trained with other settings: {'; '.join(diff)}. "
                          f"Nothing was run. Give this configuration another `name` (--config name=...) to build it "
                          f"beside the trained run, restore the settings, or delete {run / 'checkpoints'} to train anew")
@@ -287,8 +292,7 @@ def check_voices(cfg, names, kept=None, log=None):
         if gone and len(old) > 1:
             diff.append(f"the {table} changed ({', '.join(old)} -> {', '.join(names[table])}: no clip of "
                         f"{', '.join(gone)} is left)")
-        elif (added and len(old) + len(kept[table]) > 2 and log is not None
-              and any((run / "checkpoints").glob("ckpt-*.index"))):  # what `train` refuses (changes)
+        elif added and len(old) + len(kept[table]) > 2 and log is not None and _trained(run):  # what `train` refuses
             log(f"note: the dataset has {table} that run {cfg['name']!r} did not train on ({', '.join(added)}); its "
                 f"model has no place for them, so `train` stops unless the caches leave out every clip of them: "
                 f"give this configuration another `name` to train a model with them")
