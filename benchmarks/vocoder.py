@@ -1,8 +1,9 @@
 """Copy-synthesis quality of the run's trained vocoder against Griffin-Lim, on the validation clips.
 
 A perfect acoustic model (the recorded mel itself) goes through both vocoders; evaluate's measures
-(MCD, PESQ wideband at 16 kHz, STOI) against the recording. Reads runs/{name}/vocoder.json (train
-it first: `snakemake --cores all vocoder`, or `python -m pipeline.vocoder.train --phase train --final`).
+(MCD, also split by the recording's voicing, PESQ wideband at 16 kHz, STOI) against the recording.
+Reads runs/{name}/vocoder.json (train it first: `snakemake --cores all vocoder`, or
+`python -m pipeline.vocoder.train --phase train --final`).
 
     python benchmarks/vocoder.py --config configs/config.yaml [--max-clips 20] [--summary runs/demo/vocoder/train.json]
     python benchmarks/vocoder.py --config configs/config.yaml --heldout 1000:40
@@ -175,6 +176,9 @@ def main(argv=None):
     out = {"clips": result["clips"], "vocoder": {"kind": voc.kind, "steps": voc.steps,
                                                  "finetune_steps": voc.finetune_steps},
            "mcd_db_griffin_lim": result["mcd_db_ceiling"], "mcd_db_vocoder": result["mcd_db_vocoder_ceiling"],
+           "mcd_db_by_voicing": {name: {part: result[f"mcd_db_{part}_{suffix}"] for part in ("voiced", "unvoiced")}
+                                 for name, suffix in (("griffin_lim", "ceiling"), ("vocoder", "vocoder_ceiling"))},
+           "voiced_share": result["voiced_share"],
            "pesq": result["pesq"], "stoi": result["stoi"], "mos": result.get("mos"), "wer": result.get("wer"),
            "mos_leads": result.get("mos_leads"), "heldout": args.heldout,
            "synthesized": {"by": "the acoustic model" if args.tts else "the recorded mel, the F0 head's F0",

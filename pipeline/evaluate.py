@@ -284,10 +284,18 @@ class Listeners:
             self.pool.shutdown(cancel_futures=exc[0] is not None)
 
 
+def _by_voicing(syn, rec, path, suffix=""):
+    """{mcd_db_voiced{suffix}, mcd_db_unvoiced{suffix}}: the MCD over the frames the recording is voiced in
+    (its F0 > 0), where vocoders differ, and over the rest (noise and pauses, near a floor for any of them)."""
+    voiced, unvoiced = metrics.mcd_by_voicing(syn["mc"], rec["mc"], path, np.asarray(rec["f0"]) > 0)
+    return {f"mcd_db_voiced{suffix}": voiced, f"mcd_db_unvoiced{suffix}": unvoiced}
+
+
 def _vocoder_ceiling(voc, rec):
     """The trained vocoder's copy-synthesis against the recording: MCD and F0 figures."""
     mcd_db, path_ = metrics.mcd(voc["mc"], rec["mc"])
-    return {"mcd_db_vocoder_ceiling": mcd_db, "f0_rmse_hz_vocoder_ceiling": _f0_rmse(voc["f0"], rec["f0"], path_),
+    return {"mcd_db_vocoder_ceiling": mcd_db, **_by_voicing(voc, rec, path_, "_vocoder_ceiling"),
+            "f0_rmse_hz_vocoder_ceiling": _f0_rmse(voc["f0"], rec["f0"], path_),
             "f0_gross_error_vocoder_ceiling": metrics.f0_gross_error(voc["f0"], rec["f0"], path_)}
 
 
@@ -331,6 +339,8 @@ def measure_clip(clip, synth_mel, analyse):
         extra.update(_vocoder_ceiling(analyse(y_voc), rec))
         heard["vocoder_ceiling"], signals["vocoder_ceiling"] = y_voc[:len(ref)], y_voc
     row = {"id": clip.id, "text": clip.text, "mcd_db": mcd_db, "mcd_db_ceiling": mcd_ceiling, **extra, "cut": bool(cut),
+           **_by_voicing(syn, rec, path_), **_by_voicing(ceil, rec, path_ceiling, "_ceiling"),
+           "voiced_share": float(np.mean(np.asarray(rec["f0"]) > 0)),
            "duration_ratio": len(smel) / len(mel),
            "f0_rmse_hz": _f0_rmse(syn["f0"], rec["f0"], path_),
            "f0_rmse_hz_ceiling": _f0_rmse(ceil["f0"], rec["f0"], path_ceiling),
@@ -354,15 +364,17 @@ def _chance(rows, recorded, synthesized, texts):
                                          for j in others if "heard_recording" in rows[j]])
 
 
-FIGURES = ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "duration_ratio", "f0_rmse_hz", "f0_rmse_hz_ceiling",
+FIGURES = ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "mcd_db_voiced", "mcd_db_voiced_ceiling", "mcd_db_unvoiced",
+           "mcd_db_unvoiced_ceiling", "voiced_share", "duration_ratio", "f0_rmse_hz", "f0_rmse_hz_ceiling",
            "f0_gross_error", "f0_gross_error_ceiling")
-VOCODER_FIGURES = ("mcd_db_vocoder_ceiling", "f0_rmse_hz_vocoder_ceiling", "f0_gross_error_vocoder_ceiling")
+VOCODER_FIGURES = ("mcd_db_vocoder_ceiling", "mcd_db_voiced_vocoder_ceiling", "mcd_db_unvoiced_vocoder_ceiling",
+                   "f0_rmse_hz_vocoder_ceiling", "f0_gross_error_vocoder_ceiling")
 
 
 def _figures(rows, vocoder):
     """The medians over `rows` of every per-clip figure: MCD, F0 and length, the trained vocoder's
     copy-synthesis (`vocoder`), and the listening measures of each signal."""
-    out = {k: _median([r[k] for r in rows]) for k in FIGURES + (VOCODER_FIGURES if vocoder else ())}
+    out = {k: _median([r.get(k) for r in rows]) for k in FIGURES + (VOCODER_FIGURES if vocoder else ())}
     for measure, names in (("pesq", LISTENED), ("stoi", LISTENED), ("mos", SIGNALS), ("wer", SIGNALS)):
         out[measure] = {name: _median([r.get(f"{measure}_{name}") for r in rows])
                         for name in names if any(f"{measure}_{name}" in r for r in rows)}

@@ -196,6 +196,10 @@ def _rows(report):
     heard = {"vocoder_ceiling": "vocoder_ceiling", "ceiling": "griffin_lim_ceiling"}
     return [("MCD, dB (lower is better)", _fmt(report["mcd_db"]),
              [_fmt(report.get(f"mcd_db_{c}")) for c in ceilings], _fmt(report["mcd_db_other"])),
+            (f"MCD on the frames the recording voices ({_pct(report.get('voiced_share'))} of them), dB",
+             _fmt(report.get("mcd_db_voiced")), [_fmt(report.get(f"mcd_db_voiced_{c}")) for c in ceilings], ""),
+            ("MCD on the others (unvoiced sounds, pauses), dB", _fmt(report.get("mcd_db_unvoiced")),
+             [_fmt(report.get(f"mcd_db_unvoiced_{c}")) for c in ceilings], ""),
             ("F0 RMSE, Hz, frames voiced in both", _fmt(report["f0_rmse_hz"], 1),
              [_fmt(report.get(f"f0_rmse_hz_{c}"), 1) for c in ceilings], ""),
             ("F0 gross errors (> 20 % off, mostly octave jumps), share of those frames",
@@ -231,7 +235,10 @@ def markdown(report):
     lines += listener_lines(report) + speaker_lines(report)
     voc = len(ceilings) > 1
     lines += [("Medians over the clips. MCD: mel-cepstral distortion (order 24, c0 excluded) of WORLD envelopes over the "
-              "band the mel carries, frames paired by DTW. The synthesized row is the model's mel through "
+              "band the mel carries, frames paired by DTW; split by the recording's voicing (its F0), as the two kinds "
+              "of frame differ: a vocoder can follow a voiced frame's envelope, while an unvoiced one is noise, whose "
+              "envelope differs by several dB between any two renderings of one spectrum (Griffin-Lim's copy included), "
+              "so its MCD sits near a floor no vocoder moves much. The synthesized row is the model's mel through "
               f"{name if voc else 'Griffin-Lim'}; the ceiling rows resynthesize each recording's own mel "
               f"({'with the same vocoder, and with ' if voc else 'with '}Griffin-Lim, {report['griffin_lim_iters']} "
               "iterations). PESQ and STOI compare with the recording sample by sample: for the copy-syntheses they measure "

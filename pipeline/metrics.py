@@ -109,12 +109,26 @@ def dtw_path(a, b):
     return path[::-1].astype(np.int64)
 
 
+def _pair_distances(a, b, path):
+    """(L,) dB distance of each DTW pair of mel-cepstra rows; c0 excluded."""
+    diff = np.asarray(a)[path[:, 0], 1:] - np.asarray(b)[path[:, 1], 1:]   # (L, order)
+    return MCD_SCALE * np.sqrt(np.sum(diff**2, axis=1))
+
+
 def mcd(a, b):
     """(MCD in dB, DTW path) between two mel-cepstra (N, order+1) and (M, order+1); c0 excluded."""
-    a, b = np.asarray(a)[:, 1:], np.asarray(b)[:, 1:]
-    path = dtw_path(a, b)
-    diff = a[path[:, 0]] - b[path[:, 1]]                             # (L, order)
-    return float(MCD_SCALE * np.mean(np.sqrt(np.sum(diff**2, axis=1)))), path
+    path = dtw_path(np.asarray(a)[:, 1:], np.asarray(b)[:, 1:])
+    return float(np.mean(_pair_distances(a, b, path))), path
+
+
+def mcd_by_voicing(a, b, path, voiced_b):
+    """(MCD dB over the DTW pairs whose b frame is voiced, over the others), each None where there is none.
+    voiced_b (M,) bool: b's voicing (the recording's F0 > 0). The two differ in kind: in a voiced frame the
+    envelope is the harmonics' and a vocoder can follow it; an unvoiced frame (a fricative, a pause) is
+    noise, whose CheapTrick envelope differs by several dB between two renderings of one spectrum."""
+    d = _pair_distances(a, b, path)
+    voiced = np.asarray(voiced_b, bool)[path[:, 1]]
+    return tuple(float(d[m].mean()) if m.any() else None for m in (voiced, ~voiced))
 
 
 def mcd_aligned(a, b):

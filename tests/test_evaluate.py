@@ -83,6 +83,12 @@ def test_demo_references_and_verdicts_for_a_perfect_and_a_wrong_model(tmp_path):
     assert perfect["mcd_db"] == pytest.approx(perfect["mcd_db_ceiling"])  # Griffin-Lim is deterministic
     assert perfect["mcd_db_ceiling"] < perfect["mcd_db_other"] - 3.0      # the ceiling row is below chance
     assert perfect["duration_ratio"] == 1.0
+    # split by the recording's voicing: Griffin-Lim's copy follows the voiced frames' envelope, while the
+    # unvoiced ones (noise, pauses) sit near the floor of two renderings of one noise spectrum
+    assert perfect["mcd_db_voiced_ceiling"] < perfect["mcd_db_ceiling"] - 0.5
+    assert perfect["mcd_db_unvoiced_ceiling"] > perfect["mcd_db_ceiling"] + 0.5
+    assert perfect["mcd_db_voiced"] == pytest.approx(perfect["mcd_db_voiced_ceiling"])
+    assert 0.3 < perfect["voiced_share"] < 0.9
     # without a trained vocoder the synthesized audio is Griffin-Lim's: the same PESQ and STOI as its ceiling
     assert set(perfect["pesq"]) == set(perfect["stoi"]) == {"synthesized", "griffin_lim_ceiling"}
     assert perfect["pesq"]["synthesized"] == pytest.approx(perfect["pesq"]["griffin_lim_ceiling"], abs=1e-6)
@@ -166,6 +172,12 @@ def test_vocoder_rows_beside_griffin_lims():
                                      "reference: Griffin-Lim copy-synthesis"]
     assert table["PESQ wideband, 1-4.6 (higher is better)"][3] == f"{result['pesq']['griffin_lim_ceiling']:.2f}"
     assert table["F0 RMSE, Hz, frames voiced in both"][2] == f"{result['f0_rmse_hz_vocoder_ceiling']:.1f}"
+    # the MCD split by the recording's voicing, for each column, and the voiced frames' share
+    voiced = table[f"MCD on the frames the recording voices ({100 * result['voiced_share']:.1f} % of them), dB"]
+    assert voiced[1:4] == [f"{result[k]:.2f}" for k in ("mcd_db_voiced", "mcd_db_voiced_vocoder_ceiling",
+                                                         "mcd_db_voiced_ceiling")]
+    others = table["MCD on the others (unvoiced sounds, pauses), dB"]
+    assert others[2:4] == [f"{result[k]:.2f}" for k in ("mcd_db_unvoiced_vocoder_ceiling", "mcd_db_unvoiced_ceiling")]
     # the listener table: the recording, the synthesized audio, both copy-syntheses and chance, in that order
     assert table["listener measure"][1:] == ["recording (the reference)", "synthesized (through Vocos)",
                                              "Vocos copy-synthesis", "Griffin-Lim copy-synthesis", "chance |"]

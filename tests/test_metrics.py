@@ -94,6 +94,41 @@ def test_mcd_formula_on_known_cepstra():
     assert metrics.mcd(a, b)[0] == pytest.approx(10 / np.log(10) * np.sqrt(2))
 
 
+def test_mcd_by_voicing_splits_the_pairs_by_the_recordings_f0():
+    # the recording's cepstra, a copy that differs only where the recording is unvoiced, paired by a DTW
+    # path that repeats frames: 0 dB on the voiced pairs, the whole distortion on the others, and the
+    # overall MCD their mix by the pairs' share
+    mc, f0 = cepstra(recording("LJ001-0016"))
+    voiced = f0[:len(mc)] > 0
+    assert 0.3 < voiced.mean() < 0.9
+    copy = mc.copy()
+    copy[~voiced, 2] += 1.0
+    copy[~voiced, 0] += 9.0                                  # c0 (loudness) does not count
+    path = np.stack([np.arange(len(mc)), np.arange(len(mc))], 1).repeat(1 + (np.arange(len(mc)) % 3 == 0), axis=0)
+    on_voiced, on_others = metrics.mcd_by_voicing(copy, mc, path, voiced)
+    assert on_voiced == 0.0 and on_others == pytest.approx(10 / np.log(10) * np.sqrt(2))
+    share = voiced[path[:, 1]].mean()
+    assert np.mean(metrics._pair_distances(copy, mc, path)) == pytest.approx((1 - share) * on_others)
+    assert metrics.mcd(copy, mc)[0] == pytest.approx((1 - voiced.mean()) * on_others, rel=0.05)
+    # all voiced or none: the other side has no pairs
+    assert metrics.mcd_by_voicing(mc, mc, path, np.ones(len(mc), bool)) == (0.0, None)
+    assert metrics.mcd_by_voicing(mc, mc, path, np.zeros(len(mc), bool)) == (None, 0.0)
+
+
+def test_two_renderings_of_one_noise_spectrum_differ_by_several_db():
+    # why evaluate splits the MCD by voicing: white noise through one band-pass filter, twice, with
+    # different seeds, is the same sound to a listener, yet its WORLD envelopes differ by several dB a
+    # frame; the same rendering twice by 0
+    import scipy.signal
+
+    b, a = scipy.signal.butter(4, [1500, 5000], btype="band", fs=SR)
+    noise = [scipy.signal.lfilter(b, a, np.random.default_rng(seed).normal(0, 0.1, SR * 2)) for seed in (1, 2)]
+    f0 = np.zeros(len(noise[0]) // HOP)
+    mc = [metrics.mel_cepstra(x, f0, sample_rate=SR, hop_length=HOP, f0_floor=PITCH_FMIN, fmax=8000) for x in noise]
+    assert metrics.mcd(mc[0], mc[1])[0] > 3.0
+    assert metrics.mcd(mc[0], mc[0])[0] == 0.0
+
+
 def test_f0_rmse_uses_only_frames_voiced_in_both():
     path = np.stack([np.arange(4), np.arange(4)], 1)
     rmse, frames = metrics.f0_rmse(np.array([100.0, 0, 120, 200]), np.array([110.0, 150, 0, 200]), path)
