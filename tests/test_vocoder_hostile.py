@@ -209,7 +209,7 @@ def test_vocode_bad_out_damaged_summary_and_full_disk_are_one_line(tiny, tmp_pat
 
 
 def test_absurd_mels_are_refused_from_their_header_naming_the_limit(tiny, tmp_path, capsys):
-    path, _, _ = tiny
+    path, _, mel_path = tiny
     huge = tmp_path / "huge.npy"  # sparse on disk: the refusal reads its header alone
     np.lib.format.open_memmap(huge, mode="w+", dtype=np.float32, shape=(vocode.MAX_FRAMES + 1, 80)).flush()
     _one_line(*_vocode(capsys, "--config", path, "--mel", huge, "--out", tmp_path / "x.wav"),
@@ -221,7 +221,16 @@ def test_absurd_mels_are_refused_from_their_header_naming_the_limit(tiny, tmp_pa
                        "vocoder.kind=griffin_lim"), "20,001 frames, more than this vocoder takes (20,000, ")
     np.savez(tmp_path / "two.npz", a=np.zeros((4, 80)), b=np.zeros(3))
     _one_line(*_vocode(capsys, "--config", path, "--mel", tmp_path / "two.npz", "--out", tmp_path / "x.wav"),
-              f"{tmp_path / 'two.npz'}: not a .npy array")
+              f"{tmp_path / 'two.npz'}: not a .npy array (no NumPy header: an archive of several)")
+    # a wav given for the mel, or a text file for the F0: what it is, not numpy's advice to unpickle it
+    sf.write(tmp_path / "a.wav", np.zeros(2205, np.float32), 22050)
+    _one_line(*_vocode(capsys, "--config", path, "--mel", tmp_path / "a.wav", "--out", tmp_path / "x.wav"),
+              f"{tmp_path / 'a.wav'}: not a .npy array (no NumPy header: a wav file)")
+    (tmp_path / "f0.txt").write_text("100 110 120\n")
+    code, err = _vocode(capsys, "--config", path, "--mel", mel_path, "--f0", tmp_path / "f0.txt", "--out",
+                        tmp_path / "x.wav")
+    _one_line(code, err, f"{tmp_path / 'f0.txt'}: not a .npy array (no NumPy header)")
+    assert "pickle" not in err[0]
     assert not (tmp_path / "x.wav").exists()
 
 

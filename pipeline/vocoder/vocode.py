@@ -42,17 +42,28 @@ class MelError(PipelineError):
     """A mel file the vocoder cannot take; the message names the file."""
 
 
+NPY_MAGIC = b"\x93NUMPY"
+# what a file that is not a .npy most often is, by its first bytes: said beside the refusal
+KNOWN_HEADERS = ((b"RIFF", "a wav file"), (b"fLaC", "a FLAC file"), (b"ID3", "an MP3 file"),
+                 (b"PK\x03\x04", "an archive of several"))
+
+
 def _load(path):
     """The array in `path` mapped, not read (a header claiming a huge shape costs nothing), or MelError."""
     try:
-        mel = np.load(path, mmap_mode="r", allow_pickle=False)
+        with open(path, "rb") as f:
+            head = f.read(len(NPY_MAGIC))
     except FileNotFoundError:
         raise MelError(f"{path}: no such file") from None
-    except (OSError, ValueError, EOFError) as e:
+    except OSError as e:
+        raise MelError(f"{path}: cannot be read ({e.strerror or type(e).__name__})") from None
+    if head != NPY_MAGIC:  # numpy would try it as a pickle, and say so
+        what = next((said for magic, said in KNOWN_HEADERS if head.startswith(magic)), "")
+        raise MelError(f"{path}: not a .npy array (no NumPy header{': ' + what if what else ''})")
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:  # a damaged header
         raise MelError(f"{path}: not a .npy array ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-    if not isinstance(mel, np.ndarray):  # an .npz archive
-        raise MelError(f"{path}: not a .npy array (an archive of several)")
-    return mel
 
 
 def read_mel(path, audio_cfg, max_frames=MAX_FRAMES):
