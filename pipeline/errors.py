@@ -30,7 +30,15 @@ class PipelineError(ValueError):
 
 
 class MissingCheckpoint(PipelineError):
-    """No checkpoint to synthesize, evaluate or resume from."""
+    """No checkpoint to synthesize, evaluate or resume from. A message that starts with a relative path says
+    which working folder it was read in: a command run from another folder reads runs/ there."""
+
+    def __str__(self):
+        text = super().__str__()
+        path, colon, rest = text.partition(":")
+        if not colon or not path or os.path.isabs(path) or " " in path:
+            return text
+        return f"{path} (in the working folder {os.getcwd()}):{rest}"
 
 
 class DiskFull(PipelineError):

@@ -39,6 +39,22 @@ def test_synthesize_without_checkpoint_is_one_line_before_tensorflow_loads(built
     assert proc.stdout.strip() == "tensorflow loaded: False"
 
 
+def test_a_missing_run_names_the_working_folder_its_relative_path_was_read_in(tmp_path):
+    # `python -m pipeline.vocode` from a folder that holds no run: runs/ is read there (README), and the
+    # error says so, rather than a bare "runs/demo/vocoder.json: no trained vocoder" that reads as if
+    # the project's own run were missing
+    import os
+
+    import numpy as np
+
+    np.save(tmp_path / "m.npy", np.full((40, 80), -5.0, np.float32))
+    proc = subprocess.run([sys.executable, "-m", "pipeline.vocode", "--config", str(ROOT / "configs" / "config.yaml"),
+                           "--mel", "m.npy", "--out", "x.wav"], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert_one_line(proc, f"error: runs/demo/vocoder.json (in the working folder {tmp_path}): no trained vocoder")
+    assert not (tmp_path / "x.wav").exists()
+
+
 def test_config_error_names_the_key(corpus):
     _, cfg = corpus
     assert_one_line(run_module("pipeline.train", "--config", str(cfg), "--set", "train.bogus=1"), "train.bogus")
