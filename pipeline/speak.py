@@ -188,7 +188,7 @@ def main(argv=None):
         markup.parse(" ".join(args.text), True if args.ssml else None)
     out = _raw_stdout() if args.raw else None
     cpu = quick_start()
-    voice = Voice(args.voice, log=log)
+    voice = Voice(args.voice, log=log, speaker=args.speaker, language=args.language)
     log(f"voice {args.voice}: loaded in {voice.load_seconds:.2f} s ({voice.sample_rate} Hz"
         f"{'; CPU, graph optimizer off' if cpu else ''})")
     if args.text:

@@ -264,7 +264,9 @@ def _reason(e):
 class Voice:
     """An export folder loaded: `prepare` text, then `sentences_audio` (a generator) or `audio`."""
 
-    def __init__(self, folder, log=None):
+    def __init__(self, folder, log=None, speaker=None, language=None):
+        """speaker, language: names a caller will ask for, checked against export.json before the model
+        loads (a typo costs a fraction of a second, not the load)."""
         folder = self.folder = Path(folder)
         t0 = time.perf_counter()
         self.meta, self.vocab = _read_json(folder / "export.json"), _read_json(folder / "vocab.json")
@@ -276,6 +278,7 @@ class Voice:
         self.symbols = [s for s in self.vocab["symbols"] if s not in (text.PAD, text.EOS)]
         self.speakers = list(self.meta.get("speakers") or [])
         self.languages = list(self.meta.get("languages") or [])
+        self._check_names(speaker, language)
         self.model, self._fn = self._load(folder / "saved_model")
         self._inputs = set(self._fn.structured_input_signature[1])
         self._check_vocabulary()  # its size first (the more telling message), then its order
@@ -385,14 +388,19 @@ class Voice:
         return {"speakers": self.speakers, "languages": self.languages or [self.vocab.get("language")],
                 "sample_rate": self.sample_rate}
 
-    def _voice_inputs(self, speaker, language):
-        """(signature inputs, front-end language) for a speaker / language name (None: the default)."""
+    def _check_names(self, speaker, language):
+        """VoiceError for a speaker or language name (None: the default) this voice does not have -> its languages."""
         if speaker is not None and speaker not in self.speakers:
             known = ", ".join(self.speakers) or "none: it has one speaker"
             raise VoiceError(f"speaker: unknown speaker {speaker!r}; this voice's speakers: {known}")
         known = self.languages or [self.vocab["language"]]
         if language is not None and language not in known:
             raise VoiceError(f"language: unknown language {language!r}; this voice's languages: {', '.join(known)}")
+        return known
+
+    def _voice_inputs(self, speaker, language):
+        """(signature inputs, front-end language) for a speaker / language name (None: the default)."""
+        known = self._check_names(speaker, language)
         if language is None:
             language = self.vocab["language"] if self.vocab["language"] in known else known[0]
         ids = {"speaker": self.speakers.index(speaker) if speaker is not None else 0,

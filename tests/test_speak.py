@@ -274,6 +274,14 @@ def test_a_bad_out_is_one_line_before_the_voice_loads_and_a_failed_write_too(exp
         if os.path.isdir("/proc/self"):   # a folder that passes a permission check but takes no new file
             assert run("--out", "/proc/x.wav", "Hello.").startswith("error: --out /proc/x.wav: cannot write in /proc")
     assert not list(tmp_path.iterdir())
+    from pipeline import voice
+    with monkeypatch.context() as m:   # a speaker or language the voice lacks: refused from export.json, unloaded
+        m.setattr(voice.Voice, "_load", lambda *a: pytest.fail("the model loaded before --speaker was checked"))
+        out = str(tmp_path / "x.wav")
+        assert run("--out", out, "--speaker", "bob", "Hello.").startswith("error: speaker: unknown speaker 'bob'; this "
+                                                                          "voice's speakers: ")
+        assert run("--out", out, "--language", "fr", "Hello.").startswith("error: language: unknown language 'fr'; this voice's "
+                                                           "languages: ")
 
     def refused(path, pcm, sample_rate):
         raise PermissionError(13, "Permission denied", str(path))
