@@ -484,7 +484,7 @@ def evaluate(cfg, out, log=_print, threads=1):
         report["aligner"] = aligner
     write_report(report, rows, out)
     save_listening(Path(out) / "evaluate_audio", rows)
-    _tensorboard(cfg, report)
+    _tensorboard(cfg, report, scalars_folder(cfg, out))
     mos, wer = report["mos"], report["wer"]
     if report["cut"]:
         log(f"warning: {report['cut']} of the {report['clips']} syntheses were cut at synthesize.max_seconds "
@@ -516,11 +516,19 @@ def save_listening(listen, rows):
                 save_wav(listen / folder / f"{r['id']}.wav", signals[key], sr)
 
 
-def _tensorboard(cfg, report):
-    """evaluate/* scalars at the checkpoint's step, beside the training curves."""
+def scalars_folder(cfg, out):
+    """Where evaluate's TensorBoard scalars go: the run's folder for the run's own report
+    (reports/{name}), `out` for a report written elsewhere (`--out`)."""
+    return config.run_dir(cfg) if Path(out).resolve() == config.report_dir(cfg).resolve() else Path(out)
+
+
+def _tensorboard(cfg, report, folder):
+    """evaluate/* scalars at the checkpoint's step, into `folder`: the run's own, beside the training curves,
+    for the run's report; the --out folder for a report written elsewhere (another clip count or
+    setting must not sit beside the run's figures at the same step)."""
     import tensorflow as tf
 
-    writer = tf.summary.create_file_writer(str(config.run_dir(cfg)))
+    writer = tf.summary.create_file_writer(str(folder))
     with writer.as_default():
         for key in ("mcd_db", "mcd_db_other", "mcd_db_ceiling", "mcd_db_vocoder_ceiling", "duration_ratio",
                     "f0_rmse_hz"):

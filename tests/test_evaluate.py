@@ -188,6 +188,18 @@ def test_vocoder_rows_beside_griffin_lims():
     assert wer[1:5] == [f"{result['wer'][k]:.2f}" for k in evaluate.SIGNALS]
 
 
+def test_a_report_written_elsewhere_keeps_its_scalars_out_of_the_runs_curves(tmp_path, monkeypatch):
+    # `evaluate --out DIR` (another clip count, another setting) writes its TensorBoard scalars into DIR:
+    # in the run's folder they would sit beside the run's own figures at the same step
+    monkeypatch.chdir(tmp_path)
+    cfg = config.load_config(check_paths=False)
+    assert evaluate.scalars_folder(cfg, config.report_dir(cfg)) == config.run_dir(cfg)
+    assert evaluate.scalars_folder(cfg, tmp_path / "reports" / cfg["name"]) == config.run_dir(cfg)  # the same, absolute
+    assert evaluate.scalars_folder(cfg, tmp_path / "elsewhere") == tmp_path / "elsewhere"
+    evaluate._tensorboard(cfg, {"step": 7, "mcd_db": 5.0, "mos": {"synthesized": 3.0}}, tmp_path / "elsewhere")
+    assert list((tmp_path / "elsewhere").glob("events.out.tfevents.*")) and not config.run_dir(cfg).exists()
+
+
 def test_verdict_between_and_without_chance():
     base = {"mcd_db_ceiling": 5.0, "mcd_db_other": 13.0}
     assert evaluate_report.verdict({**base, "mcd_db": 9.0}).startswith("Between chance and the ceiling")
