@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline import audio, config, evaluate, make_corpus  # noqa: E402
 from pipeline.vocoder import kinds  # noqa: E402
-from pipeline.wavfile import save_wav  # noqa: E402
+from pipeline.wavfile import as_heard, save_wav  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,7 +119,7 @@ def world_naturalness(clips, sample_rate, max_seconds):
         f0 = pyworld.stonemask(y, f0, t, sample_rate)
         sp, ap = pyworld.cheaptrick(y, f0, t, sample_rate), pyworld.d4c(y, f0, t, sample_rate)
         copy = pyworld.synthesize(f0, sp, ap, sample_rate, 5.0)[:len(y)].astype(np.float32)
-        scores.append(metrics.naturalness(copy, sample_rate))
+        scores.append(metrics.naturalness(as_heard(copy), sample_rate))  # as saved, as evaluate hears its signals
     return scores
 
 
