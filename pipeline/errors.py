@@ -20,6 +20,7 @@ import os
 import re
 import select
 import sys
+from pathlib import Path
 
 EXIT_EXPECTED = 2  # an expected failure; 1 stays Python's exit status for a traceback
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports a command it stopped
@@ -30,15 +31,19 @@ class PipelineError(ValueError):
 
 
 class MissingCheckpoint(PipelineError):
-    """No checkpoint to synthesize, evaluate or resume from. A message that starts with a relative path says
-    which working folder it was read in: a command run from another folder reads runs/ there."""
+    """No checkpoint to synthesize, evaluate or resume from."""
 
-    def __str__(self):
-        text = super().__str__()
-        path, colon, rest = text.partition(":")
-        if not colon or not path or os.path.isabs(path) or " " in path:
-            return text
-        return f"{path} (in the working folder {os.getcwd()}):{rest}"
+
+def located(path):
+    """`path` as a message names something not found there: a relative path with the working folder it
+    was read in (a command run from another folder reads runs/ there, and "train first" alone would
+    read as if the project's own run were missing)."""
+    if Path(path).is_absolute():
+        return str(path)
+    try:
+        return f"{path} (in the working folder {os.getcwd()})"
+    except OSError:  # the working folder itself is gone
+        return str(path)
 
 
 class DiskFull(PipelineError):

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import config, files, symbols
-from pipeline.errors import MissingCheckpoint, PipelineError
+from pipeline.errors import MissingCheckpoint, PipelineError, located
 
 FORMAT = 1
 FILE = "run.json"
@@ -180,7 +180,7 @@ def load(run_dir):
     MissingCheckpoint naming the command when the run has none."""
     info = _read(run_dir)
     if info is None:
-        raise MissingCheckpoint(f"{path(run_dir)}: no run here (or one trained before runs carried their vocabulary); "
+        raise MissingCheckpoint(f"{located(path(run_dir))}: no run here (or one trained before runs carried their vocabulary); "
                                 f"train first (`snakemake --cores all train`)")
     return loaded(info)
 

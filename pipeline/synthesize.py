@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import config, files, markup, models, runinfo, text
-from pipeline.errors import MissingCheckpoint, PipelineError, cli
+from pipeline.errors import MissingCheckpoint, PipelineError, cli, located
 from pipeline.vocoder import inputs, kinds
 from pipeline.wavfile import save_wav
 
@@ -109,7 +109,7 @@ def check_before_loading(cfg):
     language and symbols, and the trained vocoder's summary. The same one-line errors as later."""
     run = config.run_dir(cfg)
     if runinfo.latest_checkpoint(run / "checkpoints") is None:
-        raise MissingCheckpoint(f"{run / 'checkpoints'}: no checkpoint; train first (`snakemake --cores all train --forcerun train`)")
+        raise MissingCheckpoint(f"{located(run / 'checkpoints')}: no checkpoint; train first (`snakemake --cores all train --forcerun train`)")
     info = runinfo.load(run)
     s = cfg["synthesize"]
     check_prosody(s["pace"], s["pitch_shift"], prefix="synthesize.")
@@ -218,7 +218,7 @@ def load_synthesizer(cfg, log=_print):
     run = config.run_dir(cfg)
     latest = runinfo.latest_checkpoint(run / "checkpoints")
     if latest is None:
-        raise MissingCheckpoint(f"{run / 'checkpoints'}: no checkpoint; train first (`snakemake --cores all train --forcerun train`)")
+        raise MissingCheckpoint(f"{located(run / 'checkpoints')}: no checkpoint; train first (`snakemake --cores all train --forcerun train`)")
     info = runinfo.load(run)
     note_audio_differences(cfg, info, run, log)
     model_cfg = info["config"]["model"]

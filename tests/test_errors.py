@@ -53,6 +53,9 @@ def test_a_missing_run_names_the_working_folder_its_relative_path_was_read_in(tm
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert_one_line(proc, f"error: runs/demo/vocoder.json (in the working folder {tmp_path}): no trained vocoder")
     assert not (tmp_path / "x.wav").exists()
+    from pipeline.errors import located
+    assert located(tmp_path / "runs") == str(tmp_path / "runs")   # an absolute path is enough as it is
+    assert located("runs:v2/demo") == f"runs:v2/demo (in the working folder {os.getcwd()})"
 
 
 def test_config_error_names_the_key(corpus):

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import config, runinfo
-from pipeline.errors import MissingCheckpoint, PipelineError
+from pipeline.errors import MissingCheckpoint, PipelineError, located
 from pipeline.registry import Registry
 from pipeline.vocoder import inputs
 
@@ -201,7 +201,7 @@ def read_summary(path):
     try:
         info = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise MissingCheckpoint(f"{path}: no trained vocoder; run `snakemake --cores all vocoder`") from None
+        raise MissingCheckpoint(f"{located(path)}: no trained vocoder; run `snakemake --cores all vocoder`") from None
     except (OSError, ValueError) as e:  # a folder, not UTF-8, not JSON (JSONDecodeError)
         info = e
     if not isinstance(info, dict) or not isinstance(info.get("checkpoint"), str):

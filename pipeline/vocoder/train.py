@@ -39,7 +39,7 @@ import tensorflow as tf
 from pipeline import config, data, files, optim, runinfo, shards
 from pipeline import placement as placement_mod
 from pipeline import train as acoustic
-from pipeline.errors import MissingCheckpoint, PipelineError, cli
+from pipeline.errors import MissingCheckpoint, PipelineError, cli, located
 from pipeline.vocoder import discriminators as D
 from pipeline.vocoder import inputs, kinds, segments
 
@@ -339,7 +339,7 @@ def _checkpoints(cfg, phase, trainer, folder, log):
     elif phase == "finetune":
         first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
         if first is None:
-            raise MissingCheckpoint(f"{_phase_dir(cfg, 'train')}: no first-phase vocoder; run `snakemake --cores all train_vocoder`")
+            raise MissingCheckpoint(f"{located(_phase_dir(cfg, 'train'))}: no first-phase vocoder; run `snakemake --cores all train_vocoder`")
         # every weight built here from the first phase's, and nothing but them: one of other sizes would leave
         # new blocks at their start, or (fewer layers) drop its own
         why = kinds.unfit(trainer.generator, first, cfg["vocoder"]["kind"], cfg["vocoder"], _first_phase_settings(cfg))
