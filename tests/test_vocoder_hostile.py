@@ -231,6 +231,12 @@ def test_absurd_mels_are_refused_from_their_header_naming_the_limit(tiny, tmp_pa
                         tmp_path / "x.wav")
     _one_line(code, err, f"{tmp_path / 'f0.txt'}: not a .npy array (no NumPy header)")
     assert "pickle" not in err[0]
+    # a pipe (which would wait for a writer) or a folder: refused at once, by what it is
+    os.mkfifo(tmp_path / "fifo.npy")
+    (tmp_path / "mels.npy").mkdir()
+    for odd in (tmp_path / "fifo.npy", tmp_path / "mels.npy"):
+        _one_line(*_vocode(capsys, "--config", path, "--mel", odd, "--out", tmp_path / "x.wav"),
+                  f"{odd}: not a file (a folder, a pipe or a device)")
     assert not (tmp_path / "x.wav").exists()
 
 

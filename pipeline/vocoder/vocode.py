@@ -22,6 +22,8 @@ uses its own), vocoder.kind, synthesize.griffin_lim_iters (Griffin-Lim only).
 vocoder's own F0 + voicing head estimates F0 from the mel. Other kinds ignore it.
 """
 import argparse
+import os
+import stat
 
 import numpy as np
 
@@ -51,6 +53,8 @@ KNOWN_HEADERS = ((b"RIFF", "a wav file"), (b"fLaC", "a FLAC file"), (b"ID3", "an
 def _load(path):
     """The array in `path` mapped, not read (a header claiming a huge shape costs nothing), or MelError."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe would wait for a writer, a device never end
+            raise MelError(f"{path}: not a file (a folder, a pipe or a device); give a .npy file")
         with open(path, "rb") as f:
             head = f.read(len(NPY_MAGIC))
     except FileNotFoundError:
