@@ -286,7 +286,7 @@ class Listeners:
 
 def _by_voicing(syn, rec, path, suffix=""):
     """{mcd_db_voiced{suffix}, mcd_db_unvoiced{suffix}}: the MCD over the frames the recording is voiced in
-    (its F0 > 0), where vocoders differ, and over the rest (noise and pauses, near a floor for any of them)."""
+    (its F0 > 0), where vocoders differ, and over the rest (noise and pauses, high for any copy)."""
     voiced, unvoiced = metrics.mcd_by_voicing(syn["mc"], rec["mc"], path, np.asarray(rec["f0"]) > 0)
     return {f"mcd_db_voiced{suffix}": voiced, f"mcd_db_unvoiced{suffix}": unvoiced}
 
@@ -374,7 +374,7 @@ VOCODER_FIGURES = ("mcd_db_vocoder_ceiling", "mcd_db_voiced_vocoder_ceiling", "m
 def _figures(rows, vocoder):
     """The medians over `rows` of every per-clip figure: MCD, F0 and length, the trained vocoder's
     copy-synthesis (`vocoder`), and the listening measures of each signal."""
-    out = {k: _median([r.get(k) for r in rows]) for k in FIGURES + (VOCODER_FIGURES if vocoder else ())}
+    out = {k: _median([r[k] for r in rows]) for k in FIGURES + (VOCODER_FIGURES if vocoder else ())}
     for measure, names in (("pesq", LISTENED), ("stoi", LISTENED), ("mos", SIGNALS), ("wer", SIGNALS)):
         out[measure] = {name: _median([r.get(f"{measure}_{name}") for r in rows])
                         for name in names if any(f"{measure}_{name}" in r for r in rows)}
