@@ -481,3 +481,68 @@ def test_a_job_given_no_dataset_folder_checks_none_in_its_working_folder(tmp_pat
     inline["dataset"]["root"] = "data/demo"  # a job given a folder has it checked
     with pytest.raises(ConfigError, match=r"^dataset.root: folder not found: data/demo$"):
         config.load_config(json.dumps(inline))
+
+
+def test_a_non_finite_number_in_free_form_model_options_is_refused_naming_key_and_index(tmp_path):
+    # a user's own model reads model.options as given: a .nan there would reach it as a NaN weight
+    path = tmp_path / "my.yaml"
+    path.write_text("model: {options: {s: [1.0, .nan], t: [{u: .inf}]}}\n")
+    with pytest.raises(ConfigError, match="^" + re.escape(f"{path}: model.options.s[1]: nan is not a finite number")
+                       + "$"):
+        config.load_config(path, check_paths=False)
+    path.write_text("model: {options: {s: [1.0, 2.0], t: [{u: -.inf}]}}\n")
+    with pytest.raises(ConfigError, match="^" + re.escape(f"{path}: model.options.t[0].u: -inf is not a finite "
+                                                          "number") + "$"):
+        config.load_config(path, check_paths=False)
+
+
+def test_a_window_longer_than_the_fft_is_refused_naming_win_length():
+    # the STFT cannot take a window longer than its frame: a user learns which key to shorten
+    with pytest.raises(ConfigError, match=r"^audio\.win_length: 2048 is longer than audio\.n_fft 1024$"):
+        config.load_config(None, {"audio": {"win_length": 2048}}, check_paths=False)
+    assert config.load_config(None, {"audio": {"win_length": 1024}}, check_paths=False)["audio"]["win_length"] == 1024
+
+
+def test_the_documented_boundaries_load_and_one_step_past_is_refused():
+    # "2 * hop_length <= win_length" and "fmax at least an octave above fmin" are inclusive, as documented
+    cfg = config.load_config(None, {"audio": {"hop_length": 512, "win_length": 1024},
+                                    "pitch": {"fmin": 100.0, "fmax": 200.0}}, check_paths=False)
+    assert (cfg["audio"]["hop_length"], cfg["pitch"]["fmax"]) == (512, 200.0)
+    with pytest.raises(ConfigError, match=r"^audio\.hop_length: 513 is more than half of audio\.win_length 1024: "):
+        config.load_config(None, {"audio": {"hop_length": 513, "win_length": 1024}}, check_paths=False)
+    with pytest.raises(ConfigError, match=r"^pitch\.fmax: 199\.5 is less than an octave above pitch\.fmin 100\.0: "):
+        config.load_config(None, {"pitch": {"fmin": 100.0, "fmax": 199.5}}, check_paths=False)
+
+
+def test_an_empty_mel_band_is_refused_naming_audio_fmin():
+    # fmin == fmax leaves the mel filters no band: the message names the key to lower, not the mel count
+    with pytest.raises(ConfigError, match=r"^audio\.fmin: 4000 must be below audio\.fmax 4000$"):
+        config.load_config(None, {"audio": {"fmin": 4000, "fmax": 4000}}, check_paths=False)
+
+
+def test_the_schema_digest_changes_with_the_defaults_and_the_schema(tmp_path, monkeypatch):
+    # jobs skip validation when the digest matches planning's: an edited defaults or schema file must revalidate
+    shipped = config.schema_digest()
+    defaults, schema = tmp_path / "config.yaml", tmp_path / "schema.yaml"
+    defaults.write_text(config.DEFAULTS.read_text())
+    schema.write_text(config.SCHEMA.read_text())
+    monkeypatch.setattr(config, "DEFAULTS", defaults)
+    monkeypatch.setattr(config, "SCHEMA", schema)
+    assert config.schema_digest() == shipped  # the same bytes elsewhere: the same digest
+    defaults.write_text(defaults.read_text().replace("n_mels: 80", "n_mels: 64", 1))
+    edited_defaults = config.schema_digest()
+    assert edited_defaults != shipped
+    schema.write_text(schema.read_text().replace("maximum: 512", "maximum: 256", 1))
+    assert config.schema_digest() not in (shipped, edited_defaults)
+
+
+def test_a_missing_audio_folder_is_refused_naming_dataset_audio_dir(tmp_path):
+    # a corpus copied without its wavs/ fails at loading, naming the key, not with no clips found later
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "metadata.csv").write_text("a|Hello.|Hello.\n")
+    with pytest.raises(ConfigError, match="^" + re.escape(f"dataset.audio_dir: folder not found: {root / 'wavs'}")
+                       + "$"):
+        config.load_config(None, {"dataset": {"root": str(root)}})
+    (root / "wavs").mkdir()
+    assert config.load_config(None, {"dataset": {"root": str(root)}})["dataset"]["root"] == str(root)

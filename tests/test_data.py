@@ -214,6 +214,30 @@ def test_a_shard_json_whose_offsets_are_not_its_lengths_sums_is_refused(cache_co
         data.build_dataset(cache_copy, "train")
 
 
+def test_a_shard_json_that_repeats_an_id_is_refused(cache_copy):
+    # the checksum covers the .bin only: a JSON naming one clip twice would train on one clip's arrays
+    # under two entries and lose the other clip
+    meta_path = config.cache_dir(cache_copy) / "pitch" / "shard-001.json"
+    meta = json.loads(meta_path.read_text())
+    meta["ids"][1] = meta["ids"][0]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(data.CacheError, match=r"pitch/shard-001\.json: .*or an id repeats"):
+        data.build_dataset(cache_copy, "train")
+    with pytest.raises(shards.CacheError, match=r"or an id repeats"):
+        shards.read(meta_path.with_suffix(""), "pitch")
+
+
+def test_a_shard_of_another_kind_where_one_belongs_is_refused(cache_copy):
+    # a mels shard copied over a pitch shard (both files, so sizes and checksums agree with each other)
+    root = config.cache_dir(cache_copy)
+    for suffix in (".json", ".bin"):
+        shutil.copyfile(root / "mels" / f"shard-002{suffix}", root / "pitch" / f"shard-002{suffix}")
+    with pytest.raises(shards.CacheError, match=r"pitch/shard-002\.json: a mels shard where a pitch shard belongs"):
+        shards.read(root / "pitch" / "shard-002", "pitch")
+    with pytest.raises(data.CacheError, match=r"pitch/shard-002"):
+        data.build_dataset(cache_copy, "train")
+
+
 @pytest.mark.parametrize("index_records_checksums", [True, False])
 def test_an_index_older_than_its_shards_is_refused(cache_copy, index_records_checksums):
     # a shard rebuilt by hand (or `snakemake caches` stopped before cache_index): the index's clip

@@ -294,3 +294,20 @@ def test_durations_of_an_older_token_shard_are_refused_by_the_loader(project):
         os.utime(index_path, ns=(index_stat.st_atime_ns, index_stat.st_mtime_ns))
     data.build_dataset(cfg, "train", durations=True)
     assert plan(project) == {}
+
+
+def test_planning_sets_aside_durations_aligned_to_a_mel_or_token_shard_since_rebuilt(tmp_path):
+    # a replaced wav rebuilds its mel shard (`snakemake caches`): the duration shard aligned to the old
+    # mels no longer pairs with them, and planning (rules/functions/align.smk) must see it, for the mels
+    # as for the tokens, naming the one that moved
+    tokens, mels, out = tmp_path / "tokens.json", tmp_path / "mels.json", tmp_path / "durations"
+    tokens.write_text('{"ids": ["a"]}')
+    mels.write_text('{"ids": ["a"], "lengths": [40]}')
+    made = {"tokens": shards.file_digest(tokens), "mels": shards.file_digest(mels)}
+    (tmp_path / "durations.json").write_text(json.dumps({"provenance": made}))
+    assert shards.stale_durations(out, tokens, mels) is None
+    mels.write_text('{"ids": ["a"], "lengths": [41]}')
+    assert shards.stale_durations(out, tokens, mels) == f"aligned to another {mels} than the one on disk (stale)"
+    tokens.write_text('{"ids": ["a", "b"]}')
+    assert shards.stale_durations(out, tokens, mels) == f"aligned to another {tokens} and {mels} than the one on disk (stale)"
+    assert shards.stale_durations(tmp_path / "absent", tokens, mels) is None  # its own job makes it

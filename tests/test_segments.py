@@ -198,3 +198,11 @@ def test_fine_tuning_skips_the_clips_a_gta_shard_left_out(built_cache, tmp_path)
         meta, segments.gta_prefix(cfg, entries[0]["shard"])), provenance="test", width=meta["width"])
     with pytest.raises(CacheError, match=f"{gone[0]} has no gta items"):
         segments._sources(cfg, "all", "gta", logged.append)
+    # a clip whose GTA mel is a frame short of its recorded mel (a shard made from other mels): crops
+    # would pair the wrong frames with the audio, so it is refused, naming both lengths
+    meta, mels = shards.read(config.cache_dir(cfg) / entries[0]["mels"], "mels")
+    shards.write(segments.gta_prefix(cfg, entries[0]["shard"]), "gta", meta["ids"], [mels[0][:-1], *mels[1:]],
+                 provenance="test", width=meta["width"])
+    with pytest.raises(CacheError, match=rf"{meta['ids'][0]} has {len(mels[0]) - 1} gta items, its mel has "
+                                         rf"{len(mels[0])} frames \(expected {len(mels[0])}\)"):
+        segments._sources(cfg, "all", "gta", logged.append)

@@ -404,20 +404,40 @@ def test_damage_that_planning_missed_is_found_by_the_loader_and_then_rebuilt(bui
 
     from pipeline import config as pconfig
     from pipeline import data, errors
-    assert plan(built.config) == NOTHING  # every shard verified and stamped
-    path = built.cache / "mels/shard-001.bin"
-    stamp = built.cache / ".verified/mels-shard-001"
-    checksum = stamp.read_text().split()[-1]
-    flip_byte(path)
-    st = path.stat()
-    stamp.write_text(f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {checksum}\n")
-    assert plan(built.config) == NOTHING  # planning cannot see it
+    path = rot_unseen(built, "mels", 1)
     with pytest.raises(tf.errors.InvalidArgumentError) as caught:
         next(iter(data.build_dataset(pconfig.load_config(built.config), "train")))
     assert "mels/shard-001.bin" in errors._one_line(caught.value)  # and forgets the stamp
     counts, shards = plan(built.config)
     assert shards == {"mel_shard": [1]}
     assert rebuild_then_nothing_to_do(built) == jobs_files(("mels", 1))
+    assert path.exists()
+
+
+def rot_unseen(built, kind, shard):
+    """Flip a byte of a verified shard's .bin and rewrite its stamp to the damaged file's stat, as a
+    disk's own bit rot leaves it: planning, which hashes only a .bin whose stat moved, cannot see it."""
+    assert plan(built.config) == NOTHING  # every shard verified and stamped
+    path = built.cache / f"{kind}/shard-{shard:03d}.bin"
+    stamp = built.cache / f".verified/{kind}-shard-{shard:03d}"
+    checksum = stamp.read_text().split()[-1]
+    flip_byte(path)
+    st = path.stat()
+    stamp.write_text(f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {checksum}\n")
+    assert plan(built.config) == NOTHING  # planning cannot see it
+    return path
+
+
+def test_damage_found_by_a_numpy_reader_is_rebuilt_by_the_next_plan(built):
+    # the duration, GTA and evaluate jobs read shards with NumPy (shards.read), not the loader's graph:
+    # a checksum mismatch found there forgets the stamp too, so the next `snakemake` rebuilds the shard
+    from pipeline import shards
+    path = rot_unseen(built, "pitch", 2)
+    with pytest.raises(shards.CacheError, match="pitch/shard-002.bin: checksum mismatch"):
+        shards.read(path.with_suffix(""), "pitch")
+    counts, stale = plan(built.config)
+    assert stale == {"pitch_shard": [2]}
+    assert rebuild_then_nothing_to_do(built) == jobs_files(("pitch", 2))
 
 
 # --- settings ---------------------------------------------------------------------------------
