@@ -183,6 +183,21 @@ def test_bad_requests_get_one_line_json_errors(server, body, status, message):
         assert message in json.loads(answer)["error"]
 
 
+def test_a_chunked_body_over_the_limit_is_refused_as_one_with_a_length_is(server):
+    # a client that sends no Content-Length (Transfer-Encoding: chunked) is held to MAX_BODY all the same
+    body = json.dumps({"text": "x" * 100_000}).encode()                    # 100,012 bytes, in 10 kB chunks
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        conn.request("POST", "/synthesize", body=(body[i:i + 10_000] for i in range(0, len(body), 10_000)),
+                     headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"}, encode_chunked=True)
+        response = conn.getresponse()
+        status, answer = response.status, response.read()
+    finally:
+        conn.close()
+    assert status == 413 and json.loads(answer) == {"error": "body over 100000 bytes"}, answer[:300]
+    assert call(server.port, "POST", "/synthesize", {"text": "Still here."})[0] == 200
+
+
 def test_a_stream_of_text_that_is_not_unicode_is_refused_before_it_starts(server):
     # a lone surrogate reached espeak-ng in the stream's first sentence: "Exception in ASGI application"
     status, _, answer = call(server.port, "POST", "/synthesize?stream=true", {"text": "Hi. caf\udce9 ole."})
@@ -273,6 +288,35 @@ def test_other_sites_pages_cannot_drive_the_server(server):
         status, message = raw(port, "POST", "/synthesize", text, [("Host", f"127.0.0.1:{port}"), ("Origin", origin),
                                                                  as_json])
         assert status == 403 and message == f"Origin {origin!r}: only this server's own page may call it"
+
+
+LOOPBACK = {"localhost", "127.0.0.1", "[::1]"}
+
+
+@pytest.mark.parametrize("host, names", [("127.0.0.1", LOOPBACK), ("localhost", LOOPBACK), ("::1", LOOPBACK),
+                                         ("127.0.0.2", LOOPBACK | {"127.0.0.2"}), ("0.0.0.0", None),
+                                         ("192.168.1.5", None), ("tts.example.com", None)])
+def test_a_loopback_host_answers_only_to_loopback_names(host, names):
+    # --host localhost (or any loopback address) keeps the Host check against DNS rebinding; others answer any
+    from pipeline import serve
+    got = serve.loopback_names(host)
+    assert (None if got is None else set(got)) == names
+
+
+def test_a_server_bound_as_localhost_refuses_other_hosts(tmp_path):
+    # `--host localhost`: a page of evil.example rebound to 127.0.0.1 is refused as under the default host
+    port = free_port()
+    argv = blocked_command("pipeline.serve", "--voice", str(loud_voice(tmp_path / "voice")), "--host", "localhost",
+                           "--port", str(port))
+    srv = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT)
+    try:
+        wait_for_health(srv, port)
+        status, message = raw(port, "GET", "/voices", headers=[("Host", f"evil.example:{port}")])
+        assert status == 403 and message.startswith(f"Host 'evil.example:{port}': a server on a loopback address")
+        assert raw(port, "GET", "/voices", headers=[("Host", f"localhost:{port}")])[0] == 200
+    finally:
+        srv.terminate()
+        srv.wait(timeout=20)
 
 
 def test_a_port_out_of_range_is_refused_before_the_voice_loads(tmp_path):
