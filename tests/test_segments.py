@@ -76,6 +76,31 @@ def test_each_audio_crop_makes_its_mel_crop_on_interior_frames(built_cache):
     assert checked >= 4
 
 
+def test_validation_crops_are_each_clips_middle_every_time(built_cache):
+    # the validation losses compare one fixed crop per clip, its middle (docs/vocoder.md): a crop that moved
+    # between evaluations would move the curve with it
+    from pipeline import shards
+    from pipeline.vocoder import segments
+    cfg = _cfg(built_cache, segment_frames=16, batch_size=4)
+    S = cfg["vocoder"]["segment_frames"]
+    clips, _ = segments._sources(cfg, "val", "recorded", lambda *a: None)
+    f0 = {}
+    for entry in data.read_index(cfg)["shards"]:
+        meta, tracks = shards.read(config.cache_dir(cfg) / entry["pitch"], "pitch")
+        f0.update(zip(meta["ids"], tracks))
+    crops = np.concatenate([b["f0"].numpy() for b in build_segments(cfg, "val")])
+    assert len(crops) == len(clips.ids)
+    checked = 0
+    for cid, frames, crop in zip(clips.ids, clips.frames, crops):
+        start = min((max(frames - S, 0) + 1) // 2, max(frames - S, 0))
+        track = f0[cid][start:start + S]
+        np.testing.assert_array_equal(crop[:len(track)], track)
+        checked += frames > S + 2 and np.any(track > 0)
+    assert checked >= 2
+    again = np.concatenate([b["f0"].numpy() for b in build_segments(cfg, "val")])
+    np.testing.assert_array_equal(again, crops)
+
+
 def test_short_clips_are_padded_not_dropped(built_cache):
     frames = data.load_clips(_cfg(built_cache), "all")[0].frames
     S = int(np.median(frames))  # half the clips are shorter than a segment
