@@ -109,10 +109,15 @@ def dtw_path(a, b):
     return path[::-1].astype(np.int64)
 
 
+def _row_distances(a, b):
+    """(L,) dB distance of each row of two frame-aligned mel-cepstra (L, order+1); c0 excluded."""
+    diff = np.asarray(a)[:, 1:] - np.asarray(b)[:, 1:]                      # (L, order)
+    return MCD_SCALE * np.sqrt(np.sum(diff**2, axis=1))
+
+
 def _pair_distances(a, b, path):
     """(L,) dB distance of each DTW pair of mel-cepstra rows; c0 excluded."""
-    diff = np.asarray(a)[path[:, 0], 1:] - np.asarray(b)[path[:, 1], 1:]   # (L, order)
-    return MCD_SCALE * np.sqrt(np.sum(diff**2, axis=1))
+    return _row_distances(np.asarray(a)[path[:, 0]], np.asarray(b)[path[:, 1]])
 
 
 def mcd(a, b):
@@ -133,8 +138,7 @@ def mcd_by_voicing(a, b, path, voiced_b):
 
 def mcd_aligned(a, b):
     """MCD in dB of two mel-cepstra already frame-aligned (same length); c0 excluded."""
-    diff = np.asarray(a)[:, 1:] - np.asarray(b)[:, 1:]
-    return float(MCD_SCALE * np.mean(np.sqrt(np.sum(diff**2, axis=1))))
+    return float(np.mean(_row_distances(a, b)))
 
 
 def f0_rmse(f0_a, f0_b, path):
