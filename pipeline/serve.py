@@ -43,6 +43,7 @@ import ipaddress
 import json
 import logging
 import re
+import signal
 import socket
 import struct
 import sys
@@ -538,7 +539,21 @@ def main(argv=None):
                             h11_max_incomplete_event_size=16_384,
                             use_colors=False)   # else it asks sys.stdout.isatty(): None when started with `>&-`
     logging.getLogger("uvicorn.error").addFilter(cut_at_shutdown)
-    uvicorn.Server(config).run(sockets=sockets)   # SIGINT raised again after it stops: errors.cli's one line
+    server = Server(config)
+    server.run(sockets=sockets)   # SIGINT raised again after it stops: errors.cli's one line
+    if server.stopped_by == signal.SIGINT:
+        raise KeyboardInterrupt   # started with SIGINT ignored (a script's `serve &`): raised again, it did nothing
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, remembering the signal that stopped it. uvicorn stops on SIGINT even when the
+    process started with SIGINT ignored (a background job of a shell script), then raises it again into
+    that ignored disposition: the server exited 0 without its "stopped (Ctrl-C)" line."""
+    stopped_by = None
+
+    def handle_exit(self, sig, frame):
+        self.stopped_by = self.stopped_by or sig
+        super().handle_exit(sig, frame)
 
 
 def cut_at_shutdown(record):
