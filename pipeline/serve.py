@@ -8,7 +8,8 @@ Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py); writes
   GET  /voices                {"speakers": [...], "languages": [...], "sample_rate": 22050}
   POST /synthesize            JSON {"text", "speaker"?, "language"?, "pace"?, "pitch_shift"?, "ssml"?}
                               -> audio/wav (16-bit mono); at most MAX_WAV_SECONDS of audio, and
-                              a sentence at most voice.MAX_SENTENCE_SECONDS (413, before the audio is made)
+                              a sentence at most voice.MAX_SENTENCE_SECONDS, pauses at most MAX_PAUSE_SECONDS
+                              in all, streamed or not (413, before the audio is made)
   POST /synthesize?stream=true  -> chunked audio/L16;rate=SR;channels=1 (16-bit big-endian PCM,
                               RFC 2586), one chunk per sentence as soon as it is ready, the first
                               made before the answer starts (its failure: the 4xx/5xx); a later
@@ -67,6 +68,7 @@ from pipeline.wavfile import to_pcm, wav_bytes
 
 MAX_BODY = 100_000           # bytes of a request body
 MAX_WAV_SECONDS = 600.0      # audio of one non-streamed answer (longer: ?stream=true)
+MAX_PAUSE_SECONDS = 600.0    # pauses (<break>) of one request in all, streamed or not: a stream's silence is cheap
 WAV_CHUNK = 65_536           # bytes of a whole answer handed to uvicorn at a time (WavAnswer)
 MIN_TAKE_RATE = 4096         # bytes a second a client must take of an answer waiting on it (a tenth of real time)
 CLIENT_TIMEOUT = 10.0        # seconds to send a request head, then its body; to take any of an answer (--client-timeout)
@@ -346,7 +348,8 @@ def check_request(request):
 async def whole_answer(gate, voice, fields, request):
     """A non-streamed answer's wav bytes, built in one of the gate's `answers` places (the text checked
     first: a 400 or 413 does not wait for the answers ahead)."""
-    prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=False, max_seconds=MAX_WAV_SECONDS))
+    prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=False, max_seconds=MAX_WAV_SECONDS,
+                                                   max_pause_seconds=MAX_PAUSE_SECONDS))
     await gate.take_answer(request)
     try:
         sentences, audio = voice.sentences_float(prepared), []
@@ -370,8 +373,9 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
         release = gate.admit()
         try:
             if streamed:   # the first sentence before the answer starts: its failure is a 4xx/5xx, not a 200
-                # each sentence's bound only (pipeline/voice.py)
-                prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=True, max_seconds=None))
+                # each sentence's bound, and the pauses' (pipeline/voice.py): its speech is bounded by its text
+                prepared = await gate.run(functools.partial(voice.prepare, **fields, lazy=True, max_seconds=None,
+                                                            max_pause_seconds=MAX_PAUSE_SECONDS))
                 sentences = voice.sentences_audio(prepared)   # int16, a sentence at a time
                 first = await gate.run(next, sentences, None)
 

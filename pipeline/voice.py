@@ -408,7 +408,7 @@ class Voice:
         return {k: tf.constant(v, tf.int32) for k, v in ids.items() if k in self._inputs}, language
 
     def prepare(self, source, *, ssml=None, pace=1.0, pitch_shift=0.0, speaker=None, language=None, lazy=False,
-                max_seconds=None):
+                max_seconds=None, max_pause_seconds=None):
         """A Request for marked-up text (pipeline/markup.py). Every check (options, markup, unknown
         phonemes, prosody out of range, text the front end cannot say) is made here, before any
         audio; lazy=True leaves the front end (espeak-ng, ~2-10 ms a sentence) to each sentence after
@@ -417,7 +417,9 @@ class Voice:
         end cannot say), and a later sentence the front end cannot say stops it there. Length: TooLong
         for a sentence whose pauses (lazy) or estimated audio (estimate_seconds) exceed
         MAX_SENTENCE_SECONDS, or a request whose estimate exceeds `max_seconds` (None: no bound on
-        the whole); sentences_audio holds every sentence to the same bounds as it speaks."""
+        the whole); sentences_audio holds every sentence to the same bounds as it speaks. TooLong too for
+        pauses (<break>) over `max_pause_seconds` in all (None: no bound), known before any audio: a
+        stream's speech is bounded by its text, but its silence only by this."""
         check_text(source)
         pace = check_number("pace", pace, *PACE_RANGE)
         pitch_shift = check_number("pitch_shift", pitch_shift, *PITCH_RANGE)
@@ -446,6 +448,10 @@ class Voice:
         if seconds[longest] > most:
             raise TooLong(f"sentence {longest + 1}: over the {most:g} s of audio one sentence may "
                           f"make (about {seconds[longest]:.0f} s){SOONER}")
+        paused = sum(i.seconds for s in sentences for i in s if isinstance(i, markup.Pause))
+        if max_pause_seconds is not None and paused > max_pause_seconds:
+            raise TooLong(f"{paused:.0f} s of pauses (<break>) in all, over the {max_pause_seconds:g} s one request "
+                          "may hold")
         if max_seconds is not None and sum(seconds) > max_seconds:
             raise TooLong(f"over the {max_seconds:g} s of audio one request may make (about {sum(seconds):.0f} s)",
                           whole=True)

@@ -232,6 +232,11 @@ def test_audio_over_the_bounds_is_refused_before_it_is_made(server):
         status, _, answer = call(server.port, "POST", path, body)
         assert status == 413 and json.loads(answer)["error"].startswith(
             "sentence 1: over the 600 s of audio one sentence may make (about "), answer
+    pauses = {"text": "<speak>Hi." + "<s><break time='10s'/></s>" * 3840 + "</speak>", "ssml": True}   # 100 kB
+    for path in ("/synthesize", "/synthesize?stream=true"):   # streamed: 200 and 10.7 h (1.7 GB) of silence
+        status, _, answer = call(server.port, "POST", path, pauses)
+        assert status == 413 and json.loads(answer)["error"] == (
+            "38400 s of pauses (<break>) in all, over the 600 s one request may hold"), answer
     t1 = time.monotonic()                # one 98 kB sentence: ~30 s of the front end's CPU before its 413
     status, _, answer = call(server.port, "POST", "/synthesize", {"text": "a." * 49000})
     assert status == 413 and json.loads(answer)["error"].startswith("sentence 1: 98000 characters, over the 20000")

@@ -144,6 +144,19 @@ def test_a_sentence_is_refused_before_its_audio_is_made(tone):
     assert len(tone.audio(tone.prepare("Hello there. " * 10, max_seconds=60.0))) > 16000
 
 
+def test_a_requests_pauses_are_bounded_in_all_before_any_audio(tone):
+    # each sentence under its own bound, but 3,840 of them: 100 kB of SSML streamed 10.7 h of silence
+    from pipeline.voice import TooLong
+    many = "<speak>Hi." + "<s><break time='10s'/></s>" * 100 + "</speak>"      # 1,000 s in 101 sentences
+    for lazy in (False, True):
+        with pytest.raises(TooLong, match=r"^1000 s of pauses \(<break>\) in all, over the 600 s one request may "
+                                          r"hold$"):
+            tone.prepare(many, ssml=True, lazy=lazy, max_pause_seconds=600)
+    assert tone.prepare(many, ssml=True, lazy=True).ready == 1           # speak's own: no bound asked for
+    fine = "<speak>Hi." + "<s><break time='10s'/></s>" * 60 + "</speak>"       # 600 s: at the bound, taken
+    assert tone.prepare(fine, ssml=True, lazy=True, max_pause_seconds=600).ready == 1
+
+
 def test_a_sentence_whose_audio_outgrows_the_estimate_stops_at_the_bound(tone, monkeypatch):
     # the estimate is low on purpose; what the graph really makes is counted piece by piece, and a
     # sentence stops at its bound (here 0.5 s) with no more than one call's audio beyond it
