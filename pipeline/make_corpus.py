@@ -328,6 +328,7 @@ def _make_clips(tasks, speed, sample_rate, compression_level, jobs, log) -> tupl
 
 SPEEDS = (80, 5000)         # words a minute: espeak-ng speaks slower ones at its default, none from ~10000
 SAMPLE_RATES = (8000, 192000)
+MAX_JOBS = 256              # espeak-ng processes at once: a thread and a process each (10**5 tried to start 13,100)
 
 
 def check_numbers(*, count, start, jobs, sample_rate, speed, compression_level=None):
@@ -335,7 +336,7 @@ def check_numbers(*, count, start, jobs, sample_rate, speed, compression_level=N
     outside SPEEDS at its default (0, -50 and 175 gave the same clip) or not at all (99999), and a
     2 GHz --sample-rate made a 4 GB wav of a 1 s clip."""
     checks = (("--count", count, count >= 1, "1 or more"), ("--start", start, start >= 0, "0 or more"),
-              ("--jobs", jobs, jobs >= 1, "1 or more"),
+              ("--jobs", jobs, 1 <= jobs <= MAX_JOBS, f"1 to {MAX_JOBS}"),
               ("--sample-rate", sample_rate, SAMPLE_RATES[0] <= sample_rate <= SAMPLE_RATES[1],
                "%d to %d Hz" % SAMPLE_RATES),
               ("--speed", speed, SPEEDS[0] <= speed <= SPEEDS[1], "%d to %d words a minute" % SPEEDS),
@@ -475,7 +476,8 @@ def main(argv=None):
     p.add_argument("--start", type=int, default=0, help="first line (0-based)")
     p.add_argument("--format", choices=sorted(FORMATS), default="flac")
     p.add_argument("--sample-rate", type=int, default=ESPEAK_RATE, help="Hz; soxr resamples")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="espeak-ng processes")
+    p.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, MAX_JOBS),
+                   help=f"espeak-ng processes at once (1 to {MAX_JOBS})")
     p.add_argument("--voice", default="en-us")
     p.add_argument("--voices", help="several espeak-ng voices, e.g. en-us+m3,en-us+f2,en-gb+m1: a csv-format "
                                     "corpus, different lines per voice")

@@ -103,6 +103,7 @@ def test_errors(tmp_path, monkeypatch):
     ("--speed", "99999", "--speed 99999: 80 to 5000"),              # "produced no audio for 'Second line.'"
     ("--sample-rate", "2000000000", "--sample-rate 2000000000: 8000 to 192000 Hz"),  # a 4 GB wav of 1 s
     ("--compression-level", "nan", "--compression-level nan: 0 to 1"),  # named a transcript line
+    ("--jobs", "100000", "--jobs 100000: 1 to 256"),   # a thread and an espeak-ng each: 13,100 at once
 ])
 def test_numbers_espeak_or_the_files_cannot_honour_are_refused_naming_the_option(tmp_path, capsys, option, value,
                                                                                  said):
