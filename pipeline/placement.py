@@ -23,6 +23,7 @@ MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs in th
 before), and raises PlacementError if something else came first.
 """
 import atexit
+import glob
 import hashlib
 import json
 import os
@@ -428,9 +429,10 @@ def _folded_in(next_seed):
 
 
 def worker_checkpoint_folder(run, index):
-    """Where non-chief worker `index` of the run in folder `run` saves: node-local, in $TMPDIR (else
-    /tmp), named after a digest of the run folder's absolute path, so a rerun of the run finds it and
-    another run's workers on the node have their own."""
+    """The stem of non-chief worker `index`'s checkpoint folders for the run in folder `run`:
+    node-local, in $TMPDIR (else /tmp), named after a digest of the run folder's absolute path, so a
+    rerun of the run finds what a killed one left and another run's workers on the node have their own.
+    Each process's own folder is this stem, a hyphen and a random suffix (worker_checkpoints)."""
     digest = hashlib.sha256(str(Path(run).resolve()).encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"tts-{digest}-worker-{index}"
 
@@ -440,10 +442,20 @@ def worker_checkpoints(run, index):
     in a save, the chief's alone are kept. Node-local, not in the run folder: on a cluster that is
     shared storage, and every save would write a full checkpoint there per worker. Removed when the
     process exits, however training ended; a kill (SIGKILL, or the launcher's SIGTERM when a peer
-    failed) skips that, so the next run's start empties what such a kill left."""
-    folder = worker_checkpoint_folder(run, index)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
+    failed) skips that, so the next run's start empties what such a kill left: the folders of this
+    stem that this user owns. A new one is made with mkdtemp (mode 0700, a random suffix): $TMPDIR is
+    shared, and another user's folder made beforehand under a predictable name stopped the worker
+    (FileExistsError) and could have been adopted."""
+    stem = worker_checkpoint_folder(run, index)
+    for old in stem.parent.glob(glob.escape(stem.name) + "*"):
+        try:
+            mine = old.lstat().st_uid == os.getuid()
+        except OSError:
+            continue   # removed as we looked
+        if mine and (old.name == stem.name or old.name.startswith(stem.name + "-")):
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix=stem.name + "-", dir=stem.parent))
     atexit.register(shutil.rmtree, folder, True)  # ignore_errors: finish() removed it already
     return folder
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,21 +161,31 @@ def test_a_workers_checkpoint_folder_is_node_local_emptied_at_start_and_gone_whe
     run, node_tmp = tmp_path / "runs" / "demo", tmp_path / "node-tmp"  # runs/: shared storage on a cluster
     run.mkdir(parents=True), node_tmp.mkdir()
     env = dict(ENV, TMPDIR=str(node_tmp))
-    stale = placement.worker_checkpoint_folder(run, 1)  # what a worker killed by SIGKILL left behind
-    stale = node_tmp / stale.name  # in this test's $TMPDIR
-    assert stale.name.startswith("tts-") and stale.name.endswith("-worker-1")
-    assert placement.worker_checkpoint_folder(tmp_path / "runs" / "other", 1).name != stale.name
-    stale.mkdir()
-    (stale / "ckpt-8.index").write_text("left by a killed worker")
+    stem = placement.worker_checkpoint_folder(run, 1)
+    stem = node_tmp / stem.name  # in this test's $TMPDIR
+    assert stem.name.startswith("tts-") and stem.name.endswith("-worker-1")
+    assert placement.worker_checkpoint_folder(tmp_path / "runs" / "other", 1).name != stem.name
+    stale = node_tmp / (stem.name + "-k1ll3d")  # what a worker killed by SIGKILL left behind
+    older = stem  # the name before random suffixes
+    for folder in (stale, older):
+        folder.mkdir()
+        (folder / "ckpt-8.index").write_text("left by a killed worker")
+    others = node_tmp / (stem.name + "-0ther"), node_tmp / (stem.name + "0")  # another user's; another index's
+    for folder in others:
+        folder.mkdir()
+    if os.getuid() == 0:   # made beforehand by another user of a shared /tmp: neither in the way nor removed
+        os.chown(others[0], 65534, 65534)
     proc = subprocess.run([sys.executable, "-c", WORKER_RUN, str(run)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert "RuntimeError: worker 0 failed" in proc.stderr
     # in the node's $TMPDIR, not the run folder; the stale checkpoint cleared before this run's saves;
     # only the last save kept (a worker's saves are taken part in, never restored)
     saved = next(line for line in proc.stdout.splitlines() if line.startswith("saved into"))
-    assert saved.startswith(f"saved into {stale} [") and "ckpt-12.index" in saved
+    folder = Path(saved.split()[2])
+    assert folder.parent == node_tmp and folder.name.startswith(stem.name + "-") and "ckpt-12.index" in saved
     assert "ckpt-4" not in saved and "ckpt-8" not in saved
-    assert not stale.exists()  # removed although training failed
+    assert not folder.exists() and not stale.exists() and not older.exists()  # removed although training failed
+    assert others[1].exists() and others[0].exists() == (os.getuid() == 0)
     assert sorted(p.name for p in run.iterdir()) == []  # nothing of the worker's in runs/
 
 
