@@ -13,7 +13,8 @@
 # munge key and socket, the database, spool, logs, pid files) lives under LOCAL_SLURM_DIR
 # (default /tmp/local-slurm), except one link, /run/slurm/conf -> $LOCAL_SLURM_DIR/etc, through
 # which sinfo, sbatch, sacct and the jobs' srun find the configuration. `stop` removes the folder,
-# the link and the empty slurm_localhost cgroup folders that slurmd leaves.
+# the link and the empty slurm_localhost cgroup folders that slurmd leaves. Both take only a
+# folder that is root's alone (root_only): the daemons run as root on what it holds.
 # Ports: LOCAL_SLURM_PORT (default 6817) for slurmctld, +1 slurmd, +2 slurmdbd, +3 MariaDB.
 #
 # Process tracking: where the cgroup v1 hierarchies (freezer, cpuset, memory) are mounted and
@@ -40,6 +41,27 @@ LINK=/run/slurm/conf
 MARK=$DIR/.made-by-local-slurm
 
 die() { echo "local-slurm: $*" >&2; exit 1; }
+
+# Dies unless $DIR, and the folder it is in, are root's alone: the daemons run as root on what the
+# folder holds (slurm.conf's Prolog, the munge key and socket, the pid files `stop` kills). In a
+# shared /tmp another user could make the folder first and swap its contents, or name a pid for root
+# to kill. The folder it is in may be open to all only with the sticky bit (/tmp): then nobody else
+# can rename or delete what root made there.
+root_only() {
+  local parent mode
+  parent=$(dirname "$DIR")
+  mode=$(stat -L -c %a "$parent") || die "$parent: cannot read it"
+  if [ "$(stat -L -c %u "$parent")" != 0 ] || { (( 8#$mode & 8#022 )) && ! (( 8#$mode & 8#1000 )); }; then
+    die "$parent (mode $mode, owner $(stat -L -c %U "$parent")) is not root's alone; set LOCAL_SLURM_DIR to a folder in one that is"
+  fi
+  if [ -L "$DIR" ]; then die "$DIR is a symbolic link; set LOCAL_SLURM_DIR to a new folder"; fi
+  if [ -e "$DIR" ]; then
+    mode=$(stat -c %a "$DIR")
+    if [ "$(stat -c %u "$DIR")" != 0 ] || (( 8#$mode & 8#022 )); then
+      die "$DIR (mode $mode, owner $(stat -c %U "$DIR")) is not root's alone: another user may have made or changed it; set LOCAL_SLURM_DIR to a new folder"
+    fi
+  fi
+}
 
 need_root() {
   [ "$(id -u)" = 0 ] || die "run as root: the daemons run as root here (SlurmUser=root)"
@@ -191,6 +213,7 @@ start_mariadb() {
 
 cmd_start() {
   need_root
+  root_only
   [ -z "$(missing_packages)" ] || die "packages missing: $(missing_packages | tr '\n' ' ')- run: $0 install"
   [ -e "$DIR/run" ] && die "$DIR exists: already started? run '$0 stop' first"
   [ -e /etc/slurm/slurm.conf ] && die "/etc/slurm/slurm.conf exists: this machine has its own SLURM; use that"
@@ -202,6 +225,7 @@ cmd_start() {
   if [ -d "$DIR" ] && [ ! -e "$MARK" ] && [ -n "$(ls -A "$DIR")" ]; then
     die "$DIR exists and was not made by $0; set LOCAL_SLURM_DIR to a new folder (stop deletes it)"
   fi
+  [ -d "$DIR" ] || mkdir -m 700 "$DIR" || die "$DIR: cannot make it"   # not -p: nobody else's folder adopted
   mkdir -p "$DIR"/{etc,munge,log,run,spool/ctld,spool/d}
   touch "$MARK"
   chmod 755 "$DIR" "$DIR/munge"  # munged wants its socket folder traversable by everyone
@@ -249,6 +273,7 @@ cmd_stop() {
   [ -e "$MARK" ] || head -n 1 "$CONF" 2>/dev/null | grep -q '^# Written by scripts/local-slurm.sh' ||
     die "$DIR was not made by $0 (no $MARK): not stopping anything or deleting it"
   need_root
+  root_only
   # cancel every job and wait until they are gone: a job step left running keeps its
   # slurmstepd alive after slurmd stops (KillWait=5: SIGKILL 5 s after the SIGTERM)
   if [ -f "$DIR/run/slurmctld.pid" ] && scontrol ping >/dev/null 2>&1; then

@@ -230,6 +230,49 @@ def test_local_slurm_stop_deletes_only_a_folder_it_made(tmp_path):
         f"(no {home}/.made-by-local-slurm): not stopping anything or deleting it"
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root: the folders are made another user's with chown")
+def test_local_slurm_takes_no_folder_another_user_could_have_made_or_changed(tmp_path):
+    # the script runs as root on what LOCAL_SLURM_DIR (default /tmp/local-slurm) holds: an empty folder
+    # another user made first was adopted (their slurm.conf's Prolog then ran as root), and `stop`
+    # killed whatever pid their run/slurmd.pid named
+    script, nobody = ROOT / "scripts" / "local-slurm.sh", 65534
+    stub = tmp_path / "bin"   # "packages missing": nothing starts even where the checks would be absent
+    stub.mkdir()
+    (stub / "dpkg-query").write_text("#!/bin/sh\nexit 1\n")
+    (stub / "dpkg-query").chmod(0o755)
+    env = dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}")
+
+    def local_slurm(command, folder):
+        return subprocess.run(["bash", str(script), command], capture_output=True, text=True, timeout=60,
+                              env=dict(env, LOCAL_SLURM_DIR=str(folder)))
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, nobody, nobody)
+    proc = local_slurm("start", theirs)
+    assert proc.returncode == 1 and proc.stderr.startswith(f"local-slurm: {theirs} (mode 755, owner nobody) is not "
+                                                           "root's alone"), proc.stderr
+    assert list(theirs.iterdir()) == []
+    proc = local_slurm("start", theirs / "slurm")   # in their folder: they could swap it after the check
+    assert proc.returncode == 1 and "is not root's alone; set LOCAL_SLURM_DIR" in proc.stderr, proc.stderr
+    assert not (theirs / "slurm").exists()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    proc = local_slurm("start", tmp_path / "link")
+    assert proc.returncode == 1 and "is a symbolic link" in proc.stderr, proc.stderr
+    assert "packages missing" in local_slurm("start", tmp_path / "fresh").stderr   # root's own: the checks pass
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        (theirs / "run").mkdir()
+        (theirs / ".made-by-local-slurm").touch()
+        (theirs / "run" / "slurmd.pid").write_text(f"{victim.pid}\n")
+        proc = local_slurm("stop", theirs)
+        assert proc.returncode == 1 and "is not root's alone" in proc.stderr, proc.stderr
+        assert victim.poll() is None and (theirs / "run" / "slurmd.pid").exists()
+    finally:
+        victim.kill()
+        victim.wait()
+
+
 def _checksums(log):
     return {int(w): float(x) for w, x in re.findall(r"\[worker (\d)\] .*weights checksum ([-\d.e+]+)", log)}
 
