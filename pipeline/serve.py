@@ -21,8 +21,9 @@ and in a stream.
 Every error is a JSON {"error": "<one line>"} with a 4xx/5xx status: 400 bad JSON, field or markup, or a
 query parameter other than stream (the fields go in the body),
 403 another site's Origin (`--allow-origin URL`: a reverse proxy's public address may call it too,
-and its host name is answered to), or (bound to a loopback address) a Host other than localhost,
-127.0.0.1, [::1] or the address itself, 415 a POST body not sent as application/json, 404/405, 408 a body
+and its host name is answered to), or a Host it does not answer to: bound to a loopback address, one
+other than localhost, 127.0.0.1, [::1] or the address itself; elsewhere, a name other than the --host
+name (an IP address is answered to); `--allow-host NAME` adds a name (DNS rebinding), 415 a POST body not sent as application/json, 404/405, 408 a body
 not sent within `--client-timeout` seconds, 413 a body over MAX_BODY bytes, 503 when the queue is full (`--workers` model calls at a time, `--queue` more waiting); a client
 that hangs up gives its place back at the end of the sentence being made. A place is held until the
 answer is sent, not only made: a stream's until its end, a whole wav's (sent WAV_CHUNK bytes at a
@@ -135,15 +136,20 @@ def allowed_origin(value):
 
 class Guard:
     """ASGI middleware against other sites' pages (cross-origin requests, DNS rebinding): 403 for a
-    Host whose name is not one of `names` (None: any; a loopback server: LOOPBACK_NAMES and its own
-    address), and for an Origin that is neither the server's own (http:// or https:// and the Host) nor
-    one of `origins` (allowed_origin's: a reverse proxy's public address, whose host name then also
-    joins `names`, for a proxy that passes the browser's Host on)."""
+    Host the server does not answer to (`hosts`, host_names's (names, addresses); None: any), and for
+    an Origin that is neither the server's own (http:// or https:// and the Host) nor one of `origins`
+    (allowed_origin's: a reverse proxy's public address, whose host name then also joins the names,
+    for a proxy that passes the browser's Host on)."""
 
-    def __init__(self, app, names=None, origins=()):
+    def __init__(self, app, hosts=None, origins=()):
         self.app, self.origins = app, frozenset(origins)
+        names, self.addresses = (None, False) if hosts is None else hosts
         self.names = None if names is None else {n.lower() for n in names} | {
             host_name(urllib.parse.urlsplit(o).netloc) for o in self.origins}
+
+    def answers(self, host):
+        name = host_name(host)
+        return self.names is None or name in self.names or (self.addresses and is_address(name))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
@@ -151,15 +157,27 @@ class Guard:
             host, origin = headers.get("host"), headers.get("origin")
             own = () if host is None else (f"http://{host.strip().lower()}", f"https://{host.strip().lower()}")
             refused = None
-            if self.names is not None and host is not None and host_name(host) not in self.names:
-                refused = (f"Host {host!r}: a server on a loopback address answers only to "
-                           f"{', '.join(sorted(self.names))}")
+            if host is not None and not self.answers(host):
+                refused = (f"Host {host!r}: a server on a network address answers to IP addresses and to "
+                           f"{', '.join(sorted(self.names)) or 'no name'}; start it with --allow-host NAME to "
+                           "answer to another (a page of another site can point its own name at this address)"
+                           if self.addresses else f"Host {host!r}: a server on a loopback address answers only "
+                           f"to {', '.join(sorted(self.names))}")
             elif origin is not None and origin.strip().lower() not in (*own, *self.origins):
                 refused = f"Origin {origin!r}: only this server's own page may call it"
             if refused:
                 await error(403, refused)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def is_address(name):
+    """Whether a Host's name (host_name's) is an IP address: "192.168.1.5", "[fe80::1]"."""
+    try:
+        ipaddress.ip_address(name[1:-1] if name.startswith("[") and name.endswith("]") else name)
+    except ValueError:
+        return False
+    return True
 
 
 class Gate:
@@ -364,7 +382,7 @@ async def whole_answer(gate, voice, fields, request):
 
 def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=None, origins=()):
     """The Starlette app of a loaded Voice, behind Guard(hosts, origins): the Host names it answers to
-    (None: any) and the other origins whose pages may call it."""
+    (host_names's; None: any) and the other origins whose pages may call it."""
     gate = Gate(workers, queue)
 
     async def synthesize(request):
@@ -494,16 +512,30 @@ def unsent(transport):
         return size
 
 
-def loopback_names(host):
-    """The Host names a server bound to `host` answers to: LOOPBACK_NAMES and `host` for a loopback
-    address (no other site's name can reach it but by DNS rebinding), None (any) otherwise."""
+def host_names(host, allowed=()):
+    """(names, addresses): the Host names a server bound to `host` answers to, and whether it also answers
+    to any IP address. On a loopback address: LOOPBACK_NAMES and `host`, no other address (no other
+    site's name can reach it but by DNS rebinding). Elsewhere (0.0.0.0, a network address or name): any
+    IP address (a page can reach it by an address only from that address) and, as names, `host` if it is
+    one: a page of another site could point its own name at the server's address. `allowed`: the names
+    of --allow-host, in both cases."""
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         loopback = False
-    if not loopback:
-        return None
-    return (*LOOPBACK_NAMES, f"[{host.strip('[]')}]" if ":" in host else host)
+    allowed = tuple(allowed)
+    if loopback:
+        return (*LOOPBACK_NAMES, f"[{host.strip('[]')}]" if ":" in host else host, *allowed), False
+    return ((*allowed,) if is_address(host.strip("[]")) else (host.lower(), *allowed)), True
+
+
+def allowed_host(value):
+    """An --allow-host value as a browser's Host header names it (lower case, IDNA's ASCII form), or a
+    PipelineError naming it."""
+    name = _origin_host(value.strip()) if value.strip() and not value.strip().startswith("[") else None
+    if name is None or is_address(name):
+        raise PipelineError(f"--allow-host {value!r}: a host name, e.g. tts.example.com, not an address or a port")
+    return name
 
 
 @cli
@@ -522,8 +554,13 @@ def main(argv=None):
     parser.add_argument("--allow-origin", action="append", default=[], metavar="URL",
                         help="another origin whose pages may call the server, e.g. https://tts.example.com: the "
                              "address a reverse proxy serves it at (repeatable)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="another name the server answers to as the Host of a request, e.g. tts-box.lan "
+                             "(repeatable): on a network address it answers to its IP addresses, else only the "
+                             "names given (DNS rebinding)")
     args = parser.parse_args(argv)
     origins = [allowed_origin(o) for o in args.allow_origin]
+    names = [allowed_host(h) for h in args.allow_host]
     for option, value, low, high in (("--workers", args.workers, 1, MAX_WORKERS), ("--queue", args.queue, 0, MAX_QUEUE)):
         if not low <= value <= high:
             raise PipelineError(f"{option} {value}: must be in {low}..{high}")
@@ -533,7 +570,7 @@ def main(argv=None):
         raise PipelineError(f"--port {args.port}: a port is 1..65535")
     sockets = listen(args.host, args.port)  # before the voice loads: a port in use is one line, at once
     voice = Voice(args.voice, log=lambda *a: print(*a, file=sys.stderr, flush=True))
-    app = build_app(voice, args.workers, args.queue, args.client_timeout, hosts=loopback_names(args.host),
+    app = build_app(voice, args.workers, args.queue, args.client_timeout, hosts=host_names(args.host, names),
                     origins=origins)
     protocol = type("Protocol", (Protocol,), {"timeout": args.client_timeout})
     print(f"voice {args.voice} loaded in {voice.load_seconds:.2f} s; serving http://{args.host}:{args.port}/",

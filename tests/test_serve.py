@@ -298,14 +298,68 @@ def test_other_sites_pages_cannot_drive_the_server(server):
 LOOPBACK = {"localhost", "127.0.0.1", "[::1]"}
 
 
-@pytest.mark.parametrize("host, names", [("127.0.0.1", LOOPBACK), ("localhost", LOOPBACK), ("::1", LOOPBACK),
-                                         ("127.0.0.2", LOOPBACK | {"127.0.0.2"}), ("0.0.0.0", None),
-                                         ("192.168.1.5", None), ("tts.example.com", None)])
-def test_a_loopback_host_answers_only_to_loopback_names(host, names):
-    # --host localhost (or any loopback address) keeps the Host check against DNS rebinding; others answer any
+@pytest.mark.parametrize("host, names, addresses", [
+    ("127.0.0.1", LOOPBACK, False), ("localhost", LOOPBACK, False), ("::1", LOOPBACK, False),
+    ("127.0.0.2", LOOPBACK | {"127.0.0.2"}, False), ("0.0.0.0", set(), True), ("::", set(), True),
+    ("192.168.1.5", set(), True), ("tts.example.com", {"tts.example.com"}, True)])
+def test_a_server_answers_to_its_own_names_and_on_a_network_address_to_ip_addresses(host, names, addresses):
+    # --host localhost (or any loopback address) keeps the Host check against DNS rebinding; a network
+    # address answered to any Host, so a page of another site that pointed its name at it could drive it
     from pipeline import serve
-    got = serve.loopback_names(host)
-    assert (None if got is None else set(got)) == names
+    got, any_address = serve.host_names(host)
+    assert set(got) == names and any_address == addresses
+    got, _ = serve.host_names(host, ["tts-box.lan"])
+    assert set(got) == names | {"tts-box.lan"}
+
+
+async def _asgi_status(app, host, origin=None):
+    headers = [(b"host", host.encode())] + ([(b"origin", origin.encode())] if origin else [])
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": headers}
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+    await app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], body.decode()
+
+
+def test_a_server_on_a_network_address_refuses_a_rebound_name():
+    # bound to 192.168.1.20 or 0.0.0.0, Host rebind.attacker.example with its own Origin got 200
+    import asyncio
+
+    from pipeline import serve
+
+    async def ok(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+    for bound in ("192.168.1.20", "0.0.0.0", "::"):
+        guard = serve.Guard(ok, serve.host_names(bound, ["tts-box.lan"]))
+        status, body = asyncio.run(_asgi_status(guard, "rebind.attacker.example:8050",
+                                                "http://rebind.attacker.example:8050"))
+        assert status == 403 and json.loads(body)["error"] == (
+            "Host 'rebind.attacker.example:8050': a server on a network address answers to IP addresses and to "
+            "tts-box.lan; start it with --allow-host NAME to answer to another (a page of another site can point "
+            "its own name at this address)")
+        for host in ("192.168.1.20:8050", "10.0.0.7", "[fe80::1]:8050", "TTS-box.lan:8050", "tts-box.lan"):
+            assert asyncio.run(_asgi_status(guard, host)) == (200, "ok"), host
+    named = serve.Guard(ok, serve.host_names("tts.example.com"))     # --host NAME: that name answers
+    assert asyncio.run(_asgi_status(named, "tts.example.com:8050"))[0] == 200
+    assert asyncio.run(_asgi_status(named, "evil.example:8050"))[0] == 403
+
+
+@pytest.mark.parametrize("value", ["10.0.0.7", "[::1]", "tts-box:8050", "tts box", ""])
+def test_an_allowed_host_that_is_not_a_name_is_refused_before_the_voice_loads(tmp_path, capsys, value):
+    from pipeline import serve
+    with pytest.raises(SystemExit) as stop:
+        serve.main(["--voice", str(tmp_path / "none"), "--allow-host", value])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (f"error: --allow-host {value!r}: a host name, e.g. tts.example.com, not an "
+                                       "address or a port\n")
 
 
 def test_a_server_bound_as_localhost_refuses_other_hosts(tmp_path):
