@@ -8,6 +8,7 @@ rename. Every module that writes a cache, a run or a report writes through here.
 """
 import errno
 import os
+import stat
 from pathlib import Path
 
 from pipeline.errors import PipelineError, disk_full
@@ -86,9 +87,10 @@ def atomic_write(path, write, suffix=""):
     (ENOSPC) becomes one line naming `path` (pipeline.errors.DiskFull). A symbolic link is written
     through (its target replaced); a folder, device, pipe or socket is refused (`target`)."""
     path = target(path)
-    tmp = temporary(path, suffix)
+    tmp, claimed = temporary(path, suffix), False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        claimed = claim(tmp, path)
         write(tmp)
         fd = os.open(tmp, os.O_RDONLY)  # durable before the rename: a crash never leaves an empty `path`
         try:
@@ -97,10 +99,30 @@ def atomic_write(path, write, suffix=""):
             os.close(fd)
         os.replace(tmp, path)
     except BaseException as e:
-        tmp.unlink(missing_ok=True)
+        if claimed:   # not what stood there before (claim)
+            tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             raise disk_full(path) from None
         raise
+
+
+def claim(tmp, path):
+    """Make the temporary file `tmp` of `path` as a new, empty file of this process (O_EXCL, no link
+    followed), so the writer then writes into it and nowhere else: in a folder others may write (speak
+    --out /tmp/x.wav) a link planted at the predictable name would have sent the write, as this user,
+    wherever it pointed. One left by a killed process of this user with the same pid is removed first;
+    anything else there is a PipelineError naming it."""
+    for _ in range(2):
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
+            return True
+        except FileExistsError:
+            st = os.lstat(tmp)
+            if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()):
+                raise PipelineError(f"{tmp}: something not this user's file (a link, another user's file) is where "
+                                    f"the temporary file of {path} goes; remove it") from None
+            os.unlink(tmp)   # ours, left by a killed process that had this pid
+    raise PipelineError(f"{tmp}: made again as it was removed; is another process writing {path}?")
 
 
 def atomic_write_bytes(path, data):

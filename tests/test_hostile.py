@@ -504,6 +504,25 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path, capsys)
     files.check_not_input(tmp_path / "other.wav", "--out", {"--mel": str(mel), "--f0": None})   # elsewhere: fine
 
 
+def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
+    # in a folder others may write (speak --out /tmp/x.wav), .x.wav.tmp{pid} is a predictable name: a link
+    # planted there sent the write, as this user, to wherever it pointed
+    from pipeline import files
+    victim, out = tmp_path / "victim.txt", tmp_path / "shared" / "x.wav"
+    victim.write_text("not yours")
+    out.parent.mkdir()
+    tmp = files.temporary(out)
+    tmp.symlink_to(victim)
+    with pytest.raises(errors.PipelineError, match=r"^.*\.x\.wav\.tmp\d+: something not this user's file \(a link, another "
+                                            r"user's file\) is where the temporary file of .*x\.wav goes; remove it$"):
+        files.atomic_write_text(out, "audio")
+    assert victim.read_text() == "not yours" and tmp.is_symlink() and not out.exists()
+    tmp.unlink()
+    tmp.write_text("left by a killed process of ours with this pid")
+    files.atomic_write_text(out, "audio")
+    assert out.read_text() == "audio" and not tmp.exists()
+
+
 def test_speak_with_standard_input_closed_is_one_line(tmp_path):
     # `python -m pipeline.speak --voice V --out x.wav <&-`: sys.stdin is None, an AttributeError after the
     # model had loaded
