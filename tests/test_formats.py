@@ -409,3 +409,35 @@ def test_a_name_a_case_ignoring_disk_finds_is_compared_by_stat(tmp_path, corpus_
     del audio["lj001-0001"]  # the scan lists names as the disk keeps them
     with pytest.raises(DatasetError, match="clip 'LJ001-0001' .* and clip 'lj001-0001' .* are one audio file"):
         preflight.check_audio(cfg, manifest.load_manifest(cfg["dataset"], 4), audio, {})
+
+
+def test_a_csv_row_with_more_fields_than_the_header_names_its_line(tmp_path):
+    # a `|` inside the text made a fourth field: zip() dropped it, and "there." became the speaker
+    extra = make_csv(tmp_path / "extra", ["x1.wav|Hello|there.|anna"], header="audio_file|text|speaker")
+    assert f"{extra / 'metadata.csv'}:2: expected 3 fields (audio_file|text|speaker), found 4" in _error(
+        [{"root": str(extra), "format": "csv"}])
+
+
+def test_a_source_speaker_with_surrounding_spaces_is_refused(tmp_path):
+    # "anna " and "anna" would be two speakers of one voice
+    nospeaker = make_csv(tmp_path / "nospk", ["x1.wav|Hello."], header="audio_file|text")
+    assert "dataset.sources[0].speaker: speaker 'anna ' must be a plain name" in _error(
+        [{"root": str(nospeaker), "format": "csv", "speaker": "anna "}])
+
+
+def test_a_transcript_files_line_breaks_and_tabs_read_as_single_spaces(tmp_path):
+    root = make_libritts(tmp_path / "LibriTTS", speakers=("19",), n=1)
+    txt = next((root / "19" / "198").glob("*.normalized.txt"))
+    txt.write_text("Please call\nStella.\t  Now.\n")
+    [clip] = formats.read_sources([{"root": str(root), "format": "libritts"}])
+    assert clip.text == "Please call Stella. Now."
+
+
+def test_a_vctk_092_corpus_converted_to_wav_finds_its_mic1_clips(tmp_path):
+    root = make_vctk(tmp_path / "vctk", speakers=("p225",), n=1)
+    folder = root / "wav48_silence_trimmed" / "p225"
+    for flac in list(folder.glob("*.flac")):
+        _tone(flac.with_suffix(".wav"))
+        flac.unlink()
+    [clip] = formats.read_sources([{"root": str(root), "format": "vctk"}])
+    assert clip.audio == str(folder / "p225_001_mic1.wav")

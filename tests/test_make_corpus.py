@@ -383,3 +383,35 @@ def test_an_out_folder_whose_name_is_not_utf8_is_named(tmp_path, capsys):
     line = refused(capsys, _argv(out, 1))
     assert "UTF-8" in line and "transcripts" not in line, line
     assert not out.exists()
+
+
+def test_each_clip_speaks_the_normalized_text_column(tmp_path):
+    (tmp_path / "t.csv").write_text("N1|Dr. Who, 1.|Doctor Who, one.\nN2|Plain text.|\n", encoding="utf-8")
+    assert [r[1] for r in mc.read_transcripts(tmp_path / "t.csv")] == ["Doctor Who, one.", "Plain text."]
+    mc.make_corpus(tmp_path / "t.csv", tmp_path / "c", count=2, fmt="wav", jobs=1)
+    for clip, said in (("N1", "Doctor Who, one."), ("N2", "Plain text.")):
+        with sf.SoundFile(tmp_path / "c" / "wavs" / f"{clip}.wav") as f:
+            assert f.comment == mc._request_tag(said, "en-us", 175, mc.ESPEAK_RATE)
+
+
+def test_a_clip_whose_write_fails_leaves_no_torn_file_that_a_rerun_would_keep(tmp_path, monkeypatch, capsys):
+    written = sf.SoundFile.write
+
+    def torn(self, data):
+        written(self, data[:len(data) // 2])
+        raise sf.LibsndfileError(2)  # "System error.", as a killed or failing write leaves it
+    monkeypatch.setattr(sf.SoundFile, "write", torn)
+    monkeypatch.setattr(mc.shutil, "disk_usage", lambda path: SimpleNamespace(free=9 << 30))
+    refused(capsys, _argv(tmp_path, 1, "--format", "wav"))
+    assert not list((tmp_path / "wavs").iterdir())
+    monkeypatch.undo()
+    assert mc.make_corpus(TRANSCRIPTS, tmp_path, count=1, fmt="wav")["made"] == 1
+
+
+def test_the_bounds_of_each_number_are_taken_and_a_count_of_0_is_refused(tmp_path, capsys):
+    mc.check_numbers(count=1, start=0, jobs=1, sample_rate=mc.SAMPLE_RATES[0], speed=mc.SPEEDS[0])
+    mc.check_numbers(count=1, start=0, jobs=1, sample_rate=mc.SAMPLE_RATES[1], speed=mc.SPEEDS[1],
+                     compression_level=1.0)
+    line = refused(capsys, ["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / "c"), "--count", "0"])
+    assert line == "error: --count 0: 1 or more", line
+    assert not (tmp_path / "c").exists()

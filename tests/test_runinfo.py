@@ -364,3 +364,44 @@ def test_text_ids_speak_a_one_language_runs_language_not_text_languages(tmp_path
         got, where = runinfo.ids_vocabulary(run=tmp_path)
         assert got["language"] == spoken and where == str(tmp_path / "vocab.json")
         assert {k: v for k, v in got.items() if k != "language"} == {k: v for k, v in vocab.items() if k != "language"}
+
+
+def _run_record(tmp_path, **index_fields):
+    cfg = config.load_config()
+    index = {"n_mels": 80, "vocab": text.vocabulary(cfg["text"]), "provenance": {}, "counts": {}, **index_fields}
+    stats = {"mel_mean": np.zeros(80), "mel_std": np.ones(80), "pitch_mean": 120.0, "pitch_std": 20.0,
+             "energy_mean": 1.0, "energy_std": 1.0}
+    runinfo.write(tmp_path, runinfo.describe(cfg, index, stats))
+    return cfg, index, stats
+
+
+def test_a_vocabulary_of_the_same_size_in_another_order_is_refused_on_resume(tmp_path):
+    # ids that would speak other phonemes under the checkpoint's weights
+    cfg, index, stats = _run_record(tmp_path)
+    symbols_now = list(index["vocab"]["symbols"])
+    symbols_now[2], symbols_now[3] = symbols_now[3], symbols_now[2]
+    n = len(symbols_now)
+    with pytest.raises(runinfo.RunChanged, match=rf"the vocabulary changed \({n} -> {n} symbols, first at id 2"):
+        runinfo.for_training(cfg, dict(index, vocab=dict(index["vocab"], symbols=symbols_now)), stats, tmp_path,
+                             resuming=True)
+
+
+def test_a_speaker_table_that_shrank_is_refused_on_resume(tmp_path):
+    # a two-speaker run resumed on bob's clips alone would train them as anna (id 0)
+    cfg, index, stats = _run_record(tmp_path, speakers=["anna", "bob"])
+    with pytest.raises(runinfo.RunChanged, match=r"the speakers changed \(anna, bob -> bob\)"):
+        runinfo.for_training(cfg, dict(index, speakers=["bob"]), stats, tmp_path, resuming=True)
+
+
+def test_a_pitch_setting_that_moved_under_a_checkpoint_is_named(tmp_path):
+    cfg, index, stats = _run_record(tmp_path)
+    other = config.load_config(overrides={"pitch": {"fmax": 500.0}})
+    with pytest.raises(runinfo.RunChanged, match=r"pitch\.fmax changed \(600\.0 -> 500\.0\)"):
+        runinfo.for_training(other, index, stats, tmp_path, resuming=True)
+
+
+def test_a_run_record_of_another_format_is_one_line(tmp_path):
+    runinfo.path(tmp_path).write_text(json.dumps({"format": runinfo.FORMAT + 1, "config": {}, "stats": {}}))
+    with pytest.raises(PipelineError, match=rf"written in run format {runinfo.FORMAT + 1}, this code reads "
+                                            rf"{runinfo.FORMAT}"):
+        runinfo.load(tmp_path)

@@ -1,6 +1,7 @@
 """pipeline.synthesize: what sentences.json records of each sample."""
 import json
 
+import pytest
 from conftest import run_config, write_untrained_checkpoint
 
 from pipeline import config
@@ -123,3 +124,38 @@ def test_a_rerun_with_fewer_sentences_leaves_no_sample_of_the_previous_run(built
     (own / "sentences.json").write_text("written by another version")   # the run's own folder: all of it ours
     synthesize.synthesize(cfg, own, log=quiet)
     assert samples_in(own) == ["00.npy", "00.wav"] and json.loads((own / "sentences.json").read_text())["samples"]
+
+
+def test_a_record_naming_other_files_never_makes_them_removable(tmp_path):
+    # a sentences.json (hand-edited, or another tool's) naming notes.txt must not let a rerun delete it
+    from pipeline import synthesize
+    cfg = config.load_config(overrides={"runs_dir": str(tmp_path / "runs")}, check_paths=False)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    (mine / "00.wav").write_bytes(b"")
+    (mine / "sentences.json").write_text(json.dumps({"samples": [
+        {"wav": str(mine / "notes.txt"), "mel": str(mine / "notes.txt")}, {"wav": str(mine / "00.wav")}]}))
+    assert synthesize.previous_samples(cfg, mine) == {"00.wav", "sentences.json"}
+
+
+def test_a_checkpoint_without_some_of_the_models_weights_is_refused(built_cache, tmp_path):
+    # a layer the checkpoint holds no weights for kept its random initial values, silently
+    from pipeline import runinfo, synthesize
+    from pipeline.errors import MissingCheckpoint
+    path = run_config(built_cache, tmp_path, steps=10)
+    write_untrained_checkpoint(path, step=1)
+    cfg = config.load_config(path)
+    run = config.run_dir(cfg)
+    info = json.loads(runinfo.path(run).read_text())
+    info["config"]["model"]["fastpitch"]["decoder_layers"] += 1
+    runinfo.write(run, info)
+    with pytest.raises(MissingCheckpoint, match="does not read whole into the run's fastpitch model"):
+        synthesize.load_synthesizer(cfg, log=lambda line: None)
+
+
+def test_a_run_without_a_language_table_speaks_in_the_language_asked():
+    # one language: no table to choose from; synthesize.language is the front end's voice
+    from pipeline import synthesize
+    info = {"vocab": {"language": "en-us"}, "speakers": [], "languages": []}
+    assert synthesize.resolve_voice({"speaker": "", "language": "en-gb"}, info) == (0, 0, "en-gb")

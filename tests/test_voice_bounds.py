@@ -201,3 +201,43 @@ def test_a_sentence_too_long_to_read_is_refused_before_the_front_end(tone, monke
         with pytest.raises(TooLong, match=r"^sentence 2: 98000 characters, over the 20000 one sentence may hold; end "
                                           r"sentences sooner \(\. ! \?\)$"):
             tone.prepare("Hi. " + "A." * 49000, lazy=lazy)     # capital: "Hi. a." goes on (pipeline/markup.py)
+
+
+def test_a_sentence_of_exactly_the_most_characters_reaches_the_front_end(tone, monkeypatch):
+    from pipeline.voice import MAX_SENTENCE_CHARACTERS
+
+    class Reached(Exception):
+        pass
+
+    def front_end(*args):
+        raise Reached
+    monkeypatch.setattr(tone, "_front_end", front_end)
+    with pytest.raises(Reached):
+        tone.prepare("a" * MAX_SENTENCE_CHARACTERS)
+
+
+def test_no_call_is_given_more_tokens_than_export_json_max_tokens(tone, monkeypatch):
+    # the graph refuses more than max_tokens ids, EOS included: a piece of max_tokens symbols was a 500
+    monkeypatch.setattr(tone, "max_tokens", 6)
+    tone.calls.clear()
+    tone.audio(tone.prepare("xxxxxxxxxxxx", pace=4.0))
+    assert tone.calls and max(tone.calls) <= 6 * 100          # 100 samples a token at pace 4
+
+
+def test_a_request_stops_at_its_own_bound_when_it_is_longer_than_a_sentences(tone, monkeypatch):
+    # serve's requests are bounded at 600 s, as a sentence is: the request's bound must still hold
+    from pipeline.voice import TooLong
+    monkeypatch.setattr(tone, "max_sentence_samples", 8000)      # 0.5 s a sentence
+    monkeypatch.setattr(tone, "_sps", tone._sps / 100)          # estimates 100 x too short: prepare lets it by
+    request = tone.prepare("Hello there. " * 10, max_seconds=1.0)
+    with pytest.raises(TooLong, match=r"^over the 1 s of audio one request may make") as e:
+        list(tone.sentences_audio(request))
+    assert e.value.whole
+
+
+def test_nested_prosody_pitch_beyond_the_graphs_range_is_refused_before_any_audio(tone):
+    # the graph takes -24..24 semitones: nested <prosody> adds up past it, a 500 from the graph
+    deep = ('<speak><prosody pitch="+12st"><prosody pitch="+12st"><prosody pitch="+1st">up</prosody>'
+            '</prosody></prosody></speak>')
+    with pytest.raises(VoiceError, match=r"pitch shift 0 \+ prosody pitch 25: 25\.0 is outside -24\.\.24$"):
+        tone.prepare(deep)
