@@ -731,3 +731,62 @@ def test_other_formats_give_the_same_mel(tmp_path, corpus_template):
     assert far > 1.0
     assert max(errors.values()) < 0.2, errors
     assert errors["a.flac"] < 0.05 and errors["d.wav"] < 0.01, errors  # lossless: resampling only
+
+
+@pytest.mark.parametrize("edit", [{"audio": {"hop_length": 200}}, {"dataset": {"max_seconds": 15.0}}])
+def test_pitch_job_decodes_the_clips_itself_after_a_hop_or_max_seconds_edit(built_cache, tmp_path, edit):
+    # the audio shard holds waveforms cut to the old frame grid (or kept under the old max_seconds): a
+    # pitch job run before the mel job rewrites it must not read them
+    cfg = config.load_config(built_cache)
+    audio_shard = shards.prefix(config.cache_dir(cfg), "audio", 1)
+    said = []
+    cache.build_pitch_shard(config.load_config(built_cache, edit), 1, tmp_path / "pitch", audio_shard=audio_shard,
+                            log=said.append)
+    assert any("is not of these clips' files or settings: decoding them" in line for line in said), said
+
+
+def test_pitch_job_decodes_a_replaced_clip_itself(corpus, tmp_path):
+    root, cfg_path = corpus
+    cfg = config.load_config(cfg_path)
+    cache_dir, quiet = config.cache_dir(cfg), (lambda *a: None)
+    audio_shard = shards.prefix(cache_dir, "audio", 1)
+    cache.build_mel_shard(cfg, 1, shards.prefix(cache_dir, "mels", 1), shards.prefix(cache_dir, "energy", 1),
+                          audio_shard, log=quiet)
+    ids = shards.read_meta(audio_shard, "audio")["ids"]
+    other = next(c.stem for c in sorted((root / "wavs").glob("*.wav")) if c.stem not in ids)
+    shutil.copy(root / "wavs" / f"{other}.wav", root / "wavs" / f"{ids[0]}.wav")  # a re-recorded clip
+    said = []
+    cache.build_pitch_shard(cfg, 1, shards.prefix(cache_dir, "pitch", 1), audio_shard, log=said.append)
+    assert any("is not of these clips' files or settings: decoding them" in line for line in said), said
+
+
+def test_index_refuses_shards_of_other_settings(built_cache, tmp_path):
+    cfg = config.load_config(built_cache, {"text": {"cleaners": "basic"}})
+    with pytest.raises(shards.CacheError, match=r"tokens/shard-000.*other settings"):
+        cache.build_index(cfg, cache.shard_paths(cfg), tmp_path / "index.json", log=lambda *_: None)
+    assert not (tmp_path / "index.json").exists()
+
+
+def test_a_clip_with_one_mel_frame_a_token_is_not_too_short():
+    metas = {"tokens": {"ids": ["a", "b"], "lengths": [10, 10]}, "mels": {"ids": ["a", "b"], "lengths": [10, 9]}}
+    assert cache._short_clips(metas, {"a", "b"}) == {
+        "b": "9 mel frames for 10 tokens: the audio is too short for its text"}
+
+
+def test_a_shard_number_out_of_range_is_one_line(corpus, tmp_path, capsys):
+    _, cfg_path = corpus
+    for shard in ("4", "-1"):
+        with pytest.raises(SystemExit) as e:
+            cache.main(["tokens", "--config", str(cfg_path), "--shard", shard, "--out", str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert e.value.code != 0 and err.startswith("error: --shard must be in 0..3") and err.count("\n") == 1
+    assert not list(tmp_path.glob("x.*"))
+
+
+def test_a_float_file_beyond_full_scale_is_not_counted_clipped(tmp_path, corpus_template):
+    # samples above 1.0 in a float file are no integer file's flattened peaks (MAX_PEAK refuses 2.0 and more)
+    y = sf.read(str(sorted((corpus_template / "wavs").glob("*.wav"))[2]), dtype="float32")[0]
+    loud = np.tanh(8 * y / np.abs(y).max())  # compressed speech, then scaled to a peak of 1.5: ~10 % of it above 1.0
+    loud = (loud - loud.mean()) / np.abs(loud - loud.mean()).max() * 1.5
+    sf.write(str(tmp_path / "loud.wav"), loud, SR, subtype="FLOAT")
+    assert len(cache.load_clip(tmp_path / "loud.wav", sample_rate=SR, max_seconds=20.0)) == len(y)

@@ -261,3 +261,88 @@ def test_an_index_older_than_its_shards_is_refused(cache_copy, index_records_che
     match = r"tokens/shard-001\.bin than the one on disk" if index_records_checksums else r"counts \d+ usable clips in shard 1"
     with pytest.raises(data.CacheError, match=rf"index\.json: .*{match}.*snakemake --cores all caches"):
         data.build_dataset(cache_copy, "train")
+
+
+def test_a_flipped_byte_in_a_later_shard_group_fails_the_first_read(cache_copy):
+    # with a group per shard, every group's first read is checked, not only the first group's
+    path = config.cache_dir(cache_copy) / "mels" / "shard-003.bin"
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"mels/shard-003\.bin.*checksum mismatch"):
+        for _ in data.build_dataset(cache_copy, "all", group_bytes=1):
+            pass
+
+
+@pytest.mark.parametrize("kind", ["mels", "energy", "pitch"])
+def test_an_index_older_than_a_rebuilt_frame_shard_is_refused(cache_copy, kind):
+    # the same clips and lengths, other bytes (a shard rebuilt after the index): every kind's checksum is compared
+    prefix = config.cache_dir(cache_copy) / kind / "shard-001"
+    meta, arrays = shards.read(prefix, kind)
+    arrays[0] = arrays[0] + 1
+    extra = {k: v for k, v in meta.items() if k not in ("kind", "format", "provenance", "dtype", "width", "ids",
+                                                        "lengths", "offsets", "bytes", "checksum", "rejected")}
+    shards.write(prefix, kind, meta["ids"], arrays, provenance=meta["provenance"], width=meta["width"], **extra)
+    with pytest.raises(data.CacheError, match=rf"index\.json: built from another .*{kind}/shard-001\.bin"):
+        data.build_dataset(cache_copy, "train")
+
+
+def test_pitch_frames_that_are_not_the_mels_are_refused(cache_copy):
+    root = config.cache_dir(cache_copy)
+    prefix = root / "pitch" / "shard-001"
+    meta, arrays = shards.read(prefix, "pitch")
+    arrays[0] = np.concatenate([arrays[0], [0.0]]).astype(np.float32)  # one frame more than its mel
+    new = shards.write(prefix, "pitch", meta["ids"], arrays, provenance=meta["provenance"])
+    index_path = root / "index.json"
+    index = json.loads(index_path.read_text())
+    index["shards"][1]["checksums"]["pitch"] = new["checksum"]  # an index that vouches for it
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(data.CacheError, match=rf"pitch/shard-001\.json: {meta['ids'][0]} has \d+ pitch frames but "
+                                              r"\d+ mel frames"):
+        data.load_clips(cache_copy)
+
+
+def test_durations_for_other_token_counts_are_refused(cache_copy):
+    root = config.cache_dir(cache_copy)
+    for k in range(cache_copy["cache"]["shards"]):
+        tok = shards.read_meta(shards.prefix(root, "tokens", k), "tokens")
+        mel = shards.read_meta(shards.prefix(root, "mels", k), "mels")
+        frames = dict(zip(mel["ids"], mel["lengths"]))
+        arrays = []
+        for cid, n in zip(tok["ids"], tok["lengths"]):
+            d = np.full(n + (k == 1 and not arrays), 0, np.int32)  # shard 1's first clip: one token too many
+            d[-1] = frames[cid]
+            arrays.append(d)
+        made_from = {kind: shards.file_digest(shards.prefix(root, kind, k).with_suffix(".json"))
+                     for kind in ("tokens", "mels")}
+        shards.write(shards.prefix(root, "durations", k), "durations", tok["ids"], arrays, provenance=made_from)
+    with pytest.raises(data.CacheError, match=r"durations/shard-001\.json: durations for other clips or tokens"):
+        data.load_clips(cache_copy, durations=True)
+
+
+@pytest.mark.parametrize("reduction", [3, 4, 7])
+def test_bucket_shapes_hold_their_longest_clip_rounded_up_to_the_frame_multiple(built_cache, reduction):
+    cfg = _cfg(built_cache, model={"kind": "transformer_tts", "transformer_tts": {"reduction": reduction}})
+    edges, shapes = data.bucket_shapes(cfg)
+    clips = data.load_clips(cfg, "all")[0]
+    bucket = np.searchsorted(edges, clips.frames)
+    for b, (tokens, frames) in enumerate(shapes):
+        assert frames % reduction == 0
+        assert frames >= clips.frames[bucket == b].max() and tokens >= clips.n_tokens[bucket == b].max()
+
+
+def test_one_pass_over_several_groups_gives_every_training_clip(built_cache):
+    # complete batches: each bucket's rows are topped up to a multiple of the batch, so none is dropped
+    cfg = _cfg(built_cache)
+    ids = data.clip_ids(cfg, "train")
+    seen = set()
+    for batch in data.build_dataset(cfg, "train", repeat=False, group_bytes=1, with_clip_index=True):
+        assert batch["tokens"].shape[0] == cfg["train"]["batch_size"]
+        seen |= set(batch["clip"].numpy().tolist())
+    assert seen == set(range(len(ids)))
+
+
+def test_a_train_split_of_exactly_one_batch_is_enough(built_cache):
+    n = len(data.clip_ids(_cfg(built_cache), "train"))
+    batch = next(iter(data.build_dataset(_cfg(built_cache, train={"batch_size": n, "buckets": 1}), "train")))
+    assert batch["tokens"].shape[0] == n

@@ -216,3 +216,47 @@ def test_whitespace_soft_hyphens_and_a_leading_byte_order_mark_are_text():
 def test_ssml_without_its_root_names_positions_in_the_text_as_given(text, message):
     with pytest.raises(MarkupError, match="^" + re.escape(message) + "$"):
         parse(text, ssml=True)
+
+
+def test_break_and_pitch_limits_are_inclusive():
+    # MAX_BREAK (10 s) and 12 semitones are the largest values taken, not the first refused
+    assert said('<speak>a <break time="10s"/> b</speak>') == [[("text", "a", 1.0, 0.0), ("pause", 10.0),
+                                                              ("text", "b", 1.0, 0.0)]]
+    for st in ("+12st", "-12st"):
+        assert said(f'<speak><prosody pitch="{st}">x</prosody></speak>') == [[("text", "x", 1.0, float(st[:-2]))]]
+    with pytest.raises(MarkupError, match=r"<prosody pitch='\+12.5st'>"):
+        parse('<speak><prosody pitch="+12.5st">x</prosody></speak>')
+
+
+def test_the_first_paragraph_starts_without_a_pause():
+    assert said("<speak><p>Hi.</p><p>Bye.</p></speak>") == [[("text", "Hi.", 1.0, 0.0)],
+                                                          [("pause", PARAGRAPH_PAUSE), ("text", "Bye.", 1.0, 0.0)]]
+
+
+def test_the_end_of_an_s_ends_its_sentence_whatever_follows():
+    assert said("<speak><s>We left the U.S.</s> then we ate.</speak>") == [
+        [("text", "We left the U.S.", 1.0, 0.0)], [("text", "then we ate.", 1.0, 0.0)]]
+
+
+def test_a_period_after_a_single_digit_ends_the_sentence():
+    # one letter before a period is an initial ("J. Smith"); one digit is a number ending the sentence
+    assert [s[0][1] for s in said("I have 5. Then I left.")] == ["I have 5.", "Then I left."]
+
+
+def test_a_break_of_no_length_alone_makes_no_sentence():
+    # a sentence of nothing but a 0 s pause was sent to the voice (an empty chunk in `speak --raw`)
+    assert said('<speak>One. <break strength="none"/></speak>') == [[("text", "One.", 1.0, 0.0)]]
+
+
+@pytest.mark.parametrize("doc, message", [
+    ('<speak><p class="x">a</p></speak>', "line 1, column 8: <p> takes no attributes, not class"),
+    ('<speak><s xml:lang="de">a</s></speak>', "line 1, column 8: <s> takes no attributes, not xml:lang"),
+])
+def test_p_and_s_take_no_attributes(doc, message):
+    with pytest.raises(MarkupError, match="^" + re.escape(message)):
+        parse(doc)
+
+
+def test_an_error_after_leading_whitespace_names_its_own_column():
+    with pytest.raises(MarkupError, match=r"^line 1, column 12: '\[\[' without a closing"):
+        parse("<speak>    [[ x</speak>")

@@ -2,6 +2,7 @@
 text in another script, symbols outside the inventory, each cleaner, dropped characters, lines that
 say nothing, unknown cleaners."""
 import json
+import logging
 import time
 
 import pytest
@@ -332,3 +333,49 @@ def test_english_pipeline():
 def test_unknown_cleaners(call):
     with pytest.raises(text.TextError, match="valid names: basic, english"):
         call()
+
+
+@pytest.mark.parametrize("raw, spoken", [
+    ("in 1910 and 1909", "in nineteen ten and nineteen oh nine"),
+    ("at 3:10 and 3:09", "at three ten and three oh nine"),
+    ("$1.5 and £2.5", "one dollar, fifty cents and two pounds, fifty pence"),
+    ("$0 and $1", "zero dollars and one dollar"),
+])
+def test_expand_numbers_at_the_edges(raw, spoken):
+    assert expand_numbers(raw) == spoken
+
+
+def test_the_largest_numbers_are_read_digit_by_digit_not_a_crash():
+    assert text.number_to_words(10 ** 18) == "one" + " zero" * 18
+    assert text.number_to_words(10 ** 18 - 1).startswith("nine hundred ninety-nine quadrillion")
+
+
+def test_decode_refuses_an_id_just_past_the_vocabulary():
+    vocab = text.vocabulary(CHARS)
+    n = len(vocab["symbols"])
+    with pytest.raises(text.TextError, match=rf"^id {n} is outside the vocabulary \(0..{n - 1}\)"):
+        text.decode([2, n], vocab)
+
+
+def test_blank_lines_among_others_keep_each_lines_phonemes():
+    # phonemizer drops empty lines: the lines after one got the phonemes of the line after them
+    alone = [text.to_symbols([line], PHONEMES)[0] for line in ("Hi.", "Bye.", "Okay.")]
+    assert text.to_symbols(["Hi.", "", "Bye.", "  ", "Okay."], PHONEMES) == [
+        alone[0], ("", 0), alone[1], ("", 0), alone[2]]
+
+
+def test_an_unassigned_code_point_is_refused_naming_it():
+    reason = text.problem("a\U000E0080b", "ab", CHARS)  # U+E0080: unassigned (category Cn)
+    assert reason is not None and "(u+e0080)" in reason and "not in the script of text.language" in reason
+
+
+def test_a_line_with_a_number_too_long_to_read_is_neither_cleaned_nor_phonemized():
+    assert text.to_symbols(["I owe you " + "7" * 101 + " dollars."], PHONEMES) == [("", 0)]
+
+
+def test_encode_warns_when_another_espeak_ng_made_the_models_phonemes(caplog):
+    vocab = text.vocabulary(PHONEMES, espeak="0.0-not-this-one")
+    with caplog.at_level(logging.WARNING, logger="pipeline.text"):
+        text.encode("Hi.", vocab)
+    assert f"espeak-ng {text.espeak_version()} phonemizes this text; the model was trained on 0.0-not-this-one" \
+        in caplog.text
