@@ -106,6 +106,11 @@ def atomic_write(path, write, suffix=""):
         raise
 
 
+class Occupied(PipelineError, FileExistsError):
+    """Something not this user's file stands at an atomic write's temporary name: one line (a
+    PipelineError), and an OSError to a caller for whom the write is a saving, not a duty (a memo)."""
+
+
 def claim(tmp, path):
     """Make the temporary file `tmp` of `path` as a new, empty file of this process (O_EXCL, no link
     followed), so the writer then writes into it and nowhere else: in a folder others may write (speak
@@ -119,7 +124,7 @@ def claim(tmp, path):
         except FileExistsError:
             st = os.lstat(tmp)
             if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()):
-                raise PipelineError(f"{tmp}: something not this user's file (a link, another user's file) is where "
+                raise Occupied(f"{tmp}: something not this user's file (a link, another user's file) is where "
                                     f"the temporary file of {path} goes; remove it") from None
             os.unlink(tmp)   # ours, left by a killed process that had this pid
     raise PipelineError(f"{tmp}: made again as it was removed; is another process writing {path}?")

@@ -22,8 +22,8 @@ Every error is a JSON {"error": "<one line>"} with a 4xx/5xx status: 400 bad JSO
 query parameter other than stream (the fields go in the body),
 403 another site's Origin (`--allow-origin URL`: a reverse proxy's public address may call it too,
 and its host name is answered to), or a Host it does not answer to: bound to a loopback address, one
-other than localhost, 127.0.0.1, [::1] or the address itself; elsewhere, a name other than the --host
-name (an IP address is answered to); `--allow-host NAME` adds a name (DNS rebinding), 415 a POST body not sent as application/json, 404/405, 408 a body
+other than localhost, 127.0.0.1, [::1] or the address itself; elsewhere, a name other than those and the
+--host name (an IP address is answered to); `--allow-host NAME` adds a name (DNS rebinding), 415 a POST body not sent as application/json, 404/405, 408 a body
 not sent within `--client-timeout` seconds, 413 a body over MAX_BODY bytes, 503 when the queue is full (`--workers` model calls at a time, `--queue` more waiting); a client
 that hangs up gives its place back at the end of the sentence being made. A place is held until the
 answer is sent, not only made: a stream's until its end, a whole wav's (sent WAV_CHUNK bytes at a
@@ -99,11 +99,12 @@ def host_name(host):
     host = host.strip().lower()
     if host.startswith("["):
         return host[:host.index("]") + 1] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return (host.rsplit(":", 1)[0] if host.count(":") == 1 else host).removesuffix(".")   # tts.lan. is tts.lan
 
 
 _ORIGIN = re.compile(r"(https?)://([^/:\[\]@?#\s]+|\[[0-9a-f:.]+\])(?::(\d{1,5}))?/?", re.IGNORECASE)
 _HOST = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*")
+_NAME = re.compile(r"[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?)*")  # tts_server too
 
 
 def _origin_host(host):
@@ -514,25 +515,34 @@ def unsent(transport):
 
 def host_names(host, allowed=()):
     """(names, addresses): the Host names a server bound to `host` answers to, and whether it also answers
-    to any IP address. On a loopback address: LOOPBACK_NAMES and `host`, no other address (no other
-    site's name can reach it but by DNS rebinding). Elsewhere (0.0.0.0, a network address or name): any
-    IP address (a page can reach it by an address only from that address) and, as names, `host` if it is
-    one: a page of another site could point its own name at the server's address. `allowed`: the names
-    of --allow-host, in both cases."""
+    to any IP address. Always LOOPBACK_NAMES (a browser sends them only for a page of this machine's
+    own) and `allowed`, the names of --allow-host. On a loopback address also `host`, and no other
+    address: no other site's name can reach it but by DNS rebinding. Elsewhere (0.0.0.0, a network
+    address or name) any IP address (a page can reach it by an address only from that address) and
+    `host` if it is a name: a page of another site could point its own name at the server's address."""
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         loopback = False
-    allowed = tuple(allowed)
     if loopback:
         return (*LOOPBACK_NAMES, f"[{host.strip('[]')}]" if ":" in host else host, *allowed), False
-    return ((*allowed,) if is_address(host.strip("[]")) else (host.lower(), *allowed)), True
+    return (*LOOPBACK_NAMES, *(() if is_address(host.strip("[]")) else (host_label(host) or host,)), *allowed), True
+
+
+def host_label(value):
+    """A host name as a browser's Host header names it (lower case, IDNA's ASCII form, no trailing dot;
+    `_` taken: a container's name), or None when it is not one."""
+    try:
+        name = value.strip().lower().removesuffix(".").encode("idna").decode("ascii")
+    except UnicodeError:
+        return None
+    return name if _NAME.fullmatch(name) else None
 
 
 def allowed_host(value):
-    """An --allow-host value as a browser's Host header names it (lower case, IDNA's ASCII form), or a
-    PipelineError naming it."""
-    name = _origin_host(value.strip()) if value.strip() and not value.strip().startswith("[") else None
+    """An --allow-host value as a browser's Host header names it (host_label), or a PipelineError
+    naming it."""
+    name = host_label(value)
     if name is None or is_address(name):
         raise PipelineError(f"--allow-host {value!r}: a host name, e.g. tts.example.com, not an address or a port")
     return name

@@ -418,13 +418,16 @@ class Voice:
         for a sentence whose pauses (lazy) or estimated audio (estimate_seconds) exceed
         MAX_SENTENCE_SECONDS, or a request whose estimate exceeds `max_seconds` (None: no bound on
         the whole); sentences_audio holds every sentence to the same bounds as it speaks. TooLong too for
-        pauses (<break>) over `max_pause_seconds` in all (None: no bound), known before any audio: a
-        stream's speech is bounded by its text, but its silence only by this."""
+        <break> pauses over `max_pause_seconds` in all (None: no bound), known before any audio: a
+        stream's speech, and the pause before each paragraph, grow with its text (at most 0.5 s for a
+        paragraph of a few bytes), but a <break> of 10 s takes 26 bytes."""
         check_text(source)
         pace = check_number("pace", pace, *PACE_RANGE)
         pitch_shift = check_number("pitch_shift", pitch_shift, *PITCH_RANGE)
         inputs, language = self._voice_inputs(speaker, language)
-        sentences = markup.sentences(markup.parse(source, ssml))
+        items = markup.parse(source, ssml)
+        paused = sum(i.seconds for i in items if isinstance(i, markup.Pause))   # <break>s, not paragraphs' pauses
+        sentences = markup.sentences(items)
         for n, sentence in enumerate(sentences, 1):    # before the front end, whose work grows with it
             length = sum(len(i.text.strip()) for i in sentence if isinstance(i, markup.Speech))
             if length > MAX_SENTENCE_CHARACTERS:
@@ -448,7 +451,6 @@ class Voice:
         if seconds[longest] > most:
             raise TooLong(f"sentence {longest + 1}: over the {most:g} s of audio one sentence may "
                           f"make (about {seconds[longest]:.0f} s){SOONER}")
-        paused = sum(i.seconds for s in sentences for i in s if isinstance(i, markup.Pause))
         if max_pause_seconds is not None and paused > max_pause_seconds:
             raise TooLong(f"{paused:.0f} s of pauses (<break>) in all, over the {max_pause_seconds:g} s one request "
                           "may hold")

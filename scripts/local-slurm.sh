@@ -14,7 +14,7 @@
 # (default /tmp/local-slurm), except one link, /run/slurm/conf -> $LOCAL_SLURM_DIR/etc, through
 # which sinfo, sbatch, sacct and the jobs' srun find the configuration. `stop` removes the folder,
 # the link and the empty slurm_localhost cgroup folders that slurmd leaves. Both take only a
-# folder that is root's alone (root_only): the daemons run as root on what it holds.
+# folder that is root's alone, under folders that are (root_only): the daemons run as root on it.
 # Ports: LOCAL_SLURM_PORT (default 6817) for slurmctld, +1 slurmd, +2 slurmdbd, +3 MariaDB.
 #
 # Process tracking: where the cgroup v1 hierarchies (freezer, cpuset, memory) are mounted and
@@ -42,25 +42,33 @@ MARK=$DIR/.made-by-local-slurm
 
 die() { echo "local-slurm: $*" >&2; exit 1; }
 
-# Dies unless $DIR, and the folder it is in, are root's alone: the daemons run as root on what the
+# Dies unless $DIR and every folder above it are root's alone: the daemons run as root on what the
 # folder holds (slurm.conf's Prolog, the munge key and socket, the pid files `stop` kills). In a
 # shared /tmp another user could make the folder first and swap its contents, or name a pid for root
-# to kill. The folder it is in may be open to all only with the sticky bit (/tmp): then nobody else
-# can rename or delete what root made there.
+# to kill; one who owns or may write any folder above it could move the whole tree aside after the
+# check. A folder above it may be open to all only with the sticky bit (/tmp): then nobody else can
+# rename or delete what root made there.
+# $1: what to do instead.
 root_only() {
-  local parent mode
-  parent=$(dirname "$DIR")
-  mode=$(stat -L -c %a "$parent") || die "$parent: cannot read it"
-  if [ "$(stat -L -c %u "$parent")" != 0 ] || { (( 8#$mode & 8#022 )) && ! (( 8#$mode & 8#1000 )); }; then
-    die "$parent (mode $mode, owner $(stat -L -c %U "$parent")) is not root's alone; set LOCAL_SLURM_DIR to a folder in one that is"
-  fi
-  if [ -L "$DIR" ]; then die "$DIR is a symbolic link; set LOCAL_SLURM_DIR to a new folder"; fi
+  local up mode advice=$1
+  if [ -L "$DIR" ]; then die "$DIR is a symbolic link; $advice"; fi
   if [ -e "$DIR" ]; then
     mode=$(stat -c %a "$DIR")
     if [ "$(stat -c %u "$DIR")" != 0 ] || (( 8#$mode & 8#022 )); then
-      die "$DIR (mode $mode, owner $(stat -c %U "$DIR")) is not root's alone: another user may have made or changed it; set LOCAL_SLURM_DIR to a new folder"
+      die "$DIR (mode $mode, owner $(stat -c %U "$DIR")) is not root's alone: another user may have made or changed it; $advice"
     fi
   fi
+  # the folders above it as written (a link among them: its own owner) and as they resolve
+  for up in "$(dirname "$(realpath -s -m "$DIR")")" "$(realpath -m "$DIR/..")"; do
+    while :; do
+      mode=$(stat -c %a "$up") || die "$up: cannot read it"
+      if [ "$(stat -c %u "$up")" != 0 ] || { [ ! -L "$up" ] && (( 8#$mode & 8#022 )) && ! (( 8#$mode & 8#1000 )); }; then
+        die "$up (mode $mode, owner $(stat -c %U "$up")), a folder above $DIR, is not root's alone; $advice"
+      fi
+      [ "$up" = / ] && break
+      up=$(dirname "$up")
+    done
+  done
 }
 
 need_root() {
@@ -213,7 +221,7 @@ start_mariadb() {
 
 cmd_start() {
   need_root
-  root_only
+  root_only "set LOCAL_SLURM_DIR to a new folder whose every parent is root's alone"
   [ -z "$(missing_packages)" ] || die "packages missing: $(missing_packages | tr '\n' ' ')- run: $0 install"
   [ -e "$DIR/run" ] && die "$DIR exists: already started? run '$0 stop' first"
   [ -e /etc/slurm/slurm.conf ] && die "/etc/slurm/slurm.conf exists: this machine has its own SLURM; use that"
@@ -273,7 +281,7 @@ cmd_stop() {
   [ -e "$MARK" ] || head -n 1 "$CONF" 2>/dev/null | grep -q '^# Written by scripts/local-slurm.sh' ||
     die "$DIR was not made by $0 (no $MARK): not stopping anything or deleting it"
   need_root
-  root_only
+  root_only "not trusting its pid files: stop its daemons by hand (ps -ef | grep -E 'slurm|munged|mariadbd'), then delete it"
   # cancel every job and wait until they are gone: a job step left running keeps its
   # slurmstepd alive after slurmd stops (KillWait=5: SIGKILL 5 s after the SIGTERM)
   if [ -f "$DIR/run/slurmctld.pid" ] && scontrol ping >/dev/null 2>&1; then

@@ -523,6 +523,21 @@ def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
     assert out.read_text() == "audio" and not tmp.exists()
 
 
+def test_a_memo_whose_temporary_name_is_taken_is_computed_not_a_failure(tmp_path, monkeypatch):
+    # the mel filterbank's memo is a saving: a link at its temporary name must not fail the job
+    from pipeline import files
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    params = dict(sample_rate=16000, n_fft=512, n_mels=40, fmin=0.0, fmax=7000.0)
+    audio.mel_basis.cache_clear()
+    made = audio.mel_basis(**params)                   # the memo written, then taken away
+    (memo,) = audio.memo_folder().glob(".mel_basis-*.npy")
+    memo.unlink()
+    files.temporary(memo, ".npy").symlink_to(tmp_path / "elsewhere")
+    audio.mel_basis.cache_clear()
+    assert np.array_equal(audio.mel_basis(**params), made) and not (tmp_path / "elsewhere").exists()
+    audio.mel_basis.cache_clear()
+
+
 def test_speak_with_standard_input_closed_is_one_line(tmp_path):
     # `python -m pipeline.speak --voice V --out x.wav <&-`: sys.stdin is None, an AttributeError after the
     # model had loaded

@@ -248,14 +248,18 @@ def test_local_slurm_takes_no_folder_another_user_could_have_made_or_changed(tmp
 
     theirs = tmp_path / "theirs"
     theirs.mkdir()
+    theirs.chmod(0o755)   # whatever the umask
     os.chown(theirs, nobody, nobody)
     proc = local_slurm("start", theirs)
-    assert proc.returncode == 1 and proc.stderr.startswith(f"local-slurm: {theirs} (mode 755, owner nobody) is not "
-                                                           "root's alone"), proc.stderr
+    assert proc.returncode == 1 and re.match(rf"local-slurm: {re.escape(str(theirs))} \(mode 755, owner \S+\) is not "
+                                             "root's alone", proc.stderr), proc.stderr
     assert list(theirs.iterdir()) == []
     proc = local_slurm("start", theirs / "slurm")   # in their folder: they could swap it after the check
     assert proc.returncode == 1 and "is not root's alone; set LOCAL_SLURM_DIR" in proc.stderr, proc.stderr
     assert not (theirs / "slurm").exists()
+    (theirs / "root").mkdir(mode=0o755)              # root's, in theirs: they could move it aside
+    proc = local_slurm("start", theirs / "root" / "slurm")
+    assert proc.returncode == 1 and f"local-slurm: {theirs} (mode 755" in proc.stderr, proc.stderr
     (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
     proc = local_slurm("start", tmp_path / "link")
     assert proc.returncode == 1 and "is a symbolic link" in proc.stderr, proc.stderr

@@ -300,11 +300,14 @@ LOOPBACK = {"localhost", "127.0.0.1", "[::1]"}
 
 @pytest.mark.parametrize("host, names, addresses", [
     ("127.0.0.1", LOOPBACK, False), ("localhost", LOOPBACK, False), ("::1", LOOPBACK, False),
-    ("127.0.0.2", LOOPBACK | {"127.0.0.2"}, False), ("0.0.0.0", set(), True), ("::", set(), True),
-    ("192.168.1.5", set(), True), ("tts.example.com", {"tts.example.com"}, True)])
+    ("127.0.0.2", LOOPBACK | {"127.0.0.2"}, False), ("0.0.0.0", LOOPBACK, True), ("::", LOOPBACK, True),
+    ("192.168.1.5", LOOPBACK, True), ("TTS.example.com.", LOOPBACK | {"tts.example.com"}, True),
+    ("bücher.lan", LOOPBACK | {"xn--bcher-kva.lan"}, True)])
 def test_a_server_answers_to_its_own_names_and_on_a_network_address_to_ip_addresses(host, names, addresses):
     # --host localhost (or any loopback address) keeps the Host check against DNS rebinding; a network
-    # address answered to any Host, so a page of another site that pointed its name at it could drive it
+    # address answered to any Host, so a page of another site that pointed its name at it could drive it.
+    # localhost answers everywhere (docker's port, a health check, a proxy on the same machine), and a
+    # --host name as a browser sends it (IDNA's form, no trailing dot)
     from pipeline import serve
     got, any_address = serve.host_names(host)
     assert set(got) == names and any_address == addresses
@@ -343,16 +346,19 @@ def test_a_server_on_a_network_address_refuses_a_rebound_name():
                                                 "http://rebind.attacker.example:8050"))
         assert status == 403 and json.loads(body)["error"] == (
             "Host 'rebind.attacker.example:8050': a server on a network address answers to IP addresses and to "
-            "tts-box.lan; start it with --allow-host NAME to answer to another (a page of another site can point "
-            "its own name at this address)")
-        for host in ("192.168.1.20:8050", "10.0.0.7", "[fe80::1]:8050", "TTS-box.lan:8050", "tts-box.lan"):
+            "127.0.0.1, [::1], localhost, tts-box.lan; start it with --allow-host NAME to answer to another (a page "
+            "of another site can point its own name at this address)")
+        for host in ("192.168.1.20:8050", "10.0.0.7", "[fe80::1]:8050", "TTS-box.lan:8050", "tts-box.lan.",
+                     "localhost:8050", "127.0.0.1"):
             assert asyncio.run(_asgi_status(guard, host)) == (200, "ok"), host
+    container = serve.Guard(ok, serve.host_names("0.0.0.0", [serve.allowed_host("TTS_server.")]))
+    assert asyncio.run(_asgi_status(container, "tts_server:8050"))[0] == 200   # compose's service name
     named = serve.Guard(ok, serve.host_names("tts.example.com"))     # --host NAME: that name answers
     assert asyncio.run(_asgi_status(named, "tts.example.com:8050"))[0] == 200
     assert asyncio.run(_asgi_status(named, "evil.example:8050"))[0] == 403
 
 
-@pytest.mark.parametrize("value", ["10.0.0.7", "[::1]", "tts-box:8050", "tts box", ""])
+@pytest.mark.parametrize("value", ["10.0.0.7", "[::1]", "tts-box:8050", "tts box", "", "tts..lan"])
 def test_an_allowed_host_that_is_not_a_name_is_refused_before_the_voice_loads(tmp_path, capsys, value):
     from pipeline import serve
     with pytest.raises(SystemExit) as stop:

@@ -155,6 +155,9 @@ def test_a_requests_pauses_are_bounded_in_all_before_any_audio(tone):
     assert tone.prepare(many, ssml=True, lazy=True).ready == 1           # speak's own: no bound asked for
     fine = "<speak>Hi." + "<s><break time='10s'/></s>" * 60 + "</speak>"       # 600 s: at the bound, taken
     assert tone.prepare(fine, ssml=True, lazy=True, max_pause_seconds=600).ready == 1
+    # the 0.5 s before each paragraph grows with the text, as its speech does: not a <break>
+    verse = "\n\n".join(f"Line {i}." for i in range(1300))                    # 650 s of them in 14 kB
+    assert tone.prepare(verse, lazy=True, max_pause_seconds=600).ready == 1
 
 
 def test_a_sentence_whose_audio_outgrows_the_estimate_stops_at_the_bound(tone, monkeypatch):
