@@ -609,11 +609,13 @@ class Server(uvicorn.Server):
 
 def cut_at_shutdown(record):
     """uvicorn's log filter: an answer still being made or sent when the server stops (it cancels them
-    after timeout_graceful_shutdown) is one line, not "Exception in ASGI application" and a traceback."""
+    after timeout_graceful_shutdown) is one line, not "Exception in ASGI application" and a traceback;
+    a second Ctrl-C is no traceback either."""
     if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
         print("stopping: an answer still being made or sent was cut off", file=sys.stderr, flush=True)
         return False
-    return True
+    text = record.getMessage().rstrip()  # a second Ctrl-C (force exit) cancels Starlette's lifespan task, which
+    return not (text.startswith("Traceback") and text.endswith("CancelledError"))   # sends its traceback as text
 
 
 def listen(host, port):
