@@ -603,3 +603,206 @@ def test_diagnose_runs_the_vocoder_step_on_the_trainers_device():
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["devices"] == ["/job:localhost/replica:0/task:0/device:CPU:1"] and out["traces"] == 1, out
+
+
+def test_the_verdict_weighs_the_wait_and_the_loaders_margin():
+    fast_loader, slow_loader, step = {"batches_per_s": 100.0}, {"batches_per_s": 5.0}, {"steps_per_s": 10.0}
+    verdict_of = diagnose_mod.verdict_of
+    assert verdict_of(False, 0.10, fast_loader, step) == "input_bound"     # waits 10 %: moderately input-bound
+    assert verdict_of(False, 0.05, fast_loader, step) == "input_bound"     # the TF profiler's 5 % threshold itself
+    assert verdict_of(False, 0.0, slow_loader, step) == "input_bound"      # no wait yet, but the loader is slower
+    assert verdict_of(False, 0.01, fast_loader, step) == "compute_bound"
+    assert verdict_of(True, 0.5, slow_loader, step) == "retracing"
+
+
+def test_a_second_trace_for_one_shape_is_not_retracing():
+    # a first call that creates variables traces twice: RETRACE_SLACK allows one trace beyond the shapes
+    assert diagnose_mod.check_traces(2, ["[8,4]"] * 6, None)[0] is False
+    assert diagnose_mod.check_traces(3, ["[8,4]"] * 6, None)[0] is True
+
+
+def test_the_wait_fraction_is_of_the_loops_time_without_the_steps_left_out():
+    # four steps, the last of which traced (1 s): left out of every figure, its wait too
+    loop = {"waits": [0.01, 0.02, 0.06, 0.01], "computes": [0.01, 0.01, 0.01, 1.0],
+            "traced": [False, False, False, True], "shapes": ["a"] * 4, "examples": [8] * 4, "seconds": 1.13}
+    combined, shapes, notes = diagnose_mod.loop_figures(loop, retracing=False)
+    assert combined["seconds"] == pytest.approx(0.12) and combined["traced_steps_left_out"] == 1
+    assert combined["input_wait_fraction"] == pytest.approx(0.09 / 0.12)   # waited 90 ms of the 120 ms kept
+    assert combined["steps_per_s"] == pytest.approx(25.0) and combined["examples_per_s"] == pytest.approx(200.0)
+    assert combined["wait_ms_mean"] == pytest.approx(30.0) and combined["compute_ms_mean"] == pytest.approx(10.0)
+    assert shapes == ["a"] * 3 and any("1.01 s in all" in n for n in notes)
+
+
+def test_retraces_on_one_batch_shape_are_blamed_on_the_arguments_not_the_shapes():
+    # a Python number passed to the tf.function: a new trace every call, on a single batch shape
+    import itertools
+    inner = tf.function(lambda x, k: tf.reduce_mean(x) + k)
+    counter = itertools.count()
+
+    def step(batch):
+        return {"loss": inner(batch, next(counter))}
+    step.experimental_get_tracing_count = inner.experimental_get_tracing_count
+    ds = tf.data.Dataset.from_tensors(tf.zeros([4, 4])).repeat()
+    r = diagnose(ds, step, steps=6, warmup=1)
+    assert r["verdict"] == "retracing" and r["trace_bound"] == 2 and len(r["trace_shapes"]) == 1
+    assert r["recommendations"][0].startswith(f"Step traced {r['traces']} times although only 1 batch shape reached it")
+
+
+def test_step_alone_figures_on_a_known_clock(monkeypatch):
+    # the step's own times set by a fake clock: mean, median and 90th percentile of exactly those
+    ms = [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 50.0]
+    clock = [0.0]
+    monkeypatch.setattr(diagnose_mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def step(batch):
+        clock[0] += ms[int(batch[0])] / 1e3
+        return {"loss": batch}
+    figures, shapes = diagnose_mod.time_step_alone(
+        lambda: iter([tf.constant([i]) for i in range(10)]), step, steps=10, warmup=0, device=None)
+    assert figures["step_ms_mean"] == pytest.approx(np.mean(ms)) and figures["step_ms_median"] == pytest.approx(2.0)
+    assert figures["step_ms_p90"] == pytest.approx(np.percentile(ms, 90)) and figures["step_ms_p90"] > 6.0
+    assert figures["steps_per_s"] == pytest.approx(10 / (sum(ms) / 1e3))
+
+
+class PerReplica:  # tf.distribute's per-replica values, as _walk recognises them (by name)
+    def __init__(self, values):
+        self.values = values
+
+
+def test_a_mirrored_batch_counts_the_examples_of_every_replica():
+    # mirrored placement: each replica holds its share of the batch; examples/s ranks the placements
+    batch = {"mel": PerReplica([tf.zeros([4, 10, 3]), tf.zeros([4, 10, 3])]),
+             "tokens": PerReplica([tf.zeros([4, 7], tf.int32), tf.zeros([4, 7], tf.int32)])}
+    examples, nbytes = diagnose_mod._batch_stats(batch)
+    assert examples == 8 and nbytes == 2 * (4 * 10 * 3 * 4 + 4 * 7 * 4)
+
+
+def test_the_report_counts_the_traces_diagnose_itself_made(pyfunc_report, tmp_path):
+    assert pyfunc_report["traces_during_diagnose"] == pyfunc_report["traces"] == 1   # a fresh step function
+    written = json.loads(write_report(pyfunc_report, tmp_path)["json"].read_text())
+    assert written["traces_during_diagnose"] == 1 and written["trace_bound"] == 2
+
+
+def test_cycle_figures_are_of_the_loops_wall_times(pyfunc_report):
+    from pipeline.diagnose_report import cv
+    walls = np.tile([1.0, 10.0], 10)
+    fields = diagnose_mod._oscillation_fields(walls, 2, ["step times (period 2 steps)"], ["a"] * 20)
+    assert fields["oscillation"] is True and fields["oscillation_phase_ms"] == [1.0, 10.0]
+    # the step-time CV is of each step's wall time (wait + step), what the loop pays
+    co = pyfunc_report["combined"]
+    assert pyfunc_report["step_time_cv"] == pytest.approx(cv(co["step_times_ms"]))
+    assert pyfunc_report["step_time_cv"] != pytest.approx(cv(co["compute_times_ms"]))
+
+
+def test_gpus_tensorflow_does_not_use_are_no_source_of_the_loops_cycles(monkeypatch):
+    # NVML lists a GPU whose utilisation cycles (another process's job); TensorFlow sees no GPU
+    class Sampler:
+        interval_s = 0.1
+
+        def summary(self, t0):
+            return [{"index": 0, "util_series": [0, 0, 100, 100] * 5}]
+
+        def coverage(self, start, end):
+            return {"fraction": 1.0, "samples": 20, "seconds": end - start, "loop_seconds": end - start}
+    loop = {"t0": 0.0, "seconds": 2.0}
+    _tensorflow_sees(monkeypatch, 0)
+    gpus, coverage, host, loop_gpus = diagnose_mod._gpu_figures(Sampler(), loop)
+    assert len(gpus) == 1 and coverage["fraction"] == 1.0 and loop_gpus == []
+    _tensorflow_sees(monkeypatch, 1)
+    assert diagnose_mod._gpu_figures(Sampler(), loop)[3] == gpus
+
+
+def test_a_cycle_is_blamed_on_the_wait_or_on_the_step_whichever_cycles():
+    from pipeline.diagnose_report import _oscillation_advice
+    base = {"input_wait_fraction": 0.4, "oscillation_period": 2, "oscillation_phase_ms": [11.0, 36.0],
+            "oscillation_by_shape": None, "step_time_cv": 0.5}
+    from_input = {**base, "combined": {"wait_times_ms": [1.0, 26.0] * 6, "compute_times_ms": [10.0] * 12}}
+    [(gain, line)] = _oscillation_advice(from_input)
+    assert "the wait for input cycles" in line and "the step itself" not in line
+    assert gain == pytest.approx(0.399)                 # no more than the wait it is a symptom of
+    from_step = {**base, "combined": {"wait_times_ms": [1.0] * 12, "compute_times_ms": [10.0, 35.0] * 6}}
+    [(gain, line)] = _oscillation_advice(from_step)
+    assert "the step itself cycles: something runs every 2 steps" in line and "wait for input" not in line
+    assert gain == pytest.approx((23.5 - 11.0) / 23.5)  # down to the fast phase: the share of the time it saves
+
+
+def _advice_report(wait, loader_bps=50.0, step_sps=10.0, **fields):
+    return {"input_wait_fraction": wait, "loader": {"batches_per_s": loader_bps}, "step": {"steps_per_s": step_sps},
+            "thresholds": dict(diagnose_mod.THRESHOLDS), **fields}
+
+
+def test_the_input_advice_says_how_input_bound_and_what_removing_the_wait_gains():
+    from pipeline.diagnose_report import _input_advice
+    [(gain, line)] = _input_advice(_advice_report(0.10))
+    assert gain == 0.10 and "waited for input 10% of the wall time (moderately input-bound" in line
+    assert "up to 1.11x faster" in line                      # 1 / (1 - 0.10)
+    [(gain, line)] = _input_advice(_advice_report(0.50))
+    assert "(highly input-bound" in line and "up to 2.00x faster" in line and "(5.00x)" in line
+    [(gain, line)] = _input_advice(_advice_report(0.01, loader_bps=8.0))
+    assert gain == pytest.approx(0.2) and "delivers only 0.80x what the step consumes" in line
+
+
+def test_an_under_used_gpu_is_fed_faster_only_when_the_loop_waits_for_input():
+    from pipeline.diagnose_report import _gpu_advice
+    gpu = {"index": 0, "name": "Fake GPU", "util_mean": 40.0, "util_cv": 0.3, "mem_used_mb": 900.0}
+    r = _advice_report(0.01, verdict="compute_bound", gpus=[gpu], host={"gpus": ["Fake GPU"]},
+                       gpu_coverage={"fraction": 1.0}, gpu_sampling="1 GPU sampled", placement="single")
+    [(gain, line)] = _gpu_advice(r)
+    assert gain == pytest.approx(0.3) and "idles 60 % of the time; give each launch more work" in line
+    [(gain, line)] = _gpu_advice({**r, "verdict": "input_bound", "input_wait_fraction": 0.3})
+    assert "idles 60 % of the time; feed it faster (see the input advice above)" in line
+
+
+def test_a_copy_of_a_tenth_of_the_step_is_worth_hiding():
+    from pipeline.diagnose_report import _copy_advice
+    r = {"combined": {"wait_ms_mean": 1.0, "compute_ms_mean": 19.0}, "placement": "split",
+         "context": {"placement": "split", "copy_ms": 2.0}}
+    [(gain, line)] = _copy_advice(r)
+    assert gain == pytest.approx(0.1) and line.startswith("Copying a batch to the model device takes 2.0 ms, 10% of")
+    assert _copy_advice({**r, "context": {"placement": "split", "copy_ms": 0.5}}) == []   # 2.5 %: not worth it
+
+
+def test_diagnose_md_says_the_wait_and_the_step_times_as_measured(pyfunc_report, tmp_path):
+    r, co = pyfunc_report, pyfunc_report["combined"]
+    md = write_report(r, tmp_path)["md"].read_text()
+    assert f"it waited for input {r['input_wait_fraction']:.1%} of the wall time" in md
+    assert f"| real loop | {co['steps_per_s']:.2f} | wait {co['wait_ms_mean']:.2f} ms, step {co['compute_ms_mean']:.2f} ms" in md
+    assert co["wait_ms_mean"] > 5 * co["compute_ms_mean"]    # a Python map's 20 ms against a cheap step
+
+
+def test_a_non_finite_figure_is_written_as_null(pyfunc_report, tmp_path):
+    # JSON has no NaN or Infinity: such a figure (a step of no measurable time) is null, not a failed write
+    r = {**pyfunc_report, "step": {**pyfunc_report["step"], "steps_per_s": float("inf"), "step_ms_p90": np.float32("nan")}}
+    written = json.loads(write_report(r, tmp_path)["json"].read_text())
+    assert written["step"]["steps_per_s"] is None and written["step"]["step_ms_p90"] is None
+
+
+def test_python_ops_rank_by_the_wait_even_in_a_loop_that_also_retraces():
+    from pipeline.diagnose_report import _pyfunc_advice
+    r = _advice_report(0.3, verdict="retracing", pyfunc_ops=["map #1: PyFunc"],
+                       pyfunc_locations=[{"transformation": "map #1", "op": "PyFunc"}])
+    [(gain, line)] = _pyfunc_advice(r)
+    assert gain == pytest.approx(0.31) and "map #1 (PyFunc)" in line
+
+
+def test_compare_placements_ranks_by_examples_when_a_step_holds_more_of_them():
+    # mirrored puts twice the examples in a step: fewer steps/s, more examples/s
+    def rep(sps, per_step):
+        return {"combined": {"steps_per_s": sps, "examples_per_s": per_step * sps}, "input_wait_fraction": 0.0,
+                "verdict": "compute_bound"}
+    out = compare_placements({"split": rep(10.0, 16), "mirrored": rep(8.0, 32)})
+    assert out[0].startswith("Use placement 'mirrored'") and "1.60x the examples/s" in out[0]
+
+
+def test_loader_figures_on_a_known_clock(monkeypatch):
+    # 4 batches of 1000 float32 examples x 250: 1 MB each (10^6 bytes), one every 0.5 s
+    clock = [0.0]
+    monkeypatch.setattr(diagnose_mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def batches():
+        for _ in range(100):
+            clock[0] += 0.5
+            yield tf.zeros([1000, 250])
+    figures = diagnose_mod.time_loader(batches, steps=4, warmup=1)
+    assert figures["seconds"] == pytest.approx(2.0) and figures["batches_per_s"] == pytest.approx(2.0)
+    assert figures["examples_per_s"] == pytest.approx(2000.0) and figures["mb_per_s"] == pytest.approx(2.0)

@@ -119,6 +119,7 @@ def test_demo_references_and_verdicts_for_a_perfect_and_a_wrong_model(tmp_path):
     cut, rows = evaluate.compare(demo_clips(), lambda t: (mels[t][:len(mels[t]) // 2], None, True), analyse,
                                  log=logged.append)
     assert cut["cut"] == 2 and all(r["cut"] for r in rows) and perfect["cut"] == 0
+    assert cut["duration_ratio"] == pytest.approx(0.5, abs=0.01)   # synthesized / recorded frames
     assert all("frames (cut at synthesize.max_seconds)" in line for line in logged)
     md = evaluate_report.markdown({**report, **cut, "per_clip": rows})
     assert "Warning: 2 of the 2 syntheses were cut at synthesize.max_seconds" in md
@@ -495,3 +496,137 @@ def test_a_corpus_in_one_other_language_is_not_scored_by_the_english_recognizer(
     y = (0.3 * np.sin(2 * np.pi * 150 * np.arange(sr) / sr)).astype(np.float32)
     assert not any(k.startswith("wer_") for k in evaluate.listen(y, {}, {"recording": y}, "Guten Tag.", clips[0].language,
                                                                      sr))
+
+
+def _report(**fields):
+    """A report as pipeline.evaluate.evaluate builds it, with every figure evaluate.md reads (made-up values)."""
+    report = {"clips": 3, "step": 5, "checkpoint": "ckpt-5", "griffin_lim_iters": 16, "model": "fastpitch",
+              "cut": 0, "mcd_db": 7.0, "mcd_db_ceiling": 5.0, "mcd_db_other": 11.0, "duration_ratio": 0.9,
+              "f0_rmse_hz": 30.0, "f0_rmse_hz_ceiling": 10.0, "f0_gross_error": 0.25,
+              "f0_gross_error_ceiling": 0.05, "voiced_share": 0.6, "per_clip": []}
+    return {**report, **fields}
+
+
+def _table(md, head):
+    """The cells of evaluate.md's row whose first cell is `head`."""
+    for line in md.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == head:
+            return cells
+    raise AssertionError(f"no row {head!r} in\n{md}")
+
+
+def test_the_summary_figures_are_medians_over_the_clips():
+    # three clips: a median differs from a mean; the WER row counts only the clips the recognizer heard
+    figures = evaluate.FIGURES
+    rows = [{"speaker": "", **dict.fromkeys(figures, v), "mos_recording": v, "mos_chance": v}
+            for v in (1.0, 2.0, 9.0)]
+    rows[0].update(wer_recording=0.5, wer_synthesized=0.7)
+    summary = evaluate.summarise(rows, vocoder=False)
+    assert summary["mcd_db"] == summary["mcd_db_other"] == summary["duration_ratio"] == 2.0
+    assert summary["mos"]["recording"] == summary["mos_chance"] == 2.0
+    assert summary["clips"] == 3 and summary["wer_clips"] == 1
+    assert "the 1 of 3 clips in English" in evaluate_report.markdown(_report(**summary))
+
+
+def test_the_lead_interval_is_the_middle_95_percent_of_the_bootstrap():
+    # the interval the docstring names: clips resampled with replacement, the difference of medians
+    # recomputed BOOTSTRAP times, its 2.5th and 97.5th percentiles
+    rng = np.random.default_rng(3)
+    b = 2.5 + rng.random(12)
+    a = b + 0.3 + rng.normal(0, 0.4, 12)
+    got = evaluate.lead(list(a), list(b))
+    picks = np.random.default_rng(0).integers(0, 12, (evaluate.BOOTSTRAP, 12))
+    leads = np.median(a[picks], axis=1) - np.median(b[picks], axis=1)
+    assert (got["low"], got["high"]) == pytest.approx(tuple(np.percentile(leads, [2.5, 97.5])))
+    inside = np.mean((leads >= got["low"]) & (leads <= got["high"]))
+    assert 0.94 <= inside <= 0.96
+
+
+def test_an_f0_rmse_without_a_frame_voiced_in_both_is_none_not_nan():
+    path = np.stack([np.arange(5), np.arange(5)], 1)
+    assert evaluate._f0_rmse(np.zeros(5), np.full(5, 120.0), path) is None    # the synthesis voiced nowhere
+    assert evaluate._f0_rmse(np.full(5, 110.0), np.full(5, 100.0), path) == pytest.approx(10.0)
+
+
+def test_each_copy_synthesis_is_saved_in_its_own_folder(tmp_path):
+    sr, n = 16000, 1600
+    tone = lambda f: (0.3 * np.sin(2 * np.pi * f * np.arange(n) / sr)).astype(np.float32)  # noqa: E731
+    signals = {"recording": tone(100), "synthesized": tone(200), "vocoder_ceiling": tone(300),
+               "griffin_lim_ceiling": tone(400)}
+    rows = [{"id": "c1", "synthesized_audio": signals["synthesized"], "signals": (sr, signals)}]
+    evaluate.save_listening(tmp_path, rows)
+    for folder, key in (("vocoder_copy", "vocoder_ceiling"), ("griffin_lim_copy", "griffin_lim_ceiling"), (".", "synthesized")):
+        y, rate = sf.read(tmp_path / folder / "c1.wav", dtype="float32")
+        assert rate == sr and np.abs(y - signals[key]).max() < 1e-3, (folder, key)
+
+
+def test_verdict_thresholds_at_chance_and_a_vocoder_copy_exactly_at_chance():
+    base = {"mcd_db_ceiling": 5.0, "mcd_db_other": 15.0}
+    assert evaluate_report.verdict({**base, "mcd_db": 13.5}).startswith("At chance")          # 85 % of the way
+    assert evaluate_report.verdict({**base, "mcd_db": 12.5}).startswith("Between chance")     # 75 %
+    # the trained vocoder's copy exactly as far from the recordings as other sentences: no nearer them
+    voc = {"mcd_db": 12.0, "mcd_db_ceiling": 4.0, "mcd_db_vocoder_ceiling": 11.0, "mcd_db_other": 11.0,
+           "vocoder": {"kind": "vocos"}}
+    assert evaluate_report.verdict(voc).startswith("The Vocos vocoder's own copy of the recordings is no nearer")
+
+
+def test_evaluate_md_puts_each_figure_in_its_own_column():
+    report = _report(mcd_db_vocoder_ceiling=4.0, f0_rmse_hz_vocoder_ceiling=12.0, f0_gross_error_vocoder_ceiling=0.1,
+                     vocoder={"kind": "vocos"}, cut=1,
+                     pesq={"synthesized": 1.5, "vocoder_ceiling": 3.5, "griffin_lim_ceiling": 2.5},
+                     stoi={"synthesized": 0.5, "vocoder_ceiling": 0.9, "griffin_lim_ceiling": 0.8},
+                     aligner={"clips": 10, "sums_ok": 1.0, "monotonic": 0.7, "rejected": 0},
+                     per_clip=[{"id": f"c{i}", "text": f"sentence {i}", "mcd_db": 6.0 + i, "mcd_db_ceiling": 5.0,
+                                "mcd_db_vocoder_ceiling": 4.0, "mcd_db_other": 11.0 + i, "duration_ratio": 0.9,
+                                "f0_rmse_hz": 30.0, "mos_synthesized": 2.1, "mos_recording": 3.2,
+                                "wer_synthesized": 0.9, "wer_recording": 0.4,
+                                "heard_recording": f"heard {i} recorded", "heard_synthesized": f"heard {i} said"}
+                               for i in range(4)])
+    md = evaluate_report.markdown(report)
+    # columns: measure, synthesized, the vocoder's copy, Griffin-Lim's copy, chance
+    assert _table(md, "PESQ wideband, 1-4.6 (higher is better)")[1:4] == ["1.50", "3.50", "2.50"]
+    assert _table(md, "STOI, 0-1 (higher is better)")[1:4] == ["0.500", "0.900", "0.800"]
+    assert _table(md, "F0 gross errors (> 20 % off, mostly octave jumps), share of those frames")[1:4] == [
+        "25.0 %", "10.0 %", "5.0 %"]
+    assert "10 clips; 100 % sum to their mel frames, 70 % a monotonic path" in md
+    assert "Warning: 1 of the 3 syntheses were cut" in md
+    # per clip: MCD, the vocoder's and Griffin-Lim's ceilings, chance, length, F0, MOS (recording), WER (recording)
+    assert _table(md, "c1") == ["c1", "7.00", "4.00", "5.00", "12.00", "0.90", "30.0", "2.10 (3.20)", "0.90 (0.40)"]
+    # what the recognizer heard in the first HEARD_CLIPS clips: on the recording, then on the synthesized audio
+    heard = [line for line in md.splitlines() if "heard " in line]
+    assert len(heard) == evaluate_report.HEARD_CLIPS
+    assert heard[0] == "| c0 | sentence 0 | heard 0 recorded | heard 0 said |"
+
+
+def test_per_speaker_rows_are_held_to_the_vocoder_they_were_heard_through():
+    per = {"anna": {"clips": 2, "mcd_db": 6.0, "mcd_db_ceiling": 5.0, "mcd_db_vocoder_ceiling": 4.0,
+                    "mcd_db_other": 11.0, "duration_ratio": 0.95, "f0_rmse_hz": 25.0, "f0_rmse_hz_ceiling": 9.0,
+                    "mos": {"synthesized": 2.5, "recording": 3.5}, "wer": {"synthesized": 0.8, "recording": 0.3}},
+           "bob": {"clips": 1, "mcd_db": 7.0, "mcd_db_ceiling": 6.0, "mcd_db_vocoder_ceiling": None,
+                   "mcd_db_other": 12.0, "duration_ratio": 1.1, "f0_rmse_hz": 35.0, "f0_rmse_hz_ceiling": 8.0,
+                   "mos": {}, "wer": {}}}
+    lines = evaluate_report.speaker_lines({"per_speaker": per, "speaker_similarity": None})
+    md = "\n".join(lines)
+    assert _table(md, "anna") == ["anna", "2", "6.00", "4.00", "11.00", "0.95", "25.0", "2.50 (3.50)", "0.80 (0.30)"]
+    assert _table(md, "bob")[:7] == ["bob", "1", "7.00", "6.00", "12.00", "1.10", "35.0"]
+
+
+def test_the_chance_mcd_is_against_the_other_clips_recordings_only():
+    # a model that says each clip's own recording: its MCD against that recording is 0, which is no chance level
+    from pipeline import metrics
+    rng = np.random.default_rng(0)
+    analyses = [{"mc": rng.normal(size=(20, 24))} for _ in range(3)]
+    rows = [{}, {}, {}]
+    evaluate._chance(rows, analyses, analyses, ["a", "b", "c"])
+    for i, row in enumerate(rows):
+        others = [metrics.mcd(analyses[i]["mc"], analyses[j]["mc"])[0] for j in range(3) if j != i]
+        assert row["mcd_db_other"] == pytest.approx(np.median(others)) and row["mcd_db_other"] > 1.0
+
+
+def test_per_speaker_figures_count_each_speakers_own_clips():
+    rows = [{"speaker": s, **dict.fromkeys(evaluate.FIGURES, v), "voice": (np.full(3, v), np.full(3, v))}
+            for s, v in (("anna", 1.0), ("anna", 3.0), ("bob", 8.0))]
+    per = evaluate.summarise(rows, vocoder=False)["per_speaker"]
+    assert {s: r["clips"] for s, r in per.items()} == {"anna": 2, "bob": 1}
+    assert per["anna"]["mcd_db"] == 2.0 and per["bob"]["mcd_db"] == 8.0

@@ -666,3 +666,109 @@ def test_leftovers_of_a_live_export_on_another_host_are_kept(tmp_path):
             os.utime(p, (stale, stale))
     export.remove_leftovers(out, log=lambda *a: None)
     assert {name: (tmp_path / name).exists() for name in names} == names
+
+
+def test_export_json_bounds_the_graph_as_synthesize_does(exported):
+    # the exported graph stops at max_frames: synthesize.max_seconds on the run's frame grid, rounded up as
+    # `snakemake synthesize` rounds it; speak and serve read both (pipeline.voice)
+    import math
+    cfg_path, out = exported
+    cfg = config.load_config(cfg_path)
+    meta = load_json(out / "export.json")
+    a = cfg["audio"]
+    assert meta["max_seconds"] == cfg["synthesize"]["max_seconds"] == SPEAK["max_seconds"]
+    assert meta["max_frames"] == math.ceil(SPEAK["max_seconds"] * a["sample_rate"] / a["hop_length"])
+    run = load_json(config.run_dir(cfg) / "run.json")                       # the name tables, in id order
+    assert (meta["speakers"], meta["languages"]) == (run["speakers"], run["languages"]) and run["speakers"] != run["languages"]
+
+
+def test_an_acoustic_run_at_its_planned_steps_is_exported_as_finished(exported):
+    from pipeline import export
+    cfg = config.load_config(exported[0])                                  # train.steps 100
+    assert export._train_state(cfg, 100)["finished"] is True
+    assert export._train_state(cfg, 99)["finished"] is False
+
+
+def test_a_kind_that_cannot_be_exported_is_one_line_not_a_traceback(monkeypatch):
+    # `python -m pipeline.export` on a transformer_tts run: refused before its graph is built
+    from pipeline import export
+    monkeypatch.setattr(export.runinfo, "run_vocabulary", lambda cfg: {"model": {"kind": "transformer_tts"}})
+    with pytest.raises(export.ExportError, match="model.kind: 'transformer_tts' cannot be exported yet"):
+        export.build_voice({}, synth=object())
+
+
+def _export_folder(path, run):
+    (path / "saved_model").mkdir(parents=True)
+    (path / "saved_model" / "saved_model.pb").write_text(run)
+    (path / "export.json").write_text(json.dumps({"run": run}))
+    return path
+
+
+def test_the_previous_export_is_deleted_only_once_the_new_one_is_in_place(tmp_path, monkeypatch):
+    from pipeline import export
+    out, new = _export_folder(tmp_path / "export", "old"), _export_folder(tmp_path / ".export.tmp-x-1", "new")
+    removed, rmtree = [], shutil.rmtree
+
+    def spy(path, *args, **kwargs):
+        removed.append((load_json(os.path.join(path, "export.json"))["run"], load_json(out / "export.json")["run"]))
+        rmtree(path, *args, **kwargs)
+    monkeypatch.setattr(export.shutil, "rmtree", spy)
+    export._replace_folder(new, out)
+    assert removed == [("old", "new")]                     # the old export removed while `out` holds the new one
+    assert load_json(out / "export.json")["run"] == "new" and sorted(os.listdir(tmp_path)) == ["export"]
+
+
+def test_an_export_folder_that_changed_during_the_export_is_not_replaced(tmp_path):
+    # `out` is checked again before it is replaced: a user's file written there meanwhile is never deleted
+    from pipeline import export
+    from pipeline.errors import PipelineError
+    out, new = _export_folder(tmp_path / "export", "old"), _export_folder(tmp_path / ".export.tmp-x-1", "new")
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(PipelineError, match="holds notes.txt, not a previous export"):
+        export._replace_folder(new, out)
+    assert (out / "notes.txt").read_text() == "mine" and load_json(out / "export.json")["run"] == "old"
+
+
+def test_export_tflite_true_in_the_config_converts_without_the_flag(exported, tmp_path, monkeypatch):
+    from pipeline import export
+
+    class Converting(Exception):
+        pass
+
+    def convert(*args, **kwargs):
+        raise Converting
+    monkeypatch.setattr(export, "convert_tflite", convert)
+    cfg = config.load_config(exported[0], {"export": {"tflite": True}})
+    with pytest.raises(Converting):                                         # no --tflite: export.tflite decides
+        export.export(cfg, tmp_path / "voice", log=lambda *a: None)
+    assert os.listdir(tmp_path) == []                                       # nothing half-written left
+
+
+def test_a_tflite_model_that_gives_audio_of_another_length_is_refused(tmp_path):
+    # fewer samples than the SavedModel for the test sentence: a cut-short voice is never shipped
+    import tensorflow as tf
+
+    from pipeline import export
+    spec = (tf.TensorSpec([1, None], tf.int32), tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32))
+
+    class Voice(tf.Module):
+        def __init__(self, hop):
+            self.hop = hop
+
+        @tf.function(input_signature=spec)
+        def synthesize(self, tokens, pace, pitch_shift):
+            return {"audio": tf.cast(tf.repeat(tokens, self.hop, axis=1), tf.float32) * pace + pitch_shift}
+
+    vocab = {"symbols": list("_~abcdefghij"), "eos_id": 1}
+    short, full = Voice(3), Voice(4)
+    tf.saved_model.save(short, str(tmp_path / "short"), signatures={export.SIGNATURE: short.synthesize})
+    flat, _ = export.convert_tflite(tmp_path / "short")
+    assert export.check_tflite(flat, short, vocab) is None
+    assert export.check_tflite(flat, full, vocab) == ("tf.lite.Interpreter gave 24 samples for a test sentence, "
+                                                      "the SavedModel 32")
+
+
+def test_an_export_with_griffin_lim_says_it_has_no_trained_vocoder(exported):
+    meta = load_json(exported[1] / "export.json")
+    assert meta["notes"][1:] == [f"vocoder: {meta['vocoder']['note']}"]
+    assert meta["notes"][1].startswith("vocoder: Griffin-Lim phase recovery inside the graph")
