@@ -102,6 +102,24 @@ def test_the_targets_of_a_snakemake_command_line():
     assert preflight.snakemake_targets(["/usr/bin/pytest", "tests"]) is None  # the API: not known
 
 
+def test_only_a_lock_on_this_runs_own_files_counts_as_another_run(tmp_path):
+    # planning marks no shard damaged while another Snakemake holds a lock on this run's cache or run
+    # folder (rules/common.smk ANOTHER_RUN); a lock on the files of run `demo2` or `demo-old` is not one
+    # on run `demo`'s, whose damaged shards must still be marked and rebuilt
+    locks = tmp_path / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    cache, run = tmp_path / "cache" / "demo", tmp_path / "runs" / "demo"
+    assert not preflight.another_run(locks, [cache, run])
+    lock = locks / "0.output.lock"
+    for other in (tmp_path / "cache" / "demo2" / "mels" / "shard-000.bin", tmp_path / "runs" / "demo-old" / "train.json"):
+        lock.write_text(f"{other}\n")
+        assert not preflight.another_run(locks, [cache, run]), other
+    for mine in (cache / "mels" / "shard-000.bin", run / "train.json", run):
+        lock.write_text(f"{tmp_path / 'elsewhere'}\n{mine}\n")
+        assert preflight.another_run(locks, [cache, run]), mine
+    assert not preflight.another_run(tmp_path / "no-such-folder", [cache, run])
+
+
 def test_yaml_syntax_error_is_one_line_with_file_and_line(tmp_path):
     bad = tmp_path / "my.yaml"
     bad.write_text("name: x\ntrain:\n  steps: [1, 2\n  batch_size: 3\n")
@@ -129,6 +147,40 @@ def test_the_loss_history_keeps_earlier_runs_up_to_the_restored_step(tmp_path):
                                                     for k in (5, 10, 15)))  # killed after step 15, ckpt-10
     assert [r["step"] for r in train.past_history(tmp_path, 10)] == [5, 10]
     assert (tmp_path / "history.jsonl").read_text().count("\n") == 2  # step 15 is trained again
+
+
+def test_each_logged_loss_is_recorded_at_the_step_it_was_logged_and_the_last_step_saved(tmp_path):
+    # history.jsonl (and the summary's history) by step: the resume cuts it back to the restored step
+    # (past_history above), and the curves are drawn by it; steps 7 with log_every 3 and checkpoint_every 4
+    # log at 3, 6 and 7 (the means of 3, 3 and 1 steps) and save at 4 and 7
+    import tensorflow as tf
+
+    from pipeline import train
+
+    class Trainer:  # what run_steps uses of one: the steps' loss terms, the weights it checks before a save
+        start_step = 0
+        model = type("Model", (), {"variables": [tf.Variable([1.0])]})()
+        optimizer = type("Optimizer", (), {"learning_rate": tf.Variable(1e-3), "variables": []})()
+
+        def batches(self):
+            while True:
+                yield None
+
+        def step(self, batch):
+            return {"total": tf.constant(0.5)}
+
+    class Manager:
+        latest_checkpoint, saved = None, []
+
+        def save(self, checkpoint_number):
+            self.saved.append(checkpoint_number)
+
+    manager, history_file = Manager(), tmp_path / "history.jsonl"
+    tcfg = {"steps": 7, "log_every": 3, "checkpoint_every": 4, "summary_every": 1000, "learning_rate": 1e-3}
+    step, history, _, _ = train.run_steps(Trainer(), manager, tcfg, False, lambda *a: None, history_file=history_file)
+    assert step == 7 and [(r["step"], r["steps"]) for r in history] == [(3, 3), (6, 3), (7, 1)]
+    assert [json.loads(line)["step"] for line in history_file.read_text().splitlines()] == [3, 6, 7]
+    assert manager.saved == [4, 7]
 
 
 def test_a_loss_line_torn_by_a_kill_does_not_block_the_resume(tmp_path, capsys):

@@ -325,6 +325,26 @@ def test_a_diverging_run_saves_no_nan_and_its_advice_works_when_followed(built_c
     assert "error" not in second and second["checkpoints"] == {"ckpt-1": True, "ckpt-2": True, "ckpt-3": True}
 
 
+def test_a_non_finite_loss_stops_the_run_at_the_log_line_that_shows_it():
+    # the loss is checked where it is logged, not only at the next checkpoint: a run logging every 100
+    # steps and saving every 1000 went on for up to 900 steps after `loss nan`, appending NaN rows to
+    # history.jsonl, and its one line named a later step than the one the loss went bad by
+    import tensorflow as tf
+
+    from pipeline import train
+    trainer = type("Trainer", (), {"optimizer": type("Optimizer", (), {"learning_rate": tf.Variable(1e-3)})()})()
+    logged = []
+    progress = train.Progress(trainer, total=1000, log_every=5, log=logged.append)
+    progress.update({"total": tf.constant(0.5)}, 0.0)
+    progress.report(5)
+    for loss in (0.4, float("nan")):
+        progress.update({"total": tf.constant(loss)}, 0.0)
+    with pytest.raises(train.NonFinite, match="the loss became nan by step 10"):
+        progress.report(10)
+    assert "step 10/1000" in logged[-1] and "loss nan" in logged[-1]
+    assert [row["step"] for row in progress.history] == [5]  # no NaN row for history.jsonl
+
+
 def test_a_checkpoint_a_run_diverges_from_again_at_a_lower_rate_is_set_aside_so_reruns_start_further_back(tmp_path):
     import tensorflow as tf
 

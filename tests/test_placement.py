@@ -102,6 +102,46 @@ def test_auto_mixed_precision_on_a_cpu(monkeypatch, wants, kernels, amx, expecte
                                  cpu_bfloat16=wants).mixed_precision == explicit
 
 
+@pytest.mark.parametrize("capability, expected", [((8, 0), "bfloat16"), ((9, 0), "bfloat16"), ((7, 5), "float16")])
+def test_on_one_gpu_auto_trains_on_it_with_xla_and_the_cards_mixed_precision(monkeypatch, capability, expected):
+    # one GPU stands in (its name and compute capability as TensorFlow would report them): `single` and
+    # `auto` train on it, not on a CPU; XLA `auto` is on; mixed precision `auto` is bfloat16 from Ampere
+    # (compute capability 8.0, the A100) on, and float16 (with loss scaling) on the cards before it
+    monkeypatch.setattr(placement, "_logical", lambda kind: ["/GPU:0"] if kind == "GPU" else ["/CPU:0"])
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"] if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config.experimental, "get_device_details", lambda device: {"compute_capability": capability})
+    assert placement._gpu_supports_bf16() is (expected == "bfloat16")
+    for name in ("auto", "single"):
+        p = placement.resolve(dict(TRAIN, placement=name))
+        assert p.name == "single" and p.model_device == "/GPU:0" and p.devices == ["/GPU:0"], p
+        assert p.jit_compile is True and p.mixed_precision == expected, p
+        assert "(no GPU visible" not in p.reason
+    p = placement.resolve(dict(TRAIN, placement="cpu"))  # the CPU beside it: neither
+    assert p.model_device == "/CPU:0" and p.jit_compile is False and p.mixed_precision == "off"
+
+
+def test_with_a_chief_task_in_tf_config_the_workers_are_numbered_after_it(monkeypatch):
+    # worker 0 of a cluster with a chief is its second process: numbered 0 too, it would be a second
+    # chief writing the checkpoints and the summary, and take the chief's share of the shards
+    for var in ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    cluster = {"chief": ["h:1"], "worker": ["h:2", "h:3"]}
+    for kind, index, expected in (("chief", 0, (0, 3, True)), ("worker", 0, (1, 3, False)), ("worker", 1, (2, 3, False))):
+        monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}}))
+        assert placement._worker_of(placement.cluster_resolver()[0]) == expected, (kind, index)
+
+
+def test_split_refuses_a_device_this_machine_does_not_have_naming_the_key(monkeypatch):
+    # two GPUs here: /GPU:2 is a typo or another machine's; TensorFlow's soft placement would put the
+    # ops somewhere else without a word, so `split` would not be split at all
+    monkeypatch.setattr(placement, "_logical", lambda kind: ["/GPU:0", "/GPU:1"] if kind == "GPU" else ["/CPU:0"])
+    assert placement.resolve(dict(TRAIN, placement="split")).model_device == "/GPU:1"
+    for key, device in (("data_device", "/GPU:2"), ("model_device", "/GPU:7")):
+        with pytest.raises(PlacementError, match=re.escape(f"train.{key}: {device} does not exist here "
+                                                           "(devices: /GPU:0, /GPU:1, /CPU:0)")):
+            placement.resolve(dict(TRAIN, placement="split", **{key: device}))
+
+
 def test_host_id_names_this_machine():
     host = placement.host_id()
     assert host["hostname"] and host["gpus"] == []  # no GPU on this machine
@@ -434,3 +474,23 @@ def test_jobs_without_a_gpu_turn_keep_to_the_threads_snakemake_gave_them(omp, ex
                           env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split("\n")[-2] == expected  # 0: TensorFlow's own choice
+
+
+SET_THREADS_RUN = """
+import sys
+import tensorflow as tf
+from pipeline import placement
+placement.set_threads(int(sys.argv[1]))
+print(tf.config.threading.get_intra_op_parallelism_threads())
+"""
+
+
+@pytest.mark.parametrize("threads, expected", [("1", "1"), ("3", "3"), ("0", "0")])
+def test_a_trainers_threads_hold_tensorflows_pool_to_them(threads, expected):
+    # --threads N (the rule's `threads:`) sets TensorFlow's intra-op pool, one thread included: a
+    # one-thread job ran a pool of every core beside the other jobs; 0 keeps TensorFlow's own choice
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", SET_THREADS_RUN, threads], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[-2] == expected

@@ -202,6 +202,26 @@ def test_a_run_record_of_another_shape_is_one_line(tmp_path, text):
         runinfo.load(tmp_path)
 
 
+def test_planning_refuses_an_audio_setting_the_trained_run_was_not_made_with(tmp_path, monkeypatch):
+    # preflight (what Snakemake calls when it reads the config) runs the trained run's check: without it
+    # planning rebuilt the caches in place at the new hop length and deleted train.json, and only then
+    # did the train job refuse the run's checkpoints
+    from pipeline import preflight
+    cfg = config.load_config(overrides={"runs_dir": str(tmp_path), "cache": {"dir": str(tmp_path / "cache")}},
+                             check_paths=False)
+    monkeypatch.setattr(config, "check_dataset_paths", lambda cfg: None)  # no corpus here: the run's record alone
+    index = {"n_mels": 80, "vocab": text.vocabulary(cfg["text"]), "provenance": {}, "counts": {}}
+    stats = {"mel_mean": np.zeros(80), "mel_std": np.ones(80), "pitch_mean": 120.0, "pitch_std": 20.0,
+             "energy_mean": 1.0, "energy_std": 1.0}
+    run = config.run_dir(cfg)
+    runinfo.write(run, runinfo.describe(cfg, index, stats))
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "ckpt-5.index").write_bytes(b"")
+    preflight.preflight(cfg)                                                   # the settings it was made with
+    with pytest.raises(runinfo.RunChanged, match=r"run 'demo' was trained with other settings: audio\.hop_length"):
+        preflight.preflight(dict(cfg, audio={**cfg["audio"], "hop_length": 200}))
+
+
 def test_a_new_validation_fraction_or_loss_scaling_on_a_trained_run_stops_planning(tmp_path):
     # raising it moved clips the model trained on into validation, where evaluate scored them as unseen;
     # nothing refused it (the split is a hash of each id against the fraction)

@@ -159,6 +159,52 @@ def test_auto_precision_on_an_amx_cpu_is_bfloat16_for_the_acoustic_model_only(bu
     assert any("mixed precision bfloat16 (auto: this CPU has AMX-BF16)" in str(line) for line in logged), logged
 
 
+def test_a_mirrored_float16_step_clips_by_the_gradients_norm_not_the_loss_scaled_one(built_cache, tmp_path):
+    """Under a strategy the step clips the summed gradient itself; with float16 that gradient is the loss
+    scale's multiple, and its norm is divided by the scale before it meets train.grad_clip. Compared
+    undivided, a gradient 10x under the clip was cut to 1/25 (at a loss scale of 2^8 here; 2^15 by
+    default): mirrored float16 runs barely trained. One replica (mirrored over the one CPU) against
+    `cpu`, each with a loss-scaled plain SGD, whose step is proportional to the gradient."""
+    import contextlib
+
+    import keras
+    import tensorflow as tf
+
+    from pipeline.train import build_trainer
+    cfg = config.load_config(tiny_config(built_cache, tmp_path, buckets=1), {
+        "train": {"mixed_precision": "float16", "grad_clip": 1e9},
+        "model": {"transformer_tts": {"dropout": 0.0, "prenet_dropout": 0.0}}})
+
+    def flat(trainer):
+        return tf.concat([tf.reshape(tf.cast(v, tf.float32), [-1]) for v in trainer.model.trainable_variables], 0).numpy()
+
+    out, batch, clip = {}, None, None
+    try:
+        for placement in ("cpu", "mirrored"):
+            trainer = build_trainer(cfg, placement=placement, log=lambda *a: None)
+            if batch is None:
+                batch = next(iter(trainer.build_dataset("train")))
+                grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in trainer._grads(batch)[0]]
+                clip = 10 * float(tf.linalg.global_norm(grads)) / float(trainer.optimizer.dynamic_scale)
+            with trainer.p.strategy.scope() if trainer.p.strategy else contextlib.nullcontext():
+                trainer.optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(learning_rate=0.01),
+                                                                        initial_scale=2.0 ** 8)
+                trainer.optimizer.build(trainer.model.trainable_variables)
+            trainer.cfg = dict(trainer.cfg, train=dict(trainer.cfg["train"], grad_clip=clip))
+            trainer.step = trainer._make_step()
+            given = batch if trainer.p.strategy is None else next(iter(
+                trainer.p.strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch))))
+            before = flat(trainer)
+            trainer.step(given)
+            out[placement] = before, flat(trainer)
+    finally:
+        placement_mod.set_precision_policy("off")
+    (b0, a0), (b1, a1) = out["cpu"], out["mirrored"]
+    assert np.array_equal(b0, b1)
+    size = np.abs(a0 - b0).max()
+    assert size > 1e-6 and np.abs(a1 - a0).max() < 0.05 * size, (size, np.abs(a1 - a0).max())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("i", range(len(PLACEMENTS)), ids=[
     f"{p}-extra{i}" for i, (p, _) in enumerate(PLACEMENTS)])
@@ -251,6 +297,35 @@ def test_mirrored_weighs_an_uneven_split_as_one_device_weighs_the_batch(built_ca
     assert three["total"] == pytest.approx(one["total"], rel=1e-5)   # the loss it reports is the batch's
     size = np.abs(one["after"] - one["before"]).max()
     assert size > 1e-5 and np.abs(three["after"] - one["after"]).max() < 0.01 * size
+
+
+# UNEVEN_RUN's step with plain SGD (a step proportional to the gradient, unlike Adam's first) and a
+# gradient clip far over the gradient's norm
+UNCLIPPED_RUN = UNEVEN_RUN.replace('"grad_clip": 1e-3', '"grad_clip": 1e9').replace(
+    "        trainer = build_trainer(cfg, placement=placement, log=lambda *a: None)\n",
+    "        trainer = build_trainer(cfg, placement=placement, log=lambda *a: None)\n"
+    "        import contextlib, keras\n"
+    "        with trainer.p.strategy.scope() if trainer.p.strategy else contextlib.nullcontext():\n"
+    "            trainer.optimizer = keras.optimizers.SGD(learning_rate=0.01)\n"
+    "            trainer.optimizer.build(trainer.model.trainable_variables)\n"
+    "        trainer.step = trainer._make_step()\n")
+
+
+@pytest.mark.slow
+def test_mirrored_leaves_a_gradient_under_train_grad_clip_as_one_device_does(built_cache, tmp_path):
+    # the strategy's own clip scales the summed gradient by clip / max(norm, clip): a gradient whose norm
+    # is under train.grad_clip is not touched, as on one device (the test above clips at 1e-3: always over)
+    assert UNCLIPPED_RUN.count("SGD") == 1 and '"grad_clip": 1e9' in UNCLIPPED_RUN
+    path = tiny_config(built_cache, tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(UNCLIPPED_RUN.format(path=str(path)))],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    one, three = ({k: np.array(v) if k != "total" else v for k, v in out[p].items()} for p in ("cpu", "mirrored"))
+    assert np.array_equal(one["before"], three["before"])
+    size = np.abs(one["after"] - one["before"]).max()
+    assert size > 1e-6 and np.abs(three["after"] - one["after"]).max() < 0.01 * size, size
 
 
 def _train(path, *extra, check=True):

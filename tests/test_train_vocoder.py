@@ -115,6 +115,22 @@ def test_a_float16_run_gives_the_generator_and_discriminators_gradients(built_ca
         placement.set_precision_policy("off")
 
 
+def test_a_loss_scaled_vocoder_update_is_the_step_of_the_losss_own_gradient():
+    """Under float16 the backward pass starts from the loss scale, and the LossScaleOptimizer divides it
+    out again: the update is the loss's own gradient step (plain SGD here, which scales with the
+    gradient). Without the seed the optimizer divided an unscaled gradient by 2^15: steps 32768 times
+    too small, and float16 gradients underflowed to zero, while the run looked finite and moving."""
+    import keras
+
+    from pipeline.vocoder.train import VocoderTrainer
+    v = tf.Variable([1.0, -2.0])
+    opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(learning_rate=0.1))
+    with tf.GradientTape() as tape:
+        loss = 3.0 * v[0] + 0.5 * v[1]
+    VocoderTrainer._apply(None, opt, tape, loss, [v])   # the method uses nothing of the trainer
+    np.testing.assert_allclose(v.numpy(), [1.0 - 0.1 * 3.0, -2.0 - 0.1 * 0.5], rtol=1e-6)
+
+
 def test_a_diverging_vocoder_saves_no_nan_and_sets_aside_what_older_code_saved(built_cache, tmp_path, monkeypatch,
                                                                                 capsys):
     """A learning rate that blows the vocoder up, checkpoints every step and the loss logged only every
@@ -173,6 +189,33 @@ def test_the_summary_reports_the_steps_the_shipped_weights_trained_not_a_lowered
     assert vocoder_train._trained_steps(cfg, "finetune", folder, 2, logged.append) == {"steps": 12, "finetune_steps": 2}
     assert vocoder_train._trained_steps(cfg, "finetune", folder, 3, logged.append)["finetune_steps"] == 3
     assert logged[-1].startswith("note: vocoder.finetune_steps is 2, but ") and "already trained 3 steps" in logged[-1]
+
+
+def test_the_last_step_is_saved_and_shipped_when_checkpoint_every_does_not_divide_the_steps(built_cache, tmp_path):
+    """vocoder.steps 3 with checkpoint_every 2: the run saves ckpt-2 on the way and ckpt-3 at its end, and
+    ships ckpt-3. Without the save at the last step the summary said 3 steps and shipped ckpt-2's weights,
+    and a rerun trained step 3 again."""
+    from pipeline import config
+    from pipeline.vocoder import train as vocoder_train
+    cfg = config.load_config(built_cache, config.parse_set(SETTINGS + [
+        "vocoder.steps=3", "vocoder.checkpoint_every=2", "vocoder.gan_start_step=100", f"runs_dir={tmp_path}"]))
+    summary = vocoder_train.train_vocoder(cfg, "train", tmp_path / "train.json", log=lambda *a: None)
+    folder = tmp_path / "t/vocoder/train/checkpoints"
+    assert summary["steps"] == 3 and summary["checkpoint"] == str(folder / "ckpt-3")
+    assert tf.train.latest_checkpoint(str(folder)) == str(folder / "ckpt-3")
+
+
+def test_a_phase_trained_to_its_planned_steps_ships_them_without_a_note(tmp_path):
+    """The note about a lowered vocoder.steps is for a checkpoint past the config's steps, not every run
+    that reached them."""
+    from pipeline import config
+    from pipeline.vocoder import train as vocoder_train
+    cfg = config.load_config(None, {"runs_dir": str(tmp_path), "vocoder": {"steps": 4}}, check_paths=False)
+    logged = []
+    assert vocoder_train._trained_steps(cfg, "train", tmp_path, 4, logged.append) == {"steps": 4, "finetune_steps": 0}
+    assert logged == []
+    assert vocoder_train._trained_steps(cfg, "train", tmp_path, 5, logged.append)["steps"] == 5
+    assert len(logged) == 1 and "already trained 5 steps" in logged[0]
 
 
 def test_fine_tuning_refuses_a_first_phase_of_other_sizes_in_one_line(built_cache, tmp_path):

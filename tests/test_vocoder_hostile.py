@@ -646,3 +646,21 @@ def test_a_pitch_change_restarts_a_vocoder_that_trains_on_f0_and_not_one_recorde
     vocos = dict(other, vocoder={**other["vocoder"], "kind": "vocos"})
     changed = inputs.changes(inputs.read(folder), inputs.settings(vocos, uses_f0=False))
     assert changed and not any(line.startswith("pitch.") for line in changed)
+
+
+def test_a_changed_fine_tuning_setting_is_announced_at_planning_for_that_phase(tmp_path):
+    # fine-tuning's checkpoints are set aside by its job when a setting it trained with changes: planning
+    # (`snakemake -n vocoder`) says so for that phase too, not only for the first; with finetune_steps 0
+    # there is no fine-tuning job to announce
+    cfg = config.load_config(None, {"runs_dir": str(tmp_path / "runs"), "name": "t",
+                                    "vocoder": {"kind": "vocos", "finetune_steps": 4}}, check_paths=False)
+    folder = config.run_dir(cfg) / "vocoder" / "finetune"
+    inputs.switch(folder, inputs.settings(cfg, "finetune"), log=lambda *a: None)
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-4"\n')
+    assert inputs.notes(cfg) == []
+    mixed = dict(cfg, vocoder={**cfg["vocoder"], "finetune_recorded": 0.5})
+    [note] = inputs.notes(mixed)
+    assert note == (f"note: vocoder.finetune_recorded 0 -> 0.5 since the vocoder's finetune phase was trained: its job "
+                    f"sets {folder / 'checkpoints'} aside and trains that phase from its start")
+    assert inputs.notes(dict(mixed, vocoder={**mixed["vocoder"], "finetune_steps": 0})) == []
