@@ -283,16 +283,22 @@ UNEVEN_RUN = """
 """
 
 
-@pytest.mark.slow
-def test_mirrored_weighs_an_uneven_split_as_one_device_weighs_the_batch(built_cache, tmp_path):
+def cpu_and_mirrored(script, built_cache, tmp_path):
+    """(shares, cpu's, mirrored's) from `script` (UNEVEN_RUN or a variant) run in its own process."""
     path = tiny_config(built_cache, tmp_path)
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(UNEVEN_RUN.format(path=str(path)))],
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script.format(path=str(path)))],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["shares"] == [2, 2, 1]
-    one, three = ({k: np.array(v) if k != "total" else v for k, v in out[p].items()} for p in ("cpu", "mirrored"))
+    return out["shares"], *({k: np.array(v) if k != "total" else v for k, v in out[p].items()}
+                            for p in ("cpu", "mirrored"))
+
+
+@pytest.mark.slow
+def test_mirrored_weighs_an_uneven_split_as_one_device_weighs_the_batch(built_cache, tmp_path):
+    shares, one, three = cpu_and_mirrored(UNEVEN_RUN, built_cache, tmp_path)
+    assert shares == [2, 2, 1]
     assert np.array_equal(one["before"], three["before"])            # the same seeded weights
     assert three["total"] == pytest.approx(one["total"], rel=1e-5)   # the loss it reports is the batch's
     size = np.abs(one["after"] - one["before"]).max()
@@ -316,13 +322,7 @@ def test_mirrored_leaves_a_gradient_under_train_grad_clip_as_one_device_does(bui
     # the strategy's own clip scales the summed gradient by clip / max(norm, clip): a gradient whose norm
     # is under train.grad_clip is not touched, as on one device (the test above clips at 1e-3: always over)
     assert UNCLIPPED_RUN.count("SGD") == 1 and '"grad_clip": 1e9' in UNCLIPPED_RUN
-    path = tiny_config(built_cache, tmp_path)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(UNCLIPPED_RUN.format(path=str(path)))],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    one, three = ({k: np.array(v) if k != "total" else v for k, v in out[p].items()} for p in ("cpu", "mirrored"))
+    _, one, three = cpu_and_mirrored(UNCLIPPED_RUN, built_cache, tmp_path)
     assert np.array_equal(one["before"], three["before"])
     size = np.abs(one["after"] - one["before"]).max()
     assert size > 1e-6 and np.abs(three["after"] - one["after"]).max() < 0.01 * size, size
