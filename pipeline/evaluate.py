@@ -69,6 +69,15 @@ class Clip:
     language: str = ""
 
 
+def in_turns(by_speaker, n):
+    """At most `n` of the items of {speaker: [items sorted by id]}, taken from each speaker in turn (the
+    first of each, then the second of each, ...), then sorted: with several speakers, no speaker's
+    clips fill the cap before another has one."""
+    turns = [group[i] for i in range(max(map(len, by_speaker.values()), default=0))
+             for _, group in sorted(by_speaker.items()) if i < len(group)]
+    return sorted(turns[:n])
+
+
 def validation_clips(cfg, log=None):
     """[Clip] of the cached validation split, sorted by id, at most evaluate.max_clips (taken from
     each speaker in turn when there are several), each with its recorded F0 from the pitch cache.
@@ -96,9 +105,7 @@ def validation_clips(cfg, log=None):
     by_speaker = {}
     for cid, k in sorted((cid, k) for k, cid in enumerate(clips.ids) if cid in known and cid not in rejects):
         by_speaker.setdefault(int(clips.speaker[k]), []).append((cid, k))
-    turns = [group[i] for i in range(max(map(len, by_speaker.values()), default=0))
-             for _, group in sorted(by_speaker.items()) if i < len(group)]
-    order = sorted(turns[:cfg["evaluate"]["max_clips"]])
+    order = in_turns(by_speaker, cfg["evaluate"]["max_clips"])
     if not order and rejected and len(rejected) == len(clips.ids):
         raise NoValidationClips(
             f"no validation clip: the duration stage rejected all {len(rejected)} of the split's clips (audio that "

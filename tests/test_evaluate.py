@@ -630,3 +630,13 @@ def test_per_speaker_figures_count_each_speakers_own_clips():
     per = evaluate.summarise(rows, vocoder=False)["per_speaker"]
     assert {s: r["clips"] for s, r in per.items()} == {"anna": 2, "bob": 1}
     assert per["anna"]["mcd_db"] == 2.0 and per["bob"]["mcd_db"] == 8.0
+
+
+def test_the_clips_evaluated_are_taken_from_each_speaker_in_turn():
+    # evaluate.max_clips below the split: the first clips by id were all one speaker's, and the others
+    # were left out of the per-speaker figures
+    by_speaker = {0: [("a1", 0), ("a2", 1), ("a3", 2), ("a4", 3)], 1: [("y1", 4)], 2: [("z1", 5), ("z2", 6)]}
+    assert evaluate.in_turns(by_speaker, 3) == [("a1", 0), ("y1", 4), ("z1", 5)]
+    assert evaluate.in_turns(by_speaker, 5) == [("a1", 0), ("a2", 1), ("y1", 4), ("z1", 5), ("z2", 6)]
+    assert evaluate.in_turns(by_speaker, 99) == sorted(c for group in by_speaker.values() for c in group)
+    assert evaluate.in_turns({}, 3) == []
