@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import time
 import zlib
@@ -447,14 +448,13 @@ def worker_checkpoints(run, index):
     shared, and another user's folder made beforehand under a predictable name stopped the worker
     (FileExistsError) and could have been adopted."""
     stem = worker_checkpoint_folder(run, index)
-    for old in stem.parent.glob(glob.escape(stem.name) + "*"):
+    for old in [*stem.parent.glob(glob.escape(stem.name)), *stem.parent.glob(glob.escape(stem.name) + "-*")]:
         try:
-            mine = old.lstat().st_uid == os.getuid()
+            info = old.lstat()   # a link is not followed: not a folder here
         except OSError:
             continue   # removed as we looked
-        if mine and (old.name == stem.name or old.name.startswith(stem.name + "-")):
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old, ignore_errors=True)
+        if info.st_uid == os.getuid() and stat.S_ISDIR(info.st_mode):
+            shutil.rmtree(old, ignore_errors=True)
     folder = Path(tempfile.mkdtemp(prefix=stem.name + "-", dir=stem.parent))
     atexit.register(shutil.rmtree, folder, True)  # ignore_errors: finish() removed it already
     return folder
