@@ -1,4 +1,7 @@
 """TransformerTTS: shapes, masks, causality, learning, XLA + mixed precision, inference. Tiny models, CPU."""
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import keras
@@ -240,3 +243,25 @@ def test_frames_of_the_last_decoder_step_past_the_end_learn_the_padding():
     np.testing.assert_allclose(loss(12), base, rtol=1e-6)                      # past the last real step
     forced = model(dict(batch, mel_lengths=tf.constant([16, 12])))             # what inference post-nets
     np.testing.assert_allclose(forced["mel_after"][1, :12], out["mel_after"][1, :12], atol=1e-6)
+
+
+def test_a_killed_job_leaves_no_generated_source_in_tmpdir(tmp_path):
+    """A job killed mid-run (SIGKILL, a SLURM time limit) skips its exit handlers: any function AutoGraph
+    converted leaves its generated source in $TMPDIR for good. Teacher-forced inference (the GTA mels'
+    and validation's per-clip seeds and pre-net dropout) and autoregressive decoding convert nothing."""
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import tensorflow as tf
+from test_model import TINY, make_batch
+from pipeline.models.transformer_tts import TransformerTTS
+model = TransformerTTS(**dict(TINY, prenet_dropout=0.5))
+model(make_batch())
+model.decode_autoregressive(tf.constant([[3, 4, 5]]), tf.constant([3]), max_steps=2, stop_threshold=0.5)
+os._exit(0)
+"""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "TMPDIR": str(tmp)},
+                   capture_output=True)
+    assert sorted(p.name for p in tmp.iterdir()) == []

@@ -296,7 +296,7 @@ class TransformerTTS(keras.Model):
         return self._infer(tokens, tf.convert_to_tensor(token_lengths, tf.int32), int(max_steps), float(stop_threshold),
                            voice_ids(speaker, tokens), voice_ids(language, tokens))
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)  # tf.while_loop already: nothing to convert
     def _infer(self, tokens, token_lengths, max_steps, stop_threshold, speaker, language):
         # Each step re-runs the decoder over the whole fixed-size buffer (static shapes; the causal mask
         # makes the unfilled tail irrelevant). One seed for the loop: past frames keep their dropout masks.
@@ -346,6 +346,9 @@ def _position_sums(tokens):
     return tf.reduce_sum(tokens * weights, axis=1)
 
 
+# The functions tf.map_fn runs below are marked not to convert: AutoGraph writes each conversion's source
+# to $TMPDIR and removes it only at a normal exit, so a killed job (SIGKILL, a SLURM time limit) left it.
+@tf.autograph.experimental.do_not_convert
 def _fold_seed(value):
     return tf.random.experimental.stateless_fold_in(tf.constant(INFER_SEED, tf.int64), value % (2 ** 31 - 1))
 
@@ -367,8 +370,8 @@ def _split_seed(seed, n):
     """n stateless seeds from `seed`: (2,) -> n of (2,); (B, 2) -> n of (B, 2), each clip's split alone."""
     if seed.shape.rank == 1:
         return tf.unstack(tf.random.experimental.stateless_split(seed, n))
-    return tf.unstack(tf.map_fn(lambda s: tf.random.experimental.stateless_split(s, n), seed,
-                                fn_output_signature=tf.TensorSpec([n, 2], seed.dtype)), axis=1)
+    split = tf.autograph.experimental.do_not_convert(lambda s: tf.random.experimental.stateless_split(s, n))
+    return tf.unstack(tf.map_fn(split, seed, fn_output_signature=tf.TensorSpec([n, 2], seed.dtype)), axis=1)
 
 
 def _stateless_dropout(x, rate, seed):
@@ -376,8 +379,8 @@ def _stateless_dropout(x, rate, seed):
     A row's masks are Philox draws in frame order, so its first frames' masks do not depend on S (padding)."""
     if seed.shape.rank == 1:
         return tf.nn.experimental.stateless_dropout(x, rate, seed=seed)
-    return tf.map_fn(lambda a: tf.nn.experimental.stateless_dropout(a[0], rate, seed=a[1]), (x, seed),
-                     fn_output_signature=x.dtype)
+    drop = tf.autograph.experimental.do_not_convert(lambda a: tf.nn.experimental.stateless_dropout(a[0], rate, seed=a[1]))
+    return tf.map_fn(drop, (x, seed), fn_output_signature=x.dtype)
 
 
 def _resample_time(mel, lengths, pace):
