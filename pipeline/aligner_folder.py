@@ -107,7 +107,7 @@ def main(argv=None):
     config.add_arguments(parser)
     parser.add_argument("--out", required=True, help="runs/{name}/aligner/<key>/aligner.json")
     parser.add_argument("--train-key", required=True, help="the training part of the folder's key")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads for TensorFlow (0: all)")
+    config.add_threads_argument(parser)
     args = parser.parse_args(argv)
     fill(config.from_args(args), args.out, args.train_key, args.threads)
 

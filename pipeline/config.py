@@ -716,6 +716,22 @@ def add_arguments(parser):
                         help="extra overrides, e.g. train.steps=10 (repeatable; later values win)")
 
 
+MAX_THREADS = 4096  # --threads: a typo (an extra digit) would have TensorFlow start that many threads
+
+
+def add_threads_argument(parser):
+    """A job's --threads N (its rule's `threads:`): TensorFlow's intra-op threads; 0: all cores
+    (placement.set_threads). Here, with no TensorFlow import, so that aligner_folder parses it before it
+    knows whether it trains (a copy needs no TensorFlow)."""
+    def count(text):
+        n = int(text)
+        if not 0 <= n <= MAX_THREADS:
+            raise ValueError(text)
+        return n
+    count.__name__ = f"thread count (0 to {MAX_THREADS})"  # argparse's message: "invalid thread count ... value"
+    parser.add_argument("--threads", type=count, default=0, help="CPU threads for TensorFlow (0: all)")
+
+
 def from_args(args, check_paths=True):
     return load_config(args.config, parse_set(args.set), check_paths=check_paths)
 

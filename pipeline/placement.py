@@ -460,17 +460,6 @@ def worker_checkpoints(run, index):
     return folder
 
 
-def add_threads_argument(parser):
-    """A training job's --threads N (its rule's `threads:`): TensorFlow's intra-op threads; 0: all cores."""
-    def count(text):
-        n = int(text)
-        if n < 0:
-            raise ValueError(text)
-        return n
-    count.__name__ = "thread count (0 or more)"  # argparse's message: "invalid thread count ... value"
-    parser.add_argument("--threads", type=count, default=0, help="CPU threads for TensorFlow (0: all)")
-
-
 def set_threads(n):
     """TensorFlow's intra-op threads, before its first op; 0 keeps its default (every core)."""
     if n:

@@ -833,7 +833,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="Train from the caches (resumes from the last checkpoint).")
     config.add_arguments(parser)
     parser.add_argument("--out", help="summary JSON (default runs/{name}/train.json)")
-    placement_mod.add_threads_argument(parser)
+    config.add_threads_argument(parser)
     args = parser.parse_args(argv)
     cfg = config.from_args(args)
     placement_mod.set_threads(args.threads)

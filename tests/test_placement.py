@@ -344,17 +344,19 @@ def test_jobs_without_a_gpu_turn_hide_the_gpus_before_anything_else(monkeypatch,
         assert hidden == [([], "GPU")], main.__module__
 
 
-def test_the_trainers_refuse_a_negative_thread_count_before_any_work(tmp_path, capsys):
-    # a rule passes its `threads:`; a hand-typed --threads -1 is refused by name, before the config is read
-    # (pipeline.align keeps its own --threads: it is part of the aligner's code digest, and an edit there
-    # would retrain every run's aligner)
-    from pipeline import train
+@pytest.mark.parametrize("threads", ["-1", "4097"])
+def test_the_trainers_refuse_a_thread_count_out_of_range_before_any_work(tmp_path, capsys, threads):
+    # a rule passes its `threads:`; a hand-typed --threads -1 (or a digit too many) is refused by name, before
+    # the config is read (pipeline.align keeps its own --threads: it is part of the aligner's code digest, and
+    # an edit there would retrain every run's aligner; the rule runs pipeline.aligner_folder)
+    from pipeline import aligner_folder, train
     from pipeline.vocoder import train as vocoder_train
-    for main, extra in ((train.main, []), (vocoder_train.main, ["--out", str(tmp_path / "v.json")])):
+    for main, extra in ((train.main, []), (vocoder_train.main, ["--out", str(tmp_path / "v.json")]),
+                        (aligner_folder.main, ["--out", str(tmp_path / "a.json"), "--train-key", "k"])):
         with pytest.raises(SystemExit) as exit_:
-            main(["--config", str(tmp_path / "missing.yaml"), "--threads", "-1", *extra])
+            main(["--config", str(tmp_path / "missing.yaml"), "--threads", threads, *extra])
         assert exit_.value.code == 2, main.__module__
-        assert "argument --threads: invalid thread count (0 or more) value: '-1'" in capsys.readouterr().err
+        assert f"argument --threads: invalid thread count (0 to 4096) value: '{threads}'" in capsys.readouterr().err
 
 
 # Two logical CPUs stand in for two GPUs; the real model (transformer_tts: Keras dropout in its blocks,

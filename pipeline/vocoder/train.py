@@ -458,7 +458,7 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="summary JSON")
     parser.add_argument("--final", action="store_true", help="also write runs/{name}/vocoder.json")
     parser.add_argument("--restart", action="store_true", help="discard the phase's checkpoints first")
-    placement_mod.add_threads_argument(parser)
+    config.add_threads_argument(parser)
     args = parser.parse_args(argv)
     cfg = config.from_args(args)
     placement_mod.set_threads(args.threads)
