@@ -199,6 +199,8 @@ def pesq_wb(reference, degraded, sample_rate):
 
     ref, deg = (soxr.resample(np.asarray(x, np.float32), sample_rate, PESQ_RATE) for x in (reference, degraded))
     n = min(len(ref), len(deg))
+    if not np.any(deg[:n]):
+        return None  # pesq levels the output by its power: 0 made NaN, a ValueError, not its PesqError
     try:
         return float(pesq(PESQ_RATE, ref[:n], deg[:n], "wb"))
     except PesqError:

@@ -23,6 +23,13 @@ def recording(clip_id):
     return audio.load_audio(DEMO / f"{clip_id}.flac", sample_rate=SR, max_seconds=20.0)
 
 
+def band(x, low, high):
+    """`x` through an ideal band-pass [low, high) Hz (by FFT)."""
+    spec = np.fft.rfft(x)
+    hz = np.fft.rfftfreq(len(x), 1.0 / SR)
+    return np.fft.irfft(np.where((hz >= low) & (hz < high), spec, 0.0), len(x))
+
+
 def cepstra(y):
     f0 = pitch_f0(y, SR, HOP)
     return metrics.mel_cepstra(y, f0, sample_rate=SR, hop_length=HOP, f0_floor=PITCH_FMIN), f0
@@ -33,14 +40,20 @@ def test_alpha_matches_sptk(sample_rate):
     assert metrics.mcep_alpha(sample_rate) == pytest.approx(pysptk.util.mcepalpha(sample_rate), abs=1e-9)
 
 
-def test_mel_cepstra_match_sptk_sp2mc():
+# fmax below Nyquist: the envelope of the signal resampled to 2 * fmax, its cepstra warped for that rate
+# and CheapTrick's FFT sized for it (a 50 Hz floor needs 2048 points at 22.05 kHz, 1024 at 16 kHz)
+@pytest.mark.parametrize("fmax, f0_floor", [(None, PITCH_FMIN), (8000, PITCH_FMIN), (8000, 50.0)])
+def test_mel_cepstra_match_sptk_sp2mc(fmax, f0_floor):
     y = recording("LJ001-0016")
     f0 = pitch_f0(y, SR, HOP)
     import pyworld
-    t = metrics.frame_times(len(y), sample_rate=SR, hop_length=HOP)
-    sp = pyworld.cheaptrick(y.astype(np.float64), f0.astype(np.float64), t, SR, f0_floor=PITCH_FMIN)
-    ours = metrics.mel_cepstra(y, f0, sample_rate=SR, hop_length=HOP, f0_floor=PITCH_FMIN)
-    sptk = np.stack([pysptk.sp2mc(frame, metrics.ORDER, pysptk.util.mcepalpha(SR)) for frame in sp[::7]])
+    import soxr
+    rate = SR if fmax is None else 2 * fmax
+    x = y if fmax is None else soxr.resample(y.astype(np.float64), SR, rate, quality="HQ")
+    t = (np.arange(len(y) // HOP) + 0.5) * HOP / SR                     # frame i centred at (i + 0.5) * hop
+    sp = pyworld.cheaptrick(x.astype(np.float64), f0.astype(np.float64), t, rate, f0_floor=f0_floor)
+    ours = metrics.mel_cepstra(y, f0, sample_rate=SR, hop_length=HOP, f0_floor=f0_floor, fmax=fmax)
+    sptk = np.stack([pysptk.sp2mc(frame, metrics.ORDER, pysptk.util.mcepalpha(rate)) for frame in sp[::7]])
     assert ours.shape == (len(y) // HOP, metrics.ORDER + 1)
     np.testing.assert_allclose(ours[::7], sptk, rtol=1e-9, atol=1e-9)
 
@@ -51,6 +64,13 @@ def test_mcd_is_zero_for_a_recording_against_itself():
     assert dist == 0.0
     np.testing.assert_array_equal(path[:, 0], path[:, 1])  # the diagonal
     assert len(path) == len(mc)
+    # c0 (loudness) counts neither in the distance nor in the DTW that pairs the frames: the same
+    # recording with its loudness changed frame by frame is 0 dB away, along the diagonal
+    louder = mc.copy()
+    louder[:, 0] += np.random.default_rng(0).normal(0.0, 5.0, len(mc))
+    dist, path = metrics.mcd(louder, mc)
+    assert dist == 0.0
+    np.testing.assert_array_equal(path, np.stack([np.arange(len(mc))] * 2, 1))
 
 
 def test_mcd_orders_stretched_copy_below_another_sentence():
@@ -64,6 +84,9 @@ def test_mcd_orders_stretched_copy_below_another_sentence():
     # DTW undoes the stretch: the path advances ~1.25 recorded frames per stretched frame
     slope = np.polyfit(path[:, 0], path[:, 1], 1)[0]
     assert 1.1 < slope < 1.4
+    # start to end: from the first pair of frames to the last, never stepping back
+    assert tuple(path[0]) == (0, 0) and tuple(path[-1]) == (len(stretched) - 1, len(mc) - 1)
+    assert np.all(np.diff(path, axis=0) >= 0) and np.all(np.diff(path, axis=0).sum(1) >= 1)
     # same speaker, same words, same pitch contour: F0 agrees within a few Hz on the DTW pairs
     rmse, frames = metrics.f0_rmse(f0_stretched, f0, path)
     assert frames > 100 and rmse < 15.0
@@ -113,6 +136,13 @@ def test_mcd_by_voicing_splits_the_pairs_by_the_recordings_f0():
     # all voiced or none: the other side has no pairs
     assert metrics.mcd_by_voicing(mc, mc, path, np.ones(len(mc), bool)) == (0.0, None)
     assert metrics.mcd_by_voicing(mc, mc, path, np.zeros(len(mc), bool)) == (None, 0.0)
+    # the voicing of a pair is its b (recording) frame's, also where the path leaves the diagonal: b's
+    # c1 is 0, 1, 2 dB-units from a's, only b's first frame voiced
+    a, b = np.zeros((3, metrics.ORDER + 1)), np.zeros((3, metrics.ORDER + 1))
+    b[:, 1] = [0.0, 1.0, 2.0]
+    lag = np.array([[0, 0], [0, 1], [0, 2], [1, 2], [2, 2]])
+    unit = 10 / np.log(10) * np.sqrt(2)
+    assert metrics.mcd_by_voicing(a, b, lag, np.array([True, False, False])) == (0.0, pytest.approx(1.75 * unit))
 
 
 def test_two_renderings_of_one_noise_spectrum_differ_by_several_db():
@@ -134,6 +164,9 @@ def test_f0_rmse_uses_only_frames_voiced_in_both():
     rmse, frames = metrics.f0_rmse(np.array([100.0, 0, 120, 200]), np.array([110.0, 150, 0, 200]), path)
     assert frames == 2 and rmse == pytest.approx(np.sqrt((10**2 + 0) / 2))
     assert metrics.f0_rmse(np.zeros(4), np.ones(4), path) == (pytest.approx(float("nan"), nan_ok=True), 0)
+    # off the diagonal each side is read at its own frame: b lags a by a frame, the path pairs them back
+    lag = np.array([[0, 0], [0, 1], [1, 2], [2, 3]])
+    assert metrics.f0_rmse(np.array([100.0, 120, 140]), np.array([0.0, 100, 120, 140]), lag) == (0.0, 3)
 
 
 def test_gross_pitch_error_counts_octave_jumps_among_frames_voiced_in_both():
@@ -142,17 +175,18 @@ def test_gross_pitch_error_counts_octave_jumps_among_frames_voiced_in_both():
     b = np.array([100.0, 100.0, 100.0, 120.0, 0.0])   # frame 1 an octave off, frame 2 10 % off
     assert metrics.f0_gross_error(a, b, path) == pytest.approx(1 / 3)
     assert metrics.f0_gross_error(np.zeros(5), b, path) is None
+    lag = np.array([[0, 0], [0, 1], [1, 2], [2, 3]])   # b lags a by a frame, the path pairs them back
+    assert metrics.f0_gross_error(np.array([100.0, 200, 100]), np.array([0.0, 100, 200, 100]), lag) == 0.0
+    # off by more than 20 % of the recording's (b's) F0, as GPE counts: 18 % below it is not, 25 % above it is
+    one = np.array([[0, 0]])
+    assert metrics.f0_gross_error(np.array([82.0]), np.array([100.0]), one) == 0.0
+    assert metrics.f0_gross_error(np.array([125.0]), np.array([100.0]), one) == 1.0
 
 
 def test_mcd_measures_the_band_the_mel_carries():
     # the demo recordings are 16 kHz: at 22.05 kHz their 8-11 kHz band is empty. A faint hiss there
     # (1e-5, inaudible next to speech at ~0.7) must not read as distortion when the mel stops at 8 kHz,
     # while the full-band analysis (fmax None) is dominated by it; a change inside the band still counts.
-    def band(x, low, high):  # an ideal band-pass by FFT
-        spec = np.fft.rfft(x)
-        hz = np.fft.rfftfreq(len(x), 1.0 / SR)
-        return np.fft.irfft(np.where((hz >= low) & (hz < high), spec, 0.0), len(x))
-
     y = recording("LJ001-0016")
     f0 = pitch_f0(y, SR, HOP)
     hiss = band(np.random.default_rng(0).standard_normal(len(y)) * 1e-5, 8500, SR)
@@ -166,6 +200,22 @@ def test_mcd_measures_the_band_the_mel_carries():
     assert dist(y + hiss, None) > 5.0                # the empty band dominates a full-band figure
     assert dist(y + hiss, 8000) < 0.5                # and is out of the mel's band
     assert dist(muffled, 8000) > 2.0                 # losing 3-8 kHz is distortion either way
+
+
+def test_pesq_and_stoi_hear_their_own_band_and_no_speech_scores_none():
+    # wideband PESQ listens at 16 kHz, STOI at 10 kHz, whatever the rate given: a loud hiss above their
+    # Nyquist (8 and 5 kHz) is resampled away before scoring, the same hiss within 1-4 kHz is heard
+    y = recording("LJ001-0016")
+    noise = np.random.default_rng(0).standard_normal(len(y)) * 3 * y.std()
+    above_pesq, above_stoi, within = (y + band(noise, low, high).astype(np.float32)
+                                      for low, high in ((8500, SR), (5500, SR), (1000, 4000)))
+    clean = metrics.pesq_wb(y, y, SR)
+    assert clean > 4.5 and metrics.pesq_wb(y, above_pesq, SR) == pytest.approx(clean, abs=0.05)
+    assert metrics.pesq_wb(y, within, SR) < 2.0
+    assert metrics.stoi(y, y, SR) == pytest.approx(1.0) and metrics.stoi(y, above_stoi, SR) > 0.99
+    assert metrics.stoi(y, within, SR) < 0.9
+    assert metrics.pesq_wb(np.zeros_like(y), y, SR) is None      # a recording without speech: no score
+    assert metrics.pesq_wb(y, np.zeros_like(y), SR) is None      # a silent output (as saved: every sample 0)
 
 
 # --- what a listener hears ---------------------------------------------------------------------
