@@ -48,6 +48,16 @@ def test_magnitude_matches_pipeline_audio(grid):
     np.testing.assert_allclose(mag, expected, rtol=1e-3, atol=2e-5 * expected.max())
 
 
+def test_magnitude_of_a_silent_bin_is_not_zero_and_its_gradient_finite():
+    # a vocoder's silent output (all-zero spectra) must not give NaN gradients: sqrt(re^2 + im^2 + 1e-9)
+    zeros = tf.zeros([2, 3])
+    with tf.GradientTape() as tape:
+        tape.watch(zeros)
+        mag = dft.magnitude(zeros, zeros)
+    np.testing.assert_allclose(mag.numpy(), np.sqrt(dft.EPSILON))
+    assert np.all(np.isfinite(tape.gradient(mag, zeros).numpy()))
+
+
 def test_log_mel_matches_pipeline_audio_mel():
     y = speech_like(22050, seed=2)
     ours = dft.log_mel_spectrogram(y, **AUDIO).numpy()

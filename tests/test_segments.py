@@ -103,11 +103,12 @@ def test_validation_crops_are_each_clips_middle_every_time(built_cache):
 
 def test_short_clips_are_padded_not_dropped(built_cache):
     frames = data.load_clips(_cfg(built_cache), "all")[0].frames
-    S = int(np.median(frames))  # half the clips are shorter than a segment
+    S = int(np.sort(frames)[len(frames) // 2])  # a middle clip's length: half the clips are shorter, one is S
     cfg = _cfg(built_cache, segment_frames=S, batch_size=5)
     lines = []
     batches = list(build_segments(cfg, "all", repeat=False, log=lines.append))
     assert any("shorter than vocoder.segment_frames" in line and "padded" in line for line in lines)
+    assert any(f"{np.sum(frames < S)} of {len(frames)} all clips are shorter" in line for line in lines), lines
     mels = np.concatenate([b["mel"].numpy() for b in batches])
     wavs = np.concatenate([b["audio"].numpy() for b in batches])
     assert len(mels) == len(frames)                       # every clip, once
@@ -116,6 +117,46 @@ def test_short_clips_are_padded_not_dropped(built_cache):
         n = min(f, S)
         assert np.all(mel[n:] == np.float32(np.log(1e-5))) and np.all(wav[n * hop:] == 0)
         assert np.any(wav[:n * hop] != 0)
+
+
+def test_crops_pair_frames_and_samples_exactly_from_the_first_start_to_the_last():
+    # three clips laid end to end as the shards are (mel rows, samples, F0 values numbered by position,
+    # F0 voiced everywhere): crop start t = floor(u * (room + 1)), room = frames - S, so u in [0, 1) reaches
+    # every start from 0 to the clip's last S frames; frames [t, t+S), samples [t*hop, (t+S)*hop) and
+    # the F0 of the same frames, the rest of a short clip padded (silence, zeros, unvoiced)
+    from pipeline.vocoder import segments
+    S, hop, n_mels = 4, 3, 2
+    frames = np.array([10, 4, 2])
+    first = np.concatenate([[0], np.cumsum(frames)[:-1]])
+    table = tf.constant(np.stack([first, first * hop, first, frames], 1), tf.int64)
+    total = int(frames.sum())
+    mel = tf.constant(np.repeat(np.arange(total, dtype=np.float16)[:, None], n_mels, 1))
+    wav, f0 = tf.range(total * hop, dtype=tf.float32) + 1.0, tf.range(total, dtype=tf.float32) + 100.0
+    crops = segments._cropper(table, S, hop)
+    for clip, u, t in ((0, 0.0, 0), (0, 0.999, 6), (0, 0.5, 3), (1, 0.999, 0), (2, 0.7, 0)):
+        got = crops(mel, wav, f0, tf.constant([clip], tf.int64), tf.constant([u], tf.float32))
+        n = min(S, frames[clip] - t)
+        at = first[clip] + t + np.arange(n)
+        np.testing.assert_array_equal(got["mel"].numpy()[0][:, 0], np.r_[at, np.full(S - n, segments.PAD_LOG_MEL)].astype(np.float32))
+        np.testing.assert_array_equal(got["f0"].numpy()[0], np.r_[at + 100.0, np.zeros(S - n)])
+        samples = (first[clip] + t) * hop + np.arange(n * hop) + 1.0
+        np.testing.assert_array_equal(got["audio"].numpy()[0], np.r_[samples, np.zeros((S - n) * hop)])
+
+
+def test_a_missing_audio_shard_is_named_before_the_loader_runs(built_cache, tmp_path):
+    # the audio shards' JSON and .bin are checked against each other when the dataset is built: a missing
+    # .bin is one CacheError naming it and what rebuilds it, not a failure inside the input graph
+    import shutil
+
+    from conftest import write_config
+
+    from pipeline.shards import CacheError
+    cfg = _cfg(built_cache)
+    shutil.copytree(config.cache_dir(cfg), tmp_path / "cache" / cfg["name"])
+    cfg = _cfg(write_config(tmp_path, cfg["dataset"]["root"]), segment_frames=16, batch_size=3)
+    (config.cache_dir(cfg) / "audio" / "shard-002.bin").unlink()
+    with pytest.raises(CacheError, match=r"audio/shard-002\.bin: missing; run `snakemake --cores all caches`"):
+        build_segments(cfg, "all")
 
 
 def test_a_resumed_stream_gives_the_same_batches(built_cache):

@@ -70,6 +70,16 @@ def test_a_moving_f0_is_interpolated_between_frame_centres_and_its_phase_is_the_
         assert np.abs(error).max() < 2e-3                               # radians, over 400 frames
 
 
+def test_frame_phase_offsets_keep_float32_precision_over_minutes():
+    # 20,000 frames (the most vocode takes whole, ~4 min): each frame's start phase is the running sum of
+    # the frames' wrapped advances, to within a few 1e-3 rad (measured 1.7e-3; summing the blocks'
+    # totals unwrapped: 3e-2, which the 30th harmonic multiplies to a radian)
+    totals = np.random.default_rng(0).uniform(0.0, 2 * np.pi, (1, 20000)).astype(np.float32)
+    offsets = sf.frame_offsets(tf.constant(totals)).numpy()[0]
+    running = np.concatenate([[0.0], np.cumsum(totals[0].astype(np.float64))[:-1]])
+    assert np.abs(np.angle(np.exp(1j * (offsets - running)))).max() < 5e-3
+
+
 def test_unvoiced_frames_give_no_harmonics():
     f0 = np.r_[np.full(10, 140.0), np.zeros(20), np.full(10, 140.0)]
     y = _source(f0)
@@ -87,9 +97,9 @@ def test_harmonics_fade_out_over_the_hop_where_frames_turn_unvoiced():
     assert np.all(y[start + HOP:] == 0)
 
 
-def _model(fmax=8000):
+def _model(fmax=8000, **source_filter):
     cfg = config.load_config(overrides={"audio": {"fmax": fmax}})
-    v = dict(cfg["vocoder"], kind="source_filter", source_filter=TINY)
+    v = dict(cfg["vocoder"], kind="source_filter", source_filter=dict(TINY, **source_filter))
     tf.keras.utils.set_random_seed(0)
     return kinds.build(v, cfg["audio"]), cfg["audio"]
 
@@ -110,6 +120,62 @@ def test_voiced_frames_sound_harmonic_and_unvoiced_ones_do_not():
     assert voiced.shape == unvoiced.shape == (80 * a["hop_length"],)
     assert _harmonicity(voiced, 180.0) > 3 and _harmonicity(unvoiced, 180.0) < 1.6
     assert np.abs(unvoiced).max() > 0                           # the noise source still speaks
+    # untrained (zero gains), the harmonics speak at the mel's level: its envelope, scaled by F0
+    from pipeline import audio
+    assert abs(np.median(audio.mel_spectrogram(voiced, **a)) - (-4.0)) < 1.0
+    # the noise's phases are a table of NOISE_FRAMES rows, frame t taking row t mod NOISE_FRAMES: past the
+    # table's length it is still noise, not one row repeated every hop (a buzz at sample_rate / hop)
+    long = model(tf.fill([1, 3 * sf.NOISE_FRAMES, a["n_mels"]], -4.0), f0=tf.zeros([1, 3 * sf.NOISE_FRAMES]))
+    tail = long.numpy()[0][-sf.NOISE_FRAMES * a["hop_length"]:]
+    assert _harmonicity(tail, a["sample_rate"] / a["hop_length"]) < 1.6
+
+
+def test_the_heads_two_gains_steer_the_harmonics_and_the_noise():
+    # the head's first n_bins outputs scale the harmonic source, the others the noise: either silenced
+    # (a gain of e^-30) leaves the other as it was
+    model, a = _model()
+    mel = tf.fill([1, 80, a["n_mels"]], -4.0)
+    f0 = tf.fill([1, 80], 180.0)
+    both = model(mel, f0=f0).numpy()[0]
+    k = model.n_bins
+    for harmonic_gain, noise_gain in ((-30.0, 0.0), (0.0, -30.0)):
+        model.head.bias.assign(np.r_[np.full(k, harmonic_gain), np.full(k, noise_gain)].astype(np.float32))
+        out = model(mel, f0=f0).numpy()[0]
+        assert np.abs(out).max() > 0.1 * np.abs(both).max()              # the other source still speaks
+        assert (_harmonicity(out, 180.0) > 3) == (harmonic_gain == 0.0), (harmonic_gain, noise_gain)
+    assert np.abs(model(mel, f0=tf.zeros([1, 80])).numpy()[0]).max() < 1e-6 * np.abs(both).max()  # noise off: silent
+
+
+def test_without_f0_the_model_speaks_its_heads_f0_within_range_where_it_hears_voicing():
+    # the head forced by its output bias: voiced at log(F0 / F0_REFERENCE) = b, or unvoiced
+    model, a = _model()
+    mel = tf.fill([1, 40, a["n_mels"]], -4.0)
+    head = model.f0_head.out
+    head.kernel.assign(tf.zeros_like(head.kernel))
+    for log_f0, logit, hz in ((np.log(200.0 / sf.F0_REFERENCE), 10.0, 200.0), (10.0, 10.0, sf.F0_RANGE[1]),
+                              (-10.0, 10.0, sf.F0_RANGE[0]), (0.0, -10.0, 0.0)):
+        head.bias.assign([log_f0, logit])
+        estimate, p = model.estimate_f0(mel)
+        np.testing.assert_allclose(estimate.numpy(), np.float32(hz) if hz else sf.F0_REFERENCE, rtol=1e-5)
+        np.testing.assert_allclose(model(mel).numpy(), model(mel, f0=tf.fill([1, 40], float(hz))).numpy(), atol=1e-6)
+        # another model's F0 kept where the head hears voicing (a negative one as unvoiced), 0 elsewhere
+        other = np.tile([-5.0, 0.0, 120.0, 95.5], 10)[None].astype(np.float32)
+        np.testing.assert_array_equal(model.voiced_f0(mel, tf.constant(other)).numpy(),
+                                      np.maximum(other, 0.0) if logit > 0 else np.zeros_like(other))
+
+
+def test_the_f0_heads_loss_is_weighted_voicing_entropy_and_log_f0_error_on_voiced_frames_only():
+    model, a = _model(f0_weight=0.5)
+    mel = tf.constant(np.random.default_rng(2).normal(-4.0, 1.0, (1, 30, a["n_mels"])), tf.float32)
+    f0 = np.where(np.arange(30) % 3 == 0, 0.0, np.linspace(90.0, 250.0, 30))[None].astype(np.float32)
+    log_f0, logit = (x.numpy() for x in model.f0_head(mel))
+    voiced = f0 > 0
+    entropy = np.mean(np.logaddexp(0.0, logit) - voiced * logit)           # sigmoid cross-entropy
+    pitch = np.mean(np.abs(log_f0 - np.log(np.maximum(f0, 1.0) / sf.F0_REFERENCE))[voiced])
+    loss, terms = model.auxiliary_loss(mel, tf.constant(f0))
+    assert terms["voicing"].numpy() == pytest.approx(entropy, rel=1e-5)
+    assert terms["f0"].numpy() == pytest.approx(pitch, rel=1e-5)
+    assert loss.numpy() == pytest.approx(0.5 * (entropy + pitch), rel=1e-5)
 
 
 def test_nothing_above_nyquist_or_fmax():

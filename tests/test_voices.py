@@ -174,6 +174,22 @@ def test_speaker_similarity_and_its_chance():
     assert metrics.speaker_similarity(recorded, recorded, [0] * 12) is None
 
 
+def test_a_clips_own_recording_is_left_out_of_its_speakers_centroid():
+    # every synthesized clip a copy of its own recording, each speaker's other recording nearer the other
+    # speaker's centroid: sharing the words must not count, so no clip reads as its own voice
+    recorded = np.array([[0.0], [4.0], [1.5], [2.9]])
+    assert metrics.speaker_similarity(recorded, recorded, ["a", "a", "b", "b"])["accuracy"] == 0.0
+
+
+def test_speaker_features_are_weighed_by_their_spread_over_the_recordings():
+    # feature 0 spreads widely within each voice (+-10) and tells them apart by 5; feature 1 spreads by
+    # 0.1 and tells them apart by 1 (a voice's pitch register). z-scored, a clip 4 off its voice in
+    # feature 0 and on it in feature 1 is that voice; in raw units feature 0 alone would decide
+    recorded = np.array([[-10, 0.0], [10, 0.1], [-10, -0.1], [10, 0.0], [-5, 1.0], [15, 1.1], [-5, 0.9], [15, 1.0]])
+    synthesized = np.array([[4, 0.0]] * 4 + [[1, 1.0]] * 4)
+    assert metrics.speaker_similarity(recorded, synthesized, ["a"] * 4 + ["b"] * 4)["accuracy"] == 1.0
+
+
 def test_a_smoother_copy_of_a_voice_still_reads_as_that_voice():
     # a synthesized clip is smoother than a recording (less cepstral movement over frames) whoever
     # speaks; the voice feature must follow the envelope's average and the pitch, not that spread
