@@ -302,7 +302,7 @@ def check_finite(node, where=""):
             check_finite(value, f"{where}[{i}]")
     elif isinstance(node, float) and not math.isfinite(node):
         raise ConfigError(f"{where}: {node} is not a finite number")
-    elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > INT64_MAX:
+    elif isinstance(node, int) and not isinstance(node, bool) and not -INT64_MAX - 1 <= node <= INT64_MAX:
         raise ConfigError(f"{where}: an integer of {node.bit_length()} bits is beyond the 64-bit integers "
                           "numpy and TensorFlow hold")
 
