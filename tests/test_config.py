@@ -43,6 +43,16 @@ BAD = {  # name: (overrides merged into the test config, the key the message mus
     "braces in cache.dir": ({"cache": {"dir": "/tmp/c{x}"}}, "cache.dir"),
     "braces in runs_dir": ({"runs_dir": "/tmp/r{x}"}, "runs_dir"),
     "a brace in reports_dir": ({"reports_dir": "/tmp/p}"}, "reports_dir"),
+    # TensorFlow globs for checkpoints in runs_dir: under runs/x[1]/ a trained run started again from step 0
+    "glob characters in runs_dir": ({"runs_dir": "/tmp/r[1]"}, "runs_dir"),
+    "pitch fmax above nyquist": ({"pitch": {"fmax": 12000.0}}, "pitch.fmax"),
+    "diagnosing a vocoder griffin_lim has none of": ({"vocoder": {"kind": "griffin_lim"}, "diagnose": {"target": "vocoder"}},
+                                                     "diagnose.target"),
+    "missing metadata file": ({"dataset": {"metadata": "no-such-metadata.csv"}}, "dataset.metadata"),
+    # every source's folder is checked, not only the first one's
+    "a later source folder missing": ({"dataset": {"sources": [{"root": str(ROOT), "format": "ljspeech"},
+                                                               {"root": "/nonexistent/corpus", "format": "vctk"}]}},
+                                      "dataset.sources[1].root"),
 }
 
 
@@ -222,9 +232,10 @@ def test_a_whole_number_float_where_an_integer_is_wanted_becomes_that_integer(tm
                              check_paths=False)
     assert type(cfg["train"]["steps"]) is int and type(cfg["train"]["grad_clip"]) is float
     # exponent notation YAML 1.1 reads as a string (no dot, or no sign), where the default is a whole number
-    path.write_text("audio: {fmax: 7.6e3}\ntrain: {steps: 1e3}\n")
+    path.write_text("audio: {fmax: 7.6e3}\ntrain: {steps: 1e3, seed: 3E+2}\n")
     cfg = config.load_config(path, check_paths=False)
-    assert (cfg["audio"]["fmax"], cfg["train"]["steps"]) == (7600, 1000) and type(cfg["train"]["steps"]) is int
+    assert (cfg["audio"]["fmax"], cfg["train"]["steps"], cfg["train"]["seed"]) == (7600, 1000, 300)
+    assert type(cfg["train"]["steps"]) is int and type(cfg["train"]["seed"]) is int
     path.write_text("cache: {shards: 8.5}\n")
     with pytest.raises(ConfigError, match=r"cache\.shards: 8\.5 is not of type 'integer'$"):
         config.load_config(path, check_paths=False)
@@ -304,6 +315,9 @@ def test_a_whole_number_takes_its_defaults_spelling_and_a_path_one_spelling(tmp_
     assert config.load_config(None, {"pitch": {"fmax": 600.5}}, check_paths=False)["pitch"]["fmax"] == 600.5
     assert config.load_config(None, {"audio": {"fmax": 7999.5}}, check_paths=False)["audio"]["fmax"] == 7999.5
     assert config.plain_path("/") == "/" and config.plain_path("./") == "."
+    sources = [{"root": "./data//lj/", "format": "ljspeech"}, {"root": "/corpora/vctk/", "format": "vctk"}]
+    cfg = config.load_config(None, {"dataset": {"sources": sources}}, check_paths=False)
+    assert [s["root"] for s in cfg["dataset"]["sources"]] == ["data/lj", "/corpora/vctk"]
 
 
 def _leaves(node, path=()):
@@ -394,7 +408,8 @@ def test_a_rules_job_gets_its_trainers_logging_keys_from_plannings_environment(m
     assert config.load_config(own, check_paths=False)["train"]["log_every"] == 7
     assert "vocoder" not in config.load_config(own, check_paths=False)      # only the sections given
     for damaged in ("{not json", json.dumps({**given, "train": {**given["train"], "log_every": 0}}),
-                    json.dumps(given).replace('"log_every": 3', '"log_every": NaN')):  # json reads NaN
+                    json.dumps(given).replace('"log_every": 3', '"log_every": NaN'),  # json reads NaN
+                    json.dumps(given).replace('"log_every": 3', '"log_every": true')):  # a bool, not a step count
         monkeypatch.setenv(config.LOGGING_ENV, damaged)
         with pytest.raises(config.ConfigError, match=f"environment variable {config.LOGGING_ENV}: "):
             config.load_config(inline, check_paths=False)
@@ -546,3 +561,95 @@ def test_a_missing_audio_folder_is_refused_naming_dataset_audio_dir(tmp_path):
         config.load_config(None, {"dataset": {"root": str(root)}})
     (root / "wavs").mkdir()
     assert config.load_config(None, {"dataset": {"root": str(root)}})["dataset"]["root"] == str(root)
+
+
+def test_pitch_fmax_at_nyquist_loads_and_an_fmin_above_fmax_is_refused_naming_pitch_fmin():
+    # as for audio.fmax: the Nyquist frequency itself is allowed, a step past it is not; fmin over fmax
+    # names the key to lower, not the octave between them
+    assert config.load_config(None, {"pitch": {"fmax": 11025.0}}, check_paths=False)["pitch"]["fmax"] == 11025.0
+    with pytest.raises(ConfigError, match=r"^pitch\.fmax: 11025\.5 is above the Nyquist frequency 11025\.0$"):
+        config.load_config(None, {"pitch": {"fmax": 11025.5}}, check_paths=False)
+    with pytest.raises(ConfigError, match=r"^pitch\.fmin: 300\.0 must be below pitch\.fmax 200\.0$"):
+        config.load_config(None, {"pitch": {"fmin": 300.0, "fmax": 200.0}}, check_paths=False)
+
+
+def test_the_vocoder_crop_and_the_transformer_tts_steps_take_their_boundaries():
+    # 8 frames of hop 256 are the spectral loss's longest window exactly (2048 samples): enough
+    cfg = config.load_config(None, {"vocoder": {"kind": "vocos", "segment_frames": 8}}, check_paths=False)
+    assert cfg["vocoder"]["segment_frames"] * cfg["audio"]["hop_length"] == config.STFT_LOSS_LONGEST
+    # griffin_lim trains nothing: no loss, no minimum crop
+    config.load_config(None, {"audio": {"hop_length": 128}, "vocoder": {"kind": "griffin_lim", "segment_frames": 8}},
+                       check_paths=False)
+    # transformer_tts: 47.55 s are 4095.6 frames of hop 256 at 22050 Hz, 4096 decoder steps of r=1 (all it has);
+    # 47.56 s are 4097 steps
+    tts = {"model": {"kind": "transformer_tts", "transformer_tts": {"reduction": 1}}}
+    config.load_config(None, {**tts, "synthesize": {"max_seconds": 47.55}}, check_paths=False)
+    with pytest.raises(ConfigError, match=r"^synthesize\.max_seconds: 47\.56 s is more than model\.kind transformer_tts"):
+        config.load_config(None, {**tts, "synthesize": {"max_seconds": 47.56}}, check_paths=False)
+    # a step decodes `reduction` frames: the shipped r=4 reaches 190 s
+    cfg = config.load_config(None, {"model": {"kind": "transformer_tts"}, "synthesize": {"max_seconds": 180.0}},
+                             check_paths=False)
+    assert cfg["model"]["transformer_tts"]["reduction"] == 4
+
+
+def test_a_config_of_the_most_values_loads_and_one_more_is_refused():
+    config.check_structure({"x": [0] * (config.MAX_VALUES - 2)})  # the top level, its list and the list's items
+    with pytest.raises(ConfigError, match=r"^\(top level\): more than 100,000 values once its YAML aliases"):
+        config.check_structure({"x": [0] * (config.MAX_VALUES - 1)})
+
+
+@pytest.mark.parametrize("n", [2**63 - 1, -2**63])
+def test_the_largest_64_bit_integers_load_and_one_more_is_refused(n):
+    got = config.load_config(None, {"model": {"options": {"n": n}}}, check_paths=False)["model"]["options"]
+    assert got["n"] == n
+    with pytest.raises(ConfigError, match=r": model\.options\.n: an integer of 64 bits is beyond the 64-bit integers"):
+        config.load_config(None, {"model": {"options": {"n": n + (1 if n > 0 else -1)}}}, check_paths=False)
+
+
+def test_a_bare_off_for_mixed_precision_reaches_the_jobs_as_off(tmp_path):
+    # YAML 1.1 reads a bare `off` as False: the code sees the one spelling, "off"
+    path = tmp_path / "my.yaml"
+    path.write_text("train:\n  mixed_precision: off\n")
+    assert config.load_config(path, check_paths=False)["train"]["mixed_precision"] == "off"
+    assert config.load_config(None, config.parse_set(["train.mixed_precision=off"]),
+                              check_paths=False)["train"]["mixed_precision"] == "off"
+
+
+def test_a_jobs_set_overrides_are_validated_even_where_planning_vouched_for_its_config(monkeypatch):
+    # planning validated the inline config it passes, not a --set given to the job by hand
+    monkeypatch.setenv(config.VALIDATED_ENV, config.schema_digest())
+    inline = json.dumps({"cache": {"shards": 2}})
+    assert config.load_config(inline, check_paths=False)["cache"]["shards"] == 2
+    with pytest.raises(ConfigError, match=r"^inline config with --set: cache\.shards: 0 is less than the minimum"):
+        config.load_config(inline, {"cache": {"shards": 0}}, check_paths=False)
+
+
+@pytest.mark.parametrize("items, message", [
+    (["train.steps"], "--set 'train.steps': expected key=value"),
+    (["train=1", "train.steps=2"], "--set 'train.steps=2': train was set to a value above, not a section"),
+])
+def test_a_set_that_is_no_key_value_pair_is_one_line_naming_it(items, message):
+    with pytest.raises(ConfigError, match="^" + re.escape(message) + "$"):
+        config.parse_set(items)
+
+
+@pytest.mark.parametrize("text", ["", "# nothing set yet\n"])
+def test_an_empty_config_file_is_the_defaults(tmp_path, text):
+    path = tmp_path / "my.yaml"
+    path.write_text(text)
+    assert config.load_config(path, check_paths=False) == config.load_config(None, check_paths=False)
+
+
+@pytest.mark.parametrize("text, got", [("- name: x\n", "list"), ("just a name\n", "str"), ("7\n", "int")])
+def test_a_config_file_that_is_no_mapping_is_one_line_naming_it(tmp_path, text, got):
+    path = tmp_path / "my.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: the top level must be a mapping of keys, got {got}$"):
+        config.load_config(path, check_paths=False)
+
+
+def test_a_jobs_params_hold_bad_audio_skip_whatever_the_config_says():
+    # `fail` is the index job's alone: flipping it must rerun no shard job (their params hold "skip")
+    cfg = config.load_config(None, {"dataset": {"bad_audio": "fail"}}, check_paths=False)
+    assert config.job_params(cfg)["dataset"] == {**cfg["dataset"], "bad_audio": "skip"}
+    assert cfg["dataset"]["bad_audio"] == "fail"

@@ -1,5 +1,7 @@
 """The loader: Python-free graph, exact contents, bucket shapes, and refusal of bad caches."""
 import json
+import os
+import re
 import shutil
 
 import numpy as np
@@ -7,7 +9,7 @@ import pytest
 import tensorflow as tf
 from conftest import write_config
 
-from pipeline import audio, config, data, formats, manifest, models, shards, text
+from pipeline import audio, config, data, errors, formats, manifest, models, shards, text
 from pipeline.graphscan import find_pyfunc_ops
 
 
@@ -346,3 +348,142 @@ def test_a_train_split_of_exactly_one_batch_is_enough(built_cache):
     n = len(data.clip_ids(_cfg(built_cache), "train"))
     batch = next(iter(data.build_dataset(_cfg(built_cache, train={"batch_size": n, "buckets": 1}), "train")))
     assert batch["tokens"].shape[0] == n
+
+
+# --- the shard format itself (pipeline/shards.py), on shards written here ----------------------
+def _mel_shard(cache, shard=0):
+    """A two-clip mels shard of 4 mels a frame (with its .stats.npy) under `cache`/mels/; its path prefix."""
+    out = shards.prefix(cache, "mels", shard)
+    shards.write(out, "mels", ["a", "b"], [np.full((3, 4), 0.5, np.float32), np.arange(8, dtype=np.float32).reshape(2, 4)],
+                 provenance="p", width=4, stats=np.zeros((2, 3)))
+    return out
+
+
+def test_a_shard_reads_back_the_arrays_it_was_written_from_in_its_kinds_dtype(tmp_path):
+    out = _mel_shard(tmp_path)
+    meta, arrays = shards.read(out, "mels")
+    assert (meta["ids"], meta["lengths"], meta["offsets"], meta["dtype"]) == (["a", "b"], [3, 2], [0, 3], "<f2")
+    assert [a.shape for a in arrays] == [(3, 4), (2, 4)] and {a.dtype for a in arrays} == {np.dtype("<f2")}
+    assert np.array_equal(arrays[1], np.arange(8).reshape(2, 4))
+    # width 1: one flat array a clip; int64 token ids (np.asarray of a list) are written as the kind's int32
+    tokens = tmp_path / "tokens" / "shard-000"
+    shards.write(tokens, "tokens", ["a", "b", "c"], [np.asarray([5, 6, 7]), np.asarray([]), np.asarray([9])],
+                 provenance="p")
+    meta, arrays = shards.read(tokens, "tokens")
+    assert [a.tolist() for a in arrays] == [[5, 6, 7], [], [9]] and arrays[0].dtype == np.dtype("<i4")
+    assert meta["bytes"] == 4 * 4
+
+
+def _flip_a_byte_keeping_its_mtime(path):
+    st = path.stat()
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _edit_json(out, **changes):
+    path = out.with_suffix(".json")
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+SHARD_DAMAGE = {  # name: (what is done to a written mels shard, what shards.read says)
+    "a flipped byte": (lambda out: _flip_a_byte_keeping_its_mtime(out.with_suffix(".bin")),
+                       r"mels/shard-000\.bin: checksum mismatch .*run `snakemake --cores all caches`"),
+    "its .bin deleted": (lambda out: out.with_suffix(".bin").unlink(),
+                         r"mels/shard-000\.bin: missing; run `snakemake --cores all caches`"),
+    "its .bin cut short": (lambda out: out.with_suffix(".bin").write_bytes(out.with_suffix(".bin").read_bytes()[:-2]),
+                           r"mels/shard-000\.bin: 38 bytes on disk, 40 expected"),
+    "its JSON's byte count edited": (lambda out: _edit_json(out, bytes=44),
+                                     r"mels/shard-000\.bin: its JSON records 44 bytes but its lengths add up to 40"),
+    "its JSON cut short": (lambda out: out.with_suffix(".json").write_text(out.with_suffix(".json").read_text()[:50]),
+                           r"mels/shard-000\.json: unreadable \(.*\); run `snakemake --cores all caches`"),
+    "an older format": (lambda out: _edit_json(out, format=shards.FORMAT - 1),
+                        rf"mels/shard-000\.json: written in cache format {shards.FORMAT - 1}, this code reads format "
+                        rf"{shards.FORMAT}; rebuild it"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(SHARD_DAMAGE))
+def test_a_damaged_shard_is_refused_by_a_numpy_reader_naming_its_file(tmp_path, damage):
+    do, message = SHARD_DAMAGE[damage]
+    out = _mel_shard(tmp_path)
+    do(out)
+    with pytest.raises(shards.CacheError, match=message):
+        shards.read(out, "mels")
+
+
+def test_a_checksum_mismatch_a_reader_finds_makes_planning_hash_the_file_again(tmp_path):
+    out = _mel_shard(tmp_path)
+    assert shards.intact(out) == "ok"
+    stamp = tmp_path / ".verified" / "mels-shard-000"
+    assert stamp.is_file()
+    # a disk's own bit rot: the bytes change, the stat planning compares does not (its stamp rewritten to match)
+    _flip_a_byte_keeping_its_mtime(out.with_suffix(".bin"))
+    st, checksum = out.with_suffix(".bin").stat(), stamp.read_text().split()[-1]
+    stamp.write_text(f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {checksum}\n")
+    assert shards.intact(out) == "ok"  # planning cannot see it
+    with pytest.raises(shards.CacheError, match="checksum mismatch"):
+        shards.read(out, "mels")
+    assert not stamp.exists() and shards.intact(out) == "damaged"
+
+
+INTACT_DAMAGE = {  # name: what is done to a shard planning verified already
+    "a flipped byte, its mtime put back": lambda out: _flip_a_byte_keeping_its_mtime(out.with_suffix(".bin")),
+    "its .stats.npy deleted": lambda out: out.with_suffix(".stats.npy").unlink(),
+    "its .bin deleted": lambda out: out.with_suffix(".bin").unlink(),
+    "its JSON without a checksum": lambda out: out.with_suffix(".json").write_text(json.dumps(
+        {k: v for k, v in json.loads(out.with_suffix(".json").read_text()).items() if k != "checksum"})),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(INTACT_DAMAGE))
+def test_planning_finds_a_shard_damaged_after_it_verified_it(tmp_path, damage):
+    out = _mel_shard(tmp_path)
+    assert shards.intact(out) == "ok" and shards.intact(out) == "ok"  # hashed, then known by its stamp
+    INTACT_DAMAGE[damage](out)
+    assert shards.intact(out) == "damaged"
+
+
+def test_a_shard_job_none_of_whose_files_exist_is_not_damaged(tmp_path):
+    assert shards.intact(shards.prefix(tmp_path, "mels", 0), shards.prefix(tmp_path, "energy", 0)) == "ok"
+
+
+@pytest.mark.parametrize("suffix", [".bin", ".stats.npy"])
+def test_a_shard_write_that_fails_leaves_no_json_that_would_load(tmp_path, suffix):
+    # the .json is written last: a job stopped before it leaves no shard, and Snakemake reruns it
+    out = shards.prefix(tmp_path, "mels", 0)
+    out.with_suffix(suffix).mkdir(parents=True)  # what the write cannot replace
+    with pytest.raises(errors.PipelineError, match=re.escape(f"{out.with_suffix(suffix)}: a folder")):
+        _mel_shard(tmp_path)
+    assert not out.with_suffix(".json").exists()
+
+
+def test_a_shards_provenance_follows_what_its_content_depends_on(tmp_path, monkeypatch):
+    cfg = config.load_config(None, check_paths=False)
+
+    def prov(kind, espeak="1.51", **sections):
+        return shards.provenance(kind, config.merge(cfg, sections), espeak=espeak)
+    assert prov("pitch", audio={"hop_length": 200}) != prov("pitch") != prov("pitch", audio={"sample_rate": 16000})
+    assert prov("pitch", audio={"n_mels": 64, "n_fft": 2048}) == prov("pitch")  # pitch reads no mel settings
+    assert prov("mels", audio={"n_fft": 2048}) != prov("mels")
+    # phonemes depend on the espeak-ng version; characters do not
+    assert prov("tokens", espeak="1.52") != prov("tokens")
+    assert prov("tokens", "1.52", text={"frontend": "characters"}) == prov("tokens", text={"frontend": "characters"})
+    # an edit of pitch.py rebuilds the pitch shards
+    code = tmp_path / "pipeline"
+    shutil.copytree(shards.HERE, code, ignore=shutil.ignore_patterns("__pycache__"))
+    before = prov("pitch")
+    monkeypatch.setattr(shards, "HERE", code)
+    assert prov("pitch") == before
+    (code / "pitch.py").write_text((code / "pitch.py").read_text() + "\n# edited\n")
+    assert prov("pitch") != before
+
+
+def test_durations_set_aside_are_moved_with_their_reason_not_deleted(tmp_path):
+    out = shards.prefix(tmp_path / "cache", "durations", 2)
+    shards.write(out, "durations", ["a"], [np.asarray([3, 4], np.int32)], provenance={"tokens": "x", "mels": "y"})
+    written = out.with_suffix(".json").read_text()
+    moved = shards.set_aside(out, tmp_path / "cache" / ".repair", "stale")
+    assert not out.with_suffix(".json").exists() and moved.read_text() == written
+    assert moved.with_suffix(".why").read_text() == "stale\n" and out.with_suffix(".bin").exists()

@@ -338,3 +338,12 @@ def test_a_clip_list_that_cannot_stand_for_the_job_is_not_used(tmp_path, monkeyp
     assert manifest.shard_manifest(ds, 4, 2, log=said.append) == m[2] and "clips from" in said[0]
     monkeypatch.setenv(manifest.CLIP_LISTS_ENV, str(tmp_path / "lists" / "gone"))  # replaced by a later run
     assert manifest.shard_manifest(ds, 4, 2, log=said.append) == m[2]
+
+
+def test_a_source_clip_whose_file_is_gone_has_no_audio(tmp_path):
+    # the shard job then rejects the clip as a missing file, naming it, instead of failing to decode it
+    (tmp_path / "a.wav").write_bytes(b"RIFF")
+    here = formats.Clip("s-a", "One.", "a.wav|One.", 2, audio=str(tmp_path / "a.wav"))
+    gone = formats.Clip("s-b", "Two.", "b.wav|Two.", 3, audio=str(tmp_path / "b.wav"))
+    assert manifest.clip_audio({"sources": []}, here) == tmp_path / "a.wav"
+    assert manifest.clip_audio({"sources": []}, gone) is None

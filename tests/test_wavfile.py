@@ -157,5 +157,47 @@ def test_the_limiter_brings_only_the_peaks_over_1_down_to_095():
     limited = wavfile.limit_peaks(spiky, sr)
     assert np.abs(limited).max() <= wavfile.PEAK and np.array_equal(limited[:-2 * h - 5], spiky[:-2 * h - 5])
     assert wavfile._running_min(np.ones(3), 9).size == 0                       # a window longer than the values
-    for kept in (audio / 2.6, np.zeros(0, np.float32), np.array([0.5, np.nan, 2.0], np.float32)):
+    for kept in (audio / 2.6, np.zeros(0, np.float32), np.array([0.5, np.nan, 2.0], np.float32),
+                 np.array([0.5, 1.0, -1.0, 0.25], np.float32)):             # a peak of 1 exactly is no clip
         np.testing.assert_array_equal(wavfile.limit_peaks(kept, sr), kept)    # at most 1, or NaN: to_pcm refuses
+
+
+def test_a_reader_of_the_old_file_reads_it_whole_while_it_is_replaced(tmp_path):
+    # the new file is renamed over the old one, never written into it: a player (or the server) that
+    # opened the old wav reads the old wav to its end, not a truncated mix of the two
+    from pipeline import files
+    path = tmp_path / "out.wav"
+    wavfile.save_wav(path, np.full(2205, 0.25, np.float32), 22050)
+    old = path.read_bytes()
+    with open(path, "rb") as reader:
+        wavfile.save_wav(path, np.full(4410, -0.5, np.float32), 22050)
+        assert reader.read() == old
+    assert sf.info(str(path)).frames == 4410
+    with open(path, "rb") as reader:
+        files.atomic_write_text(path, "new text")
+        assert reader.read(4) == b"RIFF"
+    assert path.read_text() == "new text"
+
+
+def test_an_output_inside_an_input_folder_or_another_name_of_an_input_is_refused(tmp_path):
+    # `--out VOICE/sub/x.wav` lies in the folder read, a hard link is the file read under another name
+    from pipeline import files
+    voice, mel = tmp_path / "voice", tmp_path / "m.npy"
+    (voice / "sub").mkdir(parents=True)
+    mel.write_bytes(b"mel")
+    os.link(mel, tmp_path / "second-name.npy")
+    inputs = {"--voice": str(voice), "--mel": str(mel)}
+    for out, said in ((voice / "sub" / "x.wav", f"it lies in that folder, --voice {voice}"),
+                      (tmp_path / "second-name.npy", f"it is that file, --mel {mel}")):
+        with pytest.raises(PipelineError, match=f"^--out {re.escape(str(out))}: {re.escape(said)}, which this command "
+                                                "reads; write the output elsewhere$"):
+            files.check_not_input(out, "--out", inputs)
+    files.check_not_input(tmp_path / "x.wav", "--out", inputs)
+
+
+def test_a_link_into_a_folder_no_file_can_be_made_in_is_refused_before_any_work(tmp_path):
+    # what is written is the link's target: its folder is the one that must take a new file
+    os.symlink("/proc/x.wav", tmp_path / "link.wav")
+    with pytest.raises(PipelineError, match=f"^--out {re.escape(str(tmp_path / 'link.wav'))}: "
+                                            r"(/proc is not writable|cannot write in /proc )"):
+        wavfile.check_path(tmp_path / "link.wav", "--out")
