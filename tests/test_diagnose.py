@@ -365,6 +365,22 @@ def test_gpu_sampler_matches_numpy_on_known_series(cuda_env):
     assert g["mem_used_mb"] == pytest.approx(np.max(fake.emitted_mem[0]))
 
 
+def test_gpu_sampler_idle_gpu_memory_total_and_coverage(cuda_env):
+    # an idle GPU's utilisation does not vary (CV 0, not 0/0); the memory total in MB as the used memory is;
+    # each sample stands for the interval after it, so start()'s one sample covers an hour of a 2 h loop
+    fake = FakeNVML([[0, 0, 0]], [[500, 600, 700]])
+    t0 = time.perf_counter()
+    s = GpuSampler(interval_s=3600, nvml=fake).start()
+    s.stop()
+    (g,) = s.summary()
+    assert g["samples"] == 1 and g["util_mean"] == 0.0 and g["util_cv"] == 0.0
+    assert g["mem_total_mb"] == 16 * 1024 and g["mem_used_mb"] == 500
+    cov = s.coverage(t0, t0 + 7200)
+    assert cov["samples"] == 1 and cov["fraction"] == pytest.approx(0.5, abs=0.01)
+    assert cov["seconds"] == pytest.approx(3600, abs=60)
+    assert s.coverage(t0, t0 + 1800)["fraction"] == 1.0
+
+
 def test_gpu_sampler_without_nvml_never_crashes():
     s = GpuSampler(nvml=FakeNVML([[1]], [[1]], fail_init=True)).start()
     s.stop()
@@ -381,6 +397,8 @@ def test_gpu_sampler_without_nvml_never_crashes():
     # a UUID's prefix, as CUDA takes it, when only one GPU's UUID starts with it
     ("GPU-fake-1,GPU-fake-", None, None, [1], "NVML knows no GPU 'GPU-fake-'"),
     ("MIG-4f1e2a", None, None, [], "a MIG instance, whose utilisation NVML does not report"),
+    ("MIG-4f1e2a,0", None, None, [], "a MIG instance, whose utilisation NVML does not report"),   # ends the list
+    ("1,3,0", None, None, [1], "NVML knows no GPU '3'"),                # NVML numbers 0..2: 3 ends it too
     ("", None, None, [], None),
     ("-1", None, None, [], None),
     ("none", None, None, [], None),

@@ -80,6 +80,42 @@ def test_a_bug_keeps_its_traceback():
     assert e.value.code == 2
 
 
+@pytest.mark.parametrize("reader_gone, status", [(True, 0), (False, 1)])
+def test_a_broken_pipe_is_quiet_only_when_standard_output_lost_its_reader(reader_gone, status):
+    # `... | head`: the reader has what it wanted (status 0, no traceback); a broken pipe of another (a
+    # worker's) while standard output still has its reader is a bug and keeps its traceback
+    import os
+    code = ("from pipeline.errors import cli\n"
+            "def main(argv=None):\n    raise BrokenPipeError(32, 'Broken pipe')\n"
+            "cli(main)([])\n")
+    read, write = os.pipe()
+    if reader_gone:
+        os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], stdout=write, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                              timeout=120)
+    finally:
+        os.close(write)
+        if not reader_gone:
+            os.close(read)
+    assert proc.returncode == status, proc.stderr[-2000:]
+    assert ("Traceback" in proc.stderr and "BrokenPipeError" in proc.stderr) == (not reader_gone), proc.stderr[-2000:]
+
+
+def test_a_full_disk_is_one_line_naming_the_file(capsys):
+    # OSError ENOSPC out of any command (a write outside pipeline.files): one line, the file named
+    import errno
+
+    @cli
+    def main(argv=None):
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/out.bin")
+
+    with pytest.raises(SystemExit) as e:
+        main([])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "error: no space left on device writing /data/out.bin; free space and rerun\n"
+
+
 def test_out_of_memory_is_one_line_naming_the_sizes_to_lower(capsys):
     # model.fastpitch.ffn_dim: 100000000 planned, then the train job ended in a ResourceExhaustedError traceback
     import numpy as np

@@ -78,8 +78,9 @@ def test_clips_in_a_bucket_one_worker_lacks_still_train(built_cache, capsys):
 
 
 FAKE_WORKER = """
-import json, os, sys, time
+import json, os, signal, sys, time
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+signal.signal(signal.SIGTERM, lambda *_: (print(f"worker {index} got SIGTERM", flush=True), sys.exit(1)))
 print(f"worker {index} up", flush=True)
 if index == 1:
     time.sleep(1)
@@ -101,9 +102,24 @@ def test_a_failed_worker_stops_the_others_and_its_error_is_reported(tmp_path, mo
     assert message.endswith("stopped the other 1")
     log = out.getvalue()
     assert "[worker 0] worker 0 up" in log and "[worker 1] worker 1 up" in log  # forwarded with a prefix
+    assert "[worker 0] worker 0 got SIGTERM" in log   # asked to stop first (SIGTERM), not killed outright
     pid0 = int(re.search(r"launch: worker 0 pid (\d+)", log).group(1))
     with pytest.raises(ProcessLookupError):
         os.kill(pid0, 0)  # worker 0 was stopped (and reaped)
+
+
+def test_a_worker_killed_by_a_signal_is_named_so_without_its_last_words(tmp_path, monkeypatch):
+    # its last line was not an error of its own: the signal is the cause
+    (tmp_path / "killed_worker.py").write_text(
+        "import json, os, signal, time\n"
+        "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+        "print(f'worker {index} up', flush=True)\n"
+        "if index == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(120)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with pytest.raises(launch.WorkerFailed) as failed:
+        launch.launch(2, [], module="killed_worker", out=io.StringIO())
+    assert re.fullmatch(r"worker 1 \(pid \d+\) was killed by SIGKILL; stopped the other 1", str(failed.value))
 
 
 def test_each_local_worker_gets_its_own_share_of_the_gpus(tmp_path, monkeypatch):
@@ -117,6 +133,10 @@ def test_each_local_worker_gets_its_own_share_of_the_gpus(tmp_path, monkeypatch)
     with pytest.raises(launch.PipelineError, match="--workers 5: this host has 4 GPUs"):
         launch.launch(5, [], module="gpu_worker", out=out)
     assert launch.gpu_split([], 3) == [None, None, None]  # CPU workers: CUDA_VISIBLE_DEVICES left alone
+    # each share exactly, none given twice: as many GPUs as workers is one each
+    assert launch.gpu_split(["4", "5", "6", "7"], 2) == ["4,5", "6,7"]
+    assert launch.gpu_split(["4", "5"], 2) == ["4", "5"]
+    assert launch.gpu_split(["4", "5", "6"], 2, log=lambda line: None) == ["4", "5"]
     # CPU workers, at most one a core: --workers 5000 opened ports until "Too many open files" (a traceback)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     cores = max(2, len(os.sched_getaffinity(0)))
@@ -129,6 +149,30 @@ def test_each_local_worker_gets_its_own_share_of_the_gpus(tmp_path, monkeypatch)
     log = out.getvalue()
     assert "[worker 0] sees 4" in log and "[worker 1] sees 5" in log
     assert "launch: GPU 6 left idle: 3 GPUs do not split evenly over 2 workers (each gets 1)" in log
+
+
+def test_cpu_workers_on_a_single_core_are_two_at_most(tmp_path, monkeypatch):
+    # two CPU workers (the smallest cluster) start even where this process may use one core; three do not
+    (tmp_path / "cpu_worker.py").write_text("print('up')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})
+    try:
+        out = io.StringIO()
+        assert launch.launch(2, [], module="cpu_worker", out=out) == 0
+        assert "[worker 0] up" in out.getvalue() and "[worker 1] up" in out.getvalue()
+        with pytest.raises(launch.PipelineError, match="--workers 3: more CPU workers than this host's 2 cores"):
+            launch.launch(3, [], module="cpu_worker", out=out)
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
+def test_launcher_refuses_no_workers_in_one_line():
+    proc = subprocess.run([sys.executable, "-m", "pipeline.launch", "--workers", "0", "--", "--config", "x.yaml"],
+                          capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "launch: worker" not in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1].endswith("error: --workers must be at least 1"), proc.stderr[-2000:]
 
 
 def test_launcher_checks_the_config_before_starting_workers(tmp_path):

@@ -166,6 +166,9 @@ BOMB = ('<?xml version="1.0"?><!DOCTYPE speak [<!ENTITY a "aaaaaaaaaa">'
     ({"text": "Hello", "language": "xx"}, 400, "language: unknown language 'xx'"),
     ({"text": "Hello", "volume": 2}, 400, "unknown field(s) 'volume'"),
     ({"text": ""}, 400, "text: a non-empty string is required"),
+    ({"text": " \n\t "}, 400, "text: a non-empty string is required"),                # blank is empty too
+    ({"text": "Hello", "speaker": 3}, 400, "speaker: a string (GET /voices lists them)"),
+    ({"text": "Hello", "language": ["en-us"]}, 400, "language: a string (GET /voices lists them)"),
     ({"text": "Hello", "ssml": "yes"}, 400, "ssml: true or false"),
     (["Hello"], 400, "the body must be a JSON object"),
     ("[" * 50_000, 400, "the body is not JSON"),
@@ -196,6 +199,31 @@ def test_a_chunked_body_over_the_limit_is_refused_as_one_with_a_length_is(server
         conn.close()
     assert status == 413 and json.loads(answer) == {"error": "body over 100000 bytes"}, answer[:300]
     assert call(server.port, "POST", "/synthesize", {"text": "Still here."})[0] == 200
+
+
+def test_a_body_of_exactly_the_limit_is_read_with_a_length_or_chunked(server):
+    # 100,000 bytes is the most a body may be, not one byte over it: a JSON object padded with spaces to it
+    text = json.dumps({"text": "Hi."}).encode()
+    for size, status in ((100_000, 200), (100_001, 413)):
+        body = text + b" " * (size - len(text))
+        assert call(server.port, "POST", "/synthesize", body)[0] == status, size
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        try:
+            conn.request("POST", "/synthesize", body=(body[i:i + 10_000] for i in range(0, size, 10_000)),
+                         headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"},
+                         encode_chunked=True)
+            response = conn.getresponse()
+            assert (response.status, len(response.read()) > 0) == (status, True), size
+        finally:
+            conn.close()
+
+
+@pytest.mark.parametrize("query, media", [("stream=1", "audio/L16;rate=22050;channels=1"),
+                                          ("stream=TRUE", "audio/L16;rate=22050;channels=1"),
+                                          ("stream=0", "audio/wav"), ("stream=false", "audio/wav")])
+def test_stream_takes_1_and_0_and_any_case_for_true_and_false(server, query, media):
+    status, headers, body = call(server.port, "POST", f"/synthesize?{query}", {"text": "Hi."})
+    assert (status, headers["content-type"]) == (200, media) and len(body) > 1000
 
 
 def test_a_stream_of_text_that_is_not_unicode_is_refused_before_it_starts(server):
@@ -275,6 +303,9 @@ def test_other_sites_pages_cannot_drive_the_server(server):
     status, message = raw(port, "POST", "/synthesize", text, [("Host", f"evil.example:{port}"), as_json])
     assert status == 403 and message.startswith(f"Host 'evil.example:{port}': a server on a loopback address answers")
     assert raw(port, "GET", "/voices", headers=[("Host", "evil.example")])[0] == 403
+    # on a loopback address another address is no name of its own either (only an address-bound server's are)
+    status, message = raw(port, "GET", "/voices", headers=[("Host", f"192.168.1.5:{port}")])
+    assert status == 403 and message.startswith(f"Host '192.168.1.5:{port}': a server on a loopback address answers")
     status, message = raw(port, "POST", "/synthesize", text, [("Origin", "http://evil.example"), as_json])
     assert status == 403 and message == "Origin 'http://evil.example': only this server's own page may call it"
     assert raw(port, "POST", "/synthesize", text, [("Origin", "null"), as_json])[0] == 403
@@ -283,6 +314,9 @@ def test_other_sites_pages_cannot_drive_the_server(server):
         assert raw(port, "POST", "/synthesize", text, [("Host", host), ("Origin", f"http://{host}"),
                                                       ("Content-Type", "application/json; charset=utf-8")])[0] == 200
     assert 'headers: {"Content-Type": "application/json"}' in call(port, "GET", "/")[2].decode()   # what the page sends
+    # its own page served over https (a TLS proxy on this machine that passes the Host on): the same origin
+    assert raw(port, "POST", "/synthesize", text, [("Host", f"localhost:{port}"), ("Origin", f"https://localhost:{port}"),
+                                                  as_json])[0] == 200
     # behind a reverse proxy at --allow-origin's address: the browser's Origin is the proxy's, and the Host is
     # the server's own (nginx's default) or the proxy's (proxy_set_header Host $host); both were 403
     proxied = ("Origin", "https://tts.example.com")
@@ -417,6 +451,9 @@ def test_a_port_in_use_is_one_line_before_the_voice_loads(exported_voice, capsys
     ("--workers", "1000000000", "error: --workers 1000000000: must be in 1..64"),   # was taken, unbounded
     ("--queue", "1000000000000", "error: --queue 1000000000000: must be in 0..1000"),
     ("--workers", "0", "error: --workers 0: must be in 1..64"),
+    ("--client-timeout", "0", "error: --client-timeout 0: must be in (0, 3600) seconds"),    # every body a 408
+    ("--client-timeout", "-1", "error: --client-timeout -1: must be in (0, 3600) seconds"),
+    ("--port", "0", "error: --port 0: a port is 1..65535"),                                  # a random port
 ])
 def test_workers_and_queue_out_of_range_are_refused_before_the_voice_loads(tmp_path, capsys, option, value, message):
     from pipeline import serve
@@ -428,7 +465,8 @@ def test_workers_and_queue_out_of_range_are_refused_before_the_voice_loads(tmp_p
 @pytest.mark.parametrize("value", ["tts.example.com", "ftp://tts.example.com", "https://tts.example.com/page",
                                    "https://user:secret@tts.example.com", "https://tts.example.com:99999", "https://",
                                    "https://@tts.example.com", "https://:@tts.example.com", "https://tts.example.com:",
-                                   "https://*", "https://a b.example", "https://[zz]"])
+                                   "https://*", "https://a b.example", "https://[zz]",
+                                   "https://tts.example.com:0"])
 def test_an_allowed_origin_that_is_not_an_origin_is_refused_before_the_voice_loads(tmp_path, capsys, value):
     from pipeline import serve
     with pytest.raises(SystemExit) as exit_:
@@ -445,6 +483,14 @@ def test_an_allowed_origin_is_kept_as_a_browser_sends_it(value, origin):
     # a browser's Origin: lower case, the host in IDNA's ASCII form, no default port, no slash
     from pipeline import serve
     assert serve.allowed_origin(value) == origin
+
+
+def test_an_error_message_utf8_cannot_encode_is_still_one_line_of_json():
+    # a lone surrogate in a message (text the server echoes) made the JSON answer itself fail to encode
+    from pipeline import serve
+    answer = serve.error(400, "unknown speaker 'caf\udce9'\n  and more")
+    assert answer.status_code == 400 and answer.headers["content-type"] == "application/json"
+    assert json.loads(answer.body) == {"error": "unknown speaker 'caf\\udce9' and more"}
 
 
 def test_other_errors_and_the_server_stays_up(server):
@@ -467,6 +513,23 @@ def test_a_field_in_the_query_is_refused_not_ignored(server, query, names):
     assert json.loads(answer)["error"] == (f"unknown query parameter(s) {names}: the query takes only stream; "
                                            "the fields (text, speaker, language, pace, pitch_shift, ssml) go in the "
                                            "JSON body")
+
+
+def test_connections_beyond_the_limit_get_503_and_the_server_comes_back(server):
+    # at most 256 connections at once (CONNECTIONS): beyond, uvicorn's own plain 503, not one more socket and task
+    held = []
+    try:
+        for _ in range(256):
+            held.append(socket.create_connection(("127.0.0.1", server.port), timeout=30))
+        status, headers, answer = call(server.port, "GET", "/health")
+        assert status == 503 and headers["content-type"].startswith("text/plain"), (status, answer[:200])
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 30
+    while (status := call(server.port, "GET", "/health")[0]) != 200:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
 
 
 def test_a_full_queue_answers_503(server):

@@ -273,6 +273,11 @@ def test_a_bad_out_is_one_line_before_the_voice_loads_and_a_failed_write_too(exp
             "named -), or --raw for PCM on standard output"
         if os.path.isdir("/proc/self"):   # a folder that passes a permission check but takes no new file
             assert run("--out", "/proc/x.wav", "Hello.").startswith("error: --out /proc/x.wav: cannot write in /proc")
+        # the pitch shift and the markup of TEXT are checked before the voice loads too, not after
+        assert run("--out", str(tmp_path / "x.wav"), "--pitch-shift", "13", "Hello.") == \
+            "error: --pitch-shift: 13.0 is outside -12..12"
+        assert run("--out", str(tmp_path / "x.wav"), "--ssml", "<speak>hi") == \
+            "error: line 1, column 10: invalid SSML: no element found"
     assert not list(tmp_path.iterdir())
     from pipeline import voice
     with monkeypatch.context() as m:   # a speaker or language the voice lacks: refused from export.json, unloaded
@@ -327,6 +332,7 @@ def test_raw_refuses_text_that_says_nothing_and_passes_over_a_quiet_paragraph(vo
     assert run_speak(exported_voice, b"", "--raw", '<speak>... <break time="2s"/></speak>') == \
         (2, b"", """error: '<speak>... <break time="2s"/></speak>': nothing to say""")
     assert run_speak(exported_voice, b"...\n\n. . .\n", "--raw") == (2, b"", "error: '...': nothing to say")
+    assert run_speak(exported_voice, b"\n \n", "--raw") == (2, b"", "error: no text to speak (give TEXT or standard input)")
     rc, pcm, _ = run_speak(exported_voice, b"Hello.\n\n...\n\nGoodbye.\n", "--raw")    # a quiet paragraph
     pause = np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.int16)
     want = np.concatenate([voice.audio(voice.prepare("Hello.")), pause, voice.audio(voice.prepare("Goodbye."))])
@@ -384,6 +390,22 @@ def test_raw_and_out_read_the_same_standard_input_the_same_way(voice, exported_v
         assert len(got) == len(raw) and np.abs(got.astype(int) - raw).max() <= 2
 
 
+def test_standard_input_saved_with_a_byte_order_mark_is_read_as_without_it(exported_voice, tmp_path, monkeypatch):
+    # a file saved with a BOM before its "<speak>" is still one SSML document, blank lines and all: read a
+    # paragraph at a time, its first paragraph alone was taken as the document ("no element found")
+    import io
+
+    from pipeline import speak
+    document = '<speak>\nHello there.\n\n<break time="1s"/> Goodbye.</speak>\n'
+    said = []
+    for name, text in (("plain.wav", document), ("bom.wav", markup.BOM + document)):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode()), encoding="utf-8"))
+        speak.main(["--voice", str(exported_voice), "--out", str(tmp_path / name)])
+        with wave.open(str(tmp_path / name)) as w:
+            said.append(np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(int))
+    assert len(said[0]) == len(said[1]) and np.abs(said[0] - said[1]).max() <= 2
+
+
 def test_errors_name_lines_of_the_whole_input_read_a_paragraph_at_a_time(exported_voice, tmp_path, capsys,
                                                                          monkeypatch):
     # --raw named the line in its paragraph ("line 2"); --out, reading paragraphs too now, must not either
@@ -413,6 +435,51 @@ def test_raw_on_a_full_disk_names_standard_output(exported_voice):
     err = proc.stderr.decode()
     assert proc.returncode == 2 and "Traceback" not in err and err.strip().splitlines()[-1] == (
         "error: --raw: no space left on device writing standard output; free space and rerun"), err[-3000:]
+
+def test_raw_writes_all_of_what_an_output_takes_a_part_of_at_a_time():
+    # standard output unbuffered (a pipe, a socket) may take part of a write: the rest follows, in order
+    import io
+
+    from pipeline import speak
+
+    class Partial(io.RawIOBase):
+        def __init__(self):
+            self.taken = bytearray()
+
+        def writable(self):
+            return True
+
+        def write(self, data):
+            self.taken += bytes(data[:1000])
+            return min(len(data), 1000)
+    out, data = Partial(), np.arange(5000, dtype="<i2").tobytes()
+    speak.write_raw(out, data)
+    assert bytes(out.taken) == data
+
+
+def test_raw_keeps_a_stray_print_out_of_the_audio(voice, exported_voice):
+    # nothing but audio on standard output: a library's print (here one at exit) goes to standard error
+    argv = blocked_command("pipeline.speak", "--voice", str(exported_voice), "--raw", "Hi there.")
+    argv[-1] = "import atexit\natexit.register(print, 'a stray line')\n" + argv[-1]
+    proc = subprocess.run(argv, capture_output=True, env=child_env(), cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert len(proc.stdout) == 2 * len(voice.audio(voice.prepare("Hi there.")))
+    assert "a stray line" in proc.stderr.decode()
+
+
+def test_raw_to_a_reader_that_went_away_ends_quietly(exported_voice):
+    # `speak --raw ... | head -c 1000`: the reader has what it wanted; no traceback, status 0
+    read, write = os.pipe()
+    os.close(read)   # the reader is gone before the first sentence
+    try:
+        proc = subprocess.run(blocked_command("pipeline.speak", "--voice", str(exported_voice), "--raw", "Hi there."),
+                              stdout=write, stderr=subprocess.PIPE, env=child_env(), cwd=ROOT, timeout=300)
+    finally:
+        os.close(write)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert not [line for line in err.splitlines() if line.startswith("error: ")], err[-3000:]
+
 
 def test_raw_with_standard_output_closed_is_one_line():
     # `speak --raw ... >&-`: a traceback, AttributeError: 'NoneType' object has no attribute 'flush'
