@@ -42,6 +42,8 @@ def test_fallback_and_sanity_checks():
     assert "token 1 lasts 50 frames" in check(np.array([2, 50, 3], np.int32), 55, 40)
     assert check(np.array([2, 5, 3], np.int32), 10, 40) is None
     assert "sum to 10" in check(np.array([2, 5, 3], np.int32), 11, 40)
+    assert check(np.ones(3, np.int32), 3, 40) is None                  # a frame a token: short, not too short
+    assert check(np.array([2, 40, 3], np.int32), 45, 40) is None       # a token of exactly the longest allowed
 
 
 def test_length_regulator_is_exact_inside_an_xla_graph_with_static_shapes():

@@ -82,3 +82,14 @@ def test_a_run_that_forces_train_aligner_trains_a_new_folder(tmp_path, monkeypat
     assert not aligner_folder.forced()
     monkeypatch.setenv(aligner_folder.FORCED_ENV, "*")  # --forceall
     assert aligner_folder.forced()
+
+
+def test_a_sibling_whose_record_names_no_weights_is_not_a_source(tmp_path):
+    # a half-written or hand-edited aligner.json (a dict, its training key, no file names) is skipped, not a KeyError
+    root = tmp_path / "aligner"
+    (root / "aaaaaaaaaaaa").mkdir(parents=True)
+    (root / "aaaaaaaaaaaa" / "aligner.json").write_text(json.dumps({"train_key": "aaaaaaaaaaaa"}))
+    out = root / "dddddddddddd" / "aligner.json"
+    out.parent.mkdir()
+    assert aligner_folder.copy_by_key(out, "aaaaaaaaaaaa", print) is None
+    assert not out.exists()

@@ -230,3 +230,54 @@ def test_frame_multiple_comes_from_the_config_and_the_model_must_agree(user_pack
     check_frame_multiple(with_option, model)
     with pytest.raises(models.ModelError, match="model.options.frame_multiple: 0"):
         models.frame_multiple(dict(cfg, options={"frame_multiple": 0}))
+
+
+def test_loss_terms_are_the_masked_means_of_their_definitions():
+    # from the batch alone: mel L1 over real frames and bands; MSE over real tokens of log(1 + duration),
+    # and of the token means of pitch (voiced frames only) and energy; the total weights each term
+    weights = dict(duration_weight=0.2, pitch_weight=0.3, energy_weight=0.5)
+    model = FastPitch(**{**TINY, "loss_args": weights})
+    batch = make_batch()
+    out = model(batch)
+    total, terms = model.tts_loss(out, batch)
+    d, tokens, frames = (batch[k].numpy() for k in ("durations", "token_lengths", "mel_lengths"))
+    pitch, energy = batch["pitch"].numpy(), batch["energy"].numpy()
+    mel_l1 = np.mean(np.concatenate([np.abs(out["mel"][b, :f] - batch["mel"][b, :f]).ravel() for b, f in enumerate(frames)]))
+    pitch_target, energy_target = np.zeros(d.shape), np.zeros(d.shape)
+    for b in range(len(d)):
+        for t, (start, end) in enumerate(zip(np.cumsum(d[b]) - d[b], np.cumsum(d[b]))):
+            voiced = pitch[b, start:end][pitch[b, start:end] != 0]
+            pitch_target[b, t] = voiced.mean() if len(voiced) else 0.0
+            energy_target[b, t] = energy[b, start:end].mean() if end > start else 0.0
+    np.testing.assert_allclose(out["pitch_target"], pitch_target, atol=1e-6)
+    np.testing.assert_allclose(out["energy_target"], energy_target, atol=1e-6)
+
+    def mse(pred, target):
+        return np.mean(np.concatenate([(np.asarray(pred)[b, :t] - target[b, :t]) ** 2 for b, t in enumerate(tokens)]))
+    expected = {"mel": mel_l1, "duration": mse(out["log_duration"], np.log1p(d)),
+                "pitch": mse(out["pitch"], pitch_target), "energy": mse(out["energy"], energy_target)}
+    for k, v in expected.items():
+        np.testing.assert_allclose(terms[k], v, rtol=1e-5, err_msg=k)
+    np.testing.assert_allclose(total, expected["mel"] + sum(w * expected[k.split("_")[0]] for k, w in weights.items()),
+                               rtol=1e-5)
+
+
+def test_the_decoder_hears_the_token_pitch_and_energy_of_the_batch():
+    model = FastPitch(**TINY)
+    batch = make_batch()
+    mel = model(batch)["mel"]
+    voiced = tf.cast(tf.not_equal(batch["pitch"], 0.0), tf.float32)
+    for key, moved in (("pitch", batch["pitch"] + voiced), ("energy", batch["energy"] + 1.0)):
+        assert np.abs(model({**batch, key: moved})["mel"] - mel).max() > 1e-3, key
+
+
+def test_pitch_shift_moves_each_speakers_pitch_in_semitones_on_that_speakers_statistics():
+    model = FastPitch(**TINY, n_speakers=2)
+    mean, std = np.array([100.0, 220.0]), np.array([10.0, 40.0])
+    model.adapt({"speaker_pitch_mean": mean, "speaker_pitch_std": std})
+    tokens, lengths, speaker = tf.constant([[3, 4, 5, 6]] * 2), tf.constant([4, 4]), tf.constant([0, 1])
+    base, up = (model.infer(tokens, lengths, pitch_shift=shift, max_frames=100, speaker=speaker)["pitch"].numpy()
+                for shift in (0.0, 12.0))
+    hz, hz_up = base * std[:, None] + mean[:, None], up * std[:, None] + mean[:, None]
+    assert hz.min() > 0
+    np.testing.assert_allclose(hz_up / hz, 2.0, rtol=1e-4)                   # an octave up, for each voice

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline.audio import mel_spectrogram
+from pipeline.audio import LOG_CLAMP, mel_spectrogram
 from pipeline.vocoder.griffin_lim import griffin_lim
 
 AUDIO = dict(sample_rate=22050, n_fft=1024, hop_length=256, win_length=1024, n_mels=80, fmin=0, fmax=8000)
@@ -40,19 +40,34 @@ def test_default_power_sharpens_but_stays_finite(harmonic):
     assert short.shape == (2 * AUDIO["hop_length"],) and np.all(np.isfinite(short))
     single = griffin_lim(target[:1], **AUDIO, iters=2)
     assert single.shape == (AUDIO["hop_length"],) and np.all(np.isfinite(single))
+    # a mel shorter than the reflect pad runs with silent frames after it: its own audio is that mel's
+    silent = np.full((1, AUDIO["n_mels"]), np.log(LOG_CLAMP), np.float32)
+    padded = griffin_lim(np.concatenate([target[:1], silent]), **AUDIO, iters=2)
+    np.testing.assert_array_equal(single, padded[:AUDIO["hop_length"]])
 
 
-def test_graph_transforms_agree_and_match_the_eager_call(harmonic):
+def test_power_sharpens_the_magnitudes_but_keeps_the_level(harmonic):
+    # power 1 keeps the mel's magnitudes, 1.5 moves away from them; the energy is rescaled, so the level stays
+    target = log_mel(harmonic)
+    kept, sharpened = (griffin_lim(target, **AUDIO, iters=32, power=p).numpy() for p in (1.0, 1.5))
+    diffs = [np.abs(log_mel(audio) - target).mean() for audio in (kept, sharpened)]
+    assert diffs[0] < diffs[1], diffs
+    rms = [np.sqrt(np.mean(audio ** 2)) for audio in (kept, sharpened)]
+    assert 0.8 < rms[1] / rms[0] < 1.25, rms
+
+
+@pytest.mark.parametrize("audio", [AUDIO, dict(AUDIO, win_length=768)])  # 768: a window centred in n_fft
+def test_graph_transforms_agree_and_match_the_eager_call(harmonic, audio):
     """The exported graphs' Griffin-Lim: TensorFlow's FFT gives griffin_lim's audio exactly; pipeline.dft's
     matmuls or real-FFT pair (TFLite built-ins) the same audio to float tolerance, for any frame count."""
     import tensorflow as tf
 
     from pipeline.vocoder.griffin_lim import griffin_lim_graph
-    target = log_mel(harmonic)[:40]
-    eager = griffin_lim(target, **AUDIO, iters=8).numpy()
-    spec = tf.TensorSpec([None, AUDIO["n_mels"]], tf.float32)
+    target = mel_spectrogram(harmonic, **audio)[:40]
+    eager = griffin_lim(target, **audio, iters=8).numpy()
+    spec = tf.TensorSpec([None, audio["n_mels"]], tf.float32)
     for transforms, atol in (("fft", 0.0), ("dft", 1e-4 * np.abs(eager).max()), ("rfft", 1e-4 * np.abs(eager).max())):
-        graph = tf.function(lambda m: griffin_lim_graph(m, **AUDIO, iters=8, transforms=transforms),  # noqa: B023
+        graph = tf.function(lambda m: griffin_lim_graph(m, **audio, iters=8, transforms=transforms),  # noqa: B023
                             input_signature=[spec])
         np.testing.assert_allclose(graph(target).numpy(), eager, atol=atol, rtol=0)
-        assert graph(target[:1]).shape == (AUDIO["hop_length"],) and graph(target[:0]).shape == (0,)
+        assert graph(target[:1]).shape == (audio["hop_length"],) and graph(target[:0]).shape == (0,)

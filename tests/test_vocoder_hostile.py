@@ -269,7 +269,10 @@ def test_a_long_mel_vocodes_in_chunks_to_the_unchunked_audio(frames=130, chunk=4
     voc = kinds.Vocoder(cfg, kinds.build(cfg["vocoder"], cfg["audio"]))       # untrained: any weights will do
     mel = np.random.default_rng(1).normal(-5.0, 2.0, (frames, cfg["audio"]["n_mels"])).astype(np.float32)
     whole = voc(mel, chunk_frames=None)
+    lengths, call = [], voc._call
+    voc._call = lambda m: lengths.append(m.shape[1]) or call(m)                # the lengths the model runs at
     chunked = voc(mel, chunk_frames=chunk)                                     # 3-4 chunks and their seams
+    assert len(lengths) == -(-frames // chunk) and max(lengths) < frames       # memory bounded by the chunk
     assert whole.shape == chunked.shape == (frames * 256,) and np.abs(whole).max() > 1e-3
     np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-5 * np.abs(whole).max())
     voc.context = 0                                                            # without context the seams show
@@ -664,3 +667,151 @@ def test_a_changed_fine_tuning_setting_is_announced_at_planning_for_that_phase(t
     assert note == (f"note: vocoder.finetune_recorded 0 -> 0.5 since the vocoder's finetune phase was trained: its job "
                     f"sets {folder / 'checkpoints'} aside and trains that phase from its start")
     assert inputs.notes(dict(mixed, vocoder={**mixed["vocoder"], "finetune_steps": 0})) == []
+
+
+@pytest.mark.parametrize("frames, chunk, context", [(10, 4, 3), (10, 4, 0), (9, 3, 20), (4, 4, 2), (5, 4, None)])
+def test_each_chunk_runs_with_its_context_each_side_and_keeps_its_own_frames_audio(frames, chunk, context):
+    # run(a, b) stands in for the vocoder: the audio of frames [a, b), each sample its own index, so a
+    # sample from the wrong place, a missing context or a chunk trimmed short shows in the output
+    hop, calls = 3, []
+
+    def run(a, b):
+        calls.append((a, b))
+        return np.arange(a * hop, b * hop, dtype=np.float32)
+    out = kinds.chunked(run, frames, hop, context, chunk)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, np.arange(frames * hop))
+    if context is None or frames <= chunk:
+        assert calls == [(0, frames)]                                          # one call, whole
+    else:
+        assert calls == [(max(0, start - context), min(frames, start + chunk + context))
+                         for start in range(0, frames, chunk)]
+
+
+@pytest.mark.parametrize("summary, checkpoint, moved", [
+    ("runs/b/vocoder.json", "runs/a/vocoder/train/checkpoints/ckpt-5", "runs/b/vocoder/train/checkpoints/ckpt-5"),
+    ("runs/b/vocoder.json", "runs/a/vocoder/finetune/shipped/ckpt-9", "runs/b/vocoder/finetune/shipped/ckpt-9"),
+    ("runs/b/vocoder/finetune.json", "runs/a/vocoder/finetune/checkpoints/ckpt-9",
+     "runs/b/vocoder/finetune/checkpoints/ckpt-9"),
+    ("kept/elsewhere.json", "runs/a/vocoder/train/checkpoints/ckpt-5", None),      # not in a run: as recorded
+    ("runs/b/vocoder.json", "models/ckpt-5", None),                                 # not a layout written here
+])
+def test_a_summary_names_the_checkpoint_in_the_run_folder_it_sits_in(tmp_path, summary, checkpoint, moved):
+    # a copied run's summaries (vocoder.json, and each phase's vocoder/{phase}.json) name the first run's
+    # checkpoints, the shipped blend's too: each is read in the copy's own folder
+    path = tmp_path / summary
+    path.parent.mkdir(parents=True)
+    recorded = str(tmp_path / checkpoint)
+    path.write_text(json.dumps({"kind": "vocos", "checkpoint": recorded, "trained_checkpoint": recorded}))
+    info = kinds.read_summary(path)
+    expected = recorded if moved is None else str(tmp_path / moved)
+    assert info["checkpoint"] == info["trained_checkpoint"] == expected
+
+
+def test_an_older_summary_builds_the_vocoder_its_phase_recorded_not_the_configs_sizes(tiny, tmp_path):
+    # a summary from before summaries recorded the settings: its phase's inputs.json says what the network
+    # was; a config of other sizes builds the vocoder trained, with one note, not a mismatch error
+    _, cfg, mel = tiny
+    run = config.run_dir(cfg)
+    old = {k: v for k, v in json.loads((run / "vocoder.json").read_text()).items() if k not in ("audio", "vocoder")}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    wide = dict(cfg, vocoder={**cfg["vocoder"], "vocos": {**cfg["vocoder"]["vocos"], "dim": 32}})
+    logged = []
+    voc = kinds.load(wide, summary=tmp_path / "old.json", log=logged.append)
+    assert voc.cfg["vocoder"]["vocos"] == VOCOS["vocos"]
+    assert len(logged) == 1 and "vocoder.vocos.dim 32 (the vocoder's: 16)" in logged[0], logged
+    same = kinds.load(cfg, log=lambda *a: None)
+    np.testing.assert_array_equal(voc(np.load(mel)), same(np.load(mel)))
+
+
+def test_a_config_of_another_vocoder_kind_is_told_to_train_it_not_given_the_run_one(tiny):
+    # vocoder.kind hifigan over a run whose vocoder.json holds a Vocos: not the Vocos, silently
+    _, cfg, _ = tiny
+    other = dict(cfg, vocoder={**cfg["vocoder"], "kind": "hifigan"})
+    with pytest.raises(runinfo.MissingCheckpoint) as e:
+        kinds.load(other, log=lambda *a: None)
+    assert str(e.value) == (f"{config.run_dir(cfg) / 'vocoder.json'}: a vocos vocoder, the config says vocoder.kind "
+                            "hifigan; run `snakemake --cores all vocoder`")
+
+
+def test_a_short_mel_keeps_its_given_f0_and_a_wrong_length_f0_is_refused():
+    # the silent frame after a mel shorter than source_filter takes is unvoiced; the mel's own frame keeps
+    # the F0 it was given (not the F0 head's estimate)
+    cfg = config.load_config(None, {"vocoder": SOURCE_FILTER}, check_paths=False)
+    tf.keras.utils.set_random_seed(0)
+    voc = kinds.Vocoder(cfg, kinds.build(cfg["vocoder"], cfg["audio"]))       # untrained: any weights will do
+    hop, n_mels = cfg["audio"]["hop_length"], cfg["audio"]["n_mels"]
+    assert voc.min_frames == 2
+    mel = np.full((2, n_mels), np.log(LOG_CLAMP), np.float32)
+    mel[0] = np.linspace(-6.0, -2.0, n_mels)
+    one = voc(mel[:1], f0=[150.0])
+    assert one.shape == (hop,)
+    np.testing.assert_allclose(one, voc(mel, f0=[150.0, 0.0])[:hop], rtol=0, atol=1e-6)
+    assert np.abs(one - voc(mel[:1])).max() > 1e-4 * np.abs(one).max()       # the given F0 is heard
+    with pytest.raises(ValueError, match=r"f0 has shape \(3,\), the mel 2 frames: one F0 per frame"):
+        voc(mel, f0=[150.0, 150.0, 150.0])
+
+
+def test_read_mel_takes_a_mel_up_to_its_limits_and_refuses_past_them(tmp_path):
+    audio = config.load_config(None, check_paths=False)["audio"]
+    n_mels, path = audio["n_mels"], tmp_path / "mel.npy"
+
+    def read(mel, **kwargs):
+        np.save(path, np.asarray(mel, np.float32))
+        return vocode.read_mel(path, audio, **kwargs)
+    loud = np.full((5, n_mels), -4.0)                                          # a loud cut-out: no clamp, median -4
+    assert read(loud, max_frames=5).shape == (5, n_mels)                        # at the limit: taken
+    rng = np.random.default_rng(0)
+    normalised = np.clip(rng.normal(0.0, 1.0, (vocode.SCALE_FRAMES, n_mels)), -3.0, 3.0)   # z-scored: median ~0
+    assert read(normalised[:-1]).shape == (vocode.SCALE_FRAMES - 1, n_mels)     # too short to judge its scale
+    noisy = rng.normal(-5.0, 1.0, (vocode.SCALE_FRAMES, n_mels))              # a noisy recording: nowhere near the clamp
+    assert read(noisy).shape == noisy.shape
+    high = vocode.MEDIAN_HIGHEST + 0.5 + rng.normal(0.0, 1.0, (vocode.SCALE_FRAMES, n_mels))
+    log10 = np.maximum(rng.normal(-4.0, 1.5, (vocode.SCALE_FRAMES, n_mels)), -5.0)   # clamped, but not at log(1e-5)
+    for mel, kwargs, said in ((loud, {"max_frames": 4}, "5 frames, more than this vocoder takes (4, "),
+                              (loud[:0], {}, "no frames"),
+                              (np.where(np.eye(5, n_mels) > 0, np.nan, loud), {}, "holds NaN or infinite values"),
+                              (np.linspace(0.0, 80.0, 3 * n_mels).reshape(3, n_mels), {}, "values 0.00..80.00 are not"),
+                              (normalised, {}, "is too high for a natural-log mel"),           # judged from 40 frames
+                              (high, {}, "is too high for a natural-log mel"),
+                              (log10, {}, "of its values sit at -5.00, a clamp")):
+        with pytest.raises(vocode.MelError) as e:
+            read(mel, **kwargs)
+        assert str(e.value).startswith(f"{path}: ") and said in str(e.value), (said, str(e.value))
+
+
+def test_read_f0_takes_f0_from_its_lowest_to_below_the_top_one_value_a_frame(tmp_path):
+    audio = config.load_config(None, check_paths=False)["audio"]
+    top, path = min(audio["sample_rate"] / 2, audio["fmax"]), tmp_path / "f0.npy"
+    inside = np.array([0.0, vocode.F0_LOWEST, np.nextafter(np.float32(top), np.float32(0)), 0.0], np.float32)
+    np.save(path, inside)
+    np.testing.assert_array_equal(vocode.read_f0(path, 4, audio), inside)
+    for f0, said in (([0.0, vocode.F0_LOWEST, top, 0.0], "are not F0 in Hz"),            # "up to below" the top
+                     ([0.0, np.nextafter(np.float32(vocode.F0_LOWEST), np.float32(0)), 120.0, 0.0], "are not F0 in Hz"),
+                     ([0.0, 120.0, 130.0], "expected F0 in Hz [4] (one value per mel frame")):
+        np.save(path, np.array(f0, np.float32))
+        with pytest.raises(vocode.MelError) as e:
+            vocode.read_f0(path, 4, audio)
+        assert said in str(e.value), (said, str(e.value))
+
+
+def test_griffin_lim_vocodes_in_a_run_that_trained_no_vocoder(tmp_path):
+    # Griffin-Lim needs no training: no runs/{name}/vocoder.json, and the config's audio: settings
+    cfg = config.load_config(None, {"runs_dir": str(tmp_path / "runs"), "vocoder": {"kind": "griffin_lim"},
+                                    "synthesize": {"griffin_lim_iters": 2}}, check_paths=False)
+    assert not kinds.summary_path(cfg).exists()
+    np.save(tmp_path / "mel.npy", np.full((4, cfg["audio"]["n_mels"]), -4.0, np.float32))
+    audio = vocode.vocode(cfg, tmp_path / "mel.npy", tmp_path / "gl.wav")
+    written, sr = sf.read(tmp_path / "gl.wav", dtype="float32")
+    assert audio.shape == written.shape == (4 * cfg["audio"]["hop_length"],) and sr == cfg["audio"]["sample_rate"]
+
+
+def test_the_vocoder_loads_in_float32_whatever_precision_a_trainer_in_the_process_set(tiny):
+    _, cfg, mel = tiny
+    want = kinds.load(cfg, log=lambda *a: None)(np.load(mel))
+    tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")               # what a bfloat16 trainer leaves
+    try:
+        got = kinds.load(cfg, log=lambda *a: None)(np.load(mel))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())
