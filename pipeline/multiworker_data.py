@@ -74,6 +74,7 @@ def aligned_batches(rows, bucket_col, weights, batch, seed, index):
         streams.append(tf.data.Dataset.from_tensor_slices(in_b).shuffle(len(in_b), seed=seed + 1 + index)
                        .repeat().batch(batch, drop_remainder=True))
     logits = tf.math.log(tf.constant(weights, tf.float32))[None]  # (1, buckets); log 0 = never drawn
-    choice = tf.data.Dataset.random(seed=seed).map(
-        lambda x: tf.random.stateless_categorical(logits, 1, tf.stack([x, tf.constant(seed, tf.int64)]))[0, 0])
+    # not converted by AutoGraph: it would write the lambda's source to $TMPDIR, left there if the job is killed
+    choice = tf.data.Dataset.random(seed=seed).map(tf.autograph.experimental.do_not_convert(
+        lambda x: tf.random.stateless_categorical(logits, 1, tf.stack([x, tf.constant(seed, tf.int64)]))[0, 0]))
     return tf.data.Dataset.choose_from_datasets(streams, choice)

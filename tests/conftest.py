@@ -107,6 +107,18 @@ def built_cache(tmp_path_factory, corpus_template):
     return cfg_path
 
 
+def left_in_tmpdir(tmp_path, script):
+    """The files a Python `script` leaves in its $TMPDIR when it ends with os._exit, as a killed job
+    would (no exit handlers run): AutoGraph writes each function it converts there."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    subprocess.run([sys.executable, "-c", script + "\nimport os\nos._exit(0)\n"], check=True, capture_output=True,
+                   env={**os.environ, "TMPDIR": str(tmp),
+                        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                                    os.environ.get("PYTHONPATH")]))})
+    return sorted(p.name for p in tmp.iterdir())
+
+
 def load_json(path):
     return json.loads(Path(path).read_text())
 

@@ -1,7 +1,4 @@
 """TransformerTTS: shapes, masks, causality, learning, XLA + mixed precision, inference. Tiny models, CPU."""
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import keras
@@ -9,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import yaml
+from conftest import left_in_tmpdir
 
 from pipeline import models
 from pipeline.models.transformer_tts import TransformerTTS, tts_loss
@@ -249,19 +247,11 @@ def test_a_killed_job_leaves_no_generated_source_in_tmpdir(tmp_path):
     """A job killed mid-run (SIGKILL, a SLURM time limit) skips its exit handlers: any function AutoGraph
     converted leaves its generated source in $TMPDIR for good. Teacher-forced inference (the GTA mels'
     and validation's per-clip seeds and pre-net dropout) and autoregressive decoding convert nothing."""
-    script = f"""
-import os, sys
-sys.path.insert(0, {str(Path(__file__).parent)!r})
+    assert left_in_tmpdir(tmp_path, """
 import tensorflow as tf
 from test_model import TINY, make_batch
 from pipeline.models.transformer_tts import TransformerTTS
 model = TransformerTTS(**dict(TINY, prenet_dropout=0.5))
 model(make_batch())
 model.decode_autoregressive(tf.constant([[3, 4, 5]]), tf.constant([3]), max_steps=2, stop_threshold=0.5)
-os._exit(0)
-"""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "TMPDIR": str(tmp)},
-                   capture_output=True)
-    assert sorted(p.name for p in tmp.iterdir()) == []
+""") == []

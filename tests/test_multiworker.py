@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, load_json
+from conftest import ROOT, left_in_tmpdir, load_json
 from test_train import tiny_config
 
 from pipeline import config, data, launch
@@ -415,3 +415,14 @@ def test_a_killed_worker_stops_the_launcher_and_a_rerun_resumes_at_the_saved_ste
     assert summary["resumed_from"] == saved and summary["steps"] == target
     # the whole loss history (runs/{name}/history.jsonl): the first run's up to the restored step, then this run's
     assert [h["step"] for h in summary["history"]] == list(range(1, target + 1))
+
+
+def test_a_killed_worker_leaves_no_generated_source_in_tmpdir(tmp_path):
+    # AutoGraph writes each function it converts to $TMPDIR and removes it only at a normal exit: a worker
+    # killed mid-run (the launcher's SIGKILL, a SLURM time limit) left its bucket sequence's lambda there
+    assert left_in_tmpdir(tmp_path, """
+import numpy as np
+from pipeline.multiworker_data import aligned_batches
+rows = np.array([[i, i % 2] for i in range(8)], np.int64)
+next(iter(aligned_batches(rows, 1, [0.5, 0.5], batch=2, seed=3, index=0)))
+""") == []
