@@ -198,7 +198,7 @@ def _spelled(value, node):
         return value
     types = node.get("type") if isinstance(node.get("type"), list) else [node.get("type")]
     whole = isinstance(value, int) or value.is_integer()
-    if not whole or abs(value) > INT64_MAX or "number" not in types and "integer" not in types:
+    if not whole or not fits_int64(value) or "number" not in types and "integer" not in types:
         return value
     if "integer" in types or node.get("spelling") == "int":
         return int(value)
@@ -289,6 +289,11 @@ def normalise(cfg):
 INT64_MAX = 2 ** 63 - 1  # the largest integer numpy and TensorFlow hold (int64): steps, seeds, sizes
 
 
+def fits_int64(value):
+    """Whether a whole number (an int, or a float that is one) is within numpy's and TensorFlow's int64."""
+    return -INT64_MAX - 1 <= value <= INT64_MAX
+
+
 def check_finite(node, where=""):
     """ConfigError naming the first number that is NaN, infinite (YAML's .nan and .inf, JSON's NaN)
     or an integer beyond int64: the schema's ranges cannot catch those (every comparison with NaN is
@@ -302,7 +307,7 @@ def check_finite(node, where=""):
             check_finite(value, f"{where}[{i}]")
     elif isinstance(node, float) and not math.isfinite(node):
         raise ConfigError(f"{where}: {node} is not a finite number")
-    elif isinstance(node, int) and not isinstance(node, bool) and not -INT64_MAX - 1 <= node <= INT64_MAX:
+    elif isinstance(node, int) and not isinstance(node, bool) and not fits_int64(node):
         raise ConfigError(f"{where}: an integer of {node.bit_length()} bits is beyond the 64-bit integers "
                           "numpy and TensorFlow hold")
 
@@ -428,7 +433,7 @@ def whole_floats_to_int(cfg, errors):
     for e in errors:
         types = e.validator_value if isinstance(e.validator_value, list) else [e.validator_value]
         if (e.validator == "type" and "integer" in types and isinstance(e.instance, float) and e.instance.is_integer()
-                and abs(e.instance) <= INT64_MAX):  # 1e300 stays a float, for the schema's message
+                and fits_int64(e.instance)):  # 1e300 stays a float, for the schema's message
             *parents, leaf = e.absolute_path
             node = cfg
             for key in parents:
