@@ -1,4 +1,5 @@
 """Text-to-speech training pipeline: caches, data loading, models, training, synthesis, evaluation, diagnosis."""
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -20,28 +21,47 @@ QUIET = os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3") != "0"
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 
-class _QuietTensorFlow:
-    # a meta path finder and loader by protocol; importlib.abc itself costs every job ~40 ms of imports
+class _Around:
+    """A meta path finder for one module: its own loader executes it, once, inside `around(module)`
+    (a context manager), e.g. with descriptor 2 on /dev/null, or patching it after. A meta path
+    finder and loader by protocol; importlib.abc itself costs every job ~40 ms of imports."""
+
+    def __init__(self, name, around):
+        self.name, self.around, self.loader = name, around, None
+
     def find_spec(self, name, path=None, target=None):
-        if name != "tensorflow":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
-        sys.stderr.flush()
-        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-        try:
-            importlib.import_module("tensorflow")
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            os.close(devnull)
-        return importlib.util.spec_from_loader(name, self)
+        spec = importlib.util.find_spec(name)  # the finders after this one: the module's own spec
+        if spec is not None and spec.loader is not None:
+            self.loader, spec.loader = spec.loader, self
+        return spec
 
     def create_module(self, spec):
-        return sys.modules[spec.name]
+        return self.loader.create_module(spec)
 
     def exec_module(self, module):
-        pass
+        with self.around(module):
+            self.loader.exec_module(module)
+
+    def __getattr__(self, attribute):  # get_source, is_package, ...: the module's own loader's
+        if attribute == "loader":
+            raise AttributeError(attribute)
+        return getattr(self.loader, attribute)
+
+
+@contextlib.contextmanager
+def _quiet(module):
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 # What Keras imports while it loads, only for features the pipeline never uses, each inside its own
@@ -74,4 +94,49 @@ class _KerasWithoutExtras:
 if "keras" not in sys.modules:
     sys.meta_path.insert(0, _KerasWithoutExtras())
 if QUIET and "tensorflow" not in sys.modules:
-    sys.meta_path.insert(0, _QuietTensorFlow())
+    sys.meta_path.insert(0, _Around("tensorflow", _quiet))
+
+
+# phonemizer loads its own copy of libespeak-ng for each wrapper it makes (the library keeps its state
+# in globals, and dlopen returns one handle per file): it copies the library into a new mkdtemp folder
+# and removes that folder only when the wrapper is collected or the interpreter exits normally
+# (weakref.finalize). A process stopped by a signal (SIGTERM from SLURM, systemd, `kill` or a stopped
+# `serve`; SIGKILL) never got there, and each left two copies, 1.1 MB, in $TMPDIR. Once dlopen has
+# mapped a copy, its file is not needed (its pages stay while mapped): when this package is imported
+# before phonemizer, each wrapper removes its folder as soon as its library is loaded, in place of
+# that finalizer (which only removed the folder: phonemizer gives it no library to close).
+ESPEAK_API = "phonemizer.backend.espeak.api"
+
+
+@contextlib.contextmanager
+def _copies_off_disk(api):
+    yield
+    if sys.platform != "win32" and hasattr(api, "EspeakAPI") and hasattr(api, "weakref"):
+        api.EspeakAPI.__init__ = _removing_its_copy(api, api.EspeakAPI.__init__)
+
+
+def _removing_its_copy(api, init):
+    import functools
+    import shutil
+    import threading
+    import types
+
+    lock, real = threading.Lock(), api.weakref
+    no_finalizer = types.SimpleNamespace(finalize=lambda *args, **kwargs: None)
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        with lock:  # the module's `weakref` is swapped while one wrapper is made
+            api.weakref = no_finalizer
+            try:
+                init(self, *args, **kwargs)
+            finally:
+                api.weakref = real
+                folder = getattr(self, "_tempdir", None)
+                if folder:
+                    shutil.rmtree(folder, ignore_errors=True)
+    return __init__
+
+
+if ESPEAK_API not in sys.modules:
+    sys.meta_path.insert(0, _Around(ESPEAK_API, _copies_off_disk))

@@ -762,7 +762,7 @@ def test_a_slow_reader_of_a_whole_answer_keeps_its_place_until_it_has_taken_it(e
 
 
 
-def test_stopping_the_server_is_one_line_even_mid_answer(exported_voice):
+def test_stopping_the_server_is_one_line_even_mid_answer(exported_voice, tmp_path):
     # Ctrl-C printed a KeyboardInterrupt traceback (uvicorn raises the signal again once it has stopped);
     # an answer still being sent when it stopped, "Exception in ASGI application" and 30 more lines
     # Started with SIGINT ignored (a shell script's `serve &`, or a test run in the background): uvicorn
@@ -771,13 +771,17 @@ def test_stopping_the_server_is_one_line_even_mid_answer(exported_voice):
     ignore = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
     default = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
     # Ctrl-C twice (uvicorn's force exit): its lifespan task was cancelled, "ERROR: Traceback ... CancelledError"
-    for sig, client, start, twice in ((signal.SIGINT, False, default, False), (signal.SIGTERM, True, default, False),
-                                      (signal.SIGINT, False, ignore, False), (signal.SIGINT, False, default, True)):
+    # Stopped by SIGTERM (systemd, `kill`), it left phonemizer's two copies of libespeak-ng (1.1 MB) in $TMPDIR
+    cases = ((signal.SIGINT, False, default, False), (signal.SIGTERM, True, default, False),
+             (signal.SIGINT, False, ignore, False), (signal.SIGINT, False, default, True))
+    for case, (sig, client, start, twice) in enumerate(cases):
         port = free_port()
+        tmp = tmp_path / str(case)
+        tmp.mkdir()
         argv = blocked_command("pipeline.serve", "--voice", str(exported_voice), "--port", str(port),
                                "--client-timeout", "60")
-        srv = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT,
-                               preexec_fn=start)
+        srv = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=start,
+                               env={**child_env(), "TMPDIR": str(tmp)})
         try:
             wait_for_health(srv, port)
             slow = unread(port, "/synthesize", "<speak>Hi. " + '<break time="10s"/>' * 15 + "</speak>") \
@@ -798,6 +802,7 @@ def test_stopping_the_server_is_one_line_even_mid_answer(exported_voice):
         lines = [line for line in out.splitlines() if "cuInit" not in line]
         assert "Traceback" not in out and srv.returncode == (130 if sig == signal.SIGINT else -signal.SIGTERM), out
         assert lines[-1] == ("stopping: an answer still being made or sent was cut off" if client else "stopped (Ctrl-C)"), out
+        assert list(tmp.iterdir()) == [], (sig, list(tmp.rglob("*")))
 
 
 def test_a_server_started_with_standard_output_closed_serves(exported_voice, tmp_path):

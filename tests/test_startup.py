@@ -181,3 +181,30 @@ def test_a_tensorflow_job_starts_without_kerass_extras_and_the_rest_still_has_th
     assert proc.stdout.splitlines()[:3] == ["['keras', 'tensorflow']", "None None None", "KMeans DataFrame"]
     assert proc.stdout.splitlines()[3] == kernels or kernels is None
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+ONCE = """
+import importlib.machinery, sys
+ran = []
+exec_module = importlib.machinery.SourceFileLoader.exec_module
+def counted(loader, module):
+    ran.extend([module.__name__] if module.__name__ in ("tensorflow", "phonemizer.backend.espeak.api") else [])
+    return exec_module(loader, module)
+importlib.machinery.SourceFileLoader.exec_module = counted
+import pipeline, tensorflow
+from phonemizer.backend.espeak import api
+print(sorted(ran), tensorflow.constant(2).numpy())
+"""
+
+
+@pytest.mark.parametrize("log_level", ["3", "0"])
+def test_tensorflow_loads_once_and_quietly_unless_asked_for_its_lines(log_level):
+    # the pipeline's quiet import ran tensorflow/__init__.py a second time, into a second module object
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": log_level}
+    proc = subprocess.run([sys.executable, "-c", ONCE], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[0] == "['phonemizer.backend.espeak.api', 'tensorflow'] 2"
+    if log_level == "3":  # the default: TensorFlow's C++ start-up lines do not bury a job's own
+        assert proc.stderr == ""
+    elif platform.machine() in X86:  # asked for (TF_CPP_MIN_LOG_LEVEL=0): they are there
+        assert "oneDNN custom operations are on" in proc.stderr, proc.stderr[-2000:]

@@ -3,9 +3,13 @@ text in another script, symbols outside the inventory, each cleaner, dropped cha
 say nothing, unknown cleaners."""
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
 
 import pytest
+from conftest import ROOT, left_in_tmpdir
 
 from pipeline import symbols, text
 from pipeline.text import (
@@ -373,3 +377,23 @@ def test_encode_warns_when_another_espeak_ng_made_the_models_phonemes(caplog):
         text.encode("Hi.", vocab)
     assert f"espeak-ng {text.espeak_version()} phonemizes this text; the model was trained on 0.0-not-this-one" \
         in caplog.text
+
+
+TWO_VOICES = """
+from pipeline import text
+words = ["tomato, routes and schedules"]
+print([text.phonemize(words, language)[0] for language in ("en-us", "en-gb", "en-us", "en-gb")])
+"""
+
+
+def test_a_killed_job_leaves_no_copy_of_espeak_ng_and_each_voice_keeps_its_own(tmp_path):
+    # phonemizer copies libespeak-ng into a new $TMPDIR folder for each wrapper and removed it only at
+    # a normal exit: every job stopped by SIGTERM or SIGKILL left two copies (1.1 MB). They are removed
+    # once loaded, and each wrapper still has its own library: one voice does not speak for another.
+    assert left_in_tmpdir(tmp_path, TWO_VOICES) == []
+    words = ["tomato, routes and schedules"]
+    us, gb = text.phonemize(words, "en-us")[0], text.phonemize(words, "en-gb")[0]
+    assert us != gb
+    proc = subprocess.run([sys.executable, "-c", TWO_VOICES], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.strip() == repr([us, gb, us, gb]) and proc.stderr == ""
