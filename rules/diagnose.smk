@@ -2,6 +2,11 @@
 # Depends on the caches (and the duration caches, for models trained on them), not on a finished training run.
 
 
+# train: keys only the training loop reads (how far it trains, how often it logs, saves and
+# summarizes): diagnose builds the trainer and times its step; raising train.steps does not rerun it
+TRAINING_LOOP_KEYS = ["steps", "log_every", "checkpoint_every", "summary_every"]
+
+
 rule diagnose:
     input:
         index=rules.cache_index.output.index,
@@ -24,6 +29,7 @@ rule diagnose:
             "export",
             "aligner",
             *(() if config["diagnose"]["target"] == "vocoder" else ("vocoder",)),
+            omit={"train": TRAINING_LOOP_KEYS},
         ),
         out=REPORT,
     shell:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import yaml
-from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, load_json, snakemake, write_config
+from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, edited_copy, load_json, planned_jobs, snakemake, write_config
 
 from pipeline import config, runinfo
 from pipeline import placement as placement_mod
@@ -590,6 +590,12 @@ def test_snakemake_diagnose_writes_the_report_from_the_caches_alone(built_cache,
     assert result["recommendations"] and "GPU" in " ".join(result["recommendations"])
     assert (report / "diagnose.md").read_text().startswith("# Diagnose")
     assert (report / "diagnose.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # how far training goes and how often it logs and saves do not rerun it (raising train.steps did);
+    # the batch whose step it times does
+    loop = edited_copy(path, "diagnose_loop.yaml", train={"steps": 999, "log_every": 7, "checkpoint_every": 7,
+                                                          "summary_every": 7})
+    assert planned_jobs(loop, "diagnose") == {}
+    assert planned_jobs(edited_copy(path, "diagnose_batch.yaml", train={"batch_size": 3}), "diagnose") == {"diagnose": 1}
 
 
 @pytest.mark.slow
