@@ -112,9 +112,10 @@ def _last_error(lines, killed):
 
 
 def _stop(procs, grace):
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
+    """SIGTERM to the workers still running, SIGKILL to those still there after `grace` s -> their indexes."""
+    running = [i for i, p in enumerate(procs) if p.poll() is None]
+    for i in running:
+        procs[i].terminate()
     deadline = time.monotonic() + grace
     for p in procs:
         try:
@@ -122,6 +123,7 @@ def _stop(procs, grace):
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+    return running
 
 
 def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP_GRACE_S):
@@ -173,7 +175,7 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
     except BaseException:  # Ctrl-C or a launcher bug: never leave workers behind
         _stop(procs, grace)
         raise
-    _stop(procs, grace)
+    stopped = _stop(procs, grace)
     for r in readers:
         r.join(timeout=5)
     if failed is None:
@@ -181,7 +183,9 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
         return 0
     rc = procs[failed].returncode
     how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
-    others = f"; stopped the other {workers - 1}" if workers > 1 else ""
+    # the others it stopped: not one that had already finished, or failed after it
+    others = "" if not stopped else f"; stopped the other {len(stopped)}" if len(stopped) == workers - 1 else \
+        f"; stopped {' and '.join(f'worker {i}' for i in stopped)}, still running"
     error = _last_error(list(tails[failed]), killed=rc < 0)
     raise WorkerFailed(f"worker {failed} (pid {procs[failed].pid}) {how}{error}{others}")
 

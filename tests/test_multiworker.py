@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,62 @@ def test_lift_buckets_moves_a_bucket_some_worker_lacks_into_a_larger_shape():
     assert (lift >= np.arange(5)).all()  # a clip's shape only ever grows
     assert lift_buckets(np.array([[1, 1], [1, 1]])).tolist() == [0, 1]  # nothing to move
     assert lift_buckets(np.array([[1, 0], [0, 1]])).tolist() == [1, 1]
+    # accumulated over buckets: 0 lacks worker 1 and 1 lacks worker 0, so together they are complete
+    assert lift_buckets(np.array([[1, 0, 1], [0, 1, 1]])).tolist() == [1, 1, 2]
+    # one bucket left short of a worker at the top joins the last complete set too
+    assert lift_buckets(np.array([[1, 1, 0], [1, 1, 1]])).tolist() == [0, 2, 2]
+
+
+# (shard, frames) of each training clip of a 3-worker share; edges 100..500 make 5 buckets of unequal sizes.
+# Shard 5 holds no training clip (validation clips only), and worker 2 (k % 3 == 2) has shard 2 alone.
+EDGES_3W = np.array([100, 200, 300, 400, 500])
+CLIPS_3W = [(0, 50), (0, 60), (1, 70), (2, 80), (2, 90), (2, 95),  # bucket 0: every worker
+            (3, 150), (7, 160), (7, 170), (7, 180),                # bucket 1: workers 0 and 1
+            (2, 250), (2, 260),                                    # bucket 2: worker 2 alone
+            (6, 350), (4, 360), (4, 370), (2, 380), (2, 390),      # bucket 3: every worker
+            (7, 450), (7, 460), (7, 470)]                          # bucket 4: worker 1 alone
+
+
+def _clips(pairs):
+    shard, frames = np.array(pairs).T
+    return types.SimpleNamespace(shard=shard, frames=frames)
+
+
+def test_three_workers_share_the_shards_and_the_bucket_weights_of_all_workers_clips():
+    from pipeline.multiworker_data import worker_share
+    cfg = {"name": "demo", "cache": {"dir": "cache"}, "train": {"batch_size": 6}}
+    shares = [worker_share(cfg, _clips(CLIPS_3W), EDGES_3W, (w, 3)) for w in range(3)]
+    assert [s[0] for s in shares] == [[0, 3, 6], [1, 4, 7], [2]]  # shard k is worker k % 3's; 5 is nobody's
+    assert [s[1] for s in shares] == [2, 2, 2]  # a third of the global batch each
+    for _, _, weights, lift in shares:  # the same on every worker: all draw the same bucket sequence
+        # buckets 1 (no clip of worker 2) and 2 (worker 2's alone) train together in 2's shape; 4 (worker 1's
+        # alone) is short of workers at the top, so it joins the last complete set, 3, in 4's shape
+        assert lift.tolist() == [0, 2, 2, 4, 4]
+        # each shape's share of the steps: its clips over all workers, 6, 4 + 2 and 5 + 3 of 20
+        assert weights.tolist() == pytest.approx([0.3, 0, 0.3, 0, 0.4])
+    # as many shards as workers is enough; shards 0, 1, 3, 4 leave worker 2 (k % 3 == 2) without a clip
+    assert worker_share(cfg, _clips([(0, 50), (1, 50), (2, 50)]), EDGES_3W, (2, 3))[0] == [2]
+    with pytest.raises(CacheError, match=r"cache/demo: worker\(s\) \[2\] of 3 hold no training clip"):
+        worker_share(cfg, _clips([(0, 50), (1, 60), (3, 70), (4, 80)]), EDGES_3W, (0, 3))
+
+
+def test_three_workers_draw_one_bucket_sequence_in_proportion_to_the_weights():
+    from pipeline.multiworker_data import aligned_batches, worker_share
+    cfg = {"name": "demo", "cache": {"dir": "cache"}, "train": {"batch_size": 6}}
+    clips, steps = _clips(CLIPS_3W), 500
+    sequences = []
+    for w in range(3):
+        mine, batch, weights, lift = worker_share(cfg, clips, EDGES_3W, (w, 3))
+        own = np.flatnonzero(np.isin(clips.shard, mine))
+        rows = np.stack([own, lift[np.searchsorted(EDGES_3W, clips.frames[own])]], axis=1)  # (clip, lifted bucket)
+        batches = [b.numpy() for b in aligned_batches(rows, 1, weights, batch, seed=7, index=w).take(steps)]
+        assert all(len(b) == batch and len(set(b[:, 1])) == 1 for b in batches)  # one bucket a batch
+        assert {int(c) for b in batches for c in b[:, 0]} == set(own.tolist())  # all its clips, no other's
+        sequences.append([int(b[0, 1]) for b in batches])
+    assert sequences[0] == sequences[1] == sequences[2]  # the same shape on every worker at each step
+    drawn = np.bincount(sequences[0], minlength=5) / steps
+    assert drawn[1] == drawn[3] == 0  # buckets whose clips train in a larger shape are never drawn
+    assert drawn.tolist() == pytest.approx([0.3, 0, 0.3, 0, 0.4], abs=0.07)  # 3 standard deviations of 500 draws
 
 
 def test_clips_in_a_bucket_one_worker_lacks_still_train(built_cache, capsys):
@@ -120,6 +177,61 @@ def test_a_worker_killed_by_a_signal_is_named_so_without_its_last_words(tmp_path
     with pytest.raises(launch.WorkerFailed) as failed:
         launch.launch(2, [], module="killed_worker", out=io.StringIO())
     assert re.fullmatch(r"worker 1 \(pid \d+\) was killed by SIGKILL; stopped the other 1", str(failed.value))
+
+
+# Worker 2 fails first; worker 1 follows once worker 2 has exited (as a peer whose collective lost a member
+# would); worker 0 runs on until stopped. "last": workers 1 and 2 finish, then worker 0 fails.
+PAIR_WORKER = """
+import json, os, signal, sys, time
+from pathlib import Path
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+signal.signal(signal.SIGTERM, lambda *_: (print(f"worker {index} got SIGTERM", flush=True), sys.exit(1)))
+gone = Path(sys.argv[1]) / "worker-2-gone"
+if sys.argv[2] == "last":
+    if index == 0:
+        time.sleep(1)
+        sys.exit("error: worker 0 failed after the others finished")
+    sys.exit(0)
+if index == 2:
+    time.sleep(0.2)
+    print("error: worker 2 ran out of memory", file=sys.stderr, flush=True)
+    gone.touch()
+    sys.exit(3)
+if index == 1:
+    while not gone.exists():
+        time.sleep(0.01)
+    time.sleep(0.3)
+    print("error: worker 1 lost its peer", file=sys.stderr, flush=True)
+    sys.exit(4)
+time.sleep(120)
+"""
+
+
+def test_of_two_workers_failing_within_one_poll_the_first_is_reported(tmp_path, monkeypatch):
+    (tmp_path / "pair_worker.py").write_text(PAIR_WORKER)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")  # stand-in GPUs, one a worker: 3 workers on any core count
+    out, sleep = io.StringIO(), time.sleep
+
+    def one_long_poll(seconds):  # the launcher's first poll lasts until both failures are in
+        deadline = time.monotonic() + 30
+        while out.getvalue().count("] error: ") < 2 and time.monotonic() < deadline:
+            sleep(0.01)
+        sleep(0.5)  # both readers saw their worker exit
+        monkeypatch.setattr(launch, "time", time)
+
+    monkeypatch.setattr(launch, "time", types.SimpleNamespace(sleep=one_long_poll, monotonic=time.monotonic))
+    with pytest.raises(launch.WorkerFailed) as failed:
+        launch.launch(3, [str(tmp_path), "pair"], module="pair_worker", out=out)
+    assert "[worker 1] error: worker 1 lost its peer" in out.getvalue()  # both failed before the launcher looked
+    # the cause is the worker that failed first, not the one that followed it or the lowest index
+    assert re.fullmatch(r"worker 2 \(pid \d+\) exited with status 3: error: worker 2 ran out of memory; "
+                        r"stopped worker 0, still running", str(failed.value)), str(failed.value)
+    assert "[worker 0] worker 0 got SIGTERM" in out.getvalue()  # the one still running was stopped
+    # a worker failing after all the others finished fails the launch too
+    with pytest.raises(launch.WorkerFailed, match=r"worker 0 \(pid \d+\) exited with status 1: error: worker 0 "
+                                                  r"failed after the others finished$"):
+        launch.launch(3, [str(tmp_path), "last"], module="pair_worker", out=io.StringIO())
 
 
 def test_each_local_worker_gets_its_own_share_of_the_gpus(tmp_path, monkeypatch):
