@@ -93,3 +93,22 @@ def test_a_sibling_whose_record_names_no_weights_is_not_a_source(tmp_path):
     out.parent.mkdir()
     assert aligner_folder.copy_by_key(out, "aaaaaaaaaaaa", print) is None
     assert not out.exists()
+
+
+def test_a_folder_is_never_its_own_source(tmp_path):
+    # a folder that already holds a record of its own (newer than any sibling's, no `.made`: made by an
+    # older pipeline, or its marker removed) must copy the sibling trained under its key, not "copy"
+    # itself and record itself in copied_from; alone, it trains
+    import os
+    root = tmp_path / "aligner"
+    _aligner(root / "aaaaaaaaaaaa", weights=b"sibling" * 20)
+    os.utime(root / "aaaaaaaaaaaa" / "aligner.json", ns=(1, 1))
+    _aligner(root / "dddddddddddd", weights=b"own" * 20, train_key="aaaaaaaaaaaa")
+    out = root / "dddddddddddd" / "aligner.json"
+    copied = aligner_folder.copy_by_key(out, "aaaaaaaaaaaa", print)
+    assert copied["copied_from"] == "aaaaaaaaaaaa" and json.loads(out.read_text())["copied_from"] == "aaaaaaaaaaaa"
+    assert (out.parent / "aligner.weights.h5").read_bytes() == b"sibling" * 20
+    alone = tmp_path / "other" / "eeeeeeeeeeee"
+    _aligner(alone, train_key="eeeeeeeeeeee")
+    assert aligner_folder.copy_by_key(alone / "aligner.json", "eeeeeeeeeeee", print) is None
+    assert "copied_from" not in json.loads((alone / "aligner.json").read_text())

@@ -117,6 +117,40 @@ def test_infer_pace_scales_lengths_and_pitch_shift_moves_pitch_in_semitones():
     assert model._infer.experimental_get_tracing_count() == 1
 
 
+def test_an_utterance_of_no_frames_decodes_a_silent_frame_and_runs_in_tflite():
+    # every token under half a frame (a short text at a fast pace, an undertrained predictor): the
+    # decoder still runs on a frame, which lengths 0 leaves out. On zero frames the exported TFLite
+    # graph failed ("XNNPack delegate failed to reshape runtime")
+    import tempfile
+
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+    model = FastPitch(**TINY)
+    model.duration_predictor.out.bias.assign([np.log(1 + 0.5)])  # half a frame a token, whatever the input
+    model.duration_predictor.out.kernel.assign(tf.zeros_like(model.duration_predictor.out.kernel))
+    model.adapt({"pitch_mean": 200.0, "pitch_std": 50.0})
+    tokens = tf.constant([[3, 4, 5]])
+    for out in (model.infer(tokens, tf.constant([3]), pace=10.0, max_frames=100),
+                model.infer_at(tokens, tf.constant([3]), tf.zeros([1, 3], tf.int32))):
+        assert out["lengths"].numpy().tolist() == [0] and out["mel"].shape[1] >= 1 and not np.any(out["mel"])
+
+    @tf.function(input_signature=[tf.TensorSpec([1, None], tf.int32), tf.TensorSpec([], tf.float32)])
+    def mel(tokens, pace):   # as pipeline.export folds the weights in
+        out = model.infer(tokens, tf.shape(tokens)[1:], pace=pace, max_frames=100)
+        return {"mel": out["mel"][0], "lengths": out["lengths"]}
+    frozen = convert_variables_to_constants_v2(mel.get_concrete_function())
+    module = tf.Module()
+    module.graph, module.mel = frozen, tf.function(lambda tokens, pace: dict(zip(("lengths", "mel"), tf.nest.flatten(
+        frozen(tokens, pace)))), input_signature=mel.input_signature)
+    with tempfile.TemporaryDirectory() as folder:
+        tf.saved_model.save(module, folder, signatures={"mel": module.mel.get_concrete_function()})
+        converter = tf.lite.TFLiteConverter.from_saved_model(folder, signature_keys=["mel"])
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        runner = tf.lite.Interpreter(model_content=converter.convert()).get_signature_runner("mel")
+    for pace, frames in ((1.0, 2), (10.0, 0)):
+        got = runner(tokens=np.array([[3, 4, 5]], np.int32), pace=np.float32(pace))
+        assert got["lengths"].tolist() == [frames] and len(got["mel"]) >= frames
+
+
 def test_infer_at_given_durations_and_pitch_is_infer_on_that_timing():
     model = FastPitch(**TINY)
     model.duration_predictor.out.bias.assign([np.log(1 + 6.0)])  # 6 frames a token, whatever the input

@@ -125,6 +125,14 @@ def test_synthesize_wav_and_a_stream_of_one_chunk_per_sentence(server):
         assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 22050)
         wav = np.frombuffer(w.readframes(w.getnframes()), "<i2")
     assert len(wav) > 22050 and np.abs(wav).max() > 0
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    try:   # a whole answer ends its response: the keep-alive connection takes the next request
+        for _ in range(2):
+            conn.request("POST", "/synthesize", body=json.dumps(text), headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            assert response.status == 200 and response.read() == body
+    finally:
+        conn.close()
     status, headers, chunks = stream(server.port, text)
     assert status == "HTTP/1.1 200 OK" and headers["transfer-encoding"] == "chunked"
     assert headers["content-type"] == "audio/L16;rate=22050;channels=1"
@@ -390,6 +398,35 @@ def test_a_server_on_a_network_address_refuses_a_rebound_name():
     named = serve.Guard(ok, serve.host_names("tts.example.com"))     # --host NAME: that name answers
     assert asyncio.run(_asgi_status(named, "tts.example.com:8050"))[0] == 200
     assert asyncio.run(_asgi_status(named, "evil.example:8050"))[0] == 403
+
+
+def test_a_whole_answer_is_sent_in_chunks_the_last_one_ending_it_at_any_size():
+    # the body is handed to uvicorn WAV_CHUNK bytes at a time; the last chunk, and only it, ends the
+    # answer. An answer of an exact multiple of WAV_CHUNK that ended on more_body=True left the response
+    # unfinished: uvicorn logged "ASGI callable returned without completing response" and closed the
+    # keep-alive connection
+    import asyncio
+
+    from pipeline import serve
+
+    def answered(body):
+        """(the ASGI messages of a WavAnswer of `body`, how many times it gave its place back)."""
+        sent, released = [], []
+
+        async def send(message):
+            sent.append(message)
+        asyncio.run(serve.WavAnswer(body, lambda: released.append(True))({"type": "http"}, None, send))
+        return sent, len(released)
+
+    chunk = serve.WAV_CHUNK
+    for size in (44, chunk - 1, chunk, chunk + 1, 2 * chunk, 2 * chunk + 1):
+        body = bytes(np.arange(size, dtype=np.uint8))
+        sent, released = answered(body)
+        parts = [m for m in sent if m["type"] == "http.response.body"]
+        assert sent[0]["type"] == "http.response.start" and len(parts) == -(-size // chunk), size
+        assert b"".join(m["body"] for m in parts) == body and all(len(m["body"]) <= chunk for m in parts)
+        assert [m["more_body"] for m in parts] == [True] * (len(parts) - 1) + [False], size
+        assert released == 1
 
 
 @pytest.mark.parametrize("value", ["10.0.0.7", "[::1]", "tts-box:8050", "tts box", "", "tts..lan"])

@@ -97,6 +97,25 @@ def test_harmonics_fade_out_over_the_hop_where_frames_turn_unvoiced():
     assert np.all(y[start + HOP:] == 0)
 
 
+@pytest.mark.parametrize("limit", [4000.0, SR / 2])
+def test_the_harmonic_at_the_limit_is_silent_and_one_just_below_it_fades(limit):
+    # harmonic m of F0 at amplitude min(1, (limit - m F0) / F0): none at the limit (audio.fmax, or
+    # Nyquist, where a harmonic folds back), one a quarter or three quarters of F0 below it in part
+    def amplitudes(hz, harmonics, frames=60):
+        y = _source(np.full(frames, hz), limit=limit)
+        n = np.arange(len(y), dtype=np.float64)
+        inc = np.float64(np.float32(hz) * np.float32(2 * np.pi / SR))                # the float32 step it takes
+        w = np.hanning(len(y))
+        return np.abs(np.exp(-1j * inc * np.outer(harmonics, n)) @ (w * y)) / (w.sum() / 2)
+
+    m = 16 if limit == 4000.0 else 4
+    at = amplitudes(limit / m, [m - 1, m])            # harmonic m at the limit (at Nyquist, m + 1 is m - 1's alias)
+    np.testing.assert_allclose(at, [1.0, 0.0], atol=0.01)
+    for fraction in (0.25, 0.75):                                          # harmonic m `fraction` F0 below it
+        np.testing.assert_allclose(amplitudes(limit / (m + fraction), [m - 1, m, m + 1]), [1.0, fraction, 0.0],
+                                   atol=0.01)
+
+
 def _model(fmax=8000, **source_filter):
     cfg = config.load_config(overrides={"audio": {"fmax": fmax}})
     v = dict(cfg["vocoder"], kind="source_filter", source_filter=dict(TINY, **source_filter))
@@ -195,6 +214,22 @@ def test_nothing_above_nyquist_or_fmax():
     spectrum = np.abs(np.fft.rfft(out * np.hanning(len(out)))) ** 2
     freqs = np.fft.rfftfreq(len(out), 1 / SR)
     assert spectrum[freqs > limit + 100].sum() < 1e-4 * spectrum.sum()            # harmonics and noise alike
+
+
+def test_the_models_source_fades_its_harmonics_out_at_audio_fmax():
+    # the band keeps the STFT bins at or below fmax, not a harmonic's window leaking into them: the
+    # source itself must stop at fmax (made up to Nyquist, one at fmax - F0/4 sounded at 0.7 of its
+    # neighbour's level instead of 0.18, one at fmax itself at 0.055 instead of 0.001)
+    model, a = _model(fmax=4000)
+
+    def relative(hz):                    # harmonic 16's amplitude in the model's audio over harmonic 15's
+        y = model(tf.fill([1, 60, a["n_mels"]], -3.0), f0=tf.fill([1, 60], np.float32(hz))).numpy()[0]
+        n = np.arange(len(y), dtype=np.float64)
+        inc = np.float64(np.float32(hz) * np.float32(2 * np.pi / SR))
+        w = np.hanning(len(y))
+        amp = np.abs(np.exp(-1j * inc * np.outer([15, 16], n)) @ (w * y))
+        return amp[1] / amp[0]
+    assert relative(4000.0 / 16.25) < 0.35 and relative(4000.0 / 16) < 0.02
 
 
 def test_nothing_above_fmax_whatever_the_gains():

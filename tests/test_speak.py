@@ -424,6 +424,85 @@ def test_errors_name_lines_of_the_whole_input_read_a_paragraph_at_a_time(exporte
                        ("<speak>\nOne more\nsay \u263a here.</speak>\n", ["--ssml"])):
         line = speak_error(exported_voice, text.encode(), capsys, monkeypatch, "--out", str(tmp_path / "x.wav"), *ssml)
         assert "paragraph" not in line and "\u263a" in line, line
+    # a paragraph after a blank first line: its lines counted from the input's first
+    assert speak_error(exported_voice, b"\nOne more\n[[ a [[ b ]].\n", capsys, monkeypatch, "--out",
+                       str(tmp_path / "x.wav")) == "error: line 3, column 6: '[[' inside phonemes opened at line 3, column 1"
+
+
+def test_out_is_left_as_it_was_when_the_text_is_refused_and_standard_input_is_not_needed(exported_voice, tmp_path,
+                                                                                          capsys, monkeypatch):
+    # --out is written atomically once all is said: text refused before the voice loads or after it
+    # (a later paragraph) makes none of a new path's folders and leaves an older file whole
+    from pipeline import speak
+    kept, new = tmp_path / "kept.wav", tmp_path / "new" / "sub" / "x.wav"
+    kept.write_bytes(b"RIFF an older take")
+    speak_error(exported_voice, b"", capsys, monkeypatch, "--out", str(new), "--ssml", "<speak>hi")
+    speak_error(exported_voice, "Hello there.\n\nsay \u263a here.\n".encode(), capsys, monkeypatch, "--out", str(kept))
+    assert kept.read_bytes() == b"RIFF an older take" and os.listdir(tmp_path) == ["kept.wav"]
+    monkeypatch.setattr(sys, "stdin", None)   # `speak ... TEXT <&-`: TEXT is said, standard input not wanted
+    speak.main(["--voice", str(exported_voice), "--out", str(kept), "Hi."])
+    with wave.open(str(kept)) as w:
+        assert w.getnframes() > 0
+
+
+def test_out_checks_all_of_the_text_before_it_makes_any_audio(exported_voice, tmp_path, capsys, monkeypatch):
+    # without --raw nothing is heard before all is said: a sentence the front end cannot say, in the last
+    # paragraph of standard input or the last sentence of TEXT, is refused before any audio is made
+    monkeypatch.setattr(Voice, "sentences_float", lambda *a: pytest.fail("audio made before all the text was checked"))
+    out = ["--out", str(tmp_path / "x.wav")]
+    line = speak_error(exported_voice, "Hello there.\n\nsay \u263a here.\n".encode(), capsys, monkeypatch, *out)
+    assert line.startswith("error: the paragraph at line 3: ") and "\u263a" in line, line
+    line = speak_error(exported_voice, b"", capsys, monkeypatch, *out, "Hello there. Say \u263a here.")
+    assert "paragraph" not in line and "\u263a" in line, line                  # TEXT has no paragraphs
+    assert not list(tmp_path.iterdir())
+
+
+def test_arguments_are_checked_before_the_voice_loads(exported_voice, tmp_path, capsys, monkeypatch):
+    # one of --out and --raw, and a --pace in range, are known before the model loads
+    from pipeline import speak
+    monkeypatch.setattr(speak, "Voice", lambda *a, **k: pytest.fail("the voice loaded before the arguments were checked"))
+    for argv, message in (([], "one of the arguments --out --raw is required"),
+                          (["--raw", "--out", str(tmp_path / "x.wav")], "argument --out: not allowed with argument --raw")):
+        with pytest.raises(SystemExit) as exit_:
+            speak.main(["--voice", str(exported_voice), *argv, "Hello."])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        speak.main(["--voice", str(exported_voice), "--out", str(tmp_path / "x.wav"), "--pace", "nan", "Hello."])
+    assert exit_.value.code == 2 and capsys.readouterr().err.strip() == "error: --pace: nan is outside 0.25..4"
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_seconds_to_the_first_audio_are_the_first_sentences(voice, monkeypatch):
+    # --raw logs "first audio after F s": the latency a listener waits, not the time to the last sentence
+    import io
+    from types import SimpleNamespace
+
+    from pipeline import speak
+    clock = [0.0]
+    sentences = voice.sentences_float
+
+    def made(request):              # each sentence takes one second on this clock
+        for audio in sentences(request):
+            clock[0] += 1.0
+            yield audio
+    args = SimpleNamespace(ssml=False, pace=1.0, pitch_shift=0.0, speaker=None, language=None)
+    monkeypatch.setattr(voice, "sentences_float", made)
+    monkeypatch.setattr(speak, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    _, n, first = speak.speak(voice, [(1, "Hello there. How are you? Fine.")], args, io.BytesIO())
+    assert (n, first) == (3, 1.0)
+
+
+def test_with_ssml_standard_input_is_one_document_blank_lines_and_all(exported_voice, tmp_path, monkeypatch):
+    # --ssml: all of standard input is one SSML document (its <speak> implied), not read a paragraph at a
+    # time: an element may hold a blank line
+    import io
+
+    from pipeline import speak
+    text = '<prosody rate="50%">Hello there.\n\nGoodbye.</prosody>\n'
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode()), encoding="utf-8"))
+    speak.main(["--voice", str(exported_voice), "--out", str(tmp_path / "slow.wav"), "--ssml"])
+    with wave.open(str(tmp_path / "slow.wav")) as w:
+        assert w.getnframes() > 0
 
 
 

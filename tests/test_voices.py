@@ -209,6 +209,19 @@ def test_a_smoother_copy_of_a_voice_still_reads_as_that_voice():
     assert metrics.speaker_similarity(recorded, smooth, speakers)["accuracy"] == 1.0
 
 
+def test_a_clips_pitch_features_are_measured_over_two_voiced_frames_or_more():
+    # the mean and spread of log F0 over a clip's voiced frames; one voiced frame (a voicing blip in a
+    # whisper) has no spread to measure and counts as none: both [0, 0], not a flat intonation at its F0
+    mc, f0 = np.zeros((6, 25)), np.zeros(6)
+    none = metrics.speaker_feature(mc, f0)
+    f0[2] = 200.0
+    one = metrics.speaker_feature(mc, f0)
+    f0[4] = 100.0
+    two = metrics.speaker_feature(mc, f0)
+    assert none[-2:].tolist() == one[-2:].tolist() == [0.0, 0.0]
+    np.testing.assert_allclose(two[-2:], [np.log(np.sqrt(200.0 * 100.0)), np.log(2.0) / 2])
+
+
 def _run(module, path, *args, check=True, cwd=ROOT, pythonpath=""):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(filter(None, [pythonpath, str(ROOT)])))
     proc = subprocess.run([sys.executable, "-m", module, "--config", str(path), *args], cwd=cwd, env=env,
