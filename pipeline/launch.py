@@ -181,13 +181,17 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
     if failed is None:
         log(f"launch: all {workers} workers finished")
         return 0
+    raise WorkerFailed(_failure(procs, failed, list(tails[failed]), stopped))
+
+
+def _failure(procs, failed, tail, stopped):
+    """What failed: worker `failed` (the first to), how, its last error line in `tail`, and the others
+    it stopped: those still running then, not one that had finished or failed after it."""
     rc = procs[failed].returncode
     how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
-    # the others it stopped: not one that had already finished, or failed after it
-    others = "" if not stopped else f"; stopped the other {len(stopped)}" if len(stopped) == workers - 1 else \
+    others = "" if not stopped else f"; stopped the other {len(stopped)}" if len(stopped) == len(procs) - 1 else \
         f"; stopped {' and '.join(f'worker {i}' for i in stopped)}, still running"
-    error = _last_error(list(tails[failed]), killed=rc < 0)
-    raise WorkerFailed(f"worker {failed} (pid {procs[failed].pid}) {how}{error}{others}")
+    return f"worker {failed} (pid {procs[failed].pid}) {how}{_last_error(tail, killed=rc < 0)}{others}"
 
 
 @cli
