@@ -109,7 +109,8 @@ def built_cache(tmp_path_factory, corpus_template):
 
 def left_in_tmpdir(tmp_path, script):
     """The files a Python `script` leaves in its $TMPDIR when it ends with os._exit, as a killed job
-    would (no exit handlers run): AutoGraph writes each function it converts there."""
+    would (no exit handlers run): AutoGraph writes each function it converts there, and phonemizer
+    copied libespeak-ng there."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     subprocess.run([sys.executable, "-c", script + "\nimport os\nos._exit(0)\n"], check=True, capture_output=True,

@@ -134,10 +134,14 @@ def test_clips_in_a_bucket_one_worker_lacks_still_train(built_cache, capsys):
     assert "train in the next larger shape" in capsys.readouterr().out
 
 
-FAKE_WORKER = """
+# a fake worker's start: its index from TF_CONFIG, and a line when the launcher asks it to stop
+WORKER_START = """
 import json, os, signal, sys, time
+from pathlib import Path
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 signal.signal(signal.SIGTERM, lambda *_: (print(f"worker {index} got SIGTERM", flush=True), sys.exit(1)))
+"""
+FAKE_WORKER = WORKER_START + """
 print(f"worker {index} up", flush=True)
 if index == 1:
     time.sleep(1)
@@ -181,11 +185,7 @@ def test_a_worker_killed_by_a_signal_is_named_so_without_its_last_words(tmp_path
 
 # Worker 2 fails first; worker 1 follows once worker 2 has exited (as a peer whose collective lost a member
 # would); worker 0 runs on until stopped. "last": workers 1 and 2 finish, then worker 0 fails.
-PAIR_WORKER = """
-import json, os, signal, sys, time
-from pathlib import Path
-index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-signal.signal(signal.SIGTERM, lambda *_: (print(f"worker {index} got SIGTERM", flush=True), sys.exit(1)))
+PAIR_WORKER = WORKER_START + """
 gone = Path(sys.argv[1]) / "worker-2-gone"
 if sys.argv[2] == "last":
     if index == 0:
