@@ -22,6 +22,7 @@ hop_length), pitch.* (pitch).
 """
 import argparse
 import collections
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -272,10 +273,28 @@ def decode(path, *, sample_rate, max_seconds):
     streamed = streamed_wav(path) if os.path.isfile(path) else None
     if streamed is None:
         return audio.load_audio(path, sample_rate=sample_rate, max_seconds=max_seconds)
+    with _as_file(streamed) as copy:
+        return audio.load_audio(copy, sample_rate=sample_rate, max_seconds=max_seconds)
+
+
+@contextlib.contextmanager
+def _as_file(data):
+    """A path that reads as `data`: on Linux a memory file (memfd, opened by its /proc/self/fd name),
+    which a job killed while it decodes (SIGKILL, a SLURM time limit) cannot leave behind; elsewhere a
+    temporary file in $TMPDIR, removed when the block ends."""
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fd = os.memfd_create("streamed.wav", os.MFD_CLOEXEC)
+        try:
+            with open(fd, "wb", closefd=False) as f:
+                f.write(data)
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
     with tempfile.NamedTemporaryFile(suffix=".wav") as copy:
-        copy.write(streamed)
+        copy.write(data)
         copy.flush()
-        return audio.load_audio(copy.name, sample_rate=sample_rate, max_seconds=max_seconds)
+        yield copy.name
 
 
 def _after_chunks(raw):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import soxr
-from conftest import ROOT, planned_jobs, snakemake, write_config
+from conftest import ROOT, left_in_tmpdir, planned_jobs, snakemake, write_config
 
 from pipeline import audio, cache, config, manifest, pitch, shards, text
 from pipeline.errors import PipelineError
@@ -535,6 +535,30 @@ def test_streamed_wav_with_placeholder_sizes_is_read(tmp_path, corpus_template):
     (tmp_path / "streamed.wav").write_bytes(header + y.astype("<i2").tobytes())
     got = audio.load_audio(tmp_path / "streamed.wav", sample_rate=SR, max_seconds=20.0)
     np.testing.assert_allclose(got, y / 32768.0, atol=1e-6)
+
+
+def test_streamed_wav_decoded_by_a_killed_job_leaves_nothing_in_tmpdir(tmp_path, monkeypatch):
+    # the placeholder-size copy was a NamedTemporaryFile: a mel job killed while reading it (SIGKILL, a
+    # SLURM time limit: no exit handler runs) left the clip's bytes in $TMPDIR
+    spoken = subprocess.run(["espeak-ng", "--stdout", "A sentence spoken into a pipe."], capture_output=True,
+                            check=True).stdout
+    (tmp_path / "piped.wav").write_bytes(spoken)
+    assert cache.streamed_wav(tmp_path / "piped.wav") is not None
+    assert left_in_tmpdir(tmp_path, f"""
+from pipeline import audio, cache
+def killed(path, **kw):
+    assert len(audio.load_audio.__wrapped__(path, **kw)) > 0
+    import os; os._exit(0)
+killed.__wrapped__ = audio.load_audio
+audio.load_audio = killed
+cache.decode({str(tmp_path / "piped.wav")!r}, sample_rate=22050, max_seconds=20.0)
+""") == []
+    # where the system has no memory files: a temporary file, removed once read
+    want = cache.decode(tmp_path / "piped.wav", sample_rate=SR, max_seconds=20.0)
+    monkeypatch.delattr(cache.os, "memfd_create")
+    monkeypatch.setattr(cache.tempfile, "tempdir", str(tmp_path / "tmp"))
+    np.testing.assert_array_equal(cache.decode(tmp_path / "piped.wav", sample_rate=SR, max_seconds=20.0), want)
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_wav_streamed_with_a_2gb_placeholder_is_read_to_its_end(tmp_path, corpus_template):
