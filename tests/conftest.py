@@ -107,17 +107,23 @@ def built_cache(tmp_path_factory, corpus_template):
     return cfg_path
 
 
-def left_in_tmpdir(tmp_path, script):
-    """The files a Python `script` leaves in its $TMPDIR when it ends with os._exit, as a killed job
-    would (no exit handlers run): AutoGraph writes each function it converts there, and phonemizer
-    copied libespeak-ng there."""
+def killed_job(tmp_path, script):
+    """(the files, its stdout, its stderr) that a Python `script` leaves when it ends with os._exit, as a
+    killed job would (no exit handlers run), the files being those in its own $TMPDIR: AutoGraph writes
+    each function it converts there, and phonemizer copied libespeak-ng there."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    subprocess.run([sys.executable, "-c", script + "\nimport os\nos._exit(0)\n"], check=True, capture_output=True,
-                   env={**os.environ, "TMPDIR": str(tmp),
-                        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent),
-                                                                    os.environ.get("PYTHONPATH")]))})
-    return sorted(p.name for p in tmp.iterdir())
+    proc = subprocess.run([sys.executable, "-c", script + "\nimport os, sys\nsys.stdout.flush()\nos._exit(0)\n"],
+                          check=True, capture_output=True, text=True,
+                          env={**os.environ, "TMPDIR": str(tmp),
+                               "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                                           os.environ.get("PYTHONPATH")]))})
+    return sorted(p.name for p in tmp.iterdir()), proc.stdout, proc.stderr
+
+
+def left_in_tmpdir(tmp_path, script):
+    """The files in its $TMPDIR that a Python `script` ended as a killed job leaves (killed_job)."""
+    return killed_job(tmp_path, script)[0]
 
 
 def load_json(path):

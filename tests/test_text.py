@@ -3,13 +3,10 @@ text in another script, symbols outside the inventory, each cleaner, dropped cha
 say nothing, unknown cleaners."""
 import json
 import logging
-import os
-import subprocess
-import sys
 import time
 
 import pytest
-from conftest import ROOT, left_in_tmpdir
+from conftest import killed_job
 
 from pipeline import symbols, text
 from pipeline.text import (
@@ -390,10 +387,9 @@ def test_a_killed_job_leaves_no_copy_of_espeak_ng_and_each_voice_keeps_its_own(t
     # phonemizer copies libespeak-ng into a new $TMPDIR folder for each wrapper and removed it only at
     # a normal exit: every job stopped by SIGTERM or SIGKILL left two copies (1.1 MB). They are removed
     # once loaded, and each wrapper still has its own library: one voice does not speak for another.
-    assert left_in_tmpdir(tmp_path, TWO_VOICES) == []
+    left, out, err = killed_job(tmp_path, TWO_VOICES)
+    assert left == []
     words = ["tomato, routes and schedules"]
     us, gb = text.phonemize(words, "en-us")[0], text.phonemize(words, "en-gb")[0]
     assert us != gb
-    proc = subprocess.run([sys.executable, "-c", TWO_VOICES], capture_output=True, text=True, check=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.stdout.strip() == repr([us, gb, us, gb]) and proc.stderr == ""
+    assert out.strip() == repr([us, gb, us, gb]) and err == ""
