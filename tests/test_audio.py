@@ -5,6 +5,7 @@ sqrt(re^2 + im^2 + 1e-9), slaney filterbank, log clamp 1e-5) on real espeak-ng s
     python -m pytest -q tests/test_audio.py
 """
 import os
+import struct
 import subprocess
 import sys
 
@@ -138,3 +139,111 @@ def test_mel_basis_is_librosas_kept_in_a_memo_a_later_job_reads_without_librosa(
     audio.mel_basis.cache_clear()
     assert np.array_equal(audio.mel_basis(**MEL), expected)
     audio.mel_basis.cache_clear()
+
+
+def test_mel_basis_memo_is_keyed_by_every_setting_and_librosas_version(tmp_path, monkeypatch):
+    """A job never reads the filterbank of another setting, nor one another librosa version made."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    variants = [MEL, dict(MEL, sample_rate=22050), dict(MEL, fmin=0.0), dict(MEL, fmax=6000.0)]
+    for settings in variants + variants:  # the second round reads the memos
+        audio.mel_basis.cache_clear()
+        want = librosa.filters.mel(sr=settings["sample_rate"], n_fft=512, n_mels=40, fmin=settings["fmin"],
+                                   fmax=settings["fmax"]).astype(np.float32)
+        assert np.array_equal(audio.mel_basis(**settings), want), settings
+    memos = tmp_path / "tts-pipeline"
+    assert len(list(memos.iterdir())) == len(variants)
+    monkeypatch.setattr(audio, "version", lambda name: "0.0.0-another")  # another librosa: a memo of its own
+    audio.mel_basis.cache_clear()
+    audio.mel_basis(**MEL)
+    assert len(list(memos.iterdir())) == len(variants) + 1
+    audio.mel_basis.cache_clear()
+
+
+def test_a_memo_of_non_finite_values_or_another_dtype_is_made_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    audio.mel_basis.cache_clear()
+    want = librosa.filters.mel(sr=16000, n_fft=512, n_mels=40, fmin=20.0, fmax=7000.0).astype(np.float32)
+    audio.mel_basis(**MEL)
+    [memo] = (tmp_path / "tts-pipeline").iterdir()
+    nan = want.copy()
+    nan[3, 7] = np.nan
+    for bad in (nan, want.astype(np.float64)):
+        np.save(memo, bad)
+        audio.mel_basis.cache_clear()
+        got = audio.mel_basis(**MEL)
+        assert got.dtype == np.float32 and np.array_equal(got, want)
+        assert np.load(memo).dtype == np.float32 and np.array_equal(np.load(memo), want)
+    audio.mel_basis.cache_clear()
+
+
+def test_an_odd_n_fft_minus_hop_pads_the_extra_sample_on_the_right(speech):
+    """(n_fft - hop) / 2 each side, the right taking the odd sample: frame t is the n_fft samples from
+    t*hop - left, and a clip of a whole number of hops keeps n // hop frames."""
+    n_fft, hop = 1024, 255
+    left, right = (n_fft - hop) // 2, (n_fft - hop) // 2 + 1
+    assert audio.frame_padding(n_fft=n_fft, hop_length=hop) == (left, right)
+    y = speech[0][:20 * hop]
+    spec = audio.stft_magnitude(y, n_fft=n_fft, hop_length=hop, win_length=n_fft)
+    assert spec.shape == (n_fft // 2 + 1, 20)
+    padded = np.pad(y.astype(np.float64), (left, right), mode="reflect")
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n_fft) / n_fft)
+    for t in (0, 9, 19):
+        want = np.abs(np.fft.rfft(padded[t * hop:t * hop + n_fft] * window))
+        np.testing.assert_allclose(spec[:, t], np.sqrt(want ** 2 + 1e-9), rtol=1e-3, atol=1e-4)
+
+
+def _wav_with_an_odd_chunk_first(pcm):
+    """A 16-bit mono RIFF/WAVE: fmt, then a 5-byte LIST chunk and its pad byte, then the data chunk."""
+    body = (b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, SR, 2 * SR, 2, 16)
+            + b"LIST" + struct.pack("<I", 5) + b"INFOx\0" + b"data" + struct.pack("<I", len(pcm)) + pcm)
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def test_a_cut_wav_is_truncated_by_the_bytes_it_lost_after_an_odd_sized_chunk(speech, tmp_path):
+    y = np.round(speech[1] * 32767).astype("<i2")
+    raw = _wav_with_an_odd_chunk_first(y.tobytes())
+    (tmp_path / "whole.wav").write_bytes(raw)
+    assert audio.wav_shortfall(tmp_path / "whole.wav") == 0
+    np.testing.assert_array_equal(audio.load_audio(tmp_path / "whole.wav", sample_rate=SR, max_seconds=20.0),
+                                  y / np.float32(32768))
+    for lost in (1, len(y)):
+        (tmp_path / "cut.wav").write_bytes(raw[:-lost])
+        assert audio.wav_shortfall(tmp_path / "cut.wav") == lost
+        with pytest.raises(audio.BadAudio, match=rf"^truncated \(the WAV header declares {lost} more bytes"):
+            audio.load_audio(tmp_path / "cut.wav", sample_rate=SR, max_seconds=20.0)
+
+
+def test_a_file_soundfile_cannot_open_is_bad_audio_not_a_crash(tmp_path):
+    (tmp_path / "clip.raw").write_bytes(bytes(4000))  # headerless PCM: soundfile wants its rate (TypeError)
+    with pytest.raises(audio.BadAudio, match=r"^not readable as audio \(samplerate must be specified\)"):
+        audio.load_audio(tmp_path / "clip.raw", sample_rate=SR, max_seconds=20.0)
+
+
+def test_max_seconds_is_measured_at_the_files_own_rate_and_a_clip_of_exactly_it_is_kept(speech, tmp_path):
+    y = speech[2][:int(1.6 * 16000)]   # 1.6 s of samples, stored as a 16 kHz file
+    sf.write(tmp_path / "x.wav", y, 16000, subtype="FLOAT")
+    assert len(audio.load_audio(tmp_path / "x.wav", sample_rate=SR, max_seconds=1.6)) == round(1.6 * SR)
+    with pytest.raises(audio.BadAudio, match=r"^too long \(1\.6 s > dataset\.max_seconds 1\.5\)"):
+        audio.load_audio(tmp_path / "x.wav", sample_rate=SR, max_seconds=1.5)
+
+
+def test_a_16_khz_file_keeps_its_band_to_7_khz_when_resampled(tmp_path):
+    """The mel's top bands (to audio.fmax 8000) come from what a 16 kHz file holds: a 7 kHz tone arrives
+    within -60 dB of the exact 22,050 Hz signal."""
+    sf.write(tmp_path / "tone.wav", 0.5 * np.sin(2 * np.pi * 7000 * np.arange(16000) / 16000), 16000, subtype="FLOAT")
+    got = audio.load_audio(tmp_path / "tone.wav", sample_rate=SR, max_seconds=20.0)
+    want = 0.5 * np.sin(2 * np.pi * 7000 * np.arange(SR) / SR)
+    assert len(got) == SR
+    inner = slice(SR // 10, -SR // 10)  # away from the ends, where the filter starts and stops
+    assert np.max(np.abs(got[inner] - want[inner])) < 1e-3
+
+
+def test_every_sample_is_kept_and_one_hop_is_one_frame(speech, tmp_path):
+    y = np.round(speech[0][:SR + 1] * 32767).astype(np.int16)  # an odd number of samples
+    sf.write(tmp_path / "odd.wav", y, SR, subtype="PCM_16")
+    np.testing.assert_array_equal(audio.load_audio(tmp_path / "odd.wav", sample_rate=SR, max_seconds=20.0),
+                                  y / np.float32(32768))
+    s = SETTINGS["default"]
+    middle = np.flatnonzero(np.abs(y) > 3000)[0]  # speech, not silence
+    sf.write(tmp_path / "hop.wav", y[middle:middle + s["hop_length"]], SR, subtype="PCM_16")
+    assert audio.mel_from_file(tmp_path / "hop.wav", s, max_seconds=20.0).shape == (1, s["n_mels"])

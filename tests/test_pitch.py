@@ -34,7 +34,7 @@ def test_sine_sweep_within_two_percent_on_the_mel_grid():
     assert np.max(np.abs(f0[voiced] - truth[voiced]) / truth[voiced]) < 0.02
 
 
-@pytest.mark.parametrize("method", ["dio", "praat", "swiftf0"])
+@pytest.mark.parametrize("method", ["dio", "harvest", "praat", "swiftf0"])
 def test_half_a_hop_matters(method):
     """The grid is the mel's: measured against frame starts instead of centres, the sweep is off."""
     # a fast sweep: half a hop is ~1 % of F0; harmonics, as SwiftF0 calls a bare sine unvoiced
@@ -136,3 +136,105 @@ def test_schema_lists_exactly_the_registered_methods_and_swiftf0_range():
     assert config.load_config(None)["pitch"]["method"] in pitch.METHODS
     with pytest.raises(config.ConfigError, match="pitch.fmin"):
         config.load_config(None, {"pitch": {"method": "swiftf0", "fmin": 40.0}})
+
+
+def test_pyin_follows_a_fast_sweep_up_or_down_on_the_mel_grid():
+    """pyin's 2048-sample frames are centred on the mel's (starting there would put them 4 hops late): a
+    sweep rising or falling two octaves in 0.5 s is followed within a few percent."""
+    for low, high in ((100.0, 400.0), (400.0, 100.0)):
+        y, truth = _sweep(seconds=0.5, low=low, high=high, harmonics=10)
+        f0 = pitch.f0(y, sample_rate=SR, hop_length=HOP, n_frames=len(truth), fmin=65.0, fmax=600.0, method="pyin")
+        inner = slice(3, len(truth) - 3)
+        voiced = f0[inner] > 0
+        assert voiced.mean() > 0.9
+        assert np.median(np.abs(f0[inner][voiced] / truth[inner][voiced] - 1)) < 0.03, (low, high)
+
+
+def _tone(f, seconds=0.5):
+    """A voice-like tone (10 harmonics) at `f` Hz filling the whole clip."""
+    t = np.arange(int(SR * seconds)) / SR
+    return sum(0.3 / k * np.sin(2 * np.pi * f * k * t) for k in range(1, 11)).astype(np.float32)
+
+
+def test_praat_voices_a_tone_to_both_ends_of_the_clip():
+    """Praat's frames reach both ends of the clip: a tone that fills it is voiced on every mel frame."""
+    for f in (110.0, 233.0):
+        y = _tone(f)
+        f0 = pitch.f0(y, sample_rate=SR, hop_length=HOP, n_frames=audio.n_frames(len(y), HOP), fmin=65.0,
+                      fmax=600.0, method="praat")
+        assert (f0 > 0).all(), f
+        assert np.median(np.abs(f0 / f - 1)) < 0.001 and np.max(np.abs(f0 / f - 1)) < 0.05, f
+
+
+@pytest.mark.parametrize("method", ["dio", "praat", "swiftf0"])
+def test_a_clip_without_voice_gives_an_all_unvoiced_track(method):
+    noise = (0.1 * np.random.default_rng(0).standard_normal(SR // 2)).astype(np.float32)
+    for y in (np.zeros(SR // 2, np.float32), noise):
+        n = audio.n_frames(len(y), HOP)
+        f0 = pitch.f0(y, sample_rate=SR, hop_length=HOP, n_frames=n, fmin=65.0, fmax=600.0, method=method)
+        assert f0.shape == (n,) and (f0 == 0).mean() > 0.95
+
+
+def test_samples_after_the_last_frame_change_nothing():
+    """Only y[:n_frames * hop] counts, so a clip decoded again gives the track of the audio shard's samples."""
+    y, truth = _sweep(seconds=0.5, low=100.0, high=400.0, harmonics=10)
+    n = len(truth)
+    tail = np.random.default_rng(0).uniform(-1, 1, HOP - 1).astype(np.float32)  # a click, less than a hop
+    for method in ("dio", "praat", "swiftf0"):
+        kw = dict(sample_rate=SR, hop_length=HOP, n_frames=n, fmin=65.0, fmax=600.0, method=method)
+        np.testing.assert_array_equal(pitch.f0(np.concatenate([y[:n * HOP], tail]), **kw),
+                                      pitch.f0(y[:n * HOP], **kw), err_msg=method)
+
+
+def test_a_methods_frames_off_the_band_are_unvoiced_and_those_just_past_a_bound_held_at_it(monkeypatch):
+    """Whatever a method returns: beyond half of pitch.fmin or twice pitch.fmax, not finite or not positive:
+    unvoiced; within those margins: held at the bound; too many frames cut, too few padded unvoiced."""
+    fmin, fmax = 65.0, 600.0
+    raw = np.array([100.0, 0.4 * fmin, 0.6 * fmin, 1.5 * fmax, 2.5 * fmax, np.nan, np.inf, -np.inf, -100.0, 0.0])
+    want = np.float32([100.0, 0, fmin, fmax, 0, 0, 0, 0, 0, 0])
+    y = np.zeros(20 * HOP, np.float32)
+    for frames, n, expected in ((raw, 12, np.concatenate([want, [0, 0]])),
+                                (np.concatenate([raw, raw]), 12, np.concatenate([want, want[:2]])), (raw, 10, want)):
+        monkeypatch.setattr(pitch.METHODS.get("dio"), "track", lambda *args, out=frames: out)
+        f0 = pitch.f0(y, sample_rate=SR, hop_length=HOP, n_frames=n, fmin=fmin, fmax=fmax, method="dio")
+        assert f0.dtype == np.float32
+        np.testing.assert_array_equal(f0, expected)
+
+
+def test_voiced_stats_give_the_mean_and_std_of_the_voiced_frames_alone():
+    f = np.where(np.random.default_rng(0).random(500) < 0.6, np.random.default_rng(1).uniform(80, 300, 500), 0)
+    f = f.astype(np.float32)
+    count, total, squares = pitch.voiced_stats(f)
+    voiced = f[f > 0].astype(np.float64)
+    assert count == voiced.size and 0 < count < f.size
+    assert total / count == pytest.approx(voiced.mean(), rel=1e-12)
+    assert np.sqrt(squares / count - (total / count) ** 2) == pytest.approx(voiced.std(), rel=1e-9)
+
+
+def test_a_band_outside_a_methods_range_is_refused_naming_the_key():
+    """SwiftF0 scores 46.875..2093.75 Hz only: pitch.f0 refuses a band beyond it (as the schema does)."""
+    for fmin, fmax, key in ((40.0, 600.0, "pitch.fmin"), (65.0, 2500.0, "pitch.fmax")):
+        with pytest.raises(PipelineError, match=rf"^{key}: pitch.method swiftf0 searches 46.875..2093.75 Hz"):
+            pitch.f0(np.zeros(SR, np.float32), sample_rate=SR, hop_length=HOP, n_frames=86, fmin=fmin, fmax=fmax,
+                     method="swiftf0")
+    then = yaml.safe_load(config.SCHEMA.read_text())["properties"]["pitch"]["then"]["properties"]
+    swift = pitch.METHODS.get("swiftf0")
+    assert (then["fmin"]["minimum"], then["fmax"]["maximum"]) == (swift.lowest, swift.highest) == (46.875, 2093.75)
+
+
+def test_praat_rate_is_8_khz_or_four_times_fmax_never_above_the_audios():
+    for rate, fmax, want in ((22050, 600.0, 8000), (22050, 2500.0, 10000), (44100, 3000.0, 12000),
+                             (16000, 5000.0, 16000), (8000, 600.0, 8000), (6000, 600.0, 6000)):
+        assert pitch.praat_rate(rate, fmax) == want, (rate, fmax)
+
+
+def test_on_grid_interpolates_voicing_linearly_and_f0_in_log_frequency():
+    """Between two voiced frames F0 moves linearly in log-frequency; an unvoiced frame carries the
+    log-mean of its voiced neighbours; a mel frame is voiced where the interpolated voicing is >= 0.5."""
+    times = np.array([0.0, 1.0, 2.0, 3.0])
+    hz = np.array([100.0, 400.0, 0.0, 100.0])     # frame 2 unvoiced: it carries sqrt(400 * 100) = 200 Hz
+    voicing = np.array([1.0, 1.0, 0.0, 1.0])
+    centres = np.array([0.0, 0.5, 1.25, 1.5, 1.75, 2.5, 3.0])
+    want = [100.0, 200.0, 400 ** 0.75 * 200 ** 0.25, np.sqrt(400.0 * 200.0), 0.0, np.sqrt(200.0 * 100.0), 100.0]
+    np.testing.assert_allclose(pitch.on_grid(times, hz, voicing, centres), want, rtol=1e-12)
+    assert not pitch.on_grid(times, np.zeros(4), np.zeros(4), centres).any()   # nothing voiced

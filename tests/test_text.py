@@ -58,6 +58,24 @@ def test_inventory_is_fixed_not_the_datas():
     assert all(len(s) == 1 for s in phonemes)  # token shards hold one code point per symbol
 
 
+# The phonemes front end's symbols from id 2 on, as every token cache, checkpoint and exported voice reads them.
+PHONEME_SYMBOLS = (
+    "abcdefghijklmnopqrstuvwxyz"
+    "æçðøħŋœɐɑɒɓɔɕɖɗɘəɚɛɜɝɞɟɠɡɢɣɤɥɦɧɨɪɫɬɭɮɯɰɱɲɳɴɵɶɸɹɺɻɽɾʀʁʂʃʄʈʉʊʋʌʍʎʏʐʑʒʔʕʘʙʛʜʝʟʡʢ"
+    "ǀǁǂǃβθχⱱᵻᵿäëïöüãõ"
+    "ˈˌːˑ|‖‿123456˥˦˧˨˩ʰʱʲʷˠˤ˞ʼⁿˡ"
+    "\u0303\u0329\u032f\u032a\u031e\u031d\u031f\u0320\u0325\u032c\u031a\u0306\u0308\u0361\u0330\u0324\u0339\u031c"
+)
+PUNCTUATION = " !'(),-.:;?\"¡¿—…«»“”"
+
+
+def test_every_symbol_keeps_its_id():
+    """Not only the pinned sentences' symbols: a swap or a replacement of symbols they do not use
+    would make every trained model read those ids as other phonemes."""
+    assert symbols.inventory("characters") == ["_", "~", *"abcdefghijklmnopqrstuvwxyz", *PUNCTUATION]
+    assert symbols.inventory("phonemes") == ["_", "~", *PHONEME_SYMBOLS, *PUNCTUATION]
+
+
 @pytest.mark.parametrize("line, named", [
     ("I said سلام to him.", ["'س' (arabic letter seen)", "'ل' (arabic letter lam)"]),
     ("She wrote 你好 twice.", ["'你' (cjk unified ideograph-4f60)"]),
