@@ -180,9 +180,10 @@ class Synthesizer:
                                pace=pace, pitch_shift=pitch_shift,
                                max_frames=max_frames, **{f: tf.constant([ids_of[f]], tf.int32) for f in self.voiced})
         n = int(out["lengths"][0])
+        cut = n >= max_frames or not bool(out.get("stopped", [True])[0])   # a decoder that never stopped: cut too
         mel = out["mel"][0, :n].numpy().astype(np.float32) * self.std + self.mean   # (frames, n_mels) log-mel
         f0 = frame_f0(self.model, out, tf.constant([s_id], tf.int32))
-        return {"mel": mel, "f0": None if f0 is None else f0[0, :n].numpy(), "frames": n, "cut": n >= max_frames, "tokens": len(ids),
+        return {"mel": mel, "f0": None if f0 is None else f0[0, :n].numpy(), "frames": n, "cut": cut, "tokens": len(ids),
                 "speaker": self.speakers[s_id] if self.speakers else "", "language": language}
 
     def mel(self, sentence, speaker="", language=""):

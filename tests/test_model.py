@@ -9,7 +9,7 @@ import yaml
 from conftest import left_in_tmpdir
 
 from pipeline import models
-from pipeline.models.transformer_tts import TransformerTTS, tts_loss
+from pipeline.models.transformer_tts import STOP_POS_WEIGHT, Attention, Block, ScaledPositions, TransformerTTS, tts_loss
 
 # dropouts 0 so outputs are deterministic; tests that need dropout set it
 TINY = dict(n_symbols=12, n_mels=8, d_model=32, heads=2, encoder_layers=1, decoder_layers=2, ffn_dim=64,
@@ -184,9 +184,15 @@ def test_infer_interface_pace_resamples_and_pitch_shift_is_refused():
     tokens, lengths = tf.constant([[3, 4, 5, 6, 7]]), tf.constant([5])
     base = model.infer(tokens, lengths, max_frames=12)
     assert int(base["lengths"][0]) == 12 and base["mel"].shape == (1, 12, TINY["n_mels"])
-    slow = model.infer(tokens, lengths, pace=0.5, max_frames=12)
+    slow = model.infer(tokens, lengths, pace=0.5, max_frames=24)
     assert int(slow["lengths"][0]) == 24 and slow["mel"].shape == (1, 24, TINY["n_mels"])
     np.testing.assert_allclose(slow["mel"][0, ::2][:11], base["mel"][0, :11], atol=1e-5)  # same frames, spread
+    # max_frames bounds the paced mel, as FastPitch's: a sentence cut there has exactly that many frames at
+    # any pace (faster: decoded until its paced mel reaches them; slower: no more), and did not stop
+    for pace in (0.5, 2.0, 3.0):
+        out = model.infer(tokens, lengths, pace=pace, max_frames=12)
+        assert int(out["lengths"][0]) == 12 and out["mel"].shape == (1, 12, TINY["n_mels"]), pace
+        assert not out["stopped"][0], pace
     with pytest.raises(models.ModelError, match="pitch"):  # one line from synthesize or serve, no traceback
         model.infer(tokens, lengths, pitch_shift=2.0, max_frames=12)
 
@@ -255,3 +261,197 @@ model = TransformerTTS(**dict(TINY, prenet_dropout=0.5))
 model(make_batch())
 model.decode_autoregressive(tf.constant([[3, 4, 5]]), tf.constant([3]), max_steps=2, stop_threshold=0.5)
 """) == []
+
+
+def test_positions_add_alpha_times_the_sinusoids_of_each_position():
+    """Li et al. 2019: x + alpha * [sin(p w_k), cos(p w_k)] with w_k = 10000^(-2k/d), alpha learned."""
+    layer = ScaledPositions(8)
+    layer.build()
+    layer.alpha.assign(0.5)
+    x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype(np.float32)
+    angle = np.arange(5)[:, None] * 10000.0 ** (-np.arange(0, 8, 2) / 8)[None, :]          # (T, d/2)
+    expected = x + 0.5 * np.concatenate([np.sin(angle), np.cos(angle)], axis=-1)[None]
+    np.testing.assert_allclose(layer(tf.constant(x)), expected, atol=1e-5)
+
+
+def test_attention_is_scaled_dot_product_attention_per_head():
+    """Vaswani et al. 2017: softmax(Q_h K_h^T / sqrt(d_model / heads)) V_h per head, heads concatenated,
+    then the output projection; keys that are not allowed get weight 0."""
+    rng = np.random.default_rng(0)
+    layer = Attention(8, 2)
+    layer.build()
+    for v in layer.weights:                                                       # large enough for the scale to matter
+        v.assign(rng.normal(size=v.shape, scale=1.0))
+    x, source = rng.normal(size=(2, 3, 8)), rng.normal(size=(2, 4, 8))
+    allowed = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool)[:, None, None, :]      # row 1: two padded keys
+    y, weights = layer(tf.constant(x, tf.float32), tf.constant(source, tf.float32), tf.constant(allowed))
+    (wq, bq), (wkv, bkv), (wo, bo) = [(d.kernel.numpy(), d.bias.numpy()) for d in (layer.query, layer.key_value, layer.out)]
+    q, kv = x @ wq + bq, source @ wkv + bkv
+    k, v = kv[..., :8], kv[..., 8:]
+    heads = []
+    for h in range(2):
+        cols = slice(4 * h, 4 * h + 4)
+        scores = np.einsum("bqc,bkc->bqk", q[..., cols], k[..., cols]) / np.sqrt(4)
+        scores = np.where(allowed[:, 0], scores, -np.inf)
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        np.testing.assert_allclose(weights[:, h], p, atol=1e-5)
+        heads.append(p @ v[..., cols])
+    np.testing.assert_allclose(y, np.concatenate(heads, -1) @ wo + bo, atol=1e-4)
+    assert np.all(weights.numpy()[1, :, :, 2:] == 0)
+
+
+def test_loss_terms_are_the_masked_means_of_the_paper_terms():
+    """Mel L1 over every frame of the real decoder steps, stop BCE (positives weighted) and guided
+    attention W = 1 - exp(-(n/N - t/T)^2 / 2g^2) over real (step, token) cells, recomputed in numpy."""
+    rng = np.random.default_rng(3)
+    r, lengths, tokens, S, T, M = 2, np.array([7, 12]), np.array([3, 5]), 6, 5, 4
+    mel = rng.normal(size=(2, S * r, M))
+    outputs = {"mel_before": rng.normal(size=mel.shape), "mel_after": rng.normal(size=mel.shape),
+               "stop_logits": rng.normal(size=(2, S)) * 3, "alignment": rng.dirichlet(np.ones(T), size=(2, S))}
+    batch = {"mel": tf.constant(mel, tf.float32), "mel_lengths": tf.constant(lengths, tf.int32),
+             "token_lengths": tf.constant(tokens, tf.int32)}
+    total, terms = tts_loss({k: tf.constant(v, tf.float32) for k, v in outputs.items()}, batch, reduction=r,
+                            guided_attention_sigma=0.3, guided_attention_weight=3.0, stop_weight=0.7)
+    N = -(-lengths // r)                                                          # real decoder steps
+    frame = (np.arange(S * r)[None, :] < N[:, None] * r)[:, :, None]
+    for key in ("mel_before", "mel_after"):
+        expected = (np.abs(outputs[key] - mel) * frame).sum() / (frame.sum() * M)
+        np.testing.assert_allclose(terms[key], expected, rtol=1e-5, err_msg=key)
+    step = np.arange(S)[None, :] < N[:, None]
+    target, p = np.arange(S)[None, :] >= N[:, None] - 1, 1 / (1 + np.exp(-outputs["stop_logits"]))
+    bce = -(STOP_POS_WEIGHT * target * np.log(p) + (1 - target) * np.log(1 - p))
+    np.testing.assert_allclose(terms["stop"], bce[step].mean(), rtol=1e-5)
+    n, t = np.arange(S)[None, :, None] / N[:, None, None], np.arange(T)[None, None, :] / tokens[:, None, None]
+    w = 1 - np.exp(-(n - t) ** 2 / (2 * 0.3 ** 2))
+    cell = step[:, :, None] & (np.arange(T)[None, None, :] < tokens[:, None, None])
+    np.testing.assert_allclose(terms["guided_attention"], (outputs["alignment"] * w)[cell].mean(), rtol=1e-5)
+    expected = terms["mel_before"] + terms["mel_after"] + 0.7 * terms["stop"] + 3.0 * terms["guided_attention"]
+    np.testing.assert_allclose(total, expected, rtol=1e-6)
+
+
+def test_post_net_adds_its_residual_to_the_decoder_frames():
+    """mel_after = mel_before + post-net(mel_before); the last conv is linear (Tacotron 2), so a last
+    layer of zero weights and bias c adds exactly c to every frame."""
+    model = TransformerTTS(**TINY)
+    last = model.postnet[-1]
+    last.kernel.assign(tf.zeros_like(last.kernel))
+    last.bias.assign(tf.fill(last.bias.shape, 2.0))
+    out = model(make_batch())
+    np.testing.assert_allclose(out["mel_after"], out["mel_before"] + 2.0, atol=1e-5)
+
+
+def _stops_at_multiples_of_its_length(model, monkeypatch):
+    """The model's stop head replaced by one firing at every decoder step that is a multiple of the
+    sentence's token count (so a sentence of 2 tokens would stop at steps 2, 4, 6 ...)."""
+    decode = model.decode
+
+    def decode_with_that_stop(dec_in, memory, token_mask, seed, training=False):
+        frames, _, alignment = decode(dec_in, memory, token_mask, seed, training=training)
+        steps = tf.range(1, tf.shape(dec_in)[1] + 1)[None, :]
+        count = tf.reduce_sum(tf.cast(token_mask, tf.int32), axis=1)[:, None]
+        return frames, tf.where(steps % count == 0, 30.0, -30.0), alignment
+    monkeypatch.setattr(model, "decode", decode_with_that_stop)
+
+
+def test_a_sentence_that_stopped_keeps_its_length_and_mel_while_the_batch_decodes_on(monkeypatch):
+    model = TransformerTTS(**TINY)
+    _stops_at_multiples_of_its_length(model, monkeypatch)
+    tokens, lengths = tf.constant([[3, 4, 0, 0, 0], [5, 6, 7, 8, 9]]), tf.constant([2, 5])
+    out = model.decode_autoregressive(tokens, lengths, max_steps=8, stop_threshold=0.5)
+    assert list(out["lengths"].numpy()) == [2 * R, 5 * R] and np.all(out["stopped"])
+    assert np.all(out["mel"][0, 2 * R:] == 0) and np.all(out["mel"][1, 5 * R:] == 0)
+    # the first sentence's mel is the one it gets alone, though the batch went on decoding past its end
+    alone = model.decode_autoregressive(tokens[:1, :2], lengths[:1], max_steps=8, stop_threshold=0.5)
+    assert int(alone["lengths"][0]) == 2 * R
+    np.testing.assert_allclose(out["mel"][0, :2 * R], alone["mel"][0, :2 * R], atol=1e-5)
+
+
+def test_pace_resamples_each_sentence_of_a_batch_over_its_own_length(monkeypatch):
+    model = TransformerTTS(**TINY)
+    _stops_at_multiples_of_its_length(model, monkeypatch)
+    tokens, lengths = tf.constant([[3, 4, 0, 0, 0], [5, 6, 7, 8, 9]]), tf.constant([2, 5])
+    base = model.infer(tokens, lengths, max_frames=16)
+    n = base["lengths"].numpy()                                                   # 4 and 10 frames
+    slow = model.infer(tokens, lengths, pace=0.7, max_frames=16)
+    new = np.round(n / 0.7).astype(int)                                           # 6 and 14 frames
+    assert list(slow["lengths"].numpy()) == list(new)
+    for b in range(2):                                                            # linear interpolation in time
+        src = np.arange(new[b]) * n[b] / new[b]
+        expected = np.stack([np.interp(src, np.arange(n[b]), base["mel"][b, :n[b], m]) for m in range(TINY["n_mels"])], -1)
+        np.testing.assert_allclose(slow["mel"][b, :new[b]], expected, atol=1e-5)
+        assert np.all(slow["mel"][b, new[b]:] == 0)
+    fast = model.infer(tokens, lengths, pace=12.0, max_frames=16)                 # 4/12 rounds to 0: one frame
+    assert list(fast["lengths"].numpy()) == [1, 1]
+
+
+def test_infer_stops_at_the_models_stop_threshold_and_keeps_it_in_its_config():
+    """p(stop) = 0.73 at every step: over the default 0.5 (the first step would end the sentence), under
+    the model's 0.9, so it never stops, nor does the same model rebuilt from its config."""
+    model = TransformerTTS(**TINY, stop_threshold=0.9)
+    again = TransformerTTS(**model.get_config())
+    assert again.stop_threshold == 0.9
+    tokens, lengths = tf.constant([[3, 4, 5]]), tf.constant([3])
+    model.stop_out.kernel.assign(tf.zeros_like(model.stop_out.kernel))
+    model.stop_out.bias.assign([1.0])
+    assert int(model.infer(tokens, lengths, max_frames=3 * R)["lengths"][0]) == 3 * R
+
+
+def test_infer_cuts_a_sentence_at_max_frames_though_it_is_no_whole_step():
+    """max_frames not a multiple of r: the last step is decoded whole and cut, so a sentence cut there has
+    exactly max_frames frames (synthesize reports it cut) and has not stopped."""
+    model = TransformerTTS(**TINY)
+    model.stop_out.bias.assign([-30.0])                                           # never stops
+    tokens, lengths = tf.constant([[3, 4, 5]]), tf.constant([3])
+    for max_frames in (11, 1):
+        out = model.infer(tokens, lengths, max_frames=max_frames)
+        assert int(out["lengths"][0]) == max_frames and out["mel"].shape[1] == max_frames
+        assert not out["stopped"][0]
+
+
+def test_decoding_reaches_max_positions_steps_and_no_further():
+    model = TransformerTTS(**TINY, max_positions=4)
+    model.stop_out.bias.assign([-30.0])                                           # never stops
+    tokens, lengths = tf.constant([[3, 4, 5]]), tf.constant([3])
+    out = model.decode_autoregressive(tokens, lengths, max_steps=4, stop_threshold=0.5)
+    assert int(out["lengths"][0]) == 4 * R
+    with pytest.raises(ValueError, match="max_positions=4"):
+        model.decode_autoregressive(tokens, lengths, max_steps=5, stop_threshold=0.5)
+
+
+def test_the_language_id_changes_what_is_spoken():
+    model = TransformerTTS(**TINY, n_languages=2)
+    batch = make_batch()
+    mels = [model(dict(batch, language=tf.constant([i, i], tf.int32)))["mel"].numpy() for i in (0, 1)]
+    assert np.abs(mels[0] - mels[1]).max() > 1e-3
+
+
+def test_a_block_whose_sublayers_add_nothing_passes_its_input_through():
+    """Pre-LN residual blocks: x + attention(LN x) [+ cross-attention(LN x, memory)] + FFN(LN x); with each
+    sublayer's output projection zero, what comes out is what went in."""
+    rng = np.random.default_rng(0)
+    block = Block(8, 2, 16, 0.0, cross=True)
+    block.build()
+    for dense in (block.self_attn.out, block.cross_attn.out, block.ffn_out):
+        dense.kernel.assign(tf.zeros_like(dense.kernel))
+        dense.bias.assign(tf.zeros_like(dense.bias))
+    x, memory = tf.constant(rng.normal(size=(2, 3, 8)), tf.float32), tf.constant(rng.normal(size=(2, 4, 8)), tf.float32)
+    y, weights = block(x, tf.ones([1, 1, 3, 3], bool), memory, tf.ones([2, 1, 1, 4], bool))
+    np.testing.assert_allclose(y, x, atol=1e-6)
+    assert weights.shape == (2, 2, 3, 4)                                          # the cross-attention's
+
+
+def test_alignment_is_the_head_mean_of_the_last_decoders_cross_attention(monkeypatch):
+    model = TransformerTTS(**TINY)
+    cross, seen = model.decoder[-1].cross_attn, []
+    call = cross.call
+
+    def recording(x, source, allowed):
+        y, weights = call(x, source, allowed)
+        seen.append(weights)
+        return y, weights
+    monkeypatch.setattr(cross, "call", recording)
+    out = model(make_batch())
+    assert len(seen) == 1 and seen[0].shape[1] == TINY["heads"]
+    assert np.abs(seen[0][:, 0] - seen[0][:, 1]).max() > 1e-4                    # the heads attend differently
+    np.testing.assert_allclose(out["alignment"], tf.reduce_mean(seen[0], axis=1), atol=1e-6)

@@ -25,6 +25,24 @@ def test_a_sentence_cut_at_max_seconds_is_recorded_and_said_on_stderr(built_cach
     assert err[0] in logged                                      # and in the job's log, as before
 
 
+def test_a_sentence_whose_decoder_never_stopped_is_cut_below_max_frames(built_cache, tmp_path):
+    """transformer_tts decodes at most max_positions steps: at a fast pace a sentence that never stopped
+    can end below max_frames, and its model says so ("stopped" False): it is cut all the same."""
+    from pipeline import synthesize
+    path = run_config(built_cache, tmp_path, steps=10)
+    write_untrained_checkpoint(path, step=1)
+    synth = synthesize.load_synthesizer(config.load_config(path), log=lambda *a: None)
+    infer = synth.model.infer
+
+    def out_of_steps(*args, **kwargs):
+        out = dict(infer(*args, **kwargs))
+        assert int(out["lengths"][0]) < kwargs["max_frames"]
+        return {**out, "stopped": out["lengths"] < 0}
+    whole = synth.infer("A.")
+    synth.model.infer = out_of_steps
+    assert not whole["cut"] and synth.infer("A.")["cut"]
+
+
 def test_snakemake_shows_what_synthesize_says():
     # under Snakemake the job's output went only into synthesize.log: a cut sentence's warning never
     # reached the terminal. The rule tees it, as train's does (bash's pipefail keeps a failure a failure)

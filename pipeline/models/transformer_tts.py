@@ -12,6 +12,8 @@ Masks are built from lengths with tf.sequence_mask and passed explicitly (Keras 
 tf.function boundaries). Shapes are static under XLA; softmax and layer norms run in float32 under
 mixed precision; every output is float32.
 """
+import math
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -272,18 +274,23 @@ class TransformerTTS(keras.Model):
                 "stop_logits": stop_logits, "alignment": alignment}
 
     def infer(self, tokens, token_lengths, *, pace=1.0, pitch_shift=0.0, max_frames, speaker=None, language=None):
-        """The model interface: autoregressive decoding of at most max_frames frames, stopping at
-        `stop_threshold`; pace resamples the mel in time (> 1 faster). No pitch control: pitch_shift != 0
-        is an error. -> {"mel" (B, F, n_mels), "lengths" (B,), "stopped" (B,)}."""
+        """The model interface: autoregressive decoding, stopping at `stop_threshold`; pace resamples the
+        mel in time (> 1 faster); at most max_frames frames of the paced mel, as FastPitch's: the decoder
+        runs until the paced mel would pass max_frames (within max_positions steps), so a sentence cut
+        there has exactly max_frames frames at any pace, and "stopped" False. No pitch control:
+        pitch_shift != 0 is an error. -> {"mel" (B, F <= max_frames, n_mels), "lengths" (B,), "stopped" (B,)}."""
         if pitch_shift:
             raise ModelError("transformer_tts has no pitch control; set synthesize.pitch_shift: 0.0 "
                              "or use model.kind: fastpitch")
-        r = self.reduction
-        out = self.decode_autoregressive(tokens, token_lengths, max_steps=max(1, -(-int(max_frames) // r)),
+        max_frames, pace = int(max_frames), float(pace)
+        steps = min(max(1, math.ceil(max_frames * pace / self.reduction)), self.max_positions)
+        out = self.decode_autoregressive(tokens, token_lengths, max_steps=steps,
                                          stop_threshold=self.stop_threshold, speaker=speaker, language=language)
-        if pace == 1.0:
-            return out
-        return {**out, **_resample_time(out["mel"], out["lengths"], float(pace))}
+        if pace != 1.0:
+            out = {**out, **_resample_time(out["mel"], out["lengths"], pace)}
+        lengths = tf.minimum(out["lengths"], max_frames)
+        return {**out, "mel": out["mel"][:, :max_frames], "lengths": lengths,
+                "stopped": out["stopped"] & (out["lengths"] <= max_frames)}
 
     def decode_autoregressive(self, tokens, token_lengths, *, max_steps, stop_threshold, speaker=None, language=None):
         """Autoregressive decoding, at most max_steps decoder steps (max_steps * r frames).
