@@ -20,8 +20,11 @@ def _kind(op):
 
 
 def _func_refs(node):
-    # every function a node names: `f`, `key_func`, `then_branch`, lists of functions ...
-    for value in node.attr.values():
+    """Every function a node names (`f`, `key_func`, `then_branch`, lists of functions ...), in the order
+    of their attributes' names, a generator's `next_func` first: protobuf's map order follows Python's
+    string hash, so a from_generator's line named its next, init or finalize function by the process."""
+    for key in sorted(node.attr, key=lambda k: (k != "next_func", k)):
+        value = node.attr[key]
         if value.HasField("func"):
             yield value.func.name
         elif value.HasField("list"):

@@ -2,6 +2,7 @@
 
     python -m pytest -q tests/test_diagnose.py
 """
+import itertools
 import json
 import subprocess
 import sys
@@ -187,6 +188,32 @@ def test_find_pyfunc_ops_names_each_transformation():
     gen = tf.data.Dataset.from_generator(lambda: iter(range(3)), output_signature=tf.TensorSpec([], tf.int64))
     assert find_pyfunc_ops(gen)[0].startswith("from_generator in flat_map #1: PyFunc (GeneratorDataset")
 
+
+
+def test_find_pyfunc_ops_names_fused_case_sampled_and_distributed_loaders_one_line_per_op():
+    npf = lambda x: tf.numpy_function(lambda v: v, [x], tf.int64)  # noqa: E731
+    pyf = lambda x: tf.py_function(lambda v: v, [x], tf.int64)  # noqa: E731
+    r = tf.data.Dataset.range(8)
+    # a fused map-and-batch is its own transformation, not a map
+    fused = find_pyfunc_ops(r.apply(tf.data.experimental.map_and_batch(npf, 2)))
+    assert len(fused) == 1 and fused[0].startswith("map_and_batch #1: PyFunc (MapAndBatchDataset"), fused
+    # a switch_case names its branches as a list of functions
+    case = find_pyfunc_ops(r.map(lambda i: tf.switch_case(tf.cast(i % 2, tf.int32), [lambda: npf(i), lambda: i])))
+    assert len(case) == 1 and case[0].startswith("map #1: PyFunc (MapDataset"), case
+    # sample_from_datasets' DirectedInterleaveDataset runs no function: the interleave after it is the first
+    sampled = tf.data.Dataset.sample_from_datasets([r, r], seed=1)
+    inter = find_pyfunc_ops(sampled.interleave(lambda i: tf.data.Dataset.from_tensors(npf(i)), cycle_length=1))
+    assert len(inter) == 1 and inter[0].startswith("interleave #1: PyFunc (InterleaveDataset"), inter
+    # one line per place and op: two kinds of Python op in one map are two lines, a generator's
+    # init/next/finalize functions one
+    both = find_pyfunc_ops(r.map(lambda i: npf(i) + pyf(i)))
+    assert sorted(line.split(" (")[0] for line in both) == ["map #1: EagerPyFunc", "map #1: PyFunc"], both
+    gen = tf.data.Dataset.from_generator(lambda: iter(range(3)), output_signature=tf.TensorSpec([], tf.int64))
+    assert [line.split(" (")[0] for line in find_pyfunc_ops(gen)] == ["from_generator in flat_map #1: PyFunc"]
+    # the loader a tf.distribute strategy hands out is scanned as the dataset it wraps
+    strategy = tf.distribute.MirroredStrategy(["/CPU:0"])
+    dist = find_pyfunc_ops(strategy.experimental_distribute_dataset(r.map(npf).batch(2)))
+    assert len(dist) == 1 and dist[0].startswith("map #1: PyFunc (MapDataset"), dist
 
 def _sleep_if_odd(i):
     if i % 2:
@@ -824,3 +851,19 @@ def test_loader_figures_on_a_known_clock(monkeypatch):
     figures = diagnose_mod.time_loader(batches, steps=4, warmup=1)
     assert figures["seconds"] == pytest.approx(2.0) and figures["batches_per_s"] == pytest.approx(2.0)
     assert figures["examples_per_s"] == pytest.approx(2000.0) and figures["mb_per_s"] == pytest.approx(2.0)
+
+
+def test_a_generators_python_op_is_named_by_its_next_function_whatever_the_attributes_order():
+    """protobuf's map order follows Python's string hash (PYTHONHASHSEED): diagnose named a
+    from_generator's PyFunc by its next, init or finalize function, differently in each process."""
+    from pipeline import graphscan
+    names = {"init_func": "init_fn", "next_func": "next_fn", "finalize_func": "finalize_fn"}
+    seen = set()
+    for order in itertools.permutations(names):
+        node = types.SimpleNamespace(attr={k: tf.compat.v1.AttrValue(func=tf.compat.v1.NameAttrList(name=names[k]))
+                                           for k in order})
+        seen.add(tuple(graphscan._func_refs(node)))
+    assert seen == {("next_fn", "finalize_fn", "init_fn")}
+    ds = tf.data.Dataset.from_generator(lambda: iter(range(3)), output_signature=tf.TensorSpec([], tf.int64))
+    [line] = graphscan.find_pyfunc_ops(ds)
+    assert "generator_next_fn" in line, line

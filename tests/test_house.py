@@ -114,3 +114,16 @@ def test_every_plug_point_is_one_registry_whose_entries_declare_their_properties
         kinds.KINDS.get("wavenet")
     with pytest.raises(TypeError, match="no such properties"):
         Registry("x.kind", build=None).add("a", bulid=print)
+
+
+def test_a_registry_keeps_its_entries_in_the_order_added_and_refuses_a_name_twice():
+    import pytest
+
+    from pipeline.registry import Registry
+    voices = Registry("x.kind", build=None, trained=True)
+    for name in ("zeta", "alpha", "mu"):  # not alphabetical: the order of the `add` calls is what lists them
+        voices.add(name, trained=name != "alpha")
+    assert list(voices) == ["zeta", "alpha", "mu"] and len(voices) == 3 and "mu" in voices
+    with pytest.raises(TypeError, match=r"x\.kind 'alpha' is registered twice"):
+        voices.add("alpha", trained=True)
+    assert voices.get("alpha").trained is False  # the first entry stays

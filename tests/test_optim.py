@@ -121,3 +121,39 @@ def test_under_a_mirrored_strategy_every_replica_takes_keras_adamws_step():
     assert lines["pipeline.optim fused updates"] == "8"  # 4 variables on each of the 2 replicas
     assert lines["replicas"] == "{2}" and lines["replicas equal"] == "True"
     assert float(lines["max difference"]) < 1e-6
+
+
+@pytest.mark.parametrize("options", [{"amsgrad": True}, {"exclude": "kernel"}, {"dtype": "float64"}, {"direct": True}],
+                         ids=["amsgrad", "excluded-from-decay", "float64", "update_step-called"])
+def test_keras_adamws_other_arguments_and_calls_give_keras_adamws_steps(options):
+    """Arguments and calls the pipeline's trainers do not use are still Keras's AdamW: amsgrad, variables
+    excluded from the weight decay, float64 variables, update_step called with a plain learning rate."""
+    dtype = options.get("dtype", "float32")
+
+    def train(cls):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu", dtype=dtype),
+                                  keras.layers.Dense(4, dtype=dtype)])
+        # a decay large enough that a variable decayed or not differs far beyond float rounding
+        opt = cls(learning_rate=0.01, weight_decay=0.5, beta_2=0.98,
+                  amsgrad=options.get("amsgrad", False))
+        if "exclude" in options:
+            opt.exclude_from_weight_decay(var_names=[options["exclude"]])
+        opt.build(model.trainable_variables)
+        x = tf.random.stateless_normal([16, 8], seed=[1, 2], dtype=dtype)
+        y = tf.random.stateless_normal([16, 4], seed=[3, 4], dtype=dtype)
+        for _ in range(4):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x) - y))
+            grads = tape.gradient(loss, model.trainable_variables)
+            if options.get("direct"):
+                for g, v in zip(grads, model.trainable_variables):
+                    opt.update_step(g, v, 0.01)
+            else:
+                opt.apply(grads, model.trainable_variables)
+        return [v.numpy() for v in model.trainable_variables] + [v.numpy() for v in opt.variables]
+
+    keras_state, state = train(keras.optimizers.AdamW), train(optim.AdamW)
+    assert len(keras_state) == len(state)
+    for a, b in zip(keras_state, state):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)

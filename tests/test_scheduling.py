@@ -49,3 +49,30 @@ def test_a_local_build_schedules_without_rate_limit_timers_unless_the_user_sets_
     assert timers and set(timers) == {1}
     plan = snakemake("caches", "-n", config=config)
     assert "Nothing to be done" in plan.stdout + plan.stderr
+
+
+def test_only_a_local_run_with_the_command_lines_default_limit_loses_it():
+    """A run whose jobs go to a cluster (an executor plugin that does not run them here) and a limit of
+    the user's own keep Snakemake's job-rate limiter; a local run with the command line's default drops it."""
+    from types import SimpleNamespace
+
+    from snakemake.cli import get_argument_parser
+    from snakemake.scheduling.job_scheduler import JobRateLimiter
+    from snakemake.settings.types import MaxJobsPerTimespan
+
+    from pipeline.scheduling import unthrottle_local
+
+    default = get_argument_parser().get_default("max_jobs_per_timespan")  # what `snakemake` gets unless told
+
+    def workflow(limit, local_exec):
+        limiter = JobRateLimiter(MaxJobsPerTimespan.parse_choice(limit)) if limit else None
+        return SimpleNamespace(scheduler=SimpleNamespace(job_rate_limiter=limiter), local_exec=local_exec)
+
+    local = workflow(default, local_exec=True)
+    assert unthrottle_local(local) is True and local.scheduler.job_rate_limiter is None
+    for kept in (workflow(default, local_exec=False), workflow("50/1s", local_exec=True),
+                 workflow("100/10s", local_exec=True)):
+        before = kept.scheduler.job_rate_limiter
+        assert unthrottle_local(kept) is False and kept.scheduler.job_rate_limiter is before
+    dry = workflow(None, local_exec=True)  # a dry run: Snakemake made no limiter
+    assert unthrottle_local(dry) is False and dry.scheduler.job_rate_limiter is None

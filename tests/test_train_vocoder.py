@@ -346,3 +346,89 @@ def test_fine_tuning_on_gta_mels_of_a_replaced_checkpoint_stays_noted(tmp_path, 
     assert f"GTA mels of {ckpt}" in note and said in note, note
     assert json.loads(json.dumps(summary)) == summary                                # what vocoder.json keeps
     assert inputs.finetuned_elsewhere(cfg, {"phase": "finetune", "gta_from": [now]}, str(ckpt)) is None
+
+
+def _stft_magnitude(x, n_fft, hop, win):
+    """|STFT| in numpy on tf.signal.stft's grid: unpadded frames, a periodic Hann window, [..., frames, bins]."""
+    frames = np.lib.stride_tricks.sliding_window_view(x, win, axis=-1)[..., ::hop, :]
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(win) / win)
+    return np.abs(np.fft.rfft(frames * window, n=n_fft))
+
+
+def test_the_vocoders_losses_are_their_formulas():
+    """HiFi-GAN's least-squares and feature-matching losses, the project's mel L1 (pipeline.audio's mel in
+    numpy) and Parallel WaveGAN's multi-resolution STFT loss, each against its formula computed in numpy."""
+    from pipeline import audio, config
+    from pipeline.vocoder import discriminators as D
+    rng = np.random.default_rng(0)
+    shapes = [((2, 5), [(2, 3, 4), (2, 6)]), ((2, 7), [(2, 2)])]  # (logits, [features]) per sub-discriminator
+
+    def outs():
+        return [(rng.normal(size=s).astype(np.float32), [rng.normal(size=f).astype(np.float32) for f in fs])
+                for s, fs in shapes]
+    real_outs, fake_outs = outs(), outs()
+
+    def close(got, want):
+        np.testing.assert_allclose(float(got), want, rtol=1e-4)
+    close(D.discriminator_loss(real_outs, fake_outs),
+          sum(np.mean((1 - r) ** 2) + np.mean(f ** 2) for (r, _), (f, _) in zip(real_outs, fake_outs)))
+    close(D.generator_loss(fake_outs), sum(np.mean((1 - f) ** 2) for f, _ in fake_outs))
+    close(D.feature_loss(real_outs, fake_outs), sum(np.mean(np.abs(a - b)) for (_, ra), (_, fa)
+                                                    in zip(real_outs, fake_outs) for a, b in zip(ra, fa)))
+    a = config.load_config(check_paths=False)["audio"]
+    t = np.arange(6000) / a["sample_rate"]
+    real = np.stack([0.5 * np.sin(2 * np.pi * 220 * t), 0.3 * np.sin(2 * np.pi * (300 * t + 500 * t ** 2))])
+    real += rng.normal(0, 0.01, real.shape)                                   # a noise floor far above float32's
+    fake = 0.8 * real + rng.normal(0, 0.05, real.shape)
+    real, fake = real.astype(np.float32), fake.astype(np.float32)
+
+    want_stft = np.mean([np.linalg.norm(r - f) / (np.linalg.norm(r) + 1e-7) + np.mean(np.abs(np.log(r) - np.log(f)))
+                         for r, f in ((_stft_magnitude(real, *res) + 1e-7, _stft_magnitude(fake, *res) + 1e-7)
+                                      for res in D.RESOLUTIONS)])
+    want_mel = np.mean([np.abs(audio.mel_spectrogram(r, **a) - audio.mel_spectrogram(f, **a)) for r, f in zip(real, fake)])
+    total, terms = D.spectral_loss(tf.constant(real), tf.constant(fake), a, mel_weight=45.0, stft_weight=2.0)
+    close(terms["stft"], want_stft)
+    close(terms["mel"], want_mel)
+    close(total, 45.0 * want_mel + 2.0 * want_stft)
+
+
+def test_each_period_discriminator_sees_its_periods_phases_apart_and_each_resolution_one_a_spectrogram():
+    """HiFi-GAN's multi-period discriminator folds the audio, reflect-padded to whole periods, into one
+    column per phase and convolves along time only; the multi-resolution one convolves an STFT's frames x bins."""
+    from pipeline.vocoder import discriminators as D
+    disc = D.Discriminators()
+    n = 2 * 3 * 5 * 7 * 11                                                   # whole periods of every period
+    x = np.random.default_rng(0).normal(0, 0.1, (1, n)).astype(np.float32)
+    outs = disc(x)
+    assert len(outs) == len(D.PERIODS) + len(D.RESOLUTIONS) == 8              # five periods, three resolutions
+    for k, p in enumerate(D.PERIODS):
+        sub = getattr(disc, f"sub{k}")
+        moved = x.copy()
+        moved[0, ::p] += 0.5                                                  # phase 0 of every period
+        (logits, feats), (_, changed) = sub(x), sub(moved)
+        rows = n // p
+        assert len(feats) == 3
+        for f, g in zip(feats, changed):
+            rows = -(-rows // 3)                                               # stride 3 along time
+            assert f.shape[:3] == (1, rows, p), (p, f.shape)
+            diff = np.abs(f.numpy() - g.numpy())
+            assert diff[:, :, 0].max() > 0 and diff[:, :, 1:].max() <= 1e-6 * diff[:, :, 0].max(), p
+        assert logits.shape == (1, rows * p)
+        cut = x[:, :n - 1 - p]                                                # not whole periods: reflect-padded
+        padded = np.pad(cut, [(0, 0), (0, -(cut.shape[1]) % p)], mode="reflect")
+        np.testing.assert_allclose(sub(cut)[0].numpy(), sub(padded)[0].numpy(), rtol=1e-5, atol=1e-6)
+    for k, (n_fft, hop, win) in enumerate(D.RESOLUTIONS, start=len(D.PERIODS)):
+        logits, feats = outs[k]
+        frames, bins = 1 + (n - win) // hop, n_fft // 2 + 1
+        for f in feats:
+            bins = -(-bins // 2)                                               # stride 2 along frequency
+            assert f.shape[:3] == (1, frames, bins), (n_fft, f.shape)
+    # the first layer sees the log-magnitude spectrogram: a conv passing its centre tap on shows it (LeakyReLU 0.1)
+    sub, (n_fft, hop, win) = getattr(disc, f"sub{len(D.PERIODS)}"), D.RESOLUTIONS[0]
+    centre = np.zeros(sub.conv0.kernel.shape, np.float32)
+    centre[1, 4, 0, :] = 1.0                                                  # kernel (3 frames, 9 bins)
+    sub.conv0.kernel.assign(centre)
+    sub.conv0.bias.assign(tf.zeros_like(sub.conv0.bias))
+    log_spec = np.log(_stft_magnitude(x, n_fft, hop, win) + 1e-5)[:, :, ::2]  # stride 2 along frequency
+    want = np.where(log_spec > 0, log_spec, 0.1 * log_spec)
+    np.testing.assert_allclose(sub(x)[1][0].numpy()[..., 0], want, rtol=1e-4, atol=1e-4)

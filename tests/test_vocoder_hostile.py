@@ -815,3 +815,79 @@ def test_the_vocoder_loads_in_float32_whatever_precision_a_trainer_in_the_proces
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())
+
+
+def test_vocos_audio_is_the_istft_of_the_mels_pseudo_inverse_corrected_and_clipped_at_the_heads_phase():
+    """Vocos's head predicts a log-magnitude correction to the mel's pseudo-inverse and a phase: the
+    magnitude exp(min(log(max(pinv(exp mel), clamp)) + correction, log 100)) at (cos, sin) of the phase."""
+    from pipeline import dft
+    from pipeline.audio import mel_basis
+    # a window shorter than n_fft, centred in it: the inverse STFT is the mel's own grid
+    cfg = config.load_config(None, {"vocoder": VOCOS, "audio": {"win_length": 768}}, check_paths=False)
+    a = cfg["audio"]
+    model = kinds.build(cfg["vocoder"], a)
+    mel = np.random.default_rng(2).uniform(-14.0, 6.0, (1, 12, a["n_mels"])).astype(np.float32)  # silence to loud
+    model(mel)
+    bins, correction, phase = a["n_fft"] // 2 + 1, 0.4, 0.7
+    model.head.kernel.assign(tf.zeros_like(model.head.kernel))               # the head says the same everywhere
+    model.head.bias.assign(np.r_[np.full(bins, correction), np.full(bins, phase)].astype(np.float32))
+    basis = mel_basis(sample_rate=a["sample_rate"], n_fft=a["n_fft"], n_mels=a["n_mels"], fmin=a["fmin"], fmax=a["fmax"])
+    prior = np.exp(mel.astype(np.float64)) @ np.linalg.pinv(basis.astype(np.float64)).T   # (1, F, K)
+    log_magnitude = np.log(np.maximum(prior, LOG_CLAMP)) + correction
+    assert (prior < LOG_CLAMP).any() and (log_magnitude > np.log(100.0)).any()  # both limits are reached
+    magnitude = np.exp(np.minimum(log_magnitude, np.log(100.0))).astype(np.float32)
+    _, istft = dft.transforms(n_fft=a["n_fft"], hop_length=a["hop_length"], win_length=a["win_length"])
+    want = istft(tf.constant(magnitude * np.cos(phase), tf.float32), tf.constant(magnitude * np.sin(phase), tf.float32))
+    want = want.numpy()
+    assert want.shape == (1, 12 * a["hop_length"])
+    np.testing.assert_allclose(model(mel).numpy(), want, rtol=0, atol=1e-4 * np.abs(want).max())
+    h = tf.constant(np.random.default_rng(5).normal(size=(1, 12, VOCOS["vocos"]["dim"])), tf.float32)
+    model.block0.gamma.assign(tf.zeros_like(model.block0.gamma))              # layer scale 0: the residual alone
+    np.testing.assert_array_equal(model.block0(h).numpy(), h.numpy())
+
+
+
+
+def test_every_weight_of_vocos_gets_a_gradient():
+    """No layer is built and then left out of the forward pass: each weight of Vocos (the embedding, two
+    ConvNeXt blocks, the norms, the head) moves the audio."""
+    cfg = config.load_config(None, {"vocoder": VOCOS}, check_paths=False)
+    rng = np.random.default_rng(3)
+    model = kinds.build(cfg["vocoder"], cfg["audio"])
+    with tf.GradientTape() as tape:
+        audio = model(tf.constant(rng.normal(-5.0, 2.0, (1, 10, cfg["audio"]["n_mels"])), tf.float32))
+        loss = tf.reduce_sum(audio * tf.constant(rng.normal(size=audio.shape), tf.float32))
+    grads = tape.gradient(loss, model.trainable_weights)
+    assert [w.path for w, g in zip(model.trainable_weights, grads) if g is None or not np.any(g.numpy())] == []
+    # kernel and bias of the embedding, of each LayerNorm and dense layer and the head; the blocks' depthwise
+    # conv, two dense layers and layer scale: a layer never called has none
+    assert len(model.trainable_weights) == 2 + 2 + VOCOS["vocos"]["layers"] * (2 + 2 + 2 + 2 + 1) + 2 + 2
+
+
+def test_hifigan_with_silent_residual_branches_is_its_upsampling_chain():
+    """HiFi-GAN (Kong et al. 2020): each stage a LeakyReLU(0.1) and a transposed conv (rate u, kernel 2u,
+    half the channels: V2 starts at 128), then the mean of its residual blocks; tanh at the end. With
+    every residual branch silenced each block is the identity, and the model is that chain. Every hop's
+    upsampling plan multiplies to the hop."""
+    from pipeline.vocoder import hifigan
+    a = config.load_config(None, check_paths=False)["audio"]
+    mel = tf.constant(np.random.default_rng(4).normal(-5.0, 2.0, (1, 4, a["n_mels"])), tf.float32)
+    model = hifigan.HiFiGAN("v2", 256)
+    model(mel)
+    for stage in range(4):                                                    # the attributes checkpoints name
+        for block, kernel in enumerate((3, 7, 11)):                           # HiFi-GAN V1/V2's resblock 1
+            for d, dilation in enumerate((1, 3, 5)):
+                res = getattr(model, f"res{stage}_{block}")
+                assert (getattr(res, f"c1_{d}").kernel_size, getattr(res, f"c1_{d}").dilation_rate) == (
+                    (kernel,), (dilation,))
+                for w in getattr(res, f"c2_{d}").weights:
+                    w.assign(tf.zeros_like(w))
+    x = model.pre(mel)
+    for i, u in enumerate((8, 8, 2, 2)):                                      # HiFi-GAN's rates for hop 256
+        up = getattr(model, f"up{i}")
+        assert (up.filters, up.kernel_size, up.strides) == (128 // 2 ** (i + 1), (2 * u,), (u,)), i
+        x = up(tf.nn.leaky_relu(x, 0.1))
+    want = tf.tanh(model.post(tf.nn.leaky_relu(x, 0.1)))[..., 0]
+    assert want.shape == (1, 4 * 256)
+    np.testing.assert_allclose(model(mel).numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    assert all(np.prod(rates) == hop for hop, rates in hifigan.RATES.items())
