@@ -1,4 +1,6 @@
 """The aligner stage's pieces on synthetic tensors: MAS, the length regulator, the prior, the forward-sum loss."""
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -155,3 +157,139 @@ def test_numpy_forward_is_the_tensorflow_aligner_to_float32_rounding(speakers, l
             assert got.shape == (F, T) and got.dtype == np.float64
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
             np.testing.assert_array_equal(mas(got), mas(want.astype(np.float64)))
+
+
+def _ctc_forward_sum(lp, blank):
+    """-log of the summed probability of every CTC path of tokens 0..T-1 through frames lp (F, T)
+    (log-probabilities over the tokens, a blank column of constant log-score `blank` beside them, all
+    renormalised together), by the textbook forward recursion over the blank-interleaved labels."""
+    F, T = lp.shape
+    if F < T:
+        return 0.0                                                   # no path: left out of the loss
+    cols = np.concatenate([lp, np.full((F, 1), blank)], axis=1)
+    y = cols - np.logaddexp.reduce(cols, axis=1, keepdims=True)
+    ext = [T if s % 2 == 0 else s // 2 for s in range(2 * T + 1)]   # blank, 0, blank, 1, ..., blank
+    alpha = np.full(2 * T + 1, -np.inf)
+    alpha[0], alpha[1] = y[0, T], y[0, 0]
+    for f in range(1, F):
+        prev = alpha.copy()
+        for s in range(2 * T + 1):
+            terms = [prev[s]] + ([prev[s - 1]] if s >= 1 else []) + ([prev[s - 2]] if s >= 2 and ext[s] != T else [])
+            alpha[s] = np.logaddexp.reduce(terms) + y[f, ext[s]]
+    return -np.logaddexp(alpha[-1], alpha[-2])
+
+
+def test_forward_sum_loss_is_the_ctc_likelihood_per_token_averaged_over_clips():
+    """Each clip's -log P(its tokens in order | frames), blank column at log-score -1 as in NeMo, divided
+    by its token count, the batch's mean; a clip with fewer frames than tokens has no path and adds 0."""
+    rng = np.random.default_rng(8)
+    shapes = [(9, 4), (14, 6), (3, 5)]                              # (frames, tokens); the last: too few frames
+    F, T = max(f for f, _ in shapes), max(t for _, t in shapes)
+    padded = np.full((len(shapes), F, T), -1e4, np.float32)          # padded tokens: as the aligner masks them
+    want = []
+    for b, (f, t) in enumerate(shapes):
+        lp = rng.normal(0, 2, (f, t))
+        lp -= np.logaddexp.reduce(lp, axis=1, keepdims=True)
+        padded[b, :f, :t] = lp
+        padded[b, f:, :t] = rng.normal(0, 2, (F - f, t))             # padded frames: anything
+        want.append(_ctc_forward_sum(lp.astype(np.float32).astype(np.float64), -1.0) / t)
+    got = al.forward_sum_loss(tf.constant(padded), tf.constant([t for _, t in shapes]),
+                              tf.constant([f for f, _ in shapes]))
+    assert want[2] == 0.0 and np.isfinite(float(got))
+    np.testing.assert_allclose(float(got), np.mean(want), rtol=1e-4)
+
+
+def _random_aligner(cfg, n_mels=20, **voices):
+    """An aligner of 12 symbols with random weights, biases too (so a padding mistake shows)."""
+    model = al.build(cfg, [chr(0x61 + i) for i in range(12)], n_mels, **voices)
+    init = np.random.default_rng(7)
+    for layer in model.layers:
+        layer.set_weights([init.normal(0, 0.3, w.shape).astype(np.float32) for w in layer.get_weights()])
+    return model
+
+
+def test_aligner_log_probs_of_a_clip_are_the_same_whatever_its_batch_padding_holds():
+    """Training pads each clip to its bucket (frames at the loader's silence value after normalisation,
+    tokens with some id): the clip's log-probabilities are still the ones it gets alone, unpadded, as the
+    duration jobs compute them."""
+    model = _random_aligner({"d_model": 16, "temperature": 0.05, "prior_scaling": 1.0},
+                            speakers=("ann", "bob"), languages=("de", "en"))
+    rng = np.random.default_rng(9)
+    shapes, F, T = [(20, 5), (33, 9)], 64, 16
+    clips = [(rng.integers(1, 12, t).astype(np.int32), rng.normal(size=(f, 20)).astype(np.float32)) for f, t in shapes]
+
+    def voices(n, speaker):
+        return {"speaker": np.full(n, speaker, np.int32), "language": np.full(n, 1 - speaker, np.int32)}
+
+    tokens = rng.integers(1, 12, (2, T)).astype(np.int32)             # padding: not the clips' tokens
+    mel = np.full((2, F, 20), -2.5, np.float32) + rng.normal(0, 1, (2, F, 20)).astype(np.float32)
+    for b, (tok, m) in enumerate(clips):
+        tokens[b, :len(tok)], mel[b, :len(m)] = tok, m
+    batched = model({"tokens": tokens, "token_lengths": np.array([t for _, t in shapes], np.int32), "mel": mel,
+                     "mel_lengths": np.array([f for f, _ in shapes], np.int32),
+                     "speaker": np.array([0, 1], np.int32), "language": np.array([1, 0], np.int32)})["log_probs"].numpy()
+    for b, (tok, m) in enumerate(clips):
+        alone = model({"tokens": tok[None], "token_lengths": np.array([len(tok)], np.int32), "mel": m[None],
+                       "mel_lengths": np.array([len(m)], np.int32), **voices(1, b)})["log_probs"].numpy()[0]
+        np.testing.assert_allclose(batched[b, :len(m), :len(tok)], alone, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("temperature, prior_scaling, atol", [(100.0, 1.0, 0.05), (1.0, 0.0005, 1e-4)])
+def test_numpy_forward_is_the_tensorflow_aligners_at_the_settings_extremes(temperature, prior_scaling, atol):
+    """Scores far below exp()'s float32 range (a high temperature: squared distances of hundreds) and a
+    prior scaling below 1e-3 (both valid settings): the duration jobs' forward pass still gives the
+    TensorFlow model's log-probabilities of an unpadded clip, finite everywhere."""
+    from pipeline.models import aligner_numpy
+
+    cfg = {"d_model": 16, "temperature": temperature, "prior_scaling": prior_scaling}
+    model = _random_aligner(cfg)
+    info = {"aligner": cfg, "_stats": (np.zeros(20, np.float32), np.ones(20, np.float32))}
+    rng = np.random.default_rng(10)
+    for T, F in [(7, 40), (15, 90)]:
+        tokens = rng.integers(1, 12, size=T).astype(np.int32)
+        mel = rng.normal(size=(F, 20)).astype(np.float32)
+        want = model({"tokens": tokens[None], "token_lengths": np.array([T], np.int32), "mel": mel[None],
+                      "mel_lengths": np.array([F], np.int32)})["log_probs"].numpy()[0]
+        got = aligner_numpy.log_probs(aligner_numpy.arrays_of(model), info, tokens, mel)
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=atol)
+
+
+def test_a_saved_aligner_runs_on_mels_normalised_with_its_statistics_in_both_forward_passes(tmp_path):
+    """aligner.json's mel statistics normalise a clip's log-mel before the model sees it, in the
+    TensorFlow pass (align.load_aligner / log_probs) and in the duration jobs' NumPy pass (aligner_numpy);
+    a speaker or language name the aligner never saw gets id -1, the mean of its table's vectors."""
+    from pipeline import align, shards
+    from pipeline.errors import PipelineError
+    from pipeline.models import aligner_numpy
+
+    cfg = {"d_model": 16, "temperature": 0.05, "prior_scaling": 1.0}
+    voices = {"speakers": ["ann", "bob", "cy"], "languages": ["en", "fr"]}
+    model = _random_aligner(cfg, **voices)
+    model.save_weights(str(tmp_path / "aligner.weights.h5"))
+    np.savez(tmp_path / "aligner.npz", **aligner_numpy.arrays_of(model))
+    rng = np.random.default_rng(11)
+    mean, std = rng.normal(-4, 1, 20).astype(np.float32), rng.uniform(0.5, 3, 20).astype(np.float32)
+    (tmp_path / "aligner.json").write_text(json.dumps({
+        "weights": "aligner.weights.h5", "arrays": "aligner.npz", "aligner": cfg, "n_mels": 20,
+        "arrays_digest": shards.file_digest(tmp_path / "aligner.npz"), "vocab": [chr(0x61 + i) for i in range(12)],
+        "mel_mean": mean.tolist(), "mel_std": std.tolist(), **voices}))
+    with pytest.raises(PipelineError, match="no trained aligner; run `snakemake --cores all aligner`"):
+        align.load_aligner(None, tmp_path / "elsewhere" / "aligner.json")
+    tf_model, tf_info = align.load_aligner(None, tmp_path / "aligner.json")
+    np_info, weights = aligner_numpy.load(tmp_path / "aligner.json")
+    assert aligner_numpy.voice_ids(np_info, "bob", "fr") == {"speaker": 1, "language": 1}
+    assert aligner_numpy.voice_ids(np_info, "zed", "fr") == {"speaker": -1, "language": 1}
+    for T, F, (speaker, language) in [(5, 30, ("bob", "fr")), (11, 70, ("zed", "en"))]:
+        tokens = rng.integers(1, 12, T).astype(np.int32)
+        mel = rng.normal(-4, 2, (F, 20)).astype(np.float32)
+        ids = aligner_numpy.voice_ids(np_info, speaker, language)
+        assert set(ids) == {"speaker", "language"}
+        want = model({"tokens": tokens[None], "token_lengths": np.array([T], np.int32), "mel": ((mel - mean) / std)[None],
+                      "mel_lengths": np.array([F], np.int32),
+                      **{f: np.array([i], np.int32) for f, i in ids.items()}})["log_probs"].numpy()[0]
+        np.testing.assert_allclose(align.log_probs(tf_model, tf_info, tokens, mel, ids), want, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(aligner_numpy.log_probs(weights, np_info, tokens, mel, ids), want, rtol=1e-5, atol=1e-4)
+    # no voices given: both passes use the tables' mean vectors
+    np.testing.assert_allclose(aligner_numpy.log_probs(weights, np_info, tokens, mel),
+                               align.log_probs(tf_model, tf_info, tokens, mel), rtol=1e-5, atol=1e-4)

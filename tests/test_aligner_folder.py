@@ -112,3 +112,32 @@ def test_a_folder_is_never_its_own_source(tmp_path):
     _aligner(alone, train_key="eeeeeeeeeeee")
     assert aligner_folder.copy_by_key(alone / "aligner.json", "eeeeeeeeeeee", print) is None
     assert "copied_from" not in json.loads((alone / "aligner.json").read_text())
+
+
+def test_align_copies_only_a_sound_sibling_trained_from_the_same_caches(tmp_path):
+    """pipeline.align's own copy (a new aligner key whose caches' content is unchanged): the sibling whose
+    aligner.json records the same `trained_from` and whose files match their digests, never the folder
+    itself; the copy records where it came from and marks the folder made, so running it again trains."""
+    from pipeline import align
+    root, logged = tmp_path / "runs" / "demo" / "aligner", []
+    _aligner(root / "aaaaaaaaaaaa", weights=b"same caches" * 9, arrays=b"its arrays" * 5, trained_from="X")
+    _aligner(root / "bbbbbbbbbbbb", weights=b"other caches" * 9, trained_from="Y")
+    _aligner(root / "cccccccccccc", weights=b"damaged" * 9, trained_from="Z")
+    (root / "cccccccccccc" / "aligner.weights.h5").write_bytes(b"damaged" * 8)
+    _aligner(root / "eeeeeeeeeeee", weights=b"own" * 9, trained_from="W")   # alone under W: its own record
+    out = root / "dddddddddddd" / "aligner.json"
+    out.parent.mkdir()
+    copied = align.copy_trained(out, "X", logged.append)
+    assert copied["copied_from"] == "aaaaaaaaaaaa" and json.loads(out.read_text()) == copied
+    assert copied["trained_from"] == "X" and "copied its weights" in logged[-1]
+    assert (out.parent / "aligner.weights.h5").read_bytes() == b"same caches" * 9
+    assert (out.parent / "aligner.npz").read_bytes() == b"its arrays" * 5
+    # the same folder's job run again (--forcerun train_aligner): it trains, though the sibling matches
+    assert align.copy_trained(out, "X", logged.append) is None and "training anew" in logged[-1]
+    for key, folder in (("Z", "ffffffffffff"), ("W", "eeeeeeeeeeee"), ("V", "gggggggggggg")):
+        other = root / folder / "aligner.json"
+        other.parent.mkdir(exist_ok=True)
+        before = other.read_bytes() if other.exists() else None
+        assert align.copy_trained(other, key, logged.append) is None, key
+        assert (other.read_bytes() if other.exists() else None) == before, key
+    assert not (root / "ffffffffffff" / "aligner.weights.h5").exists()

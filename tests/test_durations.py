@@ -311,3 +311,75 @@ def test_planning_sets_aside_durations_aligned_to_a_mel_or_token_shard_since_reb
     tokens.write_text('{"ids": ["a", "b"]}')
     assert shards.stale_durations(out, tokens, mels) == f"aligned to another {tokens} and {mels} than the one on disk (stale)"
     assert shards.stale_durations(tmp_path / "absent", tokens, mels) is None  # its own job makes it
+
+
+def test_a_trained_aligner_records_its_training_and_a_forced_rerun_trains_the_same_weights(project, tmp_path):
+    """train_aligner on the project's caches: aligner.json holds the files' digests, the loss history
+    (every 25 steps and the last), the mel statistics and vocabulary it trained with and the digest of
+    what it trained from; aligner.npz holds the .h5's weights; the seed makes a retrain the same aligner."""
+    from pipeline import align, config, data
+    from pipeline.models import aligner_numpy, symbols
+
+    cfg = config.load_config(project.config)
+    cfg["aligner"] = {**cfg["aligner"], "steps": 2}
+    index = data.read_index(cfg)
+    out, logged = tmp_path / "aligner" / "k" / "aligner.json", []
+    out.parent.mkdir(parents=True)
+    info = align.train_aligner(cfg, out, log=logged.append)
+    assert json.loads(out.read_text()) == info
+    for f in ("weights", "arrays"):
+        assert info[f + "_digest"] == shards.file_digest(out.with_name(info[f]))
+    assert [h["step"] for h in info["history"]] == [2] and all(np.isfinite(h["forward_sum"]) for h in info["history"])
+    mean, std = data.mel_stats(cfg, index)
+    assert info["mel_mean"] == mean.tolist() and info["mel_std"] == std.tolist()
+    assert info["vocab"] == symbols(index["vocab"]) and info["n_mels"] == index["n_mels"]
+    assert info["trained_from"] == align.trained_from(cfg, index)
+    for change in ({"aligner": {**cfg["aligner"], "learning_rate": 0.001}}, {"train": {**cfg["train"], "seed": 1}},
+                   {"train": {**cfg["train"], "buckets": 3}}):
+        assert align.trained_from({**cfg, **change}, index) != info["trained_from"], change
+    model, _ = align.load_aligner(cfg, out)
+    _, arrays = aligner_numpy.load(out)
+    first = aligner_numpy.arrays_of(model)
+    assert set(arrays) == set(first)
+    for name in arrays:
+        np.testing.assert_array_equal(arrays[name], first[name], err_msg=name)
+    again = align.train_aligner(cfg, out, log=logged.append)                 # its folder made before: a retrain
+    assert "copied_from" not in again and "training anew" in " ".join(logged)
+    _, retrained = aligner_numpy.load(out)
+    for name in arrays:
+        np.testing.assert_allclose(retrained[name], arrays[name], atol=1e-4, err_msg=name)
+
+
+def test_an_aligner_loss_that_is_not_finite_stops_training_with_one_line(project, tmp_path, monkeypatch):
+    from pipeline import align, config, data
+
+    cfg = config.load_config(project.config)
+    cfg["aligner"] = {**cfg["aligner"], "steps": 1}
+    mean, std = data.mel_stats(cfg)
+    monkeypatch.setattr(data, "mel_stats", lambda cfg, index=None: (mean, np.zeros_like(std)))  # silence: inf
+    out = tmp_path / "aligner.json"
+    with pytest.raises(FloatingPointError, match=r"aligner loss became (nan|inf) at step 1; lower aligner.learning_rate"):
+        align.train_aligner(cfg, out, log=lambda *a: None)
+    assert not out.exists()
+
+
+def test_an_aligners_training_digest_follows_its_shards_content_not_their_provenance(project, monkeypatch):
+    """trained_from: a shard rebuilt by other code into the same bytes (only its provenance differs) is the
+    same training data, so a new aligner key copies the aligner; the same sizes with other bytes (a
+    replaced recording of the same length) is not."""
+    from pipeline import align, config, data
+
+    cfg = config.load_config(project.config)
+    index = data.read_index(cfg)
+    before, real, first = align.trained_from(cfg, index), shards.read_meta, index["shards"][0]["mels"]
+
+    def edited(change):
+        def read_meta(out, kind=None):
+            meta = real(out, kind)
+            return {**meta, **change} if kind == "mels" and str(out).endswith(first) else meta
+        return read_meta
+
+    monkeypatch.setattr(shards, "read_meta", edited({"provenance": "made by other code"}))
+    assert align.trained_from(cfg, index) == before
+    monkeypatch.setattr(shards, "read_meta", edited({"checksum": "0123456789abcdef"}))
+    assert align.trained_from(cfg, index) != before

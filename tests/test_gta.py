@@ -137,3 +137,92 @@ def test_a_voice_the_run_was_not_trained_with_is_one_line_not_the_first_voice(tm
         gta.build_gta_shard(cfg, 0, tmp_path / "gta" / "shard-000", log=lambda *a: None)
     assert "\n" not in str(e.value)
     assert all(s in str(e.value) for s in ("tokens/shard-000.json", "clip2", "'newcomer'", "['a', 'b', 'c']", "run.json"))
+
+
+def test_teacher_forced_mels_are_the_models_inference_on_each_clip_normalised_as_in_training():
+    """Each clip's GTA mel is the model's own inference-mode output (dropout off) on that clip alone,
+    its mel, pitch (per speaker) and energy normalised as training normalises them (train.normalise)."""
+    from pipeline.train import normalise
+    model = FastPitch(**dict(FASTPITCH, dropout=0.5, predictor_dropout=0.5))
+    model.speaker_embedding.embeddings.assign(tf.random.normal(model.speaker_embedding.embeddings.shape, seed=2))
+    data = clips(6, seed=3)
+    got = teacher_forced_mels(model, data, NORM, batch_size=4)
+    for clip, mel in zip(data, got):
+        one = {"tokens": clip["tokens"][None], "token_lengths": np.array([len(clip["tokens"])], np.int32),
+               "mel": clip["mels"][None].astype(np.float32), "mel_lengths": np.array([len(clip["mels"])], np.int32),
+               "pitch": clip["pitch"][None], "energy": clip["energy"][None], "durations": clip["durations"][None],
+               "speaker": np.array([clip["speaker"]], np.int32)}
+        want = model(normalise({k: tf.constant(v) for k, v in one.items()}, NORM), training=False)["mel"].numpy()[0]
+        np.testing.assert_allclose(mel, want, atol=1e-5)
+
+
+def test_a_gta_shard_holds_each_clips_log_mel_in_its_own_voice_and_lists_the_clips_it_lacks(tmp_path, monkeypatch):
+    """The written shard: the teacher-forced mels denormalised with the run's statistics (log-mel, float16),
+    each clip with its own speaker (its row in the token shard) and the run's per-speaker pitch statistics;
+    a clip the mel shard has but another shard lacks gets no mel and is listed with the shard it is missing from."""
+    from pipeline import config, shards
+    from pipeline.vocoder import gta
+    data = clips(5, seed=4)
+    cfg, synth = _one_shard(tmp_path, data)
+    synth.model.speaker_embedding.embeddings.assign(tf.random.normal(synth.model.speaker_embedding.embeddings.shape, seed=3))
+    kept = [0, 2, 4]                             # clip1 has no mel (so no GTA mel), clip3 no pitch
+    for kind, width, without in (("mels", N_MELS, 1), ("pitch", 1, 3)):
+        rows = [i for i in range(5) if i != without]
+        shards.write(shards.prefix(config.cache_dir(cfg), kind, 0), kind, [f"clip{i}" for i in rows],
+                     [data[i][kind] for i in rows], provenance="test", width=width)
+    monkeypatch.setattr(gta, "load_synthesizer", lambda cfg, log: synth)
+    gta.build_gta_shard(cfg, 0, tmp_path / "gta" / "shard-000", log=lambda *a: None)
+    meta, mels = shards.read(tmp_path / "gta" / "shard-000", "gta")
+    assert meta["ids"] == [f"clip{i}" for i in kept]
+    assert [(r["id"], r["stage"], r["reason"]) for r in meta["rejected"]] == [("clip3", "gta", "not in the pitch shard")]
+    norm = {k: tf.constant(np.asarray(v, np.float32)) for k, v in synth.info["stats"].items()}
+    want = teacher_forced_mels(synth.model, [data[i] for i in kept], norm)
+    for mel, w in zip(mels, want):
+        assert mel.dtype == np.float16
+        np.testing.assert_allclose(mel.astype(np.float32), w * np.float32(2.0) - np.float32(5.0), atol=0.02)
+
+
+def test_a_gta_shards_provenance_changes_with_the_checkpoints_weights_not_only_its_path(tmp_path, monkeypatch):
+    """A model retrained to the same step under the same name (same checkpoint path, other weights) makes
+    other GTA mels: the shard's provenance names the weights, so Snakemake remakes it."""
+    from pipeline import shards
+    from pipeline.vocoder import gta
+    cfg, synth = _one_shard(tmp_path, clips(2))
+    monkeypatch.setattr(gta, "load_synthesizer", lambda cfg, log: synth)
+    gta.build_gta_shard(cfg, 0, tmp_path / "gta" / "shard-000", log=lambda *a: None)
+    before = shards.read_meta(tmp_path / "gta" / "shard-000", "gta")["provenance"]
+    assert before == gta.gta_provenance(cfg, synth.checkpoint)
+    (tmp_path / "ckpt-5.index").write_bytes(b"retrained weights")
+    assert gta.gta_provenance(cfg, synth.checkpoint) != before
+
+
+def test_a_single_speaker_runs_gta_shard_needs_no_voice_ids(tmp_path, monkeypatch):
+    """A run of one speaker has no speaker table (its run.json lists none) while its token shards still
+    name each clip's speaker: its clips go through the model without a voice, not as unknown voices."""
+    from pipeline import shards
+    from pipeline.vocoder import gta
+    data = clips(3)
+    cfg, synth = _one_shard(tmp_path, data, speakers=("lj", "lj", "lj"))
+    synth.model, synth.speakers = FastPitch(**dict(FASTPITCH, n_speakers=1)), []
+    synth.info = {"stats": {k: v for k, v in synth.info["stats"].items() if not k.startswith("speaker_")}}
+    monkeypatch.setattr(gta, "load_synthesizer", lambda cfg, log: synth)
+    gta.build_gta_shard(cfg, 0, tmp_path / "gta" / "shard-000", log=lambda *a: None)
+    meta, mels = shards.read(tmp_path / "gta" / "shard-000", "gta")
+    assert meta["ids"] == ["clip0", "clip1", "clip2"] and [len(m) for m in mels] == [len(c["mels"]) for c in data]
+
+
+def test_a_transformer_tts_runs_gta_shard_reads_no_duration_shard(tmp_path, monkeypatch):
+    """transformer_tts learns its own alignment: a run of it has no duration shards, and its GTA job
+    must not need one (nor leave clips out by one)."""
+    from pipeline import config, shards
+    from pipeline.vocoder import gta
+    data = clips(3)
+    cfg, synth = _one_shard(tmp_path, data, speakers=("lj", "lj", "lj"))
+    for suffix in (".bin", ".json"):
+        shards.prefix(config.cache_dir(cfg), "durations", 0).with_suffix(suffix).unlink()
+    synth.model, synth.speakers = TransformerTTS(**TRANSFORMER), []
+    synth.info = {"stats": {k: v for k, v in synth.info["stats"].items() if not k.startswith("speaker_")}}
+    monkeypatch.setattr(gta, "load_synthesizer", lambda cfg, log: synth)
+    gta.build_gta_shard(cfg, 0, tmp_path / "gta" / "shard-000", log=lambda *a: None)
+    meta, mels = shards.read(tmp_path / "gta" / "shard-000", "gta")
+    assert meta["ids"] == ["clip0", "clip1", "clip2"] and [len(m) for m in mels] == [len(c["mels"]) for c in data]
