@@ -282,8 +282,13 @@ def _as_file(data):
     """A path that reads as `data`: on Linux a memory file (memfd, opened by its /proc/self/fd name),
     which a job killed while it decodes (SIGKILL, a SLURM time limit) cannot leave behind; elsewhere a
     temporary file in $TMPDIR, removed when the block ends."""
+    fd = None
     if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
-        fd = os.memfd_create("streamed.wav", os.MFD_CLOEXEC)
+        try:
+            fd = os.memfd_create("streamed.wav", os.MFD_CLOEXEC)
+        except OSError:   # a kernel or a sandbox without memory files
+            fd = None
+    if fd is not None:
         try:
             with open(fd, "wb", closefd=False) as f:
                 f.write(data)
