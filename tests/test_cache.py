@@ -538,12 +538,18 @@ def test_streamed_wav_with_placeholder_sizes_is_read(tmp_path, corpus_template):
     np.testing.assert_allclose(got, y / 32768.0, atol=1e-6)
 
 
+def _spoken_into_a_pipe(path):
+    """What `espeak-ng --stdout` writes (a WAV with a placeholder data size), saved at `path`; its bytes."""
+    spoken = subprocess.run(["espeak-ng", "--stdout", "A sentence spoken into a pipe."], capture_output=True,
+                            check=True).stdout
+    Path(path).write_bytes(spoken)
+    return spoken
+
+
 def test_streamed_wav_decoded_by_a_killed_job_leaves_nothing_in_tmpdir(tmp_path, monkeypatch):
     # the placeholder-size copy was a NamedTemporaryFile: a mel job killed while reading it (SIGKILL, a
     # SLURM time limit: no exit handler runs) left the clip's bytes in $TMPDIR
-    spoken = subprocess.run(["espeak-ng", "--stdout", "A sentence spoken into a pipe."], capture_output=True,
-                            check=True).stdout
-    (tmp_path / "piped.wav").write_bytes(spoken)
+    _spoken_into_a_pipe(tmp_path / "piped.wav")
     assert cache.streamed_wav(tmp_path / "piped.wav") is not None
     assert left_in_tmpdir(tmp_path, f"""
 from pipeline import audio, cache
@@ -571,9 +577,7 @@ cache.decode({str(tmp_path / "piped.wav")!r}, sample_rate=22050, max_seconds=20.
 def test_wav_streamed_with_a_2gb_placeholder_is_read_to_its_end(tmp_path, corpus_template):
     # espeak-ng --stdout writes a data size of 0x7FFFF000, arecord 0x7FFFFFFF: every such clip was refused as
     # "truncated (the WAV header declares 2147417336 more bytes ...)" though libsndfile reads it whole
-    spoken = subprocess.run(["espeak-ng", "--stdout", "A sentence spoken into a pipe."], capture_output=True,
-                            check=True).stdout
-    (tmp_path / "piped.wav").write_bytes(spoken)
+    spoken = _spoken_into_a_pipe(tmp_path / "piped.wav")
     assert int.from_bytes(spoken[40:44], "little") == 0x7FFFF000  # its placeholder, after a 16-byte fmt chunk
     got = cache.load_clip(tmp_path / "piped.wav", sample_rate=SR, max_seconds=20.0)
     np.testing.assert_array_equal(got, sf.read(str(tmp_path / "piped.wav"), dtype="float32")[0])

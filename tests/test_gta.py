@@ -196,33 +196,33 @@ def test_a_gta_shards_provenance_changes_with_the_checkpoints_weights_not_only_i
     assert gta.gta_provenance(cfg, synth.checkpoint) != before
 
 
-def test_a_single_speaker_runs_gta_shard_needs_no_voice_ids(tmp_path, monkeypatch):
-    """A run of one speaker has no speaker table (its run.json lists none) while its token shards still
-    name each clip's speaker: its clips go through the model without a voice, not as unknown voices."""
+def _gta_of_one_speaker(tmp_path, monkeypatch, cfg, synth, model, data):
+    """The GTA shard `model` makes of `data` as a run of one speaker (no speaker table, no speaker
+    statistics): each clip is in it, with its mel's frame count."""
     from pipeline import shards
     from pipeline.vocoder import gta
-    data = clips(3)
-    cfg, synth = _one_shard(tmp_path, data, speakers=("lj", "lj", "lj"))
-    synth.model, synth.speakers = FastPitch(**dict(FASTPITCH, n_speakers=1)), []
+    synth.model, synth.speakers = model, []
     synth.info = {"stats": {k: v for k, v in synth.info["stats"].items() if not k.startswith("speaker_")}}
     monkeypatch.setattr(gta, "load_synthesizer", lambda cfg, log: synth)
     gta.build_gta_shard(cfg, 0, tmp_path / "gta" / "shard-000", log=lambda *a: None)
     meta, mels = shards.read(tmp_path / "gta" / "shard-000", "gta")
     assert meta["ids"] == ["clip0", "clip1", "clip2"] and [len(m) for m in mels] == [len(c["mels"]) for c in data]
+
+
+def test_a_single_speaker_runs_gta_shard_needs_no_voice_ids(tmp_path, monkeypatch):
+    """A run of one speaker has no speaker table (its run.json lists none) while its token shards still
+    name each clip's speaker: its clips go through the model without a voice, not as unknown voices."""
+    data = clips(3)
+    cfg, synth = _one_shard(tmp_path, data, speakers=("lj", "lj", "lj"))
+    _gta_of_one_speaker(tmp_path, monkeypatch, cfg, synth, FastPitch(**dict(FASTPITCH, n_speakers=1)), data)
 
 
 def test_a_transformer_tts_runs_gta_shard_reads_no_duration_shard(tmp_path, monkeypatch):
     """transformer_tts learns its own alignment: a run of it has no duration shards, and its GTA job
     must not need one (nor leave clips out by one)."""
     from pipeline import config, shards
-    from pipeline.vocoder import gta
     data = clips(3)
     cfg, synth = _one_shard(tmp_path, data, speakers=("lj", "lj", "lj"))
     for suffix in (".bin", ".json"):
         shards.prefix(config.cache_dir(cfg), "durations", 0).with_suffix(suffix).unlink()
-    synth.model, synth.speakers = TransformerTTS(**TRANSFORMER), []
-    synth.info = {"stats": {k: v for k, v in synth.info["stats"].items() if not k.startswith("speaker_")}}
-    monkeypatch.setattr(gta, "load_synthesizer", lambda cfg, log: synth)
-    gta.build_gta_shard(cfg, 0, tmp_path / "gta" / "shard-000", log=lambda *a: None)
-    meta, mels = shards.read(tmp_path / "gta" / "shard-000", "gta")
-    assert meta["ids"] == ["clip0", "clip1", "clip2"] and [len(m) for m in mels] == [len(c["mels"]) for c in data]
+    _gta_of_one_speaker(tmp_path, monkeypatch, cfg, synth, TransformerTTS(**TRANSFORMER), data)

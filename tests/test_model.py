@@ -341,9 +341,11 @@ def test_post_net_adds_its_residual_to_the_decoder_frames():
     np.testing.assert_allclose(out["mel_after"], out["mel_before"] + 2.0, atol=1e-5)
 
 
-def _stops_at_multiples_of_its_length(model, monkeypatch):
-    """The model's stop head replaced by one firing at every decoder step that is a multiple of the
-    sentence's token count (so a sentence of 2 tokens would stop at steps 2, 4, 6 ...)."""
+def _stopping_at_multiples_of_its_length(monkeypatch):
+    """(a model, tokens, lengths): a batch of sentences of 2 and 5 tokens, and a model whose stop head is
+    replaced by one firing at every decoder step that is a multiple of the sentence's token count (so a
+    sentence of 2 tokens would stop at steps 2, 4, 6 ...)."""
+    model = TransformerTTS(**TINY)
     decode = model.decode
 
     def decode_with_that_stop(dec_in, memory, token_mask, seed, training=False):
@@ -352,12 +354,11 @@ def _stops_at_multiples_of_its_length(model, monkeypatch):
         count = tf.reduce_sum(tf.cast(token_mask, tf.int32), axis=1)[:, None]
         return frames, tf.where(steps % count == 0, 30.0, -30.0), alignment
     monkeypatch.setattr(model, "decode", decode_with_that_stop)
+    return model, tf.constant([[3, 4, 0, 0, 0], [5, 6, 7, 8, 9]]), tf.constant([2, 5])
 
 
 def test_a_sentence_that_stopped_keeps_its_length_and_mel_while_the_batch_decodes_on(monkeypatch):
-    model = TransformerTTS(**TINY)
-    _stops_at_multiples_of_its_length(model, monkeypatch)
-    tokens, lengths = tf.constant([[3, 4, 0, 0, 0], [5, 6, 7, 8, 9]]), tf.constant([2, 5])
+    model, tokens, lengths = _stopping_at_multiples_of_its_length(monkeypatch)
     out = model.decode_autoregressive(tokens, lengths, max_steps=8, stop_threshold=0.5)
     assert list(out["lengths"].numpy()) == [2 * R, 5 * R] and np.all(out["stopped"])
     assert np.all(out["mel"][0, 2 * R:] == 0) and np.all(out["mel"][1, 5 * R:] == 0)
@@ -368,9 +369,7 @@ def test_a_sentence_that_stopped_keeps_its_length_and_mel_while_the_batch_decode
 
 
 def test_pace_resamples_each_sentence_of_a_batch_over_its_own_length(monkeypatch):
-    model = TransformerTTS(**TINY)
-    _stops_at_multiples_of_its_length(model, monkeypatch)
-    tokens, lengths = tf.constant([[3, 4, 0, 0, 0], [5, 6, 7, 8, 9]]), tf.constant([2, 5])
+    model, tokens, lengths = _stopping_at_multiples_of_its_length(monkeypatch)
     base = model.infer(tokens, lengths, max_frames=16)
     n = base["lengths"].numpy()                                                   # 4 and 10 frames
     slow = model.infer(tokens, lengths, pace=0.7, max_frames=16)
