@@ -2,7 +2,8 @@
 
 Runs any tf.data.Dataset of batches and any step function three ways (loader alone, step alone on
 the loader's first batches already on the device, the real loop with the wait for each batch timed
-apart from the step), samples the utilisation of the GPUs this process may use with NVML, scans the
+apart from the step), then the real loop's step fed by a dataset of one constant batch (the wait
+no loader can go below: tf.data's fixed cost of handing a batch to Python), samples the utilisation of the GPUs this process may use with NVML, scans the
 input graph for Python ops, counts step traces and looks for cycles in the step times. A step of the
 real loop that traces (a first call on a new batch shape) is left out of its timings unless the loop
 keeps retracing. `diagnose()` returns the report dict (its fields are listed in
@@ -46,6 +47,7 @@ from pipeline.placement import OnDevice, host_id
 INPUT_BOUND_WAIT = 0.05         # the TF profiler's input-pipeline analyzer: >= 5 % wait is "moderately" input-bound
 HIGHLY_INPUT_BOUND_WAIT = 0.20  # ... and >= 20 % "highly" input-bound
 RETRACE_SLACK = 1               # one trace beyond the shapes is normal: a first call that creates variables traces twice
+FLOOR_STEPS = 10                # steps of the floor loop (one constant batch), at most diagnose.steps
 # --- batches ------------------------------------------------------------------------------
 def _walk(x, path=()):
     """(path, tensor) leaves of a batch; dict keys sorted, PerReplica values as 'replicaN'."""
@@ -204,12 +206,44 @@ def time_loop(make_iter, step_fn, *, steps, warmup, sampler):
             loop["traced"].append(tracing() > before)
             loop["shapes"].append(shape_key(b))
             loop["examples"].append(_batch_stats(b)[0])
+        loop["batch"] = b  # the last batch: time_floor's
     finally:
         seconds = time.perf_counter() - t0
         sampler.stop()
     if src.restarts:
         notes.append(f"The dataset ended {src.restarts} time(s) during the real loop; restarts were timed as waits.")
     return {**loop, "seconds": seconds, "t0": t0, "notes": notes}
+
+
+def _distributed(batch):
+    return any(isinstance(leaf, tf.distribute.DistributedValues) for leaf in tf.nest.flatten(batch))
+
+
+def time_floor(batch, step_fn, *, steps, warmup, notes):
+    """4. The floor: the real loop's step fed by a dataset of one constant batch (`batch`, copied to the
+    host), which does no work per batch. Its wait is tf.data's fixed cost of handing a batch to Python
+    after a step (cold caches, a thread's wake-up): no loader, however fast, waits less in this loop.
+
+    Returns {wait_ms_mean, wait_fraction, steps}, or None for a distributed batch (per-replica values:
+    its dataset is the strategy's to build), with a line in `notes` saying so."""
+    if _distributed(batch):
+        notes.append("The wait floor (one constant batch in the same loop) was not measured: the batches are "
+                     "per-replica values of a distributed dataset.")
+        return None
+    with tf.device("/CPU:0"):
+        host = tf.nest.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, batch)
+    src = iter(tf.data.Dataset.from_tensors(host).repeat().prefetch(1))
+    for _ in range(warmup):
+        _block(step_fn(next(src)))
+    waits, t0 = [], time.perf_counter()
+    for _ in range(steps):
+        t = time.perf_counter()
+        b = next(src)
+        waits.append(time.perf_counter() - t)
+        _block(step_fn(b))
+    seconds = time.perf_counter() - t0
+    return {"wait_ms_mean": 1e3 * float(np.mean(waits)), "wait_fraction": float(np.sum(waits) / seconds),
+            "steps": steps}
 
 
 def loop_figures(loop, retracing):
@@ -329,6 +363,8 @@ def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=No
     loader = time_loader(raw, steps=steps, warmup=warmup)  # its prefetch threads are gone before the step runs
     step, step_shapes = time_step_alone(raw, step_fn, steps=steps, warmup=warmup, device=device)
     loop = time_loop(batches or raw, step_fn, steps=steps, warmup=warmup, sampler=sampler)
+    floor = time_floor(loop.pop("batch"), step_fn, steps=min(steps, FLOOR_STEPS), warmup=min(warmup, 2),
+                       notes=loop["notes"])
     traces = tracing() if tracing else None
     retracing, bound, counts, extra = check_traces(traces, [*step_shapes, *loop["warmup_shapes"], *loop["shapes"]],
                                                    expected_shapes)
@@ -342,6 +378,7 @@ def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=No
     report = {
         "verdict": verdict_of(retracing, wait_fraction, loader, step),
         "input_wait_fraction": wait_fraction,
+        "wait_floor": floor,
         "loader": loader,
         "step": step,
         "combined": combined,
@@ -352,19 +389,16 @@ def diagnose(dataset, step_fn, *, steps, warmup, device=None, expected_shapes=No
         "traces": traces,
         "traces_during_diagnose": traces - traces_before if traces is not None else None,
         "expected_shapes": expected_shapes,
-        "trace_bound": bound + RETRACE_SLACK,
-        "trace_shapes": dict(counts),
+        "trace_bound": bound + RETRACE_SLACK, "trace_shapes": dict(counts),
         "retrace_shapes": extra[:10],
         "gpus": gpus,
         "gpu_sampling": _gpu_sampling(sampler, gpus, coverage),
         "gpu_coverage": coverage,
         # train.placement: auto trusts this report's placements on this host only
         "host": host,
-        "placement": placement,
-        "device": device,
+        "placement": placement, "device": device,
         "context": dict(context or {}),
-        "steps": steps,
-        "warmup": warmup,
+        "steps": steps, "warmup": warmup,
         "thresholds": dict(THRESHOLDS),
         "notes": loop["notes"] + trace_notes + list(getattr(sampler, "notes", [])),
     }

@@ -135,7 +135,9 @@ def _gpu_label(g):
 
 
 def _input_bound(r):
-    return r["verdict"] == "input_bound" or r["input_wait_fraction"] >= r["thresholds"]["input_bound_wait"]
+    """The loop waits for its loader: not when the wait is tf.data's fixed cost per batch (_fixed_cost)."""
+    w, threshold = r["input_wait_fraction"], r["thresholds"]["input_bound_wait"]
+    return (r["verdict"] == "input_bound" or w >= threshold) and not _fixed_cost(w, r.get("wait_floor"), threshold)
 
 
 def _retrace_advice(r):
@@ -177,7 +179,14 @@ def _input_advice(r):
     loader_bps, step_sps = r["loader"]["batches_per_s"], r["step"]["steps_per_s"]
     ratio = loader_bps / step_sps if step_sps else float("inf")
     waits_much = w >= r["thresholds"]["input_bound_wait"]
-    if waits_much:
+    floor = r.get("wait_floor")
+    if waits_much and _fixed_cost(w, floor, r["thresholds"]["input_bound_wait"]):
+        recs.append((w, f"The loop waited for input {w:.0%} of the wall time, but the same step fed one constant "
+                        f"batch waited {floor['wait_fraction']:.0%} ({floor['wait_ms_mean']:.2f} ms a step): that is "
+                        f"tf.data's fixed cost of handing each batch to Python, not this loader's, which delivers "
+                        f"{ratio:.1f}x what the step consumes. Parallel maps and prefetching cannot remove it; fewer, "
+                        f"longer steps can (a larger batch size)."))
+    elif waits_much:
         level = "highly" if w >= r["thresholds"]["highly_input_bound_wait"] else "moderately"
         recs.append((w, f"The loop waited for input {w:.0%} of the wall time ({level} input-bound by the TF "
                         f"profiler's measure); the loader alone delivers {loader_bps:.1f} batches/s against "
@@ -189,9 +198,17 @@ def _input_advice(r):
                                 f"({loader_bps:.1f} batches/s against {step_sps:.1f} steps/s): a faster step will "
                                 f"soon wait for input."))
     else:
+        floor_words = (f" ({floor['wait_fraction']:.1%} with one constant batch: tf.data's fixed cost per batch)"
+                       if floor else "")
         recs.append((0.02, f"The loader alone delivers {ratio:.1f}x what the step consumes and the loop waited "
-                           f"{w:.1%} of the time: training is not input-bound; speed up the step itself."))
+                           f"{w:.1%} of the time{floor_words}: training is not input-bound; speed up the step itself."))
     return recs
+
+
+def _fixed_cost(wait, floor, threshold):
+    """Whether the loop's wait is mostly tf.data's fixed cost per batch: the floor (one constant batch in
+    the same loop) is at least half of it, and what the loader adds stays below the input-bound threshold."""
+    return bool(floor) and floor["wait_fraction"] >= wait / 2 and wait - floor["wait_fraction"] < threshold
 
 
 def _oscillation_advice(r):
@@ -347,6 +364,13 @@ def _left_out(co):
     return f", {plural(n, 'tracing step')} left out" if n else ""
 
 
+def _floor_row(floor):
+    if not floor:
+        return []
+    return [f"| real loop, one constant batch | | wait {floor['wait_ms_mean']:.2f} ms ({floor['wait_fraction']:.1%}): "
+            f"tf.data's fixed cost per batch, the least any loader waits here |"]
+
+
 def _markdown(r):
     lo, st, co = r["loader"], r["step"], r["combined"]
     lines = [f"# Diagnose: {r['verdict']}", "",
@@ -359,6 +383,7 @@ def _markdown(r):
              f"| real loop | {co['steps_per_s']:.2f} | wait {co['wait_ms_mean']:.2f} ms, step {co['compute_ms_mean']:.2f} ms "
              f"(mean){_left_out(co)}; step-time CV {r['step_time_cv']:.2f}; oscillation "
              f"{('yes (the bucket shapes in turn)' if r.get('oscillation_by_shape') else 'yes') if r['oscillation'] else 'no'} |",
+             *_floor_row(r.get("wait_floor")),
              "", "## GPUs", ""]
     if r["gpus"]:
         lines.append(f"Sampled: {r['gpu_sampling']}.")

@@ -866,3 +866,56 @@ def test_a_generators_python_op_is_named_by_its_next_function_whatever_the_attri
     [line] = graphscan.find_pyfunc_ops(ds)   # one line for its init, next and finalize functions
     assert line.startswith("from_generator in flat_map #1: PyFunc (GeneratorDataset, function ") \
         and "generator_next_fn" in line, line
+
+
+def test_a_wait_that_one_constant_batch_also_waits_is_tf_datas_fixed_cost_not_the_loaders():
+    from pipeline.diagnose_report import _gpu_advice, _input_advice
+    # a 2 ms step (a fast GPU's) beside tf.data's ~0.2 ms per batch: 9 % wait, 8 % of it the floor
+    floor = {"wait_ms_mean": 0.18, "wait_fraction": 0.08, "steps": 20}
+    [(gain, line)] = _input_advice(_advice_report(0.09, loader_bps=4000.0, step_sps=450.0, wait_floor=floor))
+    assert gain == 0.09 and "one constant batch waited 8% (0.18 ms a step)" in line
+    assert "tf.data's fixed cost" in line and "larger batch size" in line and "parallelise" not in line
+    gpu = {"index": 0, "name": "Fake GPU", "util_mean": 40.0, "util_cv": 0.3, "mem_used_mb": 900.0}
+    r = _advice_report(0.09, verdict="input_bound", wait_floor=floor, gpus=[gpu], host={"gpus": ["Fake GPU"]},
+                       gpu_coverage={"fraction": 1.0}, gpu_sampling="1 GPU sampled", placement="single")
+    assert "give each launch more work" in _gpu_advice(r)[0][1]
+    # the loader adds 5 % or more beyond the floor, or the floor is under half the wait: the loader's
+    for wait, fraction in ((0.14, 0.08), (0.12, 0.05)):
+        [(_, line)] = _input_advice(_advice_report(wait, wait_floor={**floor, "wait_fraction": fraction}))
+        assert "parallelise the map" in line and "fixed cost" not in line
+        assert "feed it faster" in _gpu_advice({**r, "input_wait_fraction": wait,
+                                                "wait_floor": {**floor, "wait_fraction": fraction}})[0][1]
+    [(_, line)] = _input_advice(_advice_report(0.015, wait_floor={**floor, "wait_fraction": 0.012}))
+    assert "waited 1.5% of the time (1.2% with one constant batch: tf.data's fixed cost per batch)" in line
+
+
+def test_the_floor_loop_runs_the_real_step_on_one_constant_batch(pyfunc_report, heavy_report, tmp_path):
+    # a Python map sleeping 20 ms a batch: the loop waits on it; one constant batch waits a fraction of that
+    slow, clean = pyfunc_report["wait_floor"], heavy_report["wait_floor"]
+    assert slow["steps"] == clean["steps"] == 10            # FLOOR_STEPS (diagnose.steps, 12 and 24, if fewer)
+    assert slow["wait_ms_mean"] < 0.2 * pyfunc_report["combined"]["wait_ms_mean"]
+    assert 0 < clean["wait_fraction"] < 0.05 and clean["wait_ms_mean"] > 0
+    assert heavy_report["traces"] == 1                          # its batch's shape: no new trace
+    write_report(heavy_report, tmp_path)
+    md = (tmp_path / "diagnose.md").read_text()
+    assert f"| real loop, one constant batch | | wait {clean['wait_ms_mean']:.2f} ms" in md
+    assert json.loads((tmp_path / "diagnose.json").read_text())["wait_floor"]["steps"] == 10
+
+
+def test_per_replica_batches_have_no_floor_and_a_note_says_why(monkeypatch):
+    from tensorflow.python.distribute.values import PerReplica
+    two = {"x": PerReplica((tf.ones([2]), tf.ones([2])))}  # what a two-replica strategy's iterator yields
+    notes = []
+    assert diagnose_mod.time_floor(two, _cheap_step(), steps=2, warmup=0, notes=notes) is None
+    assert notes == ["The wait floor (one constant batch in the same loop) was not measured: the batches are "
+                     "per-replica values of a distributed dataset."]
+    # one replica: plain tensors, and the strategy's step runs on the constant batch like any other
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    ds = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(tf.ones([4, 8])).repeat())
+    step = tf.function(lambda b: strategy.run(tf.reduce_mean, args=(b,)))
+    r = diagnose(ds, step, steps=3, warmup=1)
+    assert r["wait_floor"]["steps"] == 3 and r["wait_floor"]["wait_ms_mean"] > 0
+    real = diagnose_mod.time_floor
+    monkeypatch.setattr(diagnose_mod, "time_floor", lambda batch, *a, **k: real({"x": two["x"]}, *a, **k))
+    r = diagnose(ds, step, steps=3, warmup=1)
+    assert r["wait_floor"] is None and notes[0] in r["notes"] and notes[0] in r["recommendations"]
