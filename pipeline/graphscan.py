@@ -31,15 +31,30 @@ def _func_refs(node):
             yield from (f.name for f in value.list.func)
 
 
+def _serialized(dataset):
+    """The dataset's graph, as bytes. A device copy (prefetch_to_device: the `split` placement's last
+    transformation) is a generator over remote calls, which tf.data cannot serialize, and it runs no
+    Python: the graph is then the one the copy reads."""
+    dataset = getattr(dataset, "_original_dataset", dataset)  # a tf.distribute DistributedDataset
+    try:
+        return dataset._as_serialized_graph().numpy()
+    except tf.errors.FailedPreconditionError:
+        inner = dataset
+        while inner is not None and type(inner).__name__ != "_CopyToDeviceDataset":
+            inner = getattr(inner, "_input_dataset", None)
+        if inner is None:
+            raise
+        return _serialized(inner._input_dataset)
+
+
 def scan_pyfunc_ops(dataset):
     """Python ops in a dataset's graph as dicts: transformation ('map #2'), op, dataset_op, function.
 
     Transformations are numbered per kind from the source onwards; a nested function (a branch, a
     PartitionedCall) counts for the transformation that calls it.
     """
-    dataset = getattr(dataset, "_original_dataset", dataset)  # a tf.distribute DistributedDataset
     graph = tf.compat.v1.GraphDef()
-    graph.ParseFromString(dataset._as_serialized_graph().numpy())
+    graph.ParseFromString(_serialized(dataset))
     funcs = {f.signature.name: f for f in graph.library.function}
     nodes = {n.name: n for n in graph.node}
 

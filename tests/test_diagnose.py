@@ -213,6 +213,21 @@ def test_find_pyfunc_ops_names_fused_case_sampled_and_distributed_loaders_one_li
     assert len(dist) == 1 and dist[0].startswith("map #1: PyFunc (MapDataset"), dist
 
 
+def test_splits_loader_copied_to_a_device_is_scanned_and_diagnosed():
+    # split's loader ends in prefetch_to_device, a generator over remote calls that tf.data cannot
+    # serialize: the scan reads the graph the copy reads (diagnose under split stopped here before)
+    npf = lambda x: tf.numpy_function(lambda v: v, [x], tf.int64)  # noqa: E731
+    to_device = tf.data.experimental.prefetch_to_device("/CPU:0", buffer_size=2)
+    planted = tf.data.Dataset.range(8).map(npf).batch(2).apply(to_device)
+    with pytest.raises(tf.errors.FailedPreconditionError):
+        planted._as_serialized_graph()
+    [line] = find_pyfunc_ops(planted)
+    assert line.startswith("map #1: PyFunc (MapDataset"), line
+    clean = tf.data.Dataset.from_tensors(tf.ones([4, 8])).repeat().apply(to_device)
+    r = diagnose(clean, _cheap_step(), steps=3, warmup=1)
+    assert r["pyfunc_ops"] == [] and r["wait_floor"]["steps"] == 3 and r["combined"]["steps_per_s"] > 0
+
+
 def _sleep_if_odd(i):
     if i % 2:
         time.sleep(0.025)  # a sleep, not work: the cycle stays clear on a busy 2-core machine
