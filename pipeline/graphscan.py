@@ -32,10 +32,15 @@ def _func_refs(node):
 
 
 def _serialized(dataset):
-    """The dataset's graph, as bytes. A device copy (prefetch_to_device: the `split` placement's last
-    transformation) is a generator over remote calls, which tf.data cannot serialize, and it runs no
-    Python: the graph is then the one the copy reads."""
+    """The dataset's graph, as bytes. A distributed loader's is the dataset it wraps. A device copy
+    (prefetch_to_device: the `split` placement's last transformation) is a generator over remote
+    calls, which tf.data cannot serialize, and it runs no Python: the graph is then the one the copy
+    reads."""
     dataset = getattr(dataset, "_original_dataset", dataset)  # a tf.distribute DistributedDataset
+    if not hasattr(dataset, "_as_serialized_graph") and getattr(dataset, "_datasets", None):
+        # distribute_datasets_from_function (the `multiworker` placement's loader): the dataset its
+        # function made for this process's first input worker
+        dataset = dataset._datasets[0]
     try:
         return dataset._as_serialized_graph().numpy()
     except tf.errors.FailedPreconditionError:

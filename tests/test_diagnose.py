@@ -213,6 +213,19 @@ def test_find_pyfunc_ops_names_fused_case_sampled_and_distributed_loaders_one_li
     assert len(dist) == 1 and dist[0].startswith("map #1: PyFunc (MapDataset"), dist
 
 
+def test_a_loader_made_by_a_dataset_function_is_scanned_and_diagnosed():
+    # multiworker's loader is strategy.distribute_datasets_from_function(...), which holds the datasets
+    # its function made and has no graph of its own: diagnose under multiworker stopped at the scan
+    npf = lambda x: tf.numpy_function(lambda v: v, [x], tf.int64)  # noqa: E731
+    strategy = tf.distribute.MirroredStrategy(["/CPU:0"])
+    planted = strategy.distribute_datasets_from_function(lambda ctx: tf.data.Dataset.range(8).map(npf).batch(2))
+    [line] = find_pyfunc_ops(planted)
+    assert line.startswith("map #1: PyFunc (MapDataset"), line
+    clean = strategy.distribute_datasets_from_function(lambda ctx: tf.data.Dataset.from_tensors(tf.ones([4, 8])).repeat())
+    r = diagnose(clean, _cheap_step(), steps=3, warmup=1)
+    assert r["pyfunc_ops"] == [] and r["combined"]["steps_per_s"] > 0
+
+
 def test_splits_loader_copied_to_a_device_is_scanned_and_diagnosed():
     # split's loader ends in prefetch_to_device, a generator over remote calls that tf.data cannot
     # serialize: the scan reads the graph the copy reads (diagnose under split stopped here before)
