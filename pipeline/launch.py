@@ -57,9 +57,16 @@ def tf_config(ports, index):
 
 
 def visible_gpus():
-    """The GPU ids this host offers: CUDA_VISIBLE_DEVICES when set, else what `nvidia-smi -L` lists."""
+    """The GPU ids this host offers: CUDA_VISIBLE_DEVICES when set, else what `nvidia-smi -L` lists.
+    As in CUDA, the list ends at the first entry that is neither a GPU's number nor its UUID, so
+    `CUDA_VISIBLE_DEVICES=-1` (the usual way to hide the GPUs) leaves none: CPU workers."""
     if "CUDA_VISIBLE_DEVICES" in os.environ:
-        return [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+        gpus = []
+        for entry in (g.strip() for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",")):
+            if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+                break
+            gpus.append(entry)
+        return gpus
     try:
         listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (FileNotFoundError, subprocess.TimeoutExpired):

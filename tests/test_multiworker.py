@@ -261,6 +261,14 @@ def test_each_local_worker_gets_its_own_share_of_the_gpus(tmp_path, monkeypatch)
     log = out.getvalue()
     assert "[worker 0] sees 4" in log and "[worker 1] sees 5" in log
     assert "launch: GPU 6 left idle: 3 GPUs do not split evenly over 2 workers (each gets 1)" in log
+    # CUDA_VISIBLE_DEVICES=-1, the usual way to hide the GPUs, was one GPU named "-1" (two workers refused):
+    # as in CUDA, the list ends at the first entry that names no GPU, so the workers run on the CPU
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    out = io.StringIO()
+    assert launch.launch(2, [], module="gpu_worker", out=out) == 0
+    assert "[worker 0] sees -1" in out.getvalue() and "[worker 1] sees -1" in out.getvalue()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,-1,6")
+    assert launch.visible_gpus() == ["4", "5"]
 
 
 def test_cpu_workers_on_a_single_core_are_two_at_most(tmp_path, monkeypatch):
