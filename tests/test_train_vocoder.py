@@ -115,6 +115,37 @@ def test_a_float16_run_gives_the_generator_and_discriminators_gradients(built_ca
         placement.set_precision_policy("off")
 
 
+# Two logical CPUs stand in for split's GPUs (set before TensorFlow starts: a process of its own); the
+# generator's weights on /CPU:1, the model device, as VocoderTrainer builds them there.
+VALIDATION_DEVICE = """
+import json, types
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from pipeline.vocoder import train as vt
+with tf.device("/CPU:1"):
+    kernel = tf.Variable(tf.fill([80, 256], 1e-3))
+seen = []
+def generator(mel, training=False):
+    audio = tf.reshape(tf.matmul(mel, kernel), [tf.shape(mel)[0], -1])
+    seen.append(audio.device)
+    return audio
+audio = {"sample_rate": 22050, "n_fft": 1024, "hop_length": 256, "win_length": 1024, "n_mels": 80, "fmin": 0, "fmax": 8000}
+trainer = types.SimpleNamespace(device="/CPU:1", uses_f0=False, cfg={"audio": audio})
+vt._val_losses(trainer, generator, [{"mel": tf.ones([2, 16, 80]), "audio": tf.zeros([2, 16 * 256])}])
+print(json.dumps(seen))
+"""
+
+
+def test_validation_runs_the_generator_on_the_vocoders_device():
+    # the steps run under tf.device(trainer.device); validation ran unscoped, on the default device: under
+    # split that is train.data_device's GPU, every weight copied across for each validation pass
+    proc = subprocess.run([sys.executable, "-c", VALIDATION_DEVICE], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["/job:localhost/replica:0/task:0/device:CPU:1"]
+
+
 def test_a_loss_scaled_vocoder_update_is_the_step_of_the_losss_own_gradient():
     """Under float16 the backward pass starts from the loss scale, and the LossScaleOptimizer divides it
     out again: the update is the loss's own gradient step (plain SGD here, which scales with the

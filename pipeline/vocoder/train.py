@@ -181,14 +181,15 @@ def _val_losses(trainer, generator, val):
     """({term: mean spectral loss} of `generator` over the validation crops, (audio, vocoded) of the
     first batch); (None, None) without validation crops."""
     sums, n, first = {}, 0, None
-    for batch in val:
-        fake = generator(batch["mel"], f0=batch["f0"], training=False) if trainer.uses_f0 \
-            else generator(batch["mel"], training=False)
-        _, terms = D.spectral_loss(batch["audio"], fake, trainer.cfg["audio"], mel_weight=1.0, stft_weight=1.0)
-        for k, v in terms.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
-        n += 1
-        first = first or (batch["audio"], fake)
+    with tf.device(trainer.device):  # where the weights and the steps are (split: train.model_device), not the default
+        for batch in val:
+            fake = generator(batch["mel"], f0=batch["f0"], training=False) if trainer.uses_f0 \
+                else generator(batch["mel"], training=False)
+            _, terms = D.spectral_loss(batch["audio"], fake, trainer.cfg["audio"], mel_weight=1.0, stft_weight=1.0)
+            for k, v in terms.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            n += 1
+            first = first or (batch["audio"], fake)
     return ({k: v / n for k, v in sums.items()}, first) if n else (None, None)
 
 
