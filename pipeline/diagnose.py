@@ -2,11 +2,11 @@
 
 Runs any tf.data.Dataset of batches and any step function three ways (loader alone, step alone on
 the loader's first batches already on the device, the real loop with the wait for each batch timed
-apart from the step), then the real loop's step fed by a dataset of one constant batch (the wait
-no loader can go below: tf.data's fixed cost of handing a batch to Python), samples the utilisation of the GPUs this process may use with NVML, scans the
-input graph for Python ops, counts step traces and looks for cycles in the step times. A step of the
-real loop that traces (a first call on a new batch shape) is left out of its timings unless the loop
-keeps retracing. `diagnose()` returns the report dict (its fields are listed in
+apart from the step), then the real loop fed by a dataset of one constant batch (the wait no
+loader can go below: tf.data's fixed cost of handing a batch to Python), samples the utilisation
+of the GPUs this process may use with NVML, scans the input graph for Python ops, counts step
+traces and looks for cycles in the step times. A step of the real loop that traces (a first call
+on a new batch shape) is left out of its timings unless the loop keeps retracing. `diagnose()` returns the report dict (its fields are listed in
 docs/architecture.md); pipeline/diagnose_report.py turns it into sentences and files.
 
 Reads the config (`diagnose.steps`, `diagnose.warmup`, `diagnose.target`, `reports_dir`, `name`, and
@@ -95,6 +95,12 @@ def _batch_stats(batch):
     return max(examples, 0), nbytes
 
 
+def _copied_to(device, batch):
+    """The batch's tensors copied to `device`, anything else as it is."""
+    with tf.device(device):
+        return tf.nest.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, batch)
+
+
 def _block(out):
     # GPU dispatch is asynchronous: a step has finished only once its outputs can be read
     for leaf in tf.nest.flatten(out, expand_composites=True):
@@ -159,9 +165,7 @@ def time_step_alone(make_iter, step_fn, *, steps, warmup, device):
     src = _Batches(make_iter)
     batches = [src.next() for _ in range(steps)]
     if device:
-        with tf.device(device):
-            batches = [tf.nest.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, b)
-                       for b in batches]
+        batches = [_copied_to(device, b) for b in batches]
     shapes = [shape_key(b) for b in batches]
     for s in dict.fromkeys(shapes):
         _block(step_fn(batches[shapes.index(s)]))
@@ -179,8 +183,9 @@ def time_step_alone(make_iter, step_fn, *, steps, warmup, device):
     return figures, shapes
 
 
-def time_loop(make_iter, step_fn, *, steps, warmup, sampler):
-    """3. The real loop: the wait for each batch timed apart from its step, GPUs sampled meanwhile.
+def time_loop(make_iter, step_fn, *, steps, warmup, sampler=None):
+    """3. The real loop: the wait for each batch timed apart from its step, GPUs sampled meanwhile
+    (`sampler`; None: none).
 
     Returns the per-step record: waits and computes (s), shapes, examples, traced (the step
     function's tracing count rose during the step), warmup_shapes, seconds, t0 (its start), notes."""
@@ -191,7 +196,8 @@ def time_loop(make_iter, step_fn, *, steps, warmup, sampler):
         b = src.next()
         loop["warmup_shapes"].append(shape_key(b))
         _block(step_fn(b))
-    sampler.start()
+    if sampler:
+        sampler.start()
     t0 = time.perf_counter()
     try:
         for _ in range(steps):
@@ -209,7 +215,8 @@ def time_loop(make_iter, step_fn, *, steps, warmup, sampler):
         loop["batch"] = b  # the last batch: time_floor's
     finally:
         seconds = time.perf_counter() - t0
-        sampler.stop()
+        if sampler:
+            sampler.stop()
     if src.restarts:
         notes.append(f"The dataset ended {src.restarts} time(s) during the real loop; restarts were timed as waits.")
     return {**loop, "seconds": seconds, "t0": t0, "notes": notes}
@@ -220,8 +227,8 @@ def _distributed(batch):
 
 
 def time_floor(batch, step_fn, *, steps, warmup, notes):
-    """4. The floor: the real loop's step fed by a dataset of one constant batch (`batch`, copied to the
-    host), which does no work per batch. Its wait is tf.data's fixed cost of handing a batch to Python
+    """4. The floor: the real loop (time_loop) fed by a dataset of one constant batch (`batch`, copied
+    to the host), which does no work per batch. Its wait is tf.data's fixed cost of handing a batch to Python
     after a step (cold caches, a thread's wake-up): no loader, however fast, waits less in this loop.
 
     Returns {wait_ms_mean, wait_fraction, steps}, or None for a distributed batch (per-replica values:
@@ -230,20 +237,10 @@ def time_floor(batch, step_fn, *, steps, warmup, notes):
         notes.append("The wait floor (one constant batch in the same loop) was not measured: the batches are "
                      "per-replica values of a distributed dataset.")
         return None
-    with tf.device("/CPU:0"):
-        host = tf.nest.map_structure(lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, batch)
-    src = iter(tf.data.Dataset.from_tensors(host).repeat().prefetch(1))
-    for _ in range(warmup):
-        _block(step_fn(next(src)))
-    waits, t0 = [], time.perf_counter()
-    for _ in range(steps):
-        t = time.perf_counter()
-        b = next(src)
-        waits.append(time.perf_counter() - t)
-        _block(step_fn(b))
-    seconds = time.perf_counter() - t0
-    return {"wait_ms_mean": 1e3 * float(np.mean(waits)), "wait_fraction": float(np.sum(waits) / seconds),
-            "steps": steps}
+    constant = tf.data.Dataset.from_tensors(_copied_to("/CPU:0", batch)).repeat().prefetch(1)
+    loop = time_loop(lambda: iter(constant), step_fn, steps=steps, warmup=warmup)
+    return {"wait_ms_mean": 1e3 * float(np.mean(loop["waits"])),
+            "wait_fraction": float(np.sum(loop["waits"]) / loop["seconds"]), "steps": steps}
 
 
 def loop_figures(loop, retracing):
