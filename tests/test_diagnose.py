@@ -838,7 +838,9 @@ def test_diagnose_md_says_the_wait_and_the_step_times_as_measured(pyfunc_report,
     md = write_report(r, tmp_path)["md"].read_text()
     assert f"it waited for input {r['input_wait_fraction']:.1%} of the wall time" in md
     assert f"| real loop | {co['steps_per_s']:.2f} | wait {co['wait_ms_mean']:.2f} ms, step {co['compute_ms_mean']:.2f} ms" in md
-    assert co["wait_ms_mean"] > 5 * co["compute_ms_mean"]    # a Python map's 20 ms against a cheap step
+    # a Python map's 20 ms against a cheap step: the wait leads. Not by a fixed factor: on a loaded
+    # machine the cheap step slows too (16.9 ms against 4.1 ms once in CI at 83087b2)
+    assert co["wait_ms_mean"] > co["compute_ms_mean"]
 
 
 def test_a_non_finite_figure_is_written_as_null(pyfunc_report, tmp_path):
