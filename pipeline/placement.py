@@ -65,6 +65,16 @@ class OnDevice:
         return getattr(self.fn, name)
 
 
+def all_finite(variables, device):
+    """A scalar bool tensor: every floating value among `variables` (weights, optimizer state) is finite.
+    One reduction on `device`, where a placement keeps them, read back once by its caller: unscoped, each
+    check ran on the default device (the data's GPU under `split`) with every variable copied there."""
+    values = [tf.convert_to_tensor(v) for v in variables]
+    with tf.device(device):
+        checks = [tf.reduce_all(tf.math.is_finite(x)) for x in values if x.dtype.is_floating]
+        return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
 @dataclass
 class Placement:
     name: str

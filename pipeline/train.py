@@ -649,8 +649,8 @@ def check_finite_state(trainer, progress, step):
     pending = progress.trackers.get("total")
     if progress.steps and pending is not None and not math.isfinite(float(pending.result())):
         raise NonFinite(f"the loss became {float(pending.result())} by step {step}")
-    values = [tf.convert_to_tensor(v) for v in [*trainer.model.variables, *trainer.optimizer.variables]]
-    if not all(bool(tf.reduce_all(tf.math.is_finite(x))) for x in values if x.dtype.is_floating):
+    if not bool(placement_mod.all_finite([*trainer.model.variables, *trainer.optimizer.variables],
+                                         trainer.model_device)):
         raise NonFinite(f"the weights became non-finite by step {step}")
 
 

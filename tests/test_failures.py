@@ -157,8 +157,8 @@ def test_each_logged_loss_is_recorded_at_the_step_it_was_logged_and_the_last_ste
 
     from pipeline import train
 
-    class Trainer:  # what run_steps uses of one: the steps' loss terms, the weights it checks before a save
-        start_step = 0
+    class Trainer:  # what run_steps uses of one: the steps' loss terms, the weights it checks before a save, on its model device
+        start_step, model_device = 0, "/CPU:0"
         model = type("Model", (), {"variables": [tf.Variable([1.0])]})()
         optimizer = type("Optimizer", (), {"learning_rate": tf.Variable(1e-3), "variables": []})()
 

@@ -142,6 +142,16 @@ def test_split_refuses_a_device_this_machine_does_not_have_naming_the_key(monkey
             placement.resolve(dict(TRAIN, placement="split", **{key: device}))
 
 
+def test_all_finite_reads_every_floating_value_and_passes_over_counters():
+    weights = [tf.Variable(tf.ones([3, 4])), tf.Variable(tf.zeros([5], tf.float16))]
+    step = tf.Variable(7, dtype=tf.int64)  # an optimizer's iteration count: not a weight
+    assert bool(placement.all_finite([*weights, step], "/CPU:0"))
+    assert bool(placement.all_finite([step], "/CPU:0")) and bool(placement.all_finite([], "/CPU:0"))
+    for bad in (float("nan"), float("inf")):
+        weights[1].assign(tf.constant([0, 0, bad, 0, 0], tf.float16))  # one value of the last variable
+        assert not bool(placement.all_finite([*weights, step], "/CPU:0"))
+
+
 def test_host_id_names_this_machine():
     host = placement.host_id()
     assert host["hostname"] and host["gpus"] == []  # no GPU on this machine

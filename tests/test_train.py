@@ -70,8 +70,14 @@ PLACEMENT_RUNS = """
     import json, traceback, tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from pipeline import config
+    from pipeline import config, placement as pm, train as tr
     from pipeline.train import build_trainer
+    all_finite, finite_devices = pm.all_finite, []
+    def recorded(variables, device):  # where check_finite_state's reduction runs
+        finite = all_finite(variables, device)
+        finite_devices.append(finite.device)
+        return finite
+    pm.all_finite = recorded
     flat = lambda trainer: tf.concat([tf.reshape(v, [-1]) for v in trainer.model.trainable_variables], 0).numpy()
     batch, clipping = None, {{}}
     for placement, extra in {placements!r}:
@@ -99,10 +105,12 @@ PLACEMENT_RUNS = """
                 terms = trainer.step(next(batches))
                 losses.append(float(terms["total"]))
                 step_device = terms["total"].device  # where the step ran (its ops land with its outputs)
+            finite_devices.clear()
+            tr.check_finite_state(trainer, tr.Progress(trainer, {steps}, 5, print), {steps})
             out = {{"losses": losses, "traces": trainer.traces, "buckets": trainer.n_buckets,
                     "placement": trainer.placement, "devices": trainer.p.devices,
                     "variable_device": trainer.model.trainable_variables[0].value.device, "step_device": step_device,
-                    "copy_ms": trainer.copy_ms, "context": trainer.context(),
+                    "copy_ms": trainer.copy_ms, "context": trainer.context(), "finite_devices": list(finite_devices),
                     "optimizer": type(trainer.optimizer).__name__,
                     "update_traces": trainer.update.experimental_get_tracing_count() if trainer.update else None}}
         except Exception:
@@ -228,6 +236,8 @@ def test_every_placement_trains_and_traces_once_per_bucket(placement_runs, i):
         assert out["variable_device"].endswith("CPU:1") and out["copy_ms"] is not None
         # the step runs where the model lives: a tf.function's ops go where it is called, not where it was made
         assert out["step_device"].endswith("CPU:1"), out["step_device"]
+    if placement in ("split", "single"):  # checked before each checkpoint, where the weights live (one read)
+        assert [d[-5:] for d in out["finite_devices"]] == ["CPU:1"], out["finite_devices"]
     if placement == "mirrored":
         assert len(out["devices"]) == 2
     if placement == "single":

@@ -392,11 +392,8 @@ def _check_finite(trainer, terms, step):
     """NonFinite unless the step's losses and everything a checkpoint holds (generator, discriminators,
     both optimizers' state) are finite: one reduction and one read, only at a checkpoint's step."""
     _check_loss({k: float(x) for k, x in terms.items()}, step)
-    state = [tf.convert_to_tensor(x) for x in [*trainer.generator.variables, *trainer.disc.variables,
-                                                *trainer.g_opt.variables, *trainer.d_opt.variables]]
-    with tf.device(trainer.device):
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(x)) for x in state if x.dtype.is_floating])
-    if not bool(finite):
+    state = [*trainer.generator.variables, *trainer.disc.variables, *trainer.g_opt.variables, *trainer.d_opt.variables]
+    if not bool(placement_mod.all_finite(state, trainer.device)):
         raise acoustic.NonFinite(f"the vocoder's weights became non-finite at step {step}")
 
 
