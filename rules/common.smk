@@ -145,9 +145,8 @@ def gpus_wanted():
             pynvml.nvmlShutdown()
         except Exception:  # no driver: TensorFlow will run on the CPU
             return 0
-        wanted = {"split": 2, "mirrored": count, "multiworker": count}.get(
-            placement, min(count, 2)
-        )
+        # auto: split, or mirrored over every GPU where the host's last diagnose measured it faster
+        wanted = 2 if placement == "split" else count
     budget = workflow.global_resources.get(
         "gpu"
     )  # a snakemake.resources.Resource, or None

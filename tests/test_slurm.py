@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections import Counter
 from datetime import datetime, timedelta
@@ -168,6 +169,26 @@ def test_default_profile_gpu_budget_caps_what_train_asks(tmp_path, corpus_templa
     config = write_config(tmp_path, corpus_template, train={"placement": "single"})
     out = snakemake("train", "-n", *extra, config=config).stdout
     asked = next(resources for rule, _, resources in planned_jobs_resources(out) if rule == "train")
+    assert f"gpu={gpus}" in asked, asked
+
+
+# NVML as a four-GPU host reports it, for the planning process alone (gpus_wanted() in rules/common.smk)
+FOUR_GPUS = "def nvmlInit(): pass\ndef nvmlShutdown(): pass\ndef nvmlDeviceGetCount(): return 4\n"
+
+
+@pytest.mark.parametrize(("placement", "gpus"), [("auto", 4), ("split", 2)])
+def test_train_asks_every_gpu_its_placement_may_use(tmp_path, corpus_template, placement, gpus):
+    # auto may choose mirrored over all four (the faster one by the host's last diagnose): it asked for
+    # two, so under --resources gpu=4 another GPU job could start beside a train that uses every GPU
+    (tmp_path / "nvml").mkdir()
+    (tmp_path / "nvml" / "pynvml.py").write_text(FOUR_GPUS)
+    config = write_config(tmp_path, corpus_template, train={"placement": placement})
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory",
+                           str(ROOT), "--nolock", "--cores", "2", "train", "-n", "--resources", "gpu=8",
+                           "--configfile", str(config)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "nvml")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    asked = next(resources for rule, _, resources in planned_jobs_resources(proc.stdout) if rule == "train")
     assert f"gpu={gpus}" in asked, asked
 
 
