@@ -6,8 +6,9 @@ apart from the step), then the real loop fed by a dataset of one constant batch 
 loader can go below: tf.data's fixed cost of handing a batch to Python), samples the utilisation
 of the GPUs this process may use with NVML, scans the input graph for Python ops, counts step
 traces and looks for cycles in the step times. A step of the real loop that traces (a first call
-on a new batch shape) is left out of its timings unless the loop keeps retracing. `diagnose()` returns the report dict (its fields are listed in
-docs/architecture.md); pipeline/diagnose_report.py turns it into sentences and files.
+on a new batch shape) is left out of its timings unless the loop keeps retracing. `diagnose()`
+returns the report dict (its fields are listed in docs/architecture.md);
+pipeline/diagnose_report.py turns it into sentences and files.
 
 Reads the config (`diagnose.steps`, `diagnose.warmup`, `diagnose.target`, `reports_dir`, `name`, and
 through pipeline.train the whole `train:` section; with `diagnose.target: vocoder`, the vocoder's
