@@ -183,8 +183,8 @@ def write_untrained_checkpoint(path, step):
 def exported_run(built_cache, tmp_path_factory):
     """(config path, export folder) of an untrained seeded run on built_cache (step 3 of 100),
     exported with --tflite by `python -m pipeline.export`: what test_export.py checks, and the voice
-    `speak` and `serve` load (test_speak.py, test_serve.py). One export for the three files (one
-    worker: TRAINED_RUN below); tests may read it, never change it."""
+    `speak` and `serve` load (test_speak.py, test_serve.py, test_voice_bounds.py). One export for the
+    four files (one worker: TRAINED_RUN below); tests may read it, never change it."""
     tmp = tmp_path_factory.mktemp("voice")
     path = run_config(built_cache, tmp, steps=100)
     write_untrained_checkpoint(path, step=3)
@@ -256,7 +256,8 @@ def edited_copy(path, name, **sections):
 # longer reads). The longest files go first (measured serially: the trained_run files ~11 min,
 # test_train ~6, ...), so that no worker is left with a long one at the end.
 TRAINED_RUN = {"test_evaluate.py", "test_export.py", "test_vocoder_rules.py", "test_rules_safety.py",
-               "test_speak.py", "test_serve.py"}  # these two: built_cache and exported_voice, built once
+               "test_speak.py", "test_serve.py",  # these two and the next: built_cache and exported_voice,
+               "test_voice_bounds.py"}            # built once (the export ~27 CPU s)
 ALIGNED = {"test_durations.py", "test_rejected.py"}  # with test_train.py: aligned_cache built once (~26 CPU s)
 LONGEST_FIRST = ["trained_run", "test_train.py", "test_voices.py", "test_multiworker.py", "test_staleness.py",
                  "test_failures.py", "test_slurm.py", "test_sources_staleness.py", "test_train_vocoder.py"]
