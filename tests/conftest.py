@@ -25,6 +25,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # process took 86-95 CPU s with TensorFlow's default pool and 67 CPU s (67 s wall) with one thread. Three
 # pytest workers already share the cores. What threads change in the product: benchmarks/cpu_kernels.py.
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+# numpy's OpenBLAS the same: it starts a thread a core, and after each call the idle one spins. A loop
+# of 40 five-second mels and small matrix products took 1.3-1.6 CPU s with two threads against 0.46-0.49
+# with one, in the same wall time. Snakemake's jobs already get one (OMP_NUM_THREADS=1); this covers the
+# test processes and the commands they start themselves.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # Python writes a module's bytecode once (__pycache__/, ignored by git) and every later process reads it.
 # A shell that sets PYTHONDONTWRITEBYTECODE (some CI images do) had each of the suite's ~840 Python
 # processes, the Snakemake runs and the jobs they start, compile the project's modules from source
