@@ -25,7 +25,7 @@ import numpy as np
 from pipeline import markup
 from pipeline.errors import PipelineError, cli
 from pipeline.files import check_not_input
-from pipeline.voice import PACE_RANGE, PITCH_RANGE, NothingToSay, Voice, VoiceError, check_number, quick_start
+from pipeline.voice import PACE_RANGE, PITCH_RANGE, NothingToSay, Voice, VoiceError, check_number
 from pipeline.wavfile import check_path, to_pcm, write_pcm
 
 # the position an error about a text starts with, and the '[[' it may name: "line L" of that text
@@ -187,10 +187,9 @@ def main(argv=None):
     if args.text:
         markup.parse(" ".join(args.text), True if args.ssml else None)
     out = _raw_stdout() if args.raw else None
-    cpu = quick_start()
-    voice = Voice(args.voice, log=log, speaker=args.speaker, language=args.language)
+    voice = Voice(args.voice, log=log, speaker=args.speaker, language=args.language, grappler=False)
     log(f"voice {args.voice}: loaded in {voice.load_seconds:.2f} s ({voice.sample_rate} Hz"
-        f"{'; CPU, graph optimizer off' if cpu else ''})")
+        f"{'' if voice.grappler else '; CPU, graph optimizer off'})")
     if args.text:
         texts = [(1, " ".join(args.text))]
     elif args.ssml:

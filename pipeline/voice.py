@@ -4,8 +4,11 @@ synthesize it sentence by sentence. Shared by `python -m pipeline.speak` and `py
 Reads an export folder (runs/{name}/export, pipeline/export.py): saved_model/ (its `synthesize`
 signature), vocab.json (the symbols and the front end that makes them) and export.json
 (sample_rate, max_seconds and max_frames, speakers, languages). Writes nothing (pipeline/wavfile.py
-writes the wav where asked). Imports TensorFlow, NumPy, the text front end (pipeline/text.py,
+writes the wav where asked). Imports NumPy, the text front end (pipeline/text.py,
 pipeline/symbols.py) and pipeline/wavfile.py (its int16 conversion) only: no training module, no config.
+TensorFlow (~6 CPU s to import on a small CPU) is imported when a voice loads, after its folder's
+files are checked: a usage error of `speak` or `serve`, or a folder that is not an export, is said
+in well under a second instead of after that start-up.
 
 The graph stops at max_frames (export.json; `synthesize.max_seconds` of the run), so a longer call
 would be cut. Each sentence is therefore split ahead of the call into pieces that fit (at clause
@@ -41,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
 from pipeline import markup, text
 from pipeline.errors import PipelineError
@@ -76,6 +78,7 @@ def quick_start():
     (benchmarks/RESULTS.md, "A voice without Grappler"). With a GPU, TensorFlow's default stays:
     its layout and fusion passes are for GPU kernels, and none was measured here. -> whether it
     turned Grappler off."""
+    import tensorflow as tf
     if tf.config.list_physical_devices("GPU"):
         return False
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
@@ -264,11 +267,12 @@ def _reason(e):
 class Voice:
     """An export folder loaded: `prepare` text, then `sentences_audio` (a generator) or `audio`."""
 
-    def __init__(self, folder, log=None, speaker=None, language=None):
+    def __init__(self, folder, log=None, speaker=None, language=None, grappler=True):
         """speaker, language: names a caller will ask for, checked against export.json before the model
-        loads (a typo costs a fraction of a second, not the load)."""
+        loads (a typo costs a fraction of a second, not the load). grappler=False: quick_start() just
+        before the model loads (a process that loads a voice, speaks and exits); self.grappler says
+        whether Grappler stayed on. self.load_seconds: from TensorFlow imported to the voice ready."""
         folder = self.folder = Path(folder)
-        t0 = time.perf_counter()
         self.meta, self.vocab = _read_json(folder / "export.json"), _read_json(folder / "vocab.json")
         if not (folder / "saved_model").is_dir():
             raise VoiceError(f"{folder / 'saved_model'}: not found; export the voice again (snakemake --cores all export)")
@@ -279,6 +283,9 @@ class Voice:
         self.speakers = list(self.meta.get("speakers") or [])
         self.languages = list(self.meta.get("languages") or [])
         self._check_names(speaker, language)
+        import tensorflow  # noqa: F401  here, after every check the folder's files allow (module docstring)
+        t0 = time.perf_counter()
+        self.grappler = grappler or not quick_start()
         self.model, self._fn = self._load(folder / "saved_model")
         self._inputs = set(self._fn.structured_input_signature[1])
         self._check_vocabulary()  # its size first (the more telling message), then its order
@@ -341,6 +348,7 @@ class Voice:
 
     def _load(self, path):
         """(model, its `synthesize` signature) of the SavedModel at `path`; VoiceError naming what is wrong."""
+        import tensorflow as tf
         try:
             model = tf.saved_model.load(str(path))
         except Exception as e:   # no variables/, an empty or damaged saved_model.pb, an empty folder
@@ -355,6 +363,7 @@ class Voice:
     def _check_vocabulary(self):
         """Refuse a vocab.json whose size is not the model's: its last id must be taken, and the graph's
         check on an id far outside (an export's assertion names the model's ids) must agree."""
+        import tensorflow as tf
         n, eos = len(self.vocab["symbols"]), self.vocab["eos_id"]
         inputs = self._voice_inputs(None, None)[0]
         for probe in (n - 1, 2**31 - 1):
@@ -400,6 +409,7 @@ class Voice:
 
     def _voice_inputs(self, speaker, language):
         """(signature inputs, front-end language) for a speaker / language name (None: the default)."""
+        import tensorflow as tf
         known = self._check_names(speaker, language)
         if language is None:
             language = self.vocab["language"] if self.vocab["language"] in known else known[0]
@@ -524,6 +534,7 @@ class Voice:
 
     def _call(self, symbols, pace, pitch, inputs):
         """One graph call -> float32 audio [N]."""
+        import tensorflow as tf
         tokens = tf.constant([text.ids_of(symbols, self.vocab)], tf.int32)
         try:
             out = self._fn(tokens=tokens, pace=tf.constant(pace, tf.float32),

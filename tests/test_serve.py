@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from conftest import ROOT
-from test_speak import blocked_command, child_env
+from test_speak import BEFORE_THE_MODEL, blocked_command, child_env
 
 LONG = " ".join(f"Sentence number {n} is here, and it is not very short." for n in range(1, 7))
 
@@ -456,8 +456,10 @@ def test_a_server_bound_as_localhost_refuses_other_hosts(tmp_path):
 
 
 def test_a_port_out_of_range_is_refused_before_the_voice_loads(tmp_path):
-    # --port 70000 loaded the voice, then failed in uvicorn with an OverflowError traceback
-    proc = subprocess.run(blocked_command("pipeline.serve", "--voice", str(tmp_path / "none"), "--port", "70000"),
+    # --port 70000 loaded the voice, then failed in uvicorn with an OverflowError traceback; it is said
+    # before TensorFlow loads too (unimportable here: it took ~7 s to say)
+    proc = subprocess.run(blocked_command("pipeline.serve", "--voice", str(tmp_path / "none"), "--port", "70000",
+                                          blocked=BEFORE_THE_MODEL),
                           capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == "error: --port 70000: a port is 1..65535"
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 from conftest import ROOT
-from test_speak import blocked_command, child_env
+from test_speak import BEFORE_THE_MODEL, blocked_command, child_env
 
 from pipeline.voice import VoiceError
 
@@ -244,3 +244,27 @@ def test_nested_prosody_pitch_beyond_the_graphs_range_is_refused_before_any_audi
             '</prosody></prosody></speak>')
     with pytest.raises(VoiceError, match=r"pitch shift 0 \+ prosody pitch 25: 25\.0 is outside -24\.\.24$"):
         tone.prepare(deep)
+
+
+def test_speak_and_serve_say_what_a_folders_files_show_before_tensorflow_loads(exported_voice, tmp_path):
+    # each took ~7 s, TensorFlow's start-up, to say it: TensorFlow is unimportable in these processes
+    import socket
+    folder = copy_of(exported_voice, tmp_path)
+    rate = json.loads((folder / "export.json").read_text())["sample_rate"]
+    edit_json(folder / "export.json", sample_rate=0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for module, args in (("pipeline.speak", ("--out", str(tmp_path / "a.wav"), "Hello.")),
+                         ("pipeline.serve", ("--port", str(port)))):
+        proc = subprocess.run(blocked_command(module, "--voice", str(folder), *args, blocked=BEFORE_THE_MODEL),
+                              capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+            f"error: {folder / 'export.json'}: sample_rate 0 is not an integer in 1000..192000; export the voice "
+            "again"], (module, proc.stderr[-3000:])
+    # the folder mended, the voice loads: what needs TensorFlow, which the block above kept out
+    edit_json(folder / "export.json", sample_rate=rate)
+    proc = subprocess.run(blocked_command("pipeline.speak", "--voice", str(folder), "--out", str(tmp_path / "a.wav"),
+                                          "Hello.", blocked=BEFORE_THE_MODEL),
+                          capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300)
+    assert proc.returncode != 0 and "tensorflow" in proc.stderr and not (tmp_path / "a.wav").exists(), proc.stderr[-3000:]
