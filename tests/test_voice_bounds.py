@@ -248,15 +248,12 @@ def test_nested_prosody_pitch_beyond_the_graphs_range_is_refused_before_any_audi
 
 def test_speak_and_serve_say_what_a_folders_files_show_before_tensorflow_loads(exported_voice, tmp_path):
     # each took ~7 s, TensorFlow's start-up, to say it: TensorFlow is unimportable in these processes
-    import socket
+    from test_serve import free_port
     folder = copy_of(exported_voice, tmp_path)
     rate = json.loads((folder / "export.json").read_text())["sample_rate"]
     edit_json(folder / "export.json", sample_rate=0)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     for module, args in (("pipeline.speak", ("--out", str(tmp_path / "a.wav"), "Hello.")),
-                         ("pipeline.serve", ("--port", str(port)))):
+                         ("pipeline.serve", ("--port", str(free_port())))):
         proc = subprocess.run(blocked_command(module, "--voice", str(folder), *args, blocked=BEFORE_THE_MODEL),
                               capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
