@@ -6,11 +6,14 @@ does (`--job tensorflow`).
     python benchmarks/job_startup.py                         # this checkout, 10 runs
     python benchmarks/job_startup.py --against /path/to/older/checkout --runs 10
     python benchmarks/job_startup.py --job tensorflow --against /path/to/older/checkout
+    pip install --no-deps --target /tmp/mld07 ml_dtypes==0.7.0
+    python benchmarks/job_startup.py --job tensorflow --against-pythonpath /tmp/mld07   # another package version
 
 Runs alternate between the checkouts (same load for both); CPU is user + system of each child
-(getrusage), the median is reported with the load average. This checkout's runs get the
-environment variable planning sets for the jobs it starts (pipeline.config.VALIDATED_ENV); an older
-checkout ignores it.
+(getrusage), the median is reported with the load average. `--against-pythonpath DIR` compares this
+checkout with itself run with DIR first on PYTHONPATH (other versions of packages installed there).
+This checkout's runs get the environment variable planning sets for the jobs it starts
+(pipeline.config.VALIDATED_ENV); an older checkout ignores it.
 """
 import argparse
 import json
@@ -48,18 +51,28 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--against", type=Path, default=None, help="another checkout to compare with")
     p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--against-pythonpath", default=None, metavar="DIR",
+                   help="compare with this checkout run with DIR first on PYTHONPATH (other package versions)")
     p.add_argument("--job", choices=sorted(JOBS), default="pitch", help="whose start-up (default: pitch)")
     args = p.parse_args(argv)
     env = dict(os.environ, **{config.VALIDATED_ENV: config.schema_digest()})
     plain = {k: v for k, v in os.environ.items() if k != config.VALIDATED_ENV}
+    if args.against_pythonpath:
+        path = os.pathsep.join(filter(None, [args.against_pythonpath, env.get("PYTHONPATH")]))
+        other, where, label = dict(env, PYTHONPATH=path), ROOT, f"with {args.against_pythonpath} first on PYTHONPATH"
+    elif args.against:
+        other, where, label = plain, args.against, str(args.against)
+    else:
+        other = None
     here, there = [], []
     for _ in range(args.runs):
         here.append(cpu(ROOT, env, JOBS[args.job]))
-        if args.against:
-            there.append(cpu(args.against, plain, JOBS[args.job]))
+        if other is not None:
+            there.append(cpu(where, other, JOBS[args.job]))
     line = f"{args.job} job, this checkout: {statistics.median(here):.3f} CPU s"
     if there:
-        line += f"; {args.against}: {statistics.median(there):.3f} CPU s"
+        line += (f"; {label}: {statistics.median(there):.3f} CPU s"
+                 f" (ratio {statistics.median(here) / statistics.median(there):.3f})")
     print(f"{line} (median of {args.runs}; load average {os.getloadavg()[0]:.1f})")
 
 
