@@ -91,14 +91,39 @@ def utf8_lines(raw, path):
     return lines
 
 
+def read_bytes(path, missing=""):
+    """A data file's bytes, or DatasetError naming it: `missing` (what the file should be) when it is
+    not there; the system's reason when it cannot be read (no permission, a folder of that name)."""
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: not found{missing}") from None
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
+
+
+def table_lines(raw, path):
+    """(line number, line) of a transcript table's lines that are not blank: UTF-8 (utf8_lines), a
+    CRLF ending dropped. A carriage return left inside a line is DatasetError: a file with old Mac
+    line endings (CR alone) split on LF would read two rows as one, the first clip with the second's
+    text."""
+    out = []
+    for lineno, line in enumerate(utf8_lines(raw, path), start=1):
+        line = line.rstrip("\r")
+        if "\r" in line:
+            raise DatasetError(f"{path}:{lineno}: a carriage return (CR) inside the line: the file ends its lines "
+                               "with CR alone (old Mac line endings) or holds a stray CR; save it with LF "
+                               "(or CRLF) line endings")
+        if line.strip():
+            out.append((lineno, line))
+    return out
+
+
 def read_metadata(path):
     """The clips of a metadata.csv, in file order; DatasetError on the first malformed line."""
     path = Path(path)
     clips, seen = [], {}
-    for lineno, line in enumerate(utf8_lines(path.read_bytes(), path), start=1):
-        line = line.rstrip("\r")
-        if not line.strip():
-            continue
+    for lineno, line in table_lines(read_bytes(path), path):
         cols = line.split("|")
         if len(cols) not in (2, 3):
             raise DatasetError(f"{path}:{lineno}: expected 2 or 3 columns separated by '|' "
@@ -153,6 +178,8 @@ def _scan_audio(folder):
         entries = list(os.scandir(folder))
     except FileNotFoundError:
         return {}
+    except OSError as e:  # no permission, a file where the folder should be
+        raise DatasetError(f"{folder}: cannot list the audio folder ({e.strerror or type(e).__name__})") from None
     for e in sorted(entries, key=lambda e: e.name):
         stem, _, ext = e.name.rpartition(".")
         ext = ext.lower()
@@ -174,7 +201,10 @@ def one_audio_file(files, clip_id, where):
 
 def _read_text(path):
     try:
-        text = path.read_bytes().decode("utf-8-sig")
+        raw = path.read_bytes()
+        if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            raise DatasetError(f"{path}: UTF-16 (it starts with a UTF-16 byte order mark); save it as UTF-8")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise DatasetError(f"{path}: not UTF-8 (byte {e.start + 1})") from None
     except OSError as e:  # a broken link, a folder named like a transcript, no permission
@@ -193,8 +223,24 @@ def _file_id(cid, path):
     return cid
 
 
+def _entries(folder):
+    """The entries of a corpus folder, sorted by name, or DatasetError naming it when it cannot be listed
+    (no permission): a speaker or chapter folder read as empty would drop its clips without a word."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(entries, key=lambda e: e.name)
+    except OSError as e:
+        raise DatasetError(f"{folder}: cannot list the folder ({e.strerror or type(e).__name__})") from None
+
+
 def _subfolders(folder):
-    return sorted(e.name for e in os.scandir(folder) if e.is_dir()) if folder.is_dir() else []
+    return [e.name for e in _entries(folder) if e.is_dir()] if folder.is_dir() else []
+
+
+def _named(folder, suffix):
+    """The paths in `folder` whose names end with `suffix` (as Path.glob("*" + suffix), which reads a
+    folder it cannot list as empty), sorted."""
+    return [Path(e.path) for e in _entries(folder) if e.name.endswith(suffix)]
 
 
 def read_ljspeech(root, src, name, strict):
@@ -219,7 +265,7 @@ def read_vctk(root, src, name, strict):
     for speaker in _subfolders(root / "txt"):
         check_speaker(speaker, f"{root / 'txt'}: folder")  # the speaker is the folder's name
         audio = _scan_audio(root / ("wav48_silence_trimmed" if trimmed else "wav48") / speaker)
-        for txt in sorted((root / "txt" / speaker).glob("*.txt")):
+        for txt in _named(root / "txt" / speaker, ".txt"):
             cid = _file_id(txt.stem, txt)
             wav = one_audio_file(audio.get(f"{cid}_mic1" if trimmed else cid), cid, str(txt))
             missing = root / "wav48_silence_trimmed" / speaker / f"{cid}_mic1.flac" if trimmed else \
@@ -239,7 +285,7 @@ def read_libritts(root, src, name, strict):
         for chapter in _subfolders(root / speaker):
             folder = root / speaker / chapter
             audio = _scan_audio(folder)
-            for txt in sorted(folder.glob("*.normalized.txt")):
+            for txt in _named(folder, ".normalized.txt"):
                 cid = _file_id(txt.name[:-len(".normalized.txt")], txt)
                 wav = one_audio_file(audio.get(cid), cid, str(txt)) or str(folder / f"{cid}.wav")
                 out.append(Clip(cid, _read_text(txt), "", 1, speaker, src.get("language") or "", wav, str(txt)))
@@ -260,11 +306,7 @@ def inside_root(root, relative, where):
 
 def read_csv(root, src, name, strict):
     path = root / "metadata.csv"
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: not found (a csv source holds metadata.csv)") from None
-    lines = [(n, line.rstrip("\r")) for n, line in enumerate(utf8_lines(raw, path), start=1) if line.strip()]
+    lines = table_lines(read_bytes(path, " (a csv source holds metadata.csv)"), path)
     if not lines:
         raise DatasetError(f"{path}: empty (expected a header row {'|'.join(CSV_COLUMNS)})")
     header = [h.strip() for h in lines[0][1].split("|")]

@@ -53,7 +53,7 @@ import soxr
 
 from pipeline.errors import DiskFull, PipelineError, cli, disk_full
 from pipeline.files import atomic_write, atomic_write_text
-from pipeline.formats import AUDIO_EXTENSIONS, check_text, espeak_voices, plain_id, utf8_lines
+from pipeline.formats import AUDIO_EXTENSIONS, check_text, espeak_voices, plain_id, table_lines, utf8_lines
 
 ESPEAK = "espeak-ng"
 ESPEAK_RATE = 22050  # espeak-ng's own output rate
@@ -130,9 +130,8 @@ def transcript_rows(path, *, start: int = 0, count: int | None = None) -> list[t
     the run before anything is spoken."""
     rows, seen = [], {}
     path = Path(path)
-    # only "\n" ends a line (str.splitlines would also split on \x85, \u2028, ...)
-    lines = [(n, line.removesuffix("\r")) for n, line in enumerate(utf8_lines(path.read_bytes(), path), 1)
-             if line.strip()]
+    # only "\n" ends a line (str.splitlines would also split on \x85, \u2028, ...); a CR inside one is refused
+    lines = table_lines(path.read_bytes(), path)
     for lineno, line in lines[start:] if count is None else lines[start:start + count]:
         where = f"{path}:{lineno}"
         cols = line.split("|")

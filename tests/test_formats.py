@@ -441,3 +441,92 @@ def test_a_vctk_092_corpus_converted_to_wav_finds_its_mic1_clips(tmp_path):
         flac.unlink()
     [clip] = formats.read_sources([{"root": str(root), "format": "vctk"}])
     assert clip.audio == str(folder / "p225_001_mic1.wav")
+
+
+def _ljspeech(root, metadata=b"a1|Hello there.\na2|Good bye.\n"):
+    (root / "wavs").mkdir(parents=True)
+    (root / "metadata.csv").write_bytes(metadata)
+    for cid in ("a1", "a2"):
+        _tone(root / "wavs" / f"{cid}.wav")
+    return root
+
+
+def test_a_table_with_cr_line_endings_is_refused_not_read_as_one_row(tmp_path):
+    # split on LF alone, old Mac line endings gave one row: clip a1 with a2's text, a2 gone, no word
+    lj = _ljspeech(tmp_path / "lj", b"a1|Hello there.\ra2|Good bye.\r")
+    assert _error([{"root": str(lj), "format": "ljspeech"}]) == (
+        f"{lj / 'metadata.csv'}:1: a carriage return (CR) inside the line: the file ends its lines with CR alone "
+        "(old Mac line endings) or holds a stray CR; save it with LF (or CRLF) line endings")
+    mine = make_csv(tmp_path / "mine", ["x1.wav|Hello.|anna", "x2.wav|Hi.|anna"], header="audio_file|text|speaker")
+    (mine / "metadata.csv").write_bytes((mine / "metadata.csv").read_bytes().replace(b"\n", b"\r"))
+    assert _error([{"root": str(mine), "format": "csv"}]).startswith(f"{mine / 'metadata.csv'}:1: a carriage return")
+    # make_corpus reads its transcripts the same way
+    from pipeline import make_corpus
+    with pytest.raises(DatasetError, match=r"metadata.csv:1: a carriage return"):
+        make_corpus.transcript_rows(lj / "metadata.csv")
+    # CRLF and a trailing CR are line endings, as before
+    (lj / "metadata.csv").write_bytes(b"a1|Hello there.\r\na2|Good bye.\r\r\n")
+    assert [(c.id, c.text) for c in formats.read_sources([{"root": str(lj), "format": "ljspeech"}])] == [
+        ("lj-a1", "Hello there."), ("lj-a2", "Good bye.")]
+
+
+def test_a_data_path_that_is_no_file_or_no_folder_is_one_line(tmp_path):
+    mine = make_csv(tmp_path / "mine", ["x1.wav|Hello.|anna"], header="audio_file|text|speaker")
+    (mine / "metadata.csv").unlink()
+    (mine / "metadata.csv").mkdir()
+    assert _error([{"root": str(mine), "format": "csv"}]) == f"{mine / 'metadata.csv'}: cannot read it (Is a directory)"
+    lj = _ljspeech(tmp_path / "lj")
+    shutil.rmtree(lj / "wavs")
+    (lj / "wavs").write_text("not a folder")
+    assert _error([{"root": str(lj), "format": "ljspeech"}]) == (
+        f"{lj / 'wavs'}: cannot list the audio folder (Not a directory)")
+    vctk = make_vctk(tmp_path / "vctk", trimmed=False)
+    txt = vctk / "txt" / "p225" / "p225_001.txt"
+    txt.write_bytes("Please call Stella.".encode("utf-16"))
+    assert _error([{"root": str(vctk), "format": "vctk"}]) == (
+        f"{txt}: UTF-16 (it starts with a UTF-16 byte order mark); save it as UTF-8")
+
+
+def _unprivileged():
+    """The command prefix that runs a process without root's power to read any file (as a user's own
+    process is), or None where that cannot be had."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return None
+    caps = "-dac_override,-dac_read_search"
+    return [setpriv, "--bounding-set", caps, "--inh-caps", caps]
+
+
+@pytest.mark.skipif(_unprivileged() is None, reason="running as root without setpriv")
+def test_folders_and_tables_the_user_cannot_read_are_one_line_not_clips_left_out(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    vctk = make_vctk(tmp_path / "vctk", trimmed=False)
+    lj = _ljspeech(tmp_path / "lj")
+    code = ("import json, sys\nfrom pipeline import formats\n"
+            "try:\n    print(len(formats.read_sources(json.loads(sys.argv[1]))))\n"
+            "except formats.DatasetError as e:\n    print(e)\n")
+
+    def read(path, mode, source):
+        os.chmod(path, mode)
+        try:
+            proc = subprocess.run([*_unprivileged(), sys.executable, "-c", code, json.dumps([source])], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=120)
+        finally:
+            os.chmod(path, 0o755)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip()
+
+    import json
+    # a speaker's transcript folder it cannot list: its clips were left out without a word (Path.glob)
+    assert read(vctk / "txt" / "p226", 0o311, {"root": str(vctk), "format": "vctk"}) == (
+        f"{vctk / 'txt' / 'p226'}: cannot list the folder (Permission denied)")
+    assert read(lj / "metadata.csv", 0, {"root": str(lj), "format": "ljspeech"}) == (
+        f"{lj / 'metadata.csv'}: cannot read it (Permission denied)")
+    assert read(lj / "wavs", 0o311, {"root": str(lj), "format": "ljspeech"}) == (
+        f"{lj / 'wavs'}: cannot list the audio folder (Permission denied)")
+    assert read(lj / "wavs", 0o755, {"root": str(lj), "format": "ljspeech"}) == "2"  # the control: readable
