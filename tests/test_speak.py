@@ -359,6 +359,25 @@ def test_a_long_sentence_costs_the_front_end_linear_time_and_says_the_same(voice
     assert voice._front_end([long], cfg["language"]) == [text.to_symbols([long], cfg)[0][0]]
 
 
+def test_a_word_longer_than_espeak_reads_is_said_whole_in_parts(voice):
+    # espeak-ng stopped reading a word after ~130 letters (~40 spelled letter by letter) and said
+    # nothing of the rest: a 183-letter word lost its last 20 letters, "x" * 80 half of its x's
+    from pipeline import text
+    from pipeline.voice import LONGEST_WORD, cut_long_words
+    cfg = {k: voice.vocab[k] for k in ("frontend", "language", "cleaners")}
+    language = cfg["language"]
+    for word, n in (("tomato", 40), ("x", 80), ("bcd", 30)):
+        long, half = word * n, word * (n // 2)
+        said = voice._front_end([f"Say {long} now."], language)[0]
+        assert said == text.to_symbols([f"Say {cut_long_words(long)} now."], cfg)[0][0]
+        whole = len(voice._front_end([long], language)[0])
+        assert whole >= 1.9 * len(voice._front_end([half], language)[0]), (word, whole)  # every part said
+    assert all(len(part) <= LONGEST_WORD for part in cut_long_words("a" * 1000 + " b").split())
+    # words up to LONGEST_WORD letters and long numbers are read as they were
+    for line in ("Supercalifragilisticexpialidocious!", "It is 123456789012345678901234567890123456789 exactly."):
+        assert cut_long_words(line) == line and voice._front_end([line], language) == [text.to_symbols([line], cfg)[0][0]]
+
+
 def test_standard_input_that_is_not_utf8_is_one_line_naming_the_byte(voice, exported_voice, tmp_path, capsys,
                                                                      monkeypatch):
     # a UnicodeDecodeError traceback under a strict UTF-8 locale
