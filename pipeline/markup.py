@@ -58,6 +58,15 @@ BOM = "\ufeff"                    # a byte-order mark: dropped at the start of a
 _READ_THROUGH = ("\u00ad", "\u200c")   # soft hyphen, zero-width non-joiner: espeak-ng reads words through them
 
 
+def _shown(value, quoted=True, limit=40):
+    """A name or value from the markup as an error gives it (quoted: its repr): whole up to `limit`
+    characters, else its start and its length (a 100 kB attribute made a 100 kB error line, in the
+    server's answer and its log)."""
+    if len(value) <= limit:
+        return repr(value) if quoted else value
+    return f"{value[:limit]!r}... ({len(value):,} characters)"
+
+
 class MarkupError(PipelineError):
     """Markup that cannot be read; the message starts with its line and column."""
 
@@ -230,7 +239,7 @@ class _Ssml:
 
     def _start(self, tag, attrs):
         if tag not in ELEMENTS:
-            self._fail(f"<{tag}> is not in the supported subset ({', '.join(f'<{t}>' for t in ELEMENTS)})")
+            self._fail(f"<{_shown(tag, quoted=False)}> is not in the supported subset ({', '.join(f'<{t}>' for t in ELEMENTS)})")
         if (tag == "speak") != (not self.stack):
             self._fail("<speak> must be the one root element" if tag == "speak" else f"<{tag}> outside <speak>")
         if self.stack and self.stack[-1][0] == "phoneme":   # its ph replaces all it holds: a child would be said too
@@ -238,7 +247,7 @@ class _Ssml:
         allowed = ELEMENTS[tag]
         extra = sorted(a for a in attrs if allowed is not None and a not in allowed)
         if extra:
-            self._fail(f"<{tag}> takes {', '.join(allowed) or 'no attributes'}, not {', '.join(extra)}")
+            self._fail(f"<{tag}> takes {', '.join(allowed) or 'no attributes'}, not {', '.join(_shown(a, quoted=False) for a in extra)}")
         self._flush()
         rate, pitch = self._prosody()
         if tag in ("s", "p"):
@@ -250,7 +259,7 @@ class _Ssml:
             pitch += _pitch(attrs.get("pitch", "default"), self._fail)
         elif tag == "phoneme":
             if attrs.get("alphabet", "ipa") != "ipa":
-                self._fail(f"<phoneme alphabet={attrs['alphabet']!r}>: only alphabet=\"ipa\" (the voice's symbols)")
+                self._fail(f"<phoneme alphabet={_shown(attrs['alphabet'])}>: only alphabet=\"ipa\" (the voice's symbols)")
             symbols = " ".join(attrs.get("ph", "").split())
             if not symbols:
                 self._fail("<phoneme> needs a non-empty ph attribute")
@@ -267,14 +276,14 @@ class _Ssml:
         if "time" in attrs:
             match = _TIME.fullmatch(attrs["time"])
             if not match:
-                self._fail(f"<break time={attrs['time']!r}>: a time like \"500ms\" or \"1.5s\"")
+                self._fail(f"<break time={_shown(attrs['time'])}>: a time like \"500ms\" or \"1.5s\"")
             seconds = float(match.group(1)) / (1000.0 if match.group(2) == "ms" else 1.0)
             if seconds > MAX_BREAK:
-                self._fail(f"<break time={attrs['time']!r}>: at most {MAX_BREAK:g} s")
+                self._fail(f"<break time={_shown(attrs['time'])}>: at most {MAX_BREAK:g} s")
             return seconds
         strength = attrs.get("strength", "medium")
         if strength not in STRENGTHS:
-            self._fail(f"<break strength={strength!r}>: one of {', '.join(STRENGTHS)}")
+            self._fail(f"<break strength={_shown(strength)}>: one of {', '.join(STRENGTHS)}")
         return STRENGTHS[strength]
 
 
@@ -292,7 +301,7 @@ def _rate(value, fail):
         except ValueError:
             factor = math.nan
     if not 0.25 <= factor <= 4.0:  # also NaN
-        fail(f"<prosody rate={value!r}>: one of {', '.join(RATES)}, 25%..400%, or a change -75%..+300%")
+        fail(f"<prosody rate={_shown(value)}>: one of {', '.join(RATES)}, 25%..400%, or a change -75%..+300%")
     return factor
 
 
@@ -309,7 +318,7 @@ def _pitch(value, fail):
     else:
         shift = math.nan
     if not -12.0 <= shift <= 12.0:
-        fail(f"<prosody pitch={value!r}>: one of {', '.join(PITCHES)}, \"+2st\" / \"-3st\", or \"+10%\" "
+        fail(f"<prosody pitch={_shown(value)}>: one of {', '.join(PITCHES)}, \"+2st\" / \"-3st\", or \"+10%\" "
              "(within 12 semitones)")
     return shift
 

@@ -251,3 +251,20 @@ def test_a_period_after_a_single_digit_ends_the_sentence():
 def test_a_break_of_no_length_alone_makes_no_sentence():
     # a sentence of nothing but a 0 s pause was sent to the voice (an empty chunk in `speak --raw`)
     assert said('<speak>One. <break strength="none"/></speak>') == [[("text", "One.", 1.0, 0.0)]]
+
+
+@pytest.mark.parametrize("doc, start", [
+    ('<speak><break time="{v}s"/></speak>', "line 1, column 8: <break time='99999999"),
+    ('<speak><prosody rate="{v}%">a</prosody></speak>', "line 1, column 8: <prosody rate='9999999"),
+    ('<speak><prosody pitch="+{v}st">a</prosody></speak>', "line 1, column 8: <prosody pitch='+999999"),
+    ('<speak><break strength="{v}"/></speak>', "line 1, column 8: <break strength='99999"),
+    ('<speak><phoneme alphabet="{v}" ph="a">a</phoneme></speak>', "line 1, column 8: <phoneme alphabet='999"),
+    ('<speak><t{v}>a</t{v}></speak>', "line 1, column 8: <'t99999"),
+    ('<speak><s a{v}="1">a</s></speak>', "line 1, column 8: <s> takes no attributes, not 'a9999"),
+])
+def test_an_error_quotes_a_long_name_or_value_by_its_start_and_length(doc, start):
+    # a 100 kB attribute (the server's body limit) made a 100 kB error line, in its answer and log
+    with pytest.raises(MarkupError) as e:
+        parse(doc.format(v="9" * 100_000))
+    message = str(e.value)
+    assert message.startswith(start) and len(message) < 300 and "characters)" in message, message[:300]
