@@ -146,10 +146,10 @@ def merge(base, override):
 
 def _coerce_strings(cfg, defaults, where="", schema=None):
     # Snakemake's `--config 'audio={n_mels: 64}'` delivers nested values as strings: read those
-    # as YAML where the default is a number or a boolean. Where the default is a string (`jit_compile:
-    # auto`, which also takes true or false), only true and false become booleans: `name: "on"` and
-    # `language: "no"` (Norwegian) stay the strings they are, not YAML 1.1's booleans. A whole number
-    # takes the schema's spelling (_spelled).
+    # as YAML where the default is a number or a boolean. Where the default is a string and the schema
+    # also takes a boolean (`jit_compile: auto`, true or false), only true and false become booleans:
+    # `name: "on"`, `name: "true"` and `language: "no"` (Norwegian) stay the strings they are, not YAML
+    # 1.1's booleans. A whole number takes the schema's spelling (_spelled).
     schema = _schema() if schema is None else schema
     for key, value in cfg.items():
         default = defaults.get(key) if isinstance(defaults, dict) else None
@@ -157,7 +157,7 @@ def _coerce_strings(cfg, defaults, where="", schema=None):
         if isinstance(value, dict):  # {} under a key the schema leaves free (model.options): nothing re-spelled
             _coerce_strings(value, default, f"{where}{key}.", node if isinstance(node, dict) else {})
         elif isinstance(value, str) and isinstance(default, str):
-            if value.strip().lower() in ("true", "false"):
+            if value.strip().lower() in ("true", "false") and _takes_bool(node):
                 cfg[key] = value.strip().lower() == "true"
         elif isinstance(value, str) and isinstance(default, (bool, int, float)):
             try:
@@ -178,6 +178,14 @@ def _coerce_strings(cfg, defaults, where="", schema=None):
 @functools.lru_cache(maxsize=1)
 def _schema():
     return load_schema()
+
+
+def _takes_bool(node):
+    """Whether the schema node takes a boolean (its type, or a boolean in its enum)."""
+    if not isinstance(node, dict):
+        return False
+    types = node.get("type") if isinstance(node.get("type"), list) else [node.get("type")]
+    return "boolean" in types or any(isinstance(e, bool) for e in node.get("enum", ()))
 
 
 def _property(schema, key):
@@ -294,11 +302,16 @@ def fits_int64(value):
     return -INT64_MAX - 1 <= value <= INT64_MAX
 
 
+JSON_TYPES = (str, int, float, bool, type(None))  # what a job's inline config (JSON) holds, beside lists and mappings
+
+
 def check_finite(node, where=""):
     """ConfigError naming the first number that is NaN, infinite (YAML's .nan and .inf, JSON's NaN)
     or an integer beyond int64: the schema's ranges cannot catch those (every comparison with NaN is
     false, and most integer keys have no maximum), and one would reach a job as NaN mels, a NaN pace,
-    an OverflowError or a MemoryError."""
+    an OverflowError or a MemoryError. Also a value JSON cannot hold, where the schema leaves a section
+    free (model.options): YAML reads 2024-01-01 as a date, !!set and !!binary as a set and bytes, and
+    planning stopped with a TypeError traceback when it wrote the jobs' configs."""
     if isinstance(node, dict):
         for key, value in node.items():
             check_finite(value, f"{where}.{key}" if where else str(key))
@@ -310,6 +323,11 @@ def check_finite(node, where=""):
     elif isinstance(node, int) and not isinstance(node, bool) and not fits_int64(node):
         raise ConfigError(f"{where}: an integer of {node.bit_length()} bits is beyond the 64-bit integers "
                           "numpy and TensorFlow hold")
+    elif not isinstance(node, JSON_TYPES):
+        what = {"date": "a date", "datetime": "a date and time", "set": "a set", "bytes": "binary data"}.get(
+            type(node).__name__, f"a {type(node).__name__}")
+        raise ConfigError(f"{where}: {what} ({str(node)[:40]}), not a string, number, boolean, list or mapping; "
+                          "quote it to give it as text")
 
 
 def _slaney_mel(hz):
@@ -338,9 +356,14 @@ def empty_mel_filters(a):
 
 
 def check_folders(cfg):
-    """ConfigError naming a folder key that Snakemake or TensorFlow would read as a pattern, or the jobs'
-    commands as an option."""
-    for key, folder in (("cache.dir", cfg["cache"]["dir"]), ("runs_dir", cfg["runs_dir"]), ("reports_dir", cfg["reports_dir"])):
+    """ConfigError naming a folder key that Snakemake or TensorFlow would read as a pattern, the jobs'
+    commands as an option, or a shell as the home folder (never expanded here); runs_dir that is cache.dir."""
+    folders = (("cache.dir", cfg["cache"]["dir"]), ("runs_dir", cfg["runs_dir"]), ("reports_dir", cfg["reports_dir"]))
+    for key, folder in folders:
+        if folder.startswith("~"):  # quoted everywhere, so a folder named "~" in the working folder
+            raise ConfigError(f"{key}: {folder!r} starts with '~', which is not expanded to a home folder here (it "
+                              f"would be a folder named '~' in {os.getcwd()}); give the full path "
+                              f"({os.path.expanduser(folder)})")
         if folder.startswith("-"):  # the jobs' `--out {output}` would take it for an option of their own
             raise ConfigError(f"{key}: {folder!r} starts with '-', which the jobs' commands would read as an option "
                               f"(error: argument --out: expected one argument); give its absolute path "
@@ -349,6 +372,9 @@ def check_folders(cfg):
         if braces:  # the rules' output paths start with these folders: Snakemake would see a wildcard
             raise ConfigError(f"{key}: {folder!r} holds {' '.join(braces)}, which Snakemake reads as a wildcard in "
                               "the output paths of the rules; choose a folder name without them")
+    if os.path.realpath(cfg["runs_dir"]) == os.path.realpath(cfg["cache"]["dir"]):  # both write {name}/rejected.tsv
+        raise ConfigError(f"runs_dir: {cfg['runs_dir']!r} is also cache.dir; the two must be different folders (each "
+                          "keeps its own {name}/rejected.tsv: the caches' left-out clips, and the run's)")
     glob = sorted(set("*?[]") & set(cfg["runs_dir"]))
     if glob:  # TensorFlow finds checkpoints by glob pattern: in runs/x[1]/ it would find none and start over
         raise ConfigError(f"runs_dir: {cfg['runs_dir']!r} holds {' '.join(glob)}, which TensorFlow reads as a "

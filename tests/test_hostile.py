@@ -601,6 +601,53 @@ def test_a_folder_key_that_starts_with_a_dash_is_refused_naming_it(tmp_path, key
         config.load_config(None, overrides, check_paths=False)
 
 
+@pytest.mark.parametrize("key", ["cache", "runs_dir", "reports_dir"])
+def test_a_folder_key_that_starts_with_a_tilde_is_refused_naming_it(tmp_path, key, monkeypatch):
+    # quoted in every command, `runs_dir: ~/runs` made a folder named "~" in the working folder
+    monkeypatch.chdir(tmp_path)
+    overrides = {"cache": {"dir": "~/c"}} if key == "cache" else {key: "~/x"}
+    with pytest.raises(ConfigError) as e:
+        config.load_config(None, overrides, check_paths=False)
+    name = "cache.dir" if key == "cache" else key
+    assert str(e.value).startswith(f"{name}: '~/") and "not expanded to a home folder" in str(e.value)
+    assert os.path.expanduser("~") in str(e.value) and not (tmp_path / "~").exists()
+
+
+def test_runs_dir_that_is_the_cache_folder_is_refused(tmp_path, monkeypatch):
+    # both write {name}/rejected.tsv: training's left-out clips were read back as the caches' at planning
+    monkeypatch.chdir(tmp_path)
+    for overrides in ({"runs_dir": "cache"}, {"runs_dir": "./shared/", "cache": {"dir": "shared"}}):
+        with pytest.raises(ConfigError, match=r"^runs_dir: '(cache|shared)' is also cache\.dir; the two must be different"):
+            config.load_config(None, overrides, check_paths=False)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    with pytest.raises(ConfigError, match=r"^runs_dir: 'link' is also cache\.dir"):
+        config.load_config(None, {"runs_dir": "link", "cache": {"dir": "real"}}, check_paths=False)
+    assert config.load_config(None, {"reports_dir": "runs"}, check_paths=False)["reports_dir"] == "runs"  # no clash
+
+
+def test_a_value_json_cannot_hold_is_refused_naming_its_key(tmp_path):
+    # a YAML date in the free-form model.options stopped planning with a TypeError traceback
+    path = tmp_path / "my.yaml"
+    path.write_text("model:\n  options: {released: 2024-01-01, tags: !!set {a, b}}\n")
+    with pytest.raises(ConfigError, match=r"model\.options\.released: a date \(2024-01-01\), not a string, number"):
+        config.load_config(path, check_paths=False)
+    path.write_text("model:\n  options: {released: '2024-01-01'}\n")   # quoted: the text it is
+    assert config.load_config(path, check_paths=False)["model"]["options"] == {"released": "2024-01-01"}
+
+
+def test_true_or_false_stays_text_where_the_key_takes_no_boolean(tmp_path):
+    # `name: "true"` was made a boolean and refused ("True is not of type 'string'"), and a speaker
+    # named "false" could not be chosen: only keys whose schema takes a boolean read them as one
+    path = tmp_path / "my.yaml"
+    path.write_text('name: "true"\nsynthesize:\n  speaker: "False"\n')
+    cfg = config.load_config(path, check_paths=False)
+    assert (cfg["name"], cfg["synthesize"]["speaker"]) == ("true", "False")
+    train = config.load_config(None, {"train": {"jit_compile": "true", "mixed_precision": "false"}},
+                               check_paths=False)["train"]
+    assert (train["jit_compile"], train["mixed_precision"]) == (True, "off")
+
+
 @pytest.mark.slow
 def test_snakemake_from_another_working_folder_finds_its_defaults_and_its_code(tmp_path, corpus_template,
                                                                                monkeypatch):
