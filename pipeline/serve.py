@@ -39,6 +39,7 @@ for ever), and the answer gives its place back (a slow reader, a player at real 
 """
 import argparse
 import asyncio
+import contextvars
 import fcntl
 import functools
 import ipaddress
@@ -278,6 +279,12 @@ class StreamStopped(Exception):
     closes without the final chunk, so the client sees the answer is incomplete."""
 
 
+# set in the request's own task when PcmStream stops its answer on purpose: uvicorn then logs "ASGI callable
+# returned without completing response." as an error of the server's, which cut_at_shutdown leaves out
+_STOPPED_ON_PURPOSE = contextvars.ContextVar("stopped_on_purpose", default=False)
+INCOMPLETE = "ASGI callable returned without completing response."
+
+
 class PcmStream(StreamingResponse):
     """A streamed answer that gives its place in the queue back however it ends (done, or the client gone)."""
 
@@ -288,7 +295,9 @@ class PcmStream(StreamingResponse):
     async def __call__(self, scope, receive, send):
         try:
             await super().__call__(scope, receive, send)
-        except (ClientDisconnect, OSError, StreamStopped):
+        except StreamStopped:
+            _STOPPED_ON_PURPOSE.set(True)   # said on its own line ("a stream stopped: ..."), and the client sees it
+        except (ClientDisconnect, OSError):
             pass
         finally:
             self.release()
@@ -427,7 +436,9 @@ def build_app(voice, workers=2, queue=32, client_timeout=CLIENT_TIMEOUT, hosts=N
         return HTMLResponse(PAGE)
 
     async def http_error(request, exc):
-        return error(exc.status_code, exc.detail)
+        response = error(exc.status_code, exc.detail)
+        response.headers.update(exc.headers or {})   # a 405's Allow (RFC 9110: it must say what the path takes)
+        return response
 
     routes = [Route("/", page, methods=["GET"]), Route("/health", health, methods=["GET"]),
               Route("/voices", voices, methods=["GET"]),
@@ -610,7 +621,9 @@ class Server(uvicorn.Server):
 def cut_at_shutdown(record):
     """uvicorn's log filter: an answer still being made or sent when the server stops (it cancels them
     after timeout_graceful_shutdown) is one line, not "Exception in ASGI application" and a traceback;
-    a second Ctrl-C is no traceback either."""
+    a second Ctrl-C is no traceback either; a stream stopped on purpose is not called the server's error."""
+    if record.getMessage() == INCOMPLETE and _STOPPED_ON_PURPOSE.get():
+        return False
     if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
         print("stopping: an answer still being made or sent was cut off", file=sys.stderr, flush=True)
         return False

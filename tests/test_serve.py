@@ -536,6 +536,8 @@ def test_other_errors_and_the_server_stays_up(server):
     for method, path, status in (("GET", "/synthesize", 405), ("GET", "/nope", 404), ("POST", "/health", 405)):
         got, headers, answer = call(server.port, method, path)
         assert got == status and "error" in json.loads(answer)
+        if status == 405:   # what the path takes (RFC 9110); the JSON answer dropped Starlette's Allow
+            assert set(headers["allow"].split(", ")) == ({"POST"} if path == "/synthesize" else {"GET", "HEAD"}), headers
     got, _, answer = call(server.port, "POST", "/synthesize?stream=maybe", {"text": "Hi"})
     assert got == 400 and json.loads(answer) == {"error": "stream: true or false"}
     got, _, answer = call(server.port, "POST", "/synthesize?stream=true&stream=false", {"text": "Hi"})
@@ -758,11 +760,15 @@ def test_a_client_that_takes_a_trickle_is_cut_off_and_gives_its_place_back(expor
                 time.sleep(0.5)
             assert time.monotonic() - t0 < 15, f"still served after {got} bytes"
         assert call(port, "POST", "/synthesize", {"text": "Hi."})[0] == 200    # its place came back
+        with pytest.raises(ValueError):   # (this server's log, read below:) a stream stopped on purpose
+            stream(port, {"text": "Hello there. Привет, мир. Goodbye."})
     finally:
         srv.terminate()
         out = srv.communicate(timeout=30)[0].decode()
     assert re.search(r"cut off 127\.0\.0\.1:\d+: it took \d+ bytes of its answer \(under 4096 a second\) in 4 s", out), \
         out[-2000:]
+    # said once, as itself: uvicorn also logged "ERROR: ASGI callable returned without completing response."
+    assert "a stream stopped: 'Привет, мир.': " in out and "without completing response" not in out, out[-2000:]
 
 
 def test_a_slow_reader_of_a_whole_answer_keeps_its_place_until_it_has_taken_it(exported_voice):
