@@ -98,8 +98,9 @@ def error(status, message):
 def host_name(host):
     """A Host header's name, lower case, without its port: "localhost:8050" -> "localhost", "[::1]:80" -> "[::1]"."""
     host = host.strip().lower()
-    if host.startswith("["):
-        return host[:host.index("]") + 1] if "]" in host else host
+    if host.startswith("["):   # "[::1]evil.example" is no address with a port: kept whole, so no name it allows
+        end = host.find("]") + 1
+        return host[:end] if end and re.fullmatch(r"(:\d*)?", host[end:]) else host
     return (host.rsplit(":", 1)[0] if host.count(":") == 1 else host).removesuffix(".")   # tts.lan. is tts.lan
 
 

@@ -398,6 +398,11 @@ def test_a_server_on_a_network_address_refuses_a_rebound_name():
     named = serve.Guard(ok, serve.host_names("tts.example.com"))     # --host NAME: that name answers
     assert asyncio.run(_asgi_status(named, "tts.example.com:8050"))[0] == 200
     assert asyncio.run(_asgi_status(named, "evil.example:8050"))[0] == 403
+    # a bracketed address with more after it is no address: "[::1]evil.example" was read as [::1]
+    for bound in ("127.0.0.1", "0.0.0.0"):
+        guard = serve.Guard(ok, serve.host_names(bound))
+        assert asyncio.run(_asgi_status(guard, "[::1]evil.example"))[0] == 403
+        assert asyncio.run(_asgi_status(guard, "[::1]:8050")) == (200, "ok")
 
 
 def test_a_whole_answer_is_sent_in_chunks_the_last_one_ending_it_at_any_size():
