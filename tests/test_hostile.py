@@ -522,6 +522,17 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path, capsys)
         assert said.startswith(f"error: --out {out}: it is that file, {option} ") and "write the output elsewhere" in said
     assert np.load(mel).shape == (4, 80) and cfg.read_text() == "name: t\n"
     files.check_not_input(tmp_path / "other.wav", "--out", {"--mel": str(mel), "--f0": None})   # elsewhere: fine
+    # nor the run's vocoder it loads: a wav over vocoder.json or a checkpoint's .index broke every later vocode
+    run = tmp_path / "runs" / "t"
+    (run / "vocoder" / "train").mkdir(parents=True)
+    (run / "vocoder.json").write_text("{}")
+    (run / "vocoder" / "train" / "ckpt-1.index").write_text("x")
+    cfg.write_text(f"name: t\nruns_dir: {tmp_path / 'runs'}\n")
+    for out, what in ((run / "vocoder.json", "it is that file, the vocoder's summary"),
+                      (run / "vocoder" / "train" / "ckpt-1.index", "it lies in that folder, the vocoder's checkpoints")):
+        said = one_line_error(vocode.main, ["--config", str(cfg), "--mel", str(mel), "--out", str(out)], capsys)
+        assert said.startswith(f"error: --out {out}: {what} "), said
+    assert (run / "vocoder.json").read_text() == "{}"
 
 
 def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):

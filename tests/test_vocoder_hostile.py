@@ -795,6 +795,29 @@ def test_read_f0_takes_f0_from_its_lowest_to_below_the_top_one_value_a_frame(tmp
         assert said in str(e.value), (said, str(e.value))
 
 
+def test_values_beyond_float32_and_a_negative_shape_are_one_line(tmp_path):
+    # 1e300 (float64) was cast to inf and called "NaN or infinite" beside NumPy's overflow warning; a
+    # header with a negative shape was an OverflowError traceback
+    import warnings
+    audio = config.load_config(None, check_paths=False)["audio"]
+    path = tmp_path / "x.npy"
+    mel = np.full((5, audio["n_mels"]), -4.0)
+    mel[2, 3] = 1e300
+    np.save(path, mel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no RuntimeWarning either
+        with pytest.raises(vocode.MelError, match=r"x\.npy: values up to 1e\+300, beyond float32's range"):
+            vocode.read_mel(path, audio)
+        np.save(path, np.array([0.0, 120.0, -1e300, 0.0, 0.0]))
+        with pytest.raises(vocode.MelError, match=r"x\.npy: values up to 1e\+300, beyond float32's range"):
+            vocode.read_f0(path, 5, audio)
+    np.save(path, np.zeros((2, audio["n_mels"]), np.float32))
+    raw = path.read_bytes()
+    path.write_bytes(raw.replace(f"(2, {audio['n_mels']})".encode(), f"(-1, {audio['n_mels']})".encode()))
+    with pytest.raises(vocode.MelError, match=r"x\.npy: not a \.npy array \("):
+        vocode.read_mel(path, audio)
+
+
 def test_griffin_lim_vocodes_in_a_run_that_trained_no_vocoder(tmp_path):
     # Griffin-Lim needs no training: no runs/{name}/vocoder.json, and the config's audio: settings
     cfg = config.load_config(None, {"runs_dir": str(tmp_path / "runs"), "vocoder": {"kind": "griffin_lim"},

@@ -66,8 +66,19 @@ def _load(path):
         raise MelError(f"{path}: not a .npy array (no NumPy header{': ' + what if what else ''})")
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:  # a damaged header
+    except (OSError, ValueError, EOFError, OverflowError) as e:  # a damaged header (a negative shape: OverflowError)
         raise MelError(f"{path}: not a .npy array ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def _float32(path, values):
+    """`values` as float32, or MelError naming the file when a finite one is beyond float32's range: the
+    cast made it infinite, and the file was called one holding infinite values (with NumPy's overflow
+    warning beside)."""
+    if np.issubdtype(values.dtype, np.floating) and values.size:
+        finite = np.abs(values[np.isfinite(values)])
+        if finite.size and finite.max() > np.finfo(np.float32).max:
+            raise MelError(f"{path}: values up to {finite.max():.3g}, beyond float32's range (about 3.4e38)")
+    return np.array(values, np.float32)
 
 
 def read_mel(path, audio_cfg, max_frames=MAX_FRAMES):
@@ -86,7 +97,7 @@ def read_mel(path, audio_cfg, max_frames=MAX_FRAMES):
                        f"a mel made with other audio: settings")
     if mel.shape[0] == 0:
         raise MelError(f"{path}: no frames")
-    mel = np.array(mel, np.float32)
+    mel = _float32(path, mel)
     if not np.all(np.isfinite(mel)):
         raise MelError(f"{path}: holds NaN or infinite values")
     check_scale(path, mel)
@@ -139,7 +150,7 @@ def read_f0(path, frames, audio_cfg):
             or len(f0) != frames:
         raise MelError(f"{path}: a {f0.dtype} array of shape {f0.shape}, expected F0 in Hz [{frames}] "
                        f"(one value per mel frame, 0 where unvoiced)")
-    f0 = np.array(f0, np.float32)
+    f0 = _float32(path, f0)
     top = min(audio_cfg["sample_rate"] / 2, audio_cfg["fmax"])
     voiced = f0[f0 > 0]
     if not np.all(np.isfinite(f0)) or f0.min() < 0 or (voiced.size and (voiced.min() < F0_LOWEST or voiced.max() >= top)):
@@ -154,7 +165,10 @@ def vocode(cfg, mel_path, out, chunk_frames=kinds.CHUNK_FRAMES, f0_path=None, co
     """`f0_path`: F0 per frame (.npy, Hz, 0 unvoiced) for kinds that use F0; None: their own F0 head's.
     `config_path`: the --config file, which --out must not be either."""
     check_path(out, "--out")
-    check_not_input(out, "--out", {"--mel": mel_path, "--f0": f0_path, "--config": config_path})
+    # and not the run's vocoder: a wav over its vocoder.json or a checkpoint file broke every later vocode
+    check_not_input(out, "--out", {"--mel": mel_path, "--f0": f0_path, "--config": config_path,
+                                   "the vocoder's summary": kinds.summary_path(cfg),
+                                   "the vocoder's checkpoints": config.run_dir(cfg) / "vocoder"})
     chunked = kinds.KINDS.get(cfg["vocoder"]["kind"]).context is not None
     # the vocoder's own settings (the n_mels it takes, the rate it speaks at), read before it is built
     audio_cfg = kinds.trained_audio(cfg)
