@@ -232,16 +232,20 @@ def _f0_rmse(f0_a, f0_b, path):
 
 def listen(ref, heard, signals, text, language, sample_rate):
     """The listening measures of one clip, which need no model of ours (so a worker process can take them):
-    pesq_NAME and stoi_NAME of each signal in `heard` against the recording `ref` (same length);
+    pesq_NAME and stoi_NAME of each signal in `heard` against the recording `ref` (same length; an output
+    with no sound where the recording has some scores PESQ_FLOOR and MOS_FLOOR, not None);
     mos_NAME, heard_NAME and wer_NAME of each signal in `signals` (the MOS predictor's naturalness, what the
     recognizer heard, its WER against `text`); mos_chance. No WER where `language` is not English: the
     recognizer knows en-us only."""
     out = {}
-    for name, sig in heard.items():
-        out[f"pesq_{name}"] = metrics.pesq_wb(ref, sig, sample_rate)
+    spoken = bool(np.any(np.asarray(ref)))
+    for name, sig in heard.items():  # an output with no sound at all scores the bottom of the scale, not None
+        silent = spoken and not np.any(np.asarray(sig))   # (STOI gives its 0 itself)
+        out[f"pesq_{name}"] = metrics.PESQ_FLOOR if silent else metrics.pesq_wb(ref, sig, sample_rate)
         out[f"stoi_{name}"] = metrics.stoi(ref, sig, sample_rate)
     for name, y in signals.items():
-        out[f"mos_{name}"] = metrics.naturalness(y, sample_rate)
+        mos = metrics.naturalness(y, sample_rate)   # None: silence (or a score that is not finite)
+        out[f"mos_{name}"] = metrics.MOS_FLOOR if mos is None and name != "recording" and spoken else mos
         if language.lower().startswith("en"):
             out[f"heard_{name}"] = metrics.transcribe(y, sample_rate)
             out[f"wer_{name}"] = metrics.wer(text, out[f"heard_{name}"])

@@ -165,6 +165,10 @@ def f0_gross_error(f0_a, f0_b, path):
 
 # --- listening-test proxies: PESQ (wideband, 16 kHz) and STOI of a signal against its recording ---
 PESQ_RATE = 16000  # wideband PESQ (ITU-T P.862.2) is defined at 16 kHz
+# what an output with no sound at all scores where the recording has speech (pipeline.evaluate.listen):
+# the bottom of each scale, not "no score", which a median leaves out (a silent clip made it look better)
+PESQ_FLOOR = 1.0   # P.862.2's MOS-LQO runs from about 1.0 to 4.64
+MOS_FLOOR = 1.0    # DNSMOS's MOS scale runs from 1 to 5
 
 
 def warp_to(y, path, *, n_frames, hop_length):
@@ -208,11 +212,20 @@ def pesq_wb(reference, degraded, sample_rate):
 
 
 def stoi(reference, degraded, sample_rate):
-    """STOI (0-1) of `degraded` against `reference` (cut to the shorter)."""
+    """STOI (0-1) of `degraded` against `reference` (cut to the shorter); None when the recording has
+    too little sound to measure (pystoi needs 30 frames of 25.6 ms that are not silent, about 0.4 s:
+    below, it warns and returns 1e-5, even for two identical signals)."""
+    import warnings
+
     from pystoi import stoi as _stoi
 
     n = min(len(reference), len(degraded))
-    return float(_stoi(np.asarray(reference[:n], np.float64), np.asarray(degraded[:n], np.float64), sample_rate))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        score = float(_stoi(np.asarray(reference[:n], np.float64), np.asarray(degraded[:n], np.float64), sample_rate))
+    if any("Not enough STFT frames" in str(w.message) for w in said):
+        return None
+    return score
 
 
 # --- speaker similarity -----------------------------------------------------------------------
@@ -239,8 +252,13 @@ def speaker_similarity(recorded, synthesized, speakers):
     names = sorted(set(speakers))
     if len(names) < 2:
         return None
-    mean, std = recorded.mean(0), recorded.std(0) + 1e-9
-    rec, syn = (recorded - mean) / std, (synthesized - mean) / std
+    mean, std = recorded.mean(0), recorded.std(0)
+    # a feature the recordings do not spread over (the pitch pair of a corpus whose clips have under two
+    # voiced frames) tells no speaker from another: scaled by ~0 it drowned every other feature
+    keep = std > 1e-9
+    if not keep.any():
+        return None
+    rec, syn = ((x[:, keep] - mean[keep]) / std[keep] for x in (recorded, synthesized))
     speakers = np.asarray(speakers)
     hits = total = 0
     for i, own in enumerate(speakers):

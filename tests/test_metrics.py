@@ -216,6 +216,23 @@ def test_pesq_and_stoi_hear_their_own_band_and_no_speech_scores_none():
     assert metrics.stoi(y, within, SR) < 0.9
     assert metrics.pesq_wb(np.zeros_like(y), y, SR) is None      # a recording without speech: no score
     assert metrics.pesq_wb(y, np.zeros_like(y), SR) is None      # a silent output (as saved: every sample 0)
+    # STOI needs ~0.4 s of sound: below, pystoi said 1e-5 (with a warning) even for two identical signals
+    short = y[:int(0.3 * SR)]
+    assert metrics.stoi(short, short, SR) is None and metrics.stoi(y, np.zeros_like(y), SR) == 0.0
+
+
+def test_an_output_with_no_sound_scores_the_bottom_of_each_scale_not_none():
+    # a silent TTS output was "no score", which the medians leave out: 4 silent clips of 6 made the TTS's
+    # PESQ and naturalness those of the 2 others
+    from pipeline import evaluate
+    y = recording("LJ001-0016")
+    out = evaluate.listen(y, {"synthesized": np.zeros_like(y)}, {"recording": y, "synthesized": np.zeros_like(y)},
+                          "", "de", SR)   # German: no recognizer, only the scores
+    assert (out["pesq_synthesized"], out["mos_synthesized"]) == (metrics.PESQ_FLOOR, metrics.MOS_FLOOR)
+    assert out["stoi_synthesized"] == 0.0 and out["mos_recording"] > 2.0
+    silent = np.zeros_like(y)   # no recording to judge by: nothing scored
+    out = evaluate.listen(silent, {"synthesized": silent}, {"recording": silent, "synthesized": silent}, "", "de", SR)
+    assert out["pesq_synthesized"] is None and out["mos_synthesized"] is None and out["mos_recording"] is None
 
 
 # --- what a listener hears ---------------------------------------------------------------------

@@ -174,6 +174,18 @@ def test_speaker_similarity_and_its_chance():
     assert metrics.speaker_similarity(recorded, recorded, [0] * 12) is None
 
 
+def test_a_feature_the_recordings_do_not_spread_over_is_left_out():
+    # recordings with under two voiced frames all have the pitch pair [0, 0]: scaled by 1e-9, a voiced
+    # synthesis's pitch drowned every other feature and every clip went to the first speaker (chance)
+    rng = np.random.default_rng(1)
+    centres = np.array([[3.0, 3.0, 3.0, 0.0, 0.0], [-3.0, -3.0, -3.0, 0.0, 0.0]])   # apart in every cepstral one
+    speakers = [s for s in range(2) for _ in range(3)]
+    recorded = centres[speakers] + np.hstack([rng.normal(0, 0.3, (6, 3)), np.zeros((6, 2))])
+    voiced = recorded + np.hstack([rng.normal(0, 0.3, (6, 3)), np.full((6, 2), [4.8, 0.1])])
+    assert metrics.speaker_similarity(recorded, voiced, speakers) == {"accuracy": 1.0, "chance": 0.5, "clips": 6}
+    assert metrics.speaker_similarity(np.zeros((6, 5)), voiced, speakers) is None   # nothing tells them apart
+
+
 def test_a_clips_own_recording_is_left_out_of_its_speakers_centroid():
     # every synthesized clip a copy of its own recording, each speaker's other recording nearer the other
     # speaker's centroid: sharing the words must not count, so no clip reads as its own voice
