@@ -815,6 +815,23 @@ def _audio_files(cfg, shard):
     return {c.id: str(manifest.clip_audio(ds, c) or manifest.clip_where(ds, c)) for c in clips}
 
 
+def _stats(path, clips):
+    """A shard's per-clip sums (one row a clip), or CacheError naming the file: planning checks only that
+    it is there (its .bin's checksum covers the .bin), so a cut-short one was a ValueError traceback here,
+    in every run after, and the shard was never rebuilt."""
+    try:
+        stats = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        stats, why = None, str(e).splitlines()[0] if str(e) else type(e).__name__
+    else:
+        why = None if stats.ndim >= 1 and len(stats) == clips and stats.dtype == np.float64 else \
+            f"{stats.dtype} {stats.shape}, not {clips} rows of float64"
+    if why:
+        raise shards.CacheError(f"{path}: damaged ({why}); delete it and run `{shards.REBUILD}` (it rebuilds a shard "
+                                "whose files are missing)")
+    return stats
+
+
 def _read_group(k, group, want, rejected, cfg):
     """One shard's metadata and per-clip sums (every kind), checked against the wanted provenance;
     its rejected and too-short clips (named by their audio file) go into `rejected`.
@@ -825,8 +842,8 @@ def _read_group(k, group, want, rejected, cfg):
         shards.check_provenance(p, kind, metas[kind]["provenance"], want[kind])
         for r in metas[kind]["rejected"]:
             rejected.setdefault(r["id"], dict(r, shard=k, stage=r.get("stage", kind)))
-    stats = {kind: np.load(Path(p).with_suffix(".stats.npy")) for kind, p in zip(shards.CACHE_KINDS, group)
-             if kind != "tokens"}
+    stats = {kind: _stats(Path(p).with_suffix(".stats.npy"), len(metas[kind]["ids"]))
+             for kind, p in zip(shards.CACHE_KINDS, group) if kind != "tokens"}
     for kind, p in zip(shards.CACHE_KINDS, group):
         if kind in stats and not np.all(np.isfinite(stats[kind])):
             row = int(np.flatnonzero(~np.all(np.isfinite(stats[kind].reshape(len(stats[kind]), -1)), axis=1))[0])

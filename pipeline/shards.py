@@ -131,7 +131,14 @@ def read_meta(out, kind=None):
                          f"rebuild it with `{target}`")
     if kind and meta.get("kind") != kind:
         raise CacheError(f"{path}: a {meta.get('kind')} shard where a {kind} shard belongs; run `{target}`")
+    missing = [key for key in META_KEYS if key not in meta]
+    if missing or meta.get("kind") not in KINDS:  # else a KeyError traceback wherever it is read
+        raise CacheError(f"{path}: {'no ' + ', '.join(missing) if missing else 'no known kind'} (a damaged or "
+                         f"hand-edited JSON); run `{target}`")
     return meta
+
+
+META_KEYS = ("kind", "provenance", "dtype", "width", "ids", "lengths", "offsets", "bytes", "checksum")
 
 
 def read_index_json(path):
@@ -172,6 +179,13 @@ def check(meta, out, want_provenance=None):
     target = KINDS[meta["kind"]].target
     if want_provenance is not None:
         check_provenance(path, meta["kind"], meta["provenance"], want_provenance, than="the index")
+    lengths, width = meta["lengths"], meta["width"]
+    if (len(lengths) != len(meta["ids"]) or not all(isinstance(n, int) and n >= 0 for n in lengths)
+            or meta["dtype"] != KINDS[meta["kind"]].dtype or not (isinstance(width, int) and width >= 1)):
+        # each of these passed the size and checksum of an intact .bin and sliced its clips wrong, silently
+        raise CacheError(f"{Path(out).with_suffix('.json')}: its ids and lengths disagree in number, a length is "
+                         f"negative, or its dtype or width is not a {meta['kind']} shard's (a damaged or hand-edited "
+                         f"JSON); run `{target}`")
     expected = expected_bytes(meta)
     if meta["bytes"] != expected:
         raise CacheError(f"{path}: its JSON records {meta['bytes']} bytes but its lengths add up to {expected}; "

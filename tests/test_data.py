@@ -229,6 +229,55 @@ def test_a_shard_json_that_repeats_an_id_is_refused(cache_copy):
         shards.read(meta_path.with_suffix(""), "pitch")
 
 
+@pytest.mark.parametrize("edit", ["one id fewer", "one id more", "lengths swapped", "a negative length",
+                                  "another dtype", "no checksum"])
+def test_a_shard_json_that_disagrees_with_itself_is_refused(cache_copy, edit):
+    # the .bin's size and checksum still agree with these JSONs: an id fewer shifted every later clip onto
+    # another's offsets, swapped lengths gave one clip's frames to the next, a float32 dtype read float16 mels
+    meta_path = config.cache_dir(cache_copy) / "mels" / "shard-002.json"
+    meta = json.loads(meta_path.read_text())
+    if edit == "one id fewer":
+        meta["ids"].pop()
+    elif edit == "one id more":
+        meta["ids"].append("zz-extra")
+    elif edit == "lengths swapped":
+        meta["lengths"][:2] = meta["lengths"][1::-1]
+        meta["offsets"] = shards.offsets(meta["lengths"])
+        assert meta["lengths"][0] != meta["lengths"][1]
+    elif edit == "a negative length":
+        meta["lengths"][:2] = [-1, meta["lengths"][0] + meta["lengths"][1] + 1]
+        meta["offsets"] = shards.offsets(meta["lengths"])
+    elif edit == "another dtype":
+        meta["dtype"], meta["width"] = "<f4", meta["width"] // 2
+        meta["bytes"] = shards.expected_bytes(meta)
+    else:
+        del meta["checksum"]
+    meta_path.write_text(json.dumps(meta))
+    said = r"no checksum \(a damaged" if edit == "no checksum" else r"its ids and lengths disagree in number"
+    if edit == "lengths swapped":
+        with pytest.raises(data.CacheError):   # the durations and energy no longer agree: refused before too
+            data.build_dataset(cache_copy, "train")
+        return
+    with pytest.raises(shards.CacheError, match=rf"mels/shard-002\.json: {said}"):
+        shards.read(meta_path.with_suffix(""), "mels")
+    with pytest.raises(data.CacheError, match=r"mels/shard-002"):
+        data.build_dataset(cache_copy, "train")
+
+
+def test_a_cut_short_stats_file_is_one_line_saying_what_to_do(tmp_path):
+    from pipeline import cache
+    path = tmp_path / "shard-000.stats.npy"
+    np.save(path, np.ones((4, 3)))
+    assert cache._stats(path, 4).shape == (4, 3)
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(shards.CacheError, match=r"shard-000\.stats\.npy: damaged \(.*\); delete it and run "
+                                                r"`snakemake --cores all caches`"):
+        cache._stats(path, 4)
+    np.save(path, np.ones((3, 3)))
+    with pytest.raises(shards.CacheError, match=r"damaged \(float64 \(3, 3\), not 4 rows of float64\)"):
+        cache._stats(path, 4)
+
+
 def test_a_shard_of_another_kind_where_one_belongs_is_refused(cache_copy):
     # a mels shard copied over a pitch shard (both files, so sizes and checksums agree with each other)
     root = config.cache_dir(cache_copy)
