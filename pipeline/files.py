@@ -8,7 +8,9 @@ rename. Every module that writes a cache, a run or a report writes through here.
 """
 import errno
 import os
+import re
 import stat
+import time
 from pathlib import Path
 
 from pipeline.errors import PipelineError, disk_full
@@ -128,6 +130,35 @@ def claim(tmp, path):
                                     f"the temporary file of {path} goes; remove it") from None
             os.unlink(tmp)   # ours, left by a killed process that had this pid
     raise PipelineError(f"{tmp}: made again as it was removed; is another process writing {path}?")
+
+
+STALE_SECONDS = 600  # a temporary file untouched this long, with no Snakemake run holding its folder, is a leftover
+_TEMPORARY = re.compile(r"\..+\.tmp\d+.*")   # `temporary`'s names: .NAME.tmpPID[suffix]
+
+
+def remove_stale_temporaries(folder, older_than=STALE_SECONDS):
+    """Remove the temporary files of atomic writes in `folder` (not below it) that a killed writer left:
+    SIGKILL and SIGTERM (a SLURM time limit, Snakemake stopping its jobs) skip atomic_write's cleanup, and
+    a shard's could be gigabytes, kept for good. Only this user's regular files, untouched for
+    `older_than` seconds; callers make sure no run is writing there (planning: no other Snakemake holds
+    the folder). -> the paths removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:   # no such folder yet, or not ours to list
+        return removed
+    now = time.time()
+    for e in entries:
+        if not _TEMPORARY.fullmatch(e.name):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and now - st.st_mtime >= older_than:
+                os.unlink(e.path)
+                removed.append(e.path)
+        except OSError:
+            pass
+    return removed
 
 
 def atomic_write_bytes(path, data):

@@ -229,6 +229,14 @@ def arrays(meta, out):
     return [flat[o:o + n] for o, n in zip(meta["offsets"], meta["lengths"])]
 
 
+def remove_leftovers(cache, run):
+    """The temporary files that killed shard jobs left in cache/{name}/{kind}/ and runs/{name}/gta/
+    (files.remove_stale_temporaries), removed -> their paths. Planning calls it when no other Snakemake
+    holds those folders."""
+    folders = [Path(cache) / kind for kind in KINDS if kind != "gta"] + [Path(run) / "gta"]
+    return [path for folder in folders for path in files.remove_stale_temporaries(folder)]
+
+
 STATS_KINDS = ("mels", "energy", "pitch")  # the kinds whose shards carry a .stats.npy
 
 

@@ -78,6 +78,9 @@ ppreflight.jobs_find_code(workflow.basedir)
 # marks no shard damaged and sets none aside, since that run may be writing it. A job that a run's
 # executor starts as Snakemake again (a SLURM job) finds its own run's lock, and so leaves them too.
 ANOTHER_RUN = ppreflight.another_run(Path(".snakemake", "locks"), [CACHE, RUN])
+# what shard jobs that were killed (SIGKILL, SIGTERM: a SLURM time limit) left half-written, for good
+for left in [] if ANOTHER_RUN else pshards.remove_leftovers(CACHE, RUN):
+    print(f"removed {left}: what a stopped shard job left", file=sys.stderr)
 REPORT = Path(config["reports_dir"]) / NAME
 LOGS = REPORT / "logs"
 SHARDS = [f"{k:03d}" for k in range(config["cache"]["shards"])]

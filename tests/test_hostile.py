@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 import tracemalloc
 
 import numpy as np
@@ -533,6 +534,23 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path, capsys)
         said = one_line_error(vocode.main, ["--config", str(cfg), "--mel", str(mel), "--out", str(out)], capsys)
         assert said.startswith(f"error: --out {out}: {what} "), said
     assert (run / "vocoder.json").read_text() == "{}"
+
+
+def test_only_an_old_temporary_file_of_this_users_is_a_leftover(tmp_path):
+    from pipeline import files
+    names = {".shard-000.bin.tmp12345": 3600, ".shard-001.bin.tmp12346": 0, ".w.tmp7.weights.h5": 3600,
+             ".x.tmp": 3600, "shard-000.bin": 3600, ".notes.tmp12": 3600}
+    for name, age in names.items():
+        (tmp_path / name).write_text("x")
+        os.utime(tmp_path / name, (time.time() - age, time.time() - age))
+    os.symlink(tmp_path / "shard-000.bin", tmp_path / ".shard-002.bin.tmp5")   # a link: never followed, kept
+    (tmp_path / ".dir.tmp9").mkdir()                                           # a folder: kept
+    removed = files.remove_stale_temporaries(tmp_path)
+    assert sorted(os.path.basename(p) for p in removed) == [".notes.tmp12", ".shard-000.bin.tmp12345",
+                                                             ".w.tmp7.weights.h5"]
+    assert sorted(os.listdir(tmp_path)) == [".dir.tmp9", ".shard-001.bin.tmp12346", ".shard-002.bin.tmp5", ".x.tmp",
+                                            "shard-000.bin"]
+    assert files.remove_stale_temporaries(tmp_path / "missing") == []
 
 
 def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):

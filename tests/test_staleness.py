@@ -172,6 +172,24 @@ def test_crlf_and_bom_rewrite_of_metadata_is_nothing_to_do(built):
 
 
 @pytest.mark.slow
+def test_planning_removes_what_a_killed_shard_job_left_and_nothing_else(built):
+    # SIGKILL or SIGTERM (a SLURM time limit) skips atomic_write's cleanup: a shard's temporary file,
+    # gigabytes for an audio shard, stayed for good. Planning removes this user's, untouched for 10 min
+    mels = built.cache / "mels"
+    old, fresh = mels / ".shard-000.bin.tmp4242", mels / ".shard-001.bin.tmp4243"
+    old.write_bytes(b"half a shard")
+    fresh.write_bytes(b"being written")
+    past = time.time() - 3600
+    os.utime(old, (past, past))
+    proc = snakemake("caches", "-n", config=built.config)
+    assert parse_plan(proc.stdout + proc.stderr) == NOTHING and f"removed {old}: what a stopped shard job left" in \
+        proc.stderr
+    assert not old.exists() and fresh.exists()
+    fresh.unlink()
+    built.clean = True
+
+
+@pytest.mark.slow
 def test_row_order_does_not_matter(built):
     lines = read_lines(built.meta)
     shuffled = lines[:]
