@@ -337,14 +337,16 @@ def signature_description(voices=()):
 def _train_state(cfg, step):
     path = config.run_dir(cfg) / "train.json"
     planned = int(cfg["train"]["steps"])
-    return {"step": step, "planned_steps": planned, "finished": step >= planned,
+    return {"step": step, "planned_steps": planned, "finished": step is not None and step >= planned,
             "summary": str(path) if path.is_file() else None}
 
 
 def _notes(meta):
     """Plain sentences on what the export is not (yet): an unfinished run, no trained vocoder."""
     acoustic, notes = meta["acoustic"], []
-    if not acoustic["finished"]:
+    if acoustic["step"] is None:
+        notes.append("the acoustic model is a checkpoint put in the run by hand: its step is not known")
+    elif not acoustic["finished"]:
         notes.append(f"the acoustic model is exported at step {acoustic['step']} of train.steps "
                      f"{acoustic['planned_steps']}: not fully trained")
     if not meta["vocoder"]["trained"]:

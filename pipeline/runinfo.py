@@ -195,9 +195,17 @@ def changes(saved, now):
         first = f", first at id {moved[0]} ({old['symbols'][moved[0]]!r} -> {new['symbols'][moved[0]]!r})" if moved else ""
         out.append(f"the vocabulary changed ({len(old['symbols'])} -> {len(new['symbols'])} symbols{first})")
     for table in ("speakers", "languages"):  # a speaker's id is its position: a new table moves them
-        if saved.get(table, []) != now[table] and len(now[table]) + len(saved.get(table, [])) > 2:
+        if saved.get(table, []) != now[table] and _matters(table, saved.get(table, []), now[table]):
             out.append(f"the {table} changed ({', '.join(saved.get(table, [])) or 'none'} -> {', '.join(now[table])})")
     return out + setting_changes(saved, now["config"]) + split_changes(saved, now["split"]["val_fraction"])
+
+
+def _matters(table, old, new):
+    """Whether a speakers or languages table that changed from `old` to `new` moves what the weights
+    learned: a table of several (each id is a position), or one language for another (a clip's language
+    decides how its text becomes phonemes: a one-language run of en-us data retrained on de would learn
+    German phonemes under a run.json still saying en-us). One speaker renamed is only a label."""
+    return len(old) + len(new) > 2 or (table == "languages" and bool(old) and bool(new))
 
 
 def setting_changes(saved, cfg):
@@ -259,8 +267,9 @@ def check_unchanged(cfg):
 
 
 def _trained(run):
-    """Whether the run folder holds a checkpoint."""
-    return any((run / "checkpoints").glob("ckpt-*.index"))
+    """Whether the run folder holds a checkpoint: one the trainers saved, or one put there by hand that
+    the `checkpoint` state file names (train.restore resumes from it)."""
+    return any((run / "checkpoints").glob("ckpt-*.index")) or latest_checkpoint(run / "checkpoints") is not None
 
 
 def _refuse(cfg, run, diff):
@@ -289,7 +298,7 @@ def check_voices(cfg, names, kept=None, log=None):
         old = list(saved.get(table, []))
         gone = [n for n in old if n not in names[table]]
         added = [n for n in kept[table] if n not in old]
-        if gone and len(old) > 1:
+        if gone and (len(old) > 1 or table == "languages" and bool(names[table])):  # one language for another too
             diff.append(f"the {table} changed ({', '.join(old)} -> {', '.join(names[table])}: no clip of "
                         f"{', '.join(gone)} is left)")
         elif added and len(old) + len(kept[table]) > 2 and log is not None and _trained(run):  # what `train` refuses

@@ -138,7 +138,7 @@ class Synthesizer:
 
     def __init__(self, cfg, model, checkpoint, info, log=print):
         self.cfg, self.model, self.checkpoint, self.log = cfg, model, checkpoint, log
-        self.step = int(re.search(r"ckpt-(\d+)$", checkpoint).group(1))
+        self.step = runinfo.step_of(checkpoint)  # None for a checkpoint put there by hand (no ckpt-N)
         self.vocab, self.audio = info["vocab"], info["config"]["audio"]  # the run's own
         self.model_kind = info["config"]["model"]["kind"]
         self.mean, self.std = info["stats"]["mel_mean"], info["stats"]["mel_std"]

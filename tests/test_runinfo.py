@@ -372,6 +372,53 @@ def test_a_speaker_the_trained_run_had_and_the_dataset_lost_stops_planning(tmp_p
     assert "did not train on (bob, linda)" in capsys.readouterr().err
 
 
+def test_a_one_language_run_whose_data_changed_language_is_refused(tmp_path):
+    # a source's `language:` decides how its text becomes phonemes: en-us -> de passed (a table of one),
+    # and the run went on learning German phonemes under a run.json saying en-us; a speaker renamed stays a label
+    from pipeline import preflight
+    from pipeline.formats import Clip
+    cfg = config.load_config(overrides={"runs_dir": str(tmp_path), "cache": {"dir": str(tmp_path / "cache")}},
+                             check_paths=False)
+    index = {"n_mels": 80, "vocab": text.vocabulary(cfg["text"]), "provenance": {}, "counts": {}}
+    stats = {"mel_mean": np.zeros(80), "mel_std": np.ones(80), "pitch_mean": 120.0, "pitch_std": 20.0,
+             "energy_mean": 1.0, "energy_std": 1.0}
+    saved = dict(runinfo.describe(cfg, index, stats), speakers=["lj"], languages=["en-us"])
+    now = dict(saved, speakers=["linda"], languages=["de"])
+    assert runinfo.changes(saved, now) == ["the languages changed (en-us -> de)"]
+    assert runinfo.changes(saved, dict(saved, speakers=["linda"])) == []
+    run = config.run_dir(cfg)
+    runinfo.write(run, saved)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "ckpt-5.index").write_bytes(b"")
+    clips = {0: [Clip(id="c0", text="Hallo.", line="", lineno=1, speaker="lj", language="de")]}
+    with pytest.raises(runinfo.RunChanged, match=r"the languages changed \(en-us -> de: no clip of en-us is left\)"):
+        preflight.check_manifest(cfg, clips)
+
+
+def test_a_checkpoint_put_in_by_hand_counts_as_trained(tmp_path):
+    # train.restore resumes from a checkpoint the state file names, whatever its name; planning looked for
+    # ckpt-*.index only, so it refused nothing and the caches were rebuilt under the trained run
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    assert not runinfo._trained(tmp_path)
+    (folder / "pretrained.index").write_bytes(b"")
+    (folder / "checkpoint").write_text('model_checkpoint_path: "pretrained"\n')
+    assert runinfo._trained(tmp_path) and runinfo.step_of(folder / "pretrained") is None
+    # what speaks it said AttributeError ('NoneType' ... 'group') where it read the step from the name
+    from types import SimpleNamespace
+
+    from pipeline.synthesize import Synthesizer
+    cfg, index, stats = _run_record(tmp_path / "record")
+    info = json.loads(runinfo.path(tmp_path / "record").read_text())
+    model = SimpleNamespace(infer=lambda tokens, lengths: None)
+    assert Synthesizer(cfg, model, str(folder / "pretrained"), info).step is None
+    assert Synthesizer(cfg, model, str(folder / "ckpt-7"), info).step == 7
+    from pipeline import export
+    acoustic = export._train_state(config.load_config(check_paths=False), None)
+    assert acoustic["finished"] is False and export._notes({"acoustic": acoustic, "vocoder": {"trained": True}}) == [
+        "the acoustic model is a checkpoint put in the run by hand: its step is not known"]
+
+
 def test_text_ids_speak_a_one_language_runs_language_not_text_languages(tmp_path):
     # a German-only source under the default text.language: `pipeline.text --ids` phonemized as en-us,
     # while the voice (export.json's languages) takes only de
