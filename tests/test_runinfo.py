@@ -222,14 +222,20 @@ def test_planning_refuses_an_audio_setting_the_trained_run_was_not_made_with(tmp
         preflight.preflight(dict(cfg, audio={**cfg["audio"], "hop_length": 200}))
 
 
-def test_a_new_validation_fraction_or_loss_scaling_on_a_trained_run_stops_planning(tmp_path):
-    # raising it moved clips the model trained on into validation, where evaluate scored them as unseen;
-    # nothing refused it (the split is a hash of each id against the fraction)
+def _planning_record(tmp_path):
+    """(config with its runs and caches under tmp_path, an index, statistics): what run.json is made of."""
     cfg = config.load_config(overrides={"runs_dir": str(tmp_path), "cache": {"dir": str(tmp_path / "cache")}},
                              check_paths=False)
     index = {"n_mels": 80, "vocab": text.vocabulary(cfg["text"]), "provenance": {}, "counts": {}}
     stats = {"mel_mean": np.zeros(80), "mel_std": np.ones(80), "pitch_mean": 120.0, "pitch_std": 20.0,
              "energy_mean": 1.0, "energy_std": 1.0}
+    return cfg, index, stats
+
+
+def test_a_new_validation_fraction_or_loss_scaling_on_a_trained_run_stops_planning(tmp_path):
+    # raising it moved clips the model trained on into validation, where evaluate scored them as unseen;
+    # nothing refused it (the split is a hash of each id against the fraction)
+    cfg, index, stats = _planning_record(tmp_path)
     run = config.run_dir(cfg)
     info = runinfo.describe(cfg, index, stats)
     runinfo.write(run, info)
@@ -329,11 +335,7 @@ def test_a_speaker_the_trained_run_had_and_the_dataset_lost_stops_planning(tmp_p
     # refused the new speaker table after Snakemake had deleted train.json
     from pipeline import preflight
     from pipeline.formats import Clip
-    cfg = config.load_config(overrides={"runs_dir": str(tmp_path), "cache": {"dir": str(tmp_path / "cache")}},
-                             check_paths=False)
-    index = {"n_mels": 80, "vocab": text.vocabulary(cfg["text"]), "provenance": {}, "counts": {}}
-    stats = {"mel_mean": np.zeros(80), "mel_std": np.ones(80), "pitch_mean": 120.0, "pitch_std": 20.0,
-             "energy_mean": 1.0, "energy_std": 1.0}
+    cfg, index, stats = _planning_record(tmp_path)
     run = config.run_dir(cfg)
     runinfo.write(run, dict(runinfo.describe(cfg, index, stats), speakers=["alice", "bob"], languages=["en-us"]))
 
@@ -377,11 +379,7 @@ def test_a_one_language_run_whose_data_changed_language_is_refused(tmp_path):
     # and the run went on learning German phonemes under a run.json saying en-us; a speaker renamed stays a label
     from pipeline import preflight
     from pipeline.formats import Clip
-    cfg = config.load_config(overrides={"runs_dir": str(tmp_path), "cache": {"dir": str(tmp_path / "cache")}},
-                             check_paths=False)
-    index = {"n_mels": 80, "vocab": text.vocabulary(cfg["text"]), "provenance": {}, "counts": {}}
-    stats = {"mel_mean": np.zeros(80), "mel_std": np.ones(80), "pitch_mean": 120.0, "pitch_std": 20.0,
-             "energy_mean": 1.0, "energy_std": 1.0}
+    cfg, index, stats = _planning_record(tmp_path)
     saved = dict(runinfo.describe(cfg, index, stats), speakers=["lj"], languages=["en-us"])
     now = dict(saved, speakers=["linda"], languages=["de"])
     assert runinfo.changes(saved, now) == ["the languages changed (en-us -> de)"]
