@@ -75,11 +75,16 @@ def plain_id(clip_id, where):
     return clip_id
 
 
+def _not_utf16(raw, path):
+    """DatasetError when the bytes of `path` start with a UTF-16 byte order mark (FF FE or FE FF)."""
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise DatasetError(f"{path}: UTF-16 (it starts with a UTF-16 byte order mark); save it as UTF-8")
+
+
 def utf8_lines(raw, path):
     """The lines of a UTF-8 file (a BOM dropped), or DatasetError naming the first line that is not
     UTF-8, and saying so when the file is UTF-16 (a BOM of FF FE or FE FF)."""
-    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        raise DatasetError(f"{path}: UTF-16 (it starts with a UTF-16 byte order mark); save it as UTF-8")
+    _not_utf16(raw, path)
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
     lines = raw.split(b"\n")
@@ -174,13 +179,7 @@ def _scan_audio(folder):
     """{stem: [its audio files' paths, wav first, then flac, then ogg]} of one folder. Extensions in any
     case (`.WAV`: what field recorders and TIMIT write)."""
     found = {}
-    try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
-        return {}
-    except OSError as e:  # no permission, a file where the folder should be
-        raise DatasetError(f"{folder}: cannot list the audio folder ({e.strerror or type(e).__name__})") from None
-    for e in sorted(entries, key=lambda e: e.name):
+    for e in _entries(folder, "the audio folder", missing_ok=True):
         stem, _, ext = e.name.rpartition(".")
         ext = ext.lower()
         if ext in AUDIO_EXTENSIONS:
@@ -202,8 +201,7 @@ def one_audio_file(files, clip_id, where):
 def _read_text(path):
     try:
         raw = path.read_bytes()
-        if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
-            raise DatasetError(f"{path}: UTF-16 (it starts with a UTF-16 byte order mark); save it as UTF-8")
+        _not_utf16(raw, path)
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise DatasetError(f"{path}: not UTF-8 (byte {e.start + 1})") from None
@@ -223,14 +221,17 @@ def _file_id(cid, path):
     return cid
 
 
-def _entries(folder):
+def _entries(folder, what="the folder", missing_ok=False):
     """The entries of a corpus folder, sorted by name, or DatasetError naming it when it cannot be listed
-    (no permission): a speaker or chapter folder read as empty would drop its clips without a word."""
+    (no permission, a file where the folder should be): a speaker or chapter folder read as empty would
+    drop its clips without a word. missing_ok: no such folder is no entries."""
     try:
         with os.scandir(folder) as entries:
             return sorted(entries, key=lambda e: e.name)
     except OSError as e:
-        raise DatasetError(f"{folder}: cannot list the folder ({e.strerror or type(e).__name__})") from None
+        if missing_ok and isinstance(e, FileNotFoundError):
+            return []
+        raise DatasetError(f"{folder}: cannot list {what} ({e.strerror or type(e).__name__})") from None
 
 
 def _subfolders(folder):

@@ -221,7 +221,7 @@ def cut_long_words(line):
     "aaaa...rgh"). Numbers are left whole (the cleaners read them out as words)."""
     def cut(m):
         word = m[0]
-        size = -(-len(word) // -(-len(word) // LONGEST_WORD))  # ceil(len / parts), parts = ceil(len / LONGEST_WORD)
+        size = math.ceil(len(word) / math.ceil(len(word) / LONGEST_WORD))  # equal parts, each at most LONGEST_WORD
         return " ".join(word[i:i + size] for i in range(0, len(word), size))
     return _LONG_WORD.sub(cut, line)
 
