@@ -73,6 +73,7 @@ _ASCII_TABLE = str.maketrans({
     "Ð": "D", "þ": "th", "Þ": "Th", "ł": "l", "Ł": "L", "đ": "d", "Đ": "D",
     "‘": "'", "’": "'", "‚": "'", "“": '"', "”": '"', "„": '"', "«": '"', "»": '"',
     "–": "-", "—": " - ", "…": "...", "\u00a0": " ",
+    "≠": " not equal to ",  # NFKD makes it "=" and a mark that is then dropped: "equals"
 })
 
 # Whole abbreviation followed by its period (the period is part of the abbreviation).
@@ -162,16 +163,23 @@ _GROUPED_RE = re.compile(r"\b\d{1,3}(?:,\d{3})+(?:\.\d+)?\b")
 _DECIMAL_RE = re.compile(r"(?<![\d.])\d+\.\d+(?!\d|\.\d)")
 # "2.5.3" (a version, an address): each part a number, "point" between ("two point five point three").
 _DOTTED_RE = re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?!\d|\.\d)")
-# A sign, not a hyphen or a range: "-5", "(-3.5", "-$5"; "5-6", "covid-19", "- 5" keep theirs.
-_MINUS_RE = re.compile(r"(?<![\w.,$£-])-(?=[$£]?\d)")
+# A sign, not a hyphen or a range: "-5", "(-3.5", "-$5", and after a currency sign "$-5" (espeak-ng
+# drops that one: "dollar five"), the sign put first; "5-6", "covid-19", "- 5" keep theirs.
+_MINUS_RE = re.compile(r"(?<![\w.,$£-])(?:-(?=[$£]?\d)|([$£])-(?=\d))")
 # "3:05", "12:00", "3:00pm", "11:30 a.m.": hours 0-23, minutes 00-59 (lowercased text).
 _TIME_RE = re.compile(r"(?<![\d:])([01]?\d|2[0-3]):([0-5]\d)(?![\d:])(?:\s?([ap])\.?m\b\.?)?")
 # A number run into a word ("1.5x", "4x4", "h2o"): a space between, but not before an ordinal's suffix
 # or a plural "s" ("21st", "1860s"), which the number's words take.
 _STUCK_RE = re.compile(r"(?<=[a-z])(?=\d)|(\d)(?!(?:st|nd|rd|th|s)\b)(?=[a-z])")
-# Symbols the english cleaners spell out (espeak-ng reads them, the characters front end would drop them).
+# Symbols the english cleaners spell out: "&" and "%" (espeak-ng reads them, the characters front end
+# would drop them), and "<", ">", "‰" and "‱", which espeak-ng (1.51, en-us) drops without a word. "<" and
+# ">" are a comparison alone, not in an arrow ("->", "<-", "=>"), "<=" or ">=" (espeak-ng reads those),
+# "<>" or "<<": those stay as they are. Symbols no reader says ("|", "^", "_", brackets) stay too.
 # The "&" match starts where a run of whitespace does: tried inside one, it was quadratic in the run.
-_SYMBOL_WORDS = ((re.compile(r"(?:(?<!\s)\s+)?&\s*"), " and "), (re.compile(r"%"), " percent"))
+_SYMBOL_WORDS = ((re.compile(r"(?:(?<!\s)\s+)?&\s*"), " and "), (re.compile(r"%"), " percent"),
+                 (re.compile(r"(?<![<>=-])<(?![<>=]|-(?!\d))"), " less than "),
+                 (re.compile(r"(?<![<>=-])>(?![<>=])"), " greater than "),
+                 (re.compile("‰"), " per mille"), (re.compile("‱"), " per ten thousand"))
 _ORDINAL_RE = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b", re.IGNORECASE)
 _NUMBER_RE = re.compile(r"\d+")
 # A number as the cleaners read it: digits with grouping commas and decimal points.
@@ -328,11 +336,11 @@ def longest_number(text: str) -> int:
 
 def expand_numbers(text: str) -> str:
     """Spell out signs, times, money, grouped numbers, dotted numbers, decimals, ordinals, years and
-    cardinals, then "&" and "%" (text holding a number of more than MAX_DIGITS digits stays as it is:
-    `problem` refuses it)."""
+    cardinals, then "&", "%", "<", ">", "‰" and "‱" (text holding a number of more than MAX_DIGITS
+    digits stays as it is: `problem` refuses it)."""
     if longest_number(text) > MAX_DIGITS:
         return text
-    text = _MINUS_RE.sub("minus ", text)
+    text = _MINUS_RE.sub(lambda m: "minus " + (m[1] or ""), text)
     text = _TIME_RE.sub(_time_to_words, text)
     text = _STUCK_RE.sub(lambda m: (m.group(1) or "") + " ", text)
     text = _MONEY_SCALE_RE.sub(_money_scale_to_words, text)
