@@ -12,7 +12,8 @@ Add a language by writing its cleaners here and one more entry in `CLEANERS`.
     maintained binding the field's trainers use), voice `text.language`, with punctuation, stress
     marks and word boundaries (spaces) kept. One backend per process: creating one per line costs
     ~50-190 ms. espeak-ng's output changes between versions, so its version is part of the token
-    shards' provenance (a new espeak-ng rebuilds them and nothing else).
+    shards' provenance (a new espeak-ng rebuilds them and nothing else). espeak-ng stops reading a
+    word after about 130 letters: a longer run of letters is read in parts (cut_long_words).
   - "characters": the cleaned letters and punctuation themselves.
 
 Ids never depend on the corpus: each front end has a fixed, ordered symbol inventory
@@ -32,6 +33,7 @@ import argparse
 import functools
 import json
 import logging
+import math
 import re
 import sys
 import unicodedata
@@ -46,6 +48,10 @@ FRONTENDS = ("phonemes", "characters")
 # punctuation espeak-ng would drop; phonemizer puts it back between the words
 _PUNCTUATION_MARKS = ';:,.!?¡¿—…"«»“”()'
 _NOT_SPOKEN = set(_PUNCTUATION_MARKS + "'- ")  # a line of only these says nothing
+# espeak-ng reads at most about 130 letters of one word, and about 40 of one it spells letter by letter
+# ("xxxx..."), and says nothing of the rest: a longer run of letters is read in parts of at most this many
+LONGEST_WORD = 36
+_LONG_WORD = re.compile(r"[^\W\d_]{%d,}" % (LONGEST_WORD + 1))
 
 # Scripts other than Latin that a voice reads (the voice's code before "-" -> Unicode script names).
 # Latin letters pass in every voice (names, loanwords); letters of any other script do not.
@@ -459,17 +465,30 @@ def phonemize(lines, language):
     return out
 
 
+def cut_long_words(line):
+    """`line` with each run of more than LONGEST_WORD letters cut by spaces into equal parts of at most
+    that many: read in parts, not cut short where espeak-ng stops reading a word (a chemical name,
+    "aaaa...rgh"). Numbers are left whole (the cleaners read them out as words)."""
+    def cut(m):
+        word = m[0]
+        size = math.ceil(len(word) / math.ceil(len(word) / LONGEST_WORD))  # equal parts, each at most LONGEST_WORD
+        return " ".join(word[i:i + size] for i in range(0, len(word), size))
+    return _LONG_WORD.sub(cut, line)
+
+
 def to_symbols(lines, text_cfg):
     """[(symbols, dropped)] per line: the front end's symbol string and how many characters it
     dropped (pad and eos characters always; characters front end: punctuation and symbols outside
-    its inventory; letters outside it are kept, for `problem` to name)."""
+    its inventory; letters outside it are kept, for `problem` to name). The phonemes front end reads
+    a word longer than LONGEST_WORD letters of the cleaned text in parts (cut_long_words), for a
+    corpus line as for `speak`."""
     # a line `problem` refuses for its number is neither cleaned nor phonemized
     cleaned = [clean_text(line, text_cfg["cleaners"]) if longest_number(line) <= MAX_DIGITS else "" for line in lines]
     if text_cfg["frontend"] == "characters":
         allowed = set(CHARACTERS)
         keep = lambda c: c in allowed or unicodedata.category(c).startswith("L")  # noqa: E731
     else:
-        cleaned = phonemize(cleaned, text_cfg["language"])
+        cleaned = phonemize(map(cut_long_words, cleaned), text_cfg["language"])
         keep = lambda c: True  # noqa: E731
     out = []
     for line in cleaned:

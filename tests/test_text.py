@@ -409,6 +409,19 @@ def test_an_unassigned_code_point_is_refused_naming_it():
     assert reason is not None and "(u+e0080)" in reason and "not in the script of text.language" in reason
 
 
+def test_a_corpus_word_longer_than_espeak_reads_gives_tokens_for_all_of_it():
+    # espeak-ng stops reading a word after ~130 letters: a corpus line's 200-letter word lost its end
+    # in the token shards, where `speak` read it in parts. Both read it in six parts of 34 letters or fewer.
+    long = "tomato" * 33 + "es"
+    parts = " ".join(long[i:i + 34] for i in range(0, 200, 34))
+    said = text.to_symbols([f"Say {long} now."], PHONEMES)[0][0]
+    assert said == text.to_symbols([f"Say {parts} now."], PHONEMES)[0][0]
+    assert len(said) > 1.9 * len(text.to_symbols([f"Say {long[:100]} now."], PHONEMES)[0][0])
+    # the word is cut as espeak-ng gets it, cleaned: 20 "æ" are 40 letters; the characters keep it whole
+    assert text.to_symbols(["æ" * 20], PHONEMES) == text.to_symbols(["ae" * 10 + " " + "ae" * 10], PHONEMES)
+    assert text.to_symbols([long], CHARS) == [(long, 0)]
+
+
 def test_a_line_with_a_number_too_long_to_read_is_neither_cleaned_nor_phonemized():
     assert text.to_symbols(["I owe you " + "7" * 101 + " dollars."], PHONEMES) == [("", 0)]
 
