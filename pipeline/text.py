@@ -180,11 +180,13 @@ _STUCK_RE = re.compile(r"(?<=[a-z])(?=\d)|(\d)(?!(?:st|nd|rd|th|s)\b)(?=[a-z])")
 # Symbols the english cleaners spell out: "&" and "%" (espeak-ng reads them, the characters front end
 # would drop them), and "<", ">", "‰" and "‱", which espeak-ng (1.51, en-us) drops without a word. "<" and
 # ">" are a comparison alone, not in an arrow ("->", "<-", "=>"), "<=" or ">=" (espeak-ng reads those),
-# "<>" or "<<": those stay as they are. Symbols no reader says ("|", "^", "_", brackets) stay too.
+# "<>", "<<" or a tag ("<b>", "</p>", '<a href="x">': a name and name=value attributes, matched whole
+# and kept, so its brackets are not read as comparisons): those stay as they are. Symbols no reader says ("|", "^", "_", brackets) stay too.
 # The "&" match starts where a run of whitespace does: tried inside one, it was quadratic in the run.
+_TAG = r"""</?[a-z][\w:-]*(?:\s+[a-z_:][\w:.-]*\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s"'<>=]+))*\s*/?>"""
+_COMPARISON_RE = re.compile(r"(%s)|" % _TAG + r"(?<![<>=-])(?:(<)(?![<>=]|-(?!\d))|>(?![<>=]))", re.IGNORECASE)
 _SYMBOL_WORDS = ((re.compile(r"(?:(?<!\s)\s+)?&\s*"), " and "), (re.compile(r"%"), " percent"),
-                 (re.compile(r"(?<![<>=-])<(?![<>=]|-(?!\d))"), " less than "),
-                 (re.compile(r"(?<![<>=-])>(?![<>=])"), " greater than "),
+                 (_COMPARISON_RE, lambda m: m[1] or (" less than " if m[2] else " greater than ")),
                  (re.compile("‰"), " per mille"), (re.compile("‱"), " per ten thousand"))
 _ORDINAL_RE = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b", re.IGNORECASE)
 _NUMBER_RE = re.compile(r"\d+")

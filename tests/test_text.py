@@ -343,6 +343,8 @@ def test_lowercase_and_whitespace():
     # arrows, "<=" (espeak-ng reads it), "<>" and symbols no reader says stay as they are
     ("a -> b, b <- a, a => b, a <= b, a <> b, a ≠ b", "a -> b, b <- a, a => b, a <= b, a <> b, a not equal to b"),
     ("a | b ^ c_d {e} [f] `g`", "a | b ^ c_d {e} [f] `g`"),
+    # a tag's brackets are not comparisons: kept whole (espeak-ng says its name, as before)
+    ("<b>Bold</b> if 1<2 and <br/> 3>2", "<b>bold</b> if one less than two and <br/> three greater than two"),
 ])
 def test_english_pipeline_reads_signs_times_versions_and_symbols(raw, spoken):
     assert clean_text(raw, "english") == spoken
