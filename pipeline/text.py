@@ -12,7 +12,8 @@ Add a language by writing its cleaners here and one more entry in `CLEANERS`.
     maintained binding the field's trainers use), voice `text.language`, with punctuation, stress
     marks and word boundaries (spaces) kept. One backend per process: creating one per line costs
     ~50-190 ms. espeak-ng's output changes between versions, so its version is part of the token
-    shards' provenance (a new espeak-ng rebuilds them and nothing else).
+    shards' provenance (a new espeak-ng rebuilds them and nothing else). espeak-ng stops reading a
+    word after about 130 letters: a longer run of letters is read in parts (cut_long_words).
   - "characters": the cleaned letters and punctuation themselves.
 
 Ids never depend on the corpus: each front end has a fixed, ordered symbol inventory
@@ -32,6 +33,7 @@ import argparse
 import functools
 import json
 import logging
+import math
 import re
 import sys
 import unicodedata
@@ -46,6 +48,10 @@ FRONTENDS = ("phonemes", "characters")
 # punctuation espeak-ng would drop; phonemizer puts it back between the words
 _PUNCTUATION_MARKS = ';:,.!?¡¿—…"«»“”()'
 _NOT_SPOKEN = set(_PUNCTUATION_MARKS + "'- ")  # a line of only these says nothing
+# espeak-ng reads at most about 130 letters of one word, and about 40 of one it spells letter by letter
+# ("xxxx..."), and says nothing of the rest: a longer run of letters is read in parts of at most this many
+LONGEST_WORD = 36
+_LONG_WORD = re.compile(r"[^\W\d_]{%d,}" % (LONGEST_WORD + 1))
 
 # Scripts other than Latin that a voice reads (the voice's code before "-" -> Unicode script names).
 # Latin letters pass in every voice (names, loanwords); letters of any other script do not.
@@ -73,6 +79,7 @@ _ASCII_TABLE = str.maketrans({
     "Ð": "D", "þ": "th", "Þ": "Th", "ł": "l", "Ł": "L", "đ": "d", "Đ": "D",
     "‘": "'", "’": "'", "‚": "'", "“": '"', "”": '"', "„": '"', "«": '"', "»": '"',
     "–": "-", "—": " - ", "…": "...", "\u00a0": " ",
+    "≠": " not equal to ",  # NFKD makes it "=" and a mark that is then dropped: "equals"
 })
 
 # Whole abbreviation followed by its period (the period is part of the abbreviation).
@@ -162,16 +169,25 @@ _GROUPED_RE = re.compile(r"\b\d{1,3}(?:,\d{3})+(?:\.\d+)?\b")
 _DECIMAL_RE = re.compile(r"(?<![\d.])\d+\.\d+(?!\d|\.\d)")
 # "2.5.3" (a version, an address): each part a number, "point" between ("two point five point three").
 _DOTTED_RE = re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?!\d|\.\d)")
-# A sign, not a hyphen or a range: "-5", "(-3.5", "-$5"; "5-6", "covid-19", "- 5" keep theirs.
-_MINUS_RE = re.compile(r"(?<![\w.,$£-])-(?=[$£]?\d)")
+# A sign, not a hyphen or a range: "-5", "(-3.5", "-$5", and after a currency sign "$-5" (espeak-ng
+# drops that one: "dollar five"), the sign put first; "5-6", "covid-19", "- 5" keep theirs.
+_MINUS_RE = re.compile(r"(?<![\w.,$£-])(?:-(?=[$£]?\d)|([$£])-(?=\d))")
 # "3:05", "12:00", "3:00pm", "11:30 a.m.": hours 0-23, minutes 00-59 (lowercased text).
 _TIME_RE = re.compile(r"(?<![\d:])([01]?\d|2[0-3]):([0-5]\d)(?![\d:])(?:\s?([ap])\.?m\b\.?)?")
 # A number run into a word ("1.5x", "4x4", "h2o"): a space between, but not before an ordinal's suffix
 # or a plural "s" ("21st", "1860s"), which the number's words take.
 _STUCK_RE = re.compile(r"(?<=[a-z])(?=\d)|(\d)(?!(?:st|nd|rd|th|s)\b)(?=[a-z])")
-# Symbols the english cleaners spell out (espeak-ng reads them, the characters front end would drop them).
+# Symbols the english cleaners spell out: "&" and "%" (espeak-ng reads them, the characters front end
+# would drop them), and "<", ">", "‰" and "‱", which espeak-ng (1.51, en-us) drops without a word. "<" and
+# ">" are a comparison alone, not in an arrow ("->", "<-", "=>"), "<=" or ">=" (espeak-ng reads those),
+# "<>", "<<" or a tag ("<b>", "</p>", '<a href="x">': a name and name=value attributes, matched whole
+# and kept, so its brackets are not read as comparisons): those stay as they are. Symbols no reader says ("|", "^", "_", brackets) stay too.
 # The "&" match starts where a run of whitespace does: tried inside one, it was quadratic in the run.
-_SYMBOL_WORDS = ((re.compile(r"(?:(?<!\s)\s+)?&\s*"), " and "), (re.compile(r"%"), " percent"))
+_TAG = r"""</?[a-z][\w:-]*(?:\s+[a-z_:][\w:.-]*\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s"'<>=]+))*\s*/?>"""
+_COMPARISON_RE = re.compile(r"(%s)|" % _TAG + r"(?<![<>=-])(?:(<)(?![<>=]|-(?!\d))|>(?![<>=]))", re.IGNORECASE)
+_SYMBOL_WORDS = ((re.compile(r"(?:(?<!\s)\s+)?&\s*"), " and "), (re.compile(r"%"), " percent"),
+                 (_COMPARISON_RE, lambda m: m[1] or (" less than " if m[2] else " greater than ")),
+                 (re.compile("‰"), " per mille"), (re.compile("‱"), " per ten thousand"))
 _ORDINAL_RE = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b", re.IGNORECASE)
 _NUMBER_RE = re.compile(r"\d+")
 # A number as the cleaners read it: digits with grouping commas and decimal points.
@@ -328,11 +344,11 @@ def longest_number(text: str) -> int:
 
 def expand_numbers(text: str) -> str:
     """Spell out signs, times, money, grouped numbers, dotted numbers, decimals, ordinals, years and
-    cardinals, then "&" and "%" (text holding a number of more than MAX_DIGITS digits stays as it is:
-    `problem` refuses it)."""
+    cardinals, then "&", "%", "<", ">", "‰" and "‱" (text holding a number of more than MAX_DIGITS
+    digits stays as it is: `problem` refuses it)."""
     if longest_number(text) > MAX_DIGITS:
         return text
-    text = _MINUS_RE.sub("minus ", text)
+    text = _MINUS_RE.sub(lambda m: "minus " + (m[1] or ""), text)
     text = _TIME_RE.sub(_time_to_words, text)
     text = _STUCK_RE.sub(lambda m: (m.group(1) or "") + " ", text)
     text = _MONEY_SCALE_RE.sub(_money_scale_to_words, text)
@@ -451,17 +467,30 @@ def phonemize(lines, language):
     return out
 
 
+def cut_long_words(line):
+    """`line` with each run of more than LONGEST_WORD letters cut by spaces into equal parts of at most
+    that many: read in parts, not cut short where espeak-ng stops reading a word (a chemical name,
+    "aaaa...rgh"). Numbers are left whole (the cleaners read them out as words)."""
+    def cut(m):
+        word = m[0]
+        size = math.ceil(len(word) / math.ceil(len(word) / LONGEST_WORD))  # equal parts, each at most LONGEST_WORD
+        return " ".join(word[i:i + size] for i in range(0, len(word), size))
+    return _LONG_WORD.sub(cut, line)
+
+
 def to_symbols(lines, text_cfg):
     """[(symbols, dropped)] per line: the front end's symbol string and how many characters it
     dropped (pad and eos characters always; characters front end: punctuation and symbols outside
-    its inventory; letters outside it are kept, for `problem` to name)."""
+    its inventory; letters outside it are kept, for `problem` to name). The phonemes front end reads
+    a word longer than LONGEST_WORD letters of the cleaned text in parts (cut_long_words), for a
+    corpus line as for `speak`."""
     # a line `problem` refuses for its number is neither cleaned nor phonemized
     cleaned = [clean_text(line, text_cfg["cleaners"]) if longest_number(line) <= MAX_DIGITS else "" for line in lines]
     if text_cfg["frontend"] == "characters":
         allowed = set(CHARACTERS)
         keep = lambda c: c in allowed or unicodedata.category(c).startswith("L")  # noqa: E731
     else:
-        cleaned = phonemize(cleaned, text_cfg["language"])
+        cleaned = phonemize(map(cut_long_words, cleaned), text_cfg["language"])
         keep = lambda c: True  # noqa: E731
     out = []
     for line in cleaned:

@@ -65,10 +65,6 @@ _CUT = re.compile(r"(?:\s*(?:[%s]|(?<![0-9])[,.]|[,.](?![0-9]))+\s*)+"
                   % re.escape("".join(c for c in text._PUNCTUATION_MARKS if c not in ",.")))
 # clause punctuation between words: where an over-long sentence is split first
 _CLAUSE = re.compile(r"(?<=[,;:—…])\s+")
-# espeak-ng reads at most about 130 letters of one word, and about 40 of one it spells letter by letter
-# ("xxxx..."), and says nothing of the rest: a longer run of letters is read in parts of at most this many
-LONGEST_WORD = 36
-_LONG_WORD = re.compile(r"[^\W\d_]{%d,}" % (LONGEST_WORD + 1))
 
 
 def quick_start():
@@ -213,17 +209,6 @@ def front_end_pieces(line, cleaners, size=FRONT_END_CHARACTERS):
         last = cut
     pieces.append(line[start:])
     return [(piece, " " if piece[-1].isspace() else "") for piece in pieces]
-
-
-def cut_long_words(line):
-    """`line` with each run of more than LONGEST_WORD letters cut by spaces into equal parts of at most
-    that many: read in parts, not cut short where espeak-ng stops reading a word (a chemical name,
-    "aaaa...rgh"). Numbers are left whole (the cleaners read them out as words)."""
-    def cut(m):
-        word = m[0]
-        size = math.ceil(len(word) / math.ceil(len(word) / LONGEST_WORD))  # equal parts, each at most LONGEST_WORD
-        return " ".join(word[i:i + size] for i in range(0, len(word), size))
-    return _LONG_WORD.sub(cut, line)
 
 
 def _batches(texts, size):
@@ -521,8 +506,7 @@ class Voice:
         """The symbols of each plain text ("" for punctuation alone); VoiceError for text it cannot say (a
         sentence that gives no symbols for a reason, as a number too long to read, is refused, not skipped)."""
         cfg = {"frontend": self.vocab["frontend"], "language": language, "cleaners": self.vocab["cleaners"]}
-        cut = cut_long_words if cfg["frontend"] == "phonemes" else (lambda piece: piece)
-        pieces = [(n, cut(piece), joint) for n, line in enumerate(texts)
+        pieces = [(n, piece, joint) for n, line in enumerate(texts)   # to_symbols cuts long words (text.cut_long_words)
                   for piece, joint in front_end_pieces(line, cfg["cleaners"])]
         said = []
         for batch in _batches([piece for _, piece, _ in pieces], FRONT_END_CHARACTERS):   # bounded calls

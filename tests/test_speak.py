@@ -363,7 +363,7 @@ def test_a_word_longer_than_espeak_reads_is_said_whole_in_parts(voice):
     # espeak-ng stopped reading a word after ~130 letters (~40 spelled letter by letter) and said
     # nothing of the rest: a 183-letter word lost its last 20 letters, "x" * 80 half of its x's
     from pipeline import text
-    from pipeline.voice import LONGEST_WORD, cut_long_words
+    from pipeline.text import LONGEST_WORD, cut_long_words
     cfg = {k: voice.vocab[k] for k in ("frontend", "language", "cleaners")}
     language = cfg["language"]
     for word, n in (("tomato", 40), ("x", 80), ("bcd", 30)):

@@ -300,6 +300,7 @@ def test_headlines_compass_words_and_street_words(raw, spoken):
     "1A B C St. " * 10000, "Main St. NW " * 8000, "A Dr. " + " " * 100000 + "x", "''B" * 33000, "-'B" * 33000,
     "1 A St. B " * 10000, "1 Things St. " * 8000, "Main St. North " * 7000, "Ave. " * 20000, "Ave. Ab " * 12000,
     "Blvd.)" * 16000 + "x", "Ave. A " * 14000, "A ST. " * 16000, "1 A B DR. " * 10000,
+    "<" * 100000, "< " * 50000, "<-" * 50000, "$-1" * 33000, "‰" * 100000, " " * 100000 + "<", "|^_{}" * 20000,
 ])
 def test_the_english_cleaners_take_linear_time(raw):
     # expand_places took 2.9 s on "A-" x 20,000 (quadratic in a hyphen chain) and 42 s on "''B" x 33,000 (an
@@ -336,9 +337,37 @@ def test_lowercase_and_whitespace():
      "dollars, or three point one four."),
     ("At 3:00pm, 11:30 a.m., 12:00 and 3:05.", "at three p m, eleven thirty a m, twelve o'clock and three oh five."),
     ("AT&T: 50% off", "at and t: fifty percent off"),
+    # espeak-ng dropped these: "$-5" was "dollar five", "<", ">", "‰" and "‱" nothing, and "≠" read "equals"
+    ("It was $-5, -$5 or £-3.50.", "it was minus five dollars, minus five dollars or minus three pounds, fifty pence."),
+    ("If x<-5 or y > 2: 10‰, 3‱", "if x less than minus five or y greater than two: ten per mille, three per ten thousand"),
+    # arrows, "<=" (espeak-ng reads it), "<>" and symbols no reader says stay as they are
+    ("a -> b, b <- a, a => b, a <= b, a <> b, a ≠ b", "a -> b, b <- a, a => b, a <= b, a <> b, a not equal to b"),
+    ("a | b ^ c_d {e} [f] `g`", "a | b ^ c_d {e} [f] `g`"),
+    # a tag's brackets are not comparisons: kept whole (espeak-ng says its name, as before)
+    ("<b>Bold</b> if 1<2 and <br/> 3>2", "<b>bold</b> if one less than two and <br/> three greater than two"),
 ])
 def test_english_pipeline_reads_signs_times_versions_and_symbols(raw, spoken):
     assert clean_text(raw, "english") == spoken
+
+
+def test_symbols_espeak_ng_drops_are_said_and_those_no_one_says_are_not():
+    # espeak-ng 1.51 (en-us) says nothing for "<", ">", "‰" and "‱", and "dollar five" for "$-5": their
+    # tokens lacked the words the audio says. It reads "+" and "=" itself, and "|", "^", "_", brackets
+    # and "`" as nothing or a pause, as a reader does.
+    raw = ["a < b", "a > b", "10‰", "3 ‱", "$-5", "a + b = c", "a | b ^ c_d {e} [f] `g`"]
+    words = ["a less than b", "a greater than b", "ten per mille", "three per ten thousand", "minus five dollars",
+             "a plus b equals c", "a b c d e f g"]
+    if text.espeak_version() == "1.51":
+        assert text.phonemize(raw[:5], "en-us") == text.phonemize(["a b", "a b", "ten", "three", "dollar five"], "en-us")
+    assert [s for s, _ in text.to_symbols(raw, PHONEMES)] == [s for s, _ in text.to_symbols(words, PHONEMES)]
+    assert [s for s, _ in text.to_symbols(raw[:5], CHARS)] == [s for s, _ in text.to_symbols(words[:5], CHARS)]
+
+
+@pytest.mark.parametrize("line", ["|", "^ _", "{ } [ ] `", "<<< >>>", "->", "<>"])
+def test_a_line_of_symbols_no_one_says_is_refused(line):
+    for cfg in (PHONEMES, CHARS):
+        symbols = text.to_symbols([line], cfg)[0][0]
+        assert text.problem(line, symbols, cfg) == f"gives no {cfg['frontend']} (nothing to say)"
 
 
 def test_english_pipeline():
@@ -380,6 +409,19 @@ def test_blank_lines_among_others_keep_each_lines_phonemes():
 def test_an_unassigned_code_point_is_refused_naming_it():
     reason = text.problem("a\U000E0080b", "ab", CHARS)  # U+E0080: unassigned (category Cn)
     assert reason is not None and "(u+e0080)" in reason and "not in the script of text.language" in reason
+
+
+def test_a_corpus_word_longer_than_espeak_reads_gives_tokens_for_all_of_it():
+    # espeak-ng stops reading a word after ~130 letters: a corpus line's 200-letter word lost its end
+    # in the token shards, where `speak` read it in parts. Both read it in six parts of 34 letters or fewer.
+    long = "tomato" * 33 + "es"
+    parts = " ".join(long[i:i + 34] for i in range(0, 200, 34))
+    said = text.to_symbols([f"Say {long} now."], PHONEMES)[0][0]
+    assert said == text.to_symbols([f"Say {parts} now."], PHONEMES)[0][0]
+    assert len(said) > 1.9 * len(text.to_symbols([f"Say {long[:100]} now."], PHONEMES)[0][0])
+    # the word is cut as espeak-ng gets it, cleaned: 20 "æ" are 40 letters; the characters keep it whole
+    assert text.to_symbols(["æ" * 20], PHONEMES) == text.to_symbols(["ae" * 10 + " " + "ae" * 10], PHONEMES)
+    assert text.to_symbols([long], CHARS) == [(long, 0)]
 
 
 def test_a_line_with_a_number_too_long_to_read_is_neither_cleaned_nor_phonemized():
