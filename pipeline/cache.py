@@ -821,7 +821,9 @@ def _stats(path, clips, recorded):
     it is there (its .bin's checksum covers the .bin), so a cut-short one was a ValueError traceback here,
     in every run after, and the shard was never rebuilt. `recorded`: the stats_checksum its shard's JSON
     holds (shards.write): a flipped byte that leaves the sums finite and of the right shape changed the
-    statistics every model trains with, without a word."""
+    statistics every model trains with, without a word. None (a shard written before the checksum was
+    recorded): read unverified, as then, not rebuilt (its index, the aligner and the runs trained on
+    it stay valid)."""
     try:
         raw = Path(path).read_bytes()
         stats = np.load(io.BytesIO(raw), allow_pickle=False)
@@ -830,9 +832,8 @@ def _stats(path, clips, recorded):
     else:
         why = None if stats.ndim >= 1 and len(stats) == clips and stats.dtype == np.float64 else \
             f"{stats.dtype} {stats.shape}, not {clips} rows of float64"
-        if not why and shards.checksum(raw) != recorded:
-            why = ("checksum mismatch: the file changed after its job wrote it" if recorded else
-                   "its shard's JSON records no checksum of it")
+        if not why and recorded is not None and shards.checksum(raw) != recorded:
+            why = "checksum mismatch: the file changed after its job wrote it"
     if why:
         raise shards.CacheError(f"{path}: damaged ({why}); delete it and run `{shards.REBUILD}` (it rebuilds a shard "
                                 "whose files are missing)")

@@ -8,7 +8,8 @@ feed the index statistics, `.stats.npy`):
          bytes (the .bin's size), checksum (the .bin's FarmHash Fingerprint64 as 16 hex digits: what
          tf.fingerprint computes, so the loader verifies it in its graph), rejected ([{id, path,
          reason}]), the kind's extras and, for the kinds with a `.stats.npy`, stats_checksum (that
-         file's checksum, computed the same way; `pipeline.cache` verifies it where it reads the sums)
+         file's checksum, computed the same way; `pipeline.cache` verifies it where it reads the sums;
+         a shard written before it was recorded has none, and its sums are read unverified, as then)
 A new kind is one entry in KINDS (and a rule that writes it with `write`).
 
 Items are tokens for the token-aligned kinds (tokens: Unicode code points of the front end's
@@ -39,8 +40,7 @@ import numpy as np
 from pipeline import files
 from pipeline.errors import GRAPH_MARK, ON_DAMAGED, PipelineError
 
-FORMAT = 4  # bump whenever a shard's layout or meaning changes: every older cache is then refused
-# (and rebuilt: FORMAT is part of every provenance); 4: the .stats.npy checksum in its shard's JSON
+FORMAT = 3  # bump whenever a shard's layout or meaning changes: every older cache is then refused
 HERE = Path(__file__).resolve().parent
 REBUILD = "snakemake --cores all caches"
 

@@ -528,8 +528,8 @@ def test_a_shards_provenance_follows_what_its_content_depends_on(tmp_path, monke
     assert prov("pitch") == before
     (code / "pitch.py").write_text((code / "pitch.py").read_text() + "\n# edited\n")
     assert prov("pitch") != before
-    # a new shard format (4: each .stats.npy's checksum in its JSON) is a new provenance for every kind:
-    # planning reruns every shard job of a cache written before, as it does after an edit of their code
+    # a new shard format is a new provenance for every kind: planning reruns every shard job of a cache
+    # written before, as it does after an edit of their code
     now = {kind: prov(kind) for kind in shards.CACHE_KINDS}
     monkeypatch.setattr(shards, "FORMAT", shards.FORMAT - 1)
     assert all(prov(kind) != now[kind] for kind in shards.CACHE_KINDS)
