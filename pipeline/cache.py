@@ -26,6 +26,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import io
 import json
 import os
 import sys
@@ -815,17 +816,24 @@ def _audio_files(cfg, shard):
     return {c.id: str(manifest.clip_audio(ds, c) or manifest.clip_where(ds, c)) for c in clips}
 
 
-def _stats(path, clips):
+def _stats(path, clips, recorded):
     """A shard's per-clip sums (one row a clip), or CacheError naming the file: planning checks only that
     it is there (its .bin's checksum covers the .bin), so a cut-short one was a ValueError traceback here,
-    in every run after, and the shard was never rebuilt."""
+    in every run after, and the shard was never rebuilt. `recorded`: the stats_checksum its shard's JSON
+    holds (shards.write): a flipped byte that leaves the sums finite and of the right shape changed the
+    statistics every model trains with, without a word. None (a shard written before the checksum was
+    recorded): read unverified, as then, not rebuilt (its index, the aligner and the runs trained on
+    it stay valid)."""
     try:
-        stats = np.load(path, allow_pickle=False)
+        raw = Path(path).read_bytes()
+        stats = np.load(io.BytesIO(raw), allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
         stats, why = None, str(e).splitlines()[0] if str(e) else type(e).__name__
     else:
         why = None if stats.ndim >= 1 and len(stats) == clips and stats.dtype == np.float64 else \
             f"{stats.dtype} {stats.shape}, not {clips} rows of float64"
+        if not why and recorded is not None and shards.checksum(raw) != recorded:
+            why = "checksum mismatch: the file changed after its job wrote it"
     if why:
         raise shards.CacheError(f"{path}: damaged ({why}); delete it and run `{shards.REBUILD}` (it rebuilds a shard "
                                 "whose files are missing)")
@@ -842,7 +850,7 @@ def _read_group(k, group, want, rejected, cfg):
         shards.check_provenance(p, kind, metas[kind]["provenance"], want[kind])
         for r in metas[kind]["rejected"]:
             rejected.setdefault(r["id"], dict(r, shard=k, stage=r.get("stage", kind)))
-    stats = {kind: _stats(Path(p).with_suffix(".stats.npy"), len(metas[kind]["ids"]))
+    stats = {kind: _stats(Path(p).with_suffix(".stats.npy"), len(metas[kind]["ids"]), metas[kind].get("stats_checksum"))
              for kind, p in zip(shards.CACHE_KINDS, group) if kind != "tokens"}
     for kind, p in zip(shards.CACHE_KINDS, group):
         if kind in stats and not np.all(np.isfinite(stats[kind])):

@@ -7,7 +7,9 @@ feed the index statistics, `.stats.npy`):
   .json  kind, format, provenance, dtype, width, ids, lengths (items per clip), offsets (items),
          bytes (the .bin's size), checksum (the .bin's FarmHash Fingerprint64 as 16 hex digits: what
          tf.fingerprint computes, so the loader verifies it in its graph), rejected ([{id, path,
-         reason}]) and the kind's extras
+         reason}]), the kind's extras and, for the kinds with a `.stats.npy`, stats_checksum (that
+         file's checksum, computed the same way; `pipeline.cache` verifies it where it reads the sums;
+         a shard written before it was recorded has none, and its sums are read unverified, as then)
 A new kind is one entry in KINDS (and a rule that writes it with `write`).
 
 Items are tokens for the token-aligned kinds (tokens: Unicode code points of the front end's
@@ -106,12 +108,15 @@ def write(out, kind, ids, arrays, *, provenance, width=1, stats=None, rejected=(
     flat = np.ascontiguousarray(flat, dtype=np.dtype(k.dtype))
     assert flat.shape[1:] == shape[1:], f"{kind}: items of shape {flat.shape[1:]}, expected {shape[1:]}"
     data = flat.tobytes()
+    sums = None if stats is None else _npy_bytes(np.asarray(stats, np.float64))
+    if sums is not None:
+        extra["stats_checksum"] = checksum(sums)
     meta = dict(kind=kind, format=FORMAT, provenance=provenance, dtype=k.dtype, width=width, ids=list(ids),
                 lengths=lengths, offsets=offsets(lengths), bytes=len(data), checksum=checksum(data),
                 rejected=list(rejected), **extra)
     files.atomic_write_bytes(out.with_suffix(".bin"), data)
-    if stats is not None:
-        files.atomic_write_bytes(out.with_suffix(".stats.npy"), _npy_bytes(np.asarray(stats, np.float64)))
+    if sums is not None:
+        files.atomic_write_bytes(out.with_suffix(".stats.npy"), sums)
     files.atomic_write_text(out.with_suffix(".json"), json.dumps(meta, indent=1))
     return meta
 

@@ -5,6 +5,7 @@ and audio in other rates, bit depths, channel counts and containers.
 """
 import errno
 import json
+import os
 import re
 import shutil
 import signal
@@ -474,21 +475,81 @@ def test_a_corpus_all_at_8_khz_stops_the_index_naming_the_rate_and_fmax(tmp_path
     assert "lower audio.fmax to 4000 or use wider-band recordings (e.g. " in str(e.value)
 
 
-def test_index_refuses_statistics_that_are_not_finite(built_cache, tmp_path):
-    # a shard built before load_clip refused audio beyond full scale could hold a clip's infinite
-    # mel sums: the index averaged them into every clip's normalisation (index.json said Infinity)
+def _cache_copy(built_cache, tmp_path):
+    """(config, cache folder) of a private copy of the built cache, under tmp_path/cache, that a test may damage."""
     cfg = config.load_config(built_cache)
     cache_dir = tmp_path / "cache"
     shutil.copytree(config.cache_dir(cfg), cache_dir)
-    cfg = dict(cfg, cache=dict(cfg["cache"], dir=str(tmp_path)), name="cache")
-    stats_path = shards.prefix(cache_dir, "mels", 1).with_suffix(".stats.npy")
+    return dict(cfg, cache=dict(cfg["cache"], dir=str(tmp_path)), name="cache"), cache_dir
+
+
+def _index(cfg, tmp_path):
+    """The index build_index writes from `cfg`'s shards, as a dict."""
+    cache.build_index(cfg, cache.shard_paths(cfg), tmp_path / "index.json", log=lambda *_: None)
+    return json.loads((tmp_path / "index.json").read_text())
+
+
+def test_index_refuses_statistics_that_are_not_finite(built_cache, tmp_path):
+    # a shard built before load_clip refused audio beyond full scale could hold a clip's infinite
+    # mel sums: the index averaged them into every clip's normalisation (index.json said Infinity)
+    cfg, cache_dir = _cache_copy(built_cache, tmp_path)
+    prefix = shards.prefix(cache_dir, "mels", 1)
+    stats_path = prefix.with_suffix(".stats.npy")
     stats = np.load(stats_path)
     stats[2] = np.inf
     np.save(stats_path, stats)
-    clip = json.loads(shards.prefix(cache_dir, "mels", 1).with_suffix(".json").read_text())["ids"][2]
-    with pytest.raises(PipelineError, match=re.escape(f"{stats_path}: clip {clip!r} has non-finite mels statistics")):
-        cache.build_index(cfg, cache.shard_paths(cfg), tmp_path / "index.json", log=lambda *_: None)
+    meta = json.loads(prefix.with_suffix(".json").read_text())
+    # as its job wrote them: the JSON vouches for these bytes
+    prefix.with_suffix(".json").write_text(json.dumps(dict(meta, stats_checksum=shards.checksum(stats_path.read_bytes()))))
+    with pytest.raises(PipelineError, match=re.escape(f"{stats_path}: clip {meta['ids'][2]!r} has non-finite mels statistics")):
+        _index(cfg, tmp_path)
     assert not (tmp_path / "index.json").exists()
+
+
+def _flip_a_bit_keeping_it_finite(path, row):
+    """Flip the lowest bit of row `row`'s first value in a .stats.npy (float64, little-endian: its
+    mantissa's last bit), its mtime kept: the same shape, finite, a sum that is no longer its clip's."""
+    st, before = path.stat(), np.load(path)
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) - before.nbytes + row * before[0].nbytes] ^= 0x01
+    path.write_bytes(bytes(raw))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = np.load(path)
+    assert after.shape == before.shape and np.isfinite(after).all() and np.count_nonzero(after != before) == 1
+
+
+@pytest.mark.parametrize("kind", ["mels", "energy", "pitch"])
+def test_index_refuses_a_stats_file_changed_after_its_job_wrote_it(built_cache, tmp_path, kind):
+    # a flipped bit in a clip's sums passed: the index's mean and std (which training and every
+    # checkpoint carry) came out of them, off, without a word
+    cfg, cache_dir = _cache_copy(built_cache, tmp_path)
+    built = json.loads((cache_dir / "index.json").read_text())
+    index = _index(cfg, tmp_path)  # an intact cache: the statistics the cache's own job computed
+    assert (index["mel_mean"], index["pitch_mean"], index["energy_std"]) == \
+        (built["mel_mean"], built["pitch_mean"], built["energy_std"])
+    (tmp_path / "index.json").unlink()
+    stats_path = shards.prefix(cache_dir, kind, 1).with_suffix(".stats.npy")
+    _flip_a_bit_keeping_it_finite(stats_path, 0)
+    with pytest.raises(shards.CacheError) as e:
+        _index(cfg, tmp_path)
+    assert str(e.value) == (f"{stats_path}: damaged (checksum mismatch: the file changed after its job wrote it); "
+                            "delete it and run `snakemake --cores all caches` (it rebuilds a shard whose files are missing)")
+    assert not (tmp_path / "index.json").exists()
+
+
+def test_a_shard_written_before_its_sums_checksum_was_recorded_is_still_read(built_cache, tmp_path):
+    # caches built before each .stats.npy's checksum went into its shard's JSON: their sums are read as
+    # they were then, not refused and not rebuilt (the index, the aligner and the runs trained on them stay)
+    cfg, cache_dir = _cache_copy(built_cache, tmp_path)
+    built = json.loads((cache_dir / "index.json").read_text())
+    for kind in ("mels", "energy", "pitch"):
+        prefix = shards.prefix(cache_dir, kind, 2)
+        meta = json.loads(prefix.with_suffix(".json").read_text())
+        assert meta["stats_checksum"] == shards.checksum(prefix.with_suffix(".stats.npy").read_bytes())
+        prefix.with_suffix(".json").write_text(json.dumps({k: v for k, v in meta.items() if k != "stats_checksum"}))
+    index = _index(cfg, tmp_path)
+    assert (index["mel_mean"], index["pitch_mean"], index["energy_std"]) == \
+        (built["mel_mean"], built["pitch_mean"], built["energy_std"])
 
 
 def test_truncated_flac_is_rejected(tmp_path, corpus_template):

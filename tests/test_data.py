@@ -268,14 +268,15 @@ def test_a_cut_short_stats_file_is_one_line_saying_what_to_do(tmp_path):
     from pipeline import cache
     path = tmp_path / "shard-000.stats.npy"
     np.save(path, np.ones((4, 3)))
-    assert cache._stats(path, 4).shape == (4, 3)
+    written = shards.checksum(path.read_bytes())
+    assert cache._stats(path, 4, written).shape == (4, 3)
     path.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(shards.CacheError, match=r"shard-000\.stats\.npy: damaged \(.*\); delete it and run "
                                                 r"`snakemake --cores all caches`"):
-        cache._stats(path, 4)
+        cache._stats(path, 4, written)
     np.save(path, np.ones((3, 3)))
     with pytest.raises(shards.CacheError, match=r"damaged \(float64 \(3, 3\), not 4 rows of float64\)"):
-        cache._stats(path, 4)
+        cache._stats(path, 4, shards.checksum(path.read_bytes()))
 
 
 def test_a_shard_of_another_kind_where_one_belongs_is_refused(cache_copy):
@@ -527,6 +528,11 @@ def test_a_shards_provenance_follows_what_its_content_depends_on(tmp_path, monke
     assert prov("pitch") == before
     (code / "pitch.py").write_text((code / "pitch.py").read_text() + "\n# edited\n")
     assert prov("pitch") != before
+    # a new shard format is a new provenance for every kind: planning reruns every shard job of a cache
+    # written before, as it does after an edit of their code
+    now = {kind: prov(kind) for kind in shards.CACHE_KINDS}
+    monkeypatch.setattr(shards, "FORMAT", shards.FORMAT - 1)
+    assert all(prov(kind) != now[kind] for kind in shards.CACHE_KINDS)
 
 
 def test_durations_set_aside_are_moved_with_their_reason_not_deleted(tmp_path):
