@@ -63,7 +63,7 @@ def _symbols_by_language(clips, text_cfg):
     return out, languages
 
 
-SPOKEN_SYMBOLS = "&%+=@#"  # read out as words ("and", "percent"), as are currency signs (Unicode Sc)
+SPOKEN_SYMBOLS = "&%+=@#‰‱"  # read out as words ("and", "percent", "per mille"), as are currency signs (Unicode Sc)
 
 
 def dropped_words(line, symbols, text_cfg):

@@ -181,6 +181,7 @@ def test_evaluate_leaves_out_the_validation_clips_the_duration_stage_rejected(al
 @pytest.mark.parametrize("cleaners, line, dropped", [
     ("basic", "I have 3 cats & 2 dogs.", "'3', '&', '2'"),
     ("english", "Salt & pepper, 50% off, 2 + 2 = 4.", "'+', '='"),   # the english cleaners say "and", "percent"
+    ("basic", "A rate of 5‰ in 3 ‱.", "'5', '‰', '3', '‱'"),          # the english cleaners say "per mille"
 ])
 def test_spoken_characters_the_characters_front_end_drops_reject_the_clip(tmp_path, corpus_template, cleaners, line,
                                                                           dropped):
