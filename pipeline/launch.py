@@ -142,11 +142,12 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
         with lock:
             print(line, file=out, flush=True)
 
-    devices = gpu_split(visible_gpus(), workers, log)
+    gpus = visible_gpus()
     cores = max(2, len(os.sched_getaffinity(0)))  # the cores this process may use (SLURM, cgroups, taskset)
-    if devices[0] is None and workers > cores:  # on GPUs, gpu_split bounds them
+    if not gpus and workers > cores:  # on GPUs, gpu_split bounds them; both before any per-worker list
         raise PipelineError(f"--workers {workers}: more CPU workers than this host's {cores} cores (each is a "
                             f"TensorFlow process with its own threads); use --workers {cores} or fewer")
+    devices = gpu_split(gpus, workers, log)
     argv = worker_args(train_args, log) if module == "pipeline.train" else list(train_args)
     ports = free_ports(workers)
     procs, tails = [], [collections.deque(maxlen=200) for _ in range(workers)]

@@ -295,6 +295,16 @@ def test_launcher_refuses_no_workers_in_one_line():
     assert proc.stderr.strip().splitlines()[-1].endswith("error: --workers must be at least 1"), proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize("workers", ["1000000000000", "99999999999999999999"])
+def test_launcher_refuses_a_huge_worker_count_in_one_line(workers):
+    # a typo's extra digits: the host's cores bound it before any list of that many workers is made
+    proc = subprocess.run([sys.executable, "-m", "pipeline.launch", "--workers", workers, "--", "--config", "x.yaml"],
+                          capture_output=True, text=True, cwd=ROOT, env=dict(ENV, CUDA_VISIBLE_DEVICES=""), timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "out of memory" not in proc.stderr
+    assert re.fullmatch(rf"error: --workers {workers}: more CPU workers than this host's \d+ cores .*",
+                        proc.stderr.strip()), proc.stderr[-2000:]
+
+
 def test_launcher_checks_the_config_before_starting_workers(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pipeline.launch", "--workers", "2", "--",
                            "--config", str(tmp_path / "missing.yaml")], capture_output=True, text=True, cwd=ROOT,
