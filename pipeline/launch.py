@@ -10,6 +10,8 @@ worker 0 is the chief. On a GPU host each worker gets an equal share of the GPUs
 `[worker i] ...`. When one worker fails, the launcher stops the others (SIGTERM, then SIGKILL) and
 exits with that worker's error.
 Workers also die with the launcher (Linux). Reads the config only to check it before starting.
+The workers reach each other on 127.0.0.1, but TensorFlow's server in each listens on every network
+interface (0.0.0.0) with no authentication: the log says so; keep those ports from other machines.
 Across nodes, SLURM's `srun` starts the workers instead: scripts/train-multiworker.sbatch.
 """
 import argparse
@@ -142,13 +144,17 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
         with lock:
             print(line, file=out, flush=True)
 
-    devices = gpu_split(visible_gpus(), workers, log)
+    gpus = visible_gpus()
     cores = max(2, len(os.sched_getaffinity(0)))  # the cores this process may use (SLURM, cgroups, taskset)
-    if devices[0] is None and workers > cores:  # on GPUs, gpu_split bounds them
+    if not gpus and workers > cores:  # on GPUs, gpu_split bounds them; both before any per-worker list
         raise PipelineError(f"--workers {workers}: more CPU workers than this host's {cores} cores (each is a "
                             f"TensorFlow process with its own threads); use --workers {cores} or fewer")
+    devices = gpu_split(gpus, workers, log)
     argv = worker_args(train_args, log) if module == "pipeline.train" else list(train_args)
     ports = free_ports(workers)
+    log(f"launch: the workers' TensorFlow servers listen on port{'s' if workers > 1 else ''} "
+        f"{','.join(map(str, ports))} of every network interface, not only 127.0.0.1 (TensorFlow binds 0.0.0.0), "
+        "and obey whoever connects: run on a host whose ports other machines cannot reach (a firewall)")
     procs, tails = [], [collections.deque(maxlen=200) for _ in range(workers)]
     try:
         for i in range(workers):

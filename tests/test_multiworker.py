@@ -234,16 +234,23 @@ def test_of_two_workers_failing_within_one_poll_the_first_is_reported(tmp_path, 
         launch.launch(3, [str(tmp_path), "last"], module="pair_worker", out=io.StringIO())
 
 
+def launch_fake_workers(tmp_path, monkeypatch, source, visible):
+    """(the log, its StringIO) of two workers running `source` under CUDA_VISIBLE_DEVICES=`visible`."""
+    (tmp_path / "fake_workers.py").write_text(source)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    out = io.StringIO()
+    assert launch.launch(2, [], module="fake_workers", out=out) == 0
+    return out.getvalue(), out
+
+
 def test_each_local_worker_gets_its_own_share_of_the_gpus(tmp_path, monkeypatch):
     # no GPU here: CUDA_VISIBLE_DEVICES names four, and the fake workers report what they were given
-    (tmp_path / "gpu_worker.py").write_text("import os\nprint('sees', os.environ['CUDA_VISIBLE_DEVICES'])\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
-    out = io.StringIO()
-    assert launch.launch(2, [], module="gpu_worker", out=out) == 0
-    assert "[worker 0] sees 4,5" in out.getvalue() and "[worker 1] sees 6,7" in out.getvalue()
+    log, out = launch_fake_workers(tmp_path, monkeypatch, "import os\nprint('sees', os.environ['CUDA_VISIBLE_DEVICES'])\n",
+                                   "4,5,6,7")
+    assert "[worker 0] sees 4,5" in log and "[worker 1] sees 6,7" in log
     with pytest.raises(launch.PipelineError, match="--workers 5: this host has 4 GPUs"):
-        launch.launch(5, [], module="gpu_worker", out=out)
+        launch.launch(5, [], module="fake_workers", out=out)
     assert launch.gpu_split([], 3) == [None, None, None]  # CPU workers: CUDA_VISIBLE_DEVICES left alone
     # each share exactly, none given twice: as many GPUs as workers is one each
     assert launch.gpu_split(["4", "5", "6", "7"], 2) == ["4,5", "6,7"]
@@ -253,11 +260,11 @@ def test_each_local_worker_gets_its_own_share_of_the_gpus(tmp_path, monkeypatch)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     cores = max(2, len(os.sched_getaffinity(0)))
     with pytest.raises(launch.PipelineError, match=f"--workers 5000: more CPU workers than this host's {cores} cores"):
-        launch.launch(5000, [], module="gpu_worker", out=out)
+        launch.launch(5000, [], module="fake_workers", out=out)
     # three GPUs over two workers: one each, and the third is named as idle rather than silently unused
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
     out = io.StringIO()
-    assert launch.launch(2, [], module="gpu_worker", out=out) == 0
+    assert launch.launch(2, [], module="fake_workers", out=out) == 0
     log = out.getvalue()
     assert "[worker 0] sees 4" in log and "[worker 1] sees 5" in log
     assert "launch: GPU 6 left idle: 3 GPUs do not split evenly over 2 workers (each gets 1)" in log
@@ -265,7 +272,7 @@ def test_each_local_worker_gets_its_own_share_of_the_gpus(tmp_path, monkeypatch)
     # as in CUDA, the list ends at the first entry that names no GPU, so the workers run on the CPU
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
     out = io.StringIO()
-    assert launch.launch(2, [], module="gpu_worker", out=out) == 0
+    assert launch.launch(2, [], module="fake_workers", out=out) == 0
     assert "[worker 0] sees -1" in out.getvalue() and "[worker 1] sees -1" in out.getvalue()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,-1,6")
     assert launch.visible_gpus() == ["4", "5"]
@@ -288,11 +295,28 @@ def test_cpu_workers_on_a_single_core_are_two_at_most(tmp_path, monkeypatch):
         os.sched_setaffinity(0, cores)
 
 
+def test_the_launcher_says_the_workers_servers_listen_on_every_interface(tmp_path, monkeypatch):
+    # TensorFlow binds its gRPC server to 0.0.0.0 whatever TF_CONFIG names, and it takes no credentials
+    log, _ = launch_fake_workers(tmp_path, monkeypatch, "print('up')\n", "")
+    ports = re.findall(r"launch: worker \d pid \d+ on 127\.0\.0\.1:(\d+)", log)
+    assert f"listen on ports {','.join(ports)} of every network interface, not only 127.0.0.1" in log
+
+
 def test_launcher_refuses_no_workers_in_one_line():
     proc = subprocess.run([sys.executable, "-m", "pipeline.launch", "--workers", "0", "--", "--config", "x.yaml"],
                           capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "launch: worker" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1].endswith("error: --workers must be at least 1"), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("workers", ["1000000000000", "99999999999999999999"])
+def test_launcher_refuses_a_huge_worker_count_in_one_line(workers):
+    # a typo's extra digits: the host's cores bound it before any list of that many workers is made
+    proc = subprocess.run([sys.executable, "-m", "pipeline.launch", "--workers", workers, "--", "--config", "x.yaml"],
+                          capture_output=True, text=True, cwd=ROOT, env=dict(ENV, CUDA_VISIBLE_DEVICES=""), timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "out of memory" not in proc.stderr
+    assert re.fullmatch(rf"error: --workers {workers}: more CPU workers than this host's \d+ cores .*",
+                        proc.stderr.strip()), proc.stderr[-2000:]
 
 
 def test_launcher_checks_the_config_before_starting_workers(tmp_path):
