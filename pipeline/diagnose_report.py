@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.files import atomic_write_bytes, atomic_write_text
+from pipeline.files import atomic_write_bytes, target
 
 # --- oscillation --------------------------------------------------------------------------
 OSC_MIN_SAMPLES = 8         # fewer points cannot show four cycles of even period 2
@@ -441,12 +441,25 @@ def _png(r):
     return buf.getvalue()
 
 
-def write_report(report, out_dir):
-    """Write diagnose.json, diagnose.md and diagnose.png into out_dir; return {'json','md','png': path}."""
+def report_paths(out_dir, flag=None):
+    """{'json','md','png': path} of the report in out_dir; PipelineError (naming `flag`) when one of them
+    is something no file may replace (a folder, a device): checked before any measurement or write."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "diagnose.json", "md": out / "diagnose.md", "png": out / "diagnose.png"}
-    atomic_write_text(paths["json"], json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
-    atomic_write_text(paths["md"], _markdown(report))
-    atomic_write_bytes(paths["png"], _png(report))
+    for path in paths.values():
+        target(path, flag)
+    return paths
+
+
+def write_report(report, out_dir):
+    """Write diagnose.json, diagnose.md and diagnose.png into out_dir; return {'json','md','png': path}.
+
+    All three are made before any is written, and their paths checked, so a failure leaves the
+    previous report whole rather than a new diagnose.json beside an old diagnose.png."""
+    paths = report_paths(out_dir)
+    made = {"json": (json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n").encode("utf-8"),
+            "md": _markdown(report).encode("utf-8"), "png": _png(report)}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    for key, path in paths.items():
+        atomic_write_bytes(path, made[key])
     return paths
