@@ -359,6 +359,11 @@ def _json_safe(x):
     return str(x)
 
 
+def _traced(traces):
+    # None: the step function has no tracing count (not a tf.function), so its traces were not counted
+    return f"step traced {plural(traces, 'time')}" if traces is not None else "step traces not counted"
+
+
 def _left_out(co):
     n = co.get("traced_steps_left_out")
     return f", {plural(n, 'tracing step')} left out" if n else ""
@@ -376,7 +381,7 @@ def _markdown(r):
     lines = [f"# Diagnose: {r['verdict']}", "",
              f"The training loop {_VERDICTS.get(r['verdict'], r['verdict'])}: it waited for input "
              f"{r['input_wait_fraction']:.1%} of the wall time and ran {co['steps_per_s']:.2f} steps/s "
-             f"(step traced {plural(r['traces'], 'time')}; placement {r.get('placement')}).", "",
+             f"({_traced(r['traces'])}; placement {r.get('placement')}).", "",
              "| measurement | steps (batches)/s | other |", "|---|---|---|",
              f"| loader alone | {lo['batches_per_s']:.2f} | {lo['examples_per_s']:.1f} examples/s, {lo['mb_per_s']:.2f} MB/s |",
              f"| step alone | {st['steps_per_s']:.2f} | {st['step_ms_mean']:.2f} ms mean, {st['step_ms_p90']:.2f} ms p90 |",
@@ -433,7 +438,7 @@ def _png(r):
     ax.set_ylabel("GPU utilisation (%)")
     ax.grid(alpha=0.3)
     fig.suptitle(f"verdict: {r['verdict']} - input wait {r['input_wait_fraction']:.1%}, "
-                 f"{co['steps_per_s']:.2f} steps/s, traces {r['traces']}")
+                 f"{co['steps_per_s']:.2f} steps/s, {_traced(r['traces'])}")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)

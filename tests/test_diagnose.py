@@ -871,6 +871,12 @@ def test_a_folder_where_a_report_file_goes_is_refused_before_profiling_and_the_o
     assert stop.value.code == 2 and f"--out {out / 'diagnose.png'}: a folder" in capsys.readouterr().err
 
 
+def test_a_step_without_a_tracing_count_is_not_said_to_have_traced(pyfunc_report, tmp_path):
+    # a plain Python step function: no count of its traces, so the report gives none ("traced None times")
+    md = write_report({**pyfunc_report, "traces": None}, tmp_path)["md"].read_text()
+    assert "(step traces not counted; placement None)" in md and "None times" not in md
+
+
 def test_python_ops_rank_by_the_wait_even_in_a_loop_that_also_retraces():
     from pipeline.diagnose_report import _pyfunc_advice
     r = _advice_report(0.3, verdict="retracing", pyfunc_ops=["map #1: PyFunc"],
