@@ -535,6 +535,23 @@ def test_nvml_failing_says_how_much_of_the_loop_was_sampled(tmp_path, cuda_env, 
 
 
 @pytest.mark.skipif(_nvml_works(), reason="this machine has an NVIDIA driver")
+def test_an_nvml_binding_raising_another_error_ends_sampling_with_its_reason(cuda_env):
+    # not an NVMLError (a binding's own bug, a ctypes error): sampling ends and says why, no thread traceback
+    nvml = FakeNVML([[50.0] * 5], [[100.0] * 5])
+    reads = nvml.nvmlDeviceGetUtilizationRates
+
+    def flaky(h):
+        if nvml.attempts[h] >= 2:
+            raise RuntimeError("driver hiccup")
+        return reads(h)
+    nvml.nvmlDeviceGetUtilizationRates = flaky
+    s = GpuSampler(interval_s=0.01, nvml=nvml).start()
+    time.sleep(0.2)
+    s.stop()
+    assert s.stopped == "NVML sampling stopped after 2 sample(s) (RuntimeError: driver hiccup)"
+    assert s.summary()[0]["samples"] == 2 and nvml.shut
+
+
 def test_real_no_nvml_path(pyfunc_report):
     assert pyfunc_report["gpus"] == []
     assert any(s.startswith("GPU utilisation was not sampled: NVML") for s in pyfunc_report["recommendations"])
