@@ -37,6 +37,7 @@ from pipeline.diagnose_report import (
     phase_medians,
     plural,
     recommend,
+    report_paths,
     write_report,
 )
 from pipeline.errors import cli
@@ -442,7 +443,9 @@ def main(argv=None):
     parser.add_argument("--out", default=None, help="report folder (default: {reports_dir}/{name})")
     args = parser.parse_args(argv)
     cfg = config.from_args(args)
-    files.check_folder(args.out or config.report_dir(cfg))  # before minutes of profiling, not after
+    out = args.out or config.report_dir(cfg)
+    files.check_folder(out)  # before minutes of profiling, not after
+    report_paths(out, "--out")  # a folder where diagnose.png goes, too
 
     vocoder = cfg["diagnose"]["target"] == "vocoder"
     report = _diagnose_vocoder(cfg) if vocoder else _diagnose_trainer(cfg, None)
@@ -470,7 +473,7 @@ def main(argv=None):
     report["placement_comparison"] = sentences
     report["config_name"] = cfg["name"]
 
-    paths = write_report(report, args.out or config.report_dir(cfg))
+    paths = write_report(report, out)
     print(f"verdict: {report['verdict']} (input wait {report['input_wait_fraction']:.1%}, "
           f"{report['combined']['steps_per_s']:.2f} steps/s)")
     for line in report["recommendations"]:

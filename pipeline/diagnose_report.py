@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.files import atomic_write_bytes, atomic_write_text
+from pipeline.files import atomic_write_bytes, target
 
 # --- oscillation --------------------------------------------------------------------------
 OSC_MIN_SAMPLES = 8         # fewer points cannot show four cycles of even period 2
@@ -359,6 +359,11 @@ def _json_safe(x):
     return str(x)
 
 
+def _traced(traces):
+    # None: the step function has no tracing count (not a tf.function), so its traces were not counted
+    return f"step traced {plural(traces, 'time')}" if traces is not None else "step traces not counted"
+
+
 def _left_out(co):
     n = co.get("traced_steps_left_out")
     return f", {plural(n, 'tracing step')} left out" if n else ""
@@ -376,7 +381,7 @@ def _markdown(r):
     lines = [f"# Diagnose: {r['verdict']}", "",
              f"The training loop {_VERDICTS.get(r['verdict'], r['verdict'])}: it waited for input "
              f"{r['input_wait_fraction']:.1%} of the wall time and ran {co['steps_per_s']:.2f} steps/s "
-             f"(step traced {plural(r['traces'], 'time')}; placement {r.get('placement')}).", "",
+             f"({_traced(r['traces'])}; placement {r.get('placement')}).", "",
              "| measurement | steps (batches)/s | other |", "|---|---|---|",
              f"| loader alone | {lo['batches_per_s']:.2f} | {lo['examples_per_s']:.1f} examples/s, {lo['mb_per_s']:.2f} MB/s |",
              f"| step alone | {st['steps_per_s']:.2f} | {st['step_ms_mean']:.2f} ms mean, {st['step_ms_p90']:.2f} ms p90 |",
@@ -433,7 +438,7 @@ def _png(r):
     ax.set_ylabel("GPU utilisation (%)")
     ax.grid(alpha=0.3)
     fig.suptitle(f"verdict: {r['verdict']} - input wait {r['input_wait_fraction']:.1%}, "
-                 f"{co['steps_per_s']:.2f} steps/s, traces {r['traces']}")
+                 f"{co['steps_per_s']:.2f} steps/s, {_traced(r['traces'])}")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
@@ -441,12 +446,25 @@ def _png(r):
     return buf.getvalue()
 
 
-def write_report(report, out_dir):
-    """Write diagnose.json, diagnose.md and diagnose.png into out_dir; return {'json','md','png': path}."""
+def report_paths(out_dir, flag=None):
+    """{'json','md','png': path} of the report in out_dir; PipelineError (naming `flag`) when one of them
+    is something no file may replace (a folder, a device): checked before any measurement or write."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "diagnose.json", "md": out / "diagnose.md", "png": out / "diagnose.png"}
-    atomic_write_text(paths["json"], json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
-    atomic_write_text(paths["md"], _markdown(report))
-    atomic_write_bytes(paths["png"], _png(report))
+    for path in paths.values():
+        target(path, flag)
+    return paths
+
+
+def write_report(report, out_dir):
+    """Write diagnose.json, diagnose.md and diagnose.png into out_dir; return {'json','md','png': path}.
+
+    All three are made before any is written, and their paths checked, so a failure leaves the
+    previous report whole rather than a new diagnose.json beside an old diagnose.png."""
+    paths = report_paths(out_dir)
+    made = {"json": (json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n").encode("utf-8"),
+            "md": _markdown(report).encode("utf-8"), "png": _png(report)}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    for key, path in paths.items():
+        atomic_write_bytes(path, made[key])
     return paths

@@ -158,8 +158,8 @@ class GpuSampler:
         try:
             util = [float(nvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in self._handles]
             mem = [nvml.nvmlDeviceGetMemoryInfo(h).used / _MB for h in self._handles]
-        except getattr(nvml, "NVMLError", Exception) as e:
-            # a GPU that falls off the bus mid-run ends sampling, not the diagnosis
+        except Exception as e:  # NVMLError, or whatever else a driver's binding raises
+            # a GPU that falls off the bus mid-run ends sampling, not the diagnosis (nor a traceback from the thread)
             self.stopped = f"NVML sampling stopped after {len(self._t)} sample(s) ({type(e).__name__}: {e})"
             self._stop.set()
             return

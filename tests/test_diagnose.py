@@ -19,6 +19,7 @@ from conftest import write_config
 from pipeline import diagnose as diagnose_mod
 from pipeline.diagnose import compare_placements, diagnose, find_pyfunc_ops
 from pipeline.diagnose_report import cycle_of_shapes, detect_oscillation, write_report
+from pipeline.errors import PipelineError
 from pipeline.gpumon import GpuSampler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -534,6 +535,23 @@ def test_nvml_failing_says_how_much_of_the_loop_was_sampled(tmp_path, cuda_env, 
 
 
 @pytest.mark.skipif(_nvml_works(), reason="this machine has an NVIDIA driver")
+def test_an_nvml_binding_raising_another_error_ends_sampling_with_its_reason(cuda_env):
+    # not an NVMLError (a binding's own bug, a ctypes error): sampling ends and says why, no thread traceback
+    nvml = FakeNVML([[50.0] * 5], [[100.0] * 5])
+    reads = nvml.nvmlDeviceGetUtilizationRates
+
+    def flaky(h):
+        if nvml.attempts[h] >= 2:
+            raise RuntimeError("driver hiccup")
+        return reads(h)
+    nvml.nvmlDeviceGetUtilizationRates = flaky
+    s = GpuSampler(interval_s=0.01, nvml=nvml).start()
+    time.sleep(0.2)
+    s.stop()
+    assert s.stopped == "NVML sampling stopped after 2 sample(s) (RuntimeError: driver hiccup)"
+    assert s.summary()[0]["samples"] == 2 and nvml.shut
+
+
 def test_real_no_nvml_path(pyfunc_report):
     assert pyfunc_report["gpus"] == []
     assert any(s.startswith("GPU utilisation was not sampled: NVML") for s in pyfunc_report["recommendations"])
@@ -848,6 +866,32 @@ def test_a_non_finite_figure_is_written_as_null(pyfunc_report, tmp_path):
     r = {**pyfunc_report, "step": {**pyfunc_report["step"], "steps_per_s": float("inf"), "step_ms_p90": np.float32("nan")}}
     written = json.loads(write_report(r, tmp_path)["json"].read_text())
     assert written["step"]["steps_per_s"] is None and written["step"]["step_ms_p90"] is None
+
+
+def test_a_folder_where_a_report_file_goes_is_refused_before_profiling_and_the_old_report_stays(
+        pyfunc_report, tmp_path, monkeypatch, capsys):
+    # diagnose.png a folder: refused before minutes of profiling, not after diagnose.json was replaced
+    out = tmp_path / "out"
+    (out / "diagnose.png").mkdir(parents=True)
+    (out / "diagnose.json").write_text("old\n")
+    with pytest.raises(PipelineError, match="diagnose.png: a folder"):
+        write_report(pyfunc_report, out)
+    assert (out / "diagnose.json").read_text() == "old\n" and not (out / "diagnose.md").exists()
+    root = tmp_path / "data"
+    (root / "wavs").mkdir(parents=True)
+    (root / "metadata.csv").write_text("")
+    stub = types.ModuleType("pipeline.train")
+    stub.build_trainer = lambda cfg, placement=None: pytest.fail("profiled before refusing --out")
+    monkeypatch.setitem(sys.modules, "pipeline.train", stub)
+    with pytest.raises(SystemExit) as stop:
+        diagnose_mod.main(["--config", str(write_config(tmp_path, root)), "--out", str(out)])
+    assert stop.value.code == 2 and f"--out {out / 'diagnose.png'}: a folder" in capsys.readouterr().err
+
+
+def test_a_step_without_a_tracing_count_is_not_said_to_have_traced(pyfunc_report, tmp_path):
+    # a plain Python step function: no count of its traces, so the report gives none ("traced None times")
+    md = write_report({**pyfunc_report, "traces": None}, tmp_path)["md"].read_text()
+    assert "(step traces not counted; placement None)" in md and "None times" not in md
 
 
 def test_python_ops_rank_by_the_wait_even_in_a_loop_that_also_retraces():
