@@ -149,6 +149,9 @@ def measured_choice(report_path, host):
         other = (report.get("host") or {}).get("hostname", "an unrecorded host")
         return None, (f"{path} was measured on {other} with GPUs {(report.get('host') or {}).get('gpus')}, "
                       f"not on {host['hostname']} with {host['gpus']} (rerun `snakemake --cores all diagnose` here)")
+    if report.get("target") == "vocoder":  # `snakemake diagnose` with diagnose.target: vocoder writes the same file
+        return None, (f"{path} diagnosed the vocoder (diagnose.target: vocoder), not the acoustic model (rerun "
+                      "`snakemake --cores all diagnose` with diagnose.target: acoustic)")
     rates = {n: r["steps_per_s"] for n, r in (report.get("placements") or {}).items() if n in ("split", "mirrored")}
     if len(rates) < 2:
         return None, f"{path} did not compare split and mirrored (rerun `snakemake --cores all diagnose`)"

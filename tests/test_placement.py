@@ -54,6 +54,12 @@ def test_auto_without_a_usable_report_keeps_the_rule_and_says_which_and_why(tmp_
     one_gpu.write_text(json.dumps({"verdict": "compute_bound", "host": HOST}))
     name, why = placement.auto_choice(["/GPU:0", "/GPU:1"], TRAIN, one_gpu, HOST)
     assert name == "split" and "did not compare split and mirrored" in why
+    # the vocoder's diagnosis (diagnose.target: vocoder) goes to the same file: it says nothing of the
+    # acoustic model's placements, and auto says which report it found rather than "rerun diagnose"
+    vocoder = tmp_path / "vocoder.json"
+    vocoder.write_text(json.dumps({"verdict": "compute_bound", "host": HOST, "target": "vocoder"}))
+    name, why = placement.auto_choice(["/GPU:0", "/GPU:1"], TRAIN, vocoder, HOST)
+    assert name == "split" and "diagnosed the vocoder (diagnose.target: vocoder)" in why and "target: acoustic" in why
     broken = tmp_path / "broken.json"
     broken.write_text("{")
     assert "not valid JSON" in placement.auto_choice(["/GPU:0", "/GPU:1"], TRAIN, broken, HOST)[1]
