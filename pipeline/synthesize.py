@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -304,7 +305,9 @@ def synthesize(cfg, out, log=_print):
     check_before_loading(cfg)
     final = Path(out)
     previous = check_out(cfg, final)
-    out = files.temporary(final)
+    # a new folder of its own, never one a killed synthesize left (whose pid this process may have got)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix=f"{files.temporary(final).name}-", dir=final.parent))
     try:
         samples = _synthesize_into(cfg, out, final, log)
         final.mkdir(parents=True, exist_ok=True)

@@ -144,6 +144,24 @@ def test_a_rerun_with_fewer_sentences_leaves_no_sample_of_the_previous_run(built
     assert samples_in(own) == ["00.npy", "00.wav"] and json.loads((own / "sentences.json").read_text())["samples"]
 
 
+def test_what_a_killed_synthesize_left_under_this_pid_never_reaches_the_out_folder(built_cache, tmp_path):
+    """The samples were written into `.{out}.tmp{pid}` and every file there moved into --out. A synthesize
+    killed mid-run (SIGKILL, a SLURM limit) leaves that folder; a later one given the same pid (a fresh
+    container's) wrote into it and moved the killed run's 05.wav, of other sentences, into --out, listed
+    nowhere. Now each run writes into a new folder of its own."""
+    from pipeline import files, synthesize
+    path = run_config(built_cache, tmp_path, steps=10)
+    write_untrained_checkpoint(path, step=1)
+    cfg = config.load_config(path)
+    out = tmp_path / "samples"
+    left = files.temporary(out)                                    # the killed run's, this process's pid
+    left.mkdir()
+    (left / "05.wav").write_bytes(b"a killed run's sample")
+    cfg["synthesize"]["sentences"] = ["A."]
+    synthesize.synthesize(cfg, out, log=lambda line: None)
+    assert sorted(p.name for p in out.iterdir()) == ["00.npy", "00.wav", "sentences.json"]
+
+
 def test_a_record_naming_other_files_never_makes_them_removable(tmp_path):
     # a sentences.json (hand-edited, or another tool's) naming notes.txt must not let a rerun delete it
     from pipeline import synthesize
