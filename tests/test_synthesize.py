@@ -162,6 +162,25 @@ def test_what_a_killed_synthesize_left_under_this_pid_never_reaches_the_out_fold
     assert sorted(p.name for p in out.iterdir()) == ["00.npy", "00.wav", "sentences.json"]
 
 
+def test_an_empty_out_is_refused_not_read_as_the_runs_own_samples(built_cache, tmp_path, capsys):
+    """`--out "$DIR"` with DIR unset gave --out "", read as no --out: the run's own runs/{name}/samples,
+    whose samples it replaced. Now an empty (or blank) --out is one line, and nothing there changes."""
+    from pipeline import synthesize
+    path = run_config(built_cache, tmp_path, steps=10)
+    write_untrained_checkpoint(path, step=1)
+    cfg = config.load_config(path)
+    own = config.run_dir(cfg) / "samples"
+    cfg["synthesize"]["sentences"] = ["A."]
+    synthesize.synthesize(cfg, own, log=lambda line: None)
+    before = _files(own)
+    for empty in ("", "  "):
+        with pytest.raises(SystemExit) as stop:
+            synthesize.main(["--config", str(path), "--out", empty])
+        assert stop.value.code == 2
+        assert capsys.readouterr().err.splitlines() == ["error: --out: an empty path; give the folder to write the samples in"]
+    assert _files(own) == before
+
+
 def test_a_record_naming_other_files_never_makes_them_removable(tmp_path):
     # a sentences.json (hand-edited, or another tool's) naming notes.txt must not let a rerun delete it
     from pipeline import synthesize
