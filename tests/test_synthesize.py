@@ -181,6 +181,28 @@ def test_an_empty_out_is_refused_not_read_as_the_runs_own_samples(built_cache, t
     assert _files(own) == before
 
 
+def test_a_checkpoint_that_speaks_nan_is_one_line_naming_the_sentence_and_checkpoint(built_cache, tmp_path, capsys):
+    """A checkpoint with NaN weights stopped at the wav writer, whose line named the temporary file
+    (.samples.tmp.../00.wav, gone by then) and neither the sentence nor the checkpoint."""
+    import tensorflow as tf
+
+    from pipeline import synthesize
+    path = run_config(built_cache, tmp_path, steps=10)
+    write_untrained_checkpoint(path, step=1)
+    cfg = config.load_config(path)
+    model = synthesize.load_synthesizer(cfg, log=lambda line: None).model
+    model.mel_out.kernel.assign(tf.fill(model.mel_out.kernel.shape, float("nan")))
+    ckpt = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), config.run_dir(cfg) / "checkpoints", 2)
+    ckpt.save(checkpoint_number=2)
+    with pytest.raises(SystemExit) as stop:
+        synthesize.main(["--config", str(path), "--out", str(tmp_path / "samples")])
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("warning: ")]
+    assert stop.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: synthesize.sentences[0]: the model's mel ({ckpt.latest_checkpoint}) has NaN "
+                             "or infinite values; nothing written"), err
+    assert not (tmp_path / "samples").exists()
+
+
 def test_a_record_naming_other_files_never_makes_them_removable(tmp_path):
     # a sentences.json (hand-edited, or another tool's) naming notes.txt must not let a rerun delete it
     from pipeline import synthesize
