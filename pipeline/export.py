@@ -57,7 +57,6 @@ import shutil
 import socket
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
@@ -384,9 +383,7 @@ def check_out(out, flag="--out"):
     replaced, the link kept (it was replaced by a folder, and the old link left beside it)."""
     if not str(out).strip():
         raise PipelineError(f"{flag}: an empty path; give the export folder to write")
-    out = Path(os.path.abspath(out))
-    if out.is_symlink():  # written through, as a shell's `>` writes: the link stays, where it leads is replaced
-        out = Path(os.path.realpath(out))
+    out = files.followed(os.path.abspath(out), flag)  # the link stays, where it leads is replaced
     if not out.name:
         raise PipelineError(f"{flag} {out}: the root folder; give the export folder to write")
     files.check_folder(out, flag)

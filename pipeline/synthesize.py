@@ -387,7 +387,7 @@ def main(argv=None):
     if args.out is not None and not args.out.strip():  # `--out "$DIR"`, DIR unset: never the run's own samples
         raise PipelineError("--out: an empty path; give the folder to write the samples in")
     cfg = config.from_args(args)
-    out = config.run_dir(cfg) / "samples" if args.out is None else args.out
+    out = files.followed(config.run_dir(cfg) / "samples" if args.out is None else args.out)  # as export does
     files.check_folder(out)
     synthesize(cfg, out)
 

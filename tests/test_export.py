@@ -753,6 +753,17 @@ def test_a_checkpoint_that_speaks_nan_is_not_exported_and_the_previous_export_st
         ["config.yaml", "export", "runs"])
 
 
+def test_an_out_link_that_leads_back_to_itself_is_refused_before_any_work(tmp_path):
+    # followed to itself, it passed the checks; the finished export then failed to be renamed there
+    # (NotADirectoryError, a traceback) and the whole export was thrown away
+    from pipeline import export
+    from pipeline.errors import PipelineError
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(PipelineError, match=r"^--out .*loop: a symbolic link that leads back to itself; give a folder$"):
+        export.check_out(loop)
+
+
 def test_export_tflite_true_in_the_config_converts_without_the_flag(exported, tmp_path, monkeypatch):
     from pipeline import export
 

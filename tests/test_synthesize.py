@@ -203,6 +203,26 @@ def test_a_checkpoint_that_speaks_nan_is_one_line_naming_the_sentence_and_checkp
     assert not (tmp_path / "samples").exists()
 
 
+def test_an_out_link_is_written_through_and_a_link_loop_is_refused(built_cache, tmp_path, capsys):
+    """--out a link to a folder not made yet: every sentence was synthesized, then making the folder
+    failed with a traceback (FileExistsError) and nothing was kept. Now the link is followed, as export
+    follows it; a link that leads back to itself is one line before the model loads."""
+    from pipeline import synthesize
+    path = run_config(built_cache, tmp_path, steps=10)
+    write_untrained_checkpoint(path, step=1)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "made" / "samples")
+    synthesize.main(["--config", str(path), "--out", str(link), "--set", 'synthesize.sentences=["A."]'])
+    assert link.is_symlink() and sorted(p.name for p in link.iterdir()) == ["00.npy", "00.wav", "sentences.json"]
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        synthesize.main(["--config", str(path), "--out", str(loop)])
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        f"error: --out {loop}: a symbolic link that leads back to itself; give a folder"]
+
+
 def test_a_record_naming_other_files_never_makes_them_removable(tmp_path):
     # a sentences.json (hand-edited, or another tool's) naming notes.txt must not let a rerun delete it
     from pipeline import synthesize
