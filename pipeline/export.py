@@ -57,7 +57,6 @@ import shutil
 import socket
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
@@ -307,24 +306,45 @@ def convert_tflite(saved_model, float16=False):
         return flat, {"ops": "builtin+select_tf_ops", "select_tf_ops": named}
 
 
+def speak_test_sentence(voice, vocab):
+    """(the signature's inputs as numpy {name: value}, the audio (N,) `voice`'s graph gives them) for a
+    test sentence: up to 8 symbols of the vocabulary, pace 1, no pitch shift."""
+    n = len(vocab["symbols"])
+    ids = [i for i in range(n) if i not in (0, int(vocab["eos_id"]))][:8]
+    inputs = {"tokens": np.array([ids], np.int32), "pace": np.float32(1.0), "pitch_shift": np.float32(0.0)}
+    # several speakers / languages: the last of each (an id other than the default 0)
+    inputs.update({f: np.int32(n - 1) for f, n in getattr(voice, "voice_sizes", {}).items()})
+    return inputs, np.asarray(voice.synthesize(*map(tf.constant, inputs.values()))["audio"])[0]
+
+
+def _non_finite(audio, who):
+    bad = int((~np.isfinite(audio)).sum())
+    return f"{who} gave non-finite audio ({bad} of {audio.size} samples) for a test sentence" if bad else None
+
+
+def checked_voice(cfg, log=print):
+    """build_voice's for the SavedModel (transforms "fft"), once its graph has spoken a test sentence in
+    finite samples, else ExportError naming the checkpoint: one with NaN or infinite weights (diverged,
+    or saved by older code) is never exported silently."""
+    voice, synth, run, info = build_voice(cfg, "fft", log=log)
+    refused = _non_finite(speak_test_sentence(voice, run["vocab"])[1], "the graph")
+    if refused:
+        raise ExportError(f"{synth.checkpoint}: {refused}, so it is not exported; a diverged or damaged checkpoint: "
+                          "rerun `snakemake --cores all train --forcerun train`, which sets a non-finite checkpoint "
+                          "aside and resumes from the one before")
+    return voice, synth, run, info
+
+
 def check_tflite(flat, voice, vocab):
     """None when the TFLite model speaks a test sentence as the SavedModel graph does, else the reason.
     A converter can write a model whose kernels misbehave in the interpreter (all-NaN audio has been
     seen with transposed convolutions); such a file is left out, never shipped silently."""
-    n = len(vocab["symbols"])
-    ids = [i for i in range(n) if i not in (0, int(vocab["eos_id"]))][:8]
-    tokens, pace, shift = np.array([ids], np.int32), np.float32(1.0), np.float32(0.0)
-    # several speakers / languages: the last of each (an id other than the default 0)
-    voice_ids = {f: np.int32(n - 1) for f, n in getattr(voice, "voice_sizes", {}).items()}
-    want = np.asarray(voice.synthesize(tf.constant(tokens), tf.constant(pace), tf.constant(shift),
-                                       *map(tf.constant, voice_ids.values()))["audio"])[0]
+    inputs, want = speak_test_sentence(voice, vocab)
     runner = tf.lite.Interpreter(model_content=flat).get_signature_runner(SIGNATURE)
-    got = runner(tokens=tokens, pace=pace, pitch_shift=shift, **voice_ids)["audio"][0]
+    got = runner(**inputs)["audio"][0]
     if got.shape != want.shape:
         return f"tf.lite.Interpreter gave {got.shape[0]} samples for a test sentence, the SavedModel {want.shape[0]}"
-    if not np.isfinite(got).all():
-        return f"tf.lite.Interpreter gave non-finite audio ({int((~np.isfinite(got)).sum())} of {got.size} samples) for a test sentence"
-    return None
+    return _non_finite(got, "tf.lite.Interpreter")
 
 
 def signature_description(voices=()):
@@ -363,9 +383,7 @@ def check_out(out, flag="--out"):
     replaced, the link kept (it was replaced by a folder, and the old link left beside it)."""
     if not str(out).strip():
         raise PipelineError(f"{flag}: an empty path; give the export folder to write")
-    out = Path(os.path.abspath(out))
-    if out.is_symlink():  # written through, as a shell's `>` writes: the link stays, where it leads is replaced
-        out = Path(os.path.realpath(out))
+    out = files.followed(os.path.abspath(out), flag)  # the link stays, where it leads is replaced
     if not out.name:
         raise PipelineError(f"{flag} {out}: the root folder; give the export folder to write")
     files.check_folder(out, flag)
@@ -386,7 +404,7 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     empty or a previous export, replaced whole); -> export.json dict."""
     out = check_out(out)
     tflite = cfg["export"]["tflite"] if tflite is None else tflite
-    voice, synth, run, vocoder = build_voice(cfg, "fft", log=log)
+    voice, synth, run, vocoder = checked_voice(cfg, log=log)  # before anything is written
     # snakemake export fine-tunes the vocoder on the latest acoustic checkpoint first; a direct export says so
     stale = inputs.finetuned_elsewhere(cfg, vocoder, synth.checkpoint, then=", then export again",
                                        log=lambda note: print(note, file=sys.stderr, flush=True))

@@ -25,6 +25,19 @@ def check_folder(path, flag="--out"):
     check_writable(path, flag, path)
 
 
+def followed(path, flag="--out"):
+    """`path`, or where it leads when it is a symbolic link (written through, as a shell's `>` writes: a
+    link to a folder not made yet has it made there); PipelineError naming `flag` for a link that leads
+    back to itself, which no folder can be made at."""
+    path = Path(path)
+    if not path.is_symlink():
+        return path
+    real = Path(os.path.realpath(path))
+    if real.is_symlink():
+        raise PipelineError(f"{flag} {path}: a symbolic link that leads back to itself; give a folder")
+    return real
+
+
 def check_writable(path, flag, folder):
     """PipelineError naming `flag` and `path` unless `folder`, or the nearest of its parents that exists
     (the rest is made when written), is a folder this process may write: its permissions allow it and

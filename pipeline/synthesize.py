@@ -17,7 +17,8 @@ sentences.json (checkpoint, step, pace, pitch shift, text and length of each sam
 sentence cut at synthesize.max_seconds, which stderr says too). The command refuses
 what it can before TensorFlow and the model load (check_before_loading): no checkpoint, a pace or pitch
 shift out of range, an unknown speaker, language or symbol, a control character (a NUL: espeak-ng
-would stop there), no trained vocoder. In the --out folder it replaces, and removes, only the previous
+would stop there), no trained vocoder; a sentence whose mel or audio comes out NaN or infinite (diverged
+weights) stops it after loading, one line naming the sentence and checkpoint, nothing written. In the --out folder it replaces, and removes, only the previous
 run's samples (those its sentences.json lists; in runs/{name}/samples, the run's own folder, whose
 sentences.json `snakemake synthesize` deletes before the job, every NN.wav and NN.npy): anything else
 there stays as it is, and a file it would write over that is not the previous run's (a user's 00.wav,
@@ -35,6 +36,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -304,7 +306,9 @@ def synthesize(cfg, out, log=_print):
     check_before_loading(cfg)
     final = Path(out)
     previous = check_out(cfg, final)
-    out = files.temporary(final)
+    # a new folder of its own, never one a killed synthesize left (whose pid this process may have got)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix=f"{files.temporary(final).name}-", dir=final.parent))
     try:
         samples = _synthesize_into(cfg, out, final, log)
         final.mkdir(parents=True, exist_ok=True)
@@ -340,6 +344,12 @@ def _synthesize_into(cfg, out, final, log):
             _warn(f"warning: sentence {i} was cut at synthesize.max_seconds = {s['max_seconds']} s: "
                   f"{final / f'{i:02d}.wav'} stops there; raise synthesize.max_seconds to hear it whole", log)
         audio = vocode(res["mel"], f0=vocode.voiced_f0(res["mel"], res["f0"]))  # F0: the model's, voicing: the vocoder's
+        for what, values, fix in ((f"the model's mel ({synth.checkpoint})", res["mel"], "rerun `snakemake --cores all "
+                                   "train --forcerun train`, which sets a non-finite checkpoint aside"),
+                                  (f"the vocoder's audio ({vocode.made['kind']})", audio, "train the vocoder again")):
+            if not np.isfinite(values).all():  # said here: the wav writer would name the temporary file
+                raise PipelineError(f"synthesize.sentences[{i}]: {what} has NaN or infinite values; nothing "
+                                    f"written (its weights are diverged or damaged: {fix})")
         path = out / f"{i:02d}.wav"
         save_wav(path, np.asarray(audio), a["sample_rate"])
         files.atomic_write_bytes(path.with_suffix(".npy"), _npy_bytes(res["mel"]))
@@ -374,8 +384,10 @@ def main(argv=None):
     config.add_arguments(parser)
     parser.add_argument("--out", help="folder for the wavs and mels (default runs/{name}/samples)")
     args = parser.parse_args(argv)
+    if args.out is not None and not args.out.strip():  # `--out "$DIR"`, DIR unset: never the run's own samples
+        raise PipelineError("--out: an empty path; give the folder to write the samples in")
     cfg = config.from_args(args)
-    out = args.out or config.run_dir(cfg) / "samples"
+    out = files.followed(config.run_dir(cfg) / "samples" if args.out is None else args.out)  # as export does
     files.check_folder(out)
     synthesize(cfg, out)
 

@@ -20,6 +20,7 @@ from conftest import (
     run_config,
     snakemake,
     write_config,
+    write_untrained_checkpoint,
 )
 
 from pipeline import config, models, runinfo, text
@@ -727,6 +728,40 @@ def test_an_export_folder_that_changed_during_the_export_is_not_replaced(tmp_pat
     with pytest.raises(PipelineError, match="holds notes.txt, not a previous export"):
         export._replace_folder(new, out)
     assert (out / "notes.txt").read_text() == "mine" and load_json(out / "export.json")["run"] == "old"
+
+
+def test_a_checkpoint_that_speaks_nan_is_not_exported_and_the_previous_export_stays(built_cache, tmp_path):
+    """A checkpoint with NaN weights (diverged; older code saved such) was exported without a word: a
+    SavedModel whose every sample is NaN. Only the TFLite models were checked. Now the graph speaks a
+    test sentence first, and non-finite audio is one line naming the checkpoint; nothing is written."""
+    import tensorflow as tf
+
+    from pipeline import export
+    from pipeline.synthesize import load_synthesizer
+    path = run_config(built_cache, tmp_path, steps=10)
+    write_untrained_checkpoint(path, step=1)
+    cfg = config.load_config(path)
+    run = config.run_dir(cfg)
+    model = load_synthesizer(cfg, log=lambda line: None).model
+    model.mel_out.kernel.assign(tf.fill(model.mel_out.kernel.shape, float("nan")))
+    tf.train.CheckpointManager(tf.train.Checkpoint(model=model), run / "checkpoints", 2).save(checkpoint_number=2)
+    out = _export_folder(tmp_path / "export", "old")
+    with pytest.raises(export.ExportError, match=r"ckpt-2: the graph gave non-finite audio \(\d+ of \d+ samples\) "
+                                                 r"for a test sentence, so it is not exported"):
+        export.export(cfg, out, tflite=False, log=lambda line: None)
+    assert load_json(out / "export.json")["run"] == "old" and sorted(os.listdir(tmp_path)) == sorted(
+        ["config.yaml", "export", "runs"])
+
+
+def test_an_out_link_that_leads_back_to_itself_is_refused_before_any_work(tmp_path):
+    # followed to itself, it passed the checks; the finished export then failed to be renamed there
+    # (NotADirectoryError, a traceback) and the whole export was thrown away
+    from pipeline import export
+    from pipeline.errors import PipelineError
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(PipelineError, match=r"^--out .*loop: a symbolic link that leads back to itself; give a folder$"):
+        export.check_out(loop)
 
 
 def test_export_tflite_true_in_the_config_converts_without_the_flag(exported, tmp_path, monkeypatch):

@@ -144,6 +144,85 @@ def test_a_rerun_with_fewer_sentences_leaves_no_sample_of_the_previous_run(built
     assert samples_in(own) == ["00.npy", "00.wav"] and json.loads((own / "sentences.json").read_text())["samples"]
 
 
+def test_what_a_killed_synthesize_left_under_this_pid_never_reaches_the_out_folder(built_cache, tmp_path):
+    """The samples were written into `.{out}.tmp{pid}` and every file there moved into --out. A synthesize
+    killed mid-run (SIGKILL, a SLURM limit) leaves that folder; a later one given the same pid (a fresh
+    container's) wrote into it and moved the killed run's 05.wav, of other sentences, into --out, listed
+    nowhere. Now each run writes into a new folder of its own."""
+    from pipeline import files, synthesize
+    path = run_config(built_cache, tmp_path, steps=10)
+    write_untrained_checkpoint(path, step=1)
+    cfg = config.load_config(path)
+    out = tmp_path / "samples"
+    left = files.temporary(out)                                    # the killed run's, this process's pid
+    left.mkdir()
+    (left / "05.wav").write_bytes(b"a killed run's sample")
+    cfg["synthesize"]["sentences"] = ["A."]
+    synthesize.synthesize(cfg, out, log=lambda line: None)
+    assert sorted(p.name for p in out.iterdir()) == ["00.npy", "00.wav", "sentences.json"]
+
+
+def test_an_empty_out_is_refused_not_read_as_the_runs_own_samples(built_cache, tmp_path, capsys):
+    """`--out "$DIR"` with DIR unset gave --out "", read as no --out: the run's own runs/{name}/samples,
+    whose samples it replaced. Now an empty (or blank) --out is one line, and nothing there changes."""
+    from pipeline import synthesize
+    path = run_config(built_cache, tmp_path, steps=10)
+    write_untrained_checkpoint(path, step=1)
+    cfg = config.load_config(path)
+    own = config.run_dir(cfg) / "samples"
+    cfg["synthesize"]["sentences"] = ["A."]
+    synthesize.synthesize(cfg, own, log=lambda line: None)
+    before = _files(own)
+    for empty in ("", "  "):
+        with pytest.raises(SystemExit) as stop:
+            synthesize.main(["--config", str(path), "--out", empty])
+        assert stop.value.code == 2
+        assert capsys.readouterr().err.splitlines() == ["error: --out: an empty path; give the folder to write the samples in"]
+    assert _files(own) == before
+
+
+def test_a_checkpoint_that_speaks_nan_is_one_line_naming_the_sentence_and_checkpoint(built_cache, tmp_path, capsys):
+    """A checkpoint with NaN weights stopped at the wav writer, whose line named the temporary file
+    (.samples.tmp.../00.wav, gone by then) and neither the sentence nor the checkpoint."""
+    import tensorflow as tf
+
+    from pipeline import synthesize
+    path = run_config(built_cache, tmp_path, steps=10)
+    write_untrained_checkpoint(path, step=1)
+    cfg = config.load_config(path)
+    model = synthesize.load_synthesizer(cfg, log=lambda line: None).model
+    model.mel_out.kernel.assign(tf.fill(model.mel_out.kernel.shape, float("nan")))
+    ckpt = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), config.run_dir(cfg) / "checkpoints", 2)
+    ckpt.save(checkpoint_number=2)
+    with pytest.raises(SystemExit) as stop:
+        synthesize.main(["--config", str(path), "--out", str(tmp_path / "samples")])
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("warning: ")]
+    assert stop.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: synthesize.sentences[0]: the model's mel ({ckpt.latest_checkpoint}) has NaN "
+                             "or infinite values; nothing written"), err
+    assert not (tmp_path / "samples").exists()
+
+
+def test_an_out_link_is_written_through_and_a_link_loop_is_refused(built_cache, tmp_path, capsys):
+    """--out a link to a folder not made yet: every sentence was synthesized, then making the folder
+    failed with a traceback (FileExistsError) and nothing was kept. Now the link is followed, as export
+    follows it; a link that leads back to itself is one line before the model loads."""
+    from pipeline import synthesize
+    path = run_config(built_cache, tmp_path, steps=10)
+    write_untrained_checkpoint(path, step=1)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "made" / "samples")
+    synthesize.main(["--config", str(path), "--out", str(link), "--set", 'synthesize.sentences=["A."]'])
+    assert link.is_symlink() and sorted(p.name for p in link.iterdir()) == ["00.npy", "00.wav", "sentences.json"]
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        synthesize.main(["--config", str(path), "--out", str(loop)])
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        f"error: --out {loop}: a symbolic link that leads back to itself; give a folder"]
+
+
 def test_a_record_naming_other_files_never_makes_them_removable(tmp_path):
     # a sentences.json (hand-edited, or another tool's) naming notes.txt must not let a rerun delete it
     from pipeline import synthesize
