@@ -288,7 +288,6 @@ class Voice:
         self.grappler = grappler or not quick_start()
         self.model, self._fn = self._load(folder / "saved_model")
         self._inputs = set(self._fn.structured_input_signature[1])
-        self._check_tables()
         self._check_vocabulary()  # its size first (the more telling message), then its order
         digest = self.meta.get("vocab_digest")
         if digest is not None and digest != symbols_digest(self.vocab["symbols"]):
@@ -371,15 +370,6 @@ class Voice:
             raise VoiceError(f"{path}: no `synthesize` signature taking {', '.join(sorted(needs))}; "
                              "export the voice again")
         return model, fn
-
-    def _check_tables(self):
-        """Refuse export.json speakers / languages the graph does not take: several names where the signature has
-        no `speaker` (`language`) input (each would speak as the first), or one name where it has."""
-        for field_, names in (("speaker", self.speakers), ("language", self.languages)):
-            if (len(names) > 1) != (field_ in self._inputs):
-                has = "takes a" if field_ in self._inputs else "has no"
-                raise VoiceError(f"{self.folder / 'export.json'}: {len(names)} {field_}(s), but the model {has} "
-                                 f"`{field_}` input; export the voice again")
 
     def _check_vocabulary(self):
         """Refuse a vocab.json whose size is not the model's: its last id must be taken, and the graph's
