@@ -305,16 +305,27 @@ class Voice:
         meta, vocab, where = self.meta, self.vocab, self.folder / "export.json"
 
         def setting(table, key, low, high, integer=False):
-            value = table[key]
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (not integer or value == int(value))
-            if not ok or not math.isfinite(value) or not low <= value <= high:
+            value = table[key]   # NaN / Infinity (JSON allows them) and a huge integer are refused, not converted
+            ok = isinstance(value, int) and not isinstance(value, bool) or (
+                isinstance(value, float) and math.isfinite(value) and (not integer or value.is_integer()))
+            if not ok or not low <= value <= high:
                 kind = "an integer" if integer else "a number"
-                raise VoiceError(f"{where}: {key} {value!r} is not {kind} in {low:g}..{high:g}; export the voice again")
+                shown = repr(value) if len(repr(value)) <= 40 else f"a {len(repr(value))}-character value"
+                raise VoiceError(f"{where}: {key} {shown} is not {kind} in {low:g}..{high:g}; export the voice again")
             return int(value) if integer else float(value)
         try:
             if not isinstance(meta, dict) or not isinstance(meta.get("audio"), dict):
                 raise TypeError("an object with `audio`")
             rate = setting(meta, "sample_rate", 1000, 192_000, integer=True)
+            if meta["audio"].get("sample_rate", rate) != rate:   # one edited by hand: which rate is the voice's?
+                raise VoiceError(f"{where}: sample_rate {rate} is not audio.sample_rate "
+                                 f"{meta['audio']['sample_rate']!r}; export the voice again")
+            for names in ("speakers", "languages"):   # a string would be read as a list of its characters
+                table = meta.get(names)
+                if table is not None and not (isinstance(table, list) and len(set(map(repr, table))) == len(table)
+                                              and all(isinstance(n, str) and n.strip() for n in table)):
+                    raise VoiceError(f"{where}: {names} {json.dumps(table)[:80]} is not a list of distinct names; "
+                                     "export the voice again")
             hop = setting(meta["audio"], "hop_length", 1, rate, integer=True)
             seconds = setting(meta, "max_seconds", 1e-3, 3600)
             # export writes ceil(max_seconds * rate / hop): the bound is that of 3600 s

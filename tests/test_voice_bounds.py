@@ -35,6 +35,12 @@ def load(folder):
     (lambda d: edit_json(d / "export.json", max_seconds=1e308), "export.json: max_seconds 1e+308 is not a number in"),
     (lambda d: edit_json(d / "export.json", max_frames="862"), "export.json: max_frames '862' is not an integer"),
     (lambda d: edit_json(d / "export.json", audio=None), "export.json / vocab.json are not what an export writes"),
+    # were a ValueError / OverflowError traceback (NaN, an integer no float holds), or loaded silently
+    (lambda d: edit_json(d / "export.json", sample_rate=float("nan")), "export.json: sample_rate nan is not an integer"),
+    (lambda d: edit_json(d / "export.json", sample_rate=10**400), "export.json: sample_rate a 401-character value is"),
+    (lambda d: edit_json(d / "export.json", sample_rate=8000), "export.json: sample_rate 8000 is not audio.sample_rate"),
+    (lambda d: edit_json(d / "export.json", speakers="abc"), 'export.json: speakers "abc" is not a list of distinct'),
+    (lambda d: edit_json(d / "export.json", languages=[1]), "export.json: languages [1] is not a list of distinct"),
 ])
 def test_a_damaged_voice_folder_is_one_error_naming_it(exported_voice, tmp_path, damage, message):
     # were tracebacks from tf.saved_model.load, or a voice of sample rate 0 / max_seconds 1e308
