@@ -416,7 +416,9 @@ def check_frame_multiple(model_cfg, model):
 # --- training loop: named steps ----------------------------------------------------------------
 def start_run(cfg, run, log):
     """What the run carries (pipeline/runinfo.py, JSON-ready): its own when resuming, else the cache's.
-    Refuses, before anything is built, checkpoints made by another model or on a moved vocabulary."""
+    Refuses, before anything is built, checkpoints made by another model or on a moved vocabulary, and a
+    run folder that is a file (or under one) or cannot be written: one line naming runs_dir."""
+    files.check_folder(run, "runs_dir")
     run.mkdir(parents=True, exist_ok=True)
     check_same_model(cfg, run)
     resuming = has_checkpoints(run / "checkpoints")

@@ -363,6 +363,24 @@ def _optimizer_states(*checkpoints):
     return [state(tf.train.load_checkpoint(str(prefix))) for prefix in checkpoints]
 
 
+def test_a_run_folder_that_is_a_file_is_one_line_naming_runs_dir_for_both_trainers(built_cache, tmp_path):
+    # runs/{name} a file (a download saved under the run's name, say): FileExistsError and
+    # NotADirectoryError tracebacks from the trainers' mkdir
+    path = tiny_config(built_cache, tmp_path, steps=2, buckets=1)
+    run = config.run_dir(config.load_config(path))
+    run.parent.mkdir(parents=True, exist_ok=True)
+    run.write_text("not a run\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    for module, extra in (("pipeline.train", []), ("pipeline.vocoder.train", ["--out", str(tmp_path / "v.json")])):
+        proc = subprocess.run([sys.executable, "-m", module, "--config", str(path), *extra], capture_output=True,
+                              text=True, cwd=ROOT, env=env)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert len(errors) == 1 and "runs_dir" in errors[0] and "a file, not a folder" in errors[0], errors
+        assert str(run) in errors[0], errors
+    assert run.read_text() == "not a run\n"                                     # left as it was
+
+
 def test_a_resumed_run_draws_another_batch_order_than_the_one_it_began_with(built_cache, tmp_path):
     # each run built its loader from train.seed alone: a job resumed (preempted, say) more often than
     # once an epoch kept training on the start of the same shuffled order
