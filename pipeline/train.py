@@ -416,7 +416,9 @@ def check_frame_multiple(model_cfg, model):
 # --- training loop: named steps ----------------------------------------------------------------
 def start_run(cfg, run, log):
     """What the run carries (pipeline/runinfo.py, JSON-ready): its own when resuming, else the cache's.
-    Refuses, before anything is built, checkpoints made by another model or on a moved vocabulary."""
+    Refuses, before anything is built, checkpoints made by another model or on a moved vocabulary, and a
+    run folder that is a file (or under one) or cannot be written: one line naming runs_dir."""
+    files.check_folder(run, "runs_dir")
     run.mkdir(parents=True, exist_ok=True)
     check_same_model(cfg, run)
     resuming = has_checkpoints(run / "checkpoints")
@@ -551,6 +553,18 @@ def check_loss_scale(latest, optimizers, mixed_precision):
                                 f"{'float16' if scaled else 'off'} to resume it, or give this run another `name`")
 
 
+def check_named_step(latest, named, applied, loss_scaled):
+    """PipelineError when checkpoint `latest`, named for step `named`, holds another count of optimizer
+    updates (`applied`): only float16 loss scaling applies fewer (it skips overflowing steps), never more.
+    A checkpoint renamed or copied under another step's name would resume at that step, its schedule
+    and batch order skipped or trained again, and its weights saved over under names they do not have."""
+    if named is None or applied == named or (loss_scaled and applied < named):
+        return
+    raise PipelineError(f"{latest}: named for step {named}, but its optimizer applied {applied} updates "
+                        f"(renamed, or copied under another step's name?); give its .index and .data files "
+                        f"back the name ckpt-{applied}, or move them out of {Path(latest).parent}")
+
+
 def restore(trainer, run, log):
     """The checkpoint manager (the chief's into run/checkpoints; a worker's into a node-local folder,
     emptied, keeping one: every worker takes part in a save, only the chief's are kept) after restoring
@@ -566,6 +580,7 @@ def restore(trainer, run, log):
         ckpt.restore(latest).assert_existing_objects_matched()
         applied = int(trainer.optimizer.iterations.numpy())
         named = runinfo.step_of(latest)  # its name: the steps taken; the optimizer counts those it applied
+        check_named_step(latest, named, applied, isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer))
         trainer.start_step = applied if named is None else named
         skipped = f" ({applied} updates applied: float16 loss scaling skipped the others)" \
             if applied != trainer.start_step else ""
