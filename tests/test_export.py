@@ -612,14 +612,14 @@ def _kill_the_export_once_started(run, started, timeout=300):
 
 
 @pytest.mark.slow
-def test_snakemake_export_keeps_the_previous_export_when_killed_and_leaves_out_a_refused_tflite_model(
-        trained_run, tmp_path):
+def test_snakemake_export_keeps_the_previous_export_when_killed_or_refused(trained_run, tmp_path):
     # Snakemake deletes a job's declared outputs before it runs: the export's own files were, so a killed
-    # `snakemake export` left no voice. And a TFLite model the export's check refuses (left out on
-    # purpose) was a missing output: the job failed and Snakemake deleted the whole export.
+    # `snakemake export` left no voice. A checkpoint whose graph speaks NaN was exported as a voice (only
+    # its TFLite models were checked and left out): it is refused now, before anything is written.
     import threading
-    path, run = _copy_of_trained_run(trained_run, tmp_path, export={"tflite": True})
-    info = load_json(run / "run.json")               # a NaN mel statistic: NaN audio, both TFLite models refused
+    path, run = _copy_of_trained_run(trained_run, tmp_path)
+    healthy = (run / "run.json").read_text()
+    info = load_json(run / "run.json")               # a NaN mel statistic: the graph speaks NaN
     info["stats"]["mel_mean"][0] = float("nan")
     (run / "run.json").write_text(json.dumps(info))
     previous = run / "export"
@@ -629,6 +629,12 @@ def test_snakemake_export_keeps_the_previous_export_when_killed_and_leaves_out_a
     (previous / "export.json").write_text(json.dumps({"run": "previous"}))
     before = {p.relative_to(previous): p.read_bytes() for p in previous.rglob("*") if p.is_file()}
     assert planned_jobs(path, "export", *MTIME_ONLY) == {"export": 1}            # the copy is up to date
+    assert snakemake("export", *MTIME_ONLY, config=path, check=False).returncode != 0
+    log = (tmp_path / "reports" / run.name / "logs" / "export.log").read_text()
+    assert "gave non-finite audio" in log and "so it is not exported" in log, log[-2000:]
+    assert {p.relative_to(previous): p.read_bytes() for p in previous.rglob("*") if p.is_file()} == before
+    assert not list(run.glob(".export.*"))                                      # refused before any work
+    (run / "run.json").write_text(healthy)
     done = {}
     started = threading.Thread(target=lambda: done.update(
         proc=snakemake("export", *MTIME_ONLY, config=path, check=False)))
@@ -637,10 +643,8 @@ def test_snakemake_export_keeps_the_previous_export_when_killed_and_leaves_out_a
     started.join(600)
     assert done["proc"].returncode != 0 and killed.is_dir()                    # killed: its temporary stays
     assert {p.relative_to(previous): p.read_bytes() for p in previous.rglob("*") if p.is_file()} == before
-    snakemake("export", *MTIME_ONLY, config=path)                             # again: no MissingOutputException
-    meta = load_json(previous / "export.json")
-    for kind in ("float32", "float16"):
-        assert meta["tflite"][kind]["file"] is None and "non-finite audio" in meta["tflite"][kind]["refused"]
+    snakemake("export", *MTIME_ONLY, config=path)                             # again: the export is made
+    assert load_json(previous / "export.json")["step"] == 10                  # the run's, not the previous voice
     assert sorted(os.listdir(previous)) == [".exported", "export.json", "saved_model", "vocab.json"]
     assert not list(run.glob(".export.*"))                                      # the killed one's removed
     assert planned_jobs(path, "export", *MTIME_ONLY) == {}
