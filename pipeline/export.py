@@ -323,23 +323,25 @@ def _non_finite(audio, who):
 
 
 def checked_voice(cfg, log=print):
-    """build_voice's for the SavedModel (transforms "fft"), once its graph has spoken a test sentence in
-    finite samples, else ExportError naming the checkpoint: one with NaN or infinite weights (diverged,
-    or saved by older code) is never exported silently."""
+    """build_voice's for the SavedModel (transforms "fft") and its speak_test_sentence, once its graph has
+    spoken the test sentence in finite samples, else ExportError naming the checkpoint: one with NaN or
+    infinite weights (diverged, or saved by older code) is never exported silently."""
     voice, synth, run, info = build_voice(cfg, "fft", log=log)
-    refused = _non_finite(speak_test_sentence(voice, run["vocab"])[1], "the graph")
+    spoken = speak_test_sentence(voice, run["vocab"])
+    refused = _non_finite(spoken[1], "the graph")
     if refused:
         raise ExportError(f"{synth.checkpoint}: {refused}, so it is not exported; a diverged or damaged checkpoint: "
                           "rerun `snakemake --cores all train --forcerun train`, which sets a non-finite checkpoint "
                           "aside and resumes from the one before")
-    return voice, synth, run, info
+    return voice, synth, run, info, spoken
 
 
-def check_tflite(flat, voice, vocab):
+def check_tflite(flat, voice, vocab, spoken=None):
     """None when the TFLite model speaks a test sentence as the SavedModel graph does, else the reason.
     A converter can write a model whose kernels misbehave in the interpreter (all-NaN audio has been
-    seen with transposed convolutions); such a file is left out, never shipped silently."""
-    inputs, want = speak_test_sentence(voice, vocab)
+    seen with transposed convolutions); such a file is left out, never shipped silently. `spoken`: the
+    SavedModel graph's speak_test_sentence, when the caller has it (checked_voice's), not spoken again."""
+    inputs, want = spoken or speak_test_sentence(voice, vocab)
     runner = tf.lite.Interpreter(model_content=flat).get_signature_runner(SIGNATURE)
     got = runner(**inputs)["audio"][0]
     if got.shape != want.shape:
@@ -404,7 +406,7 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     empty or a previous export, replaced whole); -> export.json dict."""
     out = check_out(out)
     tflite = cfg["export"]["tflite"] if tflite is None else tflite
-    voice, synth, run, vocoder = checked_voice(cfg, log=log)  # before anything is written
+    voice, synth, run, vocoder, spoken = checked_voice(cfg, log=log)  # before anything is written
     # snakemake export fine-tunes the vocoder on the latest acoustic checkpoint first; a direct export says so
     stale = inputs.finetuned_elsewhere(cfg, vocoder, synth.checkpoint, then=", then export again",
                                        log=lambda note: print(note, file=sys.stderr, flush=True))
@@ -440,7 +442,7 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
             for kind, name in TFLITE_FILES.items():
                 t0 = time.perf_counter()
                 flat, ops = convert_tflite(tmp / ".dft_model", float16=kind == "float16")
-                refused = check_tflite(flat, voice, run["vocab"])
+                refused = check_tflite(flat, voice, run["vocab"], spoken)
                 if refused:
                     meta["tflite"][kind] = {"file": None, "refused": refused, **ops}
                     log(f"{name}: left out: {refused}; use the SavedModel")

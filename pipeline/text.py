@@ -181,7 +181,8 @@ _STUCK_RE = re.compile(r"(?<=[a-z])(?=\d)|(\d)(?!(?:st|nd|rd|th|s)\b)(?=[a-z])")
 # would drop them), and "<", ">", "‰" and "‱", which espeak-ng (1.51, en-us) drops without a word. "<" and
 # ">" are a comparison alone, not in an arrow ("->", "<-", "=>"), "<=" or ">=" (espeak-ng reads those),
 # "<>", "<<" or a tag ("<b>", "</p>", '<a href="x">': a name and name=value attributes, matched whole
-# and kept, so its brackets are not read as comparisons): those stay as they are. Symbols no reader says ("|", "^", "_", brackets) stay too.
+# and kept, so its brackets are not read as comparisons): those stay as they are. Symbols no reader
+# says ("|", "^", "_", brackets) stay too.
 # The "&" match starts where a run of whitespace does: tried inside one, it was quadratic in the run.
 _TAG = r"""</?[a-z][\w:-]*(?:\s+[a-z_:][\w:.-]*\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s"'<>=]+))*\s*/?>"""
 _COMPARISON_RE = re.compile(r"(%s)|" % _TAG + r"(?<![<>=-])(?:(<)(?![<>=]|-(?!\d))|>(?![<>=]))", re.IGNORECASE)

@@ -211,9 +211,10 @@ def _validate(trainer, step, val, log):
 def train_vocoder(cfg, phase, out, final=False, log=functools.partial(print, flush=True)):
     v = cfg["vocoder"]
     total = v["steps"] if phase == "train" else v["finetune_steps"]
-    files.check_folder(_phase_dir(cfg, phase), "runs_dir")  # runs/{name} a file: one line, before the build
+    folder = _phase_dir(cfg, phase)
+    files.check_folder(folder, "runs_dir")  # runs/{name} a file: one line, before the build
     trainer = VocoderTrainer(cfg, phase, log)
-    (folder := _phase_dir(cfg, phase)).mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     gta_from = _forget_other_inputs(cfg, phase, folder, log)
     manager = _checkpoints(cfg, phase, trainer, folder, log)
     step = start = trainer.start_step
