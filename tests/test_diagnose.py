@@ -993,3 +993,14 @@ def test_per_replica_batches_have_no_floor_and_a_note_says_why(monkeypatch):
     monkeypatch.setattr(diagnose_mod, "time_floor", lambda batch, *a, **k: real({"x": two["x"]}, *a, **k))
     r = diagnose(ds, step, steps=3, warmup=1)
     assert r["wait_floor"] is None and notes[0] in r["notes"] and notes[0] in r["recommendations"]
+
+
+@pytest.mark.parametrize("key, value, says", [("warmup", 0, "0 is less than the minimum of 1"),
+                                              ("steps", 1001, "1001 is greater than the maximum of 1000")])
+def test_a_diagnose_warmup_of_0_or_more_steps_than_it_holds_is_refused_naming_the_key(key, value, says):
+    # warmup 0 timed the loader's start-up as the first step's input wait (an input_bound verdict of its
+    # own making); the step alone holds diagnose.steps batches on the device at once
+    from pipeline import config
+    with pytest.raises(config.ConfigError) as refused:
+        config.load_config(None, {"diagnose": {key: value}}, check_paths=False)
+    assert str(refused.value).endswith(f"diagnose.{key}: {says}") and "\n" not in str(refused.value), refused.value

@@ -196,6 +196,32 @@ def test_a_diverging_vocoder_saves_no_nan_and_sets_aside_what_older_code_saved(b
     assert not (tmp_path / "train.json").exists()
 
 
+def test_a_vocoder_checkpoint_named_for_another_step_than_it_trained_is_refused_in_one_line(built_cache, tmp_path,
+                                                                                           capsys):
+    """A resume through spectral and adversarial steps goes on (the generator's optimizer steps once a step);
+    ckpt-3 renamed ckpt-9 resumed at step 9, six steps of the crops and GAN schedule skipped, and saved
+    other weights under names they do not have. Now it is one line naming the name its files should have."""
+    from pipeline.train import write_state
+    from pipeline.vocoder import train as vocoder_train
+    argv = ["--config", str(built_cache), "--phase", "train", "--out", str(tmp_path / "train.json"), "--set",
+            *SETTINGS, "vocoder.gan_start_step=1", "vocoder.summary_every=100", f"runs_dir={tmp_path}"]
+    folder = tmp_path / "t/vocoder/train/checkpoints"
+    vocoder_train.main(argv + ["vocoder.steps=2"])
+    vocoder_train.main(argv + ["vocoder.steps=3"])
+    assert f"resumed from {folder / 'ckpt-2'} at step 2" in capsys.readouterr().out
+    for f in folder.glob("ckpt-3.*"):
+        f.rename(f.with_name(f.name.replace("ckpt-3", "ckpt-9")))
+    write_state(folder, ["ckpt-9"])
+    with pytest.raises(SystemExit) as stopped:
+        vocoder_train.main(argv + ["vocoder.steps=10"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in err, err[-3000:]
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        f"error: {folder / 'ckpt-9'}: named for step 9, but its optimizer applied 3 updates (renamed, or copied under "
+        f"another step's name?); give its .index and .data files back the name ckpt-3, or move them out of {folder}"]
+    assert sorted(p.name for p in folder.glob("ckpt-*.index")) == ["ckpt-2.index", "ckpt-9.index"]
+
+
 def test_the_summary_reports_the_steps_the_shipped_weights_trained_not_a_lowered_config(built_cache, tmp_path, capsys):
     """vocoder.steps lowered below the step the checkpoints reached trains nothing and ships those weights:
     the summaries (vocoder/train.json, vocoder.json) say the steps they trained, with a note. Before, they

@@ -335,9 +335,11 @@ def _checkpoints(cfg, phase, trainer, folder, log):
     if latest:
         acoustic.check_loss_scale(latest, {"g_opt": trainer.g_opt}, trainer.p.mixed_precision)  # d_opt: unbuilt before the GAN
         ckpt.restore(latest).assert_existing_objects_matched()
-        # its name: the steps taken (what its batches follow); float16 loss scaling skips some updates
-        named = runinfo.step_of(latest)
-        trainer.start_step = int(trainer.g_opt.iterations.numpy()) if named is None else named
+        # its name: the steps taken (what its batches follow); the generator's optimizer steps once a step,
+        # spectral or adversarial, from the phase's step 0 (fine-tuning starts it anew); float16 skips some
+        named, applied = runinfo.step_of(latest), int(trainer.g_opt.iterations.numpy())
+        acoustic.check_named_step(latest, named, applied, isinstance(trainer.g_opt, keras.optimizers.LossScaleOptimizer))
+        trainer.start_step = applied if named is None else named
         log(f"resumed from {latest} at step {trainer.start_step}")
     elif phase == "finetune":
         first = tf.train.latest_checkpoint(str(_phase_dir(cfg, "train") / "checkpoints"))
