@@ -27,6 +27,13 @@ def check_folder(path, flag="--out"):
     check_writable(path, flag, path)
 
 
+def check_given(path, flag, give):
+    """PipelineError naming `flag` when `path` is empty or blank (`--out "$DIR"` with DIR unset): one
+    line ending "give {give}", never read as no option (a command's default folder). None passes."""
+    if path is not None and not str(path).strip():
+        raise PipelineError(f"{flag}: an empty path; give {give}")
+
+
 def followed(path, flag="--out"):
     """`path`, or where it leads when it is a symbolic link (written through, as a shell's `>` writes: a
     link to a folder not made yet has it made there); PipelineError naming `flag` for a link that leads

@@ -391,8 +391,7 @@ def main(argv=None):
     config.add_arguments(parser)
     parser.add_argument("--out", help="folder for the wavs and mels (default runs/{name}/samples)")
     args = parser.parse_args(argv)
-    if args.out is not None and not args.out.strip():  # `--out "$DIR"`, DIR unset: never the run's own samples
-        raise PipelineError("--out: an empty path; give the folder to write the samples in")
+    files.check_given(args.out, "--out", "the folder to write the samples in")  # never the run's own samples
     cfg = config.from_args(args)
     out = files.followed(config.run_dir(cfg) / "samples" if args.out is None else args.out)  # as export does
     files.check_folder(out)

@@ -7,6 +7,7 @@ import pytest
 from conftest import run_config, write_untrained_checkpoint
 
 from pipeline import config
+from pipeline.errors import PipelineError
 
 
 def test_a_sentence_cut_at_max_seconds_is_recorded_and_said_on_stderr(built_cache, tmp_path, capsys):
@@ -300,3 +301,19 @@ def test_a_killed_synthesizes_folder_is_removed_and_a_live_ones_kept(tmp_path):
     finally:
         live.kill()
         live.wait()
+
+
+def test_synthesize_and_export_refuse_an_empty_out_through_one_check(tmp_path, monkeypatch, capsys):
+    """Each command had its own two lines for an empty --out; one check (files.check_given) now says it for
+    both, each with its own wording of what to give."""
+    from pipeline import export, files, synthesize
+    asked = []
+    check = files.check_given
+    monkeypatch.setattr(files, "check_given", lambda *a: asked.append(a) or check(*a))
+    with pytest.raises(SystemExit):
+        synthesize.main(["--config", str(tmp_path / "none.yaml"), "--out", " "])
+    assert capsys.readouterr().err.splitlines() == ["error: --out: an empty path; give the folder to write the samples in"]
+    with pytest.raises(PipelineError, match=r"^--out: an empty path; give the export folder to write$"):
+        export.check_out("")
+    assert asked == [(" ", "--out", "the folder to write the samples in"), ("", "--out", "the export folder to write")]
+    check(None, "--out", "anything")   # no --out: the command's default folder
