@@ -383,8 +383,7 @@ def check_out(out, flag="--out"):
     `snakemake export` leaves once it has removed the rule's outputs), with a writable parent (the new
     export is written beside it, then renamed). A symbolic link is followed: the folder it leads to is
     replaced, the link kept (it was replaced by a folder, and the old link left beside it)."""
-    if not str(out).strip():
-        raise PipelineError(f"{flag}: an empty path; give the export folder to write")
+    files.check_given(out, flag, "the export folder to write")
     out = files.followed(os.path.abspath(out), flag)  # the link stays, where it leads is replaced
     if not out.name:
         raise PipelineError(f"{flag} {out}: the root folder; give the export folder to write")

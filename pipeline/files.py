@@ -9,6 +9,8 @@ rename. Every module that writes a cache, a run or a report writes through here.
 import errno
 import os
 import re
+import shutil
+import socket
 import stat
 import time
 from pathlib import Path
@@ -23,6 +25,13 @@ def check_folder(path, flag="--out"):
     if path.exists() and not path.is_dir():
         raise PipelineError(f"{flag} {path}: a file, not a folder")
     check_writable(path, flag, path)
+
+
+def check_given(path, flag, give):
+    """PipelineError naming `flag` when `path` is empty or blank (`--out "$DIR"` with DIR unset): one
+    line ending "give {give}", never read as no option (a command's default folder). None passes."""
+    if path is not None and not str(path).strip():
+        raise PipelineError(f"{flag}: an empty path; give {give}")
 
 
 def followed(path, flag="--out"):
@@ -171,6 +180,74 @@ def remove_stale_temporaries(folder, older_than=STALE_SECONDS):
                 removed.append(e.path)
         except OSError:
             pass
+    return removed
+
+
+
+def _host():
+    """This host's name and pid namespace (containers given one hostname each have their own): where a
+    pid names a process of this process table."""
+    name = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
+    try:
+        return f"{name}.{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return name
+
+
+def _started(pid):
+    """When process `pid` started (clock ticks after boot, /proc/PID/stat's 22nd field); None when no
+    such process lives here, 0 where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except FileNotFoundError:
+        return None
+    except (OSError, IndexError, ValueError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:   # another user's process
+            pass
+        return 0
+
+
+def process_tag():
+    """`{pid}.{start}-{host}`: this process, in the name of a temporary folder, so that a later run can
+    prove its writer gone (remove_leftover_folders). The start time tells a pid a new process took; the
+    host (with its pid namespace) keeps a run on another node sharing the folder from being judged by
+    this host's pids."""
+    return f"{os.getpid()}.{_started(os.getpid()) or 0}-{_host()}"
+
+
+def remove_leftover_folders(final, what, log):
+    """Remove the temporary folders `.{final.name}.tmp{process_tag()}-XXXX` (tempfile.mkdtemp's) that a
+    killed `what` left beside `final`: only this user's folders, written on this host by a process that
+    is no longer alive (or whose pid a later process took). Another host's are left for a run there; a
+    live run's are never touched. Says in one line what it removed. -> the paths removed."""
+    final = Path(final)
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.tmp(\d+)\.(\d+)-([A-Za-z0-9._-]+)-[A-Za-z0-9_]+")
+    host, removed = _host(), []
+    try:
+        entries = sorted(os.scandir(final.parent), key=lambda e: e.name)
+    except OSError:   # no such folder yet
+        return removed
+    for e in entries:
+        found = pattern.fullmatch(e.name)
+        if not found or found[3] != host or int(found[1]) == os.getpid():
+            continue
+        started = _started(int(found[1]))
+        if started is not None and (started == 0 or int(found[2]) in (0, started)):
+            continue   # alive, or a process that /proc cannot tell apart from the writer
+        try:
+            st = e.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+                shutil.rmtree(e.path)
+                removed.append(e.path)
+        except OSError:
+            pass
+    if removed:
+        log(f"removed what a killed {what} left beside {final}: {', '.join(Path(p).name for p in removed)}")
     return removed
 
 

@@ -306,9 +306,9 @@ def synthesize(cfg, out, log=_print):
     check_before_loading(cfg)
     final = Path(out)
     previous = check_out(cfg, final)
-    # a new folder of its own, never one a killed synthesize left (whose pid this process may have got)
     final.parent.mkdir(parents=True, exist_ok=True)
-    out = Path(tempfile.mkdtemp(prefix=f"{files.temporary(final).name}-", dir=final.parent))
+    files.remove_leftover_folders(final, "synthesize", log)
+    out = temporary_folder(final)
     try:
         samples = _synthesize_into(cfg, out, final, log)
         final.mkdir(parents=True, exist_ok=True)
@@ -320,6 +320,13 @@ def synthesize(cfg, out, log=_print):
     finally:
         shutil.rmtree(out, ignore_errors=True)
     return samples
+
+
+def temporary_folder(final):
+    """A new folder beside `final` to write the samples in, `.{name}.tmp{pid}.{start}-{host}-XXXX`: never
+    one a killed synthesize left (whose pid this process may have got), and named so that a later run can
+    tell when its writer is gone (files.remove_leftover_folders)."""
+    return Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp{files.process_tag()}-", dir=final.parent))
 
 
 def _synthesize_into(cfg, out, final, log):
@@ -384,8 +391,7 @@ def main(argv=None):
     config.add_arguments(parser)
     parser.add_argument("--out", help="folder for the wavs and mels (default runs/{name}/samples)")
     args = parser.parse_args(argv)
-    if args.out is not None and not args.out.strip():  # `--out "$DIR"`, DIR unset: never the run's own samples
-        raise PipelineError("--out: an empty path; give the folder to write the samples in")
+    files.check_given(args.out, "--out", "the folder to write the samples in")  # never the run's own samples
     cfg = config.from_args(args)
     out = files.followed(config.run_dir(cfg) / "samples" if args.out is None else args.out)  # as export does
     files.check_folder(out)

@@ -158,10 +158,16 @@ _STREETS = [(re.compile(rf"\b{abbr}\.{end}"), word)
 _WHITESPACE_RE = re.compile(r"\s+")
 # A money amount's whole part: comma-grouped or plain, so "$5, then" keeps its comma.
 _AMOUNT = r"(\d{1,3}(?:,\d{3})+|\d+)"
+# A country's dollars ("US$5", "A$5", "C$5"; lowercased): its words go before "dollars". Not after a
+# letter or an apostrophe ("bus$5" keeps its "bus"); "a$5" reads as Australian too (lowercased, a
+# typo of "a $5" looks the same).
+_DOLLAR_COUNTRIES = {"us": "u s", "au": "australian", "a": "australian", "ca": "canadian", "c": "canadian",
+                     "nz": "new zealand", "hk": "hong kong"}
+_COUNTRY = r"(?:(?<![\w'])(%s)(?=\$))?" % "|".join(_DOLLAR_COUNTRIES)
 # "$2.5 million": the unit word goes after the scale word.
-_MONEY_SCALE_RE = re.compile(rf"([$£]){_AMOUNT}(\.\d+)? (thousand|million|billion|trillion)\b")
+_MONEY_SCALE_RE = re.compile(rf"{_COUNTRY}([$£]){_AMOUNT}(\.\d+)? (thousand|million|billion|trillion)\b")
 # "$1,000.50", "£5": whole part, optional fraction.
-_DOLLARS_RE = re.compile(rf"\${_AMOUNT}(?:\.(\d+))?")
+_DOLLARS_RE = re.compile(rf"{_COUNTRY}\${_AMOUNT}(?:\.(\d+))?")
 _POUNDS_RE = re.compile(rf"£{_AMOUNT}(?:\.(\d+))?")
 # "13,100" and "1,234.5"; a bare "1865" is left to _NUMBER_RE, which reads it as a year.
 _GROUPED_RE = re.compile(r"\b\d{1,3}(?:,\d{3})+(?:\.\d+)?\b")
@@ -169,9 +175,25 @@ _GROUPED_RE = re.compile(r"\b\d{1,3}(?:,\d{3})+(?:\.\d+)?\b")
 _DECIMAL_RE = re.compile(r"(?<![\d.])\d+\.\d+(?!\d|\.\d)")
 # "2.5.3" (a version, an address): each part a number, "point" between ("two point five point three").
 _DOTTED_RE = re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?!\d|\.\d)")
-# A sign, not a hyphen or a range: "-5", "(-3.5", "-$5", and after a currency sign "$-5" (espeak-ng
-# drops that one: "dollar five"), the sign put first; "5-6", "covid-19", "- 5" keep theirs.
-_MINUS_RE = re.compile(r"(?<![\w.,$£-])(?:-(?=[$£]?\d)|([$£])-(?=\d))")
+# A sign, not a hyphen or a range: "-5", "(-3.5", "-$5", and after a currency sign "$-5" or "US$-5"
+# (espeak-ng drops that one: "dollar five"), the sign put first; "5-6", "covid-19", "- 5" keep theirs.
+_CURRENCY = r"(?:(?:%s)?\$|£)" % "|".join(_DOLLAR_COUNTRIES)
+_MINUS_RE = re.compile(rf"(?<![\w.,$£-])(?:-(?={_CURRENCY}?\d)|({_CURRENCY})-(?=\d))")
+# Primes after a number (convert_to_ascii has made "″" two "′"): after degrees, minutes and seconds of
+# arc ("40°26′46″N": "forty degrees twenty-six minutes forty-six seconds north"), otherwise feet and
+# inches ("5′11″"). Left ambiguous: a lone "30′" or "30′15″" with no degrees before it reads as feet
+# and inches, though it may be arc or time; a prime after a letter ("f′") is left to espeak-ng, which
+# says nothing for it.
+_NUMBER = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+_ARC_RE = re.compile(rf"(?<![\d.,])({_NUMBER})°\s?({_NUMBER})′(?!′)(?:\s?({_NUMBER})′′(?!′))?(?:\s?([nsew])\b)?")
+_FEET_INCHES_RE = re.compile(rf"(?<![\d.,])({_NUMBER})(′′|′)(?!′)")
+_COMPASS_WORDS = {"n": "north", "s": "south", "e": "east", "w": "west"}
+# "3·14": a middle dot between digits is a decimal point in some typography.
+_MIDDLE_DOT_DECIMAL_RE = re.compile(r"(?<=\d)·(?=\d)")
+# A bullet, "•" or a "·" standing apart ("· eggs · milk"), begins a list item: a comma's pause after a
+# word, nothing at the start or after punctuation. A "·" inside a word ("l·l", "a·b") is left as it is.
+# The match starts where a run of whitespace does (tried inside one, it was quadratic in the run).
+_BULLET_RE = re.compile(r"(?:(?<!\s)\s+)?(?:•|(?<!\S)·|·(?!\S))\s*")
 # "3:05", "12:00", "3:00pm", "11:30 a.m.": hours 0-23, minutes 00-59 (lowercased text).
 _TIME_RE = re.compile(r"(?<![\d:])([01]?\d|2[0-3]):([0-5]\d)(?![\d:])(?:\s?([ap])\.?m\b\.?)?")
 # A number run into a word ("1.5x", "4x4", "h2o"): a space between, but not before an ordinal's suffix
@@ -279,9 +301,35 @@ def _money_to_words(whole: str, fraction: str | None, unit: str, units: str,
 
 
 def _money_scale_to_words(match: re.Match) -> str:
-    symbol, whole, fraction, scale = match.groups()
-    unit = "dollars" if symbol == "$" else "pounds"
+    country, symbol, whole, fraction, scale = match.groups()
+    unit = _dollars(country, "dollars") if symbol == "$" else "pounds"
     return f"{_decimal_to_words(whole + (fraction or ''))} {scale} {unit}"
+
+
+def _dollars(country: str | None, unit: str) -> str:
+    return f"{_DOLLAR_COUNTRIES[country]} {unit}" if country else unit
+
+
+def _arc_to_words(match: re.Match) -> str:
+    degrees, minutes, seconds, compass = match.groups()
+    words = f"{degrees} {_unit(degrees, 'degree')} {minutes} {_unit(minutes, 'minute')}"
+    if seconds:
+        words += f" {seconds} {_unit(seconds, 'second')}"
+    return words + (f" {_COMPASS_WORDS[compass]}" if compass else "")
+
+
+def _feet_inches_to_words(match: re.Match) -> str:
+    number, prime = match.groups()
+    return f"{number} " + (_unit(number, "inch", "inches") if prime == "′′" else _unit(number, "foot", "feet"))
+
+
+def _unit(number: str, one: str, many: str | None = None) -> str:
+    return one if number == "1" else (many or one + "s")
+
+
+def _bullet(match: re.Match) -> str:
+    before = match.string[match.start() - 1] if match.start() else " "  # a space: the bullet before took it
+    return ", " if before not in " ,;:.!?…" and match.end() < len(match.string) else " "
 
 
 def _time_to_words(match: re.Match) -> str:
@@ -344,16 +392,21 @@ def longest_number(text: str) -> int:
 
 
 def expand_numbers(text: str) -> str:
-    """Spell out signs, times, money, grouped numbers, dotted numbers, decimals, ordinals, years and
+    """Spell out signs, a middle dot's decimal point, bullets (a pause), degrees, minutes and seconds,
+    feet and inches, times, money, grouped numbers, dotted numbers, decimals, ordinals, years and
     cardinals, then "&", "%", "<", ">", "‰" and "‱" (text holding a number of more than MAX_DIGITS
     digits stays as it is: `problem` refuses it)."""
     if longest_number(text) > MAX_DIGITS:
         return text
     text = _MINUS_RE.sub(lambda m: "minus " + (m[1] or ""), text)
+    text = _MIDDLE_DOT_DECIMAL_RE.sub(".", text)
+    text = _BULLET_RE.sub(_bullet, text)
+    text = _ARC_RE.sub(_arc_to_words, text)
+    text = _FEET_INCHES_RE.sub(_feet_inches_to_words, text)
     text = _TIME_RE.sub(_time_to_words, text)
     text = _STUCK_RE.sub(lambda m: (m.group(1) or "") + " ", text)
     text = _MONEY_SCALE_RE.sub(_money_scale_to_words, text)
-    text = _DOLLARS_RE.sub(lambda m: _money_to_words(*m.groups(), "dollar", "dollars",
+    text = _DOLLARS_RE.sub(lambda m: _money_to_words(*m.groups()[1:], _dollars(m[1], "dollar"), _dollars(m[1], "dollars"),
                                                      "cent", "cents"), text)
     text = _POUNDS_RE.sub(lambda m: _money_to_words(*m.groups(), "pound", "pounds",
                                                     "penny", "pence"), text)

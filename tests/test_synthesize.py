@@ -1,10 +1,13 @@
 """pipeline.synthesize: what sentences.json records of each sample."""
 import json
+import subprocess
+import sys
 
 import pytest
 from conftest import run_config, write_untrained_checkpoint
 
 from pipeline import config
+from pipeline.errors import PipelineError
 
 
 def test_a_sentence_cut_at_max_seconds_is_recorded_and_said_on_stderr(built_cache, tmp_path, capsys):
@@ -157,9 +160,16 @@ def test_what_a_killed_synthesize_left_under_this_pid_never_reaches_the_out_fold
     left = files.temporary(out)                                    # the killed run's, this process's pid
     left.mkdir()
     (left / "05.wav").write_bytes(b"a killed run's sample")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    killed = synthesize.temporary_folder(out).rename(tmp_path / f".samples.tmp{gone.pid}.1-{files.process_tag().split('-', 1)[1]}-x")
+    live = synthesize.temporary_folder(out)    # this process's: another synthesize running now
     cfg["synthesize"]["sentences"] = ["A."]
-    synthesize.synthesize(cfg, out, log=lambda line: None)
+    lines = []
+    synthesize.synthesize(cfg, out, log=lines.append)
     assert sorted(p.name for p in out.iterdir()) == ["00.npy", "00.wav", "sentences.json"]
+    assert not killed.exists() and live.is_dir() and left.is_dir()
+    assert f"removed what a killed synthesize left beside {out}: {killed.name}" in lines
 
 
 def test_an_empty_out_is_refused_not_read_as_the_runs_own_samples(built_cache, tmp_path, capsys):
@@ -256,3 +266,54 @@ def test_a_run_without_a_language_table_speaks_in_the_language_asked():
     from pipeline import synthesize
     info = {"vocab": {"language": "en-us"}, "speakers": [], "languages": []}
     assert synthesize.resolve_voice({"speaker": "", "language": "en-gb"}, info) == (0, 0, "en-gb")
+
+
+def test_a_killed_synthesizes_folder_is_removed_and_a_live_ones_kept(tmp_path):
+    """A killed synthesize left its `.samples.tmp...` folder beside --out for good. Now a later run removes
+    those whose writer is gone from this host (its pid dead, or taken by a later process) and keeps a live
+    run's, another host's and anything not named as its own."""
+    from pipeline import files, synthesize
+    final = tmp_path / "samples"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        ours = synthesize.temporary_folder(final)                 # this process's: a live run's
+        tag = files.process_tag()
+        pid, host = tag.split("-", 1)[0].split(".")[0], tag.split("-", 1)[1]
+        started = files._started(live.pid)
+        named = {"killed": f".samples.tmp{dead.pid}.1-{host}-abc_123",
+                 "reused": f".samples.tmp{live.pid}.{started + 1}-{host}-x1",   # its pid now another process's
+                 "live": f".samples.tmp{live.pid}.{started}-{host}-x2",
+                 "elsewhere": f".samples.tmp{dead.pid}.1-otherhost.1-x3",     # another node sharing the folder
+                 "other output": f".export.tmp{dead.pid}.1-{host}-x4",
+                 "older form": f".samples.tmp{dead.pid}-x5"}
+        for name in named.values():
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "00.wav").write_bytes(b"a sample")
+        lines = []
+        files.remove_leftover_folders(final, "synthesize", lines.append)
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [ours.name] + [named[k] for k in ("live", "elsewhere", "other output", "older form")])
+        assert lines == [f"removed what a killed synthesize left beside {final}: "
+                         f"{named['killed']}, {named['reused']}"]
+        assert ours.name.startswith(f".samples.tmp{pid}.") and (ours / "..").resolve() == tmp_path.resolve()
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_synthesize_and_export_refuse_an_empty_out_through_one_check(tmp_path, monkeypatch, capsys):
+    """Each command had its own two lines for an empty --out; one check (files.check_given) now says it for
+    both, each with its own wording of what to give."""
+    from pipeline import export, files, synthesize
+    asked = []
+    check = files.check_given
+    monkeypatch.setattr(files, "check_given", lambda *a: asked.append(a) or check(*a))
+    with pytest.raises(SystemExit):
+        synthesize.main(["--config", str(tmp_path / "none.yaml"), "--out", " "])
+    assert capsys.readouterr().err.splitlines() == ["error: --out: an empty path; give the folder to write the samples in"]
+    with pytest.raises(PipelineError, match=r"^--out: an empty path; give the export folder to write$"):
+        export.check_out("")
+    assert asked == [(" ", "--out", "the folder to write the samples in"), ("", "--out", "the export folder to write")]
+    check(None, "--out", "anything")   # no --out: the command's default folder

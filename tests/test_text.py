@@ -301,6 +301,7 @@ def test_headlines_compass_words_and_street_words(raw, spoken):
     "1 A St. B " * 10000, "1 Things St. " * 8000, "Main St. North " * 7000, "Ave. " * 20000, "Ave. Ab " * 12000,
     "Blvd.)" * 16000 + "x", "Ave. A " * 14000, "A ST. " * 16000, "1 A B DR. " * 10000,
     "<" * 100000, "< " * 50000, "<-" * 50000, "$-1" * 33000, "‰" * 100000, " " * 100000 + "<", "|^_{}" * 20000,
+    " " * 100000 + "•", "• " * 50000, "·" * 100000, "US$-1" * 20000, "1′" * 30000, "1°1′" * 20000,
 ])
 def test_the_english_cleaners_take_linear_time(raw):
     # expand_places took 2.9 s on "A-" x 20,000 (quadratic in a hyphen chain) and 42 s on "''B" x 33,000 (an
@@ -345,6 +346,22 @@ def test_lowercase_and_whitespace():
     ("a | b ^ c_d {e} [f] `g`", "a | b ^ c_d {e} [f] `g`"),
     # a tag's brackets are not comparisons: kept whole (espeak-ng says its name, as before)
     ("<b>Bold</b> if 1<2 and <br/> 3>2", "<b>bold</b> if one less than two and <br/> three greater than two"),
+    # "US$-5" kept its sign after the "$" ("us$-five"), "US$5" ran the country into the number ("usfive dollars")
+    ("It cost US$-5, A$-5.50 or -C$2.", "it cost minus five u s dollars, minus five australian dollars, fifty cents "
+     "or minus two canadian dollars."),
+    ("US$1, NZ$-2.5 million, HK$3; bus$-5 and US$ -5", "one u s dollar, minus two point five million new zealand "
+     "dollars, three hong kong dollars; bus$-five and us$ minus five"),
+    # primes were dropped: "five′eleven′′" said "fiveeleven"
+    ("He is 5′11″ tall, 1′ and 1″, 5.5′ or 1,000′ up.", "he is five feet eleven inches tall, one foot and one inch, "
+     "five point five feet or one thousand feet up."),
+    ("At 40°26′46″N 79°58′56″W, or 1°1′ S.", "at forty degrees twenty-six minutes forty-six seconds north seventy-nine "
+     "degrees fifty-eight minutes fifty-six seconds west, or one degree one minute south."),
+    ("f′(x) and x′", "f′(x) and x′"),  # a prime after a letter: no unit to read
+    # bullets were dropped: a list ran on without a pause
+    ("Buy: • eggs • milk · bread •", "buy: eggs, milk, bread"),
+    ("• eggs. • milk\n· bread", "eggs. milk, bread"),
+    # a middle dot between digits is a decimal point; inside a word it is left as it is
+    ("Pi is 3·14, col·legi", "pi is three point one four, col·legi"),
 ])
 def test_english_pipeline_reads_signs_times_versions_and_symbols(raw, spoken):
     assert clean_text(raw, "english") == spoken
@@ -368,6 +385,15 @@ def test_a_line_of_symbols_no_one_says_is_refused(line):
     for cfg in (PHONEMES, CHARS):
         symbols = text.to_symbols([line], cfg)[0][0]
         assert text.problem(line, symbols, cfg) == f"gives no {cfg['frontend']} (nothing to say)"
+
+
+def test_country_dollars_primes_and_bullets_are_heard():
+    # espeak-ng says nothing for "′", "″", "•" and "·", and "us" for "US$" ("ʌs", run into the number)
+    raw = ["US$-5", "5′11″", "40°26′46″N", "eggs • milk · bread", "3·14"]
+    words = ["minus five u s dollars", "five feet eleven inches", "forty degrees twenty-six minutes forty-six seconds north",
+             "eggs, milk, bread", "three point one four"]
+    assert [s for s, _ in text.to_symbols(raw, PHONEMES)] == [s for s, _ in text.to_symbols(words, PHONEMES)]
+    assert text.to_symbols(["eggs • milk"], PHONEMES)[0][0] == "ˈɛɡz, mˈɪlk"
 
 
 def test_english_pipeline():
