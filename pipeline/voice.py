@@ -58,6 +58,7 @@ FADE_SECONDS = 0.005              # each stretch of speech fades in and out over
 MAX_SENTENCE_CHARACTERS = 20_000  # a sentence's text at most: a longer one is refused before the front end
 FRONT_END_CHARACTERS = 1000       # the text of one front-end call at most (more only where it cannot be cut)
 SOONER = "; end sentences sooner (. ! ?)"
+EXPORT_FORMAT = 1  # export.json's layout: bump whenever its fields or their meaning change (a newer one is refused)
 _FRONT_END = threading.Lock()     # espeak-ng (through phonemizer) is one library state per process
 # where phonemizer cuts a cleaned text to read each side alone: a run of its punctuation marks (a , or .
 # between digits is not one)
@@ -139,6 +140,23 @@ def symbols_digest(symbols):
     """export.json's `vocab_digest`: a digest of vocab.json's symbols in id order, so a vocab.json of the
     same size but another order (ids that would speak other phonemes) is refused at load."""
     return hashlib.sha256(json.dumps(list(symbols), ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+
+
+def _files(folder, names):
+    """Every file under each of `names` (a file or a folder) in `folder`, sorted."""
+    tops = [Path(folder) / name for name in names]
+    return sorted(p for top in tops for p in ([top] if top.is_file() else top.rglob("*")) if p.is_file())
+
+
+def file_digests(folder, names):
+    """export.json's `files`: {path under `folder` ("saved_model/saved_model.pb"): {"bytes", "sha256"}} of every
+    file under each of `names` there."""
+    out = {}
+    for path in _files(folder, names):
+        with open(path, "rb") as f:
+            out[path.relative_to(folder).as_posix()] = {"bytes": path.stat().st_size,
+                                                        "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+    return out
 
 
 def _read_json(path):
