@@ -18,8 +18,10 @@ refused before any work, one line, so an export never deletes a run or a user's 
                         `log_mel` (same inputs) -> {"log_mel": float32 [1, frames, n_mels]}
   vocab.json            the ids the model takes: `symbols` in id order, pad/eos ids and the front end
                         (frontend, language, cleaners, espeak-ng version) that makes them
-  export.json           run, checkpoint, step, audio settings, sample rate, speakers and languages
-                        (names in id order), the signature's inputs, vocoder, TFLite ops
+  export.json           format (pipeline.voice.EXPORT_FORMAT), run, checkpoint, step, audio settings,
+                        sample rate, speakers and languages (names in id order), the signature's
+                        inputs, vocoder, TFLite ops, and `files`: bytes and sha256 of each file of
+                        saved_model/ and the TFLite models, which a voice checks before it loads
   model.tflite          with --tflite or `export.tflite: true`: float32, and model_float16.tflite
                         (float16 weights, float32 arithmetic)
 
@@ -67,7 +69,7 @@ from pipeline.errors import PipelineError, cli
 from pipeline.synthesize import PACE, PITCH_SHIFT, frame_f0, load_synthesizer
 from pipeline.vocoder import inputs
 from pipeline.vocoder.griffin_lim import griffin_lim_graph
-from pipeline.voice import symbols_digest
+from pipeline.voice import EXPORT_FORMAT, file_digests, symbols_digest
 
 SIGNATURE = "synthesize"
 TFLITE_FILES = {"float32": "model.tflite", "float16": "model_float16.tflite"}
@@ -400,6 +402,16 @@ def check_out(out, flag="--out"):
     return out
 
 
+def write_export_json(folder, meta, log=print):
+    """Write `meta` as `folder`'s export.json, with `files`: the bytes and sha256 of every file of saved_model/
+    and of the TFLite models there (pipeline.voice.file_digests), which a voice checks before it loads them,
+    so a saved_model/ copied in from another export, or edited, is refused."""
+    t0 = time.perf_counter()
+    meta["files"] = file_digests(folder, ["saved_model", *(n for n in TFLITE_FILES.values() if (folder / n).is_file())])
+    log(f"files: sha256 of {len(meta['files'])} ({time.perf_counter() - t0:.2f} s)")
+    (folder / "export.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+
+
 def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     """Write saved_model/, vocab.json, export.json (+ the TFLite models) into `out` (check_out's: new,
     empty or a previous export, replaced whole); -> export.json dict."""
@@ -420,7 +432,7 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
         log(f"saved_model: {time.perf_counter() - t0:.1f} s")
         a = run["audio"]
         meta = {
-            "run": cfg["name"], "run_dir": str(config.run_dir(cfg)), "checkpoint": synth.checkpoint,
+            "format": EXPORT_FORMAT, "run": cfg["name"], "run_dir": str(config.run_dir(cfg)), "checkpoint": synth.checkpoint,
             "step": synth.step, "model": run["model"]["kind"], "acoustic": _train_state(cfg, synth.step),
             "sample_rate": a["sample_rate"], "audio": dict(a), "n_mels": run["n_mels"],
             "max_seconds": cfg["synthesize"]["max_seconds"], "max_frames": synth.max_frames,
@@ -452,7 +464,7 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
                     f"({time.perf_counter() - t0:.1f} s)")
             shutil.rmtree(tmp / ".dft_model")
         (tmp / "vocab.json").write_text(json.dumps(run["vocab"], indent=1, ensure_ascii=False), encoding="utf-8")
-        (tmp / "export.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        write_export_json(tmp, meta, log)  # after every file it lists
         (tmp / STAMP).write_text(f"{synth.checkpoint}\n", encoding="utf-8")
         _replace_folder(tmp, out)
     finally:

@@ -3,7 +3,9 @@ synthesize it sentence by sentence. Shared by `python -m pipeline.speak` and `py
 
 Reads an export folder (runs/{name}/export, pipeline/export.py): saved_model/ (its `synthesize`
 signature), vocab.json (the symbols and the front end that makes them) and export.json
-(sample_rate, max_seconds and max_frames, speakers, languages). Writes nothing (pipeline/wavfile.py
+(format, sample_rate, max_seconds and max_frames, speakers, languages, and `files`: saved_model/'s
+files must be those the export wrote, checked by size and sha256 before TensorFlow loads; an export
+from before `format` loads unverified, one note at load). Writes nothing (pipeline/wavfile.py
 writes the wav where asked). Imports NumPy, the text front end (pipeline/text.py,
 pipeline/symbols.py) and pipeline/wavfile.py (its int16 conversion) only: no training module, no config.
 TensorFlow (~6 CPU s to import on a small CPU) is imported when a voice loads, after its folder's
@@ -58,6 +60,9 @@ FADE_SECONDS = 0.005              # each stretch of speech fades in and out over
 MAX_SENTENCE_CHARACTERS = 20_000  # a sentence's text at most: a longer one is refused before the front end
 FRONT_END_CHARACTERS = 1000       # the text of one front-end call at most (more only where it cannot be cut)
 SOONER = "; end sentences sooner (. ! ?)"
+EXPORT_FORMAT = 1  # export.json's layout: bump whenever its fields or their meaning change (a newer one is refused)
+VERIFIED = ("saved_model",)   # what a voice loads: its files must be those export.json's `files` lists
+AGAIN = "export the voice again (snakemake --cores all export)"
 _FRONT_END = threading.Lock()     # espeak-ng (through phonemizer) is one library state per process
 # where phonemizer cuts a cleaned text to read each side alone: a run of its punctuation marks (a , or .
 # between digits is not one)
@@ -139,6 +144,60 @@ def symbols_digest(symbols):
     """export.json's `vocab_digest`: a digest of vocab.json's symbols in id order, so a vocab.json of the
     same size but another order (ids that would speak other phonemes) is refused at load."""
     return hashlib.sha256(json.dumps(list(symbols), ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+
+
+def _files(folder, names):
+    """Every file under each of `names` (a file or a folder) in `folder`, sorted."""
+    tops = [Path(folder) / name for name in names]
+    return sorted(p for top in tops for p in ([top] if top.is_file() else top.rglob("*")) if p.is_file())
+
+
+def file_digests(folder, names):
+    """export.json's `files`: {path under `folder` ("saved_model/saved_model.pb"): {"bytes", "sha256"}} of every
+    file under each of `names` there."""
+    out = {}
+    for path in _files(folder, names):
+        with open(path, "rb") as f:
+            out[path.relative_to(folder).as_posix()] = {"bytes": path.stat().st_size,
+                                                        "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+    return out
+
+
+def export_format(meta, where):
+    """export.json's `format`, None for an export from before it (its files are not verified); VoiceError
+    naming `where` unless it is an integer in 1..EXPORT_FORMAT."""
+    found = meta.get("format") if isinstance(meta, dict) else None
+    if found is not None and (isinstance(found, bool) or not isinstance(found, int) or found < 1):
+        raise VoiceError(f"{where}: format {str(found)[:40]!r} is not an integer in 1..{EXPORT_FORMAT}; {AGAIN}")
+    if found is not None and found > EXPORT_FORMAT:
+        raise VoiceError(f"{where}: format {found}, newer than this code reads ({EXPORT_FORMAT}); speak it with "
+                         "the code that exported it, or export it again with this code (snakemake --cores all export)")
+    return found
+
+
+def check_files(folder, meta, names=VERIFIED):
+    """VoiceError naming the first file under `names` that is not what export.json's `files` says export
+    wrote there (missing, another size or sha256, or one it did not write): a saved_model/ copied in from
+    another export (another vocabulary, sample rate, speakers) or edited would load and speak wrongly."""
+    folder, listed = Path(folder), meta.get("files")
+    if not (isinstance(listed, dict) and all(isinstance(v, dict) and {"bytes", "sha256"} <= set(v)
+                                             for v in listed.values())):
+        raise VoiceError(f"{folder / 'export.json'}: files {json.dumps(listed)[:40]} is not "
+                         f"{{path: {{bytes, sha256}}}}; {AGAIN}")
+    want = {path: v for path, v in listed.items() if path.split("/")[0] in names}
+    sizes = {p.relative_to(folder).as_posix(): p.stat().st_size for p in _files(folder, names)}
+
+    def changed(path, what):
+        return VoiceError(f"{folder / path}: {what} (export.json files): {path.split('/')[0]} was replaced or "
+                          f"changed since it was exported; {AGAIN}")
+    for path in sorted(want.keys() | sizes.keys()):   # what is there and its size first: no file read
+        if path not in sizes or path not in want:
+            raise changed(path, "missing" if path not in sizes else "a file export did not write")
+        if sizes[path] != want[path]["bytes"]:
+            raise changed(path, f"{sizes[path]} bytes, not the {want[path]['bytes']} export wrote")
+    for path, digest in file_digests(folder, names).items():
+        if digest["sha256"] != want[path]["sha256"]:
+            raise changed(path, "its sha256 is not the one export wrote")
 
 
 def _read_json(path):
@@ -275,8 +334,14 @@ class Voice:
         folder = self.folder = Path(folder)
         self.meta, self.vocab = _read_json(folder / "export.json"), _read_json(folder / "vocab.json")
         if not (folder / "saved_model").is_dir():
-            raise VoiceError(f"{folder / 'saved_model'}: not found; export the voice again (snakemake --cores all export)")
+            raise VoiceError(f"{folder / 'saved_model'}: not found; {AGAIN}")
+        self.verified = export_format(self.meta, folder / "export.json") is not None   # before its other fields
+        if self.verified:
+            check_files(folder, self.meta)
         self.sample_rate, self.max_seconds, self.max_samples = self._read_settings()
+        if not self.verified:   # once, at load
+            (log or (lambda *a: None))(f"note: {folder / 'export.json'}: no format, an export from before its files' "
+                                       f"digests: saved_model/ loads unverified; {AGAIN} to have it checked")
         self.max_tokens = self._read_token_settings()
         self.max_sentence_samples = int(MAX_SENTENCE_SECONDS * self.sample_rate)
         self.symbols = [s for s in self.vocab["symbols"] if s not in (text.PAD, text.EOS)]

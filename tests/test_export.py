@@ -183,6 +183,20 @@ def test_export_json_and_vocab_json_say_what_was_exported(exported):
                                                      "model_float16.tflite", "saved_model", "vocab.json"]  # no temporary left
 
 
+def test_export_json_has_a_format_and_each_written_files_size_and_sha256(exported):
+    # export.json had no format, and nothing tied it to the saved_model/ beside it
+    import hashlib
+    _, out = exported
+    meta = load_json(out / "export.json")
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*")
+                     if p.is_file() and (p.name.endswith(".tflite") or "saved_model" in p.parts))
+    assert meta["format"] == 1 and sorted(meta["files"]) == written
+    assert {"saved_model/saved_model.pb", "saved_model/fingerprint.pb", "model.tflite"} <= set(written)
+    for path, entry in meta["files"].items():
+        data = (out / path).read_bytes()
+        assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, path
+
+
 def test_text_ids_prints_the_exported_vocabularys_ids(exported, reference, capsys):
     cfg_path, out = exported
     expected = text.encode(SENTENCE, load_json(out / "vocab.json"))
