@@ -56,7 +56,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import sys
 import time
 
@@ -484,21 +483,11 @@ def _alive(pid):
     return True
 
 
-def _host():
-    """This host's name, and its pid namespace where /proc shows one (containers started with one fixed
-    hostname each have their own): where a pid means this process table."""
-    name = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
-    try:
-        return f"{name}.{os.stat('/proc/self/ns/pid').st_ino}"
-    except OSError:
-        return name
-
-
 def _process_tag():
-    """This export's part of its temporary folders' names: `-{host}-{pid}` (_host: with the pid namespace),
+    """This export's part of its temporary folders' names: `-{host}-{pid}` (files.host_id: with the pid namespace),
     so that an export on another node (or container) writing to the same shared runs folder is never
     judged by this host's pids."""
-    return f"-{_host()}-{os.getpid()}"
+    return f"-{files.host_id()}-{os.getpid()}"
 
 
 def _untouched_seconds(path):
@@ -519,7 +508,7 @@ def remove_leftovers(out, log=print):
     export's .tmp{pid}, or this host's whose pid a new process took) untouched for LEFTOVER_SECONDS. A
     live export's are kept: two exports may run at once, on one node or on several sharing the folder."""
     pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:tmp|old)(?:-(?P<host>[A-Za-z0-9._-]+)-)?(?P<pid>\d+)")
-    host, mine = _host(), _process_tag()
+    host, mine = files.host_id(), _process_tag()
     for path in sorted(out.parent.iterdir()) if out.parent.is_dir() else ():
         found = pattern.fullmatch(path.name)
         if not found or not path.is_dir() or path.is_symlink() or path.name.endswith(mine):

@@ -184,9 +184,11 @@ def remove_stale_temporaries(folder, older_than=STALE_SECONDS):
 
 
 
-def _host():
-    """This host's name and pid namespace (containers given one hostname each have their own): where a
-    pid names a process of this process table."""
+def host_id():
+    """This host's name and its pid namespace where /proc shows one (containers started with one fixed
+    hostname each have their own): where a pid means this process table. Temporary folders carry it
+    (process_tag here, export's), so that a run on another node sharing the folder is never judged by
+    this host's pids."""
     name = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
     try:
         return f"{name}.{os.stat('/proc/self/ns/pid').st_ino}"
@@ -217,7 +219,7 @@ def process_tag():
     prove its writer gone (remove_leftover_folders). The start time tells a pid a new process took; the
     host (with its pid namespace) keeps a run on another node sharing the folder from being judged by
     this host's pids."""
-    return f"{os.getpid()}.{_started(os.getpid()) or 0}-{_host()}"
+    return f"{os.getpid()}.{_started(os.getpid()) or 0}-{host_id()}"
 
 
 def remove_leftover_folders(final, what, log):
@@ -227,7 +229,7 @@ def remove_leftover_folders(final, what, log):
     live run's are never touched. Says in one line what it removed. -> the paths removed."""
     final = Path(final)
     pattern = re.compile(rf"\.{re.escape(final.name)}\.tmp(\d+)\.(\d+)-([A-Za-z0-9._-]+)-[A-Za-z0-9_]+")
-    host, removed = _host(), []
+    host, removed = host_id(), []
     try:
         entries = sorted(os.scandir(final.parent), key=lambda e: e.name)
     except OSError:   # no such folder yet

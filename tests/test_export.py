@@ -669,9 +669,9 @@ def test_leftovers_of_a_live_export_on_another_host_are_kept(tmp_path):
     # (os.kill sees only this host) and its temporary folder was deleted mid-export
     import time
 
-    from pipeline import export
+    from pipeline import export, files
     out = tmp_path / "export"
-    host = export._host()
+    host = files.host_id()
     dead = 2 ** 22 + 12345                        # above Linux's pid_max default: no such process
     names = {f".export.tmp-{host}-{dead}": False, f".export.tmp-{host}-{os.getppid()}": True,
              f".export.old-other-node-07-{dead}": True, f".export.tmp-other-node-07-{dead + 1}": False,
