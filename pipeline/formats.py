@@ -124,6 +124,12 @@ def table_lines(raw, path):
     return out
 
 
+# a first row of column names (id|text|normalized_text, file_name|transcription): read as a clip, it was
+# left out as "missing file", said only in rejected.tsv
+_HEADER = re.compile(r"(?i)(id|file|file_?name|audio|audio_?file|path|wav|utt(erance)?(_?id)?|name|text|"
+                     r"normali[sz]ed(_?text)?|transcripts?|transcriptions?|sentence)")
+
+
 def read_metadata(path):
     """The clips of a metadata.csv, in file order; DatasetError on the first malformed line."""
     path = Path(path)
@@ -133,6 +139,9 @@ def read_metadata(path):
         if len(cols) not in (2, 3):
             raise DatasetError(f"{path}:{lineno}: expected 2 or 3 columns separated by '|' "
                                f"(id|text|normalized_text), found {len(cols)}")
+        if not clips and _HEADER.fullmatch(cols[0].strip()) and _HEADER.fullmatch(cols[1].strip()):
+            raise DatasetError(f"{path}:{lineno}: {line!r} is a header row; an LJSpeech metadata.csv has none "
+                               "(every line is id|text|normalized_text): remove it")
         clip_id = plain_id(cols[0].strip(), f"{path}:{lineno}")
         text = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
         if not text:
