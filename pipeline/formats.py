@@ -124,6 +124,12 @@ def table_lines(raw, path):
     return out
 
 
+# a first row of column names (id|text|normalized_text, file_name|transcription): read as a clip, it was
+# left out as "missing file", said only in rejected.tsv
+_HEADER = re.compile(r"(?i)(id|file|file_?name|audio|audio_?file|path|wav|utt(erance)?(_?id)?|name|text|"
+                     r"normali[sz]ed(_?text)?|transcripts?|transcriptions?|sentence)")
+
+
 def read_metadata(path):
     """The clips of a metadata.csv, in file order; DatasetError on the first malformed line."""
     path = Path(path)
@@ -133,6 +139,9 @@ def read_metadata(path):
         if len(cols) not in (2, 3):
             raise DatasetError(f"{path}:{lineno}: expected 2 or 3 columns separated by '|' "
                                f"(id|text|normalized_text), found {len(cols)}")
+        if not clips and _HEADER.fullmatch(cols[0].strip()) and _HEADER.fullmatch(cols[1].strip()):
+            raise DatasetError(f"{path}:{lineno}: {line!r} is a header row; an LJSpeech metadata.csv has none "
+                               "(every line is id|text|normalized_text): remove it")
         clip_id = plain_id(cols[0].strip(), f"{path}:{lineno}")
         text = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
         if not text:
@@ -198,6 +207,16 @@ def one_audio_file(files, clip_id, where):
     return files[0] if files else None
 
 
+def not_a_file_name(clip_id, has_audio, folder, where):
+    """DatasetError when a clip that has no audio file is named with its file's extension
+    (`LJ001-0001.wav|...` in metadata.csv, for wavs/LJ001-0001.wav) and `has_audio(stem)` finds the file:
+    the id is the file's name without it, so the clip's audio was looked for as LJ001-0001.wav.wav."""
+    stem, _, ext = clip_id.rpartition(".")
+    if stem and ext.lower() in AUDIO_EXTENSIONS and has_audio(stem):
+        raise DatasetError(f"{where}: id {clip_id!r} ends with its audio file's extension; an id is the file's name "
+                           f"without it ({folder}/{clip_id}.wav|flac|ogg is looked for): write {stem!r}")
+
+
 def _read_text(path):
     try:
         raw = path.read_bytes()
@@ -252,6 +271,8 @@ def read_ljspeech(root, src, name, strict):
     out = []
     for c in read_metadata(root / "metadata.csv"):
         where = f"{root / 'metadata.csv'}:{c.lineno}"
+        if c.id not in audio:
+            not_a_file_name(c.id, audio.__contains__, root / "wavs", where)
         wav = one_audio_file(audio.get(c.id), c.id, where) or str(root / "wavs" / f"{c.id}.wav")
         out.append(Clip(c.id, c.text, c.line, c.lineno, speaker, src.get("language") or "", wav, where))
     return out

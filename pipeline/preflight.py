@@ -171,6 +171,9 @@ def check_audio(cfg, clips_by_shard, audio, twins=None):
                     "caches are as they were")
         return
     folder = Path(d["root"]) / d["audio_dir"]
+    # before "none of the files": ids written as file names find none (the first line named)
+    for c in sorted((c for c in clips if not audio.get(c.id)), key=lambda c: c.lineno):
+        formats.not_a_file_name(c.id, audio.get, folder, manifest.clip_where(d, c))
     if clips and not any(audio.get(c.id) for c in clips):
         raise config.ConfigError(f"dataset.audio_dir: {folder} holds none of the {len(clips)} clips' audio files (an "
                                  f"empty or unmounted folder?); nothing was run, the caches are as they were")

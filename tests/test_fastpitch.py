@@ -250,6 +250,25 @@ def test_user_model_kind_is_built_and_checked(user_package):
         models.build({**cfg["model"], "kind": "fastpitch"}, {"symbols": list("abcdef")}, 80)
 
 
+@pytest.mark.parametrize("source, message", [
+    ("def build(model_cfg, vocab, n_mels):\n    return (\n", "broken.py:2: SyntaxError: '(' was never closed"),
+    ("import json\nraise RuntimeError('needs a GPU')\n", "broken.py:2: RuntimeError: needs a GPU"),
+    # its own dependency missing: not "put it on PYTHONPATH", which it is
+    ("import not_installed_dep\n", "broken.py:1: ModuleNotFoundError: No module named 'not_installed_dep'"),
+])
+def test_a_user_kind_that_fails_to_import_is_one_line_naming_its_file_and_line(user_package, source, message):
+    # a syntax error or an exception in the user's module came out of planning as Snakemake's traceback
+    (user_package / "user_models" / "broken.py").write_text(source)
+    try:
+        with pytest.raises(models.ModelError) as caught:
+            models.check_kind({"kind": "user_models.broken:build"})
+    finally:
+        sys.modules.pop("user_models.broken", None)
+    text = str(caught.value)
+    assert text.startswith("model.kind: importing 'user_models.broken' failed: ") and "\n" not in text
+    assert text.endswith(message) and str(user_package / "user_models") in text, text
+
+
 def test_frame_multiple_comes_from_the_config_and_the_model_must_agree(user_package):
     from pipeline.train import check_frame_multiple
     cfg = config.load_config(overrides={"model": {"kind": "user_models.tiny:build", "options": {"width": 8}}})["model"]

@@ -298,6 +298,30 @@ def test_audio_extensions_in_capitals_are_found(tmp_path, corpus_template):
     assert "has audio in 2 formats (LJ001-0002.WAV, LJ001-0002.flac)" in _error([{"root": str(lj), "format": "ljspeech"}])
 
 
+def test_an_id_written_with_its_files_extension_names_its_line(tmp_path, corpus_template):
+    # `LJ001-0003.wav|...` looked for wavs/LJ001-0003.wav.wav: that clip was left out as missing audio
+    # without a word at planning, and every id so written was "an empty or unmounted folder?"
+    lj = shutil.copytree(corpus_template, tmp_path / "lj")
+    lines = (lj / "metadata.csv").read_text().splitlines()
+    lines[2] = lines[2].replace("LJ001-0003|", "LJ001-0003.WAV|", 1)
+    (lj / "metadata.csv").write_text("\n".join(lines) + "\n")
+    said = (f"{lj / 'metadata.csv'}:3: id 'LJ001-0003.WAV' ends with its audio file's extension; an id is the file's "
+            f"name without it ({lj / 'wavs'}/LJ001-0003.WAV.wav|flac|ogg is looked for): write 'LJ001-0003'")
+    proc = snakemake("caches", "-n", config=write_config(tmp_path, lj), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and f"error: {said}" in out and "Traceback" not in out, out
+    assert _error([{"root": str(lj), "format": "ljspeech"}]) == said
+    # every id so written: the first line, not "an empty or unmounted folder"
+    (lj / "metadata.csv").write_text("".join(re.sub(r"^(LJ[0-9-]+)\|", r"\1.wav|", line) + "\n" for line in lines))
+    proc = snakemake("caches", "-n", config=write_config(tmp_path, lj), check=False)
+    assert f"{lj / 'metadata.csv'}:1: id 'LJ001-0001.wav' ends with its audio file's extension" in proc.stderr, proc.stderr
+    # an id whose own file carries the extension twice is its file's name
+    (lj / "metadata.csv").write_text(lines[0].replace("LJ001-0001|", "LJ001-0001.wav|", 1) + "\n")
+    (lj / "wavs" / "LJ001-0001.wav").rename(lj / "wavs" / "LJ001-0001.wav.wav")
+    [clip] = formats.read_sources([{"root": str(lj), "format": "ljspeech"}])
+    assert clip.id == "lj-LJ001-0001.wav" and clip.audio == str(lj / "wavs" / "LJ001-0001.wav.wav")
+
+
 def test_the_single_folder_form_refuses_one_recording_under_two_ids(tmp_path, corpus_template):
     # docs/datasets.md promised it for every form; only dataset.sources checked
     lj = shutil.copytree(corpus_template, tmp_path / "lj")

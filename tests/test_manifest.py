@@ -84,6 +84,20 @@ def test_malformed_line_names_file_and_line(tmp_path, kind):
         assert all(w.lower() in message.lower() for w in words), message
 
 
+@pytest.mark.parametrize("header", [b"id|text|normalized_text", b"File_Name|Transcription",
+                                    b"audio_file|text", b"utt_id|sentence|normalised"])
+def test_a_header_row_names_the_file_and_line(tmp_path, header):
+    # read as a clip "id" with the text "text", it was left out as missing audio, said only in rejected.tsv
+    path = tmp_path / "metadata.csv"
+    path.write_bytes(b"\xef\xbb\xbf\r\n" + header + b"\r\nLJ001-0001|Printing.|Printing.\r\n")
+    with pytest.raises(DatasetError) as e:
+        formats.read_metadata(path)
+    assert str(e.value).startswith(f"{path}:2: ") and "is a header row" in str(e.value), str(e.value)
+    # a clip whose id or text only looks like a column name is a clip; so is such a row below the first
+    path.write_bytes(b"name|Text.\nid|text\nLJ001-0001|Printing.\n")
+    assert [c.id for c in formats.read_metadata(path)] == ["name", "id", "LJ001-0001"]
+
+
 def test_empty_metadata_is_an_error(tmp_path):
     path = tmp_path / "metadata.csv"
     path.write_bytes(b"\xef\xbb\xbf\r\n")

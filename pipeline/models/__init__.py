@@ -26,6 +26,7 @@ docs/examples/my_tts.py is a user's kind that the tests train.
 import importlib
 import inspect
 import sys
+import traceback
 from pathlib import Path
 
 from pipeline.config import ConfigError
@@ -95,8 +96,12 @@ def _user_builder(kind):
         sys.path.append(cwd)  # a user's package beside the Snakefile
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ModelError(f"model.kind: cannot import {module_name!r} ({e}); put it on PYTHONPATH") from None
+    except ModuleNotFoundError as e:
+        if e.name and (module_name + ".").startswith(e.name + "."):  # the module itself (or its package)
+            raise ModelError(f"model.kind: cannot import {module_name!r} ({e}); put it on PYTHONPATH") from None
+        raise ModelError(f"model.kind: importing {module_name!r} failed: {_raised_at(e)}") from None
+    except Exception as e:  # the user's module is broken: its file and line, not Snakemake's traceback
+        raise ModelError(f"model.kind: importing {module_name!r} failed: {_raised_at(e)}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ModelError(f"model.kind: {module_name!r} has no function {attr!r}")
@@ -108,6 +113,17 @@ def _user_builder(kind):
     except ValueError:  # a builtin without a signature: the call itself will tell
         pass
     return fn
+
+
+def _raised_at(error):
+    """"file:line: Type: message" of an exception raised while importing a user's module (a syntax
+    error's own file and line, else the innermost frame outside importlib), on one line."""
+    if isinstance(error, SyntaxError):
+        where, what = f"{error.filename}:{error.lineno}", error.msg
+    else:
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen")]
+        where, what = (f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"), str(error)
+    return f"{where}: {type(error).__name__}: {' '.join(what.split())}"
 
 
 def _signature(fn):
