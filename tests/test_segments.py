@@ -272,3 +272,35 @@ def test_fine_tuning_skips_the_clips_a_gta_shard_left_out(built_cache, tmp_path)
     with pytest.raises(CacheError, match=rf"{meta['ids'][0]} has {len(mels[0]) - 1} gta items, its mel has "
                                          rf"{len(mels[0])} frames \(expected {len(mels[0])}\)"):
         segments._sources(cfg, "all", "gta", logged.append)
+
+
+def test_a_new_train_seed_restarts_the_vocoder_instead_of_resuming_on_its_batches(tmp_path):
+    # batches are a function of (train.seed, step) and the initial weights of train.seed: a new seed reran
+    # the vocoder's jobs (a param), which resumed the old seed's checkpoints at their last step on the new
+    # seed's batches, a run neither seed makes; the phase restarts now, and the old seed's set comes back
+    import json
+
+    from pipeline.vocoder import inputs
+    cfg = config.load_config(overrides={"runs_dir": str(tmp_path), "vocoder": {"kind": "vocos"}}, check_paths=False)
+    other = dict(cfg, train={**cfg["train"], "seed": cfg["train"]["seed"] + 1})
+    folder, logged = config.run_dir(cfg) / "vocoder" / "train", []
+
+    def trained(key, step):
+        inputs.switch(folder, key, logged.append)
+        (folder / "checkpoints").mkdir(exist_ok=True)
+        (folder / "checkpoints" / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{step}"\n')
+
+    trained(inputs.settings(cfg), 5)
+    seed = cfg["train"]["seed"]
+    [note] = inputs.notes(other)
+    assert note.startswith(f"note: train.seed {seed} -> {seed + 1} since the vocoder's train phase was trained"), note
+    trained(inputs.settings(other), 3)
+    assert f"train.seed {seed} -> {seed + 1}" in logged[-1] and "set aside" in logged[-1]
+    inputs.switch(folder, inputs.settings(cfg), logged.append)                 # back to the first seed: its set
+    assert "resuming" in logged[-1] and "ckpt-5" in (folder / "checkpoints" / "checkpoint").read_text()
+    # inputs recorded before they held train.seed resume as before (nothing says which seed made them)
+    inputs.path(folder).write_text(json.dumps({k: v for k, v in inputs.settings(cfg).items() if k != "train"}))
+    assert inputs.notes(other) == []
+    logged.clear()
+    inputs.switch(folder, inputs.settings(other), logged.append)
+    assert logged == [] and inputs.read(folder)["train"] == {"seed": seed + 1}
