@@ -304,3 +304,24 @@ def test_a_new_train_seed_restarts_the_vocoder_instead_of_resuming_on_its_batche
     logged.clear()
     inputs.switch(folder, inputs.settings(other), logged.append)
     assert logged == [] and inputs.read(folder)["train"] == {"seed": seed + 1}
+
+
+def test_gta_shards_of_another_mel_width_are_refused_naming_the_shard(built_cache, tmp_path):
+    # GTA shards made at another audio.n_mels (a direct `python -m pipeline.vocoder.train --phase finetune`
+    # after the setting changed) have the recorded frame counts, so every length check passed, and their
+    # bytes were cut into rows of n_mels: fine-tuning trained on mels that were no frames of the audio
+    from pipeline import shards
+    from pipeline.shards import CacheError
+    from pipeline.vocoder import segments
+    cfg = _cfg(built_cache, segment_frames=8, batch_size=4)
+    cfg["runs_dir"] = str(tmp_path)
+    entries = data.read_index(cfg)["shards"]
+    for entry in entries:
+        meta, mels = shards.read(config.cache_dir(cfg) / entry["mels"], "mels")
+        shards.write(segments.gta_prefix(cfg, entry["shard"]), "gta", meta["ids"], [np.concatenate([m, m], 1) for m in mels],
+                     provenance="test", width=2 * meta["width"])
+    n_mels = cfg["audio"]["n_mels"]
+    for split in ("train", "val"):
+        with pytest.raises(CacheError, match=rf"gta/shard-000\.json: GTA mels of {2 * n_mels} bins, audio.n_mels is "
+                                             rf"{n_mels} \(made at other settings\); run `snakemake --cores all vocoder`"):
+            build_segments(cfg, split, source="gta")
