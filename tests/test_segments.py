@@ -325,3 +325,23 @@ def test_gta_shards_of_another_mel_width_are_refused_naming_the_shard(built_cach
         with pytest.raises(CacheError, match=rf"gta/shard-000\.json: GTA mels of {2 * n_mels} bins, audio.n_mels is "
                                              rf"{n_mels} \(made at other settings\); run `snakemake --cores all vocoder`"):
             build_segments(cfg, split, source="gta")
+
+
+def test_validation_losses_weigh_every_crop_the_same_whatever_batch_it_falls_in(built_cache):
+    # validation gives each clip once in batches of up to B, the last one partial (the demo: 9 clips, batches
+    # of 8 and 1); the losses were the mean of the batches' means, so the last batch's clips weighed more
+    # (the demo's ninth clip half the score). Now the mel L1 is the mean of every crop's own.
+    from types import SimpleNamespace
+
+    from pipeline.vocoder import discriminators as D
+    from pipeline.vocoder import train
+    cfg = _cfg(built_cache, segment_frames=16, batch_size=16)
+    val = build_segments(cfg, "all", repeat=False)
+    sizes = [len(b["audio"]) for b in val]
+    assert sizes == [16, 8]                                                      # 24 clips: one partial batch
+    trainer = SimpleNamespace(device="/cpu:0", uses_f0=False, cfg=cfg)
+    quiet = lambda mel, training: tf.zeros([mel.shape[0], mel.shape[1] * cfg["audio"]["hop_length"]])  # noqa: E731
+    losses, _ = train._val_losses(trainer, quiet, val)
+    each = [float(D.mel_l1(a[None], tf.zeros_like(a)[None], cfg["audio"])) for b in val for a in b["audio"]]
+    assert len(each) == 24 and np.std(each) > 0.05                               # the crops differ
+    np.testing.assert_allclose(losses["mel"], np.mean(each), rtol=1e-5)
