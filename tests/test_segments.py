@@ -272,3 +272,76 @@ def test_fine_tuning_skips_the_clips_a_gta_shard_left_out(built_cache, tmp_path)
     with pytest.raises(CacheError, match=rf"{meta['ids'][0]} has {len(mels[0]) - 1} gta items, its mel has "
                                          rf"{len(mels[0])} frames \(expected {len(mels[0])}\)"):
         segments._sources(cfg, "all", "gta", logged.append)
+
+
+def test_a_new_train_seed_restarts_the_vocoder_instead_of_resuming_on_its_batches(tmp_path):
+    # batches are a function of (train.seed, step) and the initial weights of train.seed: a new seed reran
+    # the vocoder's jobs (a param), which resumed the old seed's checkpoints at their last step on the new
+    # seed's batches, a run neither seed makes; the phase restarts now, and the old seed's set comes back
+    import json
+
+    from pipeline.vocoder import inputs
+    cfg = config.load_config(overrides={"runs_dir": str(tmp_path), "vocoder": {"kind": "vocos"}}, check_paths=False)
+    other = dict(cfg, train={**cfg["train"], "seed": cfg["train"]["seed"] + 1})
+    folder, logged = config.run_dir(cfg) / "vocoder" / "train", []
+
+    def trained(key, step):
+        inputs.switch(folder, key, logged.append)
+        (folder / "checkpoints").mkdir(exist_ok=True)
+        (folder / "checkpoints" / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{step}"\n')
+
+    trained(inputs.settings(cfg), 5)
+    seed = cfg["train"]["seed"]
+    [note] = inputs.notes(other)
+    assert note.startswith(f"note: train.seed {seed} -> {seed + 1} since the vocoder's train phase was trained"), note
+    trained(inputs.settings(other), 3)
+    assert f"train.seed {seed} -> {seed + 1}" in logged[-1] and "set aside" in logged[-1]
+    inputs.switch(folder, inputs.settings(cfg), logged.append)                 # back to the first seed: its set
+    assert "resuming" in logged[-1] and "ckpt-5" in (folder / "checkpoints" / "checkpoint").read_text()
+    # inputs recorded before they held train.seed resume as before (nothing says which seed made them)
+    inputs.path(folder).write_text(json.dumps({k: v for k, v in inputs.settings(cfg).items() if k != "train"}))
+    assert inputs.notes(other) == []
+    logged.clear()
+    inputs.switch(folder, inputs.settings(other), logged.append)
+    assert logged == [] and inputs.read(folder)["train"] == {"seed": seed + 1}
+
+
+def test_gta_shards_of_another_mel_width_are_refused_naming_the_shard(built_cache, tmp_path):
+    # GTA shards made at another audio.n_mels (a direct `python -m pipeline.vocoder.train --phase finetune`
+    # after the setting changed) have the recorded frame counts, so every length check passed, and their
+    # bytes were cut into rows of n_mels: fine-tuning trained on mels that were no frames of the audio
+    from pipeline import shards
+    from pipeline.shards import CacheError
+    from pipeline.vocoder import segments
+    cfg = _cfg(built_cache, segment_frames=8, batch_size=4)
+    cfg["runs_dir"] = str(tmp_path)
+    entries = data.read_index(cfg)["shards"]
+    for entry in entries:
+        meta, mels = shards.read(config.cache_dir(cfg) / entry["mels"], "mels")
+        shards.write(segments.gta_prefix(cfg, entry["shard"]), "gta", meta["ids"], [np.concatenate([m, m], 1) for m in mels],
+                     provenance="test", width=2 * meta["width"])
+    n_mels = cfg["audio"]["n_mels"]
+    for split in ("train", "val"):
+        with pytest.raises(CacheError, match=rf"gta/shard-000\.json: GTA mels of {2 * n_mels} bins, audio.n_mels is "
+                                             rf"{n_mels} \(made at other settings\); run `snakemake --cores all vocoder`"):
+            build_segments(cfg, split, source="gta")
+
+
+def test_validation_losses_weigh_every_crop_the_same_whatever_batch_it_falls_in(built_cache):
+    # validation gives each clip once in batches of up to B, the last one partial (the demo: 9 clips, batches
+    # of 8 and 1); the losses were the mean of the batches' means, so the last batch's clips weighed more
+    # (the demo's ninth clip half the score). Now the mel L1 is the mean of every crop's own.
+    from types import SimpleNamespace
+
+    from pipeline.vocoder import discriminators as D
+    from pipeline.vocoder import train
+    cfg = _cfg(built_cache, segment_frames=16, batch_size=16)
+    val = build_segments(cfg, "all", repeat=False)
+    sizes = [len(b["audio"]) for b in val]
+    assert sizes == [16, 8]                                                      # 24 clips: one partial batch
+    trainer = SimpleNamespace(device="/cpu:0", uses_f0=False, cfg=cfg)
+    quiet = lambda mel, training: tf.zeros([mel.shape[0], mel.shape[1] * cfg["audio"]["hop_length"]])  # noqa: E731
+    losses, _ = train._val_losses(trainer, quiet, val)
+    each = [float(D.mel_l1(a[None], tf.zeros_like(a)[None], cfg["audio"])) for b in val for a in b["audio"]]
+    assert len(each) == 24 and np.std(each) > 0.05                               # the crops differ
+    np.testing.assert_allclose(losses["mel"], np.mean(each), rtol=1e-5)

@@ -1,7 +1,8 @@
 """What a vocoder phase's checkpoints were made from, and what happens to them when that changes.
 
 runs/{name}/vocoder/{phase}/inputs.json holds the settings the phase's checkpoints were trained
-with (`vocoder:` less the keys a rerun continues with, `audio:`) and, for `finetune`, the first
+with (`vocoder:` less the keys a rerun continues with, `audio:`, `train.seed`, which picks every
+batch and the initial weights) and, for `finetune`, the first
 phase's checkpoint and the GTA shards' checksums (pipeline/vocoder/train.py adds those). When they
 change, `switch` sets the checkpoints aside in vocoder/{phase}/set_aside/<digest>/ (the last `KEEP`
 sets are kept) and the phase trains from its start; when the same inputs come back, their set is
@@ -16,7 +17,7 @@ them); it reads two small JSON files and needs no TensorFlow.
     inputs.switch(folder, key, log)  # before a phase trains: the checkpoints made from `key` in place
     inputs.finetuned_elsewhere(cfg, summary, checkpoint)  # a note when the vocoder was fine-tuned for another acoustic model
 
-Config keys: vocoder.*, audio.*, pitch.* (kinds that take F0), runs_dir, name.
+Config keys: vocoder.*, audio.*, train.seed, pitch.* (kinds that take F0), runs_dir, name.
 """
 import hashlib
 import json
@@ -48,22 +49,25 @@ def settings(cfg, phase="train", uses_f0=False):
     """The settings a phase's checkpoints depend on, JSON-ready: a change of any restarts the phase.
     The first phase does not depend on the keys of fine-tuning alone (`FINETUNE_ONLY`). A kind that
     trains on F0 from the pitch cache (`uses_f0`: kinds.uses_f0, which imports this module) depends on
-    `pitch:` too: a new pitch method resumed the phase at its last step, trained on the old F0. Inputs
-    recorded before they held it are compared without it (SECTIONS)."""
+    `pitch:` too: a new pitch method resumed the phase at its last step, trained on the old F0. Every
+    phase depends on `train.seed`, which draws its initial weights and its batches (segments.py): a new
+    seed resumed the phase at its last step on the new seed's batches, neither run's. Inputs recorded
+    before they held `pitch` or `train` are compared without it (LATER)."""
     skip = RESUMABLE + (FINETUNE_ONLY if phase == "train" else ())
     vocoder = {k: v for k, v in cfg["vocoder"].items() if k not in skip and not (k in AS_BEFORE and v == AS_BEFORE[k])}
-    made = {"vocoder": vocoder, "audio": cfg["audio"]}
+    made = {"vocoder": vocoder, "audio": cfg["audio"], "train": {"seed": cfg["train"]["seed"]}}
     if uses_f0:
         made["pitch"] = cfg["pitch"]
     return _kind_only(json.loads(json.dumps(made)))
 
 
-SECTIONS = ("vocoder", "audio", "pitch")  # what settings() records; `pitch` only for kinds that take F0
+SECTIONS = ("vocoder", "audio", "pitch", "train")  # what settings() records; `pitch` only for kinds that take F0
+LATER = ("pitch", "train")  # sections inputs did not always record: compared only where both sides hold them
 
 
 def _as_recorded(now, made):
-    """`now` less the sections `made` (inputs recorded earlier) does not hold: `pitch` was not recorded
-    before it was a key, and checkpoints made then resume as they did."""
+    """`now` less the sections `made` (inputs recorded earlier) does not hold: `pitch` and `train` were
+    not recorded before they were keys, and checkpoints made then resume as they did."""
     return {k: v for k, v in now.items() if k in made or k not in SECTIONS}
 
 
@@ -99,7 +103,7 @@ def _flat(section, prefix):
 def changes(made, now):
     """'key old -> new' for each setting that differs; the first phase's weights and the GTA mels by name."""
     made, now = _kind_only(made), _kind_only(_as_recorded(now, made))
-    keys = [k for k in SECTIONS if k != "pitch" or k in made and k in now]  # a kind without F0 has no pitch
+    keys = [k for k in SECTIONS if k not in LATER or k in made and k in now]  # a kind without F0 has no pitch
     a, b = (_flat({k: _with_as_before(x, k) for k in keys}, "") for x in (made, now))
     out = [f"{k[1:]} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     made, now = _comparable(made), _comparable(now)
@@ -131,11 +135,11 @@ def _digest(made):
 
 
 def _set_for(aside, key):
-    """The set of checkpoints under `aside` made from inputs `key`, or None: by its name (or the name it
-    had before inputs held `pitch`), else (a set named before names were comparable) by each set's
-    inputs.json, compared as switch compares (_same)."""
-    without_pitch = {k: v for k, v in key.items() if k != "pitch"}
-    for named in dict.fromkeys([aside / _digest(key), aside / _digest(without_pitch)]):
+    """The set of checkpoints under `aside` made from inputs `key`, or None: by its name (or a name it
+    had before inputs held `pitch` or `train`), else (a set named before names were comparable) by each
+    set's inputs.json, compared as switch compares (_same)."""
+    older = [{k: v for k, v in key.items() if k not in drop} for drop in ((), ("pitch",), ("train",), LATER)]
+    for named in dict.fromkeys(aside / _digest(old) for old in older):
         if _has_checkpoints(named):
             return named
     sets = aside.iterdir() if aside.is_dir() else ()

@@ -81,10 +81,16 @@ def _cached_offsets(paths, kind, clips, item_bytes):
 def _with_gta_mels(cfg, index, clips, log):
     """(`clips` less those the GTA shards left out (their `rejected`: clips the durations stage rejected, which
     acoustic training left out too), {index position: the GTA shard's JSON}, for _offsets). A clip neither in a
-    GTA shard nor listed there stays: a GTA shard older than the cache, which `_offsets` names with what to run."""
-    left, metas = {}, {}
+    GTA shard nor listed there stays: a GTA shard older than the cache, which `_offsets` names with what to run.
+    A shard of another width than audio.n_mels (made at other settings) is a CacheError: its frames would be
+    cut at the wrong bytes and paired with the audio as silently as right ones."""
+    left, metas, n_mels = {}, {}, cfg["audio"]["n_mels"]
     for pos in np.unique(clips.shard):
-        meta = metas[pos] = shards.read_meta(gta_prefix(cfg, index["shards"][pos]["shard"]), "gta")
+        prefix = gta_prefix(cfg, index["shards"][pos]["shard"])
+        meta = metas[pos] = shards.read_meta(prefix, "gta")
+        if meta.get("width") != n_mels:
+            raise CacheError(f"{prefix}.json: GTA mels of {meta.get('width')} bins, audio.n_mels is {n_mels} (made at "
+                             f"other settings); run `{shards.KINDS['gta'].target}`")
         left.update((r["id"], r.get("reason", "")) for r in meta.get("rejected", ()) if r.get("id") not in meta["ids"])
     dropped = [cid for cid in clips.ids if cid in left]
     if dropped:

@@ -178,17 +178,19 @@ def _gan_from(cfg, phase):
 
 
 def _val_losses(trainer, generator, val):
-    """({term: mean spectral loss} of `generator` over the validation crops, (audio, vocoded) of the
-    first batch); (None, None) without validation crops."""
+    """({term: mean spectral loss} of `generator` over the validation crops, each crop weighing the same
+    (a batch's terms times its crops: the last, partial batch is not one batch's weight), (audio, vocoded)
+    of the first batch); (None, None) without validation crops."""
     sums, n, first = {}, 0, None
     with tf.device(trainer.device):  # where the weights and the steps are (split: train.model_device), not the default
         for batch in val:
             fake = generator(batch["mel"], f0=batch["f0"], training=False) if trainer.uses_f0 \
                 else generator(batch["mel"], training=False)
             _, terms = D.spectral_loss(batch["audio"], fake, trainer.cfg["audio"], mel_weight=1.0, stft_weight=1.0)
+            crops = int(batch["audio"].shape[0])
             for k, v in terms.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-            n += 1
+                sums[k] = sums.get(k, 0.0) + float(v) * crops
+            n += crops
             first = first or (batch["audio"], fake)
     return ({k: v / n for k, v in sums.items()}, first) if n else (None, None)
 
