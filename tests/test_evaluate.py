@@ -640,3 +640,16 @@ def test_the_clips_evaluated_are_taken_from_each_speaker_in_turn():
     assert evaluate.in_turns(by_speaker, 5) == [("a1", 0), ("a2", 1), ("y1", 4), ("z1", 5), ("z2", 6)]
     assert evaluate.in_turns(by_speaker, 99) == sorted(c for group in by_speaker.values() for c in group)
     assert evaluate.in_turns({}, 3) == []
+
+
+def test_a_median_that_leaves_clips_out_says_how_many_it_covers():
+    # a TTS voiced in 1 of 3 clips: its F0 figures are the median of that one clip, not of the 3 the table heads
+    rows = [{"id": f"c{i}", "speaker": "", **dict.fromkeys(evaluate.FIGURES, 5.0), "f0_rmse_hz": f0,
+             "f0_gross_error": gross, "pesq_synthesized": 1.4, "pesq_griffin_lim_ceiling": pesq}
+            for i, (f0, gross, pesq) in enumerate(((7.0, 0.02, 2.9), (None, None, None), (None, None, 3.1)))]
+    md = evaluate_report.markdown(_report(**evaluate.summarise(rows, vocoder=False), per_clip=rows))
+    assert _table(md, "F0 RMSE, Hz, frames voiced in both")[1:3] == ["7.0 (1 of 3 clips)", "5.0"]
+    assert _table(md, "F0 gross errors (> 20 % off, mostly octave jumps), share of those frames")[1] == \
+        "2.0 % (1 of 3 clips)"
+    assert _table(md, "PESQ wideband, 1-4.6 (higher is better)")[1:3] == ["1.40", "3.00 (2 of 3 clips)"]
+    assert _table(md, "MCD, dB (lower is better)")[1:3] == ["5.00", "5.00"]  # every clip: no count
