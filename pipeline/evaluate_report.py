@@ -57,7 +57,8 @@ def position(report):
 
 
 def verdict(report):
-    """One plain sentence: at chance, near the ceiling, or between."""
+    """One plain sentence: at chance, near the ceiling, between, or past the ceiling (the synthesized audio
+    nearer the recordings than the ceiling's copy, by more than NEAR_CEILING of the gap), with the figures."""
     p = position(report)
     if report["mcd_db_other"] is None:
         return ("No chance reference: it needs at least two validation clips (raise dataset.val_fraction), "
@@ -71,12 +72,17 @@ def verdict(report):
     if p is None:
         return ("The references do not separate (resynthesis is no nearer the recordings than other sentences "
                 "are), so the MCD says little here: check the corpus and audio settings.")
+    figures = (f"MCD {report['mcd_db']:.2f} dB, the ceiling {mcd_ceiling(report):.2f}, "
+               f"chance {report['mcd_db_other']:.2f}")
     if p >= AT_CHANCE:
-        return ("At chance: the synthesized speech is about as far from its own recording as from other "
-                "sentences' recordings, so the model does not yet say the sentences. Train longer, or check "
-                "the alignment images in TensorBoard.")
-    where = (f"{100 * p:.0f} % of the way from the ceiling to chance: MCD {report['mcd_db']:.2f} dB, the ceiling "
-             f"{mcd_ceiling(report):.2f}, chance {report['mcd_db_other']:.2f}")
+        return (f"At chance ({100 * p:.0f} % of the way from the ceiling to chance: {figures}): the synthesized "
+                "speech is about as far from its own recording as from other sentences' recordings, so the model "
+                "does not yet say the sentences. Train longer, or check the alignment images in TensorBoard.")
+    if p < -NEAR_CEILING:  # below the ceiling by more than the tolerance "near" allows above it
+        return (f"Past the ceiling ({figures}): the synthesized speech measures nearer the recordings than "
+                f"{_vocoder_name(report)} resynthesis of the recordings' own mels, so that copy bounds nothing "
+                "here and MCD cannot say what is left to gain: read PESQ, STOI and the spectrograms in evaluate.png.")
+    where = f"{'at it' if p < 0 else f'{100 * p:.0f} % of the way from the ceiling to chance'}: {figures}"
     if p <= NEAR_CEILING:
         return (f"Near the ceiling ({where}): the synthesized speech is about as close to the recordings as "
                 f"{_vocoder_name(report)} resynthesis of the recordings themselves; a better vocoder, not more "

@@ -653,3 +653,14 @@ def test_a_median_that_leaves_clips_out_says_how_many_it_covers():
         "2.0 % (1 of 3 clips)"
     assert _table(md, "PESQ wideband, 1-4.6 (higher is better)")[1:3] == ["1.40", "3.00 (2 of 3 clips)"]
     assert _table(md, "MCD, dB (lower is better)")[1:3] == ["5.00", "5.00"]  # every clip: no count
+
+
+def test_the_verdict_gives_its_figures_and_reads_no_negative_share():
+    base = {"mcd_db_ceiling": 5.0, "mcd_db_other": 15.0}
+    # at chance, as every other verdict: the share of the way and the three MCDs it rests on
+    assert "(85 % of the way from the ceiling to chance: MCD 13.50 dB, the ceiling 5.00, chance 15.00)" in \
+        evaluate_report.verdict({**base, "mcd_db": 13.5})
+    # nearer the recordings than the ceiling's own copy: no "-15 % of the way", no "about as close"
+    past = evaluate_report.verdict({**base, "mcd_db": 3.5})
+    assert past.startswith("Past the ceiling (MCD 3.50 dB, the ceiling 5.00") and "%" not in past
+    assert evaluate_report.verdict({**base, "mcd_db": 4.8}).startswith("Near the ceiling (at it: MCD 4.80 dB")
