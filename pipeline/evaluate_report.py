@@ -61,7 +61,10 @@ def verdict(report):
     nearer the recordings than the ceiling's copy, by more than NEAR_CEILING of the gap), with the figures."""
     p = position(report)
     if report["mcd_db_other"] is None:
-        return ("No chance reference: it needs at least two validation clips (raise dataset.val_fraction), "
+        cap = report.get("max_clips")  # evaluate.max_clips of 1 caps the clips, whatever the split holds
+        fix = (f"raise evaluate.max_clips, now {cap}" if cap is not None and cap < 2 else
+               "raise dataset.val_fraction; this retrains")
+        return (f"No chance reference: it needs at least two validation clips ({fix}), "
                 "so only the ceiling row below places the model.")
     if p is None and report.get("mcd_db_vocoder_ceiling") is not None \
             and report["mcd_db_ceiling"] < report["mcd_db_other"] <= report["mcd_db_vocoder_ceiling"]:

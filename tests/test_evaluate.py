@@ -664,3 +664,11 @@ def test_the_verdict_gives_its_figures_and_reads_no_negative_share():
     past = evaluate_report.verdict({**base, "mcd_db": 3.5})
     assert past.startswith("Past the ceiling (MCD 3.50 dB, the ceiling 5.00") and "%" not in past
     assert evaluate_report.verdict({**base, "mcd_db": 4.8}).startswith("Near the ceiling (at it: MCD 4.80 dB")
+
+
+def test_one_clip_names_the_key_that_capped_it():
+    one = {"mcd_db": 6.0, "mcd_db_ceiling": 5.0, "mcd_db_other": None, "clips": 1}
+    # evaluate.max_clips: 1 holds the report to one clip: raising val_fraction (a retraining) would not help
+    said = evaluate_report.verdict({**one, "max_clips": 1})
+    assert "raise evaluate.max_clips, now 1" in said and "val_fraction" not in said
+    assert "raise dataset.val_fraction" in evaluate_report.verdict({**one, "max_clips": 20})
