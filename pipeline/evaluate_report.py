@@ -78,7 +78,8 @@ def verdict(report):
     figures = (f"MCD {report['mcd_db']:.2f} dB, the ceiling {mcd_ceiling(report):.2f}, "
                f"chance {report['mcd_db_other']:.2f}")
     if p >= AT_CHANCE:
-        return (f"At chance ({100 * p:.0f} % of the way from the ceiling to chance: {figures}): the synthesized "
+        share = "beyond it" if p > 1 else f"{100 * p:.0f} % of the way from the ceiling to chance"
+        return (f"At chance ({share}: {figures}): the synthesized "
                 "speech is about as far from its own recording as from other sentences' recordings, so the model "
                 "does not yet say the sentences. Train longer, or check the alignment images in TensorBoard.")
     if p < -NEAR_CEILING:  # below the ceiling by more than the tolerance "near" allows above it

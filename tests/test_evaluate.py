@@ -672,3 +672,9 @@ def test_one_clip_names_the_key_that_capped_it():
     said = evaluate_report.verdict({**one, "max_clips": 1})
     assert "raise evaluate.max_clips, now 1" in said and "val_fraction" not in said
     assert "raise dataset.val_fraction" in evaluate_report.verdict({**one, "max_clips": 20})
+
+
+def test_a_silent_synthesis_is_at_chance_beyond_it_not_hundreds_of_percent_of_the_way():
+    # a decoder that says nothing: its MCD (38 dB for silence against a tone) lies far past chance
+    said = evaluate_report.verdict({"mcd_db": 38.0, "mcd_db_ceiling": 5.0, "mcd_db_other": 15.0})
+    assert said.startswith("At chance (beyond it: MCD 38.00 dB, the ceiling 5.00, chance 15.00)"), said
