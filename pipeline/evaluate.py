@@ -489,6 +489,7 @@ def evaluate(cfg, out, log=_print, threads=1):
     report = {**summary, "checkpoint": synth.checkpoint, "step": synth.step,
               "model": cfg["model"].get("kind"), "vocoder": voc.made,
               "griffin_lim_iters": cfg["evaluate"]["griffin_lim_iters"],
+              "max_clips": cfg["evaluate"]["max_clips"],
               "per_clip": [{k: v for k, v in r.items() if k not in ARRAYS} for r in rows]}
     aligner = aligner_check(cfg)
     if aligner is not None:  # only where an aligner made duration caches

@@ -5,6 +5,7 @@ Reads the report dict and per-clip rows that pipeline.evaluate.compare() builds 
 
     python -m pipeline.evaluate --config configs/config.yaml     # measures, then calls write_report
 """
+import functools
 import io
 import json
 from pathlib import Path
@@ -56,10 +57,14 @@ def position(report):
 
 
 def verdict(report):
-    """One plain sentence: at chance, near the ceiling, or between."""
+    """One plain sentence: at chance, near the ceiling, between, or past the ceiling (the synthesized audio
+    nearer the recordings than the ceiling's copy, by more than NEAR_CEILING of the gap), with the figures."""
     p = position(report)
     if report["mcd_db_other"] is None:
-        return ("No chance reference: it needs at least two validation clips (raise dataset.val_fraction), "
+        cap = report.get("max_clips")  # evaluate.max_clips of 1 caps the clips, whatever the split holds
+        fix = (f"raise evaluate.max_clips, now {cap}" if cap is not None and cap < 2 else
+               "raise dataset.val_fraction; this retrains")
+        return (f"No chance reference: it needs at least two validation clips ({fix}), "
                 "so only the ceiling row below places the model.")
     if p is None and report.get("mcd_db_vocoder_ceiling") is not None \
             and report["mcd_db_ceiling"] < report["mcd_db_other"] <= report["mcd_db_vocoder_ceiling"]:
@@ -70,12 +75,18 @@ def verdict(report):
     if p is None:
         return ("The references do not separate (resynthesis is no nearer the recordings than other sentences "
                 "are), so the MCD says little here: check the corpus and audio settings.")
+    figures = (f"MCD {report['mcd_db']:.2f} dB, the ceiling {mcd_ceiling(report):.2f}, "
+               f"chance {report['mcd_db_other']:.2f}")
     if p >= AT_CHANCE:
-        return ("At chance: the synthesized speech is about as far from its own recording as from other "
-                "sentences' recordings, so the model does not yet say the sentences. Train longer, or check "
-                "the alignment images in TensorBoard.")
-    where = (f"{100 * p:.0f} % of the way from the ceiling to chance: MCD {report['mcd_db']:.2f} dB, the ceiling "
-             f"{mcd_ceiling(report):.2f}, chance {report['mcd_db_other']:.2f}")
+        share = "beyond it" if p > 1 else f"{100 * p:.0f} % of the way from the ceiling to chance"
+        return (f"At chance ({share}: {figures}): the synthesized "
+                "speech is about as far from its own recording as from other sentences' recordings, so the model "
+                "does not yet say the sentences. Train longer, or check the alignment images in TensorBoard.")
+    if p < -NEAR_CEILING:  # below the ceiling by more than the tolerance "near" allows above it
+        return (f"Past the ceiling ({figures}): the synthesized speech measures nearer the recordings than "
+                f"{_vocoder_name(report)} resynthesis of the recordings' own mels, so that copy bounds nothing "
+                "here and MCD cannot say what is left to gain: read PESQ, STOI and the spectrograms in evaluate.png.")
+    where = f"{'at it' if p < 0 else f'{100 * p:.0f} % of the way from the ceiling to chance'}: {figures}"
     if p <= NEAR_CEILING:
         return (f"Near the ceiling ({where}): the synthesized speech is about as close to the recordings as "
                 f"{_vocoder_name(report)} resynthesis of the recordings themselves; a better vocoder, not more "
@@ -187,28 +198,42 @@ def heard_lines(report):
     return lines + [""]
 
 
+def _cover(report, key, text):
+    """`text` (a median's cell) with how many clips it covers where some have no score (`key` in per_clip:
+    no frame voiced in both, a recording too short for STOI, ...): a median over 1 of 9 clips is no
+    median over the clips."""
+    n, clips = sum(r.get(key) is not None for r in report["per_clip"]), report["clips"]
+    return f"{text} ({n} of {clips} clips)" if text not in ("n/a", "") and 0 < n < clips else text
+
+
 def _rows(report):
     """(label, synthesized, [ceilings...], chance) lines of the summary table; the ceilings are the trained
-    vocoder's copy-synthesis (when there is one) and Griffin-Lim's."""
+    vocoder's copy-synthesis (when there is one) and Griffin-Lim's. A cell whose median leaves clips out
+    (no score for them) names how many it covers."""
     voc = report.get("mcd_db_vocoder_ceiling") is not None
     ceilings = (["vocoder_ceiling"] if voc else []) + ["ceiling"]
-    pesq, stoi = report.get("pesq") or {}, report.get("stoi") or {}
     heard = {"vocoder_ceiling": "vocoder_ceiling", "ceiling": "griffin_lim_ceiling"}
-    return [("MCD, dB (lower is better)", _fmt(report["mcd_db"]),
-             [_fmt(report.get(f"mcd_db_{c}")) for c in ceilings], _fmt(report["mcd_db_other"])),
+
+    def figure(base, fmt=_fmt):  # the synthesized cell and each ceiling's, of mcd_db, f0_rmse_hz, ...
+        return (_cover(report, base, fmt(report.get(base))),
+                [_cover(report, f"{base}_{c}", fmt(report.get(f"{base}_{c}"))) for c in ceilings])
+
+    def listened(measure, digits):  # pesq / stoi: {synthesized, vocoder_ceiling, griffin_lim_ceiling}
+        scores = report.get(measure) or {}
+        return (_cover(report, f"{measure}_synthesized", _fmt(scores.get("synthesized"), digits)),
+                [_cover(report, f"{measure}_{heard[c]}", _fmt(scores.get(heard[c]), digits)) for c in ceilings])
+
+    f0 = functools.partial(_fmt, digits=1)
+    return [("MCD, dB (lower is better)", *figure("mcd_db"), _fmt(report["mcd_db_other"])),
             (f"MCD on the frames the recording voices ({_pct(report.get('voiced_share'))} of them), dB",
-             _fmt(report.get("mcd_db_voiced")), [_fmt(report.get(f"mcd_db_voiced_{c}")) for c in ceilings], ""),
-            ("MCD on the others (unvoiced sounds, pauses), dB", _fmt(report.get("mcd_db_unvoiced")),
-             [_fmt(report.get(f"mcd_db_unvoiced_{c}")) for c in ceilings], ""),
-            ("F0 RMSE, Hz, frames voiced in both", _fmt(report["f0_rmse_hz"], 1),
-             [_fmt(report.get(f"f0_rmse_hz_{c}"), 1) for c in ceilings], ""),
+             *figure("mcd_db_voiced"), ""),
+            ("MCD on the others (unvoiced sounds, pauses), dB", *figure("mcd_db_unvoiced"), ""),
+            ("F0 RMSE, Hz, frames voiced in both", *figure("f0_rmse_hz", f0), ""),
             ("F0 gross errors (> 20 % off, mostly octave jumps), share of those frames",
-             _pct(report.get("f0_gross_error")), [_pct(report.get(f"f0_gross_error_{c}")) for c in ceilings], ""),
+             *figure("f0_gross_error", _pct), ""),
             ("length, synthesized / recorded", _fmt(report["duration_ratio"]), ["1.00" for _ in ceilings], ""),
-            ("PESQ wideband, 1-4.6 (higher is better)", _fmt(pesq.get("synthesized")),
-             [_fmt(pesq.get(heard[c])) for c in ceilings], ""),
-            ("STOI, 0-1 (higher is better)", _fmt(stoi.get("synthesized"), 3),
-             [_fmt(stoi.get(heard[c]), 3) for c in ceilings], "")], ceilings
+            ("PESQ wideband, 1-4.6 (higher is better)", *listened("pesq", 2), ""),
+            ("STOI, 0-1 (higher is better)", *listened("stoi", 3), "")], ceilings
 
 
 def markdown(report):

@@ -640,3 +640,41 @@ def test_the_clips_evaluated_are_taken_from_each_speaker_in_turn():
     assert evaluate.in_turns(by_speaker, 5) == [("a1", 0), ("a2", 1), ("y1", 4), ("z1", 5), ("z2", 6)]
     assert evaluate.in_turns(by_speaker, 99) == sorted(c for group in by_speaker.values() for c in group)
     assert evaluate.in_turns({}, 3) == []
+
+
+def test_a_median_that_leaves_clips_out_says_how_many_it_covers():
+    # a TTS voiced in 1 of 3 clips: its F0 figures are the median of that one clip, not of the 3 the table heads
+    rows = [{"id": f"c{i}", "speaker": "", **dict.fromkeys(evaluate.FIGURES, 5.0), "f0_rmse_hz": f0,
+             "f0_gross_error": gross, "pesq_synthesized": 1.4, "pesq_griffin_lim_ceiling": pesq}
+            for i, (f0, gross, pesq) in enumerate(((7.0, 0.02, 2.9), (None, None, None), (None, None, 3.1)))]
+    md = evaluate_report.markdown(_report(**evaluate.summarise(rows, vocoder=False), per_clip=rows))
+    assert _table(md, "F0 RMSE, Hz, frames voiced in both")[1:3] == ["7.0 (1 of 3 clips)", "5.0"]
+    assert _table(md, "F0 gross errors (> 20 % off, mostly octave jumps), share of those frames")[1] == \
+        "2.0 % (1 of 3 clips)"
+    assert _table(md, "PESQ wideband, 1-4.6 (higher is better)")[1:3] == ["1.40", "3.00 (2 of 3 clips)"]
+    assert _table(md, "MCD, dB (lower is better)")[1:3] == ["5.00", "5.00"]  # every clip: no count
+
+
+def test_the_verdict_gives_its_figures_and_reads_no_negative_share():
+    base = {"mcd_db_ceiling": 5.0, "mcd_db_other": 15.0}
+    # at chance, as every other verdict: the share of the way and the three MCDs it rests on
+    assert "(85 % of the way from the ceiling to chance: MCD 13.50 dB, the ceiling 5.00, chance 15.00)" in \
+        evaluate_report.verdict({**base, "mcd_db": 13.5})
+    # nearer the recordings than the ceiling's own copy: no "-15 % of the way", no "about as close"
+    past = evaluate_report.verdict({**base, "mcd_db": 3.5})
+    assert past.startswith("Past the ceiling (MCD 3.50 dB, the ceiling 5.00") and "%" not in past
+    assert evaluate_report.verdict({**base, "mcd_db": 4.8}).startswith("Near the ceiling (at it: MCD 4.80 dB")
+
+
+def test_one_clip_names_the_key_that_capped_it():
+    one = {"mcd_db": 6.0, "mcd_db_ceiling": 5.0, "mcd_db_other": None, "clips": 1}
+    # evaluate.max_clips: 1 holds the report to one clip: raising val_fraction (a retraining) would not help
+    said = evaluate_report.verdict({**one, "max_clips": 1})
+    assert "raise evaluate.max_clips, now 1" in said and "val_fraction" not in said
+    assert "raise dataset.val_fraction" in evaluate_report.verdict({**one, "max_clips": 20})
+
+
+def test_a_silent_synthesis_is_at_chance_beyond_it_not_hundreds_of_percent_of_the_way():
+    # a decoder that says nothing: its MCD (38 dB for silence against a tone) lies far past chance
+    said = evaluate_report.verdict({"mcd_db": 38.0, "mcd_db_ceiling": 5.0, "mcd_db_other": 15.0})
+    assert said.startswith("At chance (beyond it: MCD 38.00 dB, the ceiling 5.00, chance 15.00)"), said
