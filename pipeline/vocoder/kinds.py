@@ -87,7 +87,8 @@ def build(vocoder_cfg, audio_cfg):
         raise config.ConfigError(f"vocoder.kind: {kind.name!r} has no trainable model "
                                  f"(trained kinds: {', '.join(k for k in KINDS if KINDS.get(k).build)})")
     model = kind.build(vocoder_cfg, audio_cfg)
-    model(tf.zeros([1, 8, audio_cfg["n_mels"]]))  # create the variables
+    # create the variables on a mel as long as the kind takes (source_filter: 512 frames at n_fft 16384, hop 16)
+    model(tf.zeros([1, max(8, min_frames(kind.name, audio_cfg)), audio_cfg["n_mels"]]))
     return model
 
 
