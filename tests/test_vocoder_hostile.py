@@ -421,6 +421,18 @@ def test_min_frames_is_the_fewest_a_source_filter_model_takes(n_fft, hop):
     assert kinds.min_frames("vocos", audio) == kinds.min_frames("griffin_lim", audio) == 1
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_f0_is_refused_not_vocoded_into_nan_audio(bad):
+    # one NaN or infinite F0 made thousands of NaN samples around its frame, silently
+    audio = config.load_config(ROOT / "configs/config.yaml", check_paths=False)["audio"]
+    voc = kinds.Vocoder({"audio": audio, "vocoder": SOURCE_FILTER}, kinds.build(SOURCE_FILTER, audio))
+    mel, f0 = np.full((20, audio["n_mels"]), -4.0, np.float32), np.full(20, 150.0, np.float32)
+    assert np.all(np.isfinite(voc(mel, f0=f0)))
+    f0[5] = bad
+    with pytest.raises(ValueError, match=r"^f0 holds NaN or infinite values \(frame 5\): F0 in Hz, 0 where unvoiced$"):
+        voc(mel, f0=f0)
+
+
 def test_a_mel_shorter_than_the_source_filter_vocoder_takes_gets_silence_after_it(built_cache, tmp_path, capsys):
     # 2 frames at n_fft 1024, hop 256: one frame is vocoded with a silent frame after it, as the exported
     # voice does, and keeps its own 256 samples
