@@ -421,6 +421,12 @@ def check_rules(cfg):
                           f"are {v['segment_frames'] * a['hop_length']} samples, shorter than the vocoder's spectral "
                           f"loss's longest window ({STFT_LOSS_LONGEST}): its loss would be NaN; use at least "
                           f"{-(-STFT_LOSS_LONGEST // a['hop_length'])}")
+    pad = a["n_fft"] - a["hop_length"] - (a["n_fft"] - a["hop_length"]) // 2  # pipeline.audio.frame_padding's right
+    if v["kind"] != "griffin_lim" and v["segment_frames"] * a["hop_length"] <= pad:
+        raise ConfigError(f"vocoder.segment_frames: {v['segment_frames']} frames of audio.hop_length {a['hop_length']} "
+                          f"are {v['segment_frames'] * a['hop_length']} samples, no more than the {pad} samples that "
+                          f"the mel of a crop pads each side by at audio.n_fft {a['n_fft']}: training would stop in "
+                          f"its mel loss; use at least {pad // a['hop_length'] + 1}")
     if cfg["diagnose"]["target"] == "vocoder" and cfg["vocoder"]["kind"] == "griffin_lim":
         raise ConfigError("diagnose.target: vocoder, but vocoder.kind griffin_lim has no trained model to diagnose "
                           "(set diagnose.target: acoustic, or a trained vocoder.kind)")

@@ -577,6 +577,13 @@ def test_the_vocoder_crop_and_the_transformer_tts_steps_take_their_boundaries():
     # 8 frames of hop 256 are the spectral loss's longest window exactly (2048 samples): enough
     cfg = config.load_config(None, {"vocoder": {"kind": "vocos", "segment_frames": 8}}, check_paths=False)
     assert cfg["vocoder"]["segment_frames"] * cfg["audio"]["hop_length"] == config.STFT_LOSS_LONGEST
+    # the mel loss's STFT reflect-pads a crop by (n_fft - hop) / 2 = 4064 samples at n_fft 8192, hop 64: 64 frames
+    # do, 63 (the spectral loss's 2048 samples and more) stopped training in TensorFlow's MirrorPad
+    wide = {"audio": {"n_fft": 8192, "hop_length": 64, "win_length": 128}}
+    config.load_config(None, {**wide, "vocoder": {"segment_frames": 64}}, check_paths=False)
+    with pytest.raises(ConfigError, match=r"^vocoder\.segment_frames: 63 frames of audio\.hop_length 64 are 4032 "
+                                          r"samples, no more than the 4064 .* use at least 64$"):
+        config.load_config(None, {**wide, "vocoder": {"segment_frames": 63}}, check_paths=False)
     # griffin_lim trains nothing: no loss, no minimum crop
     config.load_config(None, {"audio": {"hop_length": 128}, "vocoder": {"kind": "griffin_lim", "segment_frames": 8}},
                        check_paths=False)

@@ -407,9 +407,10 @@ SOURCE_FILTER = {**TINY_VOCODER, "kind": "source_filter", "steps": 0, "finetune_
                                    "f0_weight": 1.0}}
 
 
-@pytest.mark.parametrize("n_fft, hop", [(1024, 256), (1024, 128), (512, 128), (1024, 300)])
+@pytest.mark.parametrize("n_fft, hop", [(1024, 256), (1024, 128), (512, 128), (1024, 300), (4096, 64)])
 def test_min_frames_is_the_fewest_a_source_filter_model_takes(n_fft, hop):
-    # its source's STFT reflect-pads the audio by (n_fft - hop) / 2 on the right: fewer frames fail in the graph
+    # its source's STFT reflect-pads the audio by (n_fft - hop) / 2 on the right: fewer frames fail in the graph;
+    # kinds.build creates the variables on as many (32 at n_fft 4096, hop 64: more than the 8 it used to)
     audio = {**config.load_config(ROOT / "configs/config.yaml", check_paths=False)["audio"],
              "n_fft": n_fft, "win_length": n_fft, "hop_length": hop}
     fewest = kinds.min_frames("source_filter", audio)
@@ -418,6 +419,18 @@ def test_min_frames_is_the_fewest_a_source_filter_model_takes(n_fft, hop):
     with pytest.raises(tf.errors.InvalidArgumentError):
         model(tf.fill([1, fewest - 1, audio["n_mels"]], -5.0), training=False)
     assert kinds.min_frames("vocos", audio) == kinds.min_frames("griffin_lim", audio) == 1
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_f0_is_refused_not_vocoded_into_nan_audio(bad):
+    # one NaN or infinite F0 made thousands of NaN samples around its frame, silently
+    audio = config.load_config(ROOT / "configs/config.yaml", check_paths=False)["audio"]
+    voc = kinds.Vocoder({"audio": audio, "vocoder": SOURCE_FILTER}, kinds.build(SOURCE_FILTER, audio))
+    mel, f0 = np.full((20, audio["n_mels"]), -4.0, np.float32), np.full(20, 150.0, np.float32)
+    assert np.all(np.isfinite(voc(mel, f0=f0)))
+    f0[5] = bad
+    with pytest.raises(ValueError, match=r"^f0 holds NaN or infinite values \(frame 5\): F0 in Hz, 0 where unvoiced$"):
+        voc(mel, f0=f0)
 
 
 def test_a_mel_shorter_than_the_source_filter_vocoder_takes_gets_silence_after_it(built_cache, tmp_path, capsys):

@@ -87,7 +87,8 @@ def build(vocoder_cfg, audio_cfg):
         raise config.ConfigError(f"vocoder.kind: {kind.name!r} has no trainable model "
                                  f"(trained kinds: {', '.join(k for k in KINDS if KINDS.get(k).build)})")
     model = kind.build(vocoder_cfg, audio_cfg)
-    model(tf.zeros([1, 8, audio_cfg["n_mels"]]))  # create the variables
+    # create the variables on a mel as long as the kind takes (source_filter: 512 frames at n_fft 16384, hop 16)
+    model(tf.zeros([1, max(8, min_frames(kind.name, audio_cfg)), audio_cfg["n_mels"]]))
     return model
 
 
@@ -163,6 +164,9 @@ class Vocoder:
             f0 = np.asarray(f0, np.float32)
             if f0.shape != log_mel.shape[:1]:
                 raise ValueError(f"f0 has shape {f0.shape}, the mel {len(log_mel)} frames: one F0 per frame")
+            if not np.all(np.isfinite(f0)):  # the network takes log F0: NaN audio from that frame's reach on
+                raise ValueError(f"f0 holds NaN or infinite values (frame {int(np.argmin(np.isfinite(f0)))}): "
+                                 f"F0 in Hz, 0 where unvoiced")
         frames, hop = len(log_mel), self.audio["hop_length"]
         if frames < self.min_frames:  # silent frames after it (as the exported graph runs), its own audio kept
             from pipeline.audio import LOG_CLAMP
