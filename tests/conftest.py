@@ -184,6 +184,24 @@ def write_untrained_checkpoint(path, step):
     tf.train.CheckpointManager(tf.train.Checkpoint(model=model), run / "checkpoints", 1).save(checkpoint_number=step)
 
 
+def inflate_checkpoint(prefix, weights, factor=1e30):
+    """Checkpoint `prefix` rewritten in place with the variables whose names start with `weights` times
+    `factor`: finite, as every save checks, but a model already blowing up, whose next step overflows at
+    any learning rate. A checkpoint names each variable by its first path: the acoustic model's weights
+    are "model/", the vocoder's generator's "g_opt/_trainable_variables/" (its optimizer lists them
+    before `generator` does). The optimizer's moments are left as they were."""
+    import numpy as np
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(str(prefix))
+    names = sorted(reader.get_variable_to_dtype_map())
+    tensors = [reader.get_tensor(n) for n in names]
+    scaled = [n.startswith(weights) and t.dtype.kind == "f" for n, t in zip(names, tensors)]
+    assert any(scaled), names[:10]
+    tensors = [t * np.asarray(factor, t.dtype) if s else t for s, t in zip(scaled, tensors)]
+    tf.raw_ops.SaveV2(prefix=str(prefix), tensor_names=names, shape_and_slices=[""] * len(names),
+                      tensors=[tf.constant(t) for t in tensors])
+
+
 @pytest.fixture(scope="session")
 def exported_run(built_cache, tmp_path_factory):
     """(config path, export folder) of an untrained seeded run on built_cache (step 3 of 100),

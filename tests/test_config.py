@@ -77,6 +77,18 @@ def test_load_config_error_names_the_key(tmp_path, corpus_template, name):
     assert _names_key(str(e.value), key), str(e.value)
 
 
+@pytest.mark.parametrize("section", ["train", "aligner", "vocoder"])
+def test_a_learning_rate_past_1_is_refused_when_the_config_loads(tmp_path, section):
+    # 1e40 passed the schema (any number above 0) and failed minutes into training as "diverged"
+    path = tmp_path / "my.yaml"
+    path.write_text(f"{section}: {{learning_rate: 1e40}}\n")
+    with pytest.raises(ConfigError) as e:
+        config.load_config(path, check_paths=False)
+    assert str(e.value) == f"{path}: {section}.learning_rate: 1e+40 is greater than the maximum of 1.0"
+    path.write_text(f"{section}: {{learning_rate: 1.0}}\n")
+    assert config.load_config(path, check_paths=False)[section]["learning_rate"] == 1.0
+
+
 def test_nested_error_names_the_full_key_not_a_namesake(tmp_path, corpus_template):
     # `dataset.root` exists, so an unknown `audio.root` must be named with its section
     path = _config_with(tmp_path, corpus_template, {"audio": {"root": "x"}})

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import yaml
-from conftest import ROOT, run_config, write_untrained_checkpoint
+from conftest import ROOT, edited_copy, inflate_checkpoint, run_config, write_untrained_checkpoint
 from test_train import tiny_config
 
 from pipeline import audio, cache, config, errors, formats, shards, text
@@ -311,19 +311,35 @@ DIVERGE = """
 
 @pytest.mark.slow
 def test_a_diverging_run_saves_no_nan_and_its_advice_works_when_followed(built_cache, tmp_path):
-    # checkpoint_every below log_every: a save comes before the loss is logged (and checked)
-    wild = tiny_config(built_cache, tmp_path, steps=3, checkpoint_every=1, log_every=3, learning_rate=1e39,
+    # A run blowing up: its one step at the highest rate the schema takes saved weights finite but huge
+    # (inflated here), and the next step at that rate overflows. checkpoint_every below log_every: a save
+    # comes before the loss is logged (and checked).
+    wild = tiny_config(built_cache, tmp_path, steps=3, checkpoint_every=1, log_every=3, learning_rate=1.0,
                        warmup_steps=0, buckets=1)
-    calm = wild.with_name("calm.yaml")
-    calm.write_text(wild.read_text().replace("learning_rate: 1.0e+39", "learning_rate: 0.001"))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(DIVERGE.format()), str(wild), str(calm)],
-                          capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    first, second = [json.loads(line) for line in proc.stdout.strip().splitlines()]
-    assert first["error"] == ("training diverged: the weights became non-finite by step 1; no checkpoint was saved, "
-                              "so a rerun starts from step 0: lower train.learning_rate (now 1e+39) and rerun"), first
-    assert first["checkpoints"] == {}  # not the NaN weights of step 1
-    assert "error" not in second and second["checkpoints"] == {"ckpt-1": True, "ckpt-2": True, "ckpt-3": True}
+    start = edited_copy(wild, "start.yaml", train={"steps": 1})
+    calm = edited_copy(wild, "calm.yaml", train={"learning_rate": 0.001})
+    folder = config.run_dir(config.load_config(wild)) / "checkpoints"
+
+    def follow(*paths):
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(DIVERGE.format()), *map(str, paths)],
+                              capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [json.loads(line) for line in proc.stdout.strip().splitlines()]
+
+    assert follow(start) == [{"checkpoints": {"ckpt-1": True}}]
+    inflate_checkpoint(folder / "ckpt-1", "model/")
+    first, second, third = follow(wild, calm, calm)
+    assert first["error"] == ("training diverged: the loss became nan by step 2; nothing non-finite was saved, a rerun "
+                              f"resumes from {folder / 'ckpt-1'}, the last checkpoint (all finite): lower "
+                              "train.learning_rate (now 1) and rerun"), first
+    assert first["checkpoints"] == {"ckpt-1": True}  # not the NaN weights of step 2
+    # the advice followed, it diverged again from ckpt-1: the checkpoint was the cause, set aside
+    assert second["error"] == ("training diverged: the loss became nan by step 2; nothing non-finite was saved, it "
+                               "diverged again from ckpt-1 at a lower rate than before (1), so that checkpoint is set "
+                               f"aside in {folder / 'diverged'}; no checkpoint is left, so a rerun starts from step 0: "
+                               "rerun (lowering train.learning_rate, now 0.001, further if it diverges again)"), second
+    assert second["checkpoints"] == {}
+    assert "error" not in third and third["checkpoints"] == {"ckpt-1": True, "ckpt-2": True, "ckpt-3": True}
 
 
 def test_a_non_finite_loss_stops_the_run_at_the_log_line_that_shows_it():
@@ -344,6 +360,26 @@ def test_a_non_finite_loss_stops_the_run_at_the_log_line_that_shows_it():
         progress.report(10)
     assert "step 10/1000" in logged[-1] and "loss nan" in logged[-1]
     assert [row["step"] for row in progress.history] == [5]  # no NaN row for history.jsonl
+
+
+def test_weights_gone_non_finite_under_a_finite_loss_stop_the_run_before_the_save():
+    # a step whose update overflows leaves the logged loss finite: the save's check reads the weights
+    # and the optimizer's state too
+    import tensorflow as tf
+
+    from pipeline import train
+    weights, moments = tf.Variable([1.0, 2.0]), tf.Variable([0.0, 0.0])
+    trainer = type("Trainer", (), {"model": type("Model", (), {"variables": [weights]})(), "model_device": "/CPU:0",
+                                   "optimizer": type("Optimizer", (), {"variables": [moments],
+                                                                       "learning_rate": tf.Variable(1.0)})()})()
+    progress = train.Progress(trainer, total=10, log_every=5, log=lambda *a: None)
+    progress.update({"total": tf.constant(0.5)}, 0.0)
+    train.check_finite_state(trainer, progress, 1)  # all finite: saved
+    for variable, value in ((weights, [float("inf"), 2.0]), (moments, [float("nan"), 0.0])):
+        variable.assign(value)
+        with pytest.raises(train.NonFinite, match="^the weights became non-finite by step 2$"):
+            train.check_finite_state(trainer, progress, 2)
+        variable.assign([1.0, 2.0] if variable is weights else [0.0, 0.0])
 
 
 def test_a_checkpoint_a_run_diverges_from_again_at_a_lower_rate_is_set_aside_so_reruns_start_further_back(tmp_path):

@@ -15,7 +15,17 @@ import numpy as np
 import pytest
 import soundfile as sf
 import yaml
-from conftest import ROOT, TINY_ALIGNER, TINY_FASTPITCH, edited_copy, load_json, planned_jobs, snakemake, write_config
+from conftest import (
+    ROOT,
+    TINY_ALIGNER,
+    TINY_FASTPITCH,
+    edited_copy,
+    inflate_checkpoint,
+    load_json,
+    planned_jobs,
+    snakemake,
+    write_config,
+)
 
 from pipeline import config, runinfo
 from pipeline import placement as placement_mod
@@ -595,12 +605,19 @@ def test_failing_synthesize_and_train_keep_the_samples_loss_history_and_checkpoi
     assert samples_of(run) == samples
     assert not list(run.glob(".samples.tmp*"))
 
-    # a train that fails inside (the loss diverges): Snakemake deletes train.json, nothing else is lost
+    # a train that fails inside (the loss diverges, resumed from weights finite but blowing up, at the
+    # highest rate the schema takes): Snakemake deletes train.json, nothing else is lost
     cfg = yaml.safe_load(good.read_text())
     bad = tmp_path / "config.yaml"
-    cfg["train"].update(steps=40, learning_rate=1e9)
+    cfg["train"].update(steps=40, learning_rate=1.0)
     bad.write_text(yaml.safe_dump(cfg))
-    proc = snakemake("synthesize", "--forcerun", "train", config=bad, check=False)
+    ckpt = {p: p.read_bytes() for p in (run / "checkpoints").glob("ckpt-20.*")}
+    try:
+        inflate_checkpoint(run / "checkpoints/ckpt-20", "model/")
+        proc = snakemake("synthesize", "--forcerun", "train", config=bad, check=False)
+    finally:
+        for p, raw in ckpt.items():
+            p.write_bytes(raw)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "loss became" in (folder / "reports/t/logs/train.log").read_text()
     assert not (run / "train.json").exists()

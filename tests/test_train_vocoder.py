@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ROOT
+from conftest import ROOT, inflate_checkpoint
 
 SETTINGS = ["vocoder.kind=vocos", "vocoder.steps=8", "vocoder.checkpoint_every=4", "vocoder.gan_start_step=5",
             "vocoder.log_every=1", "vocoder.summary_every=8", "vocoder.batch_size=2", "vocoder.segment_frames=16",
@@ -164,32 +164,37 @@ def test_a_loss_scaled_vocoder_update_is_the_step_of_the_losss_own_gradient():
 
 def test_a_diverging_vocoder_saves_no_nan_and_sets_aside_what_older_code_saved(built_cache, tmp_path, monkeypatch,
                                                                                 capsys):
-    """A learning rate that blows the vocoder up, checkpoints every step and the loss logged only every
-    3rd: a first run without the check at saving (what older code did) saves NaN checkpoints; the rerun
-    sets those aside instead of resuming them, saves nothing non-finite, and stops with one `error:`
-    line (exit status 2) naming the step and vocoder.learning_rate, not a FloatingPointError traceback."""
+    """A vocoder blowing up (resumed from a checkpoint whose weights are finite but huge), checkpoints every
+    step and the loss logged only every 3rd: a run without the check at saving (what older code did) saves
+    NaN checkpoints; the rerun sets those aside instead of resuming them, saves nothing non-finite, and
+    stops with one `error:` line (exit status 2) naming the step and vocoder.learning_rate, not a
+    FloatingPointError traceback."""
     from pipeline import train
     from pipeline.vocoder import train as vocoder_train
-    argv = ["--config", str(built_cache), "--phase", "train", "--out", str(tmp_path / "train.json"), "--set",
-            *SETTINGS, "vocoder.steps=3", "vocoder.log_every=3", "vocoder.checkpoint_every=1",
-            "vocoder.learning_rate=1.0e+12", f"runs_dir={tmp_path}"]
+    def argv(steps, out="train.json"):
+        return ["--config", str(built_cache), "--phase", "train", "--out", str(tmp_path / out), "--set", *SETTINGS,
+                f"vocoder.steps={steps}", "vocoder.log_every=3", "vocoder.checkpoint_every=1",
+                "vocoder.learning_rate=1.0", f"runs_dir={tmp_path}"]
     folder = tmp_path / "t/vocoder/train/checkpoints"
+    vocoder_train.main(argv(1, "first.json"))  # the highest rate the schema takes: finite after a step
+    inflate_checkpoint(folder / "ckpt-1", "g_opt/_trainable_variables/")
+    capsys.readouterr()
     with monkeypatch.context() as older:
         older.setattr(vocoder_train, "_check_finite", lambda *a: None, raising=False)
         with pytest.raises((SystemExit, FloatingPointError)):  # the loss checked at the log step (older: a traceback)
-            vocoder_train.main(argv)
+            vocoder_train.main(argv(3))
     saved = train._checkpoints(folder)
     assert saved and not all(map(train._finite_checkpoint, saved)), "the run did not diverge: the test proves nothing"
     capsys.readouterr()
 
     with pytest.raises(SystemExit) as stopped:
-        vocoder_train.main(argv)
+        vocoder_train.main(argv(3))
     out, err = capsys.readouterr()
     assert stopped.value.code == 2
     error = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and "Traceback" not in err, err[-3000:]
-    assert error[0].startswith("error: training diverged: the vocoder's ") and " at step " in error[0], error
-    assert error[0].endswith("lower vocoder.learning_rate (now 1e+12) and rerun"), error
+    assert error[0].startswith("error: training diverged: the vocoder's ") and " at step 2" in error[0], error
+    assert error[0].endswith("lower vocoder.learning_rate (now 1) and rerun"), error
     assert "set aside" in out and "(non-finite or unreadable weights)" in out, out
     assert all(map(train._finite_checkpoint, train._checkpoints(folder)))
     assert list((folder / "diverged").glob("ckpt-*.index"))
