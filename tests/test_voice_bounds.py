@@ -83,6 +83,18 @@ def test_a_damaged_voice_folder_is_one_error_naming_it(exported_voice, tmp_path,
     assert message in str(e.value) and str(folder) in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_file_browsers_hidden_litter_in_saved_model_is_not_taken_for_a_swap(exported_voice, tmp_path):
+    # a .DS_Store (Finder) or ._x (AppleDouble) beside the files export wrote: the voice refused to load
+    folder = copy_of(exported_voice, tmp_path)
+    for litter in (folder / "saved_model" / ".DS_Store", folder / "saved_model" / "variables" / "._variables.index"):
+        litter.write_bytes(b"\0\0\0\1Bud1")
+    voice = load(folder)
+    assert voice.verified and len(voice.audio(voice.prepare("Hello."))) > 0
+    (folder / "saved_model" / "variables" / "variables.index").rename(folder / "saved_model" / "variables" / ".x")
+    with pytest.raises(VoiceError, match="variables.index: missing"):   # a listed file hidden away is still missing
+        load(folder)
+
+
 def test_a_saved_model_copied_in_from_another_export_is_refused_before_tensorflow_loads(exported_voice, tmp_path):
     # loaded and spoke with this folder's vocabulary and sample rate, without a word
     folder, other = copy_of(exported_voice, tmp_path), tone_voice(tmp_path / "other")
