@@ -473,16 +473,6 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     return meta
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def _process_tag():
     """This export's part of its temporary folders' names: `-{host}-{pid}` (files.host_id: with the pid namespace),
     so that an export on another node (or container) writing to the same shared runs folder is never
@@ -514,7 +504,7 @@ def remove_leftovers(out, log=print):
         if not found or not path.is_dir() or path.is_symlink() or path.name.endswith(mine):
             continue
         here = found.group("host") == host
-        if (not here or _alive(int(found.group("pid")))) and _untouched_seconds(path) < LEFTOVER_SECONDS:
+        if (not here or files.alive(int(found.group("pid")))) and _untouched_seconds(path) < LEFTOVER_SECONDS:
             continue  # a live export's (or another host's, for all a pid here says): kept while it is written
         shutil.rmtree(path, ignore_errors=True)
         log(f"{path}: removed, what an interrupted export left")

@@ -196,22 +196,26 @@ def host_id():
         return name
 
 
+def alive(pid):
+    """Whether a process `pid` lives on this host (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's process
+        return True
+    return True
+
+
 def _started(pid):
     """When process `pid` started (clock ticks after boot, /proc/PID/stat's 22nd field); None when no
-    such process lives here, 0 where /proc does not say."""
+    such process lives here, 0 where /proc does not say (no /proc at all: a live process is never
+    taken for a gone one)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except FileNotFoundError:
-        return None
     except (OSError, IndexError, ValueError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:   # another user's process
-            pass
-        return 0
+        return 0 if alive(pid) else None
 
 
 def process_tag():

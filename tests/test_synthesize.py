@@ -1,5 +1,6 @@
 """pipeline.synthesize: what sentences.json records of each sample."""
 import json
+import os
 import subprocess
 import sys
 
@@ -266,6 +267,25 @@ def test_a_run_without_a_language_table_speaks_in_the_language_asked():
     from pipeline import synthesize
     info = {"vocab": {"language": "en-us"}, "speakers": [], "languages": []}
     assert synthesize.resolve_voice({"speaker": "", "language": "en-gb"}, info) == (0, 0, "en-gb")
+
+
+def test_without_proc_a_live_writer_is_never_taken_for_a_gone_one(monkeypatch, tmp_path):
+    # with no /proc (macOS, a container without it) every writer read as gone: a live run's folder removed
+    import builtins
+
+    from pipeline import files
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: (_ for _ in ()).throw(FileNotFoundError(path))
+                        if str(path).startswith("/proc/") else real_open(path, *a, **k))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert files._started(os.getpid()) == 0 and files._started(dead.pid) is None
+    host = files.host_id()
+    live, gone = (tmp_path / f".samples.tmp{os.getppid()}.0-{host}-a1"), (tmp_path / f".samples.tmp{dead.pid}.0-{host}-a2")
+    for folder in (live, gone):
+        folder.mkdir()
+    files.remove_leftover_folders(tmp_path / "samples", "synthesize", lambda line: None)
+    assert live.is_dir() and not gone.exists()
 
 
 def test_a_killed_synthesizes_folder_is_removed_and_a_live_ones_kept(tmp_path):
