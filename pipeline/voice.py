@@ -155,12 +155,13 @@ def _files(folder, names):
 def file_digests(folder, names):
     """export.json's `files`: {path under `folder` ("saved_model/saved_model.pb"): {"bytes", "sha256"}} of every
     file under each of `names` there."""
-    out = {}
-    for path in _files(folder, names):
-        with open(path, "rb") as f:
-            out[path.relative_to(folder).as_posix()] = {"bytes": path.stat().st_size,
-                                                        "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
-    return out
+    return {path.relative_to(folder).as_posix(): {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+            for path in _files(folder, names)}
+
+
+def _sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def export_format(meta, where):
@@ -198,9 +199,8 @@ def check_files(folder, meta, names=VERIFIED):
         if sizes[path] != want[path]["bytes"]:
             raise changed(path, f"{sizes[path]} bytes, not the {want[path]['bytes']} export wrote")
     for path in sorted(want):
-        with open(folder / path, "rb") as f:
-            if hashlib.file_digest(f, "sha256").hexdigest() != want[path]["sha256"]:
-                raise changed(path, "its sha256 is not the one export wrote")
+        if _sha256(folder / path) != want[path]["sha256"]:
+            raise changed(path, "its sha256 is not the one export wrote")
 
 
 def _read_json(path):
