@@ -12,6 +12,25 @@ import sys
 # log level is then 3 (errors still raise in Python). `TF_CPP_MIN_LOG_LEVEL=0 snakemake ...` shows all.
 QUIET = os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3") != "0"
 
+
+def _standard_streams():
+    """Descriptors 0-2 open and sys.stdin/stdout/stderr set, each on /dev/null where the caller closed
+    it (`speak ... 2>&-`, a daemon's start): otherwise the next file opened takes the closed descriptor
+    (TensorFlow's start-up lines, and every later error, would be written into a wav or a checkpoint),
+    and Python's `sys.stderr` is None, on which the quiet import below failed without a line."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:  # closed: open() takes the lowest free descriptor, this one
+            os.dup2(opened := os.open(os.devnull, os.O_RDWR), fd)
+            if opened != fd:
+                os.close(opened)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))
+
+
+_standard_streams()
+
 # TensorFlow uses oneDNN's CPU kernels by default only on CPUs with AVX-512 VNNI, AVX-512 BF16 or AMX.
 # AVX2 CPUs (many AMD EPYC and Ryzen parts, older Xeons) get Eigen's kernels. On a 2-core AVX2 EPYC,
 # oneDNN made the demo's FastPitch step 1.2-1.4x faster and the source-filter vocoder's 1.6-2.2x

@@ -212,3 +212,25 @@ def test_tensorflow_loads_once_and_quietly_unless_asked_for_its_lines(log_level)
         assert proc.stderr == "a job's own line\n"
     elif platform.machine() in X86:  # asked for (TF_CPP_MIN_LOG_LEVEL=0): they are there
         assert "oneDNN custom operations are on" in proc.stderr, proc.stderr[-2000:]
+
+
+CLOSED = """
+import os, sys
+import pipeline
+first = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY)   # a job's output file
+import tensorflow
+print(first, tensorflow.constant(2).numpy(), flush=True)
+print("an error line", file=sys.stderr)
+"""
+
+
+def test_a_job_started_with_standard_error_closed_runs_and_its_files_never_take_descriptor_2(tmp_path):
+    # `speak ... 2>&-` exited 1 without a word and wrote no wav (sys.stderr None in the quiet import),
+    # and a file opened first took descriptor 2, where TensorFlow and every error then wrote
+    out = tmp_path / "out.bin"
+    proc = subprocess.run([sys.executable, "-c", CLOSED, str(out)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=lambda: os.close(2))
+    assert proc.returncode == 0, proc.stdout
+    first, two = proc.stdout.split()
+    assert int(first) > 2 and two == "2"
+    assert out.read_bytes() == b""
