@@ -53,7 +53,15 @@ import soxr
 
 from pipeline.errors import DiskFull, PipelineError, cli, disk_full
 from pipeline.files import atomic_write, atomic_write_text
-from pipeline.formats import AUDIO_EXTENSIONS, check_text, espeak_voices, plain_id, table_lines, utf8_lines
+from pipeline.formats import (
+    AUDIO_EXTENSIONS,
+    check_text,
+    espeak_voices,
+    not_a_header,
+    plain_id,
+    table_lines,
+    utf8_lines,
+)
 
 ESPEAK = "espeak-ng"
 ESPEAK_RATE = 22050  # espeak-ng's own output rate
@@ -126,8 +134,8 @@ def read_transcripts(path, *, start: int = 0, count: int | None = None) -> list[
 def transcript_rows(path, *, start: int = 0, count: int | None = None) -> list[tuple[str, str, str, int]]:
     """(id, text to speak, original line, its line number) for clips start .. start+count of an
     LJSpeech csv. An id names its clip's file, so it must be a plain file name (formats.plain_id), once
-    in the lines read; a text the pipeline would refuse (a control character: formats.check_text) stops
-    the run before anything is spoken."""
+    in the lines read; a text the pipeline would refuse (a control character: formats.check_text) or a
+    first row of column names (formats.not_a_header) stops the run before anything is spoken."""
     rows, seen = [], {}
     path = Path(path)
     # only "\n" ends a line (str.splitlines would also split on \x85, \u2028, ...); a CR inside one is refused
@@ -137,6 +145,8 @@ def transcript_rows(path, *, start: int = 0, count: int | None = None) -> list[t
         cols = line.split("|")
         if len(cols) not in (2, 3) or not cols[0].strip():
             raise ValueError(f"{where}: expected id|text|normalized_text, got {line!r}")
+        if lineno == lines[0][0]:  # metadata.csv would hold it: the pipeline refuses it there
+            not_a_header(cols, line, where)
         spoken = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
         if not spoken:
             raise ValueError(f"{where}: empty text for id {cols[0]!r}")

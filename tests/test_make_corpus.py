@@ -159,6 +159,8 @@ def test_voices_named_by_their_espeak_file_make_a_corpus_planning_takes(tmp_path
     ("a\\b|Hello.", "D1|First line.", "t.csv:1: id 'a\\\\b' is not a plain file name"),
     ("a\x1bb|Hello.", "D1|First line.", "t.csv:1: id 'a\\x1bb' is not a plain file name"),
     ("D1|First line.", "D2|Stops\x00 here.", "t.csv:2: control character U+0000 at character 9"),
+    # a first row of column names would be spoken as a clip "id" reading "normalized_text"
+    ("id|text|normalized_text", "D1|First line.", "t.csv:1: 'id|text|normalized_text' is a header row"),
 ])
 def test_an_id_that_is_no_plain_file_name_or_comes_twice_stops_before_speaking(tmp_path, capsys, first, second,
                                                                                   message):
