@@ -27,7 +27,8 @@ source format (pipeline/formats.py): OUT/metadata.csv `audio_file|text|speaker|l
 OUT/wavs/{voice}-{id}.flac; the speaker is the voice's name ("/" made "_" in espeak-ng's voice files,
 e.g. gmw/en-US), the language its code before "+" (for a voice file, the language `espeak-ng
 --voices` lists for it) or the matching entry of `--languages`; a language the token job would not
-take stops the run before any clip is made.
+take, or a variant espeak-ng does not have (it would speak the plain voice), stops the run before any
+clip is made.
 
       python -m pipeline.make_corpus --transcripts data/ljspeech_transcripts.csv --out data/voices \
           --voices en-us+m3,en-us+f2,en-gb+m1 --count 60 --sample-rate 22050
@@ -371,6 +372,7 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
                   compression_level=compression_level)
     check_out_path(out)
     _check_espeak()
+    check_variants([voice], "--voice")
     rows = transcript_rows(transcripts, start=start, count=count)
     if len(rows) < count:
         raise ValueError(f"{transcripts} has {len(rows)} lines from line {start}, not {count}")
@@ -397,6 +399,29 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
           f"{stats['seconds']} s of audio at {sample_rate} Hz in {out} "
           f"({time.perf_counter() - t0:.1f} s)", file=log)
     return stats
+
+
+def check_variants(voices, option):
+    """ValueError naming `option` for a voice whose variant (after "+") espeak-ng does not have, before
+    anything is spoken: espeak-ng speaks such a voice as the plain voice, silently (en-us+M3 and en-us+f9
+    are en-us: variant names are case-sensitive), so two --voices were one voice under two speakers.
+    The variants are the files `espeak-ng --voices=variant` lists (!v/m3 is m3); nothing is checked
+    without the program."""
+    program = shutil.which(ESPEAK)
+    wanted = [(voice, voice.partition("+")[2]) for voice in voices if voice.partition("+")[2]]
+    if program is None or not wanted:
+        return
+    listing = subprocess.run([program, "--voices=variant"], capture_output=True, text=True, check=False).stdout
+    known = {word[3:] for line in listing.splitlines()[1:] for word in line.split() if word.startswith("!v/")}
+    for voice, variant in wanted:
+        if variant in known:
+            continue
+        same = [v for v in known if v.lower() == variant.lower()]
+        alike = sorted((v for v in known if v[:1].lower() == variant[:1].lower()), key=lambda v: (len(v), v))
+        raise ValueError(f"{option} {voice}: espeak-ng has no variant {variant!r} (it would speak "
+                         f"{voice.partition('+')[0]} without one, silently); "
+                         + (f"write {same[0]!r}" if same else
+                            f"`espeak-ng --voices=variant` lists them, e.g. {', '.join(alike[:12] or sorted(known)[:12])}"))
 
 
 def voice_speaker(voice):
@@ -445,6 +470,7 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
     check_numbers(count=count, start=start, jobs=jobs, sample_rate=sample_rate, speed=speed)
     check_out_path(out)
     _check_espeak()
+    check_variants(voices, "--voices")
     rows = transcript_rows(transcripts, start=start, count=count * len(voices))
     if len(rows) < count * len(voices):
         raise ValueError(f"{transcripts} has {len(rows)} lines from line {start}, not {count * len(voices)} "

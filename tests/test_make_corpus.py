@@ -152,6 +152,21 @@ def test_voices_named_by_their_espeak_file_make_a_corpus_planning_takes(tmp_path
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--voices", "en-us+m3,en-us+M3"], "--voices en-us+M3: espeak-ng has no variant 'M3'"),
+    (["--voices", "en-us,en-us+f9"], "--voices en-us+f9: espeak-ng has no variant 'f9'"),
+    (["--voices", "en-us+m3|x"], "--voices en-us+m3|x: espeak-ng has no variant 'm3|x'"),
+    (["--voice", "en-us+adam2"], "--voice en-us+adam2: espeak-ng has no variant 'adam2'"),
+])
+def test_a_variant_espeak_does_not_have_stops_before_speaking(tmp_path, capsys, argv, message):
+    # espeak-ng speaks an unknown variant (en-us+M3: variant names are case-sensitive) as the plain voice,
+    # silently: two --voices were one voice under two speaker names
+    line = refused(capsys, ["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / "c"), "--count", "1", *argv])
+    assert message in line, line
+    assert "m3" in line or "f2" in line or "adam" in line, line  # what espeak-ng has instead
+    assert not (tmp_path / "c").exists()
+
+
 @pytest.mark.parametrize("first, second, message", [
     ("../../../escape|Hello world.", "D1|First line.", "t.csv:1: id '../../../escape' is not a plain file name"),
     ("D1|First line.", "D1|Second line.", "t.csv:2: duplicate id 'D1' (first on line 1)"),
