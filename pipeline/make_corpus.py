@@ -452,9 +452,10 @@ def _clip_files(out, stem):
 
 
 def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, start: int = 0, fmt: str = "flac",
-                       sample_rate: int = ESPEAK_RATE, jobs: int = 1, speed: int = 175, log=sys.stderr) -> dict:
+                       sample_rate: int = ESPEAK_RATE, jobs: int = 1, speed: int = 175,
+                       compression_level: float | None = None, log=sys.stderr) -> dict:
     """A csv-format corpus of several espeak-ng voices, `count` different lines each (see the module
-    doc). Returns {"clips", "made", "skipped", "seconds", "speakers"}."""
+    doc; compression_level as make_corpus's). Returns {"clips", "made", "skipped", "seconds", "speakers"}."""
     voices = [v.strip() for v in voices if v.strip()]
     languages = list(languages) if languages else voice_languages(voices)
     if not voices or len({voice_speaker(v) for v in voices}) != len(voices) or len(languages) != len(voices):
@@ -467,7 +468,8 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
                              "give each voice's language with --languages (`espeak-ng --voices` lists them)")
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
-    check_numbers(count=count, start=start, jobs=jobs, sample_rate=sample_rate, speed=speed)
+    check_numbers(count=count, start=start, jobs=jobs, sample_rate=sample_rate, speed=speed,
+                  compression_level=compression_level)
     check_out_path(out)
     _check_espeak()
     check_variants(voices, "--voices")
@@ -491,7 +493,7 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
     total, made = _make_clips([(f"{transcripts}:{lineno}: clip {cid} ({voice})",
                                 out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}", text, voice)
                                for voice, _, cid, text, _, lineno in jobs_list],
-                              speed, sample_rate, None, jobs, log)
+                              speed, sample_rate, compression_level, jobs, log)
     remove_other_formats([out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}" for voice, _, cid, *_ in jobs_list],
                          log)
     atomic_write_text(out / "metadata.csv", "".join(line + "\n" for line in lines))
@@ -527,7 +529,7 @@ def main(argv=None):
             make_voices_corpus(args.transcripts, args.out, voices=args.voices.split(","),
                                languages=args.languages.split(",") if args.languages else None, count=args.count,
                                start=args.start, fmt=args.format, sample_rate=args.sample_rate, jobs=args.jobs,
-                               speed=args.speed)
+                               speed=args.speed, compression_level=args.compression_level)
             return
         if args.languages:
             raise ValueError("--languages goes with --voices")

@@ -108,12 +108,20 @@ def test_errors(tmp_path, monkeypatch):
 def test_numbers_espeak_or_the_files_cannot_honour_are_refused_naming_the_option(tmp_path, capsys, option, value,
                                                                                  said):
     for voices in ([], ["--voices", "en-us,en-us+f2"]):
-        if option == "--compression-level" and voices:
-            continue  # --voices takes no compression level
         line = refused(capsys, ["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / "c"), "--count", "1",
                                 option, value, *voices])
         assert line == f"error: {said}" or line.startswith(f"error: {said}"), line
     assert not (tmp_path / "c").exists()
+
+
+def test_a_voices_corpus_takes_the_compression_level(tmp_path, capsys):
+    # --voices dropped --compression-level, silently: every FLAC at libsndfile's default
+    sizes = []
+    for level in ("0", "1"):
+        mc.main(["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / level), "--count", "1", "--voices",
+                 "en-us", "--compression-level", level, "--jobs", "1"])
+        sizes.append((tmp_path / level / "wavs" / "en-us-LJ001-0001.flac").stat().st_size)
+    assert sizes[0] > sizes[1], sizes
 
 
 def test_voices_corpus_in_the_csv_format(tmp_path):
