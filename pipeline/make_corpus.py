@@ -341,17 +341,20 @@ SAMPLE_RATES = (8000, 192000)
 MAX_JOBS = 256              # espeak-ng processes at once: a thread and a process each (10**5 tried to start 13,100)
 
 
-def check_numbers(*, count, start, jobs, sample_rate, speed, compression_level=None):
+def check_numbers(*, count, start, jobs, sample_rate, speed, compression_level=None, fmt="flac"):
     """ValueError naming the option for a number make_corpus cannot honour: espeak-ng speaks a speed
-    outside SPEEDS at its default (0, -50 and 175 gave the same clip) or not at all (99999), and a
-    2 GHz --sample-rate made a 4 GB wav of a 1 s clip."""
+    outside SPEEDS at its default (0, -50 and 175 gave the same clip) or not at all (99999), a
+    2 GHz --sample-rate made a 4 GB wav of a 1 s clip, and libsndfile refuses a compression level
+    for a wav (after the first clip was spoken, naming its transcript line)."""
     checks = (("--count", count, count >= 1, "1 or more"), ("--start", start, start >= 0, "0 or more"),
               ("--jobs", jobs, 1 <= jobs <= MAX_JOBS, f"1 to {MAX_JOBS}"),
               ("--sample-rate", sample_rate, SAMPLE_RATES[0] <= sample_rate <= SAMPLE_RATES[1],
                "%d to %d Hz" % SAMPLE_RATES),
               ("--speed", speed, SPEEDS[0] <= speed <= SPEEDS[1], "%d to %d words a minute" % SPEEDS),
               ("--compression-level", compression_level, compression_level is None or 0 <= compression_level <= 1,
-               "0 to 1"))
+               "0 to 1"),
+              ("--compression-level", compression_level, compression_level is None or fmt == "flac",
+               f"FLAC only (--format {fmt} is not compressed)"))
     for option, value, ok, bounds in checks:
         if not ok:
             raise ValueError(f"{option} {value}: {bounds}")
@@ -369,7 +372,7 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
     check_numbers(count=count, start=start, jobs=jobs, sample_rate=sample_rate, speed=speed,
-                  compression_level=compression_level)
+                  compression_level=compression_level, fmt=fmt)
     check_out_path(out)
     _check_espeak()
     check_variants([voice], "--voice")
@@ -469,7 +472,7 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
     check_numbers(count=count, start=start, jobs=jobs, sample_rate=sample_rate, speed=speed,
-                  compression_level=compression_level)
+                  compression_level=compression_level, fmt=fmt)
     check_out_path(out)
     _check_espeak()
     check_variants(voices, "--voices")

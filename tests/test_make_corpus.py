@@ -114,6 +114,16 @@ def test_numbers_espeak_or_the_files_cannot_honour_are_refused_naming_the_option
     assert not (tmp_path / "c").exists()
 
 
+def test_a_compression_level_for_wav_clips_is_refused_naming_the_option(tmp_path, capsys):
+    # libsndfile refused it after the first clip was spoken: "t.csv:1: clip LJ001-0001: Error set
+    # compression level 0.5(Garbled error message from libsndfile)", blaming a transcript line
+    for voices in ([], ["--voices", "en-us,en-us+f2"]):
+        line = refused(capsys, ["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / "c"), "--count", "1",
+                                "--format", "wav", "--compression-level", "0.5", *voices])
+        assert line.startswith("error: --compression-level 0.5: FLAC only"), line
+    assert not (tmp_path / "c").exists()
+
+
 def test_a_voices_corpus_takes_the_compression_level(tmp_path, capsys):
     # --voices dropped --compression-level, silently: every FLAC at libsndfile's default
     sizes = []
