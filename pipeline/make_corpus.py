@@ -15,7 +15,8 @@ prefer a stale .wav). --start and --count count the lines that hold clips (blank
 A run replaces only what it made: before speaking anything it refuses an audio file in its way
 that lacks its tag (a recording of the user's own) and a metadata.csv holding a row of a clip it did
 not make that it would not write again (a user's own row): give an empty or new --out. Rows of clips
-it made may go (a smaller --count keeps their audio, and a rerun takes them back); rerunning the
+it made may go (a smaller --count keeps their audio, and a rerun takes them back), unless --transcripts
+is that metadata.csv (their text would be lost with them); rerunning the
 command, a larger --count, another --format and a corrected transcript line keep working.
 
 Run:  python -m pipeline.make_corpus --transcripts data/ljspeech_transcripts.csv \
@@ -236,6 +237,20 @@ def check_metadata(path, lines, clip_of):
                          "lose them: give an empty or new --out")
 
 
+def check_not_transcripts(transcripts, path, lines):
+    """ValueError when the metadata.csv at `path` is the transcripts file itself and replacing it with
+    `lines` would drop or change any of its lines (a smaller --count, another --start): their text would
+    be gone, and a larger --count could not take them back. The same lines again are no change."""
+    try:
+        same = os.path.samefile(transcripts, path)
+    except OSError:   # no metadata.csv yet
+        return
+    if same and [line for _, line in table_lines(Path(path).read_bytes(), path)] != list(lines):
+        raise ValueError(f"--transcripts {transcripts} is the metadata.csv this run writes, and it would keep "
+                         f"{len(lines)} of its lines (the others' text would be lost): copy it elsewhere and give "
+                         "that as --transcripts")
+
+
 def check_space(path, size):
     """DiskFull naming path's folder when a failed write of about `size` bytes there did not fit in its
     free space (libsndfile reports a full disk as "System error."), else None."""
@@ -381,6 +396,7 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
         raise ValueError(f"{transcripts} has {len(rows)} lines from line {start}, not {count}")
     out = Path(out)
     wavs = out / "wavs"
+    check_not_transcripts(transcripts, out / "metadata.csv", [line for _, _, line, _ in rows])
     check_metadata(out / "metadata.csv", [line for _, _, line, _ in rows],
                    lambda row: _clip_files(wavs, row.split("|", 1)[0]))
     check_ours([wavs / f"{clip_id}.{fmt}" for clip_id, *_ in rows])

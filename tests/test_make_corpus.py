@@ -306,6 +306,21 @@ def test_recordings_make_corpus_did_not_make_are_never_replaced(tmp_path, capsys
     assert checksums(tmp_path / "v") == {"wavs/en-us-LJ001-0002.flac": hashlib.sha256(b"not audio").hexdigest()}
 
 
+def test_a_run_that_would_rewrite_its_own_transcripts_is_refused(tmp_path, capsys):
+    # --transcripts X/metadata.csv --out X: a smaller --count (or another --start) replaced the transcripts
+    # with the lines it spoke; the other lines' text was gone, and no larger --count could take them back
+    (tmp_path / "metadata.csv").write_text("\n".join(_lines(3)) + "\n", encoding="utf-8")
+    argv = ["--transcripts", str(tmp_path / "metadata.csv"), "--out", str(tmp_path), "--format", "wav", "--jobs", "1"]
+    mc.main([*argv, "--count", "3"])  # the same lines: nothing lost
+    assert (tmp_path / "metadata.csv").read_text(encoding="utf-8").splitlines() == _lines(3)
+    before = checksums(tmp_path)
+    for more in (["--count", "1"], ["--count", "2", "--start", "1"]):
+        line = refused(capsys, [*argv, *more])
+        assert line.startswith(f"error: --transcripts {tmp_path / 'metadata.csv'} is the metadata.csv this run "
+                               "writes"), line
+    assert checksums(tmp_path) == before
+
+
 def test_a_run_that_would_drop_a_users_metadata_rows_is_refused(tmp_path, capsys):
     # --transcripts X/metadata.csv --out X --count 3 on a corpus left 3 of its 90 rows: rows of clips
     # make_corpus made may go (a rerun makes them again), a user's own rows may not
