@@ -425,14 +425,14 @@ def check_variants(voices, option):
     anything is spoken: espeak-ng speaks such a voice as the plain voice, silently (en-us+M3 and en-us+f9
     are en-us: variant names are case-sensitive), so two --voices were one voice under two speakers.
     The variants are the files `espeak-ng --voices=variant` lists (!v/m3 is m3); nothing is checked
-    without the program."""
+    without the program or such a listing."""
     program = shutil.which(ESPEAK)
     wanted = [(voice, voice.partition("+")[2]) for voice in voices if voice.partition("+")[2]]
     if program is None or not wanted:
         return
     listing = subprocess.run([program, "--voices=variant"], capture_output=True, text=True, check=False).stdout
     known = {word[3:] for line in listing.splitlines()[1:] for word in line.split() if word.startswith("!v/")}
-    for voice, variant in wanted:
+    for voice, variant in wanted if known else ():   # an espeak-ng that lists none: nothing to check against
         if variant in known:
             continue
         same = [v for v in known if v.lower() == variant.lower()]

@@ -185,6 +185,12 @@ def test_a_variant_espeak_does_not_have_stops_before_speaking(tmp_path, capsys, 
     assert not (tmp_path / "c").exists()
 
 
+def test_variants_go_unchecked_where_espeak_lists_none(monkeypatch):
+    # an espeak-ng whose --voices=variant lists no !v/ files would have had every variant refused
+    monkeypatch.setattr(mc.subprocess, "run", lambda *a, **k: SimpleNamespace(stdout="Pty Language File\n"))
+    mc.check_variants(["en-us+m3"], "--voices")
+
+
 @pytest.mark.parametrize("first, second, message", [
     ("../../../escape|Hello world.", "D1|First line.", "t.csv:1: id '../../../escape' is not a plain file name"),
     ("D1|First line.", "D1|Second line.", "t.csv:2: duplicate id 'D1' (first on line 1)"),
