@@ -534,7 +534,7 @@ def main(argv=None):
     p.add_argument("--sample-rate", type=int, default=ESPEAK_RATE, help="Hz; soxr resamples")
     p.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, MAX_JOBS),
                    help=f"espeak-ng processes at once (1 to {MAX_JOBS})")
-    p.add_argument("--voice", default="en-us")
+    p.add_argument("--voice", help="the espeak-ng voice (default en-us); with --voices, list every voice there")
     p.add_argument("--voices", help="several espeak-ng voices, e.g. en-us+m3,en-us+f2,en-gb+m1: a csv-format "
                                     "corpus, different lines per voice")
     p.add_argument("--languages", help="with --voices: the language of each voice's rows (default: its code "
@@ -545,6 +545,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         if args.voices:
+            if args.voice is not None:
+                raise ValueError(f"--voice {args.voice}: not with --voices, which names every voice; list it there")
             make_voices_corpus(args.transcripts, args.out, voices=args.voices.split(","),
                                languages=args.languages.split(",") if args.languages else None, count=args.count,
                                start=args.start, fmt=args.format, sample_rate=args.sample_rate, jobs=args.jobs,
@@ -554,7 +556,7 @@ def main(argv=None):
             raise ValueError("--languages goes with --voices")
         make_corpus(args.transcripts, args.out, count=args.count, start=args.start,
                     fmt=args.format, sample_rate=args.sample_rate, jobs=args.jobs,
-                    voice=args.voice, speed=args.speed,
+                    voice=args.voice or "en-us", speed=args.speed,
                     compression_level=args.compression_level)
     except (RuntimeError, ValueError, OSError) as err:  # @cli: one line, status 2, as every command
         if isinstance(err, OSError) and err.errno == errno.ENOSPC:

@@ -185,6 +185,17 @@ def test_a_variant_espeak_does_not_have_stops_before_speaking(tmp_path, capsys, 
     assert not (tmp_path / "c").exists()
 
 
+def test_a_voice_given_beside_voices_is_refused(tmp_path, capsys):
+    # --voice en-gb --voices en-us+m3,en-us+f2 made the two en-us voices, dropping en-gb silently
+    line = refused(capsys, ["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / "c"), "--count", "1",
+                            "--voice", "en-gb", "--voices", "en-us+m3,en-us+f2"])
+    assert line.startswith("error: --voice en-gb: not with --voices"), line
+    line = refused(capsys, ["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / "c"), "--count", "1",
+                            "--languages", "en-us"])
+    assert line == "error: --languages goes with --voices", line
+    assert not (tmp_path / "c").exists()
+
+
 def test_variants_go_unchecked_where_espeak_lists_none(monkeypatch):
     # an espeak-ng whose --voices=variant lists no !v/ files would have had every variant refused
     monkeypatch.setattr(mc.subprocess, "run", lambda *a, **k: SimpleNamespace(stdout="Pty Language File\n"))
