@@ -130,6 +130,14 @@ _HEADER = re.compile(r"(?i)(id|file|file_?name|audio|audio_?file|path|wav|utt(er
                      r"normali[sz]ed(_?text)?|transcripts?|transcriptions?|sentence)")
 
 
+def not_a_header(cols, line, where):
+    """DatasetError when the first row of an LJSpeech table (`cols`: its fields) is column names
+    (id|text|normalized_text): such a table has no header row."""
+    if len(cols) > 1 and _HEADER.fullmatch(cols[0].strip()) and _HEADER.fullmatch(cols[1].strip()):
+        raise DatasetError(f"{where}: {line!r} is a header row; an LJSpeech metadata.csv has none "
+                           "(every line is id|text|normalized_text): remove it")
+
+
 def read_metadata(path):
     """The clips of a metadata.csv, in file order; DatasetError on the first malformed line."""
     path = Path(path)
@@ -139,9 +147,8 @@ def read_metadata(path):
         if len(cols) not in (2, 3):
             raise DatasetError(f"{path}:{lineno}: expected 2 or 3 columns separated by '|' "
                                f"(id|text|normalized_text), found {len(cols)}")
-        if not clips and _HEADER.fullmatch(cols[0].strip()) and _HEADER.fullmatch(cols[1].strip()):
-            raise DatasetError(f"{path}:{lineno}: {line!r} is a header row; an LJSpeech metadata.csv has none "
-                               "(every line is id|text|normalized_text): remove it")
+        if not clips:
+            not_a_header(cols, line, f"{path}:{lineno}")
         clip_id = plain_id(cols[0].strip(), f"{path}:{lineno}")
         text = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
         if not text:

@@ -15,7 +15,8 @@ prefer a stale .wav). --start and --count count the lines that hold clips (blank
 A run replaces only what it made: before speaking anything it refuses an audio file in its way
 that lacks its tag (a recording of the user's own) and a metadata.csv holding a row of a clip it did
 not make that it would not write again (a user's own row): give an empty or new --out. Rows of clips
-it made may go (a smaller --count keeps their audio, and a rerun takes them back); rerunning the
+it made may go (a smaller --count keeps their audio, and a rerun takes them back), unless --transcripts
+is that metadata.csv (their text would be lost with them); rerunning the
 command, a larger --count, another --format and a corrected transcript line keep working.
 
 Run:  python -m pipeline.make_corpus --transcripts data/ljspeech_transcripts.csv \
@@ -27,7 +28,8 @@ source format (pipeline/formats.py): OUT/metadata.csv `audio_file|text|speaker|l
 OUT/wavs/{voice}-{id}.flac; the speaker is the voice's name ("/" made "_" in espeak-ng's voice files,
 e.g. gmw/en-US), the language its code before "+" (for a voice file, the language `espeak-ng
 --voices` lists for it) or the matching entry of `--languages`; a language the token job would not
-take stops the run before any clip is made.
+take, or a variant espeak-ng does not have (it would speak the plain voice), stops the run before any
+clip is made.
 
       python -m pipeline.make_corpus --transcripts data/ljspeech_transcripts.csv --out data/voices \
           --voices en-us+m3,en-us+f2,en-gb+m1 --count 60 --sample-rate 22050
@@ -53,7 +55,15 @@ import soxr
 
 from pipeline.errors import DiskFull, PipelineError, cli, disk_full
 from pipeline.files import atomic_write, atomic_write_text
-from pipeline.formats import AUDIO_EXTENSIONS, check_text, espeak_voices, plain_id, table_lines, utf8_lines
+from pipeline.formats import (
+    AUDIO_EXTENSIONS,
+    check_text,
+    espeak_voices,
+    not_a_header,
+    plain_id,
+    table_lines,
+    utf8_lines,
+)
 
 ESPEAK = "espeak-ng"
 ESPEAK_RATE = 22050  # espeak-ng's own output rate
@@ -126,8 +136,8 @@ def read_transcripts(path, *, start: int = 0, count: int | None = None) -> list[
 def transcript_rows(path, *, start: int = 0, count: int | None = None) -> list[tuple[str, str, str, int]]:
     """(id, text to speak, original line, its line number) for clips start .. start+count of an
     LJSpeech csv. An id names its clip's file, so it must be a plain file name (formats.plain_id), once
-    in the lines read; a text the pipeline would refuse (a control character: formats.check_text) stops
-    the run before anything is spoken."""
+    in the lines read; a text the pipeline would refuse (a control character: formats.check_text) or a
+    first row of column names (formats.not_a_header) stops the run before anything is spoken."""
     rows, seen = [], {}
     path = Path(path)
     # only "\n" ends a line (str.splitlines would also split on \x85, \u2028, ...); a CR inside one is refused
@@ -137,6 +147,8 @@ def transcript_rows(path, *, start: int = 0, count: int | None = None) -> list[t
         cols = line.split("|")
         if len(cols) not in (2, 3) or not cols[0].strip():
             raise ValueError(f"{where}: expected id|text|normalized_text, got {line!r}")
+        if lineno == lines[0][0]:  # metadata.csv would hold it: the pipeline refuses it there
+            not_a_header(cols, line, where)
         spoken = (cols[2] if len(cols) == 3 and cols[2].strip() else cols[1]).strip()
         if not spoken:
             raise ValueError(f"{where}: empty text for id {cols[0]!r}")
@@ -223,6 +235,20 @@ def check_metadata(path, lines, clip_of):
         raise ValueError(f"{path}: {len(lost)} of its {len(old)} rows name clips make_corpus did not make and are not "
                          f"among the {len(lines)} this run would write (first {lost[0][:40]!r}); replacing it would "
                          "lose them: give an empty or new --out")
+
+
+def check_not_transcripts(transcripts, path, lines):
+    """ValueError when the metadata.csv at `path` is the transcripts file itself and replacing it with
+    `lines` would drop or change any of its lines (a smaller --count, another --start): their text would
+    be gone, and a larger --count could not take them back. The same lines again are no change."""
+    try:
+        same = os.path.samefile(transcripts, path)
+    except OSError:   # no metadata.csv yet
+        return
+    if same and [line for _, line in table_lines(Path(path).read_bytes(), path)] != list(lines):
+        raise ValueError(f"--transcripts {transcripts} is the metadata.csv this run writes, and it would keep "
+                         f"{len(lines)} of its lines (the others' text would be lost): copy it elsewhere and give "
+                         "that as --transcripts")
 
 
 def check_space(path, size):
@@ -330,17 +356,20 @@ SAMPLE_RATES = (8000, 192000)
 MAX_JOBS = 256              # espeak-ng processes at once: a thread and a process each (10**5 tried to start 13,100)
 
 
-def check_numbers(*, count, start, jobs, sample_rate, speed, compression_level=None):
+def check_numbers(*, count, start, jobs, sample_rate, speed, compression_level=None, fmt="flac"):
     """ValueError naming the option for a number make_corpus cannot honour: espeak-ng speaks a speed
-    outside SPEEDS at its default (0, -50 and 175 gave the same clip) or not at all (99999), and a
-    2 GHz --sample-rate made a 4 GB wav of a 1 s clip."""
+    outside SPEEDS at its default (0, -50 and 175 gave the same clip) or not at all (99999), a
+    2 GHz --sample-rate made a 4 GB wav of a 1 s clip, and libsndfile refuses a compression level
+    for a wav (after the first clip was spoken, naming its transcript line)."""
     checks = (("--count", count, count >= 1, "1 or more"), ("--start", start, start >= 0, "0 or more"),
               ("--jobs", jobs, 1 <= jobs <= MAX_JOBS, f"1 to {MAX_JOBS}"),
               ("--sample-rate", sample_rate, SAMPLE_RATES[0] <= sample_rate <= SAMPLE_RATES[1],
                "%d to %d Hz" % SAMPLE_RATES),
               ("--speed", speed, SPEEDS[0] <= speed <= SPEEDS[1], "%d to %d words a minute" % SPEEDS),
               ("--compression-level", compression_level, compression_level is None or 0 <= compression_level <= 1,
-               "0 to 1"))
+               "0 to 1"),
+              ("--compression-level", compression_level, compression_level is None or fmt == "flac",
+               f"FLAC only (--format {fmt} is not compressed)"))
     for option, value, ok, bounds in checks:
         if not ok:
             raise ValueError(f"{option} {value}: {bounds}")
@@ -358,14 +387,16 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
     check_numbers(count=count, start=start, jobs=jobs, sample_rate=sample_rate, speed=speed,
-                  compression_level=compression_level)
+                  compression_level=compression_level, fmt=fmt)
     check_out_path(out)
     _check_espeak()
+    check_variants([voice], "--voice")
     rows = transcript_rows(transcripts, start=start, count=count)
     if len(rows) < count:
         raise ValueError(f"{transcripts} has {len(rows)} lines from line {start}, not {count}")
     out = Path(out)
     wavs = out / "wavs"
+    check_not_transcripts(transcripts, out / "metadata.csv", [line for _, _, line, _ in rows])
     check_metadata(out / "metadata.csv", [line for _, _, line, _ in rows],
                    lambda row: _clip_files(wavs, row.split("|", 1)[0]))
     check_ours([wavs / f"{clip_id}.{fmt}" for clip_id, *_ in rows])
@@ -387,6 +418,29 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
           f"{stats['seconds']} s of audio at {sample_rate} Hz in {out} "
           f"({time.perf_counter() - t0:.1f} s)", file=log)
     return stats
+
+
+def check_variants(voices, option):
+    """ValueError naming `option` for a voice whose variant (after "+") espeak-ng does not have, before
+    anything is spoken: espeak-ng speaks such a voice as the plain voice, silently (en-us+M3 and en-us+f9
+    are en-us: variant names are case-sensitive), so two --voices were one voice under two speakers.
+    The variants are the files `espeak-ng --voices=variant` lists (!v/m3 is m3); nothing is checked
+    without the program or such a listing."""
+    program = shutil.which(ESPEAK)
+    wanted = [(voice, voice.partition("+")[2]) for voice in voices if voice.partition("+")[2]]
+    if program is None or not wanted:
+        return
+    listing = subprocess.run([program, "--voices=variant"], capture_output=True, text=True, check=False).stdout
+    known = {word[3:] for line in listing.splitlines()[1:] for word in line.split() if word.startswith("!v/")}
+    for voice, variant in wanted if known else ():   # an espeak-ng that lists none: nothing to check against
+        if variant in known:
+            continue
+        same = [v for v in known if v.lower() == variant.lower()]
+        alike = sorted((v for v in known if v[:1].lower() == variant[:1].lower()), key=lambda v: (len(v), v))
+        raise ValueError(f"{option} {voice}: espeak-ng has no variant {variant!r} (it would speak "
+                         f"{voice.partition('+')[0]} without one, silently); "
+                         + (f"write {same[0]!r}" if same else
+                            f"`espeak-ng --voices=variant` lists them, e.g. {', '.join(alike[:12] or sorted(known)[:12])}"))
 
 
 def voice_speaker(voice):
@@ -417,9 +471,10 @@ def _clip_files(out, stem):
 
 
 def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, start: int = 0, fmt: str = "flac",
-                       sample_rate: int = ESPEAK_RATE, jobs: int = 1, speed: int = 175, log=sys.stderr) -> dict:
+                       sample_rate: int = ESPEAK_RATE, jobs: int = 1, speed: int = 175,
+                       compression_level: float | None = None, log=sys.stderr) -> dict:
     """A csv-format corpus of several espeak-ng voices, `count` different lines each (see the module
-    doc). Returns {"clips", "made", "skipped", "seconds", "speakers"}."""
+    doc; compression_level as make_corpus's). Returns {"clips", "made", "skipped", "seconds", "speakers"}."""
     voices = [v.strip() for v in voices if v.strip()]
     languages = list(languages) if languages else voice_languages(voices)
     if not voices or len({voice_speaker(v) for v in voices}) != len(voices) or len(languages) != len(voices):
@@ -432,9 +487,11 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
                              "give each voice's language with --languages (`espeak-ng --voices` lists them)")
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
-    check_numbers(count=count, start=start, jobs=jobs, sample_rate=sample_rate, speed=speed)
+    check_numbers(count=count, start=start, jobs=jobs, sample_rate=sample_rate, speed=speed,
+                  compression_level=compression_level, fmt=fmt)
     check_out_path(out)
     _check_espeak()
+    check_variants(voices, "--voices")
     rows = transcript_rows(transcripts, start=start, count=count * len(voices))
     if len(rows) < count * len(voices):
         raise ValueError(f"{transcripts} has {len(rows)} lines from line {start}, not {count * len(voices)} "
@@ -455,7 +512,7 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
     total, made = _make_clips([(f"{transcripts}:{lineno}: clip {cid} ({voice})",
                                 out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}", text, voice)
                                for voice, _, cid, text, _, lineno in jobs_list],
-                              speed, sample_rate, None, jobs, log)
+                              speed, sample_rate, compression_level, jobs, log)
     remove_other_formats([out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}" for voice, _, cid, *_ in jobs_list],
                          log)
     atomic_write_text(out / "metadata.csv", "".join(line + "\n" for line in lines))
@@ -477,7 +534,7 @@ def main(argv=None):
     p.add_argument("--sample-rate", type=int, default=ESPEAK_RATE, help="Hz; soxr resamples")
     p.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, MAX_JOBS),
                    help=f"espeak-ng processes at once (1 to {MAX_JOBS})")
-    p.add_argument("--voice", default="en-us")
+    p.add_argument("--voice", help="the espeak-ng voice (default en-us); with --voices, list every voice there")
     p.add_argument("--voices", help="several espeak-ng voices, e.g. en-us+m3,en-us+f2,en-gb+m1: a csv-format "
                                     "corpus, different lines per voice")
     p.add_argument("--languages", help="with --voices: the language of each voice's rows (default: its code "
@@ -488,16 +545,18 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         if args.voices:
+            if args.voice is not None:
+                raise ValueError(f"--voice {args.voice}: not with --voices, which names every voice; list it there")
             make_voices_corpus(args.transcripts, args.out, voices=args.voices.split(","),
                                languages=args.languages.split(",") if args.languages else None, count=args.count,
                                start=args.start, fmt=args.format, sample_rate=args.sample_rate, jobs=args.jobs,
-                               speed=args.speed)
+                               speed=args.speed, compression_level=args.compression_level)
             return
         if args.languages:
             raise ValueError("--languages goes with --voices")
         make_corpus(args.transcripts, args.out, count=args.count, start=args.start,
                     fmt=args.format, sample_rate=args.sample_rate, jobs=args.jobs,
-                    voice=args.voice, speed=args.speed,
+                    voice=args.voice or "en-us", speed=args.speed,
                     compression_level=args.compression_level)
     except (RuntimeError, ValueError, OSError) as err:  # @cli: one line, status 2, as every command
         if isinstance(err, OSError) and err.errno == errno.ENOSPC:

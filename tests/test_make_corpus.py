@@ -108,12 +108,30 @@ def test_errors(tmp_path, monkeypatch):
 def test_numbers_espeak_or_the_files_cannot_honour_are_refused_naming_the_option(tmp_path, capsys, option, value,
                                                                                  said):
     for voices in ([], ["--voices", "en-us,en-us+f2"]):
-        if option == "--compression-level" and voices:
-            continue  # --voices takes no compression level
         line = refused(capsys, ["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / "c"), "--count", "1",
                                 option, value, *voices])
         assert line == f"error: {said}" or line.startswith(f"error: {said}"), line
     assert not (tmp_path / "c").exists()
+
+
+def test_a_compression_level_for_wav_clips_is_refused_naming_the_option(tmp_path, capsys):
+    # libsndfile refused it after the first clip was spoken: "t.csv:1: clip LJ001-0001: Error set
+    # compression level 0.5(Garbled error message from libsndfile)", blaming a transcript line
+    for voices in ([], ["--voices", "en-us,en-us+f2"]):
+        line = refused(capsys, ["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / "c"), "--count", "1",
+                                "--format", "wav", "--compression-level", "0.5", *voices])
+        assert line.startswith("error: --compression-level 0.5: FLAC only"), line
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_voices_corpus_takes_the_compression_level(tmp_path, capsys):
+    # --voices dropped --compression-level, silently: every FLAC at libsndfile's default
+    sizes = []
+    for level in ("0", "1"):
+        mc.main(["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / level), "--count", "1", "--voices",
+                 "en-us", "--compression-level", level, "--jobs", "1"])
+        sizes.append((tmp_path / level / "wavs" / "en-us-LJ001-0001.flac").stat().st_size)
+    assert sizes[0] > sizes[1], sizes
 
 
 def test_voices_corpus_in_the_csv_format(tmp_path):
@@ -152,6 +170,38 @@ def test_voices_named_by_their_espeak_file_make_a_corpus_planning_takes(tmp_path
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--voices", "en-us+m3,en-us+M3"], "--voices en-us+M3: espeak-ng has no variant 'M3'"),
+    (["--voices", "en-us,en-us+f9"], "--voices en-us+f9: espeak-ng has no variant 'f9'"),
+    (["--voices", "en-us+m3|x"], "--voices en-us+m3|x: espeak-ng has no variant 'm3|x'"),
+    (["--voice", "en-us+adam2"], "--voice en-us+adam2: espeak-ng has no variant 'adam2'"),
+])
+def test_a_variant_espeak_does_not_have_stops_before_speaking(tmp_path, capsys, argv, message):
+    # espeak-ng speaks an unknown variant (en-us+M3: variant names are case-sensitive) as the plain voice,
+    # silently: two --voices were one voice under two speaker names
+    line = refused(capsys, ["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / "c"), "--count", "1", *argv])
+    assert message in line, line
+    assert "m3" in line or "f2" in line or "adam" in line, line  # what espeak-ng has instead
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_voice_given_beside_voices_is_refused(tmp_path, capsys):
+    # --voice en-gb --voices en-us+m3,en-us+f2 made the two en-us voices, dropping en-gb silently
+    line = refused(capsys, ["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / "c"), "--count", "1",
+                            "--voice", "en-gb", "--voices", "en-us+m3,en-us+f2"])
+    assert line.startswith("error: --voice en-gb: not with --voices"), line
+    line = refused(capsys, ["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / "c"), "--count", "1",
+                            "--languages", "en-us"])
+    assert line == "error: --languages goes with --voices", line
+    assert not (tmp_path / "c").exists()
+
+
+def test_variants_go_unchecked_where_espeak_lists_none(monkeypatch):
+    # an espeak-ng whose --voices=variant lists no !v/ files would have had every variant refused
+    monkeypatch.setattr(mc.subprocess, "run", lambda *a, **k: SimpleNamespace(stdout="Pty Language File\n"))
+    mc.check_variants(["en-us+m3"], "--voices")
+
+
 @pytest.mark.parametrize("first, second, message", [
     ("../../../escape|Hello world.", "D1|First line.", "t.csv:1: id '../../../escape' is not a plain file name"),
     ("D1|First line.", "D1|Second line.", "t.csv:2: duplicate id 'D1' (first on line 1)"),
@@ -159,6 +209,8 @@ def test_voices_named_by_their_espeak_file_make_a_corpus_planning_takes(tmp_path
     ("a\\b|Hello.", "D1|First line.", "t.csv:1: id 'a\\\\b' is not a plain file name"),
     ("a\x1bb|Hello.", "D1|First line.", "t.csv:1: id 'a\\x1bb' is not a plain file name"),
     ("D1|First line.", "D2|Stops\x00 here.", "t.csv:2: control character U+0000 at character 9"),
+    # a first row of column names would be spoken as a clip "id" reading "normalized_text"
+    ("id|text|normalized_text", "D1|First line.", "t.csv:1: 'id|text|normalized_text' is a header row"),
 ])
 def test_an_id_that_is_no_plain_file_name_or_comes_twice_stops_before_speaking(tmp_path, capsys, first, second,
                                                                                   message):
@@ -269,6 +321,21 @@ def test_recordings_make_corpus_did_not_make_are_never_replaced(tmp_path, capsys
     line = refused(capsys, _argv(tmp_path / "v", 1, "--voices", "en-gb,en-us"))
     assert re.search(r"en-us-LJ001-0002.flac: not made by make_corpus", line), line
     assert checksums(tmp_path / "v") == {"wavs/en-us-LJ001-0002.flac": hashlib.sha256(b"not audio").hexdigest()}
+
+
+def test_a_run_that_would_rewrite_its_own_transcripts_is_refused(tmp_path, capsys):
+    # --transcripts X/metadata.csv --out X: a smaller --count (or another --start) replaced the transcripts
+    # with the lines it spoke; the other lines' text was gone, and no larger --count could take them back
+    (tmp_path / "metadata.csv").write_text("\n".join(_lines(3)) + "\n", encoding="utf-8")
+    argv = ["--transcripts", str(tmp_path / "metadata.csv"), "--out", str(tmp_path), "--format", "wav", "--jobs", "1"]
+    mc.main([*argv, "--count", "3"])  # the same lines: nothing lost
+    assert (tmp_path / "metadata.csv").read_text(encoding="utf-8").splitlines() == _lines(3)
+    before = checksums(tmp_path)
+    for more in (["--count", "1"], ["--count", "2", "--start", "1"]):
+        line = refused(capsys, [*argv, *more])
+        assert line.startswith(f"error: --transcripts {tmp_path / 'metadata.csv'} is the metadata.csv this run "
+                               "writes"), line
+    assert checksums(tmp_path) == before
 
 
 def test_a_run_that_would_drop_a_users_metadata_rows_is_refused(tmp_path, capsys):
