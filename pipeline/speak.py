@@ -108,15 +108,17 @@ def in_input(error, first, named=False):
 
 
 def prepared(voice, texts, options, lazy, quiet, named=False):
-    """(first line, voice.prepare(text)) of each (first line, text); one that says nothing is passed
-    over, its NothingToSay appended to `quiet`. named: the texts are standard input's (in_input)."""
+    """(first line, whether it is a paragraph named in errors (in_input), voice.prepare(text)) of each
+    (first line, text); one that says nothing is passed over, its NothingToSay appended to `quiet`.
+    named: the texts are standard input's."""
     for line, source in texts:
-        try:
-            yield line, voice.prepare(source, **options, lazy=lazy)
+        paragraph = named and not markup.is_ssml(source)   # an SSML document is no paragraph: its errors
+        try:                                                # carry their own lines
+            yield line, paragraph, voice.prepare(source, **options, lazy=lazy)
         except NothingToSay as e:
             quiet.append(e)
-        except PipelineError as e:  # an SSML document is no paragraph: its errors carry their own lines
-            raise in_input(e, line, named and not markup.is_ssml(source)) from None
+        except PipelineError as e:
+            raise in_input(e, line, paragraph) from None
 
 
 def write_raw(out, data):
@@ -143,7 +145,7 @@ def speak(voice, texts, args, out, named=False):
     options = dict(ssml=True if args.ssml else None, pace=args.pace, pitch_shift=args.pitch_shift,
                    speaker=args.speaker, language=args.language)
     requests = prepared(voice, texts, options, out is not None, quiet, named)   # raw: each sentence as it comes
-    for line, request in requests if out is not None else list(requests):
+    for line, paragraph, request in requests if out is not None else list(requests):
         try:
             for i, audio in enumerate(voice.sentences_float(request)):
                 if sentences and not i:   # paragraphs read one by one: the pause markup puts between paragraphs
@@ -155,8 +157,8 @@ def speak(voice, texts, args, out, named=False):
                     write_raw(out, to_pcm(audio, "--raw").tobytes())
                 first = first if first is not None else time.perf_counter() - t0
                 sentences += 1
-        except PipelineError as e:
-            raise in_input(e, line) from None
+        except PipelineError as e:   # a later sentence (--raw's front end reads each as it comes) too
+            raise in_input(e, line, paragraph) from None
     if not sentences and quiet:
         raise quiet[0]
     return chunks, sentences, first

@@ -450,6 +450,13 @@ def test_errors_name_lines_of_the_whole_input_read_a_paragraph_at_a_time(exporte
                        str(tmp_path / "x.wav")) == "error: line 3, column 6: '[[' inside phonemes opened at line 3, column 1"
 
 
+def test_raw_names_the_paragraph_of_a_later_sentence_the_front_end_cannot_say(exported_voice):
+    # --raw reads a paragraph's later sentences through the front end as they come: one it could not say
+    # was named by its text alone ("error: 'Then ☺ here.': ..."), where --out named its paragraph's line
+    rc, pcm, err = run_speak(exported_voice, "Hello there.\n\nFine.\nThen \u263a here.\n".encode(), "--raw")
+    assert rc == 2 and pcm and err.startswith("error: the paragraph at line 3: 'Then \u263a here.'"), err
+
+
 def test_out_is_left_as_it_was_when_the_text_is_refused_and_standard_input_is_not_needed(exported_voice, tmp_path,
                                                                                           capsys, monkeypatch):
     # --out is written atomically once all is said: text refused before the voice loads or after it
