@@ -42,6 +42,9 @@ def _raw_stdout():
     if sys.stdout is None:   # started with it closed (`>&-`): Python leaves None, and the PCM has nowhere to go
         raise VoiceError("--raw: standard output is closed; send it to a player, a pipe or a file, or write a wav "
                          "with --out F.wav")
+    if os.isatty(1):   # raw samples on a terminal: screens of binary that can leave it in another mode
+        raise VoiceError("--raw: standard output is a terminal; send it to a player (| aplay -r RATE -f S16_LE -c 1), "
+                         "a pipe or a file, or write a wav with --out F.wav")
     sys.stdout.flush()
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)

@@ -598,3 +598,20 @@ def test_raw_with_standard_output_closed_is_one_line():
     assert proc.returncode == 2 and err.strip().splitlines() == [
         "error: --raw: standard output is closed; send it to a player, a pipe or a file, or write a wav with "
         "--out F.wav"], err[-3000:]
+
+
+def test_raw_to_a_terminal_is_one_line_not_screens_of_samples():
+    # `speak --raw "Hi."` typed without a pipe wrote the samples to the terminal, as binary it can take
+    # for control sequences, and answered 0 (said before TensorFlow loads: it is unimportable here)
+    import pty
+    argv = blocked_command("pipeline.speak", "--voice", "no/such/export", "--raw", "Hi there.", blocked=BEFORE_THE_MODEL)
+    reader, terminal = pty.openpty()
+    try:
+        proc = subprocess.run(argv, stdout=terminal, stderr=subprocess.PIPE, env=child_env(), cwd=ROOT, timeout=300)
+    finally:
+        os.close(terminal)
+        os.close(reader)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and err.strip().splitlines() == [
+        "error: --raw: standard output is a terminal; send it to a player (| aplay -r RATE -f S16_LE -c 1), a pipe "
+        "or a file, or write a wav with --out F.wav"], err[-3000:]
