@@ -189,10 +189,10 @@ def main(argv=None):
         check_not_input(args.out, "--out", {"--voice": args.voice})
     if not args.text and sys.stdin is None:   # started with standard input closed (`<&-`)
         raise VoiceError("no text to speak: no TEXT given and standard input is closed")
-    if args.text:
-        markup.parse(" ".join(args.text), True if args.ssml else None)
+    items = markup.parse(" ".join(args.text), True if args.ssml else None) if args.text else None
     out = _raw_stdout() if args.raw else None
-    voice = Voice(args.voice, log=log, speaker=args.speaker, language=args.language, grappler=False)
+    voice = Voice(args.voice, log=log, speaker=args.speaker, language=args.language, grappler=False, items=items,
+                  pace=args.pace, pitch_shift=args.pitch_shift)   # TEXT's phonemes and prosody too, before the load
     log(f"voice {args.voice}: loaded in {voice.load_seconds:.2f} s ({voice.sample_rate} Hz"
         f"{'' if voice.grappler else '; CPU, graph optimizer off'})")
     if args.text:

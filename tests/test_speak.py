@@ -500,6 +500,21 @@ def test_arguments_are_checked_before_the_voice_loads(exported_voice, tmp_path, 
     assert not list(tmp_path.iterdir())
 
 
+def test_phonemes_and_prosody_given_as_arguments_are_checked_before_tensorflow_loads(exported_voice, tmp_path):
+    # a symbol the voice lacks, or a prosody rate that takes --pace out of range, in TEXT was said only
+    # after TensorFlow's start-up (~10 s), though vocab.json and the options show it (TensorFlow is
+    # unimportable in these processes)
+    for argv, message in ((["Say [[ ZZZ ]] now."], "error: line 1, column 5: phoneme(s) Z not in this voice's symbols"),
+                          (["--pace", "0.25", '<speak><prosody rate="x-slow">hi</prosody></speak>'],
+                           "error: line 1, column 31: pace 0.25 x prosody rate 0.5: 0.125 is outside 0.25..4")):
+        proc = subprocess.run(blocked_command("pipeline.speak", "--voice", str(exported_voice), "--out",
+                                              str(tmp_path / "x.wav"), *argv, blocked=BEFORE_THE_MODEL),
+                              capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(message), proc.stderr[-3000:]
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_seconds_to_the_first_audio_are_the_first_sentences(voice, monkeypatch):
     # --raw logs "first audio after F s": the latency a listener waits, not the time to the last sentence
     import io
