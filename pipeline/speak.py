@@ -42,6 +42,9 @@ def _raw_stdout():
     if sys.stdout is None:   # started with it closed (`>&-`): Python leaves None, and the PCM has nowhere to go
         raise VoiceError("--raw: standard output is closed; send it to a player, a pipe or a file, or write a wav "
                          "with --out F.wav")
+    if os.isatty(1):   # raw samples on a terminal: screens of binary that can leave it in another mode
+        raise VoiceError("--raw: standard output is a terminal; send it to a player (| aplay -r RATE -f S16_LE -c 1), "
+                         "a pipe or a file, or write a wav with --out F.wav")
     sys.stdout.flush()
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
@@ -108,15 +111,17 @@ def in_input(error, first, named=False):
 
 
 def prepared(voice, texts, options, lazy, quiet, named=False):
-    """(first line, voice.prepare(text)) of each (first line, text); one that says nothing is passed
-    over, its NothingToSay appended to `quiet`. named: the texts are standard input's (in_input)."""
+    """(first line, whether it is a paragraph named in errors (in_input), voice.prepare(text)) of each
+    (first line, text); one that says nothing is passed over, its NothingToSay appended to `quiet`.
+    named: the texts are standard input's."""
     for line, source in texts:
-        try:
-            yield line, voice.prepare(source, **options, lazy=lazy)
+        paragraph = named and not markup.is_ssml(source)   # an SSML document is no paragraph: its errors
+        try:                                                # carry their own lines
+            yield line, paragraph, voice.prepare(source, **options, lazy=lazy)
         except NothingToSay as e:
             quiet.append(e)
-        except PipelineError as e:  # an SSML document is no paragraph: its errors carry their own lines
-            raise in_input(e, line, named and not markup.is_ssml(source)) from None
+        except PipelineError as e:
+            raise in_input(e, line, paragraph) from None
 
 
 def write_raw(out, data):
@@ -143,7 +148,7 @@ def speak(voice, texts, args, out, named=False):
     options = dict(ssml=True if args.ssml else None, pace=args.pace, pitch_shift=args.pitch_shift,
                    speaker=args.speaker, language=args.language)
     requests = prepared(voice, texts, options, out is not None, quiet, named)   # raw: each sentence as it comes
-    for line, request in requests if out is not None else list(requests):
+    for line, paragraph, request in requests if out is not None else list(requests):
         try:
             for i, audio in enumerate(voice.sentences_float(request)):
                 if sentences and not i:   # paragraphs read one by one: the pause markup puts between paragraphs
@@ -155,8 +160,8 @@ def speak(voice, texts, args, out, named=False):
                     write_raw(out, to_pcm(audio, "--raw").tobytes())
                 first = first if first is not None else time.perf_counter() - t0
                 sentences += 1
-        except PipelineError as e:
-            raise in_input(e, line) from None
+        except PipelineError as e:   # a later sentence (--raw's front end reads each as it comes) too
+            raise in_input(e, line, paragraph) from None
     if not sentences and quiet:
         raise quiet[0]
     return chunks, sentences, first
@@ -184,10 +189,10 @@ def main(argv=None):
         check_not_input(args.out, "--out", {"--voice": args.voice})
     if not args.text and sys.stdin is None:   # started with standard input closed (`<&-`)
         raise VoiceError("no text to speak: no TEXT given and standard input is closed")
-    if args.text:
-        markup.parse(" ".join(args.text), True if args.ssml else None)
+    items = markup.parse(" ".join(args.text), True if args.ssml else None) if args.text else None
     out = _raw_stdout() if args.raw else None
-    voice = Voice(args.voice, log=log, speaker=args.speaker, language=args.language, grappler=False)
+    voice = Voice(args.voice, log=log, speaker=args.speaker, language=args.language, grappler=False, items=items,
+                  pace=args.pace, pitch_shift=args.pitch_shift)   # TEXT's phonemes and prosody too, before the load
     log(f"voice {args.voice}: loaded in {voice.load_seconds:.2f} s ({voice.sample_rate} Hz"
         f"{'' if voice.grappler else '; CPU, graph optimizer off'})")
     if args.text:

@@ -329,11 +329,13 @@ def _reason(e):
 class Voice:
     """An export folder loaded: `prepare` text, then `sentences_audio` (a generator) or `audio`."""
 
-    def __init__(self, folder, log=None, speaker=None, language=None, grappler=True):
+    def __init__(self, folder, log=None, speaker=None, language=None, grappler=True, items=None, pace=1.0,
+                 pitch_shift=0.0):
         """speaker, language: names a caller will ask for, checked against export.json before the model
-        loads (a typo costs a fraction of a second, not the load). grappler=False: quick_start() just
-        before the model loads (a process that loads a voice, speaks and exits); self.grappler says
-        whether Grappler stayed on. self.load_seconds: from TensorFlow imported to the voice ready."""
+        loads (a typo costs a fraction of a second, not the load); items (markup.parse's), with pace and
+        pitch_shift: text a caller will ask for, its phonemes and prosody checked then too (check_items).
+        grappler=False: quick_start() just before the model loads (a process that loads a voice, speaks
+        and exits); self.grappler says whether Grappler stayed on. self.load_seconds: from TensorFlow imported to the voice ready."""
         folder = self.folder = Path(folder)
         self.meta, self.vocab = _read_json(folder / "export.json"), _read_json(folder / "vocab.json")
         if not (folder / "saved_model").is_dir():
@@ -351,6 +353,8 @@ class Voice:
         self.speakers = list(self.meta.get("speakers") or [])
         self.languages = list(self.meta.get("languages") or [])
         self._check_names(speaker, language)
+        if items is not None:
+            self.check_items(items, pace, pitch_shift)
         import tensorflow  # noqa: F401  here, after every check the folder's files allow (module docstring)
         t0 = time.perf_counter()
         self.grappler = grappler or not quick_start()
@@ -522,12 +526,7 @@ class Voice:
             if length > MAX_SENTENCE_CHARACTERS:
                 raise TooLong(f"sentence {n}: {length} characters, over the {MAX_SENTENCE_CHARACTERS} one sentence "
                               f"may hold{SOONER}")
-        for item in (i for s in sentences for i in s if isinstance(i, markup.Speech)):
-            if item.phonemes:
-                self._check_phonemes(item)
-            check_number(f"{item.where}: pace {pace:g} x prosody rate {item.rate:g}", pace * item.rate, *PACE_RANGE)
-            check_number(f"{item.where}: pitch shift {pitch_shift:g} + prosody pitch {item.pitch:g}",
-                         pitch_shift + item.pitch, 2 * PITCH_RANGE[0], 2 * PITCH_RANGE[1])
+        self.check_items((i for s in sentences for i in s), pace, pitch_shift)
         bound = None if max_seconds is None else int(max_seconds * self.sample_rate)
         request = Request(sentences, inputs, language, pace, pitch_shift, max_samples=bound)
         request.sentences, request.ready = self._lead(sentences, request, lazy)
@@ -602,6 +601,16 @@ class Voice:
                 raise VoiceError(f"{line.strip()[:60]!r}: {reason}")
             out.append("" if reason else symbols)
         return out
+
+    def check_items(self, items, pace, pitch_shift):
+        """VoiceError for markup items this voice cannot say: inline phonemes outside its symbols (vocab.json),
+        a prosody rate or pitch that takes the pace or pitch shift out of range. Needs no TensorFlow."""
+        for item in (i for i in items if isinstance(i, markup.Speech)):
+            if item.phonemes:
+                self._check_phonemes(item)
+            check_number(f"{item.where}: pace {pace:g} x prosody rate {item.rate:g}", pace * item.rate, *PACE_RANGE)
+            check_number(f"{item.where}: pitch shift {pitch_shift:g} + prosody pitch {item.pitch:g}",
+                         pitch_shift + item.pitch, 2 * PITCH_RANGE[0], 2 * PITCH_RANGE[1])
 
     def _check_phonemes(self, item):
         known = set(self.symbols)

@@ -450,6 +450,13 @@ def test_errors_name_lines_of_the_whole_input_read_a_paragraph_at_a_time(exporte
                        str(tmp_path / "x.wav")) == "error: line 3, column 6: '[[' inside phonemes opened at line 3, column 1"
 
 
+def test_raw_names_the_paragraph_of_a_later_sentence_the_front_end_cannot_say(exported_voice):
+    # --raw reads a paragraph's later sentences through the front end as they come: one it could not say
+    # was named by its text alone ("error: 'Then ☺ here.': ..."), where --out named its paragraph's line
+    rc, pcm, err = run_speak(exported_voice, "Hello there.\n\nFine.\nThen \u263a here.\n".encode(), "--raw")
+    assert rc == 2 and pcm and err.startswith("error: the paragraph at line 3: 'Then \u263a here.'"), err
+
+
 def test_out_is_left_as_it_was_when_the_text_is_refused_and_standard_input_is_not_needed(exported_voice, tmp_path,
                                                                                           capsys, monkeypatch):
     # --out is written atomically once all is said: text refused before the voice loads or after it
@@ -490,6 +497,21 @@ def test_arguments_are_checked_before_the_voice_loads(exported_voice, tmp_path, 
     with pytest.raises(SystemExit) as exit_:
         speak.main(["--voice", str(exported_voice), "--out", str(tmp_path / "x.wav"), "--pace", "nan", "Hello."])
     assert exit_.value.code == 2 and capsys.readouterr().err.strip() == "error: --pace: nan is outside 0.25..4"
+    assert not list(tmp_path.iterdir())
+
+
+def test_phonemes_and_prosody_given_as_arguments_are_checked_before_tensorflow_loads(exported_voice, tmp_path):
+    # a symbol the voice lacks, or a prosody rate that takes --pace out of range, in TEXT was said only
+    # after TensorFlow's start-up (~10 s), though vocab.json and the options show it (TensorFlow is
+    # unimportable in these processes)
+    for argv, message in ((["Say [[ ZZZ ]] now."], "error: line 1, column 5: phoneme(s) Z not in this voice's symbols"),
+                          (["--pace", "0.25", '<speak><prosody rate="x-slow">hi</prosody></speak>'],
+                           "error: line 1, column 31: pace 0.25 x prosody rate 0.5: 0.125 is outside 0.25..4")):
+        proc = subprocess.run(blocked_command("pipeline.speak", "--voice", str(exported_voice), "--out",
+                                              str(tmp_path / "x.wav"), *argv, blocked=BEFORE_THE_MODEL),
+                              capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(message), proc.stderr[-3000:]
     assert not list(tmp_path.iterdir())
 
 
@@ -591,3 +613,20 @@ def test_raw_with_standard_output_closed_is_one_line():
     assert proc.returncode == 2 and err.strip().splitlines() == [
         "error: --raw: standard output is closed; send it to a player, a pipe or a file, or write a wav with "
         "--out F.wav"], err[-3000:]
+
+
+def test_raw_to_a_terminal_is_one_line_not_screens_of_samples():
+    # `speak --raw "Hi."` typed without a pipe wrote the samples to the terminal, as binary it can take
+    # for control sequences, and answered 0 (said before TensorFlow loads: it is unimportable here)
+    import pty
+    argv = blocked_command("pipeline.speak", "--voice", "no/such/export", "--raw", "Hi there.", blocked=BEFORE_THE_MODEL)
+    reader, terminal = pty.openpty()
+    try:
+        proc = subprocess.run(argv, stdout=terminal, stderr=subprocess.PIPE, env=child_env(), cwd=ROOT, timeout=300)
+    finally:
+        os.close(terminal)
+        os.close(reader)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and err.strip().splitlines() == [
+        "error: --raw: standard output is a terminal; send it to a player (| aplay -r RATE -f S16_LE -c 1), a pipe "
+        "or a file, or write a wav with --out F.wav"], err[-3000:]
