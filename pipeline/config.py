@@ -372,6 +372,12 @@ def check_folders(cfg):
         if braces:  # the rules' output paths start with these folders: Snakemake would see a wildcard
             raise ConfigError(f"{key}: {folder!r} holds {' '.join(braces)}, which Snakemake reads as a wildcard in "
                               "the output paths of the rules; choose a folder name without them")
+        own = os.path.join(folder, cfg["name"])
+        blocked = _not_a_folder(own)
+        if blocked:  # Snakemake's scan of the outputs stopped on it with a NotADirectoryError traceback
+            where = "" if blocked == own else f", so {own} cannot be made in it"
+            raise ConfigError(f"{key}: {blocked} exists and is not a folder{where}; move it aside or set "
+                              f"another {key}")
     if os.path.realpath(cfg["runs_dir"]) == os.path.realpath(cfg["cache"]["dir"]):  # both write {name}/rejected.tsv
         raise ConfigError(f"runs_dir: {cfg['runs_dir']!r} is also cache.dir; the two must be different folders (each "
                           "keeps its own {name}/rejected.tsv: the caches' left-out clips, and the run's)")
@@ -380,6 +386,17 @@ def check_folders(cfg):
         raise ConfigError(f"runs_dir: {cfg['runs_dir']!r} holds {' '.join(glob)}, which TensorFlow reads as a "
                           "pattern when it looks for checkpoints (a trained run would start again from step 0); "
                           "choose a folder name without them")
+
+
+def _not_a_folder(path):
+    """`path`, or the nearest of its parents that exists, when that one is not a folder (a file, a link to
+    nothing); else None."""
+    for p in (path, *map(str, Path(path).parents)):
+        if os.path.isdir(p):
+            return None
+        if os.path.lexists(p):
+            return p
+    return None
 
 
 STFT_LOSS_LONGEST = 2048  # samples: the longest window of pipeline.vocoder.discriminators.RESOLUTIONS
