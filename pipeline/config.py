@@ -373,6 +373,10 @@ def check_folders(cfg):
             raise ConfigError(f"{key}: {folder!r} holds {' '.join(braces)}, which Snakemake reads as a wildcard in "
                               "the output paths of the rules; choose a folder name without them")
         own = os.path.join(folder, cfg["name"])
+        long = next((part for part in own.split("/") if len(part.encode("utf-8")) > NAME_MAX), None)
+        if long is not None:  # planning stopped in an OSError traceback (File name too long)
+            raise ConfigError(f"{'name' if long == cfg['name'] else key}: {long[:20]}... is {len(long.encode('utf-8'))} "
+                              f"bytes, more than a file or folder name may have ({NAME_MAX}); choose a shorter one")
         blocked = _not_a_folder(own)
         if blocked:  # Snakemake's scan of the outputs stopped on it with a NotADirectoryError traceback
             where = "" if blocked == own else f", so {own} cannot be made in it"
@@ -386,6 +390,9 @@ def check_folders(cfg):
         raise ConfigError(f"runs_dir: {cfg['runs_dir']!r} holds {' '.join(glob)}, which TensorFlow reads as a "
                           "pattern when it looks for checkpoints (a trained run would start again from step 0); "
                           "choose a folder name without them")
+
+
+NAME_MAX = 255  # bytes in one file or folder name (Linux's file systems)
 
 
 def _not_a_folder(path):

@@ -714,6 +714,16 @@ def test_a_folder_key_where_a_file_stands_is_refused_naming_it(tmp_path, key, mo
         config.load_config(None, overrides, check_paths=False)
 
 
+def test_a_name_or_folder_longer_than_a_file_name_may_be_is_refused_naming_it(tmp_path, monkeypatch):
+    # `--config name=<300 letters>`: planning stopped in an OSError traceback (File name too long)
+    monkeypatch.chdir(tmp_path)
+    for overrides, key in (({"name": "a" * 300}, "name"), ({"cache": {"dir": "c/" + "é" * 128}}, "cache.dir"),
+                           ({"reports_dir": "r" * 256 + "/x"}, "reports_dir")):
+        with pytest.raises(ConfigError, match=rf"^{key}: .{{20}}\.\.\. is \d+ bytes, more than a file or folder name"):
+            config.load_config(None, overrides, check_paths=False)
+    config.load_config(None, {"name": "a" * 255, "runs_dir": "r" * 255}, check_paths=False)  # as long as may be
+
+
 def test_a_value_json_cannot_hold_is_refused_naming_its_key(tmp_path):
     # a YAML date in the free-form model.options stopped planning with a TypeError traceback
     path = tmp_path / "my.yaml"
