@@ -719,20 +719,21 @@ def check_configfiles(paths):
 
 
 def check_dataset_paths(cfg):
+    # os.path's tests, not Path's: an over-long name is not found there, where Path's raise (File name too long)
     ds = cfg["dataset"]
     if "sources" in ds:  # several corpora (pipeline/formats.py); a job may get none of them
         for i, src in enumerate(ds["sources"]):
-            if not Path(src["root"]).is_dir():
+            if not os.path.isdir(src["root"]):
                 raise ConfigError(f"dataset.sources[{i}].root: folder not found: {src['root']}")
     elif "root" in ds:  # a job that reads no clips gets no dataset folder
         root = Path(ds["root"])
-        if not root.is_dir():
+        if not os.path.isdir(root):
             raise ConfigError(f"dataset.root: folder not found: {root}")
         meta = root / ds["metadata"]
-        if not meta.is_file():
+        if not os.path.isfile(meta):
             raise ConfigError(f"dataset.metadata: file not found: {meta}")
         audio = root / ds["audio_dir"]
-        if not audio.is_dir():
+        if not os.path.isdir(audio):
             raise ConfigError(f"dataset.audio_dir: folder not found: {audio}")
 
 
