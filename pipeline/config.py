@@ -372,6 +372,16 @@ def check_folders(cfg):
         if braces:  # the rules' output paths start with these folders: Snakemake would see a wildcard
             raise ConfigError(f"{key}: {folder!r} holds {' '.join(braces)}, which Snakemake reads as a wildcard in "
                               "the output paths of the rules; choose a folder name without them")
+        own = os.path.join(folder, cfg["name"])
+        long = next((part for part in own.split("/") if len(part.encode("utf-8")) > NAME_MAX), None)
+        if long is not None:  # planning stopped in an OSError traceback (File name too long)
+            raise ConfigError(f"{'name' if long == cfg['name'] else key}: {long[:20]}... is {len(long.encode('utf-8'))} "
+                              f"bytes, more than a file or folder name may have ({NAME_MAX}); choose a shorter one")
+        blocked = _not_a_folder(own)
+        if blocked:  # Snakemake's scan of the outputs stopped on it with a NotADirectoryError traceback
+            where = "" if blocked == own else f", so {own} cannot be made in it"
+            raise ConfigError(f"{key}: {blocked} exists and is not a folder{where}; move it aside or set "
+                              f"another {key}")
     if os.path.realpath(cfg["runs_dir"]) == os.path.realpath(cfg["cache"]["dir"]):  # both write {name}/rejected.tsv
         raise ConfigError(f"runs_dir: {cfg['runs_dir']!r} is also cache.dir; the two must be different folders (each "
                           "keeps its own {name}/rejected.tsv: the caches' left-out clips, and the run's)")
@@ -380,6 +390,20 @@ def check_folders(cfg):
         raise ConfigError(f"runs_dir: {cfg['runs_dir']!r} holds {' '.join(glob)}, which TensorFlow reads as a "
                           "pattern when it looks for checkpoints (a trained run would start again from step 0); "
                           "choose a folder name without them")
+
+
+NAME_MAX = 255  # bytes in one file or folder name (Linux's file systems)
+
+
+def _not_a_folder(path):
+    """`path`, or the nearest of its parents that exists, when that one is not a folder (a file, a link to
+    nothing); else None."""
+    for p in (path, *map(str, Path(path).parents)):
+        if os.path.isdir(p):
+            return None
+        if os.path.lexists(p):
+            return p
+    return None
 
 
 STFT_LOSS_LONGEST = 2048  # samples: the longest window of pipeline.vocoder.discriminators.RESOLUTIONS
@@ -695,20 +719,21 @@ def check_configfiles(paths):
 
 
 def check_dataset_paths(cfg):
+    # os.path's tests, not Path's: an over-long name is not found there, where Path's raise (File name too long)
     ds = cfg["dataset"]
     if "sources" in ds:  # several corpora (pipeline/formats.py); a job may get none of them
         for i, src in enumerate(ds["sources"]):
-            if not Path(src["root"]).is_dir():
+            if not os.path.isdir(src["root"]):
                 raise ConfigError(f"dataset.sources[{i}].root: folder not found: {src['root']}")
     elif "root" in ds:  # a job that reads no clips gets no dataset folder
         root = Path(ds["root"])
-        if not root.is_dir():
+        if not os.path.isdir(root):
             raise ConfigError(f"dataset.root: folder not found: {root}")
         meta = root / ds["metadata"]
-        if not meta.is_file():
+        if not os.path.isfile(meta):
             raise ConfigError(f"dataset.metadata: file not found: {meta}")
         audio = root / ds["audio_dir"]
-        if not audio.is_dir():
+        if not os.path.isdir(audio):
             raise ConfigError(f"dataset.audio_dir: folder not found: {audio}")
 
 

@@ -575,6 +575,20 @@ def test_a_missing_audio_folder_is_refused_naming_dataset_audio_dir(tmp_path):
     assert config.load_config(None, {"dataset": {"root": str(root)}})["dataset"]["root"] == str(root)
 
 
+def test_dataset_paths_longer_than_a_file_name_may_be_are_not_found_naming_the_key(tmp_path):
+    # a 300-letter folder name: planning stopped in an OSError traceback (File name too long)
+    root = tmp_path / "corpus"
+    (root / "wavs").mkdir(parents=True)
+    (root / "metadata.csv").write_text("a|Hello.|Hello.\n")
+    long = "d" * 300
+    for dataset, key in (({"root": str(tmp_path / long)}, "dataset.root"),
+                         ({"root": str(root), "metadata": long}, "dataset.metadata"),
+                         ({"root": str(root), "audio_dir": long}, "dataset.audio_dir"),
+                         ({"sources": [{"root": str(tmp_path / long), "format": "ljspeech"}]}, r"dataset.sources\[0\].root")):
+        with pytest.raises(ConfigError, match=rf"^{key}: (folder|file) not found: .*{long}$"):
+            config.load_config(None, {"dataset": dataset})
+
+
 def test_pitch_fmax_at_nyquist_loads_and_an_fmin_above_fmax_is_refused_naming_pitch_fmin():
     # as for audio.fmax: the Nyquist frequency itself is allowed, a step past it is not; fmin over fmax
     # names the key to lower, not the octave between them

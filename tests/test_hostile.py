@@ -691,6 +691,39 @@ def test_runs_dir_that_is_the_cache_folder_is_refused(tmp_path, monkeypatch):
     assert config.load_config(None, {"reports_dir": "runs"}, check_paths=False)["reports_dir"] == "runs"  # no clash
 
 
+@pytest.mark.parametrize("key", ["cache", "runs_dir", "reports_dir"])
+def test_a_folder_key_where_a_file_stands_is_refused_naming_it(tmp_path, key, monkeypatch):
+    # a file at runs/{name} (or at the folder, or above it): planning stopped in a NotADirectoryError
+    # traceback (reports_dir), planned jobs that could not write (cache.dir), or said to delete the
+    # run's checkpoints (runs_dir)
+    monkeypatch.chdir(tmp_path)
+    name = "cache.dir" if key == "cache" else key
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "t").write_text("x")
+    for folder, blocked in (("folder", "folder/t"), ("file", "file"), ("file/below", "file")):
+        overrides = {"name": "t", **({"cache": {"dir": folder}} if key == "cache" else {key: folder})}
+        with pytest.raises(ConfigError) as e:
+            config.load_config(None, overrides, check_paths=False)
+        assert str(e.value).startswith(f"{name}: {blocked} exists and is not a folder"), str(e.value)
+    (tmp_path / "folder" / "t").unlink()
+    (tmp_path / "folder" / "t").mkdir()
+    (tmp_path / "link").symlink_to("folder")
+    for folder in ("folder", "link", "new/below"):  # a folder, a link to one, one to make: as before
+        overrides = {"name": "t", **({"cache": {"dir": folder}} if key == "cache" else {key: folder})}
+        config.load_config(None, overrides, check_paths=False)
+
+
+def test_a_name_or_folder_longer_than_a_file_name_may_be_is_refused_naming_it(tmp_path, monkeypatch):
+    # `--config name=<300 letters>`: planning stopped in an OSError traceback (File name too long)
+    monkeypatch.chdir(tmp_path)
+    for overrides, key in (({"name": "a" * 300}, "name"), ({"cache": {"dir": "c/" + "é" * 128}}, "cache.dir"),
+                           ({"reports_dir": "r" * 256 + "/x"}, "reports_dir")):
+        with pytest.raises(ConfigError, match=rf"^{key}: .{{20}}\.\.\. is \d+ bytes, more than a file or folder name"):
+            config.load_config(None, overrides, check_paths=False)
+    config.load_config(None, {"name": "a" * 255, "runs_dir": "r" * 255}, check_paths=False)  # as long as may be
+
+
 def test_a_value_json_cannot_hold_is_refused_naming_its_key(tmp_path):
     # a YAML date in the free-form model.options stopped planning with a TypeError traceback
     path = tmp_path / "my.yaml"

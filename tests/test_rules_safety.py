@@ -3,7 +3,7 @@ and a setting changed under a trained run is refused before any job runs."""
 import os
 
 import yaml
-from conftest import edited_copy, load_json, snakemake, write_config
+from conftest import TINY_ALIGNER, TINY_FASTPITCH, edited_copy, load_json, snakemake, write_config
 
 from pipeline import config
 
@@ -59,3 +59,23 @@ def test_a_configfile_with_a_key_given_twice_is_refused_before_planning(tmp_path
     proc = snakemake("-n", "caches", config=path, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "'train' given twice" in out and str(path) in out, out[-2000:]
+
+
+def test_a_stale_duration_shard_that_cannot_be_set_aside_stops_planning(corpus, tmp_path):
+    # set aside from an input function: its OSError came out as Snakemake's InputFunctionException and a
+    # traceback, the stale shard left where training refuses it
+    root, _ = corpus
+    path = write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": 2}, aligner=TINY_ALIGNER,
+                        model={"kind": "fastpitch", "fastpitch": TINY_FASTPITCH})
+    snakemake("durations", config=path)
+    cache = config.cache_dir(config.load_config(path))
+    tokens = cache / "tokens" / "shard-001.json"
+    tokens.write_text(tokens.read_text() + "\n")  # other bytes than the durations were aligned to
+    if (cache / ".repair").exists():
+        os.rename(cache / ".repair", tmp_path / "repair")
+    (cache / ".repair").write_text("")  # a file where the folder goes (an unwritable folder is as good)
+    proc = snakemake("-n", "durations", config=path, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Nothing to be done" not in out, out[-2000:]
+    line = [x for x in out.splitlines() if x.startswith("error:")]
+    assert line and str(cache / "durations" / "shard-001.json") in line[0] and "stale" in line[0], out[-2000:]

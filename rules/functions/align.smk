@@ -82,7 +82,16 @@ def duration_repair(wildcards):
             "damaged (a file missing, or a .bin unlike its JSON)" if damaged else None
         )
     if reason:
-        pshards.set_aside(out, CACHE / ".repair", reason)
+        # an input function's error only drops the job: stop rather than plan around it
+        try:
+            pshards.set_aside(out, CACHE / ".repair", reason)
+        except OSError as e:
+            stop_planning(
+                perrors.PipelineError(
+                    f"{out}.json: {reason}, and it cannot be set aside in {CACHE / '.repair'} "
+                    f"({e.strerror or e}); make that a writable folder and rerun"
+                )
+            )
         print(
             f"{out}.json: {reason}; set aside in {CACHE / '.repair'}", file=sys.stderr
         )
