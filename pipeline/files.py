@@ -197,7 +197,11 @@ def host_id():
 
 
 def alive(pid):
-    """Whether a process `pid` lives on this host (another user's counts)."""
+    """Whether a process `pid` lives on this host (another user's counts); one that has exited but is not
+    yet reaped (a zombie, /proc/PID/stat's state Z) does not."""
+    fields = _proc_stat(pid)
+    if fields is not None:
+        return fields[0] != b"Z"
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -207,15 +211,25 @@ def alive(pid):
     return True
 
 
-def _started(pid):
-    """When process `pid` started (clock ticks after boot, /proc/PID/stat's 22nd field); None when no
-    such process lives here, 0 where /proc does not say (no /proc at all: a live process is never
-    taken for a gone one)."""
+def _proc_stat(pid):
+    """/proc/PID/stat's fields after the command name (state first), None where /proc does not say."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
+            fields = f.read().rsplit(b")", 1)[1].split()
+        int(fields[19])
+        return fields
     except (OSError, IndexError, ValueError):
+        return None
+
+
+def _started(pid):
+    """When process `pid` started (clock ticks after boot, /proc/PID/stat's 22nd field); None when no
+    such process lives here (a zombie, exited but not reaped, neither), 0 where /proc does not say (no
+    /proc at all: a live process is never taken for a gone one)."""
+    fields = _proc_stat(pid)
+    if fields is None:
         return 0 if alive(pid) else None
+    return None if fields[0] == b"Z" else int(fields[19])
 
 
 def process_tag():

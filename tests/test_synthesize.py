@@ -337,3 +337,27 @@ def test_synthesize_and_export_refuse_an_empty_out_through_one_check(tmp_path, m
         export.check_out("")
     assert asked == [(" ", "--out", "the folder to write the samples in"), ("", "--out", "the export folder to write")]
     check(None, "--out", "anything")   # no --out: the command's default folder
+
+
+def test_a_killed_writer_not_yet_reaped_is_gone_not_alive(tmp_path):
+    """A writer killed but not reaped (a zombie: its parent has not waited for it, or a container's first
+    process reaps nothing) still answers os.kill and has a /proc/PID/stat, so it counted as alive and its
+    temporary folder stayed. Its state `Z` now reads as gone."""
+    import time
+
+    from pipeline import files
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        stat = f"/proc/{zombie.pid}/stat"
+        for _ in range(200):   # exited, never waited for
+            fields = open(stat, "rb").read().rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z":
+                break
+            time.sleep(0.05)
+        assert not files.alive(zombie.pid) and files._started(zombie.pid) is None
+        folder = tmp_path / f".samples.tmp{zombie.pid}.{int(fields[19])}-{files.host_id()}-z1"  # its own start
+        folder.mkdir()
+        files.remove_leftover_folders(tmp_path / "samples", "synthesize", lambda line: None)
+        assert not folder.exists()
+    finally:
+        zombie.wait()
