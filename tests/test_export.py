@@ -825,3 +825,19 @@ def test_an_export_with_griffin_lim_says_it_has_no_trained_vocoder(exported):
     meta = load_json(exported[1] / "export.json")
     assert meta["notes"][1:] == [f"vocoder: {meta['vocoder']['note']}"]
     assert meta["notes"][1].startswith("vocoder: Griffin-Lim phase recovery inside the graph")
+
+
+def test_the_hint_to_export_again_names_the_command_for_a_folder_written_with_out(tmp_path):
+    """A voice exported with `python -m pipeline.export --out DIR` and found damaged was told to run
+    `snakemake --cores all export`, which writes runs/{name}/export, never DIR: the user re-ran it and the
+    damaged voice stayed. The hint now names both commands, --out DIR for a folder written there."""
+    from pipeline.voice import Voice, VoiceError
+    folder = tmp_path / "my voice"
+    folder.mkdir()
+    (folder / "export.json").write_text(json.dumps({"format": 1, "files": {}}), encoding="utf-8")
+    (folder / "vocab.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(VoiceError) as e:
+        Voice(folder)
+    assert str(e.value).startswith(f"{folder / 'saved_model'}: not found; export the voice again")
+    assert "snakemake --cores all export" in str(e.value)
+    assert "python -m pipeline.export --config CONFIG --out DIR" in str(e.value)
