@@ -480,18 +480,6 @@ def _process_tag():
     return f"-{files.host_id()}-{os.getpid()}"
 
 
-def _untouched_seconds(path):
-    """Seconds since anything under `path` was last written."""
-    newest = path.stat().st_mtime
-    for root, dirs, names in os.walk(path):
-        for name in dirs + names:
-            try:
-                newest = max(newest, os.lstat(os.path.join(root, name)).st_mtime)
-            except OSError:
-                pass
-    return time.time() - newest
-
-
 def remove_leftovers(out, log=print):
     """Remove the temporary folders (.{name}.tmp-{host}-{pid}, .{name}.old-{host}-{pid}) a killed export
     left beside `out`: on this host, those of a process no longer alive; any (another host's, an older
@@ -504,7 +492,7 @@ def remove_leftovers(out, log=print):
         if not found or not path.is_dir() or path.is_symlink() or path.name.endswith(mine):
             continue
         here = found.group("host") == host
-        if (not here or files.alive(int(found.group("pid")))) and _untouched_seconds(path) < LEFTOVER_SECONDS:
+        if (not here or files.alive(int(found.group("pid")))) and files.untouched_seconds(path) < LEFTOVER_SECONDS:
             continue  # a live export's (or another host's, for all a pid here says): kept while it is written
         shutil.rmtree(path, ignore_errors=True)
         log(f"{path}: removed, what an interrupted export left")

@@ -240,13 +240,30 @@ def process_tag():
     return f"{os.getpid()}.{_started(os.getpid()) or 0}-{host_id()}"
 
 
+LEFTOVER_SECONDS = 6 * 3600  # untouched this long, a temporary folder whose writer no pid can judge is a leftover
+
+
+def untouched_seconds(path):
+    """Seconds since anything under folder `path` was last written."""
+    newest = os.lstat(path).st_mtime
+    for root, dirs, names in os.walk(path):
+        for name in dirs + names:
+            try:
+                newest = max(newest, os.lstat(os.path.join(root, name)).st_mtime)
+            except OSError:
+                pass
+    return time.time() - newest
+
+
 def remove_leftover_folders(final, what, log):
     """Remove the temporary folders `.{final.name}.tmp{process_tag()}-XXXX` (tempfile.mkdtemp's) that a
     killed `what` left beside `final`: only this user's folders, written on this host by a process that
     is no longer alive (or whose pid a later process took). Another host's are left for a run there; a
-    live run's are never touched. Says in one line what it removed. -> the paths removed."""
+    live run's are never touched. The older form without start and host, `.{final.name}.tmp{pid}-XXXX`,
+    whose pid no host can be judged by, goes once nothing in it was written for LEFTOVER_SECONDS. Says in
+    one line what it removed. -> the paths removed."""
     final = Path(final)
-    pattern = re.compile(rf"\.{re.escape(final.name)}\.tmp(\d+)\.(\d+)-([A-Za-z0-9._-]+)-[A-Za-z0-9_]+")
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.tmp(\d+)(?:\.(\d+)-([A-Za-z0-9._-]+))?-[A-Za-z0-9_]+")
     host, removed = host_id(), []
     try:
         entries = sorted(os.scandir(final.parent), key=lambda e: e.name)
@@ -254,12 +271,18 @@ def remove_leftover_folders(final, what, log):
         return removed
     for e in entries:
         found = pattern.fullmatch(e.name)
-        if not found or found[3] != host or int(found[1]) == os.getpid():
+        if not found:
             continue
-        started = _started(int(found[1]))
-        if started is not None and (started == 0 or int(found[2]) in (0, started)):
-            continue   # alive, or a process that /proc cannot tell apart from the writer
         try:
+            if found[3] is None:   # the older form: no host, no start time
+                if untouched_seconds(e.path) < LEFTOVER_SECONDS:
+                    continue
+            elif found[3] != host or int(found[1]) == os.getpid():
+                continue
+            else:
+                started = _started(int(found[1]))
+                if started is not None and (started == 0 or int(found[2]) in (0, started)):
+                    continue   # alive, or a process that /proc cannot tell apart from the writer
             st = e.stat(follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
                 shutil.rmtree(e.path)

@@ -314,7 +314,7 @@ def test_a_killed_synthesizes_folder_is_removed_and_a_live_ones_kept(tmp_path):
         lines = []
         files.remove_leftover_folders(final, "synthesize", lines.append)
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-            [ours.name] + [named[k] for k in ("live", "elsewhere", "other output", "older form")])
+            [ours.name] + [named[k] for k in ("live", "elsewhere", "other output", "older form")])  # fresh: kept
         assert lines == [f"removed what a killed synthesize left beside {final}: "
                          f"{named['killed']}, {named['reused']}"]
         assert ours.name.startswith(f".samples.tmp{pid}.") and (ours / "..").resolve() == tmp_path.resolve()
@@ -361,3 +361,23 @@ def test_a_killed_writer_not_yet_reaped_is_gone_not_alive(tmp_path):
         assert not folder.exists()
     finally:
         zombie.wait()
+
+
+def test_an_older_form_synthesize_folder_goes_once_untouched(tmp_path):
+    """A killed synthesize of older code left `.samples.tmp{pid}-XXXX` (no start time, no host) beside
+    --out, never removed: gigabytes of samples kept for good. Now it goes once nothing in it was written
+    for files.LEFTOVER_SECONDS (its pid judges no writer); a fresh one is kept."""
+    import time
+
+    from pipeline import files
+    old, fresh = tmp_path / ".samples.tmp4242-ab_c1", tmp_path / ".samples.tmp4243-ab_c2"
+    for folder in (old, fresh):
+        (folder / "00.wav").parent.mkdir()
+        (folder / "00.wav").write_bytes(b"a sample")
+    stale = time.time() - files.LEFTOVER_SECONDS - 60
+    for p in (old, old / "00.wav"):
+        os.utime(p, (stale, stale))
+    lines = []
+    files.remove_leftover_folders(tmp_path / "samples", "synthesize", lines.append)
+    assert not old.exists() and fresh.is_dir()
+    assert lines == [f"removed what a killed synthesize left beside {tmp_path / 'samples'}: {old.name}"]
