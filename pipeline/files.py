@@ -187,7 +187,7 @@ def remove_stale_temporaries(folder, older_than=STALE_SECONDS):
 def host_id():
     """This host's name and its pid namespace where /proc shows one (containers started with one fixed
     hostname each have their own): where a pid means this process table. Temporary folders carry it
-    (process_tag here, export's), so that a run on another node sharing the folder is never judged by
+    (process_tag), so that a run on another node sharing the folder is never judged by
     this host's pids."""
     name = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
     try:
@@ -255,15 +255,25 @@ def untouched_seconds(path):
     return time.time() - newest
 
 
-def remove_leftover_folders(final, what, log):
-    """Remove the temporary folders `.{final.name}.tmp{process_tag()}-XXXX` (tempfile.mkdtemp's) that a
-    killed `what` left beside `final`: only this user's folders, written on this host by a process that
-    is no longer alive (or whose pid a later process took). Another host's are left for a run there; a
-    live run's are never touched. The older form without start and host, `.{final.name}.tmp{pid}-XXXX`,
-    whose pid no host can be judged by, goes once nothing in it was written for LEFTOVER_SECONDS. Says in
-    one line what it removed. -> the paths removed."""
+def tagged_folder(final, kind="tmp"):
+    """`.{final.name}.{kind}{process_tag()}-0` beside `final`: the one folder of `kind` this process keeps
+    there (export's new folder; `old`: the previous one moved aside), named as remove_leftover_folders reads."""
     final = Path(final)
-    pattern = re.compile(rf"\.{re.escape(final.name)}\.tmp(\d+)(?:\.(\d+)-([A-Za-z0-9._-]+))?-[A-Za-z0-9_]+")
+    return final.with_name(f".{final.name}.{kind}{process_tag()}-0")
+
+
+def remove_leftover_folders(final, what, log):
+    """Remove the temporary folders a killed `what` left beside `final`: `.{final.name}.tmp{process_tag()}-XXXX`
+    (tempfile.mkdtemp's, or tagged_folder's; `.old...` too), and the older forms without a start time
+    (`.tmp{pid}`, `.old{pid}`, `.tmp{pid}-XXXX`) or with the host first (`.tmp-{host}-{pid}`, `.old-{host}-{pid}`). One
+    rule, only this user's folders: one written on this host by a process no longer alive (or whose pid a
+    later process took) goes now; one whose writer lives (same pid and start time) stays; one whose writer
+    no pid here can judge (another host's, an older form's, no /proc) goes once nothing in it was written
+    for LEFTOVER_SECONDS. Says in one line what it removed. -> the paths removed."""
+    final = Path(final)
+    host_ = r"[A-Za-z0-9._-]+"
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.(?:(?:tmp|old)(?P<pid>\d+)\.(?P<start>\d+)-(?P<host>{host_})-\w+"
+                         rf"|(?:tmp|old)(?P<older>\d+)(?:-\w+)?|(?:tmp|old)-(?P<first>{host_})-(?P<last>\d+))", re.ASCII)
     host, removed = host_id(), []
     try:
         entries = sorted(os.scandir(final.parent), key=lambda e: e.name)
@@ -273,16 +283,19 @@ def remove_leftover_folders(final, what, log):
         found = pattern.fullmatch(e.name)
         if not found:
             continue
+        pid = int(found["pid"] or found["older"] or found["last"])
+        start, their = int(found["start"] or 0), found["host"] or found["first"]
+        gone = False
         try:
-            if found[3] is None:   # the older form: no host, no start time
-                if untouched_seconds(e.path) < LEFTOVER_SECONDS:
-                    continue
-            elif found[3] != host or int(found[1]) == os.getpid():
-                continue
-            else:
-                started = _started(int(found[1]))
-                if started is not None and (started == 0 or int(found[2]) in (0, started)):
-                    continue   # alive, or a process that /proc cannot tell apart from the writer
+            if their == host:
+                if pid == os.getpid():
+                    continue   # this run's own
+                started = _started(pid)
+                gone = started is None or 0 not in (start, started) and started != start
+                if not gone and started == start != 0:
+                    continue   # alive: its writer, by pid and start time
+            if not gone and untouched_seconds(e.path) < LEFTOVER_SECONDS:
+                continue   # a writer no pid here judges, still writing for all one can tell
             st = e.stat(follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
                 shutil.rmtree(e.path)
