@@ -79,7 +79,6 @@ TFLITE_FILES = {"float32": "model.tflite", "float16": "model_float16.tflite"}
 STAMP = ".exported"
 WRITES = {"saved_model": True, "vocab.json": False, "export.json": False, STAMP: False,
           **dict.fromkeys(TFLITE_FILES.values(), False)}
-LEFTOVER_SECONDS = 6 * 3600  # untouched this long, another host's export folder is a killed one's
 EMPTY_TOKENS = "an empty token list gives empty audio, shape [1, 0]"
 
 
@@ -420,8 +419,8 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     # snakemake export fine-tunes the vocoder on the latest acoustic checkpoint first; a direct export says so
     stale = inputs.finetuned_elsewhere(cfg, vocoder, synth.checkpoint, then=", then export again",
                                        log=lambda note: print(note, file=sys.stderr, flush=True))
-    remove_leftovers(out, log)
-    tmp = out.with_name(f".{out.name}.tmp{_process_tag()}")
+    files.remove_leftover_folders(out, "export", log)
+    tmp = files.tagged_folder(out)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
@@ -473,48 +472,11 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     return meta
 
 
-def _process_tag():
-    """This export's part of its temporary folders' names: `-{host}-{pid}` (files.host_id: with the pid namespace),
-    so that an export on another node (or container) writing to the same shared runs folder is never
-    judged by this host's pids."""
-    return f"-{files.host_id()}-{os.getpid()}"
-
-
-def _untouched_seconds(path):
-    """Seconds since anything under `path` was last written."""
-    newest = path.stat().st_mtime
-    for root, dirs, names in os.walk(path):
-        for name in dirs + names:
-            try:
-                newest = max(newest, os.lstat(os.path.join(root, name)).st_mtime)
-            except OSError:
-                pass
-    return time.time() - newest
-
-
-def remove_leftovers(out, log=print):
-    """Remove the temporary folders (.{name}.tmp-{host}-{pid}, .{name}.old-{host}-{pid}) a killed export
-    left beside `out`: on this host, those of a process no longer alive; any (another host's, an older
-    export's .tmp{pid}, or this host's whose pid a new process took) untouched for LEFTOVER_SECONDS. A
-    live export's are kept: two exports may run at once, on one node or on several sharing the folder."""
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:tmp|old)(?:-(?P<host>[A-Za-z0-9._-]+)-)?(?P<pid>\d+)")
-    host, mine = files.host_id(), _process_tag()
-    for path in sorted(out.parent.iterdir()) if out.parent.is_dir() else ():
-        found = pattern.fullmatch(path.name)
-        if not found or not path.is_dir() or path.is_symlink() or path.name.endswith(mine):
-            continue
-        here = found.group("host") == host
-        if (not here or files.alive(int(found.group("pid")))) and _untouched_seconds(path) < LEFTOVER_SECONDS:
-            continue  # a live export's (or another host's, for all a pid here says): kept while it is written
-        shutil.rmtree(path, ignore_errors=True)
-        log(f"{path}: removed, what an interrupted export left")
-
-
 def _replace_folder(new, out):
     """Put folder `new` at `out`; an old `out` is moved aside first and removed only after. `out` is
     checked again first (check_out): what it holds may have changed while the export ran."""
     check_out(out)
-    old = out.with_name(f".{out.name}.old{_process_tag()}")
+    old = files.tagged_folder(out, "old")
     if out.exists():
         os.replace(out, old)
     os.replace(new, out)

@@ -187,7 +187,7 @@ def remove_stale_temporaries(folder, older_than=STALE_SECONDS):
 def host_id():
     """This host's name and its pid namespace where /proc shows one (containers started with one fixed
     hostname each have their own): where a pid means this process table. Temporary folders carry it
-    (process_tag here, export's), so that a run on another node sharing the folder is never judged by
+    (process_tag), so that a run on another node sharing the folder is never judged by
     this host's pids."""
     name = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
     try:
@@ -197,7 +197,11 @@ def host_id():
 
 
 def alive(pid):
-    """Whether a process `pid` lives on this host (another user's counts)."""
+    """Whether a process `pid` lives on this host (another user's counts); one that has exited but is not
+    yet reaped (a zombie, /proc/PID/stat's state Z) does not."""
+    fields = _proc_stat(pid)
+    if fields is not None:
+        return fields[0] != b"Z"
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -207,15 +211,25 @@ def alive(pid):
     return True
 
 
-def _started(pid):
-    """When process `pid` started (clock ticks after boot, /proc/PID/stat's 22nd field); None when no
-    such process lives here, 0 where /proc does not say (no /proc at all: a live process is never
-    taken for a gone one)."""
+def _proc_stat(pid):
+    """/proc/PID/stat's fields after the command name (state first), None where /proc does not say."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
+            fields = f.read().rsplit(b")", 1)[1].split()
+        int(fields[19])
+        return fields
     except (OSError, IndexError, ValueError):
+        return None
+
+
+def _started(pid):
+    """When process `pid` started (clock ticks after boot, /proc/PID/stat's 22nd field); None when no
+    such process lives here (a zombie, exited but not reaped, neither), 0 where /proc does not say (no
+    /proc at all: a live process is never taken for a gone one)."""
+    fields = _proc_stat(pid)
+    if fields is None:
         return 0 if alive(pid) else None
+    return None if fields[0] == b"Z" else int(fields[19])
 
 
 def process_tag():
@@ -226,13 +240,40 @@ def process_tag():
     return f"{os.getpid()}.{_started(os.getpid()) or 0}-{host_id()}"
 
 
-def remove_leftover_folders(final, what, log):
-    """Remove the temporary folders `.{final.name}.tmp{process_tag()}-XXXX` (tempfile.mkdtemp's) that a
-    killed `what` left beside `final`: only this user's folders, written on this host by a process that
-    is no longer alive (or whose pid a later process took). Another host's are left for a run there; a
-    live run's are never touched. Says in one line what it removed. -> the paths removed."""
+LEFTOVER_SECONDS = 6 * 3600  # untouched this long, a temporary folder whose writer no pid can judge is a leftover
+
+
+def untouched_seconds(path):
+    """Seconds since anything under folder `path` was last written."""
+    newest = os.lstat(path).st_mtime
+    for root, dirs, names in os.walk(path):
+        for name in dirs + names:
+            try:
+                newest = max(newest, os.lstat(os.path.join(root, name)).st_mtime)
+            except OSError:
+                pass
+    return time.time() - newest
+
+
+def tagged_folder(final, kind="tmp"):
+    """`.{final.name}.{kind}{process_tag()}-0` beside `final`: the one folder of `kind` this process keeps
+    there (export's new folder; `old`: the previous one moved aside), named as remove_leftover_folders reads."""
     final = Path(final)
-    pattern = re.compile(rf"\.{re.escape(final.name)}\.tmp(\d+)\.(\d+)-([A-Za-z0-9._-]+)-[A-Za-z0-9_]+")
+    return final.with_name(f".{final.name}.{kind}{process_tag()}-0")
+
+
+def remove_leftover_folders(final, what, log):
+    """Remove the temporary folders a killed `what` left beside `final`: `.{final.name}.tmp{process_tag()}-XXXX`
+    (tempfile.mkdtemp's, or tagged_folder's; `.old...` too), and the older forms without a start time
+    (`.tmp{pid}`, `.old{pid}`, `.tmp{pid}-XXXX`) or with the host first (`.tmp-{host}-{pid}`, `.old-{host}-{pid}`). One
+    rule, only this user's folders: one written on this host by a process no longer alive (or whose pid a
+    later process took) goes now; one whose writer lives (same pid and start time) stays; one whose writer
+    no pid here can judge (another host's, an older form's, no /proc) goes once nothing in it was written
+    for LEFTOVER_SECONDS. Says in one line what it removed. -> the paths removed."""
+    final = Path(final)
+    host_ = r"[A-Za-z0-9._-]+"
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.(?:(?:tmp|old)(?P<pid>\d+)\.(?P<start>\d+)-(?P<host>{host_})-\w+"
+                         rf"|(?:tmp|old)(?P<older>\d+)(?:-\w+)?|(?:tmp|old)-(?P<first>{host_})-(?P<last>\d+))", re.ASCII)
     host, removed = host_id(), []
     try:
         entries = sorted(os.scandir(final.parent), key=lambda e: e.name)
@@ -240,12 +281,21 @@ def remove_leftover_folders(final, what, log):
         return removed
     for e in entries:
         found = pattern.fullmatch(e.name)
-        if not found or found[3] != host or int(found[1]) == os.getpid():
+        if not found:
             continue
-        started = _started(int(found[1]))
-        if started is not None and (started == 0 or int(found[2]) in (0, started)):
-            continue   # alive, or a process that /proc cannot tell apart from the writer
+        pid = int(found["pid"] or found["older"] or found["last"])
+        start, their = int(found["start"] or 0), found["host"] or found["first"]
+        gone = False
         try:
+            if their == host:
+                if pid == os.getpid():
+                    continue   # this run's own
+                started = _started(pid)
+                gone = started is None or 0 not in (start, started) and started != start
+                if not gone and started == start != 0:
+                    continue   # alive: its writer, by pid and start time
+            if not gone and untouched_seconds(e.path) < LEFTOVER_SECONDS:
+                continue   # a writer no pid here judges, still writing for all one can tell
             st = e.stat(follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
                 shutil.rmtree(e.path)

@@ -669,7 +669,7 @@ def test_leftovers_of_a_live_export_on_another_host_are_kept(tmp_path):
     # (os.kill sees only this host) and its temporary folder was deleted mid-export
     import time
 
-    from pipeline import export, files
+    from pipeline import files
     out = tmp_path / "export"
     host = files.host_id()
     dead = 2 ** 22 + 12345                        # above Linux's pid_max default: no such process
@@ -679,12 +679,42 @@ def test_leftovers_of_a_live_export_on_another_host_are_kept(tmp_path):
              f".export.old-{host}-{os.getppid()}": False}  # a live pid, but untouched for days: a reused pid
     for name in names:
         (tmp_path / name / "saved_model").mkdir(parents=True)
-    stale = time.time() - export.LEFTOVER_SECONDS - 60
+    stale = time.time() - files.LEFTOVER_SECONDS - 60
     for old in (tmp_path / f".export.tmp-other-node-07-{dead + 1}", tmp_path / f".export.old-{host}-{os.getppid()}"):
         for p in (old, old / "saved_model"):
             os.utime(p, (stale, stale))
-    export.remove_leftovers(out, log=lambda *a: None)
+    files.remove_leftover_folders(out, "export", log=lambda *a: None)
     assert {name: (tmp_path / name).exists() for name in names} == names
+
+
+def test_export_and_synthesize_judge_leftover_folders_by_one_rule(tmp_path):
+    """Export removed another host's temporary folder once untouched for six hours; synthesize
+    (files.remove_leftover_folders) never did, so a killed synthesize on another node sharing the runs
+    folder left its samples for good. One rule now, for both names: gone on this host, now; alive by pid and
+    start time, kept; a writer no pid here can judge (another host's), once untouched LEFTOVER_SECONDS."""
+    import time
+
+    from pipeline import files
+    host, dead = files.host_id(), 2 ** 22 + 12345
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = files._started(live.pid)
+        for what in ("export", "samples"):
+            names = {f".{what}.tmp{dead}.1-other-node-07-x1": False,     # another host's, untouched for days
+                     f".{what}.tmp{dead}.2-other-node-07-x2": True,      # another host's, being written
+                     f".{what}.tmp{dead}.1-{host}-x3": False,            # this host's, its writer gone
+                     f".{what}.tmp{live.pid}.{started}-{host}-x4": True}  # its writer alive, however quiet
+            for name in names:
+                (tmp_path / name).mkdir()
+            stale = time.time() - files.LEFTOVER_SECONDS - 60
+            for name in (f".{what}.tmp{dead}.1-other-node-07-x1", f".{what}.tmp{live.pid}.{started}-{host}-x4"):
+                os.utime(tmp_path / name, (stale, stale))
+            files.remove_leftover_folders(tmp_path / what, what, log=lambda *a: None)
+            assert {name: (tmp_path / name).exists() for name in names} == names
+        assert files.tagged_folder(tmp_path / "export").name == f".export.tmp{files.process_tag()}-0"
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_export_json_bounds_the_graph_as_synthesize_does(exported):
@@ -825,3 +855,19 @@ def test_an_export_with_griffin_lim_says_it_has_no_trained_vocoder(exported):
     meta = load_json(exported[1] / "export.json")
     assert meta["notes"][1:] == [f"vocoder: {meta['vocoder']['note']}"]
     assert meta["notes"][1].startswith("vocoder: Griffin-Lim phase recovery inside the graph")
+
+
+def test_the_hint_to_export_again_names_the_command_for_a_folder_written_with_out(tmp_path):
+    """A voice exported with `python -m pipeline.export --out DIR` and found damaged was told to run
+    `snakemake --cores all export`, which writes runs/{name}/export, never DIR: the user re-ran it and the
+    damaged voice stayed. The hint now names both commands, --out DIR for a folder written there."""
+    from pipeline.voice import Voice, VoiceError
+    folder = tmp_path / "my voice"
+    folder.mkdir()
+    (folder / "export.json").write_text(json.dumps({"format": 1, "files": {}}), encoding="utf-8")
+    (folder / "vocab.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(VoiceError) as e:
+        Voice(folder)
+    assert str(e.value).startswith(f"{folder / 'saved_model'}: not found; export the voice again")
+    assert "snakemake --cores all export" in str(e.value)
+    assert "python -m pipeline.export --config CONFIG --out DIR" in str(e.value)

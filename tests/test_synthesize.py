@@ -314,7 +314,7 @@ def test_a_killed_synthesizes_folder_is_removed_and_a_live_ones_kept(tmp_path):
         lines = []
         files.remove_leftover_folders(final, "synthesize", lines.append)
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-            [ours.name] + [named[k] for k in ("live", "elsewhere", "other output", "older form")])
+            [ours.name] + [named[k] for k in ("live", "elsewhere", "other output", "older form")])  # fresh: kept
         assert lines == [f"removed what a killed synthesize left beside {final}: "
                          f"{named['killed']}, {named['reused']}"]
         assert ours.name.startswith(f".samples.tmp{pid}.") and (ours / "..").resolve() == tmp_path.resolve()
@@ -337,3 +337,47 @@ def test_synthesize_and_export_refuse_an_empty_out_through_one_check(tmp_path, m
         export.check_out("")
     assert asked == [(" ", "--out", "the folder to write the samples in"), ("", "--out", "the export folder to write")]
     check(None, "--out", "anything")   # no --out: the command's default folder
+
+
+def test_a_killed_writer_not_yet_reaped_is_gone_not_alive(tmp_path):
+    """A writer killed but not reaped (a zombie: its parent has not waited for it, or a container's first
+    process reaps nothing) still answers os.kill and has a /proc/PID/stat, so it counted as alive and its
+    temporary folder stayed. Its state `Z` now reads as gone."""
+    import time
+
+    from pipeline import files
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        stat = f"/proc/{zombie.pid}/stat"
+        for _ in range(200):   # exited, never waited for
+            fields = open(stat, "rb").read().rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z":
+                break
+            time.sleep(0.05)
+        assert not files.alive(zombie.pid) and files._started(zombie.pid) is None
+        folder = tmp_path / f".samples.tmp{zombie.pid}.{int(fields[19])}-{files.host_id()}-z1"  # its own start
+        folder.mkdir()
+        files.remove_leftover_folders(tmp_path / "samples", "synthesize", lambda line: None)
+        assert not folder.exists()
+    finally:
+        zombie.wait()
+
+
+def test_an_older_form_synthesize_folder_goes_once_untouched(tmp_path):
+    """A killed synthesize of older code left `.samples.tmp{pid}-XXXX` (no start time, no host) beside
+    --out, never removed: gigabytes of samples kept for good. Now it goes once nothing in it was written
+    for files.LEFTOVER_SECONDS (its pid judges no writer); a fresh one is kept."""
+    import time
+
+    from pipeline import files
+    old, fresh = tmp_path / ".samples.tmp4242-ab_c1", tmp_path / ".samples.tmp4243-ab_c2"
+    for folder in (old, fresh):
+        (folder / "00.wav").parent.mkdir()
+        (folder / "00.wav").write_bytes(b"a sample")
+    stale = time.time() - files.LEFTOVER_SECONDS - 60
+    for p in (old, old / "00.wav"):
+        os.utime(p, (stale, stale))
+    lines = []
+    files.remove_leftover_folders(tmp_path / "samples", "synthesize", lines.append)
+    assert not old.exists() and fresh.is_dir()
+    assert lines == [f"removed what a killed synthesize left beside {tmp_path / 'samples'}: {old.name}"]

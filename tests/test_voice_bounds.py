@@ -38,7 +38,8 @@ def edit_byte(path, at=-1):
     path.write_bytes(bytes(data))
 
 
-CHANGED = "was replaced or changed since it was exported; export the voice again (snakemake --cores all export)"
+CHANGED = ("was replaced or changed since it was exported; export the voice again (snakemake --cores all export; "
+           "a folder written with --out: python -m pipeline.export --config CONFIG --out DIR)")
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -59,7 +60,8 @@ CHANGED = "was replaced or changed since it was exported; export the voice again
      "saved_model/assets/x.txt: a file export did not write (export.json files)"),
     (lambda d: edit_json(d / "export.json", files=None), "export.json: files null is not {path: {bytes, sha256}}"),
     (lambda d: edit_json(d / "export.json", format=2), "export.json: format 2, newer than this code reads (1); speak it "
-     "with the code that exported it, or export it again with this code (snakemake --cores all export)"),
+     "with the code that exported it, or export it again with this code (snakemake --cores all export; a folder "
+     "written with --out: python -m pipeline.export --config CONFIG --out DIR)"),
     (lambda d: edit_json(d / "export.json", format="1"), "export.json: format '1' is not an integer in 1..1"),
     (lambda d: edit_json(d / "export.json", format=2, sample_rate=None), "export.json: format 2, newer than this"),
     (lambda d: edit_json(d / "export.json", sample_rate=0), "export.json: sample_rate 0 is not an integer in 1000.."),
@@ -117,7 +119,8 @@ def test_an_export_from_before_format_loads_unverified_with_one_note(exported_vo
     assert not voice.verified and len(voice.audio(voice.prepare("Hello."))) > 0
     assert [s for s in said if "unverified" in s] == [
         f"note: {folder / 'export.json'}: no format, an export from before its files' digests: saved_model/ loads "
-        "unverified; export the voice again (snakemake --cores all export) to have it checked"]
+        "unverified; export the voice again (snakemake --cores all export; a folder written with --out: "
+        "python -m pipeline.export --config CONFIG --out DIR) to have it checked"]
     assert load(copy_of(exported_voice, tmp_path, "current"), log=said.append).verified and len(said) == 1
 
 
