@@ -2,6 +2,7 @@
 TFLite models run in tf.lite.Interpreter, `pipeline.text --ids`, bad input, and `snakemake export`."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -612,14 +613,17 @@ def _copy_of_trained_run(trained_run, tmp_path, **sections):
 
 
 def _kill_the_export_once_started(run, started, timeout=300):
-    """Wait for the export's temporary folder beside runs/{name}/export, then SIGKILL the process it names."""
+    """Wait for the export's temporary folder beside runs/{name}/export, then SIGKILL the process it names
+    (`.export.tmp{pid}.{start}-{host}-0`: files.tagged_folder)."""
     import signal
     import time
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and started.is_alive():
         tmp = sorted(run.glob(".export.tmp*"))
         if tmp:
-            os.kill(int(tmp[0].name.rpartition("-")[2]), signal.SIGKILL)
+            pid = int(re.fullmatch(r"\.export\.tmp(\d+)\.\d+-.+", tmp[0].name)[1])
+            assert pid > 1 and pid != os.getpid(), tmp[0].name
+            os.kill(pid, signal.SIGKILL)
             return tmp[0]
         time.sleep(0.2)
     raise AssertionError("snakemake export never started its export")
