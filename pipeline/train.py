@@ -384,13 +384,15 @@ def has_checkpoints(folder):
 def check_same_model(cfg, run):
     """Resuming needs the model that made the checkpoints: another `model:` (the sections of kinds the run
     does not use aside) is an error naming what changed, not a traceback. The run's config.json says
-    what made them, else its run.json (config.json deleted: it is rewritten only after this check)."""
+    what made them, else its run.json (config.json deleted or damaged: it is rewritten only after this check)."""
     if not has_checkpoints(run / "checkpoints"):
         return
-    saved = run / "config.json"
-    if saved.is_file():
-        before = json.loads(saved.read_text(encoding="utf-8")).get("model")
-    else:
+    try:
+        before = json.loads((run / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        before = None
+    before = before.get("model") if isinstance(before, dict) else None
+    if not isinstance(before, dict):
         try:
             before = runinfo.load(run)["config"].get("model")
         except runinfo.MissingCheckpoint:

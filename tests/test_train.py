@@ -448,6 +448,25 @@ def test_the_seed_of_a_resumed_run_is_the_step_it_resumes_at_past_diverged_check
     assert reseeded(cfg, 3)["train"]["seed"] == 2                               # within what Keras takes
 
 
+def test_a_damaged_config_json_beside_checkpoints_is_judged_by_run_json_not_a_traceback(tmp_path):
+    # a torn or edited runs/{name}/config.json stopped every rerun with a JSONDecodeError (or an
+    # AttributeError for JSON that is no mapping) before anything was trained
+    from pipeline.errors import PipelineError
+    from pipeline.train import check_same_model
+    cfg = config.load_config(write_config(tmp_path, tmp_path / "data", model=TINY_MODEL), check_paths=False)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "ckpt-4.index").write_bytes(b"")
+    for damaged in ('{"name": "t", "model": {"ki', "[1]", '{"model": 3}', "\udcff"):
+        (run / "config.json").write_text(damaged, encoding="utf-8", errors="surrogateescape")
+        runinfo.write(run, {"format": runinfo.FORMAT, "config": {"model": cfg["model"]}, "stats": {}})
+        check_same_model(cfg, run)                                              # the same model: resumes
+        other = dict(cfg["model"], transformer_tts=dict(cfg["model"]["transformer_tts"], d_model=64))
+        runinfo.write(run, {"format": runinfo.FORMAT, "config": {"model": other}, "stats": {}})
+        with pytest.raises(PipelineError, match=r"model\.transformer_tts\.d_model changed \(64 -> 32\)"):
+            check_same_model(cfg, run)
+
+
 @pytest.mark.slow
 def test_a_checkpoint_resumes_at_the_step_it_is_named_for_not_the_updates_applied(built_cache, tmp_path):
     # float16 loss scaling skips a step whose gradients overflow without counting it in the optimizer's
