@@ -391,6 +391,30 @@ def test_a_run_folder_that_is_a_file_is_one_line_naming_runs_dir_for_both_traine
     assert run.read_text() == "not a run\n"                                     # left as it was
 
 
+def test_a_second_train_of_a_run_being_trained_stops_in_one_line_writing_nothing(built_cache, tmp_path):
+    # two trainers of one run folder (one by hand beside Snakemake's, say) both trained, saving their
+    # checkpoints over each other's and appending both loss histories to history.jsonl
+    import fcntl
+
+    from pipeline.train import LOCK
+    path = tiny_config(built_cache, tmp_path, steps=2, buckets=1)
+    run = config.run_dir(config.load_config(path))
+    run.mkdir(parents=True)
+    with open(run / LOCK, "w") as held:
+        held.write("process 1 on elsewhere\n")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)                                        # the first train, training
+        proc = _train(path, check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(errors) == 1 and f"{run}: another `train` is training this run now (process 1 on elsewhere " \
+        f"holds {run / LOCK})" in errors[0], errors
+    assert sorted(p.name for p in run.iterdir()) == [LOCK]                      # nothing written
+    from pipeline.train import run_lock
+    with run_lock(run, chief=True):                                             # released: the next one trains
+        assert (run / LOCK).read_text().startswith(f"process {os.getpid()} on ")
+
+
 def test_a_resumed_run_draws_another_batch_order_than_the_one_it_began_with(built_cache, tmp_path):
     # each run built its loader from train.seed alone: a job resumed (preempted, say) more often than
     # once an epoch kept training on the start of the same shuffled order
