@@ -541,7 +541,11 @@ def left_out(cfg, index=None, durations=False):
     index = index or read_index(cfg)
     root = config.cache_dir(cfg)
     rows = []
-    lines = (root / "rejected.tsv").read_text(encoding="utf-8").splitlines()
+    try:
+        lines = (root / "rejected.tsv").read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:  # the index job writes it with index.json; deleted since, no job remakes it by itself
+        raise CacheError(f"{root / 'rejected.tsv'}: missing (the clips the cache left out, which training lists); "
+                         f"remake it with `{shards.REBUILD} --forcerun cache_index` (it rebuilds no shard)") from None
     header = lines[0].split("\t") if lines else []
     for line in lines[1:]:
         rows.append(dict(zip(header, line.split("\t", len(header) - 1))))

@@ -319,13 +319,26 @@ def for_training(cfg, index, stats, run_dir, resuming, log=print):
     if saved is None:
         raise RunChanged(f"{Path(run_dir) / 'checkpoints'}: made before runs carried their vocabulary (no {FILE}); "
                          f"delete that folder to train anew, or give this run another `name`")
-    diff = changes(saved, now)
+    lacking = _lacking(saved, now)
+    diff = changes(saved, now) if not {"vocab", "vocab.symbols"} & set(lacking) else []
     if diff:
         raise RunChanged(f"{Path(run_dir) / 'checkpoints'}: {'; '.join(diff)} since this run started; "
                          f"restore the old settings, give this run another `name`, or delete that folder to train anew")
+    if lacking:
+        raise PipelineError(f"{path(run_dir)}: not a whole run record (no {', '.join(lacking)}): restore it, or delete "
+                            f"{Path(run_dir) / 'checkpoints'} and {path(run_dir)} to train anew")
     if saved["stats"] != now["stats"]:
         log(f"resuming with the run's own feature statistics ({path(run_dir)}); the cache's have changed since")
     return saved
+
+
+def _lacking(saved, now):
+    """The keys a resume reads (those of `now`, what a run started now would carry) that the run record
+    `saved` has no value of the same kind for: a hand-edited run.json, say."""
+    out = [k for k in ("vocab", "n_mels") if not isinstance(saved.get(k), type(now[k]))]
+    if "vocab" not in out and not isinstance(saved["vocab"].get("symbols"), list):
+        out.append("vocab.symbols")
+    return out + [f"stats.{k}" for k in now["stats"] if k not in saved["stats"]]
 
 
 def run_vocabulary(cfg):

@@ -9,7 +9,7 @@ pipeline/models (docs/models.md): the trainer normalises mel, pitch and energy, 
 its `tts_loss`, and never looks inside. Writes runs/{name}/run.json (what the run carries, written
 when it starts: vocabulary, feature statistics, model/text/audio/pitch config; pipeline/runinfo.py),
 checkpoints/ (tf.train.CheckpointManager: model, optimizer state, step), config.json (the whole
-config), history.jsonl (every logged loss across reruns: not a Snakemake output, so a failing rerun,
+config), .train.lock (held while it trains: a second `train` of the run stops with one line), history.jsonl (every logged loss across reruns: not a Snakemake output, so a failing rerun,
 whose train.json Snakemake deletes first, loses none of it), rejected.tsv (every clip this training leaves out), TensorBoard events in runs/{name}/
 (losses, lr, steps/s, input-wait fraction, mel and alignment images, Griffin-Lim audio),
 alignment.png (the attention, or the durations' hard alignment), and finally the summary --out.
@@ -32,13 +32,16 @@ the other workers save into a temporary folder of their own (every worker takes 
 and all of them restore the chief's latest checkpoint on a rerun.
 """
 import argparse
+import contextlib
 import errno
+import fcntl
 import functools
 import json
 import math
 import os
 import re
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -384,13 +387,15 @@ def has_checkpoints(folder):
 def check_same_model(cfg, run):
     """Resuming needs the model that made the checkpoints: another `model:` (the sections of kinds the run
     does not use aside) is an error naming what changed, not a traceback. The run's config.json says
-    what made them, else its run.json (config.json deleted: it is rewritten only after this check)."""
+    what made them, else its run.json (config.json deleted or damaged: it is rewritten only after this check)."""
     if not has_checkpoints(run / "checkpoints"):
         return
-    saved = run / "config.json"
-    if saved.is_file():
-        before = json.loads(saved.read_text(encoding="utf-8")).get("model")
-    else:
+    try:
+        before = json.loads((run / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        before = None
+    before = before.get("model") if isinstance(before, dict) else None
+    if not isinstance(before, dict):
         try:
             before = runinfo.load(run)["config"].get("model")
         except runinfo.MissingCheckpoint:
@@ -424,6 +429,40 @@ def start_run(cfg, run, log):
     resuming = has_checkpoints(run / "checkpoints")
     index = data.read_index(cfg)
     return runinfo.for_training(cfg, index, data.feature_stats(cfg, index), run, resuming, log=log)
+
+
+LOCK = ".train.lock"  # in runs/{name}/: held (flock) by the chief of the `train` that is training the run
+
+
+@contextlib.contextmanager
+def run_lock(run, chief):
+    """Hold runs/{name}/.train.lock while the chief trains: a second `train` of the same run (by hand
+    beside Snakemake's, say) stops with one line before it writes anything, instead of saving its
+    checkpoints and loss history over the first one's. The kernel releases the lock of a killed
+    process. A file system without locks (some network mounts) trains unlocked, as before."""
+    if not chief:
+        yield
+        return
+    path = run / LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        raise PipelineError(f"{path}: cannot open the run's lock ({e.strerror}); remove it and rerun") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+            raise PipelineError(f"{run}: another `train` is training this run now ({holder} holds {path}); "
+                                f"wait for it to end, or give this configuration another `name`") from None
+        except OSError:
+            pass
+        else:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def record_run(cfg, run, info):
@@ -827,20 +866,21 @@ def train(cfg, out, log=functools.partial(print, flush=True)):
     info = start_run(cfg, run, log)
     trainer = build_trainer(reseeded(cfg, resume_step(run / "checkpoints")), log=log, info=runinfo.loaded(info))
     chief = trainer.p.chief  # False only on multiworker's other workers: they write nothing in run/
-    if chief:
-        record_run(cfg, run, info)
-    manager = restore(trainer, run, log)
-    rejected = left_out(cfg, run, "durations" in trainer.needs, log, write=chief)
-    resumed_from = trainer.start_step
-    past = past_history(run, resumed_from) if chief else []  # earlier runs' losses: not a Snakemake output
-    trainer.measure_copy()
-    writer = tf.summary.create_file_writer(str(run)) if chief else tf.summary.create_noop_writer()
-    with writer.as_default():
-        step, history, val_history, align = run_steps(trainer, manager, cfg["train"], chief, log,
-                                                      history_file=run / "history.jsonl" if chief else None)
-    history = past + history
-    return finish(cfg, trainer, run, out, manager, (step, history, val_history, align, rejected, resumed_from),
-                  started, log)
+    with run_lock(run, chief):
+        if chief:
+            record_run(cfg, run, info)
+        manager = restore(trainer, run, log)
+        rejected = left_out(cfg, run, "durations" in trainer.needs, log, write=chief)
+        resumed_from = trainer.start_step
+        past = past_history(run, resumed_from) if chief else []  # earlier runs' losses: not a Snakemake output
+        trainer.measure_copy()
+        writer = tf.summary.create_file_writer(str(run)) if chief else tf.summary.create_noop_writer()
+        with writer.as_default():
+            step, history, val_history, align = run_steps(trainer, manager, cfg["train"], chief, log,
+                                                          history_file=run / "history.jsonl" if chief else None)
+        history = past + history
+        return finish(cfg, trainer, run, out, manager, (step, history, val_history, align, rejected, resumed_from),
+                      started, log)
 
 
 @cli

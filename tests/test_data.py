@@ -206,6 +206,17 @@ def test_a_cut_short_index_is_one_line_naming_it(cache_copy):
         data.build_dataset(cache_copy, "train")
 
 
+def test_a_deleted_rejected_tsv_is_one_line_naming_it(cache_copy):
+    # the trainer lists the cache's left-out clips in runs/{name}/rejected.tsv: with the cache's file
+    # deleted (a log, it looks like) `python -m pipeline.train` stopped with a FileNotFoundError traceback
+    path = config.cache_dir(cache_copy) / "rejected.tsv"
+    assert data.left_out(cache_copy) == []                                      # the built cache rejected none
+    path.unlink()
+    with pytest.raises(data.CacheError, match=rf"^{re.escape(str(path))}: missing .*`snakemake --cores all caches "
+                                             r"--forcerun cache_index` \(it rebuilds no shard\)$"):
+        data.left_out(cache_copy)
+
+
 def test_a_shard_json_whose_offsets_are_not_its_lengths_sums_is_refused(cache_copy):
     # the checksum covers the .bin only: an offset moved in the JSON read one clip's mel from inside the next's
     meta_path = config.cache_dir(cache_copy) / "mels" / "shard-003.json"

@@ -6,6 +6,7 @@ or setting in one line, and the logged loss is the mean since the last log line.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -200,6 +201,22 @@ def test_a_run_record_of_another_shape_is_one_line(tmp_path, text):
     runinfo.path(tmp_path).write_text(json.dumps(info))
     with pytest.raises(PipelineError, match=r"run\.json: not a run record \(no config and stats mappings\)"):
         runinfo.load(tmp_path)
+
+
+@pytest.mark.parametrize("drop", ["vocab", "n_mels", "vocab.symbols", "stats.energy_std"])
+def test_a_run_record_lacking_what_a_resume_reads_is_one_line(tmp_path, drop):
+    # a run.json holding config and stats but no vocabulary (hand-edited, say) stopped the resume with
+    # a KeyError traceback; one without n_mels or a statistic, deeper in the trainer
+    cfg = config.load_config()
+    index = {"n_mels": 80, "vocab": text.vocabulary(cfg["text"]), "provenance": {}, "counts": {}}
+    stats = {"mel_mean": np.zeros(80), "mel_std": np.ones(80), "pitch_mean": 120.0, "pitch_std": 20.0,
+             "energy_mean": 1.0, "energy_std": 1.0}
+    info = json.loads(json.dumps(runinfo.describe(cfg, index, stats)))
+    section, _, key = drop.rpartition(".")
+    del (info[section] if section else info)[key]
+    runinfo.write(tmp_path, info)
+    with pytest.raises(PipelineError, match=rf"run\.json: not a whole run record \(no {re.escape(drop)}\): restore it"):
+        runinfo.for_training(cfg, index, stats, tmp_path, resuming=True)
 
 
 def test_planning_refuses_an_audio_setting_the_trained_run_was_not_made_with(tmp_path, monkeypatch):

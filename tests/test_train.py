@@ -391,6 +391,30 @@ def test_a_run_folder_that_is_a_file_is_one_line_naming_runs_dir_for_both_traine
     assert run.read_text() == "not a run\n"                                     # left as it was
 
 
+def test_a_second_train_of_a_run_being_trained_stops_in_one_line_writing_nothing(built_cache, tmp_path):
+    # two trainers of one run folder (one by hand beside Snakemake's, say) both trained, saving their
+    # checkpoints over each other's and appending both loss histories to history.jsonl
+    import fcntl
+
+    from pipeline.train import LOCK
+    path = tiny_config(built_cache, tmp_path, steps=2, buckets=1)
+    run = config.run_dir(config.load_config(path))
+    run.mkdir(parents=True)
+    with open(run / LOCK, "w") as held:
+        held.write("process 1 on elsewhere\n")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)                                        # the first train, training
+        proc = _train(path, check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(errors) == 1 and f"{run}: another `train` is training this run now (process 1 on elsewhere " \
+        f"holds {run / LOCK})" in errors[0], errors
+    assert sorted(p.name for p in run.iterdir()) == [LOCK]                      # nothing written
+    from pipeline.train import run_lock
+    with run_lock(run, chief=True):                                             # released: the next one trains
+        assert (run / LOCK).read_text().startswith(f"process {os.getpid()} on ")
+
+
 def test_a_resumed_run_draws_another_batch_order_than_the_one_it_began_with(built_cache, tmp_path):
     # each run built its loader from train.seed alone: a job resumed (preempted, say) more often than
     # once an epoch kept training on the start of the same shuffled order
@@ -446,6 +470,25 @@ def test_the_seed_of_a_resumed_run_is_the_step_it_resumes_at_past_diverged_check
     assert resume_step(tmp_path / "named") == int(opt.iterations.numpy()) == 3
     cfg = config.load_config(overrides={"train": {"seed": 2 ** 32 - 1}}, check_paths=False)
     assert reseeded(cfg, 3)["train"]["seed"] == 2                               # within what Keras takes
+
+
+def test_a_damaged_config_json_beside_checkpoints_is_judged_by_run_json_not_a_traceback(tmp_path):
+    # a torn or edited runs/{name}/config.json stopped every rerun with a JSONDecodeError (or an
+    # AttributeError for JSON that is no mapping) before anything was trained
+    from pipeline.errors import PipelineError
+    from pipeline.train import check_same_model
+    cfg = config.load_config(write_config(tmp_path, tmp_path / "data", model=TINY_MODEL), check_paths=False)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "ckpt-4.index").write_bytes(b"")
+    for damaged in ('{"name": "t", "model": {"ki', "[1]", '{"model": 3}', "\udcff"):
+        (run / "config.json").write_text(damaged, encoding="utf-8", errors="surrogateescape")
+        runinfo.write(run, {"format": runinfo.FORMAT, "config": {"model": cfg["model"]}, "stats": {}})
+        check_same_model(cfg, run)                                              # the same model: resumes
+        other = dict(cfg["model"], transformer_tts=dict(cfg["model"]["transformer_tts"], d_model=64))
+        runinfo.write(run, {"format": runinfo.FORMAT, "config": {"model": other}, "stats": {}})
+        with pytest.raises(PipelineError, match=r"model\.transformer_tts\.d_model changed \(64 -> 32\)"):
+            check_same_model(cfg, run)
 
 
 @pytest.mark.slow
