@@ -278,7 +278,8 @@ def intact(*outs):
     JSON files of tokens, mels and pitch, so only this check notices the others are gone.
     A .bin is hashed when its size, mtime, ctime or inode changed since planning last verified it
     (a stamp in cache/{name}/.verified/): any write to it, even one that puts the mtime back, moves
-    its ctime. Damage that moves nothing (a disk's own bit rot) is caught where the bytes are read
+    its ctime; where no stamp can be written (a cache this user may only read), every planning hashes
+    it again. Damage that moves nothing (a disk's own bit rot) is caught where the bytes are read
     (`read`, the loader's graph), which forgets the stamp, so the next planning hashes the file.
     """
     present = [os.path.exists(f) for out in outs for f in _files(out)]
@@ -300,7 +301,10 @@ def intact(*outs):
                 continue
             if checksum(Path(path).read_bytes()) != meta["checksum"]:
                 return "damaged"
-            files.atomic_write_text(stamp, key)
+            try:
+                files.atomic_write_text(stamp, key)
+            except OSError:   # a cache this user may read, not write: verified now, hashed again next time
+                pass
         except (OSError, ValueError, KeyError, TypeError):
             return "damaged"
     return "ok"

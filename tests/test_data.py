@@ -506,6 +506,17 @@ def test_planning_finds_a_shard_damaged_after_it_verified_it(tmp_path, damage):
     assert shards.intact(out) == "damaged"
 
 
+def test_a_shard_whose_stamp_cannot_be_written_is_verified_not_damaged(tmp_path):
+    # a cache this user may read but not write (a team's shared cache): every sound shard was called
+    # damaged, planned for a rebuild it could not make, because planning could not remember its hash
+    out = _mel_shard(tmp_path)
+    stamps = shards._stamp(out.with_suffix(".bin")).parent
+    stamps.write_text("a file where the stamps' folder goes: no stamp can be written, as in a read-only cache")
+    assert shards.intact(out) == "ok" and shards.intact(out) == "ok"   # hashed each time, never remembered
+    _flip_a_byte_keeping_its_mtime(out.with_suffix(".bin"))
+    assert shards.intact(out) == "damaged"
+
+
 def test_a_shard_job_none_of_whose_files_exist_is_not_damaged(tmp_path):
     assert shards.intact(shards.prefix(tmp_path, "mels", 0), shards.prefix(tmp_path, "energy", 0)) == "ok"
 
