@@ -14,19 +14,22 @@ QUIET = os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3") != "0"
 
 
 def _standard_streams():
-    """Descriptors 0-2 open and sys.stdin/stdout/stderr set, each on /dev/null where the caller closed
-    it (`speak ... 2>&-`, a daemon's start): otherwise the next file opened takes the closed descriptor
-    (TensorFlow's start-up lines, and every later error, would be written into a wav or a checkpoint),
-    and Python's `sys.stderr` is None, on which the quiet import below failed without a line."""
-    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+    """Descriptors 0-2 open, each on /dev/null where the caller closed it (`speak ... 2>&-`, a daemon's
+    start): otherwise the next file opened takes the closed descriptor, and TensorFlow's start-up lines
+    and every later error would be written into a wav or a checkpoint. sys.stderr is then that
+    /dev/null (Python leaves it None, on which the quiet import below failed without a line, and print
+    would fall back to standard output: raw audio for `speak --raw`). sys.stdin and sys.stdout stay
+    None, as Python sets them: the commands that read or write them say so in one line."""
+    for fd in (0, 1, 2):
         try:
             os.fstat(fd)
         except OSError:  # closed: open() takes the lowest free descriptor, this one
-            os.dup2(opened := os.open(os.devnull, os.O_RDWR), fd)
+            opened = os.open(os.devnull, os.O_RDWR)
             if opened != fd:
+                os.dup2(opened, fd)
                 os.close(opened)
-        if getattr(sys, name) is None:
-            setattr(sys, name, open(fd, mode, closefd=False))
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)
 
 
 _standard_streams()
