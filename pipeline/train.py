@@ -725,6 +725,8 @@ def diverged(cause, manager, tcfg, resumed, chief, log, key="train.learning_rate
             before = json.loads(marker.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             before = {}
+        if not (isinstance(before, dict) and isinstance(before.get("learning_rate"), (int, float))):
+            before = {}   # not the marker this writes (edited by hand, say): as if there were none
         if latest == resumed and before.get("checkpoint") == Path(latest).name and lr < before.get("learning_rate", 0):
             again = (f"it diverged again from {Path(latest).name} at a lower rate than before "
                      f"({before['learning_rate']:g}), so that checkpoint is set aside in {folder / 'diverged'}; ")

@@ -406,6 +406,14 @@ def test_a_checkpoint_a_run_diverges_from_again_at_a_lower_rate_is_set_aside_so_
                           f"{folder / 'diverged'}; a rerun resumes from {ckpt[1]}, the last checkpoint (all finite): "
                           "rerun (lowering train.learning_rate, now 0.001, further if it diverges again)")
     assert tf.train.latest_checkpoint(folder) == ckpt[1] and (folder / "diverged/ckpt-2.index").exists()
+    # a marker that is not the object this writes (edited by hand): the one line still, the marker written anew
+    for marker in ("[1, 2]", '{"checkpoint": "ckpt-1", "learning_rate": "fast"}', "3"):
+        (folder / train.DIVERGED_FROM).write_text(marker)
+        manager = tf.train.CheckpointManager(tf.train.Checkpoint(w=tf.Variable([1e30, 2.0])), folder, max_to_keep=3)
+        said = train.diverged(cause, manager, {"learning_rate": 0.001}, ckpt[1], True, logged.append)
+        assert str(said).endswith(f"a rerun resumes from {ckpt[1]}, the last checkpoint (all finite): lower "
+                                  "train.learning_rate (now 0.001) and rerun"), marker
+        assert json.loads((folder / train.DIVERGED_FROM).read_text()) == {"checkpoint": "ckpt-1", "learning_rate": 0.001}
 
 
 def test_checkpoints_an_older_run_saved_non_finite_are_set_aside_not_resumed(tmp_path):
