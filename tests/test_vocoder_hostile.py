@@ -465,8 +465,10 @@ def test_the_source_filter_vocoder_bounds_what_it_takes_whole(built_cache, tmp_p
               f"{huge}: 20,001 frames, more than this vocoder takes (20,000, ")
     np.save(tmp_path / "mel.npy", np.full((4, cfg["audio"]["n_mels"]), -5.0, np.float32))
     # above Nyquist; above audio.fmax (no harmonic left to sound); a log-F0 (ln 120 = 4.8 "Hz": a 5 Hz buzz)
-    for f0, shown in (([0.0, 120.0, 11025.5, 0.0], "120.0..11025.5"), ([0.0, 120.0, 9000.0, 0.0], "120.0..9000.0"),
-                      ([0.0, 4.79, 4.8, 0.0], "4.8..4.8"), ([-1.0, 120.0, 120.0, 0.0], "-1.0..120.0")):
+    # (a tiny positive value, 0.01, read as "0.0..", which looks unvoiced)
+    for f0, shown in (([0.0, 120.0, 11025.5, 0.0], "120..11025.5"), ([0.0, 120.0, 9000.0, 0.0], "120..9000"),
+                      ([0.0, 4.79, 4.8, 0.0], "4.79..4.8"), ([-1.0, 120.0, 120.0, 0.0], "-1..120"),
+                      ([0.0, 0.01, 120.0, 0.0], "0.01..120")):
         np.save(tmp_path / "f0.npy", np.array(f0, np.float32))
         _one_line(*_vocode(capsys, "--config", path, "--mel", tmp_path / "mel.npy", "--f0", tmp_path / "f0.npy",
                            "--out", tmp_path / "x.wav"), f"{tmp_path / 'f0.npy'}: values {shown} are not F0 in Hz (",

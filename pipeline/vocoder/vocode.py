@@ -155,7 +155,7 @@ def read_f0(path, frames, audio_cfg):
     voiced = f0[f0 > 0]
     if not np.all(np.isfinite(f0)) or f0.min() < 0 or (voiced.size and (voiced.min() < F0_LOWEST or voiced.max() >= top)):
         shown = voiced if np.all(np.isfinite(f0)) and f0.min() >= 0 else f0  # the voiced values when they are wrong
-        shown = f"{shown.min():.1f}..{shown.max():.1f}"
+        shown = f"{shown.min():g}..{shown.max():g}"   # :g, not .1f: a tiny 0.01 read as "0.0", unvoiced
         raise MelError(f"{path}: values {shown} are not F0 in Hz (finite; 0 where unvoiced, else "
                        f"{F0_LOWEST:g} Hz up to below {top:g} Hz, the vocoder's audio.fmax and half its rate)")
     return f0
