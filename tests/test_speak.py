@@ -502,11 +502,13 @@ def test_arguments_are_checked_before_the_voice_loads(exported_voice, tmp_path, 
 
 def test_phonemes_and_prosody_given_as_arguments_are_checked_before_tensorflow_loads(exported_voice, tmp_path):
     # a symbol the voice lacks, or a prosody rate that takes --pace out of range, in TEXT was said only
-    # after TensorFlow's start-up (~10 s), though vocab.json and the options show it (TensorFlow is
-    # unimportable in these processes)
+    # after TensorFlow's start-up (~10 s), though vocab.json and the options show it; bytes that are
+    # not UTF-8 are said before it too (TensorFlow is unimportable in these processes)
     for argv, message in ((["Say [[ ZZZ ]] now."], "error: line 1, column 5: phoneme(s) Z not in this voice's symbols"),
                           (["--pace", "0.25", '<speak><prosody rate="x-slow">hi</prosody></speak>'],
-                           "error: line 1, column 31: pace 0.25 x prosody rate 0.5: 0.125 is outside 0.25..4")):
+                           "error: line 1, column 31: pace 0.25 x prosody rate 0.5: 0.125 is outside 0.25..4"),
+                          (["caf\udce9"],   # the byte 0xe9 (Latin-1's é) on the command line: not UTF-8
+                           "error: argument 'caf\\xe9' is not UTF-8 text (byte 0xe9)")):
         proc = subprocess.run(blocked_command("pipeline.speak", "--voice", str(exported_voice), "--out",
                                               str(tmp_path / "x.wav"), *argv, blocked=BEFORE_THE_MODEL),
                               capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300)
