@@ -314,6 +314,7 @@ def for_training(cfg, index, stats, run_dir, resuming, log=print):
     current one. The chief writes it (`write`) before the first step."""
     now = describe(cfg, index, stats)
     if not resuming:
+        check_index_split(cfg, index)
         return now
     saved = _read(run_dir)
     if saved is None:
@@ -327,9 +328,23 @@ def for_training(cfg, index, stats, run_dir, resuming, log=print):
     if lacking:
         raise PipelineError(f"{path(run_dir)}: not a whole run record (no {', '.join(lacking)}): restore it, or delete "
                             f"{Path(run_dir) / 'checkpoints'} and {path(run_dir)} to train anew")
+    check_index_split(cfg, index)
     if saved["stats"] != now["stats"]:
         log(f"resuming with the run's own feature statistics ({path(run_dir)}); the cache's have changed since")
     return saved
+
+
+def check_index_split(cfg, index):
+    """PipelineError when the cache index was made with another dataset.val_fraction than the config's:
+    the loader splits by the index's, while run.json records the config's (a cache Snakemake has no
+    record of, copied in, is not rebuilt after the edit), so the run would say one split and train on
+    another."""
+    made, now = index.get("val_fraction"), cfg["dataset"]["val_fraction"]
+    if isinstance(made, (int, float)) and not isinstance(made, bool) and made != now:
+        from pipeline.shards import REBUILD
+        raise PipelineError(f"{config.cache_dir(cfg) / 'index.json'}: made with dataset.val_fraction {made!r}, the "
+                            f"config says {now!r}, and training splits by the index's: remake it "
+                            f"(`{REBUILD} --forcerun cache_index`) or set dataset.val_fraction {made!r}")
 
 
 def _lacking(saved, now):

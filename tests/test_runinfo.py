@@ -249,6 +249,23 @@ def _planning_record(tmp_path):
     return cfg, index, stats
 
 
+def test_a_cache_index_made_at_another_validation_fraction_stops_training(tmp_path):
+    # a copied cache, not rebuilt after a dataset.val_fraction edit: the loader split by the index's
+    # fraction while run.json recorded the config's, so the run said one split and trained on another
+    cfg, index, stats = _planning_record(tmp_path)
+    index = dict(index, val_fraction=0.1)
+    edited = dict(cfg, dataset={**cfg["dataset"], "val_fraction": 0.0})
+    where = re.escape(str(config.cache_dir(edited) / "index.json"))
+    for resuming in (False, True):
+        if resuming:
+            runinfo.write(config.run_dir(cfg), runinfo.describe(edited, index, stats))
+        with pytest.raises(runinfo.PipelineError, match=rf"^{where}: made with dataset\.val_fraction 0\.1, the config "
+                                                        r"says 0\.0, and training splits by the index's: remake it "):
+            runinfo.for_training(edited, index, stats, config.run_dir(cfg), resuming=resuming)
+    assert runinfo.for_training(dict(cfg, dataset={**cfg["dataset"], "val_fraction": 0.1}), index, stats,
+                                config.run_dir(cfg), resuming=False)["split"] == {"val_fraction": 0.1}
+
+
 def test_a_new_validation_fraction_or_loss_scaling_on_a_trained_run_stops_planning(tmp_path):
     # raising it moved clips the model trained on into validation, where evaluate scored them as unseen;
     # nothing refused it (the split is a hash of each id against the fraction)
