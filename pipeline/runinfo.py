@@ -341,10 +341,10 @@ def check_index_split(cfg, index):
     another."""
     made, now = index.get("val_fraction"), cfg["dataset"]["val_fraction"]
     if isinstance(made, (int, float)) and not isinstance(made, bool) and made != now:
-        from pipeline.shards import REBUILD
         raise PipelineError(f"{config.cache_dir(cfg) / 'index.json'}: made with dataset.val_fraction {made!r}, the "
                             f"config says {now!r}, and training splits by the index's: remake it "
-                            f"(`{REBUILD} --forcerun cache_index`) or set dataset.val_fraction {made!r}")
+                            "(`snakemake --cores all caches --forcerun cache_index`) "   # shards.REBUILD: shards imports this
+                            f"or set dataset.val_fraction {made!r}")
 
 
 def _lacking(saved, now):
