@@ -63,8 +63,8 @@ SOONER = "; end sentences sooner (. ! ?)"
 EXPORT_FORMAT = 1  # export.json's layout: bump whenever its fields or their meaning change (a newer one is refused)
 VERIFIED = ("saved_model",)   # what a voice loads: its files must be those export.json's `files` lists
 # what wrote the folder: `snakemake export` (runs/{name}/export) or `pipeline.export --out DIR` (anywhere)
-AGAIN = ("export the voice again (snakemake --cores all export; a folder written with --out: "
-         "python -m pipeline.export --config CONFIG --out DIR)")
+EXPORT_AGAIN = "snakemake --cores all export; a folder written with --out: python -m pipeline.export --config CONFIG --out DIR"
+AGAIN = f"export the voice again ({EXPORT_AGAIN})"
 _FRONT_END = threading.Lock()     # espeak-ng (through phonemizer) is one library state per process
 # where phonemizer cuts a cleaned text to read each side alone: a run of its punctuation marks (a , or .
 # between digits is not one)
@@ -174,8 +174,7 @@ def export_format(meta, where):
         raise VoiceError(f"{where}: format {str(found)[:40]!r} is not an integer in 1..{EXPORT_FORMAT}; {AGAIN}")
     if found is not None and found > EXPORT_FORMAT:
         raise VoiceError(f"{where}: format {found}, newer than this code reads ({EXPORT_FORMAT}); speak it with "
-                         "the code that exported it, or export it again with this code (snakemake --cores all export; a "
-                         "folder written with --out: python -m pipeline.export --config CONFIG --out DIR)")
+                         f"the code that exported it, or export it again with this code ({EXPORT_AGAIN})")
     return found
 
 
