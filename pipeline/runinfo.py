@@ -96,6 +96,7 @@ def describe(cfg, index, stats):
             "stats": {k: np.asarray(v, np.float64).round(6).tolist() for k, v in stats.items()},
             "config": {k: json.loads(json.dumps(cfg[k])) for k in SECTIONS},
             "split": {"val_fraction": cfg["dataset"]["val_fraction"]},
+            "train": {"seed": cfg["train"]["seed"]},
             "cache": {"provenance": index["provenance"], "counts": index.get("counts")}}
 
 
@@ -187,7 +188,8 @@ def load(run_dir):
 
 def changes(saved, now):
     """Sentences naming what differs between a saved run's info and the current one that matters to
-    its weights: the vocabulary's symbols or settings, the text, audio and pitch sections, and the split."""
+    its weights: the vocabulary's symbols or settings, the text, audio and pitch sections, the split and
+    train.seed."""
     out = []
     old, new = saved["vocab"], now["vocab"]
     if old["symbols"] != new["symbols"]:
@@ -197,7 +199,19 @@ def changes(saved, now):
     for table in ("speakers", "languages"):  # a speaker's id is its position: a new table moves them
         if saved.get(table, []) != now[table] and _matters(table, saved.get(table, []), now[table]):
             out.append(f"the {table} changed ({', '.join(saved.get(table, [])) or 'none'} -> {', '.join(now[table])})")
-    return out + setting_changes(saved, now["config"]) + split_changes(saved, now["split"]["val_fraction"])
+    return (out + setting_changes(saved, now["config"]) + split_changes(saved, now["split"]["val_fraction"])
+            + seed_changes(saved, now["train"]["seed"]))
+
+
+def seed_changes(saved, now):
+    """A sentence when train.seed `now` differs from the one a run recorded (`train`): it drew the run's
+    initial weights and its batch order, so the checkpoints are the old seed's, and a run at train.steps
+    already would take no step and be reported as trained on the new one. A run recorded before the
+    seed was says nothing."""
+    before = saved.get("train", {}).get("seed") if isinstance(saved.get("train"), dict) else None
+    if before is None or before == now:
+        return []
+    return [f"train.seed changed ({before!r} -> {now!r}: the checkpoints' initial weights and batches are the old seed's)"]
 
 
 def _matters(table, old, new):
@@ -241,7 +255,7 @@ def model_changes(before, now):
 
 def check_unchanged(cfg):
     """RunChanged, before any job runs, when the config's text, audio, pitch or model settings (or
-    dataset.val_fraction: split_changes) differ from those of the trained run of the same `name`:
+    dataset.val_fraction: split_changes, or train.seed: seed_changes) differ from those of the trained run of the same `name`:
     planning would otherwise rebuild the caches in place and
     delete the run's train.json before `train` refused. Nothing to check before a run exists; once its
     checkpoints are deleted (README: "delete runs/{name}/checkpoints to start over") `train` starts afresh
@@ -251,7 +265,7 @@ def check_unchanged(cfg):
     if saved is None:
         return
     diff = (setting_changes(saved, cfg) + split_changes(saved, cfg["dataset"]["val_fraction"], _index_fraction(cfg))
-            + precision_changes(run, cfg))
+            + seed_changes(saved, cfg["train"]["seed"]) + precision_changes(run, cfg))
     if "model" in saved["config"]:  # the train job would refuse it after Snakemake deleted train.json
         diff += model_changes(saved["config"]["model"], cfg["model"])
     _refuse(cfg, run, diff)

@@ -40,6 +40,21 @@ def test_an_audio_change_under_a_trained_run_is_refused_before_any_job_runs(trai
     assert (trained_run.run / "train.json").is_file()
 
 
+def test_a_new_seed_under_a_trained_run_is_refused_before_any_job_runs(trained_run):
+    # it reran the aligner and every duration shard, then `train` resumed the old seed's checkpoints at
+    # train.steps (no step) and reported the run as made with the new seed
+    cache = config.cache_dir(trained_run.cfg)
+    before = _stamps(trained_run.run) | _stamps(cache)
+    seed = trained_run.cfg["train"]["seed"]
+    edited = edited_copy(trained_run.path, "seed.yaml", train={"seed": seed + 7})
+    proc = snakemake("train", config=edited, check=False)
+    out = proc.stdout + proc.stderr
+    line = [x for x in out.splitlines() if "train.seed changed" in x]
+    assert proc.returncode != 0 and line and f"({seed} -> {seed + 7}" in line[0] and "Nothing was run" in line[0], \
+        out[-3000:]
+    assert _stamps(trained_run.run) | _stamps(cache) == before
+
+
 def test_the_same_change_under_another_name_plans_beside_the_trained_run(trained_run):
     cfg = yaml.safe_load(trained_run.path.read_text())
     cfg["name"] = "t-hop"

@@ -302,6 +302,31 @@ def test_a_new_validation_fraction_or_loss_scaling_on_a_trained_run_stops_planni
         runinfo.check_unchanged(dict(cfg, train={**cfg["train"], "mixed_precision": fine}))
 
 
+def test_a_new_seed_on_a_trained_run_stops_planning_and_training(tmp_path):
+    # train.seed draws the initial weights and the batch order: a new seed resumed the old seed's
+    # checkpoints (at train.steps already: no step) and train.json then reported the new seed
+    cfg, index, stats = _planning_record(tmp_path)
+    run = config.run_dir(cfg)
+    info = runinfo.describe(cfg, index, stats)
+    assert info["train"] == {"seed": cfg["train"]["seed"]}
+    runinfo.write(run, info)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "ckpt-5.index").write_bytes(b"")
+    seed = cfg["train"]["seed"]
+    reseeded = dict(cfg, train={**cfg["train"], "seed": seed + 1})
+    runinfo.check_unchanged(cfg)
+    with pytest.raises(runinfo.RunChanged, match=rf"run 'demo' was trained with other settings: train\.seed changed "
+                                                 rf"\({seed} -> {seed + 1}: .*Nothing was run"):
+        runinfo.check_unchanged(reseeded)
+    with pytest.raises(runinfo.RunChanged, match=rf"train\.seed changed \({seed} -> {seed + 1}"):
+        runinfo.for_training(reseeded, index, stats, run, resuming=True)
+    assert runinfo.for_training(cfg, index, stats, run, resuming=True) == info
+    # a run recorded before the seed was: nothing says which seed made it
+    runinfo.write(run, {k: v for k, v in info.items() if k != "train"})
+    runinfo.check_unchanged(reseeded)
+    runinfo.for_training(reseeded, index, stats, run, resuming=True)
+
+
 def test_a_voice_the_run_lacks_and_a_vocoder_without_weights_stop_planning(tmp_path):
     # both failed only inside the evaluate or diagnose job, after Snakemake had deleted its finished report
     cfg = config.load_config(overrides={"runs_dir": str(tmp_path)}, check_paths=False)
