@@ -10,10 +10,12 @@ exported voice's commands (pipeline/voice.py: TensorFlow alone) use it too.
     pcm = wavfile.to_pcm(audio)                     # the int16 samples save_wav writes (speak, serve)
     audio = wavfile.limit_peaks(audio, sample_rate) # peaks over 1 brought to 0.95, the rest as it is (the voice)
     wavfile.write_pcm(path, pcm, sample_rate)       # int16 samples as they are
+    wavfile.stream_pcm(path, blocks, sample_rate)   # int16 blocks, each written as it comes (speak --out)
     body = wavfile.wav_bytes(pcm, sample_rate)      # a whole wav in memory (an HTTP response)
 
 A full disk is one line naming the path (pipeline.errors.DiskFull) and leaves no temporary file;
-audio with a NaN or infinite sample is refused (PipelineError naming the path), never written as noise.
+audio with a NaN or infinite sample is refused (PipelineError naming the path), never written as noise;
+so is audio a wav cannot hold (its sizes are 32-bit: 4 GiB, about 27 hours at 22050 Hz), before it is.
 """
 import io
 import os
@@ -29,6 +31,7 @@ PEAK = 0.95          # audio that would clip is scaled to this peak before the 1
 FULL_SCALE = 32768   # float x becomes floor(x * 32768), clipped to int16: libsndfile's (soundfile's) conversion
 BLOCK = 1 << 18      # samples converted and written at a time: a long wav is never converted whole
 LIMIT_SECONDS = 0.01  # limit_peaks: half its windows; the gain ramps over twice this on each side of a peak
+MAX_DATA = 0xFFFFFFFF - 36  # bytes of samples a wav holds: its RIFF size (32 bits) counts them and 36 header bytes
 
 
 # names of audio formats a wav written under them would pretend to be
@@ -77,6 +80,31 @@ def wav_bytes(pcm, sample_rate):
 def write_pcm(path, pcm, sample_rate):
     """int16 samples as a wav at `path`, atomically and durably (fsync before the rename)."""
     files.atomic_write_bytes(path, wav_bytes(pcm, sample_rate))
+
+
+def stream_pcm(path, blocks, sample_rate, where=None):
+    """int16 blocks (an iterable: a generator making them) as one wav at `path`, each block appended to
+    the temporary file beside `path` as it comes, so only one is ever in memory; the wav's sizes are
+    written at the end, then the file is renamed onto `path` (files.atomic_write: durable, and nothing
+    at `path` changes, nor is a temporary file left, when the blocks raise, the disk fills or the run
+    is stopped). The same bytes as write_pcm of the blocks joined. Audio a wav cannot hold (MAX_DATA)
+    is a PipelineError naming `where` (default `path`) before its block is written. -> samples written."""
+    written = 0
+
+    def write(tmp):
+        nonlocal written
+        with open(tmp, "wb") as f, _open(f, sample_rate) as w:
+            for block in blocks:
+                data = np.ascontiguousarray(block, "<i2").tobytes()
+                if 2 * written + len(data) > MAX_DATA:
+                    hours = MAX_DATA / 2 / sample_rate / 3600
+                    raise PipelineError(f"{where or path}: the audio passes 4 GiB, the most a wav holds (about "
+                                        f"{hours:.1f} hours at {int(sample_rate)} Hz); nothing written; say the text "
+                                        "in parts")
+                w.writeframes(data)
+                written += len(data) // 2
+    files.atomic_write(path, write)
+    return written
 
 
 def limit_peaks(audio, sample_rate, seconds=LIMIT_SECONDS):
