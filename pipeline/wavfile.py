@@ -17,6 +17,7 @@ A full disk is one line naming the path (pipeline.errors.DiskFull) and leaves no
 audio with a NaN or infinite sample is refused (PipelineError naming the path), never written as noise;
 so is audio a wav cannot hold (its sizes are 32-bit: 4 GiB, about 27 hours at 22050 Hz), before it is.
 """
+import errno
 import io
 import os
 import wave
@@ -43,12 +44,13 @@ OTHER_AUDIO = {"mp3": "MP3", "flac": "FLAC", "ogg": "Ogg", "oga": "Ogg", "opus":
 def check_path(path, flag="--out"):
     """PipelineError naming `flag` unless `path` can become a wav file: not a folder (nor a path ending
     as one's does), a device, a pipe or a socket (files.target: a symbolic link is written through to
-    its target), the nearest existing parent of where it lands a writable folder (missing folders are
-    made when it is written)."""
+    its target; one that leads back to itself, on the way or at the end, is refused), the nearest existing
+    parent of where it lands a writable folder (missing folders are made when it is written)."""
     if os.path.basename(os.fspath(path)) in ("", ".", ".."):   # "new/": Path() drops the "/": a file "new"
         raise PipelineError(f"{flag} {path}: a folder (a path ending in {os.sep}, . or ..); give the path of the "
                             ".wav to write")
     path = Path(path)
+    _check_no_loop(path, flag)
     if path.is_dir():
         raise PipelineError(f"{flag} {path}: a folder; give the path of the .wav to write")
     written = files.target(path, flag)   # through a link: what is written is its target
@@ -59,6 +61,30 @@ def check_path(path, flag="--out"):
                                 f"{'' if name == path else f' (into {name})'}; name it .wav (and convert it after, "
                                 f"e.g. `ffmpeg -i out.wav out.{kind}`)")
     files.check_writable(path, flag, written.parent)
+
+
+def _check_no_loop(path, flag):
+    """PipelineError naming `flag`, `path` and the link when a symbolic link on the way to `path` (it, or
+    a folder above it) leads back to itself: no file can be made there (`ln -s loop loop; --out loop/x.wav`
+    failed at the write with a traceback; a link to itself was replaced by a file, where a shell's `>` refuses)."""
+    try:
+        os.stat(path)
+        return
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            return   # missing (made when written), or what the checks after this one say
+    link = next((p for p in reversed((path, *path.parents)) if _loops(p)), path)
+    raise PipelineError(f"{flag} {path}: {'it is' if link == path else f'{link} is'} a symbolic link that leads "
+                        "back to itself; give the path of the .wav to write")
+
+
+def _loops(path):
+    """Whether following `path` runs into a symbolic link loop (ELOOP)."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
 
 
 def _open(target, sample_rate):

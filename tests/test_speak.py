@@ -297,6 +297,22 @@ def test_a_bad_out_is_one_line_before_the_voice_loads_and_a_failed_write_too(exp
     assert run("--out", str(out), "Hello.", lines=2) == f"error: --out {out}: cannot write it (Permission denied)"
 
 
+def test_a_symbolic_link_loop_in_out_is_one_line_before_the_voice_loads(tmp_path):
+    # `ln -s loop loop; speak --out loop/x.wav`: the check passed, the voice loaded and spoke, and the
+    # write failed with a traceback; a --out linked to itself was replaced by a file (TensorFlow is
+    # unimportable in these processes, and the voice folder is not there)
+    os.symlink("loop", tmp_path / "loop")
+    os.symlink("self.wav", tmp_path / "self.wav")
+    for given, said in (("loop/x.wav", "loop is"), ("self.wav", "it is")):
+        proc = subprocess.run(blocked_command("pipeline.speak", "--voice", "no/such/export", "--out", given, "Hello.",
+                                              blocked=BEFORE_THE_MODEL),
+                              capture_output=True, text=True, env=child_env(), cwd=tmp_path, timeout=300)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+            f"error: --out {given}: {said} a symbolic link that leads back to itself; give the path of the .wav to "
+            "write"], proc.stderr[-3000:]
+    assert sorted(os.listdir(tmp_path)) == ["loop", "self.wav"] and os.path.islink(tmp_path / "self.wav")
+
+
 def test_out_is_written_as_it_is_said_and_renamed_onto_it_when_all_is_said(exported_voice, tmp_path, capsys,
                                                                             monkeypatch):
     # --out held all of the text's audio in memory and wrote it at the end (~7 GB for an 8-hour book):

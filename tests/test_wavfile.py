@@ -247,3 +247,19 @@ def test_stream_pcm_leaves_the_path_as_it_was_when_the_blocks_fail_or_pass_what_
         wavfile.stream_pcm(path, iter([np.zeros(151, np.int16)]), 22050)
     assert sf.info(str(path)).frames == 150 and os.listdir(tmp_path) == ["book.wav"]
 
+
+def test_check_path_refuses_a_symbolic_link_loop_on_the_way(tmp_path):
+    # `ln -s loop loop; --out loop/x.wav` passed the check and the write failed with a traceback
+    # (FileExistsError making the folder); a link to itself passed too, and was replaced by a file
+    os.symlink("loop", tmp_path / "loop")
+    os.symlink("self.wav", tmp_path / "self.wav")
+    os.symlink("b", tmp_path / "a")
+    os.symlink("a", tmp_path / "b")
+    for given, link in (("loop/x.wav", "loop"), ("loop/new/sub/x.wav", "loop"), ("a/x.wav", "a"), ("self.wav", None),
+                        ("b", None)):
+        path = tmp_path / given
+        said = "it is" if link is None else f"{tmp_path / link} is"
+        with pytest.raises(PipelineError, match=f"^--out {re.escape(str(path))}: {re.escape(said)} a symbolic link "
+                                                "that leads back to itself; give the path of the .wav to write$"):
+            wavfile.check_path(path, "--out")
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "loop", "self.wav"] and os.path.islink(tmp_path / "self.wav")
