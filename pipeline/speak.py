@@ -1,23 +1,29 @@
 """Speak text with an exported voice: a wav file, or raw PCM on standard output sentence by sentence.
 
 Reads an export folder (`--voice runs/{name}/export`, pipeline/voice.py) and the text: the
-arguments, else standard input (UTF-8). Writes `--out F.wav` (16-bit mono at the voice's rate, written
-atomically once all is said) or, with `--raw`, 16-bit little-endian mono PCM at the voice's rate on
-standard output, each sentence as soon as it is ready. A sentence that would clip has its peaks limited
-to 0.95 (pipeline/voice.py), the same in a --out file and in --raw. Standard input is read a paragraph at a time
-(so with --raw a paragraph is spoken while the next is typed), the same for --out. Nothing but audio
-goes to standard output: every log line goes to standard error. Markup (docs/speak.md): `[[ ... ]]`
-inline phonemes, and SSML with `--ssml`, or text (of standard input: a paragraph, then the rest of it)
-starting with `<speak>`. Bad input: one line `error: ...` and exit status 2.
+arguments, else standard input (UTF-8). Writes `--out F.wav` (16-bit mono at the voice's rate; each
+sentence appended to a temporary file beside F.wav as it is made, so a book takes one sentence's memory,
+renamed onto F.wav once all is said; at most 4 GiB, about 27 hours at 22050 Hz, as any wav) or, with
+`--raw`, 16-bit little-endian mono PCM at the voice's rate on standard output, each sentence as soon as it
+is ready. A sentence that would clip has its peaks limited to 0.95 (pipeline/voice.py), the same in a --out
+file and in --raw. Standard input is read a paragraph at a time (so with --raw a paragraph is spoken while
+the next is typed), the same for --out. Nothing but audio goes to standard output: every log line goes to
+standard error. Markup (docs/speak.md): `[[ ... ]]` inline phonemes, and SSML with `--ssml`, or text (of
+standard input: a paragraph, then the rest of it) starting with `<speak>`. Bad input: one line
+`error: ...` and exit status 2.
 
     python -m pipeline.speak --voice runs/demo/export --out hello.wav "Hello there. How are you?"
     python -m pipeline.speak --voice runs/demo/export --raw < book.txt | aplay -r 22050 -f S16_LE -c 1
 """
 import argparse
+import contextlib
 import errno
+import itertools
 import os
 import re
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -26,7 +32,7 @@ from pipeline import markup
 from pipeline.errors import PipelineError, cli
 from pipeline.files import check_not_input
 from pipeline.voice import PACE_RANGE, PITCH_RANGE, NothingToSay, Voice, VoiceError, check_number
-from pipeline.wavfile import check_path, to_pcm, write_pcm
+from pipeline.wavfile import check_path, stream_pcm, to_pcm
 
 # the position an error about a text starts with, and the '[[' it may name: "line L" of that text
 _POSITION = re.compile(r"(^|opened at )line (\d+)(?=, column )")
@@ -138,33 +144,85 @@ def write_raw(out, data):
         raise
 
 
-def speak(voice, texts, args, out, named=False):
-    """Say each (first line, text) (a paragraph, or the whole input); out: the raw PCM file, each sentence
-    written as int16 (to_pcm) as soon as it is made, or None to collect float audio (then
-    every text is checked before any audio is made, as one text would be). A paragraph that says nothing
-    ("...") is passed over; if none says anything, the first one's error. Errors name lines of the whole
-    input. -> (float32 chunks collected, sentences, seconds to the first audio)."""
-    chunks, sentences, first, t0, quiet = [], 0, None, time.perf_counter(), []
+def said(voice, texts, args, lazy, named=False):
+    """float32 audio of each sentence of each (first line, text) (a paragraph, or the whole input), as
+    soon as it is made; lazy: each text prepared as its turn comes (--raw), else every text is checked
+    before any audio is made, as one text would be (--out). A paragraph that says nothing ("...") is
+    passed over; if none says anything, the first one's error. Errors name lines of the whole input."""
+    sentences, quiet = 0, []
     options = dict(ssml=True if args.ssml else None, pace=args.pace, pitch_shift=args.pitch_shift,
                    speaker=args.speaker, language=args.language)
-    requests = prepared(voice, texts, options, out is not None, quiet, named)   # raw: each sentence as it comes
-    for line, paragraph, request in requests if out is not None else list(requests):
+    requests = prepared(voice, texts, options, lazy, quiet, named)
+    for line, paragraph, request in requests if lazy else list(requests):
         try:
             for i, audio in enumerate(voice.sentences_float(request)):
                 if sentences and not i:   # paragraphs read one by one: the pause markup puts between paragraphs
                     audio = np.concatenate([np.zeros(int(markup.PARAGRAPH_PAUSE * voice.sample_rate), np.float32),
                                             audio])
-                if out is None:
-                    chunks.append(audio)
-                else:
-                    write_raw(out, to_pcm(audio, "--raw").tobytes())
-                first = first if first is not None else time.perf_counter() - t0
+                yield audio
                 sentences += 1
         except PipelineError as e:   # a later sentence (--raw's front end reads each as it comes) too
             raise in_input(e, line, paragraph) from None
     if not sentences and quiet:
         raise quiet[0]
-    return chunks, sentences, first
+
+
+def speak(voice, texts, args, out, named=False):
+    """--raw: say each (first line, text) (said), each sentence written to the raw PCM file `out` as
+    int16 (to_pcm) as soon as it is made. -> (sentences, seconds to the first audio)."""
+    sentences, first, t0 = 0, None, time.perf_counter()
+    for audio in said(voice, texts, args, True, named):
+        write_raw(out, to_pcm(audio, "--raw").tobytes())
+        first = first if first is not None else time.perf_counter() - t0
+        sentences += 1
+    return sentences, first
+
+
+def speak_wav(voice, texts, args, path, named=False):
+    """--out: say each (first line, text) (said: all of the text checked first) into the wav at `path`,
+    each sentence's int16 samples appended to its temporary file as soon as they are made, so a book
+    takes one sentence's memory, not hours of audio (wavfile.stream_pcm: renamed onto `path` once all
+    is said; a failure, Ctrl-C, SIGTERM or SIGHUP leaves `path` as it was and no temporary file).
+    Nothing is made, not a folder, until the text is checked and its first sentence said.
+    -> (sentences, samples written)."""
+    where, sentences = f"--out {path}", 0
+    audio = said(voice, texts, args, False, named)
+    first = next(audio, None)
+    if first is None:
+        return 0, 0
+    audio = itertools.chain([first], audio)
+    del first   # one sentence in memory at a time: this one goes once it is written
+
+    def blocks():
+        nonlocal sentences
+        for chunk in audio:
+            sentences += 1
+            yield to_pcm(chunk, where)
+    try:
+        with _stopped_by_signals(where):
+            samples = stream_pcm(path, blocks(), voice.sample_rate, where)
+    except OSError as e:   # a full disk is pipeline.errors.DiskFull already
+        raise VoiceError(f"{where}: cannot write it ({e.strerror or e})") from None
+    return sentences, samples
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(where, signals=(signal.SIGTERM, signal.SIGHUP)):
+    """While a wav is written: SIGTERM and SIGHUP (`kill`, `timeout`, a closed terminal) end the process
+    as an exception does, exit status 128 + the signal's number, so the wav's temporary file (gigabytes,
+    for a book) is removed, not left beside it. A signal not at its default (ignored under nohup) is kept."""
+    def stop(number, frame):
+        log(f"stopped ({signal.Signals(number).name}); {where} not written")
+        raise SystemExit(128 + number)
+    before = {s: signal.getsignal(s) for s in signals}
+    mine = [s for s, h in before.items() if h == signal.SIG_DFL and threading.current_thread() is threading.main_thread()]
+    for s in mine:
+        signal.signal(s, stop)
+    try:
+        yield
+    finally:
+        for s in mine:
+            signal.signal(s, before[s])
 
 
 @cli
@@ -202,25 +260,23 @@ def main(argv=None):
     else:   # --out as --raw: one rule for what is SSML (--out read aloud the tags --raw took as SSML)
         texts = paragraphs(utf8_lines(sys.stdin.buffer))
     t0 = time.perf_counter()
-    try:  # named: the texts are paragraphs of standard input, whose errors name their lines
-        chunks, sentences, first = speak(voice, texts, args, out, named=not args.text and not args.ssml)
-    except BrokenPipeError:            # the reader went away (`| head -c ...`): nothing left to say
-        return
+    named = not args.text and not args.ssml   # the texts are paragraphs of standard input, whose errors name their lines
+    if out is None:
+        sentences, samples = speak_wav(voice, texts, args, args.out, named)
+    else:
+        try:
+            sentences, first = speak(voice, texts, args, out, named)
+        except BrokenPipeError:            # the reader went away (`| head -c ...`): nothing left to say
+            return
     if not sentences:
         raise VoiceError("no text to speak (give TEXT or standard input)")
     wall = time.perf_counter() - t0
     if out is None:
-        pcm = to_pcm(chunks, f"--out {args.out}")   # converted chunk by chunk: no float copy of the whole
-        try:
-            write_pcm(args.out, pcm, voice.sample_rate)
-        except OSError as e:   # a full disk is pipeline.errors.DiskFull already
-            raise VoiceError(f"--out {args.out}: cannot write it ({e.strerror or e})") from None
-        seconds = len(pcm) / voice.sample_rate
+        seconds = samples / voice.sample_rate
         log(f"wrote {args.out}: {sentences} sentence(s), {seconds:.2f} s of audio in {wall:.2f} s "
             f"(real-time factor {wall / max(seconds, 1e-9):.3f})")
     else:
         log(f"{sentences} sentence(s) in {wall:.2f} s, first audio after {first:.3f} s")
-
 
 if __name__ == "__main__":
     main()

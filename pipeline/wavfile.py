@@ -10,11 +10,14 @@ exported voice's commands (pipeline/voice.py: TensorFlow alone) use it too.
     pcm = wavfile.to_pcm(audio)                     # the int16 samples save_wav writes (speak, serve)
     audio = wavfile.limit_peaks(audio, sample_rate) # peaks over 1 brought to 0.95, the rest as it is (the voice)
     wavfile.write_pcm(path, pcm, sample_rate)       # int16 samples as they are
+    wavfile.stream_pcm(path, blocks, sample_rate)   # int16 blocks, each written as it comes (speak --out)
     body = wavfile.wav_bytes(pcm, sample_rate)      # a whole wav in memory (an HTTP response)
 
 A full disk is one line naming the path (pipeline.errors.DiskFull) and leaves no temporary file;
-audio with a NaN or infinite sample is refused (PipelineError naming the path), never written as noise.
+audio with a NaN or infinite sample is refused (PipelineError naming the path), never written as noise;
+so is audio a wav cannot hold (its sizes are 32-bit: 4 GiB, about 27 hours at 22050 Hz), before it is.
 """
+import errno
 import io
 import os
 import wave
@@ -29,6 +32,7 @@ PEAK = 0.95          # audio that would clip is scaled to this peak before the 1
 FULL_SCALE = 32768   # float x becomes floor(x * 32768), clipped to int16: libsndfile's (soundfile's) conversion
 BLOCK = 1 << 18      # samples converted and written at a time: a long wav is never converted whole
 LIMIT_SECONDS = 0.01  # limit_peaks: half its windows; the gain ramps over twice this on each side of a peak
+MAX_DATA = 0xFFFFFFFF - 36  # bytes of samples a wav holds: its RIFF size (32 bits) counts them and 36 header bytes
 
 
 # names of audio formats a wav written under them would pretend to be
@@ -40,12 +44,13 @@ OTHER_AUDIO = {"mp3": "MP3", "flac": "FLAC", "ogg": "Ogg", "oga": "Ogg", "opus":
 def check_path(path, flag="--out"):
     """PipelineError naming `flag` unless `path` can become a wav file: not a folder (nor a path ending
     as one's does), a device, a pipe or a socket (files.target: a symbolic link is written through to
-    its target), the nearest existing parent of where it lands a writable folder (missing folders are
-    made when it is written)."""
+    its target; one that leads back to itself, on the way or at the end, is refused), the nearest existing
+    parent of where it lands a writable folder (missing folders are made when it is written)."""
     if os.path.basename(os.fspath(path)) in ("", ".", ".."):   # "new/": Path() drops the "/": a file "new"
         raise PipelineError(f"{flag} {path}: a folder (a path ending in {os.sep}, . or ..); give the path of the "
                             ".wav to write")
     path = Path(path)
+    _check_no_loop(path, flag)
     if path.is_dir():
         raise PipelineError(f"{flag} {path}: a folder; give the path of the .wav to write")
     written = files.target(path, flag)   # through a link: what is written is its target
@@ -56,6 +61,30 @@ def check_path(path, flag="--out"):
                                 f"{'' if name == path else f' (into {name})'}; name it .wav (and convert it after, "
                                 f"e.g. `ffmpeg -i out.wav out.{kind}`)")
     files.check_writable(path, flag, written.parent)
+
+
+def _check_no_loop(path, flag):
+    """PipelineError naming `flag`, `path` and the link when a symbolic link on the way to `path` (it, or
+    a folder above it) leads back to itself: no file can be made there (`ln -s loop loop; --out loop/x.wav`
+    failed at the write with a traceback; a link to itself was replaced by a file, where a shell's `>` refuses)."""
+    try:
+        os.stat(path)
+        return
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            return   # missing (made when written), or what the checks after this one say
+    link = next((p for p in reversed((path, *path.parents)) if _loops(p)), path)
+    raise PipelineError(f"{flag} {path}: {'it is' if link == path else f'{link} is'} a symbolic link that leads "
+                        "back to itself; give the path of the .wav to write")
+
+
+def _loops(path):
+    """Whether following `path` runs into a symbolic link loop (ELOOP)."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
 
 
 def _open(target, sample_rate):
@@ -77,6 +106,31 @@ def wav_bytes(pcm, sample_rate):
 def write_pcm(path, pcm, sample_rate):
     """int16 samples as a wav at `path`, atomically and durably (fsync before the rename)."""
     files.atomic_write_bytes(path, wav_bytes(pcm, sample_rate))
+
+
+def stream_pcm(path, blocks, sample_rate, where=None):
+    """int16 blocks (an iterable: a generator making them) as one wav at `path`, each block appended to
+    the temporary file beside `path` as it comes, so only one is ever in memory; the wav's sizes are
+    written at the end, then the file is renamed onto `path` (files.atomic_write: durable, and nothing
+    at `path` changes, nor is a temporary file left, when the blocks raise, the disk fills or the run
+    is stopped). The same bytes as write_pcm of the blocks joined. Audio a wav cannot hold (MAX_DATA)
+    is a PipelineError naming `where` (default `path`) before its block is written. -> samples written."""
+    written = 0
+
+    def write(tmp):
+        nonlocal written
+        with open(tmp, "wb") as f, _open(f, sample_rate) as w:
+            for block in blocks:
+                data = np.ascontiguousarray(block, "<i2").tobytes()
+                if 2 * written + len(data) > MAX_DATA:
+                    hours = MAX_DATA / 2 / sample_rate / 3600
+                    raise PipelineError(f"{where or path}: the audio passes 4 GiB, the most a wav holds (about "
+                                        f"{hours:.1f} hours at {int(sample_rate)} Hz); nothing written; say the text "
+                                        "in parts")
+                w.writeframes(data)
+                written += len(data) // 2
+    files.atomic_write(path, write)
+    return written
 
 
 def limit_peaks(audio, sample_rate, seconds=LIMIT_SECONDS):

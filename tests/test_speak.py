@@ -290,11 +290,101 @@ def test_a_bad_out_is_one_line_before_the_voice_loads_and_a_failed_write_too(exp
         assert run("--out", out, "--language", "fr", "Hello.").startswith("error: language: unknown language 'fr'; this voice's "
                                                            "languages: ")
 
-    def refused(path, pcm, sample_rate):
+    def refused(path, blocks, sample_rate, where):
         raise PermissionError(13, "Permission denied", str(path))
-    monkeypatch.setattr(speak, "write_pcm", refused)    # the folder changed while the voice spoke
+    monkeypatch.setattr(speak, "stream_pcm", refused)   # the folder changed while the voice spoke
     out = tmp_path / "x.wav"                              # (after the voice's one log line)
     assert run("--out", str(out), "Hello.", lines=2) == f"error: --out {out}: cannot write it (Permission denied)"
+
+
+def test_a_symbolic_link_loop_in_out_is_one_line_before_the_voice_loads(tmp_path):
+    # `ln -s loop loop; speak --out loop/x.wav`: the check passed, the voice loaded and spoke, and the
+    # write failed with a traceback; a --out linked to itself was replaced by a file (TensorFlow is
+    # unimportable in these processes, and the voice folder is not there)
+    os.symlink("loop", tmp_path / "loop")
+    os.symlink("self.wav", tmp_path / "self.wav")
+    for given, said in (("loop/x.wav", "loop is"), ("self.wav", "it is")):
+        proc = subprocess.run(blocked_command("pipeline.speak", "--voice", "no/such/export", "--out", given, "Hello.",
+                                              blocked=BEFORE_THE_MODEL),
+                              capture_output=True, text=True, env=child_env(), cwd=tmp_path, timeout=300)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+            f"error: --out {given}: {said} a symbolic link that leads back to itself; give the path of the .wav to "
+            "write"], proc.stderr[-3000:]
+    assert sorted(os.listdir(tmp_path)) == ["loop", "self.wav"] and os.path.islink(tmp_path / "self.wav")
+
+
+def test_out_is_written_as_it_is_said_and_renamed_onto_it_when_all_is_said(exported_voice, tmp_path, capsys,
+                                                                            monkeypatch):
+    # --out held all of the text's audio in memory and wrote it at the end (~7 GB for an 8-hour book):
+    # now each sentence is appended to a temporary file beside --out as it is made, the older --out kept
+    # until the rename; the same bytes as before (to_pcm of all the chunks) and as --raw's PCM; a later
+    # sentence that fails, or audio past what a wav holds (4 GiB), leaves --out as it was and no temporary file
+    import io
+    from types import SimpleNamespace
+
+    from pipeline import files, speak, wavfile
+    out, text = tmp_path / "book.wav", "Hello there. How are you?\n\nFine, thank you.\n\nGoodbye now.\n"
+    out.write_bytes(b"RIFF an older take")
+    tmp, seen, made, sentences = files.temporary(out), [], [], Voice.sentences_float
+
+    def watched(self, request):   # before each sentence is written: the temporary file and --out
+        for audio in sentences(self, request):
+            seen.append((tmp.stat().st_size if tmp.exists() else None, out.read_bytes()))
+            yield audio
+    monkeypatch.setattr(Voice, "sentences_float", watched)
+    monkeypatch.setattr(speak, "Voice", lambda *a, **k: made.append(Voice(*a, **k)) or made[-1])
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode()), encoding="utf-8"))
+    speak.main(["--voice", str(exported_voice), "--out", str(out)])
+    assert f"wrote {out}: 4 sentence(s)" in capsys.readouterr().err
+    sizes = [size for size, _ in seen]
+    assert sizes[0] is None and 44 < sizes[1] < sizes[2] < sizes[3], sizes       # the sentences before on disk
+    assert {old for _, old in seen} == {b"RIFF an older take"} and os.listdir(tmp_path) == ["book.wav"]
+    monkeypatch.setattr(Voice, "sentences_float", sentences)
+    voice, args = made[0], SimpleNamespace(ssml=False, pace=1.0, pitch_shift=0.0, speaker=None, language=None)
+    chunks = list(speak.said(voice, speak.paragraphs(io.StringIO(text)), args, False, True))
+    raw = io.BytesIO()
+    assert speak.speak(voice, speak.paragraphs(io.StringIO(text)), args, raw, True)[0] == 4
+    wav = out.read_bytes()
+    assert wav == wavfile.wav_bytes(to_pcm(chunks), voice.sample_rate)           # what --out wrote before
+    assert wav == wavfile.wav_bytes(np.frombuffer(raw.getvalue(), "<i2"), voice.sample_rate)   # --raw's PCM
+    # the third sentence's audio is NaN: two are written, then --out is left as it was
+    monkeypatch.setattr(Voice, "sentences_float", lambda self, request: (
+        a if i else np.full(10, np.nan, np.float32) for i, a in enumerate(sentences(self, request))))
+    assert speak_error(exported_voice, text.encode(), capsys, monkeypatch, "--out", str(out)) == \
+        f"error: --out {out}: the audio has NaN or infinite samples; nothing written"
+    assert out.read_bytes() == wav and os.listdir(tmp_path) == ["book.wav"]
+    monkeypatch.setattr(Voice, "sentences_float", sentences)
+    monkeypatch.setattr(wavfile, "MAX_DATA", len(wav) - 44 - 2)   # one sample short of this text's audio
+    assert speak_error(exported_voice, text.encode(), capsys, monkeypatch, "--out", str(out)).startswith(
+        f"error: --out {out}: the audio passes 4 GiB, the most a wav holds (about ")
+    assert out.read_bytes() == wav and os.listdir(tmp_path) == ["book.wav"]
+
+
+def test_out_stopped_by_a_signal_leaves_it_as_it_was_and_no_temporary_file(exported_voice, tmp_path):
+    # --out now writes as it speaks: SIGTERM (`kill`, `timeout`) and Ctrl-C mid-book must not leave a
+    # temporary file of gigabytes beside it, nor touch the older --out
+    import signal
+    out = tmp_path / "book.wav"
+    out.write_bytes(b"RIFF an older take")
+    book = "\n\n".join(f"Paragraph {i}, where nothing much happens at all." for i in range(400)).encode()
+    for sign, status, said in ((signal.SIGTERM, 128 + signal.SIGTERM, f"stopped (SIGTERM); --out {out} not written"),
+                               (signal.SIGINT, 130, "stopped (Ctrl-C)")):
+        proc = subprocess.Popen(blocked_command("pipeline.speak", "--voice", str(exported_voice), "--out", str(out)),
+                                stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(), cwd=ROOT)
+        try:
+            proc.stdin.write(book)
+            proc.stdin.close()
+            tmp, t0 = tmp_path / f".book.wav.tmp{proc.pid}", time.monotonic()
+            while not (tmp.exists() and tmp.stat().st_size > 44):   # some sentences written
+                assert proc.poll() is None and time.monotonic() - t0 < 120, proc.stderr.read().decode()[-3000:]
+                time.sleep(0.05)
+            proc.send_signal(sign)
+            err = proc.stderr.read().decode()
+            assert proc.wait(timeout=60) == status and "Traceback" not in err, err[-3000:]
+        finally:
+            proc.kill()
+        assert err.strip().splitlines()[-1] == said
+        assert out.read_bytes() == b"RIFF an older take" and os.listdir(tmp_path) == ["book.wav"]
 
 
 def speak_error(exported_voice, stdin, capsys, monkeypatch, *argv):
@@ -533,7 +623,7 @@ def test_the_seconds_to_the_first_audio_are_the_first_sentences(voice, monkeypat
     args = SimpleNamespace(ssml=False, pace=1.0, pitch_shift=0.0, speaker=None, language=None)
     monkeypatch.setattr(voice, "sentences_float", made)
     monkeypatch.setattr(speak, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    _, n, first = speak.speak(voice, [(1, "Hello there. How are you? Fine.")], args, io.BytesIO())
+    n, first = speak.speak(voice, [(1, "Hello there. How are you? Fine.")], args, io.BytesIO())
     assert (n, first) == (3, 1.0)
 
 

@@ -201,3 +201,65 @@ def test_a_link_into_a_folder_no_file_can_be_made_in_is_refused_before_any_work(
     with pytest.raises(PipelineError, match=f"^--out {re.escape(str(tmp_path / 'link.wav'))}: "
                                             r"(/proc is not writable|cannot write in /proc )"):
         wavfile.check_path(tmp_path / "link.wav", "--out")
+
+
+def test_stream_pcm_appends_each_block_as_it_comes_and_renames_the_whole_onto_the_path(tmp_path):
+    # speak --out held all of a book's audio in memory before its one write (~7 GB for 8 hours): each
+    # block is now on disk, in the temporary file beside the path, before the next is made
+    from pipeline import files
+    path, rng = tmp_path / "book.wav", np.random.default_rng(0)
+    path.write_bytes(b"RIFF an older take")
+    blocks = [rng.integers(-32768, 32767, n).astype(np.int16) for n in (5000, 1, 0, 4567)]   # over io's 8 KiB buffer
+    tmp, seen = files.temporary(path), []
+
+    def made():
+        for block in blocks:
+            seen.append((tmp.stat().st_size, path.read_bytes()))
+            yield block
+    assert wavfile.stream_pcm(path, made(), 22050) == 9568
+    assert path.read_bytes() == wavfile.wav_bytes(np.concatenate(blocks), 22050)   # write_pcm's bytes
+    sizes = [size for size, _ in seen]
+    assert sizes == [0, 44 + 10000, 44 + 10002, 44 + 10002] and {old for _, old in seen} == {b"RIFF an older take"}
+    assert os.listdir(tmp_path) == ["book.wav"]
+    assert sf.info(str(path)).frames == 9568
+
+
+def test_stream_pcm_leaves_the_path_as_it_was_when_the_blocks_fail_or_pass_what_a_wav_holds(tmp_path, monkeypatch):
+    path = tmp_path / "book.wav"
+    path.write_bytes(b"RIFF an older take")
+
+    def failing():
+        yield np.zeros(100, np.int16)
+        raise PipelineError("line 7: a sentence it cannot say")
+    with pytest.raises(PipelineError, match="^line 7: "):
+        wavfile.stream_pcm(path, failing(), 22050)
+    # a wav's sizes are 32-bit: past 4 GiB the wave module failed with a struct.error traceback
+    assert wavfile.MAX_DATA + 36 == 0xFFFFFFFF                       # the RIFF size of the largest wav
+    monkeypatch.setattr(wavfile, "MAX_DATA", 300)
+    with pytest.raises(PipelineError) as refused:
+        wavfile.stream_pcm(path, iter([np.zeros(100, np.int16), np.zeros(50, np.int16), np.zeros(1, np.int16)]),
+                           22050, "--out book.wav")
+    assert str(refused.value) == ("--out book.wav: the audio passes 4 GiB, the most a wav holds (about 0.0 hours at "
+                                  "22050 Hz); nothing written; say the text in parts")
+    assert wavfile.stream_pcm(path, iter([np.zeros(150, np.int16)]), 22050) == 150   # up to the limit: written
+    assert sf.info(str(path)).frames == 150 and os.listdir(tmp_path) == ["book.wav"]
+    with pytest.raises(PipelineError, match=f"^{re.escape(str(path))}: the audio passes 4 GiB"):
+        wavfile.stream_pcm(path, iter([np.zeros(151, np.int16)]), 22050)
+    assert sf.info(str(path)).frames == 150 and os.listdir(tmp_path) == ["book.wav"]
+
+
+def test_check_path_refuses_a_symbolic_link_loop_on_the_way(tmp_path):
+    # `ln -s loop loop; --out loop/x.wav` passed the check and the write failed with a traceback
+    # (FileExistsError making the folder); a link to itself passed too, and was replaced by a file
+    os.symlink("loop", tmp_path / "loop")
+    os.symlink("self.wav", tmp_path / "self.wav")
+    os.symlink("b", tmp_path / "a")
+    os.symlink("a", tmp_path / "b")
+    for given, link in (("loop/x.wav", "loop"), ("loop/new/sub/x.wav", "loop"), ("a/x.wav", "a"), ("self.wav", None),
+                        ("b", None)):
+        path = tmp_path / given
+        said = "it is" if link is None else f"{tmp_path / link} is"
+        with pytest.raises(PipelineError, match=f"^--out {re.escape(str(path))}: {re.escape(said)} a symbolic link "
+                                                "that leads back to itself; give the path of the .wav to write$"):
+            wavfile.check_path(path, "--out")
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "loop", "self.wav"] and os.path.islink(tmp_path / "self.wav")
