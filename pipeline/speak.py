@@ -278,5 +278,6 @@ def main(argv=None):
     else:
         log(f"{sentences} sentence(s) in {wall:.2f} s, first audio after {first:.3f} s")
 
+
 if __name__ == "__main__":
     main()
