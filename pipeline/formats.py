@@ -521,7 +521,7 @@ def check_same_audio(clips, paths=None, where_of=None):
 
 def read_sources(sources, strict=True):
     """Every source's clips; DatasetError on two sources of one name, two clips of one id or of one
-    audio file."""
+    audio file, or two spellings of one speaker (check_speaker_spellings)."""
     names, seen, out = {}, {}, []
     for i, src in enumerate(sources):
         name = source_name(src, i)
@@ -535,4 +535,23 @@ def read_sources(sources, strict=True):
             seen[c.id] = c.where
             out.append(c)
     check_same_audio(out)
+    check_speaker_spellings(out)
     return out
+
+
+def check_speaker_spellings(clips):
+    """DatasetError naming both clips when two speakers' names are one name in two Unicode spellings
+    (NFC "José", NFD "Jose" + a combining accent: one source's metadata from macOS, another's from
+    Linux): they look alike in every listing, and the speaker table would hold two speakers, each
+    trained on part of one voice."""
+    first = {}
+    for c in clips:
+        if not c.speaker:
+            continue
+        key = unicodedata.normalize("NFC", c.speaker)
+        other = first.setdefault(key, c)
+        if other.speaker != c.speaker:
+            raise DatasetError(f"{c.where}: speaker {c.speaker!r} is {other.speaker!r} ({other.where}) spelled with "
+                               "other Unicode code points (NFC against NFD): they would train as two speakers; "
+                               "write both the same way")
+

@@ -554,3 +554,17 @@ def test_folders_and_tables_the_user_cannot_read_are_one_line_not_clips_left_out
     assert read(lj / "wavs", 0o311, {"root": str(lj), "format": "ljspeech"}) == (
         f"{lj / 'wavs'}: cannot list the audio folder (Permission denied)")
     assert read(lj / "wavs", 0o755, {"root": str(lj), "format": "ljspeech"}) == "2"  # the control: readable
+
+
+def test_one_speaker_in_two_unicode_spellings_is_refused_naming_both_rows(tmp_path):
+    # "José" typed on Linux (NFC) in one source and on macOS (NFD) in another look the same everywhere,
+    # and the speaker table held two speakers, each trained on part of one voice
+    nfc, nfd = "Jos\u00e9", "Jose\u0301"
+    one = make_csv(tmp_path / "one", [f"a1.wav|Hello.|{nfc}|en-us"])
+    two = make_csv(tmp_path / "two", [f"b1.wav|Hello.|{nfd}|en-us"])
+    message = _error([{"root": str(one), "format": "csv"}, {"root": str(two), "format": "csv"}])
+    assert message.startswith(f"{two / 'metadata.csv'}:2: speaker {nfd!r} is {nfc!r} ({one / 'metadata.csv'}:2) "
+                              "spelled with other Unicode code points"), message
+    same = make_csv(tmp_path / "same", [f"c1.wav|Hello.|{nfc}|en-us"])   # one spelling twice: one speaker
+    clips = formats.read_sources([{"root": str(one), "format": "csv"}, {"root": str(same), "format": "csv"}])
+    assert {c.speaker for c in clips} == {nfc}
