@@ -8,7 +8,9 @@ and `export.tflite`.
 Writes runs/{name}/export/ (or --out), replaced as a whole only once everything is written. --out
 must be new, empty or a previous export (only the files below, export.json among them; or only its
 TFLite models, what `snakemake export` leaves once it has removed its outputs): any other folder is
-refused before any work, one line, so an export never deletes a run or a user's files:
+refused before any work, one line, so an export never deletes a run or a user's files. One export at a time
+writes a folder (it holds `.NAME.lock` beside it: lock_path, files.exclusive); a second stops at its
+start, one line naming the holder. The folder holds:
 
   saved_model/          serving signature `synthesize(tokens int32 [1, T], pace float32 [],
                         pitch_shift float32 []) -> {"audio": float32 [1, N]}`: acoustic model, mel
@@ -400,6 +402,12 @@ def check_out(out, flag="--out"):
     return out
 
 
+def lock_path(out):
+    """The lock file a running export to `out` holds: `.NAME.lock` beside it, in its parent folder, which
+    outlives the renames that replace `out` whole."""
+    return out.with_name(f".{out.name}.lock")
+
+
 def write_export_json(folder, meta, log=print):
     """Write `meta` as `folder`'s export.json, with `files`: the bytes and sha256 of every file of saved_model/
     and of the TFLite models there (pipeline.voice.file_digests), which a voice checks before it loads them,
@@ -412,8 +420,17 @@ def write_export_json(folder, meta, log=print):
 
 def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     """Write saved_model/, vocab.json, export.json (+ the TFLite models) into `out` (check_out's: new,
-    empty or a previous export, replaced whole); -> export.json dict."""
+    empty or a previous export, replaced whole); -> export.json dict. A second export to `out` while
+    this one runs stops at its start, one line naming the holder of lock_path(out)."""
     out = check_out(out)
+    busy = lambda holder: (f"--out {out}: another export is writing it now ({holder} holds {lock_path(out)}); "
+                           "wait for it to end, or give another --out")
+    with files.exclusive(lock_path(out), busy):
+        return _export(cfg, out, tflite, log)
+
+
+def _export(cfg, out, tflite, log):
+    """export's work, under its lock."""
     tflite = cfg["export"]["tflite"] if tflite is None else tflite
     voice, synth, run, vocoder, spoken = checked_voice(cfg, log=log)  # before anything is written
     # snakemake export fine-tunes the vocoder on the latest acoustic checkpoint first; a direct export says so

@@ -816,6 +816,31 @@ def test_an_out_link_that_leads_back_to_itself_is_refused_before_any_work(tmp_pa
         export.check_out(loop)
 
 
+def _error_line(proc):
+    """The one line a refusal printed: stderr's last, after nothing but TensorFlow's own start-up lines."""
+    lines = proc.stderr.strip().splitlines()
+    assert not any(line.startswith(("Traceback", "error:")) for line in lines[:-1]), proc.stderr
+    return lines[-1]
+
+
+def test_a_second_export_to_one_out_stops_at_its_start_naming_the_first(tmp_path):
+    """Two exports to one --out at once: the second did all its work and failed only at the final rename.
+    It stops at its start now, one line naming --out and the holder of the lock beside it (held here by
+    this process, as a running export holds it: files.exclusive), and writes nothing."""
+    import socket
+
+    from pipeline import files
+    path, out = write_config(tmp_path, tmp_path / "data"), tmp_path / "voice"
+    lock = tmp_path / ".voice.lock"                                   # beside --out: the renames leave it
+    with files.exclusive(lock, lambda holder: holder):
+        proc = run_module("pipeline.export", "--config", str(path), "--out", str(out))
+        assert sorted(os.listdir(tmp_path)) == [".voice.lock", "config.yaml"]        # nothing written
+    assert proc.returncode == 2 and _error_line(proc) == (
+        f"error: --out {out}: another export is writing it now (process {os.getpid()} on {socket.gethostname()} "
+        f"holds {lock}); wait for it to end, or give another --out"), proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml"]                           # the lock goes with its holder
+
+
 def test_export_tflite_true_in_the_config_converts_without_the_flag(exported, tmp_path, monkeypatch):
     from pipeline import export
 
