@@ -8,7 +8,10 @@ and `export.tflite`.
 Writes runs/{name}/export/ (or --out), replaced as a whole only once everything is written. --out
 must be new, empty or a previous export (only the files below, export.json among them; or only its
 TFLite models, what `snakemake export` leaves once it has removed its outputs): any other folder is
-refused before any work, one line, so an export never deletes a run or a user's files:
+refused before any work, one line, so an export never deletes a run or a user's files; so is a name
+too long for the temporary folder export makes beside it (config.NAME_MAX). One export at a time
+writes a folder (it holds `.NAME.lock` beside it: lock_path, files.exclusive); a second stops at its
+start, one line naming the holder. The folder holds:
 
   saved_model/          serving signature `synthesize(tokens int32 [1, T], pace float32 [],
                         pitch_shift float32 []) -> {"audio": float32 [1, N]}`: acoustic model, mel
@@ -58,6 +61,7 @@ import re
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
@@ -384,7 +388,10 @@ def check_out(out, flag="--out"):
     export is written beside it, then renamed). A symbolic link is followed: the folder it leads to is
     replaced, the link kept (it was replaced by a folder, and the old link left beside it)."""
     files.check_given(out, flag, "the export folder to write")
-    out = files.followed(os.path.abspath(out), flag)  # the link stays, where it leads is replaced
+    given = Path(os.path.abspath(out))
+    if len(given.name.encode("utf-8")) > config.NAME_MAX:   # the OS refuses even to look: not a link
+        check_name_length(given, flag)
+    out = check_name_length(files.followed(given, flag), flag)  # the link stays, where it leads is replaced
     if not out.name:
         raise PipelineError(f"{flag} {out}: the root folder; give the export folder to write")
     files.check_folder(out, flag)
@@ -400,6 +407,28 @@ def check_out(out, flag="--out"):
     return out
 
 
+def lock_path(out):
+    """The lock file a running export to `out` holds: `.NAME.lock` beside it, in its parent folder, which
+    outlives the renames that replace `out` whole."""
+    return out.with_name(f".{out.name}.lock")
+
+
+def check_name_length(out, flag="--out"):
+    """`out`, or PipelineError naming `flag` and config.NAME_MAX when `out`'s name, or a name export makes
+    beside it (its temporary folder `.NAME.tmp{files.process_tag()}-0`, the previous export's `.old`
+    one, lock_path), is longer than a file or folder name may be: the temporary folder's failed only
+    once the model was built and checked. The root folder (no name) is check_out's to refuse."""
+    if not out.name:
+        return out
+    made = [out.name, files.tagged_folder(out).name, files.tagged_folder(out, "old").name, lock_path(out).name]
+    longest, own = max(len(name.encode("utf-8")) for name in made), len(out.name.encode("utf-8"))
+    if longest > config.NAME_MAX:
+        raise PipelineError(f"{flag} {out}: a name of {own} bytes; export's temporary folder beside it would be "
+                            f"named {longest}, more than a file or folder name may have ({config.NAME_MAX} bytes); "
+                            f"give a name of at most {config.NAME_MAX - (longest - own)} bytes")
+    return out
+
+
 def write_export_json(folder, meta, log=print):
     """Write `meta` as `folder`'s export.json, with `files`: the bytes and sha256 of every file of saved_model/
     and of the TFLite models there (pipeline.voice.file_digests), which a voice checks before it loads them,
@@ -412,8 +441,17 @@ def write_export_json(folder, meta, log=print):
 
 def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     """Write saved_model/, vocab.json, export.json (+ the TFLite models) into `out` (check_out's: new,
-    empty or a previous export, replaced whole); -> export.json dict."""
+    empty or a previous export, replaced whole); -> export.json dict. A second export to `out` while
+    this one runs stops at its start, one line naming the holder of lock_path(out)."""
     out = check_out(out)
+    busy = lambda holder: (f"--out {out}: another export is writing it now ({holder} holds {lock_path(out)}); "
+                           "wait for it to end, or give another --out")
+    with files.exclusive(lock_path(out), busy):
+        return _export(cfg, out, tflite, log)
+
+
+def _export(cfg, out, tflite, log):
+    """export's work, under its lock."""
     tflite = cfg["export"]["tflite"] if tflite is None else tflite
     voice, synth, run, vocoder, spoken = checked_voice(cfg, log=log)  # before anything is written
     # snakemake export fine-tunes the vocoder on the latest acoustic checkpoint first; a direct export says so

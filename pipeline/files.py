@@ -5,8 +5,12 @@ rename. Every module that writes a cache, a run or a report writes through here.
     files.atomic_write_text(path, text)
     files.check_folder(args.out, "--out")            # before any work: not a file, writable
     files.atomic_write(path, lambda tmp: model.save_weights(str(tmp)), suffix=".weights.h5")
+    with files.exclusive(folder / ".job.lock", lambda holder: f"... ({holder} holds it)"):  # one run at a time
+        ...
 """
+import contextlib
 import errno
+import fcntl
 import os
 import re
 import shutil
@@ -305,6 +309,61 @@ def remove_leftover_folders(final, what, log):
     if removed:
         log(f"removed what a killed {what} left beside {final}: {', '.join(Path(p).name for p in removed)}")
     return removed
+
+
+class Busy(PipelineError):
+    """Another process holds the lock file a job needs (exclusive): one line naming the holder."""
+
+
+@contextlib.contextmanager
+def exclusive(path, busy):
+    """Hold lock file `path` while the block runs, so that a second run of the same job stops at its start,
+    before any work, with Busy(busy(holder)): holder is "process PID on HOST", as the first run wrote it in the
+    file. flock: the kernel releases a killed process's lock, and the next run takes its file over. The file
+    is removed when the block ends, so nothing is left beside a user's folder: a run that locked a file its
+    holder removed meanwhile locks the new one (_lock). A file system without locks (some network mounts)
+    runs unlocked, as before. (train.run_lock is the older form of this, for runs/{name}/.train.lock.)"""
+    path = Path(path)
+    fd = _lock(path, busy)
+    try:
+        yield
+    finally:
+        try:
+            if os.path.samestat(os.fstat(fd), os.lstat(path)):   # ours still (not removed by hand)
+                os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def _lock(path, busy):
+    """exclusive's lock: the open descriptor of lock file `path`, locked (or on a file system without locks,
+    only open), with this process named in it; Busy(busy(holder)) while another process holds it."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            raise PipelineError(f"{path}: cannot open this lock file ({e.strerror or e}); remove it and rerun") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise Busy(busy(holder)) from None
+        except OSError:   # no locks on this file system
+            return fd
+        try:
+            if os.path.samestat(os.fstat(fd), os.lstat(path)):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)   # its holder removed it as it ended: lock the file at `path` now
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    except OSError:   # a full disk: the lock holds all the same, unnamed
+        pass
+    return fd
 
 
 def atomic_write_bytes(path, data):

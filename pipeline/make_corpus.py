@@ -12,7 +12,9 @@ digest of its request (text, voice, speed, rate) in its comment tag, so a rerun 
 already made with the same request: an interrupted run continues, a changed one redoes them, and a
 run in another --format removes the clips an earlier run made in the old one (the readers would
 prefer a stale .wav). --start and --count count the lines that hold clips (blank lines skipped).
-A run replaces only what it made: before speaking anything it refuses an audio file in its way
+One run at a time writes an --out: a run holds OUT/.make_corpus.lock (removed when it ends; a killed
+run's is taken over), and a second one into the same --out stops at its start, one line naming the
+holder. A run replaces only what it made: before speaking anything it refuses an audio file in its way
 that lacks its tag (a recording of the user's own) and a metadata.csv holding a row of a clip it did
 not make that it would not write again (a user's own row): give an empty or new --out. Rows of clips
 it made may go (a smaller --count keeps their audio, and a rerun takes them back), unless --transcripts
@@ -54,7 +56,7 @@ import soundfile as sf
 import soxr
 
 from pipeline.errors import DiskFull, PipelineError, cli, disk_full
-from pipeline.files import atomic_write, atomic_write_text
+from pipeline.files import atomic_write, atomic_write_text, check_folder, exclusive
 from pipeline.formats import (
     AUDIO_EXTENSIONS,
     check_text,
@@ -181,6 +183,20 @@ def check_case_twins(folder, stems):
         if first[0] != stem and case_insensitive(folder):
             raise ValueError(f"{where}: clip {stem!r} and {first[0]!r} ({first[1]}) differ only in case, and "
                              f"{folder} is on a file system that makes them one file; rename one")
+
+
+LOCK = ".make_corpus.lock"  # in --out while a run writes there: no clip, no leftover, never in metadata.csv
+
+
+def corpus_lock(out: Path):
+    """The lock a run holds on its --out (made first, a folder): out/LOCK (files.exclusive). A second run
+    into the same --out stops at its start, one line naming the holder: two at once removed each other's
+    temporary clips as a killed run's leftovers and failed on the lines whose clips went."""
+    check_folder(out, "--out")
+    out.mkdir(parents=True, exist_ok=True)
+    busy = lambda holder: (f"--out {out}: another make_corpus is writing this corpus now ({holder} holds "
+                           f"{out / LOCK}); wait for it to end, or give another --out")
+    return exclusive(out / LOCK, busy)
 
 
 def _tagged(path) -> bool:
@@ -395,29 +411,30 @@ def make_corpus(transcripts, out, *, count: int, start: int = 0, fmt: str = "fla
     if len(rows) < count:
         raise ValueError(f"{transcripts} has {len(rows)} lines from line {start}, not {count}")
     out = Path(out)
-    wavs = out / "wavs"
-    check_not_transcripts(transcripts, out / "metadata.csv", [line for _, _, line, _ in rows])
-    check_metadata(out / "metadata.csv", [line for _, _, line, _ in rows],
-                   lambda row: _clip_files(wavs, row.split("|", 1)[0]))
-    check_ours([wavs / f"{clip_id}.{fmt}" for clip_id, *_ in rows])
-    wavs.mkdir(parents=True, exist_ok=True)
-    for stale in wavs.glob(".*.tmp[0-9]*"):  # left by a killed run (files.temporary names)
-        stale.unlink(missing_ok=True)
-    check_case_twins(wavs, [(clip_id, f"{transcripts}:{lineno}") for clip_id, _, _, lineno in rows])
+    with corpus_lock(out):   # one run at a time into --out, from here on
+        wavs = out / "wavs"
+        check_not_transcripts(transcripts, out / "metadata.csv", [line for _, _, line, _ in rows])
+        check_metadata(out / "metadata.csv", [line for _, _, line, _ in rows],
+                       lambda row: _clip_files(wavs, row.split("|", 1)[0]))
+        check_ours([wavs / f"{clip_id}.{fmt}" for clip_id, *_ in rows])
+        wavs.mkdir(parents=True, exist_ok=True)
+        for stale in wavs.glob(".*.tmp[0-9]*"):  # a killed run's (files.temporary names): no other run writes here
+            stale.unlink(missing_ok=True)
+        check_case_twins(wavs, [(clip_id, f"{transcripts}:{lineno}") for clip_id, _, _, lineno in rows])
 
-    t0 = time.perf_counter()
-    total, made = _make_clips([(f"{transcripts}:{lineno}: clip {clip_id}", wavs / f"{clip_id}.{fmt}", text,
-                                voice) for clip_id, text, _, lineno in rows],
-                              speed, sample_rate, compression_level, jobs, log)
-    remove_other_formats([wavs / f"{clip_id}.{fmt}" for clip_id, *_ in rows], log)
-    atomic_write_text(out / "metadata.csv", "".join(line + "\n" for _, _, line, _ in rows))
+        t0 = time.perf_counter()
+        total, made = _make_clips([(f"{transcripts}:{lineno}: clip {clip_id}", wavs / f"{clip_id}.{fmt}", text,
+                                    voice) for clip_id, text, _, lineno in rows],
+                                  speed, sample_rate, compression_level, jobs, log)
+        remove_other_formats([wavs / f"{clip_id}.{fmt}" for clip_id, *_ in rows], log)
+        atomic_write_text(out / "metadata.csv", "".join(line + "\n" for _, _, line, _ in rows))
 
-    stats = {"clips": len(rows), "made": made, "skipped": len(rows) - made,
-             "seconds": round(total / sample_rate, 2)}
-    print(f"make_corpus: {stats['clips']} clips ({made} made, {stats['skipped']} already there), "
-          f"{stats['seconds']} s of audio at {sample_rate} Hz in {out} "
-          f"({time.perf_counter() - t0:.1f} s)", file=log)
-    return stats
+        stats = {"clips": len(rows), "made": made, "skipped": len(rows) - made,
+                 "seconds": round(total / sample_rate, 2)}
+        print(f"make_corpus: {stats['clips']} clips ({made} made, {stats['skipped']} already there), "
+              f"{stats['seconds']} s of audio at {sample_rate} Hz in {out} "
+              f"({time.perf_counter() - t0:.1f} s)", file=log)
+        return stats
 
 
 def check_variants(voices, option):
@@ -497,30 +514,31 @@ def make_voices_corpus(transcripts, out, *, voices, languages=None, count: int, 
         raise ValueError(f"{transcripts} has {len(rows)} lines from line {start}, not {count * len(voices)} "
                          f"({count} for each of {len(voices)} voices)")
     out = Path(out)
-    jobs_list = [(voice, language, *rows[i * count + k])
-                 for i, (voice, language) in enumerate(zip(voices, languages)) for k in range(count)]
-    lines = ["audio_file|text|speaker|language"] + [
-        f"wavs/{voice_file_stem(voice, cid)}.{fmt}|{text}|{voice_speaker(voice)}|{language}"
-        for voice, language, cid, text, *_ in jobs_list]
-    check_metadata(out / "metadata.csv", lines,
-                   lambda row: _clip_files(out, os.path.splitext(row.split("|", 1)[0])[0]))
-    check_ours([out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}" for voice, _, cid, *_ in jobs_list])
-    (out / "wavs").mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    check_case_twins(out / "wavs", [(voice_file_stem(voice, cid), f"{transcripts}:{lineno}")
-                                    for voice, _, cid, _, _, lineno in jobs_list])
-    total, made = _make_clips([(f"{transcripts}:{lineno}: clip {cid} ({voice})",
-                                out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}", text, voice)
-                               for voice, _, cid, text, _, lineno in jobs_list],
-                              speed, sample_rate, compression_level, jobs, log)
-    remove_other_formats([out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}" for voice, _, cid, *_ in jobs_list],
-                         log)
-    atomic_write_text(out / "metadata.csv", "".join(line + "\n" for line in lines))
-    stats = {"clips": len(jobs_list), "made": made, "skipped": len(jobs_list) - made,
-             "seconds": round(total / sample_rate, 2), "speakers": [voice_speaker(v) for v in voices]}
-    print(f"make_corpus: {len(voices)} voices x {count} clips ({made} made), {stats['seconds']} s of audio in {out} "
-          f"({time.perf_counter() - t0:.1f} s)", file=log)
-    return stats
+    with corpus_lock(out):   # one run at a time into --out, from here on
+        jobs_list = [(voice, language, *rows[i * count + k])
+                     for i, (voice, language) in enumerate(zip(voices, languages)) for k in range(count)]
+        lines = ["audio_file|text|speaker|language"] + [
+            f"wavs/{voice_file_stem(voice, cid)}.{fmt}|{text}|{voice_speaker(voice)}|{language}"
+            for voice, language, cid, text, *_ in jobs_list]
+        check_metadata(out / "metadata.csv", lines,
+                       lambda row: _clip_files(out, os.path.splitext(row.split("|", 1)[0])[0]))
+        check_ours([out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}" for voice, _, cid, *_ in jobs_list])
+        (out / "wavs").mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        check_case_twins(out / "wavs", [(voice_file_stem(voice, cid), f"{transcripts}:{lineno}")
+                                        for voice, _, cid, _, _, lineno in jobs_list])
+        total, made = _make_clips([(f"{transcripts}:{lineno}: clip {cid} ({voice})",
+                                    out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}", text, voice)
+                                   for voice, _, cid, text, _, lineno in jobs_list],
+                                  speed, sample_rate, compression_level, jobs, log)
+        remove_other_formats([out / "wavs" / f"{voice_file_stem(voice, cid)}.{fmt}" for voice, _, cid, *_ in jobs_list],
+                             log)
+        atomic_write_text(out / "metadata.csv", "".join(line + "\n" for line in lines))
+        stats = {"clips": len(jobs_list), "made": made, "skipped": len(jobs_list) - made,
+                 "seconds": round(total / sample_rate, 2), "speakers": [voice_speaker(v) for v in voices]}
+        print(f"make_corpus: {len(voices)} voices x {count} clips ({made} made), {stats['seconds']} s of audio in {out} "
+              f"({time.perf_counter() - t0:.1f} s)", file=log)
+        return stats
 
 
 @cli

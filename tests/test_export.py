@@ -816,6 +816,58 @@ def test_an_out_link_that_leads_back_to_itself_is_refused_before_any_work(tmp_pa
         export.check_out(loop)
 
 
+def _error_line(proc):
+    """The one line a refusal printed: stderr's last, after nothing but TensorFlow's own start-up lines."""
+    lines = proc.stderr.strip().splitlines()
+    assert not any(line.startswith(("Traceback", "error:")) for line in lines[:-1]), proc.stderr
+    return lines[-1]
+
+
+def test_a_second_export_to_one_out_stops_at_its_start_naming_the_first(tmp_path):
+    """Two exports to one --out at once: the second did all its work and failed only at the final rename.
+    It stops at its start now, one line naming --out and the holder of the lock beside it (held here by
+    this process, as a running export holds it: files.exclusive), and writes nothing."""
+    import socket
+
+    from pipeline import files
+    path, out = write_config(tmp_path, tmp_path / "data"), tmp_path / "voice"
+    lock = tmp_path / ".voice.lock"                                   # beside --out: the renames leave it
+    with files.exclusive(lock, lambda holder: holder):
+        proc = run_module("pipeline.export", "--config", str(path), "--out", str(out))
+        assert sorted(os.listdir(tmp_path)) == [".voice.lock", "config.yaml"]        # nothing written
+    assert proc.returncode == 2 and _error_line(proc) == (
+        f"error: --out {out}: another export is writing it now (process {os.getpid()} on {socket.gethostname()} "
+        f"holds {lock}); wait for it to end, or give another --out"), proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml"]                           # the lock goes with its holder
+
+
+def test_an_out_name_too_long_for_the_temporary_folder_is_refused_before_any_work(tmp_path):
+    """A 230-byte --out name fits a folder, but not `.NAME.tmp{pid}.{start}-{host}-0` beside it, which
+    export made only after building and checking the model: it failed after the work, File name too
+    long. It stops first now, naming --out, the limit and the longest name that fits."""
+    from pipeline import export, files
+    from pipeline.errors import PipelineError
+    path, out = write_config(tmp_path, tmp_path / "data"), tmp_path / ("v" * 230)
+    proc = run_module("pipeline.export", "--config", str(path), "--out", str(out))
+    assert proc.returncode == 2 and re.fullmatch(
+        rf"error: --out {out}: a name of 230 bytes; export's temporary folder beside it would be named \d+, more "
+        r"than a file or folder name may have \(255 bytes\); give a name of at most \d+ bytes", _error_line(proc)), proc.stderr
+    assert os.listdir(tmp_path) == ["config.yaml"]
+    with pytest.raises(PipelineError, match=r"give a name of at most (\d+) bytes") as refused:   # this process's bound
+        export.check_out(out)
+    most = int(re.search(r"at most (\d+) bytes", str(refused.value))[1])
+    fits = export.check_out(tmp_path / ("v" * most))                   # the bound, exactly: its folders can be made
+    for kind in ("tmp", "old"):
+        beside = files.tagged_folder(fits, kind)
+        beside.mkdir()
+        beside.rmdir()
+    with pytest.raises(PipelineError, match=f"a name of {most + 1} bytes"):
+        export.check_out(tmp_path / ("v" * (most + 1)))
+    link = tmp_path / ("l" * 240)                  # a link's own name: the new export goes beside where it leads
+    link.symlink_to(tmp_path / "voice")
+    assert export.check_out(link) == tmp_path / "voice"
+
+
 def test_export_tflite_true_in_the_config_converts_without_the_flag(exported, tmp_path, monkeypatch):
     from pipeline import export
 

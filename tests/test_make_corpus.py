@@ -482,3 +482,39 @@ def test_the_bounds_of_each_number_are_taken_and_a_count_of_0_is_refused(tmp_pat
     line = refused(capsys, ["--transcripts", str(TRANSCRIPTS), "--out", str(tmp_path / "c"), "--count", "0"])
     assert line == "error: --count 0: 1 or more", line
     assert not (tmp_path / "c").exists()
+
+
+def test_a_second_run_into_one_out_stops_at_its_start_naming_the_first(tmp_path):
+    # two runs into one --out at once: each removed the other's temporary clips as a killed run's
+    # leftovers, and failed on the lines whose clips went. The second stops now, before anything, naming
+    # the first, which holds OUT/.make_corpus.lock (held here by this process, as a run holds it)
+    import socket
+
+    from pipeline import files
+    out, lock = tmp_path / "c", tmp_path / "c" / ".make_corpus.lock"
+    (out / "wavs").mkdir(parents=True)
+    writing = out / "wavs" / ".LJ001-0001.wav.tmp4242"             # the first run's clip, half written
+    writing.write_bytes(b"half a clip")
+    with files.exclusive(lock, str):
+        proc = subprocess.run([sys.executable, "-m", "pipeline.make_corpus", *_argv(out, 2, "--format", "wav")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr == (
+            f"error: --out {out}: another make_corpus is writing this corpus now (process {os.getpid()} on "
+            f"{socket.gethostname()} holds {lock}); wait for it to end, or give another --out\n"), proc.stderr
+        assert writing.read_bytes() == b"half a clip" and sorted(os.listdir(out / "wavs")) == [writing.name]
+    assert sorted(os.listdir(out)) == ["wavs"]                          # the lock goes with its run
+    # a killed run's lock file (its process gone, the kernel let go of the lock): taken over, never a clip,
+    # a leftover or a row, and gone once the run ends
+    lock.write_text("process 4242 on a-node\n")
+    proc = subprocess.run([sys.executable, "-m", "pipeline.make_corpus", *_argv(out, 2, "--format", "wav")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "metadata.csv").read_text(encoding="utf-8").splitlines() == _lines(2)
+    assert sorted(os.listdir(out)) == ["metadata.csv", "wavs"]
+    assert sorted(os.listdir(out / "wavs")) == ["LJ001-0001.wav", "LJ001-0002.wav"]
+    lock.write_text("process 4242 on a-node\n")                         # and a voices corpus's run the same
+    with files.exclusive(lock, str):
+        line = subprocess.run([sys.executable, "-m", "pipeline.make_corpus", *_argv(out, 1, "--voices", "en-us,en-gb")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120).stderr
+        assert line.startswith(f"error: --out {out}: another make_corpus is writing this corpus now (process "
+                               f"{os.getpid()} on "), line
