@@ -322,7 +322,7 @@ def exclusive(path, busy):
     file. flock: the kernel releases a killed process's lock, and the next run takes its file over. The file
     is removed when the block ends, so nothing is left beside a user's folder: a run that locked a file its
     holder removed meanwhile locks the new one (_lock). A file system without locks (some network mounts)
-    runs unlocked, as before. (train.run_lock is the older form of this, for runs/{name}/.train.lock.)"""
+    runs unlocked, as before. (train.run_lock holds runs/{name}/.train.lock with it.)"""
     path = Path(path)
     fd = _lock(path, busy)
     try:

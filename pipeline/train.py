@@ -34,14 +34,12 @@ and all of them restore the chief's latest checkpoint on a rerun.
 import argparse
 import contextlib
 import errno
-import fcntl
 import functools
 import json
 import math
 import os
 import re
 import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -436,33 +434,17 @@ LOCK = ".train.lock"  # in runs/{name}/: held (flock) by the chief of the `train
 
 @contextlib.contextmanager
 def run_lock(run, chief):
-    """Hold runs/{name}/.train.lock while the chief trains: a second `train` of the same run (by hand
-    beside Snakemake's, say) stops with one line before it writes anything, instead of saving its
-    checkpoints and loss history over the first one's. The kernel releases the lock of a killed
-    process. A file system without locks (some network mounts) trains unlocked, as before."""
+    """Hold runs/{name}/.train.lock while the chief trains (files.exclusive: removed when it ends, a killed
+    process's taken over): a second `train` of the same run (by hand beside Snakemake's, say) stops with
+    one line before it writes anything, instead of saving its checkpoints and loss history over the first
+    one's. A file system without locks (some network mounts) trains unlocked, as before."""
     if not chief:
         yield
         return
-    path = run / LOCK
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as e:
-        raise PipelineError(f"{path}: cannot open the run's lock ({e.strerror}); remove it and rerun") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
-            raise PipelineError(f"{run}: another `train` is training this run now ({holder} holds {path}); "
-                                f"wait for it to end, or give this configuration another `name`") from None
-        except OSError:
-            pass
-        else:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    busy = lambda holder: (f"{run}: another `train` is training this run now ({holder} holds {run / LOCK}); "  # noqa: E731
+                           "wait for it to end, or give this configuration another `name`")
+    with files.exclusive(run / LOCK, busy):
         yield
-    finally:
-        os.close(fd)
 
 
 def record_run(cfg, run, info):
