@@ -413,7 +413,7 @@ TRANSFORMER_TTS_STEPS = 4096  # the decoder steps pipeline.models.transformer_tt
 def check_rules(cfg):
     """The rules between keys that the schema cannot state; ConfigError naming the key."""
     check_folders(cfg)
-    a, p = cfg["audio"], cfg["pitch"]
+    a, p, v = cfg["audio"], cfg["pitch"], cfg["vocoder"]
     nyquist = a["sample_rate"] / 2
     if a["fmax"] > nyquist:
         raise ConfigError(f"audio.fmax: {a['fmax']} is above the Nyquist frequency {nyquist}")
@@ -439,13 +439,13 @@ def check_rules(cfg):
         raise ConfigError(f"audio.n_mels: {empty} of the {a['n_mels']} mel filters between audio.fmin {a['fmin']} and "
                           f"audio.fmax {a['fmax']} Hz hold no FFT bin (bins are {a['sample_rate'] / a['n_fft']:.1f} Hz "
                           "apart): those mel channels would be constant; use fewer mels, a wider band or a larger n_fft")
-    v = cfg["vocoder"]
     if v["kind"] != "griffin_lim" and v["segment_frames"] * a["hop_length"] < STFT_LOSS_LONGEST:
         raise ConfigError(f"vocoder.segment_frames: {v['segment_frames']} frames of audio.hop_length {a['hop_length']} "
                           f"are {v['segment_frames'] * a['hop_length']} samples, shorter than the vocoder's spectral "
                           f"loss's longest window ({STFT_LOSS_LONGEST}): its loss would be NaN; use at least "
                           f"{-(-STFT_LOSS_LONGEST // a['hop_length'])}")
-    pad = a["n_fft"] - a["hop_length"] - (a["n_fft"] - a["hop_length"]) // 2  # pipeline.audio.frame_padding's right
+    from pipeline import audio  # planning only, as numpy above (soundfile and soxr come with it)
+    pad = audio.frame_padding(n_fft=a["n_fft"], hop_length=a["hop_length"])[1]  # the right side's, the larger
     if v["kind"] != "griffin_lim" and v["segment_frames"] * a["hop_length"] <= pad:
         raise ConfigError(f"vocoder.segment_frames: {v['segment_frames']} frames of audio.hop_length {a['hop_length']} "
                           f"are {v['segment_frames'] * a['hop_length']} samples, no more than the {pad} samples that "
