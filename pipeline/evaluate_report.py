@@ -141,14 +141,26 @@ LEAD_NAMES = {"vocoder_ceiling_over_griffin_lim_ceiling": "the {vocoder} copy ov
 
 
 def lead_lines(report, vocoder):
-    """The naturalness leads with their 95 % bootstrap intervals over the clips; [] without them."""
-    leads = report.get("mos_leads") or {}
+    """The naturalness leads with their 95 % bootstrap intervals over the clips; [] without them. A lead
+    counts only the clips where both its signals have a score (evaluate.lead): a clip the predictor could
+    not score leaves it fewer than the report's, and the two leads may count different clips, each then
+    named beside its own interval."""
+    leads = {k: v for k, v in (report.get("mos_leads") or {}).items() if k in LEAD_NAMES}
     if not leads:
         return []
-    parts = [f"{LEAD_NAMES[k].format(vocoder=vocoder)} {v['lead']:+.3f} ({v['low']:+.3f} to {v['high']:+.3f})"
-             for k, v in leads.items() if k in LEAD_NAMES]
-    return [f"Naturalness leads, difference of medians (95 % bootstrap interval over the {max(v['clips'] for v in leads.values())} "
-            f"clips): {'; '.join(parts)}. A target inside an interval is not decided by this run alone.", ""]
+    counts, clips = {v["clips"] for v in leads.values()}, report.get("clips")
+
+    def over(n):  # "8 of 9" where clips without a score were left out
+        return f"{n} of {clips}" if clips is not None and n < clips else f"{n}"
+
+    each = len(counts) > 1  # then each interval says its own count
+    parts = [f"{LEAD_NAMES[k].format(vocoder=vocoder)} {v['lead']:+.3f} ({v['low']:+.3f} to {v['high']:+.3f}"
+             + (f"; {over(v['clips'])} clips)" if each else ")") for k, v in leads.items()]
+    n = min(counts)
+    where = ("the clips where both its signals have a score" if each else
+             f"the {over(n)} clips" + (" where both signals have a score" if over(n) != f"{n}" else ""))
+    return [f"Naturalness leads, difference of medians (95 % bootstrap interval over {where}): {'; '.join(parts)}. "
+            "A target inside an interval is not decided by this run alone.", ""]
 
 
 def _above_reference(mos, wer, heads):

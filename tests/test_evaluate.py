@@ -714,3 +714,27 @@ def test_the_report_names_the_default_vocoder_in_prose_not_by_its_config_token()
                                                   "TTS through the source-filter vocoder"]
     plt.close(fig)
 
+
+def test_the_naturalness_leads_count_the_clips_each_was_taken_over():
+    # one recording the predictor could not score: the TTS's lead over the recording is over 8 clips, the
+    # copy's over Griffin-Lim's over all 9; the sentence said "over the 9 clips" for both
+    rows = [{"speaker": "", **dict.fromkeys(evaluate.FIGURES + evaluate.VOCODER_FIGURES, 5.0),
+             "mos_recording": None if i == 4 else 3.0 + 0.01 * i, "mos_synthesized": 3.1 + 0.01 * i,
+             "mos_vocoder_ceiling": 3.3 + 0.01 * i, "mos_griffin_lim_ceiling": 3.0 + 0.01 * i} for i in range(9)]
+    summary = evaluate.summarise(rows, vocoder=True)
+    assert [v["clips"] for v in summary["mos_leads"].values()] == [9, 8]
+    line = evaluate_report.lead_lines(summary, "source-filter")[0]
+    assert line.startswith("Naturalness leads, difference of medians (95 % bootstrap interval over the clips where "
+                           "both its signals have a score): the source-filter copy over Griffin-Lim's +0.300 "), line
+    assert "; 9 clips); the synthesized audio over the recording +0.100 (" in line and line.count("; 8 of 9 clips)") == 1
+    # the same clip unscored for every signal but the recording's: both leads over the same 8 of the 9
+    for r in rows:
+        r["mos_recording"] = None if r is rows[4] else r["mos_griffin_lim_ceiling"]
+    rows[4]["mos_griffin_lim_ceiling"] = None
+    line = evaluate_report.lead_lines(evaluate.summarise(rows, vocoder=True), "source-filter")[0]
+    assert "(95 % bootstrap interval over the 8 of 9 clips where both signals have a score): " in line, line
+    assert "clips)" not in line
+    # every clip scored: the count as it always read
+    rows[4]["mos_recording"] = rows[4]["mos_griffin_lim_ceiling"] = 3.04
+    line = evaluate_report.lead_lines(evaluate.summarise(rows, vocoder=True), "source-filter")[0]
+    assert "(95 % bootstrap interval over the 9 clips): the source-filter copy" in line, line
