@@ -3,7 +3,7 @@
 Reads configs/config.yaml (defaults) and configs/schema.yaml. `load_config(path)` merges a user's
 YAML/JSON file (or an inline JSON object, which is how Snakemake rules pass the sections a job
 needs) over the defaults and validates the result, so the Python side, the Snakefile and the tests
-report the same one-line errors naming the key.
+report the same one-line errors naming the key (a long value they repeat cut short, with its length).
 
     python -m pipeline.config --config my.yaml      # prints the merged, validated config
 """
@@ -36,6 +36,28 @@ class ConfigError(PipelineError):
     """A config problem, with the key (or file) it concerns in the message."""
 
 
+# What a config error repeats of a value or key, at most: a 1 MB string or a 50,000-item list given for
+# a key made a message as long. A path may take PATH_MAX (the longest one the system opens): cut
+# shorter, the part that tells two folders apart would go.
+SHOWN_CHARS = 80
+PATH_MAX = 4096
+
+
+def abbreviated(text, size=None, limit=SHOWN_CHARS):
+    """`text` as an error repeats it: whole up to `limit` characters, else its start, "..." and its full
+    size (`size`, else its length in characters)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({size or f'{len(text):,} characters'})"
+
+
+def shown(value, limit=SHOWN_CHARS):
+    """repr(value), abbreviated: what every config error that repeats a value says of it."""
+    size = (f"{len(value):,} characters" if isinstance(value, str) else
+            f"{len(value):,} items" if isinstance(value, (list, dict)) else None)
+    return abbreviated(repr(value), size, limit)
+
+
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: every job reads the defaults and schema
 
 
@@ -52,7 +74,7 @@ class UniqueKeyLoader(_LOADER):
                 key = self.construct_object(key_node)
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"key {key!r} given twice (first on line {seen[key] + 1}); "
+                        None, None, f"key {shown(key)} given twice (first on line {seen[key] + 1}); "
                         "YAML would keep only the last", key_node.start_mark)
                 seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
@@ -163,7 +185,7 @@ def _coerce_strings(cfg, defaults, where="", schema=None):
             try:
                 parsed = yaml.load(value, Loader=UniqueKeyLoader)
             except AmbiguousNumber:   # text (quoted, or Snakemake's --config) where a number goes
-                raise ConfigError(f"{where}{key}: {value!r} is not a decimal number (YAML 1.1 reads it in "
+                raise ConfigError(f"{abbreviated(where + str(key))}: {shown(value)} is not a decimal number (YAML 1.1 reads it in "
                                   "another base); write the number you mean in decimal") from None
             except yaml.YAMLError:
                 continue
@@ -319,14 +341,14 @@ def check_finite(node, where=""):
         for i, value in enumerate(node):
             check_finite(value, f"{where}[{i}]")
     elif isinstance(node, float) and not math.isfinite(node):
-        raise ConfigError(f"{where}: {node} is not a finite number")
+        raise ConfigError(f"{abbreviated(where)}: {node} is not a finite number")
     elif isinstance(node, int) and not isinstance(node, bool) and not fits_int64(node):
-        raise ConfigError(f"{where}: an integer of {node.bit_length()} bits is beyond the 64-bit integers "
+        raise ConfigError(f"{abbreviated(where)}: an integer of {node.bit_length()} bits is beyond the 64-bit integers "
                           "numpy and TensorFlow hold")
     elif not isinstance(node, JSON_TYPES):
         what = {"date": "a date", "datetime": "a date and time", "set": "a set", "bytes": "binary data"}.get(
             type(node).__name__, f"a {type(node).__name__}")
-        raise ConfigError(f"{where}: {what} ({str(node)[:40]}), not a string, number, boolean, list or mapping; "
+        raise ConfigError(f"{abbreviated(where)}: {what} ({abbreviated(str(node))}), not a string, number, boolean, list or mapping; "
                           "quote it to give it as text")
 
 
@@ -361,16 +383,16 @@ def check_folders(cfg):
     folders = (("cache.dir", cfg["cache"]["dir"]), ("runs_dir", cfg["runs_dir"]), ("reports_dir", cfg["reports_dir"]))
     for key, folder in folders:
         if folder.startswith("~"):  # quoted everywhere, so a folder named "~" in the working folder
-            raise ConfigError(f"{key}: {folder!r} starts with '~', which is not expanded to a home folder here (it "
+            raise ConfigError(f"{key}: {shown(folder, PATH_MAX)} starts with '~', which is not expanded to a home folder here (it "
                               f"would be a folder named '~' in {os.getcwd()}); give the full path "
-                              f"({os.path.expanduser(folder)})")
+                              f"({abbreviated(os.path.expanduser(folder), limit=PATH_MAX)})")
         if folder.startswith("-"):  # the jobs' `--out {output}` would take it for an option of their own
-            raise ConfigError(f"{key}: {folder!r} starts with '-', which the jobs' commands would read as an option "
+            raise ConfigError(f"{key}: {shown(folder, PATH_MAX)} starts with '-', which the jobs' commands would read as an option "
                               f"(error: argument --out: expected one argument); give its absolute path "
-                              f"({os.path.abspath(folder)}) or another name")
+                              f"({abbreviated(os.path.abspath(folder), limit=PATH_MAX)}) or another name")
         braces = sorted(set("{}") & set(folder))
         if braces:  # the rules' output paths start with these folders: Snakemake would see a wildcard
-            raise ConfigError(f"{key}: {folder!r} holds {' '.join(braces)}, which Snakemake reads as a wildcard in "
+            raise ConfigError(f"{key}: {shown(folder, PATH_MAX)} holds {' '.join(braces)}, which Snakemake reads as a wildcard in "
                               "the output paths of the rules; choose a folder name without them")
         own = os.path.join(folder, cfg["name"])
         long = next((part for part in own.split("/") if len(part.encode("utf-8")) > NAME_MAX), None)
@@ -383,11 +405,11 @@ def check_folders(cfg):
             raise ConfigError(f"{key}: {blocked} exists and is not a folder{where}; move it aside or set "
                               f"another {key}")
     if os.path.realpath(cfg["runs_dir"]) == os.path.realpath(cfg["cache"]["dir"]):  # both write {name}/rejected.tsv
-        raise ConfigError(f"runs_dir: {cfg['runs_dir']!r} is also cache.dir; the two must be different folders (each "
+        raise ConfigError(f"runs_dir: {shown(cfg['runs_dir'], PATH_MAX)} is also cache.dir; the two must be different folders (each "
                           "keeps its own {name}/rejected.tsv: the caches' left-out clips, and the run's)")
     glob = sorted(set("*?[]") & set(cfg["runs_dir"]))
     if glob:  # TensorFlow finds checkpoints by glob pattern: in runs/x[1]/ it would find none and start over
-        raise ConfigError(f"runs_dir: {cfg['runs_dir']!r} holds {' '.join(glob)}, which TensorFlow reads as a "
+        raise ConfigError(f"runs_dir: {shown(cfg['runs_dir'], PATH_MAX)} holds {' '.join(glob)}, which TensorFlow reads as a "
                           "pattern when it looks for checkpoints (a trained run would start again from step 0); "
                           "choose a folder name without them")
 
@@ -413,7 +435,7 @@ TRANSFORMER_TTS_STEPS = 4096  # the decoder steps pipeline.models.transformer_tt
 def check_rules(cfg):
     """The rules between keys that the schema cannot state; ConfigError naming the key."""
     check_folders(cfg)
-    a, p = cfg["audio"], cfg["pitch"]
+    a, p, v = cfg["audio"], cfg["pitch"], cfg["vocoder"]
     nyquist = a["sample_rate"] / 2
     if a["fmax"] > nyquist:
         raise ConfigError(f"audio.fmax: {a['fmax']} is above the Nyquist frequency {nyquist}")
@@ -439,13 +461,13 @@ def check_rules(cfg):
         raise ConfigError(f"audio.n_mels: {empty} of the {a['n_mels']} mel filters between audio.fmin {a['fmin']} and "
                           f"audio.fmax {a['fmax']} Hz hold no FFT bin (bins are {a['sample_rate'] / a['n_fft']:.1f} Hz "
                           "apart): those mel channels would be constant; use fewer mels, a wider band or a larger n_fft")
-    v = cfg["vocoder"]
     if v["kind"] != "griffin_lim" and v["segment_frames"] * a["hop_length"] < STFT_LOSS_LONGEST:
         raise ConfigError(f"vocoder.segment_frames: {v['segment_frames']} frames of audio.hop_length {a['hop_length']} "
                           f"are {v['segment_frames'] * a['hop_length']} samples, shorter than the vocoder's spectral "
                           f"loss's longest window ({STFT_LOSS_LONGEST}): its loss would be NaN; use at least "
                           f"{-(-STFT_LOSS_LONGEST // a['hop_length'])}")
-    pad = a["n_fft"] - a["hop_length"] - (a["n_fft"] - a["hop_length"]) // 2  # pipeline.audio.frame_padding's right
+    from pipeline import audio  # planning only, as numpy above (soundfile and soxr come with it)
+    pad = audio.frame_padding(n_fft=a["n_fft"], hop_length=a["hop_length"])[1]  # the right side's, the larger
     if v["kind"] != "griffin_lim" and v["segment_frames"] * a["hop_length"] <= pad:
         raise ConfigError(f"vocoder.segment_frames: {v['segment_frames']} frames of audio.hop_length {a['hop_length']} "
                           f"are {v['segment_frames'] * a['hop_length']} samples, no more than the {pad} samples that "
@@ -520,12 +542,12 @@ def validate(cfg, source="config", rules=True):
         return cfg
     e = errors[0]
     key = ".".join(str(p) for p in e.absolute_path) or "(top level)"
-    message = e.message
+    message = e.message.replace(repr(e.instance), shown(e.instance), 1)  # jsonschema repeats the value whole
     if e.validator == "additionalProperties":
         extra = sorted(set(e.instance) - set(e.schema.get("properties", {})))
         key = ".".join([*map(str, e.absolute_path), extra[0]]) if extra else key
         message = f"unknown key (valid keys here: {', '.join(sorted(e.schema.get('properties', {})))})"
-    raise ConfigError(f"{source}: {key}: {message}")
+    raise ConfigError(f"{source}: {abbreviated(key)}: {message}")
 
 
 # Planning (rules/common.smk) validates the whole config once and then sets this variable, which the
@@ -657,7 +679,7 @@ def restrict(cfg, given, where=""):
 def _unique_pairs(where):
     """A json object_pairs_hook refusing a key given twice in one object (json keeps the last)."""
     def refuse(key):
-        raise ConfigError(f"{where}: key {key!r} given twice; JSON would keep only the last")
+        raise ConfigError(f"{where}: key {shown(key)} given twice; JSON would keep only the last")
     return unique_pairs(refuse)
 
 
@@ -724,17 +746,17 @@ def check_dataset_paths(cfg):
     if "sources" in ds:  # several corpora (pipeline/formats.py); a job may get none of them
         for i, src in enumerate(ds["sources"]):
             if not os.path.isdir(src["root"]):
-                raise ConfigError(f"dataset.sources[{i}].root: folder not found: {src['root']}")
+                raise ConfigError(f"dataset.sources[{i}].root: folder not found: {abbreviated(src['root'], limit=PATH_MAX)}")
     elif "root" in ds:  # a job that reads no clips gets no dataset folder
         root = Path(ds["root"])
         if not os.path.isdir(root):
-            raise ConfigError(f"dataset.root: folder not found: {root}")
+            raise ConfigError(f"dataset.root: folder not found: {abbreviated(str(root), limit=PATH_MAX)}")
         meta = root / ds["metadata"]
         if not os.path.isfile(meta):
-            raise ConfigError(f"dataset.metadata: file not found: {meta}")
+            raise ConfigError(f"dataset.metadata: file not found: {abbreviated(str(meta), limit=PATH_MAX)}")
         audio = root / ds["audio_dir"]
         if not os.path.isdir(audio):
-            raise ConfigError(f"dataset.audio_dir: folder not found: {audio}")
+            raise ConfigError(f"dataset.audio_dir: folder not found: {abbreviated(str(audio), limit=PATH_MAX)}")
 
 
 def parse_set(items):
@@ -743,19 +765,19 @@ def parse_set(items):
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ConfigError(f"--set {item!r}: expected key=value")
+            raise ConfigError(f"--set {shown(item)}: expected key=value")
         node = out
         *parents, leaf = key.split(".")
         for p in parents:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"--set {item!r}: {p} was set to a value above, not a section")
+                raise ConfigError(f"--set {shown(item)}: {p} was set to a value above, not a section")
         try:
             node[leaf] = yaml.load(value, Loader=UniqueKeyLoader)
         except AmbiguousNumber as e:
-            raise ConfigError(f"--set {item!r}: {e.problem}") from None
+            raise ConfigError(f"--set {shown(item)}: {e.problem}") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"--set {item!r}: the value is {yaml_problem('', e).split(': ', 1)[1]}") from None
+            raise ConfigError(f"--set {shown(item)}: the value is {yaml_problem('', e).split(': ', 1)[1]}") from None
     return out
 
 

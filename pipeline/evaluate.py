@@ -470,7 +470,7 @@ def evaluate(cfg, out, log=_print, threads=1):
     """Measure the latest checkpoint on the validation clips; write the report into `out`. threads > 1:
     min(threads, MAX_LISTENERS) processes take the listening measures (most of the time: ~5 s a clip on the
     demo, against ~1 s to synthesize and analyse it) while this one synthesizes the next clips."""
-    from pipeline.evaluate_report import mcd_ceiling, write_report
+    from pipeline.evaluate_report import mcd_ceiling, through, vocoder_name, write_report
     from pipeline.synthesize import load_synthesizer
     from pipeline.vocoder import inputs, kinds
 
@@ -480,8 +480,8 @@ def evaluate(cfg, out, log=_print, threads=1):
         voc = kinds.load(cfg, mels_of="the config (the caches' mels and the acoustic run's)")
         # run directly after more acoustic training: a note (`snakemake evaluate` fine-tunes it again first)
         inputs.finetuned_elsewhere(cfg, voc.summary, synth.checkpoint, then=", then evaluate again", log=log)
-        log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips, through the "
-            f"{voc.kind} vocoder")
+        log(f"evaluating {synth.checkpoint} (step {synth.step}) on {len(clips)} validation clips, through "
+            f"{through(vocoder_name(voc.kind))}")
         summary, rows = compare(clips, synth.mel_f0, Analyser(cfg, voc if voc.model is not None else None), log,
                                 listeners)
     if "speaker_similarity" in summary:

@@ -27,10 +27,13 @@ SPECTRUM_FFT = 2048  # 10.8 Hz bins at 22.05 kHz: harmonics 100 Hz apart lie 9 b
 SPECTRUM_DB = 80     # dynamic range drawn, below the loudest bin of the four
 # the spectrogram panel, left to right: (key in a row's signals, title)
 PANEL = (("recording", "recording"), ("griffin_lim_ceiling", "Griffin-Lim copy"),
-         ("vocoder_ceiling", "{vocoder} copy"), ("synthesized", "TTS through {vocoder}"))
+         ("vocoder_ceiling", "{vocoder} copy"), ("synthesized", "TTS through {through}"))
 
 
-VOCODER_NAMES = {"vocos": "Vocos", "hifigan": "HiFi-GAN"}
+# each vocoder.kind as prose names it: "the source-filter copy", "the Vocos vocoder's own copy"
+VOCODER_NAMES = {"vocos": "Vocos", "hifigan": "HiFi-GAN", "source_filter": "source-filter",
+                 "griffin_lim": "Griffin-Lim"}
+PROPER_NAMES = ("Vocos", "HiFi-GAN", "Griffin-Lim")  # "through Vocos"; any other "through the source-filter vocoder"
 
 
 def mcd_ceiling(report):
@@ -40,12 +43,22 @@ def mcd_ceiling(report):
     return report["mcd_db_ceiling"] if voc is None else voc
 
 
+def vocoder_name(kind):
+    """The name prose gives `vocoder.kind` (its config token where VOCODER_NAMES has none)."""
+    return VOCODER_NAMES.get(kind, kind)
+
+
+def through(name):
+    """A vocoder's name after "through": a proper name alone, a descriptive one as "the source-filter vocoder"."""
+    return name if name in PROPER_NAMES else f"the {name} vocoder"
+
+
 def _vocoder_name(report):
     """The vocoder the synthesized row was heard through: Griffin-Lim unless a trained one made it."""
     kind = (report.get("vocoder") or {}).get("kind")
     if report.get("mcd_db_vocoder_ceiling") is None or not kind:
         return "Griffin-Lim"
-    return VOCODER_NAMES.get(kind, kind)
+    return vocoder_name(kind)
 
 
 def position(report):
@@ -128,14 +141,26 @@ LEAD_NAMES = {"vocoder_ceiling_over_griffin_lim_ceiling": "the {vocoder} copy ov
 
 
 def lead_lines(report, vocoder):
-    """The naturalness leads with their 95 % bootstrap intervals over the clips; [] without them."""
-    leads = report.get("mos_leads") or {}
+    """The naturalness leads with their 95 % bootstrap intervals over the clips; [] without them. A lead
+    counts only the clips where both its signals have a score (evaluate.lead): a clip the predictor could
+    not score leaves it fewer than the report's, and the two leads may count different clips, each then
+    named beside its own interval."""
+    leads = {k: v for k, v in (report.get("mos_leads") or {}).items() if k in LEAD_NAMES}
     if not leads:
         return []
-    parts = [f"{LEAD_NAMES[k].format(vocoder=vocoder)} {v['lead']:+.3f} ({v['low']:+.3f} to {v['high']:+.3f})"
-             for k, v in leads.items() if k in LEAD_NAMES]
-    return [f"Naturalness leads, difference of medians (95 % bootstrap interval over the {max(v['clips'] for v in leads.values())} "
-            f"clips): {'; '.join(parts)}. A target inside an interval is not decided by this run alone.", ""]
+    counts, clips = {v["clips"] for v in leads.values()}, report.get("clips")
+
+    def over(n):  # "8 of 9" where clips without a score were left out
+        return f"{n} of {clips}" if clips is not None and n < clips else f"{n}"
+
+    each = len(counts) > 1  # then each interval says its own count
+    parts = [f"{LEAD_NAMES[k].format(vocoder=vocoder)} {v['lead']:+.3f} ({v['low']:+.3f} to {v['high']:+.3f}"
+             + (f"; {over(v['clips'])} clips)" if each else ")") for k, v in leads.items()]
+    n = min(counts)
+    where = ("the clips where both its signals have a score" if each else
+             f"the {over(n)} clips" + (" where both signals have a score" if over(n) != f"{n}" else ""))
+    return [f"Naturalness leads, difference of medians (95 % bootstrap interval over {where}): {'; '.join(parts)}. "
+            "A target inside an interval is not decided by this run alone.", ""]
 
 
 def _above_reference(mos, wer, heads):
@@ -166,7 +191,7 @@ def listener_lines(report):
         return []
     name, voc = _vocoder_name(report), "vocoder_ceiling" in mos
     names = ["recording", "synthesized", *(["vocoder_ceiling"] if voc else []), "griffin_lim_ceiling"]
-    heads = ["recording (the reference)", f"synthesized (through {name})",
+    heads = ["recording (the reference)", f"synthesized (through {through(name)})",
              *([f"{name} copy-synthesis"] if voc else []), "Griffin-Lim copy-synthesis", "chance"]
     lines = ["| listener measure | " + " | ".join(heads) + " |", "|" + "---|" * (len(heads) + 1),
              "| naturalness: DNSMOS P.835 overall, 1-5 (higher is better) | "
@@ -242,7 +267,7 @@ def markdown(report):
     heads = {"vocoder_ceiling": f"ceiling: {name} copy-synthesis of the recording",
              "ceiling": "reference: Griffin-Lim copy-synthesis" if len(ceilings) > 1 else
                         "ceiling: Griffin-Lim copy-synthesis of the recording"}
-    cols = ["measure", f"synthesized (through {name})", *[heads[c] for c in ceilings], "chance (other sentences)"]
+    cols = ["measure", f"synthesized (through {through(name)})", *[heads[c] for c in ceilings], "chance (other sentences)"]
     cut = ([f"Warning: {report['cut']} of the {report['clips']} syntheses were cut at synthesize.max_seconds: their "
             "figures measure a cut sentence (the length ratio below 1 is the cut, not the model's pace); raise "
             "synthesize.max_seconds, or keep clips shorter than it (dataset.max_seconds).", ""]
@@ -264,7 +289,7 @@ def markdown(report):
               "of frame differ: a vocoder can follow a voiced frame's envelope, while an unvoiced one is noise, whose "
               "envelope differs by several dB between any two renderings of one spectrum, so its MCD stays high for any "
               "copy, Griffin-Lim's included. The synthesized row is the model's mel through "
-              f"{name if voc else 'Griffin-Lim'}; the ceiling rows resynthesize each recording's own mel "
+              f"{through(name)}; the ceiling rows resynthesize each recording's own mel "
               f"({'with the same vocoder, and with ' if voc else 'with '}Griffin-Lim, {report['griffin_lim_iters']} "
               "iterations). PESQ and STOI compare with the recording sample by sample: for the copy-syntheses they measure "
               "the vocoder alone; the synthesized audio is re-timed onto the recording along the DTW path (cross-faded "
@@ -302,7 +327,7 @@ def spectrogram_panel(axes, row, vocoder):
     """The row's signals side by side, 0-2 kHz on a linear axis, one colour scale for all; the clip's
     id once above them (a long id in each of four titles overlaps its neighbours')."""
     sample_rate, signals = row["signals"]
-    shown = [(key, title.format(vocoder=vocoder)) for key, title in PANEL if key in signals]
+    shown = [(key, title.format(vocoder=vocoder, through=through(vocoder))) for key, title in PANEL if key in signals]
     specs = {key: _spectrogram(signals[key], sample_rate) for key, _ in shown}
     top = max(spec.max() for spec, _ in specs.values())
     half = sample_rate / SPECTRUM_FFT / 2  # each row is a bin, centred on its frequency
@@ -333,9 +358,10 @@ def _mel_panels(axes, rows):
         ax[2].set_ylabel("synthesized frame (analysis)")
 
 
-def figure(rows, vocoder="vocoder"):
+def figure(rows, vocoder):
     """PNG bytes: per clip, recorded mel | synthesized mel | DTW path; below, the first clip's 0-2 kHz
-    spectrograms (recording, Griffin-Lim copy, vocoder copy, TTS) where the rows carry their signals."""
+    spectrograms (recording, Griffin-Lim copy, vocoder copy, TTS) where the rows carry their signals.
+    `vocoder`: the trained vocoder's name as prose gives it (vocoder_name)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

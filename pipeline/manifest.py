@@ -305,6 +305,8 @@ def read_clip_list(path, dataset_cfg, shards, shard):
         head = json.loads(head_bytes)
     except ValueError:
         raise ValueError("unreadable header") from None
+    if not isinstance(head, dict):  # JSON, but [1] or 5 is no header this function wrote
+        raise ValueError("unreadable header (JSON, but not an object)")
     if head.get("format") != _CLIP_LIST_FORMAT:
         raise ValueError(f"in format {head.get('format')}, not {_CLIP_LIST_FORMAT}")
     if head.get("shards") != shards or head.get("shard") != shard:

@@ -686,3 +686,34 @@ def test_a_jobs_params_hold_bad_audio_skip_whatever_the_config_says():
     cfg = config.load_config(None, {"dataset": {"bad_audio": "fail"}}, check_paths=False)
     assert config.job_params(cfg)["dataset"] == {**cfg["dataset"], "bad_audio": "skip"}
     assert cfg["dataset"]["bad_audio"] == "fail"
+
+
+def test_a_huge_value_is_abbreviated_in_its_error(tmp_path):
+    # a 1 MB string where a number goes: the one-line error repeated all 1,000,000 characters of it
+    import subprocess
+    import sys
+    path = tmp_path / "huge.yaml"
+    path.write_text("train:\n  steps: " + "x" * 1_000_000 + "\n")
+    proc = subprocess.run([sys.executable, "-m", "pipeline.config", "--config", str(path)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (f"error: {path}: train.steps: '{'x' * 79}... (1,000,000 characters) "
+                           "is not of type 'integer'\n")
+    # a 50,000-item list (within the 100,000 values a config may hold); a key of 100,000 characters
+    path.write_text("train:\n  steps: [" + ", ".join(["1"] * 50_000) + "]\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: train.steps: [1, 1, ") + r".{50,80}"
+                       + re.escape("... (50,000 items) is not of type 'integer'") + "$"):
+        config.load_config(path)
+    with pytest.raises(ConfigError, match=re.escape("inline config: train.kkk") + r"k{70,80}"
+                       + re.escape("... (100,006 characters): unknown key (valid keys here: ")):
+        config.load_config(json.dumps({"train": {"k" * 100_000: 1}}))
+    # --set, and text where a number goes (Snakemake's --config hands values over as text)
+    with pytest.raises(ConfigError, match=re.escape("--set 'train.steps=0x") + r"1{60,80}"
+                       + re.escape("... (100,017 characters): the value is not valid YAML: ")):
+        config.parse_set(["train.steps=0x" + "1" * 100_000 + ": ["])
+    with pytest.raises(ConfigError, match=re.escape("train.steps: '0x") + r"1{70,80}"
+                       + re.escape("... (100,002 characters) is not a decimal number")):
+        config.load_config(None, {"train": {"steps": "0x" + "1" * 100_000}})
+    # a value within the bound is shown whole, and a path up to the longest the system opens
+    assert config.shown("x" * (config.SHOWN_CHARS - 2)) == repr("x" * (config.SHOWN_CHARS - 2))
+    assert config.abbreviated("/d" * 1000, limit=config.PATH_MAX) == "/d" * 1000

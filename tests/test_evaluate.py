@@ -678,3 +678,63 @@ def test_a_silent_synthesis_is_at_chance_beyond_it_not_hundreds_of_percent_of_th
     # a decoder that says nothing: its MCD (38 dB for silence against a tone) lies far past chance
     said = evaluate_report.verdict({"mcd_db": 38.0, "mcd_db_ceiling": 5.0, "mcd_db_other": 15.0})
     assert said.startswith("At chance (beyond it: MCD 38.00 dB, the ceiling 5.00, chance 15.00)"), said
+
+
+def test_the_report_names_the_default_vocoder_in_prose_not_by_its_config_token():
+    # evaluate.md said "synthesized (through source_filter)", "source_filter copy-synthesis" and "The
+    # source_filter vocoder's own copy", and evaluate.png "TTS through source_filter"
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pipeline.vocoder import kinds
+    assert all("_" not in evaluate_report.vocoder_name(kind) for kind in kinds.KINDS)
+    mos = {"recording": 3.0, "synthesized": 3.1, "vocoder_ceiling": 3.3, "griffin_lim_ceiling": 3.0}
+    report = _report(mcd_db_vocoder_ceiling=12.0, mcd_db=12.5, mcd_db_ceiling=4.0, vocoder={"kind": "source_filter"},
+                     mos=mos, wer=dict.fromkeys(mos, 0.5), mos_leads={"vocoder_ceiling_over_griffin_lim_ceiling": {
+                         "lead": 0.3, "low": 0.1, "high": 0.5, "clips": 3}})
+    md = evaluate_report.markdown(report)
+    assert "source_filter" not in md
+    assert md.splitlines()[2].startswith("The source-filter vocoder's own copy of the recordings is no nearer them")
+    assert _table(md, "measure")[1:3] == ["synthesized (through the source-filter vocoder)",
+                                          "ceiling: source-filter copy-synthesis of the recording"]
+    assert _table(md, "listener measure")[2:4] == ["synthesized (through the source-filter vocoder)",
+                                                   "source-filter copy-synthesis"]
+    assert "the source-filter copy over Griffin-Lim's +0.300" in md
+    assert "The synthesized row is the model's mel through the source-filter vocoder;" in md
+    # a proper name stands alone, as before
+    assert _table(evaluate_report.markdown({**report, "vocoder": {"kind": "vocos"}}), "measure")[1] == \
+        "synthesized (through Vocos)"
+    y = np.zeros(2048, np.float32)
+    y[::100] = 0.5
+    signals = dict.fromkeys(("recording", "griffin_lim_ceiling", "vocoder_ceiling", "synthesized"), y)
+    fig, axes = plt.subplots(1, 4, squeeze=False)
+    evaluate_report.spectrogram_panel(axes[0], {"signals": (22050, signals)}, evaluate_report._vocoder_name(report))
+    assert [ax.get_title() for ax in axes[0]] == ["recording", "Griffin-Lim copy", "source-filter copy",
+                                                  "TTS through the source-filter vocoder"]
+    plt.close(fig)
+
+
+def test_the_naturalness_leads_count_the_clips_each_was_taken_over():
+    # one recording the predictor could not score: the TTS's lead over the recording is over 8 clips, the
+    # copy's over Griffin-Lim's over all 9; the sentence said "over the 9 clips" for both
+    rows = [{"speaker": "", **dict.fromkeys(evaluate.FIGURES + evaluate.VOCODER_FIGURES, 5.0),
+             "mos_recording": None if i == 4 else 3.0 + 0.01 * i, "mos_synthesized": 3.1 + 0.01 * i,
+             "mos_vocoder_ceiling": 3.3 + 0.01 * i, "mos_griffin_lim_ceiling": 3.0 + 0.01 * i} for i in range(9)]
+    summary = evaluate.summarise(rows, vocoder=True)
+    assert [v["clips"] for v in summary["mos_leads"].values()] == [9, 8]
+    line = evaluate_report.lead_lines(summary, "source-filter")[0]
+    assert line.startswith("Naturalness leads, difference of medians (95 % bootstrap interval over the clips where "
+                           "both its signals have a score): the source-filter copy over Griffin-Lim's +0.300 "), line
+    assert "; 9 clips); the synthesized audio over the recording +0.100 (" in line and line.count("; 8 of 9 clips)") == 1
+    # the same clip unscored for every signal but the recording's: both leads over the same 8 of the 9
+    for r in rows:
+        r["mos_recording"] = None if r is rows[4] else r["mos_griffin_lim_ceiling"]
+    rows[4]["mos_griffin_lim_ceiling"] = None
+    line = evaluate_report.lead_lines(evaluate.summarise(rows, vocoder=True), "source-filter")[0]
+    assert "(95 % bootstrap interval over the 8 of 9 clips where both signals have a score): " in line, line
+    assert "clips)" not in line
+    # every clip scored: the count as it always read
+    rows[4]["mos_recording"] = rows[4]["mos_griffin_lim_ceiling"] = 3.04
+    line = evaluate_report.lead_lines(evaluate.summarise(rows, vocoder=True), "source-filter")[0]
+    assert "(95 % bootstrap interval over the 9 clips): the source-filter copy" in line, line

@@ -354,6 +354,23 @@ def test_a_clip_list_that_cannot_stand_for_the_job_is_not_used(tmp_path, monkeyp
     assert manifest.shard_manifest(ds, 4, 2, log=said.append) == m[2]
 
 
+def test_a_clip_list_whose_header_is_json_but_no_object_is_unreadable(tmp_path, monkeypatch):
+    # [1] or 5 parses as JSON: read as a header, it stopped the shard job with an AttributeError traceback
+    ds, _ = _listed_dataset(tmp_path)
+    m = manifest.load_manifest(ds, 4)
+    gen = manifest.write_clip_lists(m, 4, tmp_path / "lists", ds)
+    path = gen / "shard-001.json"
+    clips = path.read_bytes().partition(b"\n")[2]
+    monkeypatch.setenv(manifest.CLIP_LISTS_ENV, str(gen))
+    for header in (b"[1]", b"5", b'"format"', b"null"):
+        path.write_bytes(header + b"\n" + clips)
+        with pytest.raises(ValueError, match=r"^unreadable header \(JSON, but not an object\)$"):
+            manifest.read_clip_list(path, ds, 4, 1)
+        said = []  # the job reads the dataset instead, and says why
+        assert manifest.shard_manifest(ds, 4, 1, log=said.append) == m[1]
+        assert said == [f"{path}: unreadable header (JSON, but not an object); reading the dataset instead"]
+
+
 def test_a_source_clip_whose_file_is_gone_has_no_audio(tmp_path):
     # the shard job then rejects the clip as a missing file, naming it, instead of failing to decode it
     (tmp_path / "a.wav").write_bytes(b"RIFF")

@@ -1,7 +1,12 @@
-"""Griffin-Lim round trip against the project's mel definition, eager and as exported graphs."""
+"""Griffin-Lim round trip against the project's mel definition, eager and as exported graphs; what
+`python -m pipeline.vocode` says of an F0 it cannot take."""
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from pipeline.audio import LOG_CLAMP, mel_spectrogram
 from pipeline.vocoder.griffin_lim import griffin_lim
@@ -93,3 +98,20 @@ def test_fast_griffin_lims_momentum_reaches_a_more_consistent_spectrogram_than_p
     monkeypatch.setattr(gl, "MOMENTUM", 0.0)                                 # plain Griffin-Lim
     plain = spectral_convergence()
     assert fast < 0.7 * plain, (fast, plain)
+
+
+@pytest.mark.parametrize("f0, shown", [([0.0, 1e-7, 120.0, 0.0], "1e-07..120"),        # tiny, not "0.0": unvoiced
+                                       ([0.0, -1e-7, 120.0, 0.0], "-1e-07..120"),
+                                       ([0.0, 120.0, 3e38, 0.0], "120..3e+38"),        # huge, not 39 digits
+                                       ([0.0, 19.99, 120.5, 0.0], "19.99..120.5")])
+def test_vocode_shows_an_f0_it_refuses_as_given(tmp_path, f0, shown):
+    # `vocode --f0` with values out of range names the range it found; rounded to 0.1 a tiny positive F0
+    # read "0.0..120.0", as if unvoiced (Griffin-Lim here: the check comes before any vocoder loads)
+    np.save(tmp_path / "mel.npy", np.full((4, AUDIO["n_mels"]), -5.0, np.float32))
+    np.save(tmp_path / "f0.npy", np.array(f0, np.float32))
+    proc = subprocess.run([sys.executable, "-m", "pipeline.vocode", "--config", str(ROOT / "configs" / "config.yaml"),
+                           "--set", "vocoder.kind=griffin_lim", "--mel", "mel.npy", "--f0", "f0.npy", "--out", "x.wav"],
+                          cwd=tmp_path, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 2 and proc.stdout == "" and not (tmp_path / "x.wav").exists()
+    assert proc.stderr == (f"error: f0.npy: values {shown} are not F0 in Hz (finite; 0 where unvoiced, else 20 Hz up "
+                           "to below 8000 Hz, the vocoder's audio.fmax and half its rate)\n")
