@@ -444,10 +444,20 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     empty or a previous export, replaced whole); -> export.json dict. A second export to `out` while
     this one runs stops at its start, one line naming the holder of lock_path(out)."""
     out = check_out(out)
-    busy = lambda holder: (f"--out {out}: another export is writing it now ({holder} holds {lock_path(out)}); "
+    busy = lambda holder: (f"--out {out}: another export is writing it now ({holder} holds {lock_path(out)}); "  # noqa: E731
                            "wait for it to end, or give another --out")
-    with files.exclusive(lock_path(out), busy):
-        return _export(cfg, out, tflite, log)
+    missing = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # deepest first
+    out.parent.mkdir(parents=True, exist_ok=True)  # the lock goes beside --out, in a folder export makes anyway
+    try:
+        with files.exclusive(lock_path(out), busy):
+            return _export(cfg, out, tflite, log)
+    except BaseException:
+        for folder in missing:  # an export refused before it wrote (no trained run, say) leaves no empty folders
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
 
 
 def _export(cfg, out, tflite, log):

@@ -221,7 +221,7 @@ def test_export_before_training_is_one_line_naming_what_to_run(built_cache, tmp_
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith("error: ") and "snakemake --cores all train" in err
-    assert not (config.run_dir(config.load_config(path)) / "export").exists()
+    assert not config.run_dir(config.load_config(path)).exists()   # nor the folder its lock went in
 
 
 def test_a_kind_export_cannot_build_leaves_export_out_and_refuses_it_at_planning(tmp_path, corpus_template):
