@@ -7,10 +7,11 @@ built, never per example, and each file's checksum in the graph when the iterato
 whole file (tf.fingerprint against the shard JSON's; a mismatch fails with the shard's name and the
 command that rebuilds it; later epochs re-read the same files unhashed). Shards are read in
 groups of about GROUP_BYTES (all of LJSpeech fits in two): a group's index rows are shuffled
-across its shards, grouped by length into `train.buckets` fixed (tokens, frames) shapes so a compiled step sees at most that many shapes, batched, and each
-batch is assembled by ONE vectorised gather per field from the group's arrays. Mels stay float16,
-as stored, and unnormalised: the training step normalises on the model device with
-`feature_stats(cfg)`, so the host moves half the bytes.
+across its shards (anew each epoch), grouped by length into `train.buckets` fixed (tokens, frames)
+shapes so a compiled step sees at most that many shapes, batched, and each batch is assembled
+by ONE vectorised gather per field from the group's arrays. Mels stay float16, as stored, and
+unnormalised: the training step normalises on the model device with `feature_stats(cfg)`, so the
+host moves half the bytes.
 
 Batches are dicts: tokens int32 [B, T] (vocabulary ids: token shards hold code points, mapped by
 one table gather per group), token_lengths int32 [B], mel float16 [B, F, n_mels] (padding =
@@ -380,11 +381,11 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     read = _group_arrays(src, groups, n_mels)
 
     @tf.autograph.experimental.do_not_convert  # see _interleave_groups
-    def group_batches(g, first=True):
+    def group_batches(g, epoch):
         rows = _bucketed_rows(rows_table[g], batch, shuffle=buffer, repeat=endless, drop_remainder=drop_remainder,
-                              seed=seed)
-        return rows.map(_gather_fn(src, read(g, first), n_mels, with_clip_index), num_parallel_calls=tf.data.AUTOTUNE,
-                        deterministic=True)
+                              seed=epoch_seed(seed, epoch))
+        return rows.map(_gather_fn(src, read(g, epoch == 0), n_mels, with_clip_index),
+                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     return _interleave_groups(group_batches, len(groups), shuffle=shuffle, repeat=repeat and not endless, seed=seed)
 
@@ -446,6 +447,15 @@ def verified(blobs, names, want, target):
         "(it rebuilds exactly the damaged shards)"], summarize=16)
     with tf.control_dependencies([check]):
         return tf.identity(blobs)
+
+
+def epoch_seed(seed, epoch):
+    """The shuffle seed of a shard group's rows in `epoch` (int64 scalar tensor) of a several-group loader:
+    train.seed itself in epoch 0, then train.seed + epoch * 2**32, so every epoch mixes its batches anew
+    and no epoch's seed is another train.seed's (the schema keeps train.seed below 2**32). Before,
+    every read of a group shuffled with train.seed alone: each epoch repeated the first one's batches,
+    clip for clip, in the same order."""
+    return tf.cast(seed, tf.int64) + tf.cast(epoch, tf.int64) * (1 << 32)
 
 
 def _bucketed_rows(rows, batch, *, shuffle, repeat, drop_remainder, seed):
@@ -510,7 +520,9 @@ def loader_options():
 
 def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed):
     """Batches of every shard group, two groups in flight (the next one is read while batches come
-    from the current one), then the options and the final prefetch.
+    from the current one), then the options and the final prefetch. group_batches(g, epoch) gets the
+    epoch (int64 scalar) each read of group g is for: its rows' shuffle (epoch_seed) and the checksum
+    check of its first read (epoch 0) follow it.
 
     tf.data runs AutoGraph over every function it traces unless told not to. The loader's functions
     (group_batches and all it calls: the reads, the checksum check, the bucketing, the gather) have no
@@ -522,10 +534,10 @@ def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed):
         group_ids = group_ids.shuffle(n_groups, seed=seed)
     if repeat:
         group_ids = group_ids.repeat()
-    first_reads = group_ids.enumerate().map(tf.autograph.experimental.do_not_convert(
-        lambda i, g: (g, i < n_groups)))  # (group, its first read?)
-    ds = first_reads.interleave(group_batches, cycle_length=min(2, n_groups), num_parallel_calls=min(2, n_groups),
-                              deterministic=True)
+    reads = group_ids.enumerate().map(tf.autograph.experimental.do_not_convert(
+        lambda i, g: (g, i // n_groups)))  # (group, the epoch it is read for: 0 is its first read)
+    ds = reads.interleave(group_batches, cycle_length=min(2, n_groups), num_parallel_calls=min(2, n_groups),
+                          deterministic=True)
     return ds.with_options(loader_options()).prefetch(tf.data.AUTOTUNE)
 
 

@@ -405,6 +405,19 @@ def test_one_pass_over_several_groups_gives_every_training_clip(built_cache):
     assert seen == set(range(len(ids)))
 
 
+def test_a_loader_of_several_groups_mixes_new_batches_every_epoch(built_cache):
+    """A cache read in several shard groups (over GROUP_BYTES: LJSpeech is two) reshuffles each group's
+    rows every epoch, as a one-group loader does; before, every epoch repeated the first one's batches,
+    clip for clip."""
+    cfg = _cfg(built_cache, train={"batch_size": 2, "buckets": 2})
+    one_epoch = [tuple(sorted(b["clip"].numpy().tolist()))
+                 for b in data.build_dataset(cfg, "train", repeat=False, group_bytes=1, with_clip_index=True)]
+    three = [tuple(sorted(b["clip"].numpy().tolist()))
+             for b in data.build_dataset(cfg, "train", group_bytes=1, with_clip_index=True).take(3 * len(one_epoch))]
+    assert set(one_epoch) <= set(three)
+    assert len(set(three)) > len(set(one_epoch))  # the later epochs pair other clips
+
+
 def test_a_train_split_of_exactly_one_batch_is_enough(built_cache):
     n = len(data.clip_ids(_cfg(built_cache), "train"))
     batch = next(iter(data.build_dataset(_cfg(built_cache, train={"batch_size": n, "buckets": 1}), "train")))
