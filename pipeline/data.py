@@ -40,6 +40,7 @@ from pipeline.shards import CacheError  # noqa: F401  (re-exported: callers catc
 PAD_LOG_MEL = float(np.log(1e-5))  # padded frames look like silence to the model
 GROUP_BYTES = 1 << 30  # shards are read in groups of about this size; a batch mixes clips of one group
 FRAME_KINDS = ("mels", "energy", "pitch")  # one row per mel frame, same ids and counts
+SPLITS = ("train", "val", "all")  # what every loader's `split` names (val: held out by id hash)
 _print = functools.partial(print, flush=True)
 ROW = {name: i for i, name in enumerate(  # the columns of a group's row table
     ("clip", "tokens", "n_tokens", "mels", "frames", "bucket", "energy", "pitch", "durations", "speaker", "language"))}
@@ -90,7 +91,10 @@ class Clips:
     language: np.ndarray = None  # index into the index's `languages`
 
     def split(self, name):
-        """The rows of split `name`: "train", "val" or "all"."""
+        """The rows of split `name`: "train", "val" or "all" (ValueError for any other name: "valid" or
+        "test" once gave the training clips, which a score then counted as held out)."""
+        if name not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, not {name!r}")
         keep = np.ones(len(self.ids), bool) if name == "all" else self.val == (name == "val")
         return self.take(np.flatnonzero(keep))
 

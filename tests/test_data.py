@@ -418,6 +418,18 @@ def test_a_loader_of_several_groups_mixes_new_batches_every_epoch(built_cache):
     assert len(set(three)) > len(set(one_epoch))  # the later epochs pair other clips
 
 
+@pytest.mark.parametrize("split", ["validation", "test", "Val"])
+def test_a_split_name_no_loader_knows_is_refused_not_read_as_train(built_cache, split):
+    """Any split name but train, val and all once gave the training clips (a score on "validation"
+    then counted training clips as held out); every loader now refuses it, naming the three."""
+    from pipeline.vocoder import segments
+    cfg = _cfg(built_cache)
+    for load in (lambda: data.build_dataset(cfg, split), lambda: data.clip_ids(cfg, split),
+                 lambda: segments.build_segments(cfg, split, log=lambda _: None)):
+        with pytest.raises(ValueError, match=f"split must be one of \\('train', 'val', 'all'\\), not '{split}'"):
+            load()
+
+
 def test_a_train_split_of_exactly_one_batch_is_enough(built_cache):
     n = len(data.clip_ids(_cfg(built_cache), "train"))
     batch = next(iter(data.build_dataset(_cfg(built_cache, train={"batch_size": n, "buckets": 1}), "train")))
