@@ -266,9 +266,10 @@ def token_table(vocab):
     return table
 
 
-def _group_rows(clips, group, paths, edges, kinds, n_mels, batch, rng, complete):
+def _group_rows(clips, group, paths, edges, kinds, n_mels, batch, rng, complete, listed=None):
     """A group's row table (columns ROW): offsets rebased into the group's concatenated arrays.
-    complete: repeat clips of each bucket so its last batch is full (nothing dropped per epoch)."""
+    complete: repeat clips of each bucket so its last batch is full (nothing dropped per epoch).
+    listed: each of `clips`' rows' position in clip_ids (the `clip` column; default: its row)."""
     width = {"mels": n_mels}
     base = {}
     for kind in kinds:
@@ -277,7 +278,7 @@ def _group_rows(clips, group, paths, edges, kinds, n_mels, batch, rng, complete)
         base[kind] = dict(zip(group, np.cumsum([0] + items)))
     pick = np.flatnonzero(np.isin(clips.shard, group))
     rows = np.zeros((len(pick), len(ROW)), np.int64)
-    rows[:, ROW["clip"]] = pick
+    rows[:, ROW["clip"]] = pick if listed is None else listed[pick]
     rows[:, ROW["n_tokens"]] = clips.n_tokens[pick]
     rows[:, ROW["frames"]] = clips.frames[pick]
     rows[:, ROW["bucket"]] = np.searchsorted(edges, clips.frames[pick])
@@ -303,6 +304,7 @@ class _Source:
     paths: dict
     table: np.ndarray  # code point -> vocabulary id
     voices: tuple = ()  # ("speaker", "language") fields, as voice_fields(index)
+    listed: np.ndarray = None  # each clip's position in clip_ids(cfg, split): what the `clip` field holds
 
     @property
     def kinds(self):
@@ -322,8 +324,13 @@ def _source(cfg, split, durations, balance=False):
         raise CacheError(f"{config.cache_dir(cfg)}: no clips in the {split!r} split")
     # shapes from both splits (train and val agree), and with or without durations (clips the duration
     # shards leave out still shape the buckets), so every caller of bucket_shapes sees the same ones
-    edges, shapes = bucket_shapes(cfg, clips=load_clips(cfg, "all", index)[0] if durations else everything)
-    return _Source(clips, edges, shapes, paths, token_table(index["vocab"]), voice_fields(index))
+    plain = load_clips(cfg, "all", index)[0] if durations else everything
+    edges, shapes = bucket_shapes(cfg, clips=plain)
+    # the `clip` field indexes clip_ids(cfg, split), which neither the duration shards' rejects nor
+    # train.balance's repeats change: before, it indexed this list, so every id after a reject was another clip's
+    at = {cid: i for i, cid in enumerate(plain.split(split).ids)}
+    listed = np.asarray([at[cid] for cid in clips.ids], np.int64)
+    return _Source(clips, edges, shapes, paths, token_table(index["vocab"]), voice_fields(index), listed)
 
 
 def _group_arrays(src, groups, n_mels):
@@ -379,7 +386,7 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     endless = repeat and len(groups) == 1  # one group: its rows repeat, so no batch remainder is ever lost
     rng = np.random.default_rng(seed)
     group_rows = [_group_rows(src.clips, g, src.paths, src.edges, src.kinds, n_mels, batch, rng,
-                              drop_remainder and not endless) for g in groups]
+                              drop_remainder and not endless, src.listed) for g in groups]
     rows_table = tf.ragged.constant([r.tolist() for r in group_rows], dtype=tf.int64, ragged_rank=1)
     buffer = max(len(r) for r in group_rows) if shuffle else 0
     read = _group_arrays(src, groups, n_mels)
@@ -421,7 +428,8 @@ def build_worker_dataset(cfg, worker, *, local_replicas=1, durations=False, with
     if batch % local_replicas:
         raise config.ConfigError(f"train.batch_size: {cfg['train']['batch_size']} does not split evenly over "
                                  f"{worker[1]} workers x {local_replicas} replicas each")
-    rows = _group_rows(src.clips, mine, src.paths, src.edges, src.kinds, n_mels, batch, None, complete=False)
+    rows = _group_rows(src.clips, mine, src.paths, src.edges, src.kinds, n_mels, batch, None, complete=False,
+                       listed=src.listed)
     src = _lifted(src, lift, worker, log)
     rows[:, ROW["bucket"]] = lift[rows[:, ROW["bucket"]]]
     read = _group_arrays(src, [mine], n_mels)
@@ -546,7 +554,8 @@ def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed):
 
 
 def clip_ids(cfg, split):
-    """The ids behind the `clip` field of `build_dataset(..., with_clip_index=True)`."""
+    """The ids behind the `clip` field of `build_dataset(..., with_clip_index=True)`, with or without
+    durations=True and balance=True (the clips those leave out or repeat keep their places here)."""
     return load_clips(cfg, split)[0].ids
 
 
