@@ -7,10 +7,11 @@ built, never per example, and each file's checksum in the graph when the iterato
 whole file (tf.fingerprint against the shard JSON's; a mismatch fails with the shard's name and the
 command that rebuilds it; later epochs re-read the same files unhashed). Shards are read in
 groups of about GROUP_BYTES (all of LJSpeech fits in two): a group's index rows are shuffled
-across its shards, grouped by length into `train.buckets` fixed (tokens, frames) shapes so a compiled step sees at most that many shapes, batched, and each
-batch is assembled by ONE vectorised gather per field from the group's arrays. Mels stay float16,
-as stored, and unnormalised: the training step normalises on the model device with
-`feature_stats(cfg)`, so the host moves half the bytes.
+across its shards (anew each epoch), grouped by length into `train.buckets` fixed (tokens, frames)
+shapes so a compiled step sees at most that many shapes, batched, and each batch is assembled
+by ONE vectorised gather per field from the group's arrays. Mels stay float16, as stored, and
+unnormalised: the training step normalises on the model device with `feature_stats(cfg)`, so the
+host moves half the bytes.
 
 Batches are dicts: tokens int32 [B, T] (vocabulary ids: token shards hold code points, mapped by
 one table gather per group), token_lengths int32 [B], mel float16 [B, F, n_mels] (padding =
@@ -39,6 +40,7 @@ from pipeline.shards import CacheError  # noqa: F401  (re-exported: callers catc
 PAD_LOG_MEL = float(np.log(1e-5))  # padded frames look like silence to the model
 GROUP_BYTES = 1 << 30  # shards are read in groups of about this size; a batch mixes clips of one group
 FRAME_KINDS = ("mels", "energy", "pitch")  # one row per mel frame, same ids and counts
+SPLITS = ("train", "val", "all")  # what every loader's `split` names (val: held out by id hash)
 _print = functools.partial(print, flush=True)
 ROW = {name: i for i, name in enumerate(  # the columns of a group's row table
     ("clip", "tokens", "n_tokens", "mels", "frames", "bucket", "energy", "pitch", "durations", "speaker", "language"))}
@@ -89,7 +91,10 @@ class Clips:
     language: np.ndarray = None  # index into the index's `languages`
 
     def split(self, name):
-        """The rows of split `name`: "train", "val" or "all"."""
+        """The rows of split `name`: "train", "val" or "all" (ValueError for any other name: "valid" or
+        "test" once gave the training clips, which a score then counted as held out)."""
+        if name not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, not {name!r}")
         keep = np.ones(len(self.ids), bool) if name == "all" else self.val == (name == "val")
         return self.take(np.flatnonzero(keep))
 
@@ -261,9 +266,10 @@ def token_table(vocab):
     return table
 
 
-def _group_rows(clips, group, paths, edges, kinds, n_mels, batch, rng, complete):
+def _group_rows(clips, group, paths, edges, kinds, n_mels, batch, rng, complete, listed=None):
     """A group's row table (columns ROW): offsets rebased into the group's concatenated arrays.
-    complete: repeat clips of each bucket so its last batch is full (nothing dropped per epoch)."""
+    complete: repeat clips of each bucket so its last batch is full (nothing dropped per epoch).
+    listed: each of `clips`' rows' position in clip_ids (the `clip` column; default: its row)."""
     width = {"mels": n_mels}
     base = {}
     for kind in kinds:
@@ -272,7 +278,7 @@ def _group_rows(clips, group, paths, edges, kinds, n_mels, batch, rng, complete)
         base[kind] = dict(zip(group, np.cumsum([0] + items)))
     pick = np.flatnonzero(np.isin(clips.shard, group))
     rows = np.zeros((len(pick), len(ROW)), np.int64)
-    rows[:, ROW["clip"]] = pick
+    rows[:, ROW["clip"]] = pick if listed is None else listed[pick]
     rows[:, ROW["n_tokens"]] = clips.n_tokens[pick]
     rows[:, ROW["frames"]] = clips.frames[pick]
     rows[:, ROW["bucket"]] = np.searchsorted(edges, clips.frames[pick])
@@ -298,6 +304,7 @@ class _Source:
     paths: dict
     table: np.ndarray  # code point -> vocabulary id
     voices: tuple = ()  # ("speaker", "language") fields, as voice_fields(index)
+    listed: np.ndarray = None  # each clip's position in clip_ids(cfg, split): what the `clip` field holds
 
     @property
     def kinds(self):
@@ -317,8 +324,13 @@ def _source(cfg, split, durations, balance=False):
         raise CacheError(f"{config.cache_dir(cfg)}: no clips in the {split!r} split")
     # shapes from both splits (train and val agree), and with or without durations (clips the duration
     # shards leave out still shape the buckets), so every caller of bucket_shapes sees the same ones
-    edges, shapes = bucket_shapes(cfg, clips=load_clips(cfg, "all", index)[0] if durations else everything)
-    return _Source(clips, edges, shapes, paths, token_table(index["vocab"]), voice_fields(index))
+    plain = load_clips(cfg, "all", index)[0] if durations else everything
+    edges, shapes = bucket_shapes(cfg, clips=plain)
+    # the `clip` field indexes clip_ids(cfg, split), which neither the duration shards' rejects nor
+    # train.balance's repeats change: before, it indexed this list, so every id after a reject was another clip's
+    at = {cid: i for i, cid in enumerate(plain.split(split).ids)}
+    listed = np.asarray([at[cid] for cid in clips.ids], np.int64)
+    return _Source(clips, edges, shapes, paths, token_table(index["vocab"]), voice_fields(index), listed)
 
 
 def _group_arrays(src, groups, n_mels):
@@ -374,17 +386,17 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
     endless = repeat and len(groups) == 1  # one group: its rows repeat, so no batch remainder is ever lost
     rng = np.random.default_rng(seed)
     group_rows = [_group_rows(src.clips, g, src.paths, src.edges, src.kinds, n_mels, batch, rng,
-                              drop_remainder and not endless) for g in groups]
+                              drop_remainder and not endless, src.listed) for g in groups]
     rows_table = tf.ragged.constant([r.tolist() for r in group_rows], dtype=tf.int64, ragged_rank=1)
     buffer = max(len(r) for r in group_rows) if shuffle else 0
     read = _group_arrays(src, groups, n_mels)
 
     @tf.autograph.experimental.do_not_convert  # see _interleave_groups
-    def group_batches(g, first=True):
+    def group_batches(g, epoch):
         rows = _bucketed_rows(rows_table[g], batch, shuffle=buffer, repeat=endless, drop_remainder=drop_remainder,
-                              seed=seed)
-        return rows.map(_gather_fn(src, read(g, first), n_mels, with_clip_index), num_parallel_calls=tf.data.AUTOTUNE,
-                        deterministic=True)
+                              seed=epoch_seed(seed, epoch))
+        return rows.map(_gather_fn(src, read(g, epoch == 0), n_mels, with_clip_index),
+                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     return _interleave_groups(group_batches, len(groups), shuffle=shuffle, repeat=repeat and not endless, seed=seed)
 
@@ -416,7 +428,8 @@ def build_worker_dataset(cfg, worker, *, local_replicas=1, durations=False, with
     if batch % local_replicas:
         raise config.ConfigError(f"train.batch_size: {cfg['train']['batch_size']} does not split evenly over "
                                  f"{worker[1]} workers x {local_replicas} replicas each")
-    rows = _group_rows(src.clips, mine, src.paths, src.edges, src.kinds, n_mels, batch, None, complete=False)
+    rows = _group_rows(src.clips, mine, src.paths, src.edges, src.kinds, n_mels, batch, None, complete=False,
+                       listed=src.listed)
     src = _lifted(src, lift, worker, log)
     rows[:, ROW["bucket"]] = lift[rows[:, ROW["bucket"]]]
     read = _group_arrays(src, [mine], n_mels)
@@ -446,6 +459,15 @@ def verified(blobs, names, want, target):
         "(it rebuilds exactly the damaged shards)"], summarize=16)
     with tf.control_dependencies([check]):
         return tf.identity(blobs)
+
+
+def epoch_seed(seed, epoch):
+    """The shuffle seed of a shard group's rows in `epoch` (int64 scalar tensor) of a several-group loader:
+    train.seed itself in epoch 0, then train.seed + epoch * 2**32, so every epoch mixes its batches anew
+    and no epoch's seed is another train.seed's (the schema keeps train.seed below 2**32). Before,
+    every read of a group shuffled with train.seed alone: each epoch repeated the first one's batches,
+    clip for clip, in the same order."""
+    return tf.cast(seed, tf.int64) + tf.cast(epoch, tf.int64) * (1 << 32)
 
 
 def _bucketed_rows(rows, batch, *, shuffle, repeat, drop_remainder, seed):
@@ -510,7 +532,9 @@ def loader_options():
 
 def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed):
     """Batches of every shard group, two groups in flight (the next one is read while batches come
-    from the current one), then the options and the final prefetch.
+    from the current one), then the options and the final prefetch. group_batches(g, epoch) gets the
+    epoch (int64 scalar) each read of group g is for: its rows' shuffle (epoch_seed) and the checksum
+    check of its first read (epoch 0) follow it.
 
     tf.data runs AutoGraph over every function it traces unless told not to. The loader's functions
     (group_batches and all it calls: the reads, the checksum check, the bucketing, the gather) have no
@@ -522,15 +546,16 @@ def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed):
         group_ids = group_ids.shuffle(n_groups, seed=seed)
     if repeat:
         group_ids = group_ids.repeat()
-    first_reads = group_ids.enumerate().map(tf.autograph.experimental.do_not_convert(
-        lambda i, g: (g, i < n_groups)))  # (group, its first read?)
-    ds = first_reads.interleave(group_batches, cycle_length=min(2, n_groups), num_parallel_calls=min(2, n_groups),
-                              deterministic=True)
+    reads = group_ids.enumerate().map(tf.autograph.experimental.do_not_convert(
+        lambda i, g: (g, i // n_groups)))  # (group, the epoch it is read for: 0 is its first read)
+    ds = reads.interleave(group_batches, cycle_length=min(2, n_groups), num_parallel_calls=min(2, n_groups),
+                          deterministic=True)
     return ds.with_options(loader_options()).prefetch(tf.data.AUTOTUNE)
 
 
 def clip_ids(cfg, split):
-    """The ids behind the `clip` field of `build_dataset(..., with_clip_index=True)`."""
+    """The ids behind the `clip` field of `build_dataset(..., with_clip_index=True)`, with or without
+    durations=True and balance=True (the clips those leave out or repeat keep their places here)."""
     return load_clips(cfg, split)[0].ids
 
 

@@ -156,14 +156,11 @@ def test_cache_of_an_older_format_is_refused_with_what_to_run(cache_copy):
         data.build_dataset(cache_copy, "train")
 
 
-def test_planted_duration_shards_load_through_build_dataset(cache_copy):
-    """The aligner stage writes durations with shards.write; build_dataset(durations=True) reads them."""
-    root = config.cache_dir(cache_copy)
-    with pytest.raises(data.CacheError, match="durations/shard-000.json: shard missing; run `snakemake --cores all durations`"):
-        data.build_dataset(cache_copy, "train", durations=True)
-    rng = np.random.default_rng(0)
-    planted = {}
-    for k in range(cache_copy["cache"]["shards"]):
+def _plant_durations(cfg, reject=()):
+    """Duration shards as the aligner stage writes them (shards.write), each clip's frames shared among
+    its tokens at random, the clips `reject` lists under `rejected`; {id: its durations}."""
+    root, rng, planted = config.cache_dir(cfg), np.random.default_rng(0), {}
+    for k in range(cfg["cache"]["shards"]):
         tok = shards.read_meta(shards.prefix(root, "tokens", k), "tokens")
         mel = shards.read_meta(shards.prefix(root, "mels", k), "mels")
         frames = dict(zip(mel["ids"], mel["lengths"]))
@@ -173,7 +170,18 @@ def test_planted_duration_shards_load_through_build_dataset(cache_copy):
             arrays.append(np.diff(np.concatenate([[0], cuts, [frames[cid]]])).astype(np.int32))
             planted[cid] = arrays[-1]
         made_from = {kind: shards.file_digest(shards.prefix(root, kind, k).with_suffix(".json")) for kind in ("tokens", "mels")}
-        shards.write(shards.prefix(root, "durations", k), "durations", tok["ids"], arrays, provenance=made_from)
+        rejected = [dict(id=cid, path="planted", stage="durations", reason="planted") for cid in tok["ids"] if cid in reject]
+        shards.write(shards.prefix(root, "durations", k), "durations", tok["ids"], arrays, provenance=made_from,
+                     rejected=rejected)
+    return planted
+
+
+def test_planted_duration_shards_load_through_build_dataset(cache_copy):
+    """The aligner stage writes durations with shards.write; build_dataset(durations=True) reads them."""
+    root = config.cache_dir(cache_copy)
+    with pytest.raises(data.CacheError, match="durations/shard-000.json: shard missing; run `snakemake --cores all durations`"):
+        data.build_dataset(cache_copy, "train", durations=True)
+    planted = _plant_durations(cache_copy)
     ids = data.clip_ids(cache_copy, "all")
     ds = data.build_dataset(cache_copy, "all", durations=True, with_clip_index=True)
     seen = 0
@@ -197,6 +205,21 @@ def test_planted_duration_shards_load_through_build_dataset(cache_copy):
     shards.write(shards.prefix(root, "durations", 1), "durations", meta["ids"], arrays, provenance=meta["provenance"])
     with pytest.raises(data.CacheError, match=f"durations of {meta['ids'][0]} sum to .*snakemake --cores all durations"):
         data.build_dataset(cache_copy, "train", durations=True)
+
+
+def test_the_clip_field_names_the_clip_whose_fields_it_carries_with_durations(cache_copy):
+    """clip_ids(cfg, split)[clip] is the clip a row's tokens, mel and durations are, also when the
+    duration shards reject a clip; before, the field indexed the list less the rejects, so every
+    clip after one named its neighbour."""
+    first = data.clip_ids(cache_copy, "all")[0]
+    planted = _plant_durations(cache_copy, reject={first})
+    ids = data.clip_ids(cache_copy, "all")
+    seen = []
+    for batch in data.build_dataset(cache_copy, "all", durations=True, with_clip_index=True):
+        for i, clip in enumerate(batch["clip"].numpy()):
+            seen.append(ids[clip])
+            np.testing.assert_array_equal(batch["durations"][i, :batch["token_lengths"][i]], planted[ids[clip]])
+    assert sorted(seen) == sorted(set(ids) - {first})
 
 
 def test_a_cut_short_index_is_one_line_naming_it(cache_copy):
@@ -403,6 +426,31 @@ def test_one_pass_over_several_groups_gives_every_training_clip(built_cache):
         assert batch["tokens"].shape[0] == cfg["train"]["batch_size"]
         seen |= set(batch["clip"].numpy().tolist())
     assert seen == set(range(len(ids)))
+
+
+def test_a_loader_of_several_groups_mixes_new_batches_every_epoch(built_cache):
+    """A cache read in several shard groups (over GROUP_BYTES: LJSpeech is two) reshuffles each group's
+    rows every epoch, as a one-group loader does; before, every epoch repeated the first one's batches,
+    clip for clip."""
+    cfg = _cfg(built_cache, train={"batch_size": 2, "buckets": 2})
+    one_epoch = [tuple(sorted(b["clip"].numpy().tolist()))
+                 for b in data.build_dataset(cfg, "train", repeat=False, group_bytes=1, with_clip_index=True)]
+    three = [tuple(sorted(b["clip"].numpy().tolist()))
+             for b in data.build_dataset(cfg, "train", group_bytes=1, with_clip_index=True).take(3 * len(one_epoch))]
+    assert set(one_epoch) <= set(three)
+    assert len(set(three)) > len(set(one_epoch))  # the later epochs pair other clips
+
+
+@pytest.mark.parametrize("split", ["validation", "test", "Val"])
+def test_a_split_name_no_loader_knows_is_refused_not_read_as_train(built_cache, split):
+    """Any split name but train, val and all once gave the training clips (a score on "validation"
+    then counted training clips as held out); every loader now refuses it, naming the three."""
+    from pipeline.vocoder import segments
+    cfg = _cfg(built_cache)
+    for load in (lambda: data.build_dataset(cfg, split), lambda: data.clip_ids(cfg, split),
+                 lambda: segments.build_segments(cfg, split, log=lambda _: None)):
+        with pytest.raises(ValueError, match=f"split must be one of \\('train', 'val', 'all'\\), not '{split}'"):
+            load()
 
 
 def test_a_train_split_of_exactly_one_batch_is_enough(built_cache):
