@@ -8,7 +8,8 @@ multiworker and TF_CONFIG naming every worker (127.0.0.1 and a free port each) a
 worker 0 is the chief. On a GPU host each worker gets an equal share of the GPUs
 (CUDA_VISIBLE_DEVICES); workers never share a GPU. Their output is forwarded line by line as
 `[worker i] ...`. When one worker fails, the launcher stops the others (SIGTERM, then SIGKILL) and
-exits with that worker's error.
+exits with that worker's error. When the launcher's own output goes (the reader of its pipe has
+closed it, a full disk) it stops the workers too, as one training process would stop.
 Workers also die with the launcher (Linux). Reads the config only to check it before starting.
 The workers reach each other on 127.0.0.1, but TensorFlow's server in each listens on every network
 interface (0.0.0.0) with no authentication: the log says so; keep those ports from other machines.
@@ -155,7 +156,7 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
     log(f"launch: the workers' TensorFlow servers listen on port{'s' if workers > 1 else ''} "
         f"{','.join(map(str, ports))} of every network interface, not only 127.0.0.1 (TensorFlow binds 0.0.0.0), "
         "and obey whoever connects: run on a host whose ports other machines cannot reach (a firewall)")
-    procs, tails = [], [collections.deque(maxlen=200) for _ in range(workers)]
+    procs, readers, tails = [], [], [collections.deque(maxlen=200) for _ in range(workers)]
     try:
         for i in range(workers):
             env = dict(os.environ, TF_CONFIG=tf_config(ports, i), PYTHONUNBUFFERED="1")
@@ -167,25 +168,8 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
             gpus = f", GPUs {devices[i]}" if devices[i] is not None else ""
             log(f"launch: worker {i} pid {procs[i].pid} on 127.0.0.1:{ports[i]}{gpus}{' (chief)' if i == 0 else ''}")
 
-        ended = {}  # worker -> when it exited: the first to fail is the cause, the others may follow it
-
-        def forward(i):
-            for line in procs[i].stdout:
-                tails[i].append(line)
-                log(f"[worker {i}] {line.rstrip()}")
-            procs[i].wait()
-            ended[i] = time.monotonic()
-
-        # readers start after every fork: preexec_fn is unsafe while other threads run
-        readers = [threading.Thread(target=forward, args=(i,), daemon=True) for i in range(workers)]
-        for r in readers:
-            r.start()
-        failed = []
-        while not failed and len(ended) < workers:
-            time.sleep(0.1)
-            failed = sorted((t, i) for i, t in list(ended.items()) if procs[i].returncode != 0)
-        failed = failed[0][1] if failed else None
-    except BaseException:  # Ctrl-C or a launcher bug: never leave workers behind
+        failed = _watch(procs, tails, log, readers)
+    except BaseException:  # Ctrl-C, the log's output gone, a launcher bug: never leave workers behind
         _stop(procs, grace)
         raise
     stopped = _stop(procs, grace)
@@ -195,6 +179,37 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
         log(f"launch: all {workers} workers finished")
         return 0
     raise WorkerFailed(_failure(procs, failed, list(tails[failed]), stopped))
+
+
+def _watch(procs, tails, log, readers):
+    """Forward each worker's lines as `[worker i] ...` (the last ones kept in `tails`), from threads added
+    to `readers`, until every worker has exited or one has failed -> the first to fail, None if none did.
+    What writing the log raised (a closed pipe, a full disk) is raised here, and the launch stops."""
+    ended = {}  # worker -> when it exited: the first to fail is the cause, the others may follow it
+    gone = []
+
+    def forward(i):
+        for line in procs[i].stdout:
+            tails[i].append(line)
+            if not gone:
+                try:
+                    log(f"[worker {i}] {line.rstrip()}")
+                except Exception as e:  # reading goes on: a worker must never block on a full pipe
+                    gone.append(e)
+        procs[i].wait()
+        ended[i] = time.monotonic()
+
+    # readers start after every fork: preexec_fn is unsafe while other threads run
+    readers.extend(threading.Thread(target=forward, args=(i,), daemon=True) for i in range(len(procs)))
+    for r in readers:
+        r.start()
+    failed = []
+    while not failed and not gone and len(ended) < len(procs):
+        time.sleep(0.1)
+        failed = sorted((t, i) for i, t in list(ended.items()) if procs[i].returncode != 0)
+    if gone:  # as one command whose output went: errors.cli says why (nothing, for a pipe's reader gone)
+        raise gone[0]
+    return failed[0][1] if failed else None
 
 
 def _failure(procs, failed, tail, stopped):
