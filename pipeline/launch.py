@@ -171,6 +171,8 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
         failed = _watch(procs, tails, log, readers)
     except BaseException:  # Ctrl-C, the log's output gone, a launcher bug: never leave workers behind
         _stop(procs, grace)
+        for p in procs[len(readers):]:  # the output of workers started before one failed to start
+            p.stdout.close()
         raise
     stopped = _stop(procs, grace)
     for r in readers:
@@ -189,13 +191,14 @@ def _watch(procs, tails, log, readers):
     gone = []
 
     def forward(i):
-        for line in procs[i].stdout:
-            tails[i].append(line)
-            if not gone:
-                try:
-                    log(f"[worker {i}] {line.rstrip()}")
-                except Exception as e:  # reading goes on: a worker must never block on a full pipe
-                    gone.append(e)
+        with procs[i].stdout as lines:  # closed at the worker's end: a launch in a longer process leaks no pipe
+            for line in lines:
+                tails[i].append(line)
+                if not gone:
+                    try:
+                        log(f"[worker {i}] {line.rstrip()}")
+                    except Exception as e:  # reading goes on: a worker must never block on a full pipe
+                        gone.append(e)
         procs[i].wait()
         ended[i] = time.monotonic()
 

@@ -63,3 +63,15 @@ def test_a_launcher_whose_output_is_closed_stops_its_workers_and_exits(tmp_path)
         time.sleep(0.1)
     assert not any(map(_alive, pids.values())), pids
 
+
+
+def test_a_launch_leaves_no_pipe_open_in_the_process_that_ran_it(tmp_path):
+    # each worker's output pipe stayed open after the launch returned, one file per worker and launch
+    # (ResourceWarning: unclosed file) for the life of a process that launches, such as a benchmark's
+    (tmp_path / "brief.py").write_text("print('up')\n")
+    code = ("import gc, io, sys; from pipeline import launch; "
+            "launch.launch(2, [], module='brief', out=io.StringIO()); gc.collect(); print('launched')")
+    proc = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", code], cwd=tmp_path,
+                          env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "launched\n", proc.stderr
+    assert "ResourceWarning" not in proc.stderr, proc.stderr
