@@ -19,6 +19,7 @@ import argparse
 import collections
 import ctypes
 import json
+import math
 import os
 import re
 import signal
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from pipeline import config
 from pipeline.errors import PipelineError, cli
@@ -75,6 +77,60 @@ def visible_gpus():
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return []
     return [str(i) for i in range(sum(line.startswith("GPU ") for line in listing.splitlines()))]
+
+
+CGROUP_ROOT = "/sys/fs/cgroup"  # where the cgroup file systems are mounted
+PROC_CGROUP = "/proc/self/cgroup"  # this process's cgroups: "0::/path" (v2), "4:cpu,cpuacct:/path" (v1)
+
+
+def cgroup_cpu_quota():
+    """The CPUs this process's cgroup lets it keep busy, rounded up (docker --cpus 2, a Kubernetes limit:
+    cpu.max in cgroup v2, cpu.cfs_quota_us / cpu.cfs_period_us in v1; the lowest of its cgroup's and
+    their parents'), None without a quota. The quota shows in no CPU list: a container held to 2 CPUs
+    on a 64-core host has 64 in its affinity."""
+    try:
+        lines = Path(PROC_CGROUP).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    quotas = []
+    for line in (x for x in lines if x.count(":") >= 2):
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            folders = [Path(CGROUP_ROOT)]
+        elif "cpu" in controllers.split(","):
+            folders = [Path(CGROUP_ROOT, controllers), Path(CGROUP_ROOT, "cpu")]
+        else:
+            continue
+        for top in folders:
+            # its own cgroup and its parents (a container sees its own as the root)
+            for folder in [top.joinpath(*Path(path).parts[1:i]) for i in range(len(Path(path).parts), 0, -1)]:
+                quotas.append(_cpu_quota(folder))
+    found = [q for q in quotas if q]
+    return min(found) if found else None
+
+
+def _cpu_quota(folder):
+    """CPUs the cgroup in `folder` allows (a fraction), None for no quota or no such files."""
+    try:
+        if (folder / "cpu.max").is_file():
+            quota, period = (folder / "cpu.max").read_text(encoding="ascii").split()[:2]
+        else:
+            quota = (folder / "cpu.cfs_quota_us").read_text(encoding="ascii").strip()
+            period = (folder / "cpu.cfs_period_us").read_text(encoding="ascii").strip()
+        return int(quota) / int(period) if quota not in ("max", "-1") and int(period) > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cores():
+    """(the CPUs this process may keep busy, how the launcher's message names them): those it may run on
+    (its affinity: SLURM's CPUs, taskset, a cpuset), at most its cgroup's CPU quota."""
+    cores = len(os.sched_getaffinity(0))
+    quota = cgroup_cpu_quota()
+    if quota is None or math.ceil(quota) >= cores:
+        return cores, f"this host's {max(2, cores)} cores"
+    return math.ceil(quota), (f"the {max(2, math.ceil(quota))} CPUs its cgroup's CPU quota allows ({quota:g} "
+                              f"of this host's {cores} cores)")
 
 
 def gpu_split(gpus, workers, log=print):
@@ -146,9 +202,10 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
             print(line, file=out, flush=True)
 
     gpus = visible_gpus()
-    cores = max(2, len(os.sched_getaffinity(0)))  # the cores this process may use (SLURM, cgroups, taskset)
+    cores, where = usable_cores()
+    cores = max(2, cores)  # the smallest cluster runs even on one core
     if not gpus and workers > cores:  # on GPUs, gpu_split bounds them; both before any per-worker list
-        raise PipelineError(f"--workers {workers}: more CPU workers than this host's {cores} cores (each is a "
+        raise PipelineError(f"--workers {workers}: more CPU workers than {where} (each is a "
                             f"TensorFlow process with its own threads); use --workers {cores} or fewer")
     devices = gpu_split(gpus, workers, log)
     argv = worker_args(train_args, log) if module == "pipeline.train" else list(train_args)

@@ -2,12 +2,17 @@
 
 The workers here are small Python modules (no TensorFlow); tests/test_multiworker.py trains real ones.
 """
+import io
 import os
 import subprocess
 import sys
 import time
 
+import pytest
 from conftest import ROOT
+
+from pipeline import launch
+from pipeline.errors import PipelineError
 
 # the launcher as `python -m pipeline.launch` runs it (errors.cli around launch()), with a stand-in module
 LAUNCH = ("import sys; from pipeline import launch; from pipeline.errors import cli; "
@@ -75,3 +80,45 @@ def test_a_launch_leaves_no_pipe_open_in_the_process_that_ran_it(tmp_path):
                           env=_env(tmp_path), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout == "launched\n", proc.stderr
     assert "ResourceWarning" not in proc.stderr, proc.stderr
+
+
+def _cgroups(root, proc_line, limits):
+    """A cgroup tree under `root` (folder -> {file: text}) and a /proc/self/cgroup of one line."""
+    for folder, files in limits.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (root / folder / name).write_text(text)
+    (root / "proc-self-cgroup").write_text(proc_line + "\n")
+
+
+def test_cpu_workers_are_bounded_by_a_cgroup_cpu_quota_as_by_the_cores(tmp_path, monkeypatch):
+    # a container held to 2 CPUs (docker --cpus 2, a Kubernetes limit) on a 64-core host: its affinity lists
+    # 64, so --workers 16 started 16 TensorFlow processes on 2 CPUs' worth of time
+    (tmp_path / "brief.py").write_text("print('up')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(ROOT)]))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda pid: set(range(64)))
+    root = tmp_path / "cgroup"
+    monkeypatch.setattr(launch, "CGROUP_ROOT", str(root))
+    monkeypatch.setattr(launch, "PROC_CGROUP", str(root / "proc-self-cgroup"))
+    # cgroup v2: the job's own cgroup has no quota, its parent's is 2 CPUs
+    _cgroups(root, "0::/user.slice/job", {"user.slice": {"cpu.max": "200000 100000\n"},
+                                          "user.slice/job": {"cpu.max": "max 100000\n"}})
+    assert launch.cgroup_cpu_quota() == 2.0 and launch.usable_cores()[0] == 2
+    with pytest.raises(PipelineError, match=r"--workers 16: more CPU workers than the 2 CPUs its cgroup's CPU "
+                                            r"quota allows \(2 of this host's 64 cores\).*--workers 2 or fewer"):
+        launch.launch(16, [], module="brief", out=io.StringIO())
+    assert launch.launch(2, [], module="brief", out=io.StringIO()) == 0
+    # cgroup v1 (cpu,cpuacct), 1.5 CPUs: two workers at most
+    _cgroups(root, "4:cpu,cpuacct:/docker/4f1e", {"cpu,cpuacct/docker/4f1e": {"cpu.cfs_quota_us": "150000\n",
+                                                                              "cpu.cfs_period_us": "100000\n"}})
+    assert launch.cgroup_cpu_quota() == 1.5 and launch.usable_cores()[0] == 2
+    with pytest.raises(PipelineError, match="--workers 3: more CPU workers than the 2 CPUs"):
+        launch.launch(3, [], module="brief", out=io.StringIO())
+    # no quota (v1's -1, v2's max), no cgroup files: the cores
+    _cgroups(root, "4:cpu,cpuacct:/docker/4f1e", {"cpu,cpuacct/docker/4f1e": {"cpu.cfs_quota_us": "-1\n"}})
+    assert launch.cgroup_cpu_quota() is None and launch.usable_cores() == (64, "this host's 64 cores")
+    _cgroups(root, "0::/", {".": {"cpu.max": "max 100000\n"}})
+    assert launch.cgroup_cpu_quota() is None
+    monkeypatch.setattr(launch, "PROC_CGROUP", str(root / "absent"))
+    assert launch.usable_cores()[0] == 64
