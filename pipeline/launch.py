@@ -276,10 +276,18 @@ def _failure(procs, failed, tail, stopped):
     """What failed: worker `failed` (the first to), how, its last error line in `tail`, and the others
     it stopped: those still running then, not one that had finished or failed after it."""
     rc = procs[failed].returncode
-    how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
+    how = f"was killed by {_signal_name(-rc)}" if rc < 0 else f"exited with status {rc}"
     others = "" if not stopped else f"; stopped the other {len(stopped)}" if len(stopped) == len(procs) - 1 else \
         f"; stopped {' and '.join(f'worker {i}' for i in stopped)}, still running"
     return f"worker {failed} (pid {procs[failed].pid}) {how}{_last_error(tail, killed=rc < 0)}{others}"
+
+
+def _signal_name(number):
+    """SIGKILL for 9; a signal Python has no name for (SIGRTMIN+1 to SIGRTMAX-1 on Linux) by its number."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 @cli

@@ -4,6 +4,7 @@ The workers here are small Python modules (no TensorFlow); tests/test_multiworke
 """
 import io
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -122,3 +123,19 @@ def test_cpu_workers_are_bounded_by_a_cgroup_cpu_quota_as_by_the_cores(tmp_path,
     assert launch.cgroup_cpu_quota() is None
     monkeypatch.setattr(launch, "PROC_CGROUP", str(root / "absent"))
     assert launch.usable_cores()[0] == 64
+
+
+def test_a_worker_killed_by_a_signal_python_has_no_name_for_is_one_line(tmp_path, monkeypatch):
+    # a real-time signal (SIGRTMIN+6 on Linux, which Python's signal.Signals does not list) ended worker 1:
+    # the launcher's report of it was a ValueError traceback in place of the worker's failure
+    (tmp_path / "rt_worker.py").write_text(
+        "import json, os, signal, time\n"
+        "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1:\n"
+        "    os.kill(os.getpid(), signal.SIGRTMIN + 6)\n"
+        "time.sleep(60)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(ROOT)]))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    number = int(signal.SIGRTMIN) + 6
+    with pytest.raises(launch.WorkerFailed, match=rf"^worker 1 \(pid \d+\) was killed by signal {number}; "
+                                                   r"stopped the other 1$"):
+        launch.launch(2, [], module="rt_worker", out=io.StringIO())
