@@ -8,7 +8,8 @@ multiworker and TF_CONFIG naming every worker (127.0.0.1 and a free port each) a
 worker 0 is the chief. On a GPU host each worker gets an equal share of the GPUs
 (CUDA_VISIBLE_DEVICES); workers never share a GPU. Their output is forwarded line by line as
 `[worker i] ...`. When one worker fails, the launcher stops the others (SIGTERM, then SIGKILL) and
-exits with that worker's error.
+exits with that worker's error. When the launcher's own output goes (the reader of its pipe has
+closed it, a full disk) it stops the workers too, as one training process would stop.
 Workers also die with the launcher (Linux). Reads the config only to check it before starting.
 The workers reach each other on 127.0.0.1, but TensorFlow's server in each listens on every network
 interface (0.0.0.0) with no authentication: the log says so; keep those ports from other machines.
@@ -18,6 +19,7 @@ import argparse
 import collections
 import ctypes
 import json
+import math
 import os
 import re
 import signal
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from pipeline import config
 from pipeline.errors import PipelineError, cli
@@ -74,6 +77,60 @@ def visible_gpus():
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return []
     return [str(i) for i in range(sum(line.startswith("GPU ") for line in listing.splitlines()))]
+
+
+CGROUP_ROOT = "/sys/fs/cgroup"  # where the cgroup file systems are mounted
+PROC_CGROUP = "/proc/self/cgroup"  # this process's cgroups: "0::/path" (v2), "4:cpu,cpuacct:/path" (v1)
+
+
+def cgroup_cpu_quota():
+    """The CPUs this process's cgroup lets it keep busy, rounded up (docker --cpus 2, a Kubernetes limit:
+    cpu.max in cgroup v2, cpu.cfs_quota_us / cpu.cfs_period_us in v1; the lowest of its cgroup's and
+    their parents'), None without a quota. The quota shows in no CPU list: a container held to 2 CPUs
+    on a 64-core host has 64 in its affinity."""
+    try:
+        lines = Path(PROC_CGROUP).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    quotas = []
+    for line in (x for x in lines if x.count(":") >= 2):
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            folders = [Path(CGROUP_ROOT)]
+        elif "cpu" in controllers.split(","):
+            folders = [Path(CGROUP_ROOT, controllers), Path(CGROUP_ROOT, "cpu")]
+        else:
+            continue
+        for top in folders:
+            # its own cgroup and its parents (a container sees its own as the root)
+            for folder in [top.joinpath(*Path(path).parts[1:i]) for i in range(len(Path(path).parts), 0, -1)]:
+                quotas.append(_cpu_quota(folder))
+    found = [q for q in quotas if q]
+    return min(found) if found else None
+
+
+def _cpu_quota(folder):
+    """CPUs the cgroup in `folder` allows (a fraction), None for no quota or no such files."""
+    try:
+        if (folder / "cpu.max").is_file():
+            quota, period = (folder / "cpu.max").read_text(encoding="ascii").split()[:2]
+        else:
+            quota = (folder / "cpu.cfs_quota_us").read_text(encoding="ascii").strip()
+            period = (folder / "cpu.cfs_period_us").read_text(encoding="ascii").strip()
+        return int(quota) / int(period) if quota not in ("max", "-1") and int(period) > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cores():
+    """(the CPUs this process may keep busy, how the launcher's message names them): those it may run on
+    (its affinity: SLURM's CPUs, taskset, a cpuset), at most its cgroup's CPU quota."""
+    cores = len(os.sched_getaffinity(0))
+    quota = cgroup_cpu_quota()
+    if quota is None or math.ceil(quota) >= cores:
+        return cores, f"this host's {max(2, cores)} cores"
+    return math.ceil(quota), (f"the {max(2, math.ceil(quota))} CPUs its cgroup's CPU quota allows ({quota:g} "
+                              f"of this host's {cores} cores)")
 
 
 def gpu_split(gpus, workers, log=print):
@@ -145,9 +202,10 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
             print(line, file=out, flush=True)
 
     gpus = visible_gpus()
-    cores = max(2, len(os.sched_getaffinity(0)))  # the cores this process may use (SLURM, cgroups, taskset)
+    cores, where = usable_cores()
+    cores = max(2, cores)  # the smallest cluster runs even on one core
     if not gpus and workers > cores:  # on GPUs, gpu_split bounds them; both before any per-worker list
-        raise PipelineError(f"--workers {workers}: more CPU workers than this host's {cores} cores (each is a "
+        raise PipelineError(f"--workers {workers}: more CPU workers than {where} (each is a "
                             f"TensorFlow process with its own threads); use --workers {cores} or fewer")
     devices = gpu_split(gpus, workers, log)
     argv = worker_args(train_args, log) if module == "pipeline.train" else list(train_args)
@@ -155,7 +213,7 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
     log(f"launch: the workers' TensorFlow servers listen on port{'s' if workers > 1 else ''} "
         f"{','.join(map(str, ports))} of every network interface, not only 127.0.0.1 (TensorFlow binds 0.0.0.0), "
         "and obey whoever connects: run on a host whose ports other machines cannot reach (a firewall)")
-    procs, tails = [], [collections.deque(maxlen=200) for _ in range(workers)]
+    procs, readers, tails = [], [], [collections.deque(maxlen=200) for _ in range(workers)]
     try:
         for i in range(workers):
             env = dict(os.environ, TF_CONFIG=tf_config(ports, i), PYTHONUNBUFFERED="1")
@@ -167,26 +225,11 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
             gpus = f", GPUs {devices[i]}" if devices[i] is not None else ""
             log(f"launch: worker {i} pid {procs[i].pid} on 127.0.0.1:{ports[i]}{gpus}{' (chief)' if i == 0 else ''}")
 
-        ended = {}  # worker -> when it exited: the first to fail is the cause, the others may follow it
-
-        def forward(i):
-            for line in procs[i].stdout:
-                tails[i].append(line)
-                log(f"[worker {i}] {line.rstrip()}")
-            procs[i].wait()
-            ended[i] = time.monotonic()
-
-        # readers start after every fork: preexec_fn is unsafe while other threads run
-        readers = [threading.Thread(target=forward, args=(i,), daemon=True) for i in range(workers)]
-        for r in readers:
-            r.start()
-        failed = []
-        while not failed and len(ended) < workers:
-            time.sleep(0.1)
-            failed = sorted((t, i) for i, t in list(ended.items()) if procs[i].returncode != 0)
-        failed = failed[0][1] if failed else None
-    except BaseException:  # Ctrl-C or a launcher bug: never leave workers behind
+        failed = _watch(procs, tails, log, readers)
+    except BaseException:  # Ctrl-C, the log's output gone, a launcher bug: never leave workers behind
         _stop(procs, grace)
+        for p in procs[len(readers):]:  # the output of workers started before one failed to start
+            p.stdout.close()
         raise
     stopped = _stop(procs, grace)
     for r in readers:
@@ -197,14 +240,54 @@ def launch(workers, train_args, *, module="pipeline.train", out=None, grace=STOP
     raise WorkerFailed(_failure(procs, failed, list(tails[failed]), stopped))
 
 
+def _watch(procs, tails, log, readers):
+    """Forward each worker's lines as `[worker i] ...` (the last ones kept in `tails`), from threads added
+    to `readers`, until every worker has exited or one has failed -> the first to fail, None if none did.
+    What writing the log raised (a closed pipe, a full disk) is raised here, and the launch stops."""
+    ended = {}  # worker -> when it exited: the first to fail is the cause, the others may follow it
+    gone = []
+
+    def forward(i):
+        with procs[i].stdout as lines:  # closed at the worker's end: a launch in a longer process leaks no pipe
+            for line in lines:
+                tails[i].append(line)
+                if not gone:
+                    try:
+                        log(f"[worker {i}] {line.rstrip()}")
+                    except Exception as e:  # reading goes on: a worker must never block on a full pipe
+                        gone.append(e)
+        procs[i].wait()
+        ended[i] = time.monotonic()
+
+    # readers start after every fork: preexec_fn is unsafe while other threads run
+    readers.extend(threading.Thread(target=forward, args=(i,), daemon=True) for i in range(len(procs)))
+    for r in readers:
+        r.start()
+    failed = []
+    while not failed and not gone and len(ended) < len(procs):
+        time.sleep(0.1)
+        failed = sorted((t, i) for i, t in list(ended.items()) if procs[i].returncode != 0)
+    if gone:  # as one command whose output went: errors.cli says why (nothing, for a pipe's reader gone)
+        raise gone[0]
+    return failed[0][1] if failed else None
+
+
 def _failure(procs, failed, tail, stopped):
     """What failed: worker `failed` (the first to), how, its last error line in `tail`, and the others
     it stopped: those still running then, not one that had finished or failed after it."""
     rc = procs[failed].returncode
-    how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
+    how = f"was killed by {_signal_name(-rc)}" if rc < 0 else f"exited with status {rc}"
     others = "" if not stopped else f"; stopped the other {len(stopped)}" if len(stopped) == len(procs) - 1 else \
         f"; stopped {' and '.join(f'worker {i}' for i in stopped)}, still running"
     return f"worker {failed} (pid {procs[failed].pid}) {how}{_last_error(tail, killed=rc < 0)}{others}"
+
+
+def _signal_name(number):
+    """SIGKILL for 9; a signal Python has no name for (SIGRTMIN+1 to SIGRTMAX-1 on Linux) by its number."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 @cli
