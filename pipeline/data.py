@@ -393,8 +393,8 @@ def build_dataset(cfg, split="train", *, repeat=None, shuffle=None, with_clip_in
 
     @tf.autograph.experimental.do_not_convert  # see _interleave_groups
     def group_batches(g, epoch):
-        rows = _bucketed_rows(rows_table[g], batch, shuffle=buffer, repeat=endless, drop_remainder=drop_remainder,
-                              seed=epoch_seed(seed, epoch))
+        rows = _bucketed_rows(epoch_rows(rows_table[g], seed, epoch), batch, shuffle=buffer, repeat=endless,
+                              drop_remainder=drop_remainder, seed=seed)
         return rows.map(_gather_fn(src, read(g, epoch == 0), n_mels, with_clip_index),
                         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
@@ -461,13 +461,18 @@ def verified(blobs, names, want, target):
         return tf.identity(blobs)
 
 
-def epoch_seed(seed, epoch):
-    """The shuffle seed of a shard group's rows in `epoch` (int64 scalar tensor) of a several-group loader:
-    train.seed itself in epoch 0, then train.seed + epoch * 2**32, so every epoch mixes its batches anew
-    and no epoch's seed is another train.seed's (the schema keeps train.seed below 2**32). Before,
-    every read of a group shuffled with train.seed alone: each epoch repeated the first one's batches,
-    clip for clip, in the same order."""
-    return tf.cast(seed, tf.int64) + tf.cast(epoch, tf.int64) * (1 << 32)
+def epoch_rows(rows, seed, epoch):
+    """A shard group's rows (int64 [n, len(ROW)]) as the read of it for `epoch` (int64 scalar tensor) of a
+    several-group loader lists them: as they are in epoch 0, then permuted by a stateless draw from
+    (train.seed, epoch), so the loader's seeded shuffle mixes each epoch's batches anew. Before, every
+    read shuffled the same list with train.seed: each epoch repeated the first one's batches, clip for
+    clip, in the same order. (The shuffle's own seed stays a Python int: a tensor seed fails in a
+    process with a global seed, as every trainer's, in tf.data's seed check.)"""
+    epoch = tf.cast(epoch, tf.int64)
+    return tf.cond(epoch > 0,
+                   lambda: tf.random.experimental.stateless_shuffle(rows, seed=tf.stack([tf.constant(seed, tf.int64),
+                                                                                          epoch])),
+                   lambda: tf.identity(rows))
 
 
 def _bucketed_rows(rows, batch, *, shuffle, repeat, drop_remainder, seed):
@@ -533,7 +538,7 @@ def loader_options():
 def _interleave_groups(group_batches, n_groups, *, shuffle, repeat, seed):
     """Batches of every shard group, two groups in flight (the next one is read while batches come
     from the current one), then the options and the final prefetch. group_batches(g, epoch) gets the
-    epoch (int64 scalar) each read of group g is for: its rows' shuffle (epoch_seed) and the checksum
+    epoch (int64 scalar) each read of group g is for: its rows' order (epoch_rows) and the checksum
     check of its first read (epoch 0) follow it.
 
     tf.data runs AutoGraph over every function it traces unless told not to. The loader's functions
