@@ -27,7 +27,7 @@ LOSS_KEYS = ("guided_attention_sigma", "guided_attention_weight", "stop_weight")
 OTHER_KEYS = ("stop_threshold",)
 STOP_POS_WEIGHT = 5.0  # about one positive stop step per utterance against ~100 negatives
 NEG_INF = -1e9         # added in float32 only, so it cannot overflow float16
-INFER_SEED = (20180416, 1809)  # pre-net dropout seed at inference, folded with each batch's tokens (_infer_seed)
+INFER_SEED = (20180416, 1809)  # pre-net dropout seed without training, folded with each clip's tokens (_clip_seeds)
 
 
 class ScaledPositions(keras.layers.Layer):
@@ -306,11 +306,12 @@ class TransformerTTS(keras.Model):
     @tf.function(reduce_retracing=True, autograph=False)  # tf.while_loop already: nothing to convert
     def _infer(self, tokens, token_lengths, max_steps, stop_threshold, speaker, language):
         # Each step re-runs the decoder over the whole fixed-size buffer (static shapes; the causal mask
-        # makes the unfilled tail irrelevant). One seed for the loop: past frames keep their dropout masks.
+        # makes the unfilled tail irrelevant). One seed a sentence for the loop: past frames keep their dropout
+        # masks, and a sentence's masks are its own, whatever sentences share its batch.
         M, r = self.n_mels, self.reduction
         B, T = tf.shape(tokens)[0], tf.shape(tokens)[1]
         memory, token_mask = self.encode(tokens, token_lengths, speaker=speaker, language=language)
-        seed = _infer_seed(tokens)
+        seed = _clip_seeds(tokens)                                              # (B, 2)
         dec_in = tf.zeros([B, max_steps, M], self.compute_dtype)               # (B, S, M)
         frames = tf.zeros([B, max_steps, M * r], tf.float32)                    # (B, S, M*r)
         alignment = tf.zeros([B, max_steps, T], tf.float32)                     # (B, S, T)
@@ -360,16 +361,11 @@ def _fold_seed(value):
     return tf.random.experimental.stateless_fold_in(tf.constant(INFER_SEED, tf.int64), value % (2 ** 31 - 1))
 
 
-def _infer_seed(tokens):
-    """The stateless seed of inference's pre-net dropout (kept on, as in Tacotron 2): INFER_SEED folded with
-    the tokens (position-weighted; padding ids 0 add nothing), not a SeedGenerator's next value. So one
-    checkpoint speaks a sentence alike in every process and call, and sentences still get masks of their own."""
-    return _fold_seed(tf.reduce_sum(_position_sums(tokens)))
-
-
 def _clip_seeds(tokens):
-    """(B, 2): each clip's own `_infer_seed` (the seed inference gives it alone), so a teacher-forced clip's
-    masks do not depend on the clips beside it in the batch."""
+    """(B, 2): the stateless seeds of pre-net dropout without training (kept on, as in Tacotron 2), one a
+    clip: INFER_SEED folded with the clip's tokens (position-weighted; padding ids 0 add nothing), not a
+    SeedGenerator's next value. So one checkpoint speaks a sentence alike in every process and call, in any
+    batch, with the masks its teacher-forced (GTA) mel has; sentences still get masks of their own."""
     return tf.map_fn(_fold_seed, _position_sums(tokens), fn_output_signature=tf.TensorSpec([2], tf.int64))
 
 
