@@ -260,3 +260,32 @@ def test_sbatch_template_gives_each_worker_the_cpus_of_its_task(tmp_path):
     # the #SBATCH line removed (no SLURM_CPUS_PER_TASK): srun and training keep their own defaults
     srun = sbatch_template_srun(tmp_path, {}, "my.yaml")
     assert not any(a.startswith("--cpus-per-task") for a in srun) and srun[-3:-2] == ["0"], srun
+
+
+def test_a_slurm_job_stops_on_a_clip_changed_after_planning(tmp_path, corpus_template):
+    # A SLURM job reads the Snakefile again on its node (Snakemake's remote mode) before its command runs.
+    # That planning recorded the file it found in the stamps memo the submitting run had named to the
+    # jobs as what it read, so a clip changed while the job waited in the queue was built into the shard
+    # under the old key, with no word: the job's check compared the file with itself
+    import numpy as np
+    import soundfile as sf
+
+    root = tmp_path / "data"
+    shutil.copytree(corpus_template, root)
+    config = write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": SHARDS})
+    (tmp_path / "cache" / "t").mkdir(parents=True)
+    snakemake("caches", "-n", config=config)  # the submitting run's planning records the memo
+    memo = tmp_path / "cache" / "t" / manifest.STAMPS_FILE
+    planned = memo.read_bytes()
+    clip_id = (root / "metadata.csv").read_text().split("|")[0]
+    wav = root / "wavs" / f"{clip_id}.wav"
+    y, sr = sf.read(str(wav), dtype="int16")
+    sf.write(str(wav), np.roll(y, 1), sr, subtype="PCM_16")  # the same size, other bytes
+    shard = f"{manifest.shard_of(clip_id, SHARDS):03d}"
+    # the job's command line as the SLURM executor's job step gives it (--mode remote, no onstart)
+    job = snakemake("--mode", "remote", "--no-hooks", "--force", "--target-jobs", f"mel_shard:shard={shard}",
+                    "--allowed-rules", "mel_shard", config=config, check=False)
+    log = (tmp_path / "reports" / "t" / "logs" / "mel_shard" / f"{shard}.log").read_text()
+    assert job.returncode != 0 and f"{wav}: changed while this run was under way" in log, log
+    assert memo.read_bytes() == planned
+    assert not (tmp_path / "cache" / "t" / "mels" / f"shard-{shard}.json").exists()
