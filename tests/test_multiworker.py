@@ -392,7 +392,8 @@ def test_the_sbatch_template_passes_reserved_ports_only_where_slurm_has_them(tmp
                               env=dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", SLURM_CPUS_PER_TASK="8",
                                        SCONTROL_OUT=str(tmp_path / "config")))
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.splitlines() == ["--kill-on-bad-exit=1", "--label", "--distribution=block", *expected,
+        assert proc.stdout.splitlines() == ["--kill-on-bad-exit=1", "--label", "--distribution=block",
+                                            "--cpus-per-task=8", *expected,
                                             "python", "-m", "pipeline.train", "--config", "my.yaml", "--threads", "8",
                                             "--set", "train.placement=multiworker"]
     # Under `set -u` bash before 4.4 (RHEL/CentOS 7) calls an empty "${ports[@]}" unbound and stops: this

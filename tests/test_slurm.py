@@ -230,3 +230,62 @@ def test_the_aligner_and_the_vocoder_split_the_cores_only_when_both_train(tmp_pa
     # no vocoder to train (Griffin-Lim): the aligner has the cores to itself
     alone = planned_threads(write_config(tmp_path, corpus_template), 4)  # write_config's default
     assert "train_vocoder" not in alone and alone["train_aligner"] == 4, alone
+
+
+def sbatch_template_srun(tmp_path, env, *args):
+    """scripts/train-multiworker.sbatch run by bash as SLURM runs it, with stand-in srun (prints each
+    argument it was given on a line) and scontrol (no MpiParams): srun's arguments."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    (bin_ / "srun").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (bin_ / "scontrol").write_text("#!/bin/sh\necho 'ClusterName = demo'\n")
+    for tool in ("srun", "scontrol"):
+        (bin_ / tool).chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "train-multiworker.sbatch"), *args], capture_output=True,
+                          text=True, timeout=60, env={**base, "PATH": f"{bin_}:{base['PATH']}", **env})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def test_sbatch_template_gives_each_worker_the_cpus_of_its_task(tmp_path):
+    # Slurm 22.05 and later: srun no longer reads SLURM_CPUS_PER_TASK, so a step started without
+    # --cpus-per-task ran each worker on one CPU of the 16 its task holds, with `--threads 16`
+    config = tmp_path / "my runs" / "voice one.yaml"  # a path with spaces stays one argument
+    srun = sbatch_template_srun(tmp_path, {"SLURM_CPUS_PER_TASK": "16"}, str(config), "--set", "train.steps=5")
+    program = srun.index("python")
+    assert "--cpus-per-task=16" in srun[:program], srun
+    assert srun[program:] == ["python", "-m", "pipeline.train", "--config", str(config), "--threads", "16",
+                              "--set", "train.steps=5", "--set", "train.placement=multiworker"]
+    # the #SBATCH line removed (no SLURM_CPUS_PER_TASK): srun and training keep their own defaults
+    srun = sbatch_template_srun(tmp_path, {}, "my.yaml")
+    assert not any(a.startswith("--cpus-per-task") for a in srun) and srun[-3:-2] == ["0"], srun
+
+
+def test_a_slurm_job_stops_on_a_clip_changed_after_planning(tmp_path, corpus_template):
+    # A SLURM job reads the Snakefile again on its node (Snakemake's remote mode) before its command runs.
+    # That planning recorded the file it found in the stamps memo the submitting run had named to the
+    # jobs as what it read, so a clip changed while the job waited in the queue was built into the shard
+    # under the old key, with no word: the job's check compared the file with itself
+    import numpy as np
+    import soundfile as sf
+
+    root = tmp_path / "data"
+    shutil.copytree(corpus_template, root)
+    config = write_config(tmp_path, root, cache={"dir": str(tmp_path / "cache"), "shards": SHARDS})
+    (tmp_path / "cache" / "t").mkdir(parents=True)
+    snakemake("caches", "-n", config=config)  # the submitting run's planning records the memo
+    memo = tmp_path / "cache" / "t" / manifest.STAMPS_FILE
+    planned = memo.read_bytes()
+    clip_id = (root / "metadata.csv").read_text().split("|")[0]
+    wav = root / "wavs" / f"{clip_id}.wav"
+    y, sr = sf.read(str(wav), dtype="int16")
+    sf.write(str(wav), np.roll(y, 1), sr, subtype="PCM_16")  # the same size, other bytes
+    shard = f"{manifest.shard_of(clip_id, SHARDS):03d}"
+    # the job's command line as the SLURM executor's job step gives it (--mode remote, no onstart)
+    job = snakemake("--mode", "remote", "--no-hooks", "--force", "--target-jobs", f"mel_shard:shard={shard}",
+                    "--allowed-rules", "mel_shard", config=config, check=False)
+    log = (tmp_path / "reports" / "t" / "logs" / "mel_shard" / f"{shard}.log").read_text()
+    assert job.returncode != 0 and f"{wav}: changed while this run was under way" in log, log
+    assert memo.read_bytes() == planned
+    assert not (tmp_path / "cache" / "t" / "mels" / f"shard-{shard}.json").exists()

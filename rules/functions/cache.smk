@@ -111,7 +111,10 @@ def record_stamps():
     AUDIO_MEMO = None
 
 
-if CACHE.is_dir():
+# A SLURM job reads this Snakefile again on its node (Snakemake's remote mode): the memo stays what the
+# submitting run's planning read, which its jobs' check_planned compares each clip's file with. A job
+# that recorded what it found there hid a file changed while the job waited in the queue.
+if CACHE.is_dir() and not workflow.remote_exec:
     record_stamps()
 os.environ[pmanifest.STAMPS_ENV] = str((CACHE / pmanifest.STAMPS_FILE).resolve())
 PROVENANCE = {kind: pshards.provenance(kind, config) for kind in pshards.CACHE_KINDS}
