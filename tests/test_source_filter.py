@@ -197,6 +197,25 @@ def test_the_f0_heads_loss_is_weighted_voicing_entropy_and_log_f0_error_on_voice
     assert loss.numpy() == pytest.approx(0.5 * (entropy + pitch), rel=1e-5)
 
 
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_training_hears_the_f0_and_mel_it_is_given(policy):
+    # train.mixed_precision (auto on a GPU: bfloat16) builds the vocoder under a mixed policy; Keras cast
+    # its mel and f0 to that dtype before call, so its harmonics ran at F0 rounded (217.3 Hz -> 217 in
+    # bfloat16: harmonic 36 some 11 Hz off, out of phase with the recording within a segment). Untrained
+    # (zero gains, whatever the network computes in), it speaks what the float32 model does
+    reference, a = _model()
+    mel = tf.constant(np.random.default_rng(4).normal(-6.0, 2.0, (1, 48, a["n_mels"])), tf.float32)
+    f0 = tf.constant(np.r_[np.full(32, 217.3), np.zeros(16)][None], tf.float32)
+    want = reference(mel, f0=f0).numpy()[0]
+    tf.keras.mixed_precision.set_global_policy(policy)
+    try:
+        model, _ = _model()
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    model.set_weights(reference.get_weights())
+    np.testing.assert_allclose(model(mel, f0=f0).numpy()[0], want, atol=1e-5 * np.abs(want).max())
+
+
 def test_nothing_above_nyquist_or_fmax():
     limit = 4000.0
     glide = np.linspace(90.0, 600.0, 60)                         # harmonics sweep up to the limit and out

@@ -146,7 +146,10 @@ class SourceFilter(keras.Model):
     uses_f0 = True
 
     def __init__(self, sf_cfg, audio_cfg, **kwargs):
-        super().__init__(**kwargs)
+        # autocast off: under a mixed policy Keras would cast mel and f0 to float16 / bfloat16 before
+        # call, and F0 rounded there (bfloat16: 1 Hz steps at 217 Hz) puts harmonic 36 up to 18 Hz off,
+        # its phase wrong within a segment. The layers inside still compute in the policy's dtype.
+        super().__init__(autocast=False, **kwargs)
         a, self.audio_cfg = audio_cfg, dict(audio_cfg)
         self.n_bins = a["n_fft"] // 2 + 1
         self.f0_weight = float(sf_cfg["f0_weight"])
