@@ -266,10 +266,10 @@ def token_table(vocab):
     return table
 
 
-def _group_rows(clips, group, paths, edges, kinds, n_mels, batch, rng, complete, listed=None):
+def _group_rows(clips, group, paths, edges, kinds, n_mels, batch, rng, complete, listed):
     """A group's row table (columns ROW): offsets rebased into the group's concatenated arrays.
     complete: repeat clips of each bucket so its last batch is full (nothing dropped per epoch).
-    listed: each of `clips`' rows' position in clip_ids (the `clip` column; default: its row)."""
+    listed: each of `clips`' rows' position in clip_ids (the `clip` column: _Source.listed)."""
     width = {"mels": n_mels}
     base = {}
     for kind in kinds:
@@ -278,7 +278,7 @@ def _group_rows(clips, group, paths, edges, kinds, n_mels, batch, rng, complete,
         base[kind] = dict(zip(group, np.cumsum([0] + items)))
     pick = np.flatnonzero(np.isin(clips.shard, group))
     rows = np.zeros((len(pick), len(ROW)), np.int64)
-    rows[:, ROW["clip"]] = pick if listed is None else listed[pick]
+    rows[:, ROW["clip"]] = listed[pick]
     rows[:, ROW["n_tokens"]] = clips.n_tokens[pick]
     rows[:, ROW["frames"]] = clips.frames[pick]
     rows[:, ROW["bucket"]] = np.searchsorted(edges, clips.frames[pick])

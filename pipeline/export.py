@@ -444,7 +444,7 @@ def export(cfg, out, tflite=None, log=functools.partial(print, flush=True)):
     empty or a previous export, replaced whole); -> export.json dict. A second export to `out` while
     this one runs stops at its start, one line naming the holder of lock_path(out)."""
     out = check_out(out)
-    busy = lambda holder: (f"--out {out}: another export is writing it now ({holder} holds {lock_path(out)}); "  # noqa: E731
+    busy = lambda holder: (f"--out {out}: another export is writing it now ({holder} holds {lock_path(out)}); "
                            "wait for it to end, or give another --out")
     missing = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # deepest first
     out.parent.mkdir(parents=True, exist_ok=True)  # the lock goes beside --out, in a folder export makes anyway

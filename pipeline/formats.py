@@ -554,4 +554,3 @@ def check_speaker_spellings(clips):
             raise DatasetError(f"{c.where}: speaker {c.speaker!r} is {other.speaker!r} ({other.where}) spelled with "
                                "other Unicode code points (NFC against NFD): they would train as two speakers; "
                                "write both the same way")
-

@@ -441,7 +441,7 @@ def run_lock(run, chief):
     if not chief:
         yield
         return
-    busy = lambda holder: (f"{run}: another `train` is training this run now ({holder} holds {run / LOCK}); "  # noqa: E731
+    busy = lambda holder: (f"{run}: another `train` is training this run now ({holder} holds {run / LOCK}); "
                            "wait for it to end, or give this configuration another `name`")
     with files.exclusive(run / LOCK, busy):
         yield

@@ -67,12 +67,8 @@ def _check_no_loop(path, flag):
     """PipelineError naming `flag`, `path` and the link when a symbolic link on the way to `path` (it, or
     a folder above it) leads back to itself: no file can be made there (`ln -s loop loop; --out loop/x.wav`
     failed at the write with a traceback; a link to itself was replaced by a file, where a shell's `>` refuses)."""
-    try:
-        os.stat(path)
-        return
-    except OSError as e:
-        if e.errno != errno.ELOOP:
-            return   # missing (made when written), or what the checks after this one say
+    if not _loops(path):
+        return   # there, missing (made when written), or what the checks after this one say
     link = next((p for p in reversed((path, *path.parents)) if _loops(p)), path)
     raise PipelineError(f"{flag} {path}: {'it is' if link == path else f'{link} is'} a symbolic link that leads "
                         "back to itself; give the path of the .wav to write")

@@ -231,12 +231,17 @@ def test_planning_refuses_an_audio_setting_the_trained_run_was_not_made_with(tmp
     stats = {"mel_mean": np.zeros(80), "mel_std": np.ones(80), "pitch_mean": 120.0, "pitch_std": 20.0,
              "energy_mean": 1.0, "energy_std": 1.0}
     run = config.run_dir(cfg)
-    runinfo.write(run, runinfo.describe(cfg, index, stats))
-    (run / "checkpoints").mkdir()
-    (run / "checkpoints" / "ckpt-5.index").write_bytes(b"")
+    _write_trained(run, runinfo.describe(cfg, index, stats))
     preflight.preflight(cfg)                                                   # the settings it was made with
     with pytest.raises(runinfo.RunChanged, match=r"run 'demo' was trained with other settings: audio\.hop_length"):
         preflight.preflight(dict(cfg, audio={**cfg["audio"], "hop_length": 200}))
+
+
+def _write_trained(run, info):
+    """A run folder as training leaves it, as far as planning looks: run.json (`info`) and a checkpoint."""
+    runinfo.write(run, info)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "ckpt-5.index").write_bytes(b"")
 
 
 def _planning_record(tmp_path):
@@ -272,9 +277,7 @@ def test_a_new_validation_fraction_or_loss_scaling_on_a_trained_run_stops_planni
     cfg, index, stats = _planning_record(tmp_path)
     run = config.run_dir(cfg)
     info = runinfo.describe(cfg, index, stats)
-    runinfo.write(run, info)
-    (run / "checkpoints").mkdir()
-    (run / "checkpoints" / "ckpt-5.index").write_bytes(b"")
+    _write_trained(run, info)
     raised = dict(cfg, dataset={**cfg["dataset"], "val_fraction": 0.2})
     runinfo.check_unchanged(cfg)
     with pytest.raises(runinfo.RunChanged, match=r"run 'demo' was trained with other settings: dataset\.val_fraction "
@@ -309,9 +312,7 @@ def test_a_new_seed_on_a_trained_run_stops_planning_and_training(tmp_path):
     run = config.run_dir(cfg)
     info = runinfo.describe(cfg, index, stats)
     assert info["train"] == {"seed": cfg["train"]["seed"]}
-    runinfo.write(run, info)
-    (run / "checkpoints").mkdir()
-    (run / "checkpoints" / "ckpt-5.index").write_bytes(b"")
+    _write_trained(run, info)
     seed = cfg["train"]["seed"]
     reseeded = dict(cfg, train={**cfg["train"], "seed": seed + 1})
     runinfo.check_unchanged(cfg)
@@ -444,9 +445,7 @@ def test_a_one_language_run_whose_data_changed_language_is_refused(tmp_path):
     assert runinfo.changes(saved, now) == ["the languages changed (en-us -> de)"]
     assert runinfo.changes(saved, dict(saved, speakers=["linda"])) == []
     run = config.run_dir(cfg)
-    runinfo.write(run, saved)
-    (run / "checkpoints").mkdir()
-    (run / "checkpoints" / "ckpt-5.index").write_bytes(b"")
+    _write_trained(run, saved)
     clips = {0: [Clip(id="c0", text="Hallo.", line="", lineno=1, speaker="lj", language="de")]}
     with pytest.raises(runinfo.RunChanged, match=r"the languages changed \(en-us -> de: no clip of en-us is left\)"):
         preflight.check_manifest(cfg, clips)
